@@ -1,0 +1,153 @@
+// `tightfit run`: compose a recipe, train with a progress line, summarize.
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "commands.hpp"
+#include "logging.hpp"
+#include "session.hpp"
+
+namespace tightfit::host {
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string default_recipe() {
+  for (const fs::path& p : {fs::path("configs/default.toml"), fs::path(TIGHTFIT_SOURCE_DIR) / "configs/default.toml"})
+    if (fs::exists(p)) return p.string();
+  return "configs/default.toml";
+}
+
+std::string duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const auto t = static_cast<long long>(s + 0.5);
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", t / 3600, (t / 60) % 60);
+  else if (t >= 60) std::snprintf(buf, sizeof buf, "%lldm%02llds", t / 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%llds", t);
+  return buf;
+}
+
+std::string rate(double tok_s) {
+  char buf[32];
+  if (tok_s >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", tok_s / 1e6);
+  else if (tok_s >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", tok_s / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", tok_s);
+  return buf;
+}
+
+std::string memory_line(const MemorySnapshot& m, bool peaks) {
+  std::ostringstream os;
+  const auto& v = peaks ? m.peak : m.current;
+  const tf_mem_category order[] = {TF_MEM_WEIGHTS, TF_MEM_GRADS, TF_MEM_OPTIMIZER, TF_MEM_ACTIVATIONS,
+                                   TF_MEM_ADAPTERS, TF_MEM_TRANSIENT, TF_MEM_OTHER};
+  bool first = true;
+  for (auto c : order) {
+    if (v[c] <= 0) continue;
+    os << (first ? "" : " ") << category_name(c) << " " << format_bytes(v[c]);
+    first = false;
+  }
+  return os.str();
+}
+
+}  // namespace
+
+int run_command(const std::vector<std::string>& args) {
+  po::options_description opts("tightfit run [recipe.toml] [options]");
+  opts.add_options()("help,h", "show this help")(
+      "set", po::value<std::vector<std::string>>()->composing(),
+      "override a recipe key, e.g. --set run.steps=100 --set strategy.checkpoint.every=2")(
+      "resume", "continue from the latest checkpoint in the run folder")(
+      "quiet,q", "no progress line")("log-level", po::value<std::string>()->default_value("info"),
+                                     "debug, info, warn, error");
+  po::options_description hidden;
+  hidden.add_options()("recipe", po::value<std::string>());
+  po::positional_options_description pos;
+  pos.add("recipe", 1);
+  po::options_description all;
+  all.add(opts).add(hidden);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "tightfit run: " << e.what() << "\n\n" << opts;
+    return kUsage;
+  }
+  if (vm.count("help")) {
+    std::cout << opts << "\nWith no recipe, runs configs/default.toml. Exit codes: 0 ok, 2 bad recipe or "
+                         "command line, 3 out of memory budget, 4 plugin error, 1 other failure.\n";
+    return kOk;
+  }
+  set_log_level(vm["log-level"].as<std::string>());
+  const std::string recipe_path = vm.count("recipe") ? vm["recipe"].as<std::string>() : default_recipe();
+  const bool quiet = vm.count("quiet") > 0;
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+
+  try {
+    Recipe recipe = Recipe::load(recipe_path);
+    if (vm.count("set"))
+      for (const auto& s : vm["set"].as<std::vector<std::string>>()) recipe.apply_override(s);
+    PluginRegistry registry = PluginRegistry::discover();
+
+    SessionOptions so;
+    so.resume = vm.count("resume") > 0;
+    if (!quiet)
+      so.on_progress = [tty](const ProgressInfo& p) {
+        std::ostringstream os;
+        char loss[32];
+        std::snprintf(loss, sizeof loss, "%.4f", p.loss);
+        char lr[32];
+        std::snprintf(lr, sizeof lr, "%.2e", p.lr);
+        os << "step " << p.step << "/" << p.total << " | loss " << loss << " | lr " << lr << " | "
+           << rate(p.tokens_per_s) << " tok/s | peak " << memory_line(p.memory, true) << " | ETA "
+           << duration(p.eta_s);
+        if (p.phase != "full") os << " | " << p.phase;
+        std::cerr << (tty ? "\r\033[K" : "") << os.str() << (tty && p.step < p.total ? "" : "\n") << std::flush;
+      };
+    Session session(recipe, registry, so);
+    std::cerr << "tightfit: " << recipe.source() << " -> " << session.run_dir() << "\n";
+    TrainSummary s = session.train();
+
+    std::cout << "\n== summary: " << recipe.source() << " ==\n";
+    std::cout << "steps         " << s.first_step << " -> " << s.first_step + s.steps_run << " of "
+              << s.total_steps << " in " << duration(s.wall_s) << "\n";
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "loss          %.4f final train, %.4f validation (unigram entropy of the corpus: %.4f)\n",
+                  s.final_loss, s.val_loss, s.unigram_entropy);
+    std::cout << buf;
+    std::cout << "throughput    " << rate(s.tokens_per_s) << " tokens/s\n";
+    std::cout << "peak memory   " << format_bytes(s.memory.total_peak) << " total; "
+              << memory_line(s.memory, true) << "\n";
+    std::cout << "metrics       " << s.metrics_path << "\n";
+    std::cout << "checkpoints   " << s.checkpoint_dir << "\n";
+    if (!s.sample.empty()) std::cout << "sample        ----\n" << s.sample << "\n----\n";
+    return kOk;
+  } catch (const RecipeError& e) {
+    std::cerr << "tightfit: recipe error: " << e.what() << "\n";
+    return kUsage;
+  } catch (const OutOfBudgetError& e) {
+    std::cerr << "\ntightfit: " << e.what() << "\n";
+    return kOutOfBudget;
+  } catch (const PluginLoadError& e) {
+    std::cerr << "tightfit: " << e.what() << "\n";
+    return kPluginError;
+  } catch (const PluginCallError& e) {
+    std::cerr << "tightfit: " << e.what() << "\n";
+    return kPluginError;
+  } catch (const c10::Error& e) {
+    std::cerr << "tightfit: " << e.what_without_backtrace() << "\n";
+    return kFailure;
+  } catch (const std::exception& e) {
+    std::cerr << "tightfit: " << e.what() << "\n";
+    return kFailure;
+  }
+}
+
+}  // namespace tightfit::host

@@ -1,0 +1,37 @@
+// tightfit: train language models that do not fit. Subcommands in the style
+// of torchtune's `tune`: run, plugins.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "logging.hpp"
+
+namespace {
+
+void usage(std::ostream& os) {
+  os << "usage: tightfit <command> [options]\n\n"
+        "commands:\n"
+        "  run [recipe.toml] [--set k=v]...   train as the recipe says (default: configs/default.toml)\n"
+        "  plugins list                       installed plugins: kind, versions, origin, path\n"
+        "  plugins info NAME                  a plugin's recipe keys with types, defaults, docs\n\n"
+        "`tightfit <command> --help` shows a command's options.\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tightfit::configure_console_logging();
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    usage(args.empty() ? std::cerr : std::cout);
+    return args.empty() ? tightfit::host::kUsage : tightfit::host::kOk;
+  }
+  const std::string cmd = args[0];
+  args.erase(args.begin());
+  if (cmd == "run") return tightfit::host::run_command(args);
+  if (cmd == "plugins") return tightfit::host::plugins_command(args);
+  std::cerr << "tightfit: unknown command \"" << cmd << "\"\n\n";
+  usage(std::cerr);
+  return tightfit::host::kUsage;
+}

@@ -1,0 +1,222 @@
+// Checkpoints: the full training state as safetensors files plus a small JSON
+// file per checkpoint, and a manifest naming the complete ones. Written so a
+// crash at any moment leaves the last complete checkpoint intact: each
+// checkpoint is built in a temporary folder, fsynced, renamed into place, and
+// only then added to the manifest (itself replaced by rename).
+#include <ATen/core/Generator.h>
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "safetensors.hpp"
+#include "session.hpp"
+
+namespace tightfit {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kFormatVersion = 1;
+
+void fsync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void write_file_synced(const fs::path& p, const std::string& text) {
+  {
+    std::ofstream out(p, std::ios::binary | std::ios::trunc);
+    if (!out) throw std::runtime_error("cannot write " + p.string());
+    out << text;
+    if (!out.flush()) throw std::runtime_error("cannot write " + p.string());
+  }
+  fsync_path(p);
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + p.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::vector<std::string> read_manifest(const fs::path& manifest) {
+  std::vector<std::string> out;
+  if (!fs::exists(manifest)) return out;
+  auto j = nlohmann::json::parse(read_text(manifest), nullptr, false);
+  if (j.is_discarded() || !j.contains("checkpoints") || !j["checkpoints"].is_array())
+    throw std::runtime_error(manifest.string() +
+                             " is damaged (not a tightfit manifest); the checkpoint folders beside it are "
+                             "intact — delete the manifest and list them again, or move the folder away");
+  for (const auto& e : j["checkpoints"])
+    if (e.is_string()) out.push_back(e.get<std::string>());
+  return out;
+}
+
+void write_manifest(const fs::path& dir, const std::vector<std::string>& names) {
+  nlohmann::json j = {{"format", kFormatVersion}, {"checkpoints", names},
+                      {"latest", names.empty() ? "" : names.back()}};
+  const fs::path tmp = dir / "manifest.json.tmp";
+  write_file_synced(tmp, j.dump(2));
+  fs::rename(tmp, dir / "manifest.json");
+  fsync_path(dir);
+}
+
+}  // namespace
+
+std::string Session::save_checkpoint(int64_t step) {
+  const fs::path dir = checkpoint_dir();
+  fs::create_directories(dir);
+  const std::string name = step_name(step);
+  const fs::path final_path = dir / name;
+  const fs::path tmp = dir / (name + ".tmp-" + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+
+  std::map<std::string, at::Tensor> model;
+  for (const Param& p : store_.all()) model[p.name] = p.value;
+  write_safetensors((tmp / "model.safetensors").string(), model,
+                    {{"format", "tightfit"}, {"model_plugin", model_.plugin->name}});
+
+  write_safetensors((tmp / "optimizer.safetensors").string(), optimizer_->state(),
+                    {{"optimizer", optimizer_->config().name}});
+
+  std::map<std::string, at::Tensor> state;
+  {
+    at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    state["kernel.rng.cpu"] = gen.get_state();
+  }
+  auto save_plugin = [&](PluginInstance& inst, const std::string& prefix, auto save_fn) {
+    if (!save_fn) return;
+    inst.ctx->state_out = &state;
+    inst.ctx->state_prefix = prefix;
+    const tf_status st = save_fn(inst.state, inst.ctx.get());
+    inst.ctx->state_out = nullptr;
+    check(st, inst, "save_state");
+  };
+  for (size_t i = 0; i < strategies_.size(); ++i)
+    save_plugin(strategies_[i], "strategy." + std::to_string(i) + "." + strategies_[i].plugin->name + ".",
+                strategies_[i].plugin->strategy()->save_state);
+  save_plugin(schedule_, "schedule." + schedule_.plugin->name + ".", schedule_.plugin->schedule()->save_state);
+  write_safetensors((tmp / "state.safetensors").string(), state);
+
+  nlohmann::json trainer = {{"format", kFormatVersion},
+                            {"step", step},
+                            {"optimizer_steps", optimizer_->steps()},
+                            {"lr", optimizer_->lr()},
+                            {"data_position", batcher_->position()},
+                            {"model_plugin", model_.plugin->name},
+                            {"abi", abi_version_string(TF_ABI_VERSION)},
+                            {"recipe", recipe_.source()}};
+  write_file_synced(tmp / "trainer.json", trainer.dump(2));
+  fsync_path(tmp);
+
+  // Move into place; an older copy of the same step is replaced only after
+  // the new one is complete.
+  if (fs::exists(final_path)) {
+    const fs::path old = dir / (name + ".old");
+    fs::remove_all(old);
+    fs::rename(final_path, old);
+    fs::rename(tmp, final_path);
+    fs::remove_all(old);
+  } else {
+    fs::rename(tmp, final_path);
+  }
+  fsync_path(dir);
+
+  std::vector<std::string> names = read_manifest(dir / "manifest.json");
+  names.erase(std::remove(names.begin(), names.end(), name), names.end());
+  names.push_back(name);
+  const auto keep = static_cast<size_t>(save_cfg_.get_int("keep_last"));
+  std::vector<std::string> rotated;
+  while (names.size() > keep) {
+    rotated.push_back(names.front());
+    names.erase(names.begin());
+  }
+  write_manifest(dir, names);
+  for (const auto& r : rotated) fs::remove_all(dir / r);
+  log(TF_LOG_INFO, "saved checkpoint " + final_path.string());
+  return final_path.string();
+}
+
+bool Session::load_latest_checkpoint() {
+  const fs::path dir = checkpoint_dir();
+  std::vector<std::string> names = read_manifest(dir / "manifest.json");
+  std::string errors;
+  for (auto it = names.rbegin(); it != names.rend(); ++it) {
+    const fs::path cp = dir / *it;
+    try {
+      auto trainer = nlohmann::json::parse(read_text(cp / "trainer.json"));
+      if (trainer.value("format", 0) != kFormatVersion)
+        throw std::runtime_error("unsupported checkpoint format " + std::to_string(trainer.value("format", 0)));
+      // Read and validate everything before changing any state.
+      SafetensorsFile model = read_safetensors((cp / "model.safetensors").string());
+      SafetensorsFile opt = read_safetensors((cp / "optimizer.safetensors").string());
+      SafetensorsFile state = read_safetensors((cp / "state.safetensors").string());
+      for (const Param& p : store_.all()) {
+        auto m = model.tensors.find(p.name);
+        if (m == model.tensors.end())
+          throw std::runtime_error("model.safetensors has no parameter \"" + p.name +
+                                   "\" (was it saved from another model or preset?)");
+        if (m->second.sizes() != p.value.sizes())
+          throw std::runtime_error("parameter \"" + p.name + "\" has shape " + c10::str(m->second.sizes()) +
+                                   " in the checkpoint but " + c10::str(p.value.sizes()) + " in this recipe");
+      }
+      {
+        at::NoGradGuard no_grad;
+        for (Param& p : store_.all()) p.value.copy_(model.tensors.at(p.name));
+        CategoryScope scope(TF_MEM_OPTIMIZER);
+        optimizer_->state().clear();
+        for (auto& [k, t] : opt.tensors) optimizer_->state()[k] = t.to(device_);
+      }
+      optimizer_->set_steps(trainer.at("optimizer_steps").get<int64_t>());
+      optimizer_->set_lr(trainer.at("lr").get<double>());
+      batcher_->set_position(trainer.at("data_position").get<int64_t>());
+      if (auto r = state.tensors.find("kernel.rng.cpu"); r != state.tensors.end()) {
+        at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_state(r->second);
+      }
+      auto load_plugin = [&](PluginInstance& inst, const std::string& prefix, auto load_fn) {
+        if (!load_fn) return;
+        inst.ctx->state_in = &state.tensors;
+        inst.ctx->state_prefix = prefix;
+        const tf_status st = load_fn(inst.state, inst.ctx.get());
+        inst.ctx->state_in = nullptr;
+        check(st, inst, "load_state");
+      };
+      for (size_t i = 0; i < strategies_.size(); ++i)
+        load_plugin(strategies_[i], "strategy." + std::to_string(i) + "." + strategies_[i].plugin->name + ".",
+                    strategies_[i].plugin->strategy()->load_state);
+      load_plugin(schedule_, "schedule." + schedule_.plugin->name + ".", schedule_.plugin->schedule()->load_state);
+      step_ = trainer.at("step").get<int64_t>();
+      log(TF_LOG_INFO, "resumed from " + cp.string() + " at step " + std::to_string(step_));
+      return true;
+    } catch (const std::exception& e) {
+      const std::string msg = c10::str("checkpoint ", cp.string(), " cannot be used: ", e.what());
+      log(TF_LOG_WARN, msg + "; trying the one before it");
+      errors += "\n  " + msg;
+    }
+  }
+  if (!errors.empty())
+    throw std::runtime_error("no usable checkpoint in " + dir.string() + ":" + errors +
+                             "\nThe files are left as they are; fix or move them, or start without --resume");
+  return false;
+}
+
+}  // namespace tightfit

@@ -1,0 +1,71 @@
+// Data: tokenizers and text corpora into fixed-length batches, deterministic
+// by seed and position (so a resumed run sees the same batches).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tightfit {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual int64_t vocab_size() const = 0;
+  virtual std::vector<int64_t> encode(const std::string& text) const = 0;
+  virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
+};
+
+// Every byte is a token: vocabulary 256, nothing to download, lossless.
+class ByteTokenizer final : public Tokenizer {
+ public:
+  int64_t vocab_size() const override { return 256; }
+  std::vector<int64_t> encode(const std::string& text) const override;
+  std::string decode(const std::vector<int64_t>& ids) const override;
+};
+
+// "byte" (more kinds arrive with later plugins); throws std::invalid_argument.
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec);
+
+// Reads a corpus: "builtin:fortunes" (Debian's fortunes package), a text file,
+// a folder of text files (sorted, recursive) or a JSONL file with a "text"
+// field. Throws std::runtime_error naming the path and the fix.
+std::string load_corpus_text(const std::string& spec, const std::string& base_dir = {});
+
+// Shannon entropy (nats/token) of the unigram distribution: the loss a model
+// that ignores context cannot beat.
+double unigram_entropy(const at::Tensor& tokens, int64_t vocab);
+
+// Token stream split into train and validation parts, sampled into batches.
+class TokenBatcher {
+ public:
+  TokenBatcher(at::Tensor tokens, int64_t seq_len, int64_t batch_size, uint64_t seed,
+               double val_fraction);
+
+  struct Batch {
+    at::Tensor tokens;   // int64 [B, T]
+    at::Tensor targets;  // int64 [B, T], tokens shifted by one
+  };
+
+  // The batch at the current position; advances the position.
+  Batch next();
+  // Validation batch i (fixed, independent of position).
+  Batch validation(int64_t i) const;
+
+  int64_t position() const { return position_; }
+  void set_position(int64_t p) { position_ = p; }
+  int64_t train_tokens() const { return train_.numel(); }
+  const at::Tensor& train_split() const { return train_; }
+
+ private:
+  Batch sample(const at::Tensor& split, uint64_t stream_seed) const;
+  at::Tensor train_, val_;
+  int64_t seq_len_, batch_size_;
+  uint64_t seed_;
+  int64_t position_ = 0;
+};
+
+}  // namespace tightfit

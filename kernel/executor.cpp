@@ -1,0 +1,218 @@
+// The stage executor: runs the model as a sequence of stages, raises hook
+// events around each in forward, backward and recompute, and offers the
+// generic autograd Function that checkpointing (and any strategy that must
+// re-run a stage in backward) relies on.
+#include <ATen/core/Generator.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+
+#include "session.hpp"
+
+namespace tightfit {
+namespace {
+
+tf_tensor as_handle(const at::Tensor& t) { return reinterpret_cast<tf_tensor>(const_cast<at::Tensor*>(&t)); }
+at::Tensor take_handle(tf_tensor h) {
+  auto* p = reinterpret_cast<at::Tensor*>(h);
+  at::Tensor t = std::move(*p);
+  delete p;
+  return t;
+}
+
+// Runs a stage without keeping its activations, and re-runs it in backward
+// with the same random state (as torch.utils.checkpoint's reentrant variant).
+// `anchor` requires grad so that the stage gets a backward even when its
+// input (token ids) does not.
+struct StageRecompute : public torch::autograd::Function<StageRecompute> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& anchor, Session* session, int64_t stage) {
+    (void)anchor;
+    ctx->saved_data["stage"] = stage;
+    ctx->saved_data["session"] = reinterpret_cast<int64_t>(session);
+    const at::Device dev = input.device();
+    at::Generator gen = at::globalContext().defaultGenerator(dev);
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      ctx->saved_data["rng"] = gen.get_state();
+    }
+    ctx->save_for_backward({input});
+    return session->run_stage(static_cast<int32_t>(stage), input, /*training=*/true,
+                              /*recompute=*/false);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* session = reinterpret_cast<Session*>(ctx->saved_data["session"].toInt());
+    const auto stage = static_cast<int32_t>(ctx->saved_data["stage"].toInt());
+    const at::Tensor input = ctx->get_saved_variables()[0];
+    at::Tensor x = input.detach();
+    if (at::isFloatingType(x.scalar_type())) x.requires_grad_(true);
+
+    at::Generator gen = at::globalContext().defaultGenerator(x.device());
+    at::Tensor current_rng;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      current_rng = gen.get_state();
+      gen.set_state(ctx->saved_data["rng"].toTensor());
+    }
+    at::Tensor out;
+    {
+      at::AutoGradMode enable(true);
+      CategoryScope scope(TF_MEM_ACTIVATIONS);
+      session->raise_stage_event(stage, TF_PHASE_RECOMPUTE, true);
+      out = session->run_stage(stage, x, /*training=*/true, /*recompute=*/true);
+      session->raise_stage_event(stage, TF_PHASE_RECOMPUTE, false);
+    }
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_state(current_rng);
+    }
+    if (out.requires_grad()) torch::autograd::backward({out}, {grads[0]});
+    at::Tensor gx = x.requires_grad() ? x.grad() : at::Tensor();
+    return {gx, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+void Session::raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin) {
+  tf_stage_event ev{sizeof(tf_stage_event), stage, phase, begin ? 1 : 0, step_};
+  for (auto& s : strategies_) {
+    const tf_strategy_vtable* vt = s.plugin->strategy();
+    if (vt->stage_event) check(vt->stage_event(s.state, s.ctx.get(), &ev), s, "stage_event");
+  }
+}
+
+at::Tensor Session::run_stage(int32_t stage, const at::Tensor& input, bool training,
+                              bool recompute) {
+  tf_stage_call call{sizeof(tf_stage_call), stage, training ? 1 : 0, recompute ? 1 : 0, step_};
+  tf_tensor out = nullptr;
+  const tf_model_vtable* vt = model_.plugin->model();
+  const tf_status st = vt->stage_forward(model_.state, model_.ctx.get(), &call, as_handle(input), &out);
+  check(st, model_, "stage_forward");
+  if (out == nullptr)
+    throw PluginCallError("model plugin \"" + model_.plugin->name + "\" returned no tensor for stage " +
+                          stages_[static_cast<size_t>(stage)].name);
+  return take_handle(out);
+}
+
+at::Tensor Session::forward_logits(const at::Tensor& tokens, bool training) {
+  CategoryScope scope(TF_MEM_ACTIVATIONS);
+  const bool grad = at::GradMode::is_enabled();
+  const bool hooks = std::any_of(strategies_.begin(), strategies_.end(), [](const PluginInstance& s) {
+    return s.plugin->strategy()->stage_event != nullptr;
+  });
+  at::Tensor h = tokens;
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    const StageState& st = stages_[i];
+    if (st.skip) continue;
+    const auto idx = static_cast<int32_t>(i);
+    const at::Device dev(st.device);
+    if (h.device() != dev) h = h.to(dev);
+    raise_stage_event(idx, TF_PHASE_FORWARD, true);
+    if (grad && training && st.recompute)
+      h = StageRecompute::apply(h, recompute_anchor_, this, static_cast<int64_t>(idx));
+    else
+      h = run_stage(idx, h, training, false);
+    raise_stage_event(idx, TF_PHASE_FORWARD, false);
+    if (grad && hooks && h.requires_grad()) {
+      // Gradient w.r.t. this stage's output arriving = its backward begins
+      // and the following stage's backward has ended.
+      int32_t next_stage = -1;
+      for (size_t j = i + 1; j < stages_.size(); ++j)
+        if (!stages_[j].skip) {
+          next_stage = static_cast<int32_t>(j);
+          break;
+        }
+      h.register_hook([this, idx, next_stage](const at::Tensor& g) {
+        if (next_stage >= 0) raise_stage_event(next_stage, TF_PHASE_BACKWARD, false);
+        raise_stage_event(idx, TF_PHASE_BACKWARD, true);
+        return g;
+      });
+    }
+  }
+  return h;
+}
+
+PassResult Session::run_pass(const at::Tensor& tokens_in, const at::Tensor& targets_in,
+                             bool backward, double loss_scale) {
+  PassResult r;
+  const at::Tensor tokens = tokens_in.to(device_);
+  at::Tensor logits;
+  at::Tensor loss;
+  {
+    at::AutoGradMode mode(backward);
+    logits = forward_logits(tokens, /*training=*/true);
+    CategoryScope scope(TF_MEM_ACTIVATIONS);
+    const at::Tensor targets = targets_in.to(logits.device());
+    loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
+                                  targets.reshape({-1}));
+  }
+  r.loss = loss.item<double>();
+  r.n_tokens = tokens.numel();
+  r.finite = std::isfinite(r.loss);
+  if (!backward) return r;
+  {
+    CategoryScope scope(TF_MEM_TRANSIENT);
+    logits = at::Tensor();  // autograd keeps what it needs
+    (loss * loss_scale).backward();
+  }
+  // The first stage's backward ends when backward returns.
+  for (size_t i = 0; i < stages_.size(); ++i)
+    if (!stages_[i].skip) {
+      raise_stage_event(static_cast<int32_t>(i), TF_PHASE_BACKWARD, false);
+      break;
+    }
+  auto& acct = MemoryAccounting::instance();
+  for (Param& p : store_.all()) {
+    if (!p.value.defined() || !p.value.grad().defined()) continue;
+    acct.retag(p.value.grad(), TF_MEM_GRADS);
+    for (auto& s : strategies_) {
+      const tf_strategy_vtable* vt = s.plugin->strategy();
+      if (!vt->grad_ready) continue;
+      const tf_status st = vt->grad_ready(s.state, s.ctx.get(), p.name.c_str(), as_handle(p.value.grad()));
+      if (st == TF_OK) {
+        p.value.mutable_grad() = at::Tensor();
+        break;
+      }
+      if (st != TF_NOT_HANDLED) check(st, s, "grad_ready");
+    }
+  }
+  return r;
+}
+
+at::Tensor Session::fetch_weight(const std::string& name) {
+  Param& p = store_.get(name);
+  for (auto& s : strategies_) {
+    const tf_strategy_vtable* vt = s.plugin->strategy();
+    if (!vt->fetch_weight) continue;
+    tf_tensor out = nullptr;
+    const tf_status st = vt->fetch_weight(s.state, s.ctx.get(), name.c_str(), as_handle(p.value), &out);
+    if (st == TF_OK && out) return take_handle(out);
+    if (st != TF_NOT_HANDLED) check(st, s, "fetch_weight");
+  }
+  if (p.format != TF_FORMAT_DENSE)
+    throw PluginCallError("parameter \"" + name +
+                          "\" is stored in a compact format but no strategy served fetch_weight");
+  return p.value;
+}
+
+at::Tensor Session::linear(const at::Tensor& x, const std::string& weight, const std::string& bias) {
+  at::Tensor w = fetch_weight(weight);
+  at::Tensor b = bias.empty() ? at::Tensor() : fetch_weight(bias);
+  at::Tensor y = at::linear(x, w, b);
+  for (auto& s : strategies_) {
+    const tf_strategy_vtable* vt = s.plugin->strategy();
+    if (!vt->linear_extend) continue;
+    tf_tensor out = nullptr;
+    const tf_status st =
+        vt->linear_extend(s.state, s.ctx.get(), weight.c_str(), as_handle(x), as_handle(y), &out);
+    if (st == TF_OK && out) y = take_handle(out);
+    else if (st != TF_NOT_HANDLED) check(st, s, "linear_extend");
+  }
+  return y;
+}
+
+}  // namespace tightfit

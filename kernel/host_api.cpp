@@ -1,0 +1,524 @@
+// The host services table (tf_host_api) handed to every plugin. Each service
+// catches every exception and turns it into a status plus last_error, so no
+// C++ exception crosses the ABI.
+#include <c10/util/Exception.h>
+
+#include <cstring>
+#include <mutex>
+#include <set>
+
+#include "session.hpp"
+
+namespace tightfit {
+namespace {
+
+at::Tensor& as_tensor(tf_tensor h) { return *reinterpret_cast<at::Tensor*>(h); }
+tf_tensor give(at::Tensor t) { return reinterpret_cast<tf_tensor>(new at::Tensor(std::move(t))); }
+
+template <class F>
+tf_status serve(tf_host_context* ctx, F&& body) noexcept {
+  if (ctx == nullptr) return TF_ERR_INVALID_ARGUMENT;
+  try {
+    body();
+    return TF_OK;
+  } catch (const OutOfBudgetError& e) {
+    ctx->last_error = e.what();
+    return TF_ERR_OUT_OF_MEMORY;
+  } catch (const c10::OutOfMemoryError& e) {
+    ctx->last_error = e.what_without_backtrace();
+    return TF_ERR_OUT_OF_MEMORY;
+  } catch (const c10::Error& e) {
+    ctx->last_error = e.what_without_backtrace();
+    return TF_ERROR;
+  } catch (const std::out_of_range& e) {
+    ctx->last_error = e.what();
+    return TF_ERR_NOT_FOUND;
+  } catch (const std::invalid_argument& e) {
+    ctx->last_error = e.what();
+    return TF_ERR_INVALID_ARGUMENT;
+  } catch (const std::exception& e) {
+    ctx->last_error = e.what();
+    return TF_ERROR;
+  } catch (...) {
+    ctx->last_error = "unknown error in host service";
+    return TF_ERROR;
+  }
+}
+
+template <class T>
+void require(T* p, const char* what) {
+  if (p == nullptr) throw std::invalid_argument(std::string(what) + " must not be NULL");
+}
+
+template <class T>
+void check_size(const T* s, const char* what) {
+  require(s, what);
+  if (s->struct_size < sizeof(uint32_t) * 2)
+    throw std::invalid_argument(std::string(what) + ".struct_size is too small");
+}
+
+// Copies a caller's struct into a zeroed one of ours, honouring its struct_size.
+template <class T>
+T read_struct(const T* s) {
+  T out{};
+  std::memcpy(&out, s, std::min<size_t>(s->struct_size, sizeof(T)));
+  return out;
+}
+
+// Writes ours into the caller's struct, no further than its struct_size.
+template <class T>
+void write_struct(T* dst, T src) {
+  const uint32_t n = dst->struct_size;
+  src.struct_size = n;
+  std::memcpy(dst, &src, std::min<size_t>(n, sizeof(T)));
+}
+
+void h_set_error(tf_host_context* ctx, const char* message) {
+  if (ctx) ctx->plugin_error = message ? message : "(no message)";
+}
+const char* h_last_error(tf_host_context* ctx) { return ctx ? ctx->last_error.c_str() : ""; }
+void h_log(tf_host_context* ctx, tf_log_level level, const char* message) {
+  if (ctx && ctx->session) ctx->session->log(level, "[" + ctx->plugin_name + "] " + (message ? message : ""));
+}
+
+tf_status h_config_get_bool(tf_host_context* ctx, const char* key, int32_t* out) {
+  return serve(ctx, [&] { require(out, "out"); *out = ctx->config.get_bool(key) ? 1 : 0; });
+}
+tf_status h_config_get_int(tf_host_context* ctx, const char* key, int64_t* out) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    for (const auto& k : ctx->config.keys())
+      if (k.name == key && k.type == TF_VALUE_SIZE) {
+        *out = ctx->config.get_size(key);
+        return;
+      }
+    *out = ctx->config.get_int(key);
+  });
+}
+tf_status h_config_get_double(tf_host_context* ctx, const char* key, double* out) {
+  return serve(ctx, [&] { require(out, "out"); *out = ctx->config.get_double(key); });
+}
+// Strings handed to plugins stay valid for the life of the process.
+const char* intern(const std::string& s) {
+  static std::mutex m;
+  static auto* pool = new std::set<std::string>();
+  std::lock_guard<std::mutex> lock(m);
+  return pool->insert(s).first->c_str();
+}
+
+tf_status h_config_get_string(tf_host_context* ctx, const char* key, const char** out) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    *out = intern(ctx->config.get_string(key));
+  });
+}
+tf_status h_config_get_list_string(tf_host_context* ctx, const char* key, int32_t index, const char** out) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    const auto list = ctx->config.get_string_list(key);
+    if (index < 0 || static_cast<size_t>(index) >= list.size())
+      throw std::out_of_range(std::string("index past the end of ") + key);
+    *out = intern(list[static_cast<size_t>(index)]);
+  });
+}
+tf_status h_config_get_list_int(tf_host_context* ctx, const char* key, int32_t index, int64_t* out) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    const auto list = ctx->config.get_int_list(key);
+    if (index < 0 || static_cast<size_t>(index) >= list.size())
+      throw std::out_of_range(std::string("index past the end of ") + key);
+    *out = list[static_cast<size_t>(index)];
+  });
+}
+int32_t h_config_has(tf_host_context* ctx, const char* key) {
+  return ctx && key && ctx->config.has(key) ? 1 : 0;
+}
+
+tf_status h_run_info(tf_host_context* ctx, tf_run_info* out) {
+  return serve(ctx, [&] {
+    check_size(out, "tf_run_info");
+    write_struct(out, ctx->session->run_info());
+  });
+}
+
+void h_tensor_release(tf_tensor t) { delete reinterpret_cast<at::Tensor*>(t); }
+
+tf_status h_declare_param(tf_host_context* ctx, const tf_param_spec* spec) {
+  return serve(ctx, [&] {
+    require(spec, "spec");
+    if (!ctx->session->declaring())
+      throw std::logic_error("declare_param is only allowed in a model's create or a strategy's configure");
+    if (spec->struct_size < offsetof(tf_param_spec, tied_to))
+      throw std::invalid_argument("tf_param_spec.struct_size too small");
+    ctx->session->store().declare(read_struct(spec));
+  });
+}
+
+tf_status h_declare_stage(tf_host_context* ctx, const tf_stage_spec* spec, int32_t* out_index) {
+  return serve(ctx, [&] {
+    require(spec, "spec");
+    if (!ctx->session->declaring()) throw std::logic_error("declare_stage is only allowed in a model's create");
+    const tf_stage_spec s = read_struct(spec);
+    if (s.name == nullptr) throw std::invalid_argument("stage without a name");
+    StageState st;
+    st.name = s.name;
+    st.kind = s.kind;
+    st.device = ctx->session->run_info().device;
+    st.activation_bytes_per_token = s.activation_bytes_per_token;
+    st.flops_per_token = s.flops_per_token;
+    auto& stages = ctx->session->stages();
+    stages.push_back(st);
+    if (out_index) *out_index = static_cast<int32_t>(stages.size() - 1);
+  });
+}
+
+tf_status h_weight(tf_host_context* ctx, const char* name, tf_tensor* out) {
+  return serve(ctx, [&] {
+    require(name, "name");
+    require(out, "out");
+    *out = give(ctx->session->fetch_weight(name));
+  });
+}
+
+tf_status h_linear(tf_host_context* ctx, tf_tensor x, const char* weight, const char* bias, tf_tensor* out) {
+  return serve(ctx, [&] {
+    require(x, "x");
+    require(weight, "weight");
+    require(out, "out");
+    *out = give(ctx->session->linear(as_tensor(x), weight, bias ? bias : ""));
+  });
+}
+
+tf_status h_param_count(tf_host_context* ctx, int32_t* out) {
+  return serve(ctx, [&] { require(out, "out"); *out = static_cast<int32_t>(ctx->session->store().all().size()); });
+}
+tf_status h_param_name(tf_host_context* ctx, int32_t index, const char** out) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    auto& all = ctx->session->store().all();
+    if (index < 0 || static_cast<size_t>(index) >= all.size()) throw std::out_of_range("parameter index out of range");
+    *out = all[static_cast<size_t>(index)].name.c_str();
+  });
+}
+tf_status h_param_info(tf_host_context* ctx, const char* name, tf_param_info* out) {
+  return serve(ctx, [&] {
+    require(name, "name");
+    check_size(out, "tf_param_info");
+    const Param& p = ctx->session->store().get(name);
+    tf_param_info info{};
+    info.name = p.name.c_str();
+    info.ndim = static_cast<int32_t>(p.shape.size());
+    for (size_t i = 0; i < p.shape.size() && i < 8; ++i) info.shape[i] = p.shape[i];
+    info.dtype = to_tf_dtype(p.dtype);
+    info.stage = p.stage;
+    info.flags = p.flags;
+    info.trainable = p.trainable ? 1 : 0;
+    info.format = p.format;
+    info.residency = p.residency;
+    info.numel = p.numel();
+    info.stored_bytes = p.value.defined() ? p.value.numel() * static_cast<int64_t>(p.value.element_size()) : 0;
+    write_struct(out, info);
+  });
+}
+tf_status h_param_storage(tf_host_context* ctx, const char* name, tf_tensor* out) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    *out = give(ctx->session->store().get(name).value);
+  });
+}
+tf_status h_param_set_storage(tf_host_context* ctx, const char* name, tf_tensor value, tf_param_format format,
+                              tf_residency residency) {
+  return serve(ctx, [&] {
+    require(value, "value");
+    Param& p = ctx->session->store().get(name);
+    p.value = as_tensor(value);
+    p.format = format;
+    p.residency = residency;
+  });
+}
+tf_status h_param_set_trainable(tf_host_context* ctx, const char* name, int32_t trainable) {
+  return serve(ctx, [&] {
+    auto& store = ctx->session->store();
+    store.set_trainable(store.get(name), trainable != 0);
+  });
+}
+tf_status h_param_grad(tf_host_context* ctx, const char* name, tf_tensor* out) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    const at::Tensor& g = ctx->session->store().get(name).value.grad();
+    if (!g.defined()) throw std::out_of_range(std::string("parameter \"") + name + "\" has no gradient");
+    *out = give(g);
+  });
+}
+tf_status h_param_add(tf_host_context* ctx, const char* name, tf_tensor delta, double alpha) {
+  return serve(ctx, [&] {
+    require(delta, "delta");
+    at::NoGradGuard no_grad;
+    Param& p = ctx->session->store().get(name);
+    p.value.add_(as_tensor(delta).to(p.value.device(), p.value.scalar_type()), alpha);
+  });
+}
+
+StageState& stage_at(tf_host_context* ctx, int32_t stage) {
+  auto& stages = ctx->session->stages();
+  if (stage < 0 || static_cast<size_t>(stage) >= stages.size())
+    throw std::out_of_range("stage index " + std::to_string(stage) + " out of range (model has " +
+                            std::to_string(stages.size()) + " stages)");
+  return stages[static_cast<size_t>(stage)];
+}
+
+tf_status h_stage_count(tf_host_context* ctx, int32_t* out) {
+  return serve(ctx, [&] { require(out, "out"); *out = static_cast<int32_t>(ctx->session->stages().size()); });
+}
+tf_status h_stage_info(tf_host_context* ctx, int32_t stage, tf_stage_info* out) {
+  return serve(ctx, [&] {
+    check_size(out, "tf_stage_info");
+    const StageState& s = stage_at(ctx, stage);
+    tf_stage_info info{};
+    info.name = s.name.c_str();
+    info.kind = s.kind;
+    info.recompute = s.recompute;
+    info.skip = s.skip;
+    info.trainable = s.trainable;
+    info.device = s.device.c_str();
+    info.activation_bytes_per_token = s.activation_bytes_per_token;
+    info.flops_per_token = s.flops_per_token;
+    int32_t n = 0;
+    for (const auto& p : ctx->session->store().all())
+      if (p.stage == stage) ++n;
+    info.n_params = n;
+    write_struct(out, info);
+  });
+}
+tf_status h_stage_set_recompute(tf_host_context* ctx, int32_t stage, int32_t on) {
+  return serve(ctx, [&] { stage_at(ctx, stage).recompute = on != 0; });
+}
+tf_status h_stage_set_device(tf_host_context* ctx, int32_t stage, const char* device) {
+  return serve(ctx, [&] {
+    require(device, "device");
+    (void)at::Device(device);  // validates the string
+    stage_at(ctx, stage).device = device;
+  });
+}
+tf_status h_stage_set_skip(tf_host_context* ctx, int32_t stage, int32_t skip) {
+  return serve(ctx, [&] {
+    StageState& s = stage_at(ctx, stage);
+    if (skip && s.kind != TF_STAGE_BLOCK)
+      throw std::invalid_argument("only block stages can be skipped; \"" + s.name + "\" is not a block");
+    s.skip = skip != 0;
+  });
+}
+tf_status h_stage_set_trainable(tf_host_context* ctx, int32_t stage, int32_t trainable) {
+  return serve(ctx, [&] {
+    stage_at(ctx, stage).trainable = trainable != 0;
+    auto& store = ctx->session->store();
+    for (auto& p : store.all())
+      if (p.stage == stage) store.set_trainable(p, trainable != 0);
+  });
+}
+
+tf_status h_memory_stats(tf_host_context* ctx, tf_memory_stats* out) {
+  return serve(ctx, [&] {
+    check_size(out, "tf_memory_stats");
+    const MemorySnapshot s = MemoryAccounting::instance().snapshot();
+    tf_memory_stats m{};
+    for (int i = 0; i < TF_MEM_CATEGORY_COUNT; ++i) {
+      m.current[i] = s.current[i];
+      m.peak[i] = s.peak[i];
+    }
+    m.total_current = s.total_current;
+    m.total_peak = s.total_peak;
+    m.budget = s.budget;
+    write_struct(out, m);
+  });
+}
+tf_status h_memory_push_category(tf_host_context* ctx, tf_mem_category c) {
+  return serve(ctx, [&] {
+    if (c < 0 || c >= TF_MEM_CATEGORY_COUNT) throw std::invalid_argument("unknown memory category");
+    push_category(c);
+  });
+}
+tf_status h_memory_pop_category(tf_host_context* ctx) {
+  return serve(ctx, [&] {
+    if (!pop_category()) throw std::logic_error("memory_pop_category without a push");
+  });
+}
+
+tf_status h_next_batch(tf_host_context* ctx, tf_batch* out) {
+  return serve(ctx, [&] {
+    check_size(out, "tf_batch");
+    auto b = ctx->session->batcher().next();
+    tf_batch batch{};
+    batch.n_tokens = b.tokens.numel();
+    batch.tokens = give(std::move(b.tokens));
+    batch.targets = give(std::move(b.targets));
+    write_struct(out, batch);
+  });
+}
+void h_batch_release(tf_host_context*, tf_batch* batch) {
+  if (!batch) return;
+  h_tensor_release(batch->tokens);
+  h_tensor_release(batch->targets);
+  batch->tokens = batch->targets = nullptr;
+}
+
+void write_pass(tf_pass_result* out, const PassResult& r) {
+  tf_pass_result p{};
+  p.loss = r.loss;
+  p.n_tokens = r.n_tokens;
+  p.finite = r.finite ? 1 : 0;
+  write_struct(out, p);
+}
+
+tf_status h_forward(tf_host_context* ctx, const tf_batch* batch, tf_pass_result* out) {
+  return serve(ctx, [&] {
+    check_size(batch, "tf_batch");
+    check_size(out, "tf_pass_result");
+    write_pass(out, ctx->session->run_pass(as_tensor(batch->tokens), as_tensor(batch->targets), false, 1.0));
+  });
+}
+tf_status h_forward_backward(tf_host_context* ctx, const tf_batch* batch, double loss_scale, tf_pass_result* out) {
+  return serve(ctx, [&] {
+    check_size(batch, "tf_batch");
+    check_size(out, "tf_pass_result");
+    write_pass(out, ctx->session->run_pass(as_tensor(batch->tokens), as_tensor(batch->targets), true, loss_scale));
+  });
+}
+tf_status h_zero_grad(tf_host_context* ctx) { return serve(ctx, [&] { ctx->session->zero_grad(); }); }
+tf_status h_optimizer_step(tf_host_context* ctx) {
+  tf_status inner = TF_OK;
+  const tf_status st = serve(ctx, [&] { inner = ctx->session->optimizer_step(); });
+  if (st != TF_OK) return st;
+  if (inner == TF_ERR_NON_FINITE) ctx->last_error = "a gradient is not finite; the update was skipped";
+  return inner;
+}
+tf_status h_set_lr(tf_host_context* ctx, double lr) {
+  return serve(ctx, [&] {
+    if (!(lr >= 0)) throw std::invalid_argument("learning rate must be >= 0");
+    ctx->session->optimizer().set_lr(lr);
+  });
+}
+tf_status h_base_lr(tf_host_context* ctx, double* out) {
+  return serve(ctx, [&] { require(out, "out"); *out = ctx->session->optimizer().config().lr; });
+}
+tf_status h_snapshot_take(tf_host_context* ctx, int32_t with_optimizer, int32_t* out_id) {
+  return serve(ctx, [&] { require(out_id, "out_id"); *out_id = ctx->session->snapshot_take(with_optimizer != 0); });
+}
+tf_status h_snapshot_restore(tf_host_context* ctx, int32_t id) {
+  return serve(ctx, [&] { ctx->session->snapshot_restore(id); });
+}
+tf_status h_snapshot_drop(tf_host_context* ctx, int32_t id) {
+  return serve(ctx, [&] { ctx->session->snapshot_drop(id); });
+}
+tf_status h_perturb_params(tf_host_context* ctx, uint64_t seed, double scale) {
+  return serve(ctx, [&] { ctx->session->perturb_params(seed, scale); });
+}
+tf_status h_log_metric(tf_host_context* ctx, const char* key, double value) {
+  return serve(ctx, [&] {
+    require(key, "key");
+    ctx->session->step_metrics()[ctx->plugin_name + "." + key] = value;
+  });
+}
+
+std::string state_key(tf_host_context* ctx, const char* key) {
+  require(key, "key");
+  return ctx->state_prefix + key;
+}
+tf_status h_state_put_tensor(tf_host_context* ctx, const char* key, tf_tensor value) {
+  return serve(ctx, [&] {
+    require(value, "value");
+    if (!ctx->state_out) throw std::logic_error("state_put_tensor is only allowed inside save_state");
+    (*ctx->state_out)[state_key(ctx, key)] = as_tensor(value).detach().to(at::kCPU).clone();
+  });
+}
+tf_status h_state_get_tensor(tf_host_context* ctx, const char* key, tf_tensor* out) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    if (!ctx->state_in) throw std::logic_error("state_get_tensor is only allowed inside load_state");
+    auto it = ctx->state_in->find(state_key(ctx, key));
+    if (it == ctx->state_in->end()) throw std::out_of_range(std::string("checkpoint has no state \"") + key + "\"");
+    *out = give(it->second.clone());
+  });
+}
+tf_status h_state_put_double(tf_host_context* ctx, const char* key, double value) {
+  return serve(ctx, [&] {
+    if (!ctx->state_out) throw std::logic_error("state_put_double is only allowed inside save_state");
+    (*ctx->state_out)[state_key(ctx, key)] = at::full({1}, value, at::kDouble);
+  });
+}
+tf_status h_state_get_double(tf_host_context* ctx, const char* key, double* out) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    if (!ctx->state_in) throw std::logic_error("state_get_double is only allowed inside load_state");
+    auto it = ctx->state_in->find(state_key(ctx, key));
+    if (it == ctx->state_in->end()) throw std::out_of_range(std::string("checkpoint has no state \"") + key + "\"");
+    *out = it->second.item<double>();
+  });
+}
+
+tf_host_api make_table() {
+  tf_host_api t{};
+  t.struct_size = sizeof(tf_host_api);
+  t.abi_version = TF_ABI_VERSION;
+  t.libtorch_version = host_libtorch_version();
+  t.set_error = h_set_error;
+  t.last_error = h_last_error;
+  t.log = h_log;
+  t.config_get_bool = h_config_get_bool;
+  t.config_get_int = h_config_get_int;
+  t.config_get_double = h_config_get_double;
+  t.config_get_string = h_config_get_string;
+  t.config_get_list_string = h_config_get_list_string;
+  t.config_get_list_int = h_config_get_list_int;
+  t.config_has = h_config_has;
+  t.run_info = h_run_info;
+  t.tensor_release = h_tensor_release;
+  t.declare_param = h_declare_param;
+  t.declare_stage = h_declare_stage;
+  t.weight = h_weight;
+  t.linear = h_linear;
+  t.param_count = h_param_count;
+  t.param_name = h_param_name;
+  t.param_info = h_param_info;
+  t.param_storage = h_param_storage;
+  t.param_set_storage = h_param_set_storage;
+  t.param_set_trainable = h_param_set_trainable;
+  t.param_grad = h_param_grad;
+  t.param_add_ = h_param_add;
+  t.stage_count = h_stage_count;
+  t.stage_info = h_stage_info;
+  t.stage_set_recompute = h_stage_set_recompute;
+  t.stage_set_device = h_stage_set_device;
+  t.stage_set_skip = h_stage_set_skip;
+  t.stage_set_trainable = h_stage_set_trainable;
+  t.memory_stats = h_memory_stats;
+  t.memory_push_category = h_memory_push_category;
+  t.memory_pop_category = h_memory_pop_category;
+  t.next_batch = h_next_batch;
+  t.batch_release = h_batch_release;
+  t.forward = h_forward;
+  t.forward_backward = h_forward_backward;
+  t.zero_grad = h_zero_grad;
+  t.optimizer_step = h_optimizer_step;
+  t.set_lr = h_set_lr;
+  t.base_lr = h_base_lr;
+  t.snapshot_take = h_snapshot_take;
+  t.snapshot_restore = h_snapshot_restore;
+  t.snapshot_drop = h_snapshot_drop;
+  t.perturb_params = h_perturb_params;
+  t.log_metric = h_log_metric;
+  t.state_put_tensor = h_state_put_tensor;
+  t.state_get_tensor = h_state_get_tensor;
+  t.state_put_double = h_state_put_double;
+  t.state_get_double = h_state_get_double;
+  return t;
+}
+
+}  // namespace
+
+const tf_host_api* Session::host_api() const {
+  static const tf_host_api table = make_table();
+  return &table;
+}
+
+}  // namespace tightfit

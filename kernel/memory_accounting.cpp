@@ -1,0 +1,209 @@
+#include "memory_accounting.hpp"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+namespace tightfit {
+namespace {
+
+thread_local std::vector<tf_mem_category> t_category_stack;
+
+// One counted allocation: the real allocation plus what we counted for it.
+struct CountedBlock {
+  c10::DataPtr inner;
+  int64_t bytes;
+  tf_mem_category category;
+};
+
+void counted_delete(void* ctx) {
+  auto* block = static_cast<CountedBlock*>(ctx);
+  MemoryAccounting::instance().on_free(block->category, block->bytes);
+  delete block;
+}
+
+// Wraps LibTorch's default CPU allocator, counting bytes and refusing past the budget.
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  explicit CountingCpuAllocator(c10::Allocator* base) : base_(base) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    auto& acct = MemoryAccounting::instance();
+    if (acct.would_exceed(static_cast<int64_t>(n))) {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, describe_budget_refusal(n, acct.snapshot()));
+    }
+    c10::DataPtr inner = base_->allocate(n);
+    void* data = inner.get();
+    const tf_mem_category c = current_category();
+    auto* block = new CountedBlock{std::move(inner), static_cast<int64_t>(n), c};
+    acct.on_alloc(c, block->bytes);
+    return {data, block, &counted_delete, c10::Device(c10::DeviceType::CPU)};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+
+ private:
+  c10::Allocator* base_;
+};
+
+}  // namespace
+
+const char* category_name(tf_mem_category c) {
+  switch (c) {
+    case TF_MEM_WEIGHTS: return "weights";
+    case TF_MEM_GRADS: return "grads";
+    case TF_MEM_OPTIMIZER: return "optimizer";
+    case TF_MEM_ACTIVATIONS: return "activations";
+    case TF_MEM_ADAPTERS: return "adapters";
+    case TF_MEM_TRANSIENT: return "transient";
+    case TF_MEM_OTHER: return "other";
+    default: return "reserved";
+  }
+}
+
+std::string format_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (std::fabs(v) >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(u == 0 ? 0 : 1);
+  os << v << units[u];
+  return os.str();
+}
+
+std::string describe_budget_refusal(size_t requested, const MemorySnapshot& s) {
+  std::ostringstream os;
+  os << "out of memory budget: allocating " << format_bytes(static_cast<int64_t>(requested))
+     << " with " << format_bytes(s.total_current) << " in use would pass run.memory_budget = "
+     << format_bytes(s.budget) << " (in use:";
+  for (int c = 0; c < TF_MEM_CATEGORY_COUNT; ++c) {
+    if (s.current[c] > 0)
+      os << " " << category_name(static_cast<tf_mem_category>(c)) << " "
+         << format_bytes(s.current[c]);
+  }
+  os << "). Fix: raise run.memory_budget, lower data.batch_size or data.seq_len, or add a "
+        "[[strategy]] such as checkpoint";
+  return os.str();
+}
+
+MemoryAccounting::MemoryAccounting() {
+  static CountingCpuAllocator allocator(c10::GetDefaultCPUAllocator());
+  // Priority above LibTorch's default registration so ours stays in place.
+  c10::SetCPUAllocator(&allocator, /*priority=*/100);
+}
+
+MemoryAccounting& MemoryAccounting::instance() {
+  static MemoryAccounting* acct = new MemoryAccounting();  // never destroyed: frees may come late
+  return *acct;
+}
+
+bool MemoryAccounting::would_exceed(int64_t bytes) const {
+  const int64_t b = budget_.load(std::memory_order_relaxed);
+  return b > 0 && total_current_.load(std::memory_order_relaxed) + bytes > b;
+}
+
+static void raise_peak(std::atomic<int64_t>& peak, int64_t value) {
+  int64_t p = peak.load(std::memory_order_relaxed);
+  while (value > p && !peak.compare_exchange_weak(p, value, std::memory_order_relaxed)) {
+  }
+}
+
+void MemoryAccounting::on_alloc(tf_mem_category c, int64_t bytes) {
+  raise_peak(peak_[c], current_[c].fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  raise_peak(total_peak_, total_current_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+}
+
+void MemoryAccounting::on_free(tf_mem_category c, int64_t bytes) {
+  current_[c].fetch_sub(bytes, std::memory_order_relaxed);
+  total_current_.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+MemorySnapshot MemoryAccounting::snapshot() const {
+  MemorySnapshot s;
+  for (int c = 0; c < TF_MEM_CATEGORY_COUNT; ++c) {
+    s.current[c] = current_[c].load();
+    s.peak[c] = peak_[c].load();
+  }
+  s.total_current = total_current_.load();
+  s.total_peak = total_peak_.load();
+  s.budget = budget_.load();
+  return s;
+}
+
+void MemoryAccounting::reset_peaks() {
+  for (int c = 0; c < TF_MEM_CATEGORY_COUNT; ++c) peak_[c].store(current_[c].load());
+  total_peak_.store(total_current_.load());
+}
+
+void MemoryAccounting::retag(const at::Tensor& t, tf_mem_category to) {
+  if (!t.defined() || !t.has_storage()) return;
+  const c10::DataPtr& dp = t.storage().data_ptr();
+  if (dp.get_deleter() != &counted_delete) return;
+  auto* block = static_cast<CountedBlock*>(dp.get_context());
+  if (block->category == to) return;
+  current_[block->category].fetch_sub(block->bytes);
+  raise_peak(peak_[to], current_[to].fetch_add(block->bytes) + block->bytes);
+  block->category = to;
+}
+
+tf_mem_category current_category() {
+  return t_category_stack.empty() ? TF_MEM_OTHER : t_category_stack.back();
+}
+
+CategoryScope::CategoryScope(tf_mem_category c) : previous_(current_category()) {
+  t_category_stack.push_back(c);
+}
+CategoryScope::~CategoryScope() { t_category_stack.pop_back(); }
+
+void push_category(tf_mem_category c) { t_category_stack.push_back(c); }
+bool pop_category() {
+  if (t_category_stack.empty()) return false;
+  t_category_stack.pop_back();
+  return true;
+}
+
+int64_t parse_byte_size(const std::string& text) {
+  size_t pos = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &pos);
+  } catch (const std::exception&) {
+    throw std::invalid_argument("not a byte size: \"" + text + "\" (write e.g. 8GiB, 512MB)");
+  }
+  std::string unit;
+  for (size_t i = pos; i < text.size(); ++i)
+    if (!std::isspace(static_cast<unsigned char>(text[i])))
+      unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
+  double mult = 1;
+  if (unit.empty() || unit == "b") mult = 1;
+  else if (unit == "k" || unit == "kib") mult = 1024.0;
+  else if (unit == "kb") mult = 1e3;
+  else if (unit == "m" || unit == "mib") mult = 1024.0 * 1024;
+  else if (unit == "mb") mult = 1e6;
+  else if (unit == "g" || unit == "gib") mult = 1024.0 * 1024 * 1024;
+  else if (unit == "gb") mult = 1e9;
+  else if (unit == "t" || unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "tb") mult = 1e12;
+  else
+    throw std::invalid_argument("unknown size unit in \"" + text +
+                                "\" (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+  if (value < 0) throw std::invalid_argument("negative byte size \"" + text + "\"");
+  return static_cast<int64_t>(value * mult);
+}
+
+}  // namespace tightfit

@@ -1,0 +1,91 @@
+// Memory accounting: every tensor byte counted by category, with peaks, and an
+// enforced budget.
+//
+// On CPU a counting allocator is installed into LibTorch (c10::SetCPUAllocator)
+// so that every CPU tensor allocation passes through it; on CUDA the caching
+// allocator's own statistics are read instead. Allocations are attributed to
+// the category on top of the calling thread's category stack (forward pushes
+// ACTIVATIONS, the optimizer pushes OPTIMIZER, ...), and can be re-tagged
+// later (a gradient is born as a backward temporary and becomes GRADS).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "tightfit/plugin_api.h"
+
+namespace tightfit {
+
+using CategoryCounts = std::array<int64_t, TF_MEM_CATEGORY_COUNT>;
+
+struct MemorySnapshot {
+  CategoryCounts current{};
+  CategoryCounts peak{};
+  int64_t total_current = 0;
+  int64_t total_peak = 0;
+  int64_t budget = 0;
+};
+
+const char* category_name(tf_mem_category c);
+
+// Thrown (as c10::OutOfMemoryError) when an allocation would pass the budget.
+std::string describe_budget_refusal(size_t requested, const MemorySnapshot& s);
+
+class MemoryAccounting {
+ public:
+  // The process-wide accounting; installs the counting CPU allocator on first use.
+  static MemoryAccounting& instance();
+
+  // 0 disables the budget.
+  void set_budget(int64_t bytes) { budget_.store(bytes); }
+  int64_t budget() const { return budget_.load(); }
+
+  MemorySnapshot snapshot() const;
+  void reset_peaks();
+
+  // The counted bytes of a tensor's storage move from its category to `to`.
+  // Storages not allocated by the counting allocator are ignored.
+  void retag(const at::Tensor& t, tf_mem_category to);
+
+  // Called by the allocator.
+  void on_alloc(tf_mem_category c, int64_t bytes);
+  void on_free(tf_mem_category c, int64_t bytes);
+  bool would_exceed(int64_t bytes) const;
+
+ private:
+  MemoryAccounting();
+  std::array<std::atomic<int64_t>, TF_MEM_CATEGORY_COUNT> current_{};
+  std::array<std::atomic<int64_t>, TF_MEM_CATEGORY_COUNT> peak_{};
+  std::atomic<int64_t> total_current_{0};
+  std::atomic<int64_t> total_peak_{0};
+  std::atomic<int64_t> budget_{0};
+};
+
+// The calling thread's current category.
+tf_mem_category current_category();
+
+// Attributes this thread's allocations to `c` for the scope's lifetime.
+class CategoryScope {
+ public:
+  explicit CategoryScope(tf_mem_category c);
+  ~CategoryScope();
+  CategoryScope(const CategoryScope&) = delete;
+  CategoryScope& operator=(const CategoryScope&) = delete;
+
+ private:
+  tf_mem_category previous_;
+};
+
+// Manual push/pop for the C ABI's memory_push_category / memory_pop_category.
+void push_category(tf_mem_category c);
+bool pop_category();
+
+// Parses "8GiB", "512MB", "1.5G", "123" (bytes). Throws std::invalid_argument.
+int64_t parse_byte_size(const std::string& text);
+std::string format_bytes(int64_t bytes);
+
+}  // namespace tightfit

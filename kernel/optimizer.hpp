@@ -1,0 +1,55 @@
+// AdamW and SGD over the parameter store. State is keyed by parameter name so
+// that strategies may place or compress it and checkpoints can save it.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "param_store.hpp"
+
+namespace tightfit {
+
+struct OptimizerConfig {
+  std::string name = "adamw";  // "adamw" | "sgd"
+  double lr = 3e-4;
+  double weight_decay = 0.1;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double momentum = 0.0;  // sgd
+  double grad_clip = 1.0; // 0 = off
+};
+
+class Optimizer {
+ public:
+  explicit Optimizer(OptimizerConfig cfg) : cfg_(std::move(cfg)), lr_(cfg_.lr) {}
+
+  const OptimizerConfig& config() const { return cfg_; }
+  double lr() const { return lr_; }
+  void set_lr(double lr) { lr_ = lr; }
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t s) { steps_ = s; }
+
+  // Global L2 norm of the gradients; NaN/Inf when any is not finite.
+  static double grad_norm(const std::vector<Param*>& params);
+  // Scales gradients so their norm is at most grad_clip; returns the norm before.
+  double clip(const std::vector<Param*>& params);
+
+  // Begins a step (bias corrections use the incremented count).
+  void begin_step() { ++steps_; }
+  // Updates one parameter in place from its gradient.
+  void update(Param& p, const at::Tensor& grad);
+
+  // State tensors by "<param>.<slot>" (exp_avg, exp_avg_sq, momentum_buffer).
+  std::map<std::string, at::Tensor>& state() { return state_; }
+  int64_t state_bytes() const;
+
+ private:
+  OptimizerConfig cfg_;
+  double lr_;
+  int64_t steps_ = 0;
+  std::map<std::string, at::Tensor> state_;
+};
+
+}  // namespace tightfit

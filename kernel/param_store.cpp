@@ -1,0 +1,126 @@
+#include "param_store.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <stdexcept>
+
+#include "memory_accounting.hpp"
+
+namespace tightfit {
+
+int64_t Param::numel() const {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  return n;
+}
+
+at::ScalarType to_scalar_type(tf_dtype d) {
+  switch (d) {
+    case TF_DTYPE_U8: return at::kByte;
+    case TF_DTYPE_I8: return at::kChar;
+    case TF_DTYPE_I32: return at::kInt;
+    case TF_DTYPE_I64: return at::kLong;
+    case TF_DTYPE_F16: return at::kHalf;
+    case TF_DTYPE_F32: return at::kFloat;
+    case TF_DTYPE_BF16: return at::kBFloat16;
+  }
+  throw std::invalid_argument("unknown tf_dtype " + std::to_string(static_cast<int>(d)));
+}
+
+tf_dtype to_tf_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kByte: return TF_DTYPE_U8;
+    case at::kChar: return TF_DTYPE_I8;
+    case at::kInt: return TF_DTYPE_I32;
+    case at::kLong: return TF_DTYPE_I64;
+    case at::kHalf: return TF_DTYPE_F16;
+    case at::kFloat: return TF_DTYPE_F32;
+    case at::kBFloat16: return TF_DTYPE_BF16;
+    default: throw std::invalid_argument(std::string("no tf_dtype for ") + c10::toString(t));
+  }
+}
+
+void ParamStore::declare(const tf_param_spec& spec) {
+  if (materialized_) throw std::logic_error("parameters can no longer be declared: already materialized");
+  if (spec.name == nullptr || *spec.name == 0) throw std::invalid_argument("parameter without a name");
+  const std::string name = spec.name;
+  if (index_.count(name)) throw std::invalid_argument("parameter \"" + name + "\" declared twice");
+  if (spec.ndim < 0 || spec.ndim > 8 || (spec.ndim > 0 && spec.shape == nullptr))
+    throw std::invalid_argument("parameter \"" + name + "\": ndim must be 0..8 with a shape");
+  Param p;
+  p.name = name;
+  for (int i = 0; i < spec.ndim; ++i) {
+    if (spec.shape[i] <= 0) throw std::invalid_argument("parameter \"" + name + "\" has a dimension <= 0");
+    p.shape.push_back(spec.shape[i]);
+  }
+  p.dtype = to_scalar_type(spec.dtype);
+  p.stage = spec.stage;
+  p.init = spec.init;
+  p.init_std = spec.init_std;
+  p.flags = spec.flags;
+  p.trainable = !(spec.flags & TF_PARAM_FROZEN);
+  index_[name] = params_.size();
+  params_.push_back(std::move(p));
+}
+
+void ParamStore::materialize(uint64_t seed, const at::Device& device) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  for (auto& p : params_) {
+    const tf_mem_category cat = (p.flags & TF_PARAM_ADAPTER) ? TF_MEM_ADAPTERS : TF_MEM_WEIGHTS;
+    CategoryScope scope(cat);
+    // Initialize in fp32 on CPU so every device and dtype starts from the same numbers.
+    at::Tensor t = at::empty(p.shape, at::TensorOptions().dtype(at::kFloat));
+    switch (p.init) {
+      case TF_INIT_NORMAL: t.normal_(0.0, p.init_std, gen); break;
+      case TF_INIT_UNIFORM: t.uniform_(-p.init_std, p.init_std, gen); break;
+      case TF_INIT_ZEROS: t.zero_(); break;
+      case TF_INIT_ONES: t.fill_(1.0); break;
+    }
+    if (p.dtype != at::kFloat || device != t.device()) t = t.to(device, p.dtype);
+    p.value = t.set_requires_grad(p.trainable && at::isFloatingType(p.dtype));
+  }
+  materialized_ = true;
+}
+
+Param* ParamStore::find(const std::string& name) {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &params_[it->second];
+}
+
+Param& ParamStore::get(const std::string& name) {
+  if (Param* p = find(name)) return *p;
+  throw std::out_of_range("no parameter named \"" + name + "\"");
+}
+
+const Param& ParamStore::get(const std::string& name) const {
+  return const_cast<ParamStore*>(this)->get(name);
+}
+
+std::vector<Param*> ParamStore::trainable() {
+  std::vector<Param*> out;
+  for (auto& p : params_)
+    if (p.trainable) out.push_back(&p);
+  return out;
+}
+
+void ParamStore::set_trainable(Param& p, bool on) {
+  p.trainable = on;
+  if (p.value.defined() && at::isFloatingType(p.value.scalar_type()) && p.value.is_leaf())
+    p.value.requires_grad_(on);
+}
+
+int64_t ParamStore::count_params(bool trainable_only) const {
+  int64_t n = 0;
+  for (const auto& p : params_)
+    if (!trainable_only || p.trainable) n += p.numel();
+  return n;
+}
+
+int64_t ParamStore::stored_bytes() const {
+  int64_t n = 0;
+  for (const auto& p : params_)
+    if (p.value.defined()) n += p.value.numel() * p.value.element_size();
+  return n;
+}
+
+}  // namespace tightfit

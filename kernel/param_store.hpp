@@ -1,0 +1,65 @@
+// The parameter store: owns every parameter — shape, dtype, format, residency,
+// trainability — so model code never holds weights and strategies can change
+// how they are stored without the model knowing.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tightfit/plugin_api.h"
+
+namespace tightfit {
+
+struct Param {
+  std::string name;
+  std::vector<int64_t> shape;
+  at::ScalarType dtype = at::kFloat;
+  int32_t stage = -1;
+  tf_init_kind init = TF_INIT_NORMAL;
+  double init_std = 0.02;
+  uint32_t flags = 0;
+  bool trainable = true;
+  tf_param_format format = TF_FORMAT_DENSE;
+  tf_residency residency = TF_TIER_DEVICE;
+  // The stored tensor. For dense parameters on the device it is the autograd
+  // leaf the model computes with; its .grad() is the parameter's gradient.
+  at::Tensor value;
+
+  int64_t numel() const;
+  bool decays() const { return !(flags & TF_PARAM_NO_WEIGHT_DECAY) && shape.size() >= 2; }
+};
+
+at::ScalarType to_scalar_type(tf_dtype d);
+tf_dtype to_tf_dtype(at::ScalarType t);
+
+class ParamStore {
+ public:
+  // Throws std::invalid_argument on a duplicate or malformed spec.
+  void declare(const tf_param_spec& spec);
+
+  // Allocates and initializes every parameter deterministically from `seed`
+  // (declaration order), on `device`.
+  void materialize(uint64_t seed, const at::Device& device);
+  bool materialized() const { return materialized_; }
+
+  Param& get(const std::string& name);
+  const Param& get(const std::string& name) const;
+  Param* find(const std::string& name);
+  std::vector<Param>& all() { return params_; }
+  const std::vector<Param>& all() const { return params_; }
+  std::vector<Param*> trainable();
+
+  void set_trainable(Param& p, bool on);
+  int64_t count_params(bool trainable_only) const;
+  int64_t stored_bytes() const;
+
+ private:
+  std::vector<Param> params_;
+  std::unordered_map<std::string, size_t> index_;
+  bool materialized_ = false;
+};
+
+}  // namespace tightfit

@@ -1,0 +1,99 @@
+// Recipes: TOML files parsed with TOML++, validated table by table against the
+// keys the kernel and each plugin declare, with --set overrides.
+#pragma once
+
+#include <toml++/toml.h>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tightfit/plugin_api.h"
+
+namespace tightfit {
+
+// One declared key (the kernel's own tables use the same form as plugins).
+struct KeySpec {
+  std::string name;
+  tf_value_type type = TF_VALUE_STRING;
+  std::optional<std::string> default_value;  // TOML literal; nullopt = required
+  std::string doc;
+  double min_value = 1, max_value = 0;  // range when min <= max
+  std::string choices;                  // "a|b|c"
+};
+
+std::vector<KeySpec> key_specs_from_abi(const tf_config_key* keys, uint32_t n);
+const char* value_type_name(tf_value_type t);
+
+// A recipe error: file:line:column and what to do.
+struct RecipeError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A validated table: typed access with defaults applied.
+class ConfigTable {
+ public:
+  ConfigTable() = default;
+  ConfigTable(const toml::table* table, std::vector<KeySpec> keys, std::string where);
+
+  bool has(const std::string& key) const;  // set explicitly in the recipe
+  bool get_bool(const std::string& key) const;
+  int64_t get_int(const std::string& key) const;
+  double get_double(const std::string& key) const;
+  std::string get_string(const std::string& key) const;
+  int64_t get_size(const std::string& key) const;  // SIZE keys: bytes
+  std::vector<std::string> get_string_list(const std::string& key) const;
+  std::vector<int64_t> get_int_list(const std::string& key) const;
+  const std::vector<KeySpec>& keys() const { return keys_; }
+  const std::string& where() const { return where_; }
+
+ private:
+  const KeySpec& spec(const std::string& key) const;
+  toml::node_view<const toml::node> node(const std::string& key) const;
+  const toml::table* table_ = nullptr;
+  std::vector<KeySpec> keys_;
+  std::string where_;
+  std::vector<toml::table> defaults_;  // parsed default literals, one per key
+};
+
+class Recipe {
+ public:
+  // Parses a file; throws RecipeError with file:line:column on syntax errors.
+  static Recipe load(const std::string& path);
+  static Recipe parse(const std::string& text, const std::string& source_name);
+
+  // Applies "a.b=v" (v a TOML literal, else a string). Array tables are
+  // addressed by index or by their plugin name: strategy.0.every, strategy.checkpoint.every.
+  void apply_override(const std::string& assignment);
+
+  const std::string& source() const { return source_; }
+  const toml::table& root() const { return root_; }
+
+  // The table at `name` (e.g. "model"), or nullptr.
+  const toml::table* table(const std::string& name) const;
+  // The [[strategy]] tables in order.
+  std::vector<const toml::table*> array_tables(const std::string& name) const;
+
+  // Validates `t` against `keys` (plus `extra_allowed` keys such as "plugin").
+  // Throws RecipeError naming file:line:column and listing the valid keys.
+  ConfigTable validate(const toml::table* t, const std::string& where,
+                       const std::vector<KeySpec>& keys,
+                       const std::vector<std::string>& extra_allowed = {}) const;
+
+  // Checks that every top-level key is one of `allowed`.
+  void check_top_level(const std::vector<std::string>& allowed) const;
+
+  // "file:line:col" of a node, or "--set a.b" for overridden values.
+  std::string where(const toml::node& n) const;
+
+  // Reads a required string key such as [model].plugin.
+  std::string required_string(const toml::table* t, const std::string& table_name,
+                              const std::string& key) const;
+
+ private:
+  toml::table root_;
+  std::string source_;
+};
+
+}  // namespace tightfit

@@ -1,0 +1,169 @@
+#include "safetensors.hpp"
+
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <vector>
+
+namespace tightfit {
+namespace {
+
+struct DtypeName {
+  const char* name;
+  at::ScalarType type;
+};
+constexpr DtypeName kDtypes[] = {{"F32", at::kFloat},  {"F16", at::kHalf},  {"BF16", at::kBFloat16},
+                                 {"F64", at::kDouble}, {"I64", at::kLong},  {"I32", at::kInt},
+                                 {"I16", at::kShort},  {"I8", at::kChar},   {"U8", at::kByte},
+                                 {"BOOL", at::kBool}};
+
+const char* dtype_name(at::ScalarType t) {
+  for (const auto& d : kDtypes)
+    if (d.type == t) return d.name;
+  throw SafetensorsError(std::string("safetensors cannot store dtype ") + c10::toString(t));
+}
+
+constexpr uint64_t kMaxHeader = 100ull << 20;  // the reference implementation's limit
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<at::Tensor> ordered;
+  uint64_t offset = 0;
+  for (const auto& [name, t0] : tensors) {
+    at::Tensor t = t0.detach().to(at::kCPU).contiguous();
+    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+    header[name] = {{"dtype", dtype_name(t.scalar_type())},
+                    {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    ordered.push_back(t);
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // align data to 8 bytes
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw SafetensorsError("cannot create " + path + ": " + std::strerror(errno));
+  auto put = [&](const void* p, size_t n) {
+    const char* c = static_cast<const char*>(p);
+    while (n > 0) {
+      const ssize_t w = ::write(fd, c, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        const std::string err = std::strerror(errno);
+        ::close(fd);
+        throw SafetensorsError("cannot write " + path + ": " + err);
+      }
+      c += w;
+      n -= static_cast<size_t>(w);
+    }
+  };
+  uint64_t len = h.size();
+  unsigned char le[8];
+  for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(len >> (8 * i));
+  put(le, 8);
+  put(h.data(), h.size());
+  for (const auto& t : ordered) put(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
+  if (::fsync(fd) != 0 || ::close(fd) != 0)
+    throw SafetensorsError("cannot flush " + path + ": " + std::strerror(errno));
+}
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  auto fail = [&](const std::string& why) { return SafetensorsError(path + ": " + why); };
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw fail("cannot open");
+  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
+  if (file_size < 8) throw fail("too short to be a safetensors file (" + std::to_string(file_size) + " bytes)");
+  in.seekg(0);
+  unsigned char le[8];
+  in.read(reinterpret_cast<char*>(le), 8);
+  uint64_t header_len = 0;
+  for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(le[i]) << (8 * i);
+  if (header_len > kMaxHeader || header_len > file_size - 8)
+    throw fail("header length " + std::to_string(header_len) + " exceeds the file (" +
+               std::to_string(file_size) + " bytes) or the 100 MiB limit");
+  std::string header(header_len, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(header_len));
+  auto j = nlohmann::json::parse(header, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw fail("header is not a JSON object");
+  const uint64_t data_size = file_size - 8 - header_len;
+
+  struct Entry {
+    std::string name;
+    at::ScalarType type;
+    std::vector<int64_t> shape;
+    uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
+  SafetensorsFile out;
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      if (!it->is_object()) throw fail("__metadata__ must be an object of strings");
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        if (!m->is_string()) throw fail("__metadata__ values must be strings");
+        out.metadata[m.key()] = m->get<std::string>();
+      }
+      continue;
+    }
+    const auto& e = *it;
+    const std::string& name = it.key();
+    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets") ||
+        !e["dtype"].is_string() || !e["shape"].is_array() || !e["data_offsets"].is_array() ||
+        e["data_offsets"].size() != 2)
+      throw fail("tensor \"" + name + "\" needs dtype, shape and two data_offsets");
+    Entry en{name, at::kFloat, {}, 0, 0};
+    const std::string dt = e["dtype"].get<std::string>();
+    auto d = std::find_if(std::begin(kDtypes), std::end(kDtypes),
+                          [&](const DtypeName& x) { return dt == x.name; });
+    if (d == std::end(kDtypes)) throw fail("tensor \"" + name + "\" has unsupported dtype " + dt);
+    en.type = d->type;
+    uint64_t numel = 1;
+    for (const auto& s : e["shape"]) {
+      if (!s.is_number_unsigned() && !(s.is_number_integer() && s.get<int64_t>() >= 0))
+        throw fail("tensor \"" + name + "\" has a negative or non-integer dimension");
+      const uint64_t dim = s.get<uint64_t>();
+      if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / dim)
+        throw fail("tensor \"" + name + "\" shape overflows");
+      numel *= dim;
+      en.shape.push_back(static_cast<int64_t>(dim));
+    }
+    for (const auto& o : e["data_offsets"])
+      if (!o.is_number_unsigned() && !(o.is_number_integer() && o.get<int64_t>() >= 0))
+        throw fail("tensor \"" + name + "\" has invalid data_offsets");
+    en.begin = e["data_offsets"][0].get<uint64_t>();
+    en.end = e["data_offsets"][1].get<uint64_t>();
+    const uint64_t elsize = c10::elementSize(en.type);
+    if (numel > std::numeric_limits<uint64_t>::max() / elsize) throw fail("tensor \"" + name + "\" size overflows");
+    if (en.end < en.begin || en.end > data_size)
+      throw fail("tensor \"" + name + "\" data_offsets [" + std::to_string(en.begin) + ", " +
+                 std::to_string(en.end) + ") lie outside the " + std::to_string(data_size) +
+                 "-byte data section");
+    if (en.end - en.begin != numel * elsize)
+      throw fail("tensor \"" + name + "\" has " + std::to_string(en.end - en.begin) +
+                 " bytes but its dtype and shape need " + std::to_string(numel * elsize));
+    entries.push_back(std::move(en));
+  }
+  std::vector<const Entry*> sorted;
+  for (const auto& e : entries) sorted.push_back(&e);
+  std::sort(sorted.begin(), sorted.end(), [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < sorted.size(); ++i)
+    if (sorted[i]->begin < sorted[i - 1]->end)
+      throw fail("tensors \"" + sorted[i - 1]->name + "\" and \"" + sorted[i]->name + "\" overlap");
+  for (const auto& e : entries) {
+    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.type));
+    in.seekg(static_cast<std::streamoff>(8 + header_len + e.begin));
+    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
+    if (!in) throw fail("short read for tensor \"" + e.name + "\"");
+    out.tensors[e.name] = t;
+  }
+  return out;
+}
+
+}  // namespace tightfit

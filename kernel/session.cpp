@@ -1,0 +1,475 @@
+#include "session.hpp"
+
+#include "logging.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+namespace tightfit {
+namespace fs = std::filesystem;
+
+namespace {
+
+KeySpec key(std::string name, tf_value_type type, std::optional<std::string> def, std::string doc,
+            double lo = 1, double hi = 0, std::string choices = {}) {
+  return KeySpec{std::move(name), type, std::move(def), std::move(doc), lo, hi, std::move(choices)};
+}
+
+const std::vector<std::string> kTopLevelTables = {"run",      "model",    "data", "optimizer",
+                                                  "strategy", "schedule", "save"};
+
+}  // namespace
+
+const std::vector<KeySpec>& run_keys() {
+  static const std::vector<KeySpec> keys = {
+      key("name", TF_VALUE_STRING, "\"run\"", "run name; its folder is out_dir/name"),
+      key("seed", TF_VALUE_INT, "1234", "seed for initialization, data order and sampling", 0, 9.2e18),
+      key("steps", TF_VALUE_INT, "200", "optimizer steps to train", 0, 1e12),
+      key("device", TF_VALUE_STRING, "\"cpu\"", "compute device: cpu, cuda, cuda:N"),
+      key("memory_budget", TF_VALUE_SIZE, "0",
+          "refuse allocations past this many bytes (\"8GiB\"); 0 = no budget"),
+      key("out_dir", TF_VALUE_STRING, "\"runs\"", "folder that holds run folders"),
+      key("log_every", TF_VALUE_INT, "10", "steps between progress lines", 1, 1e9),
+      key("threads", TF_VALUE_INT, "0", "intra-op CPU threads; 0 = LibTorch's default", 0, 4096),
+      key("sample_tokens", TF_VALUE_INT, "200", "tokens to sample from the trained model; 0 = none", 0, 1e6),
+      key("sample_prompt", TF_VALUE_STRING, "\"\\n\"", "prompt for the sample"),
+      key("sample_top_k", TF_VALUE_INT, "40", "top-k for the sample; 1 = greedy", 1, 1e9),
+      key("eval_batches", TF_VALUE_INT, "8", "validation batches for the final eval loss", 0, 1e6),
+      key("plugin_paths", TF_VALUE_STRING_LIST, "[]",
+          "extra plugin files or folders (relative to the recipe)"),
+  };
+  return keys;
+}
+
+const std::vector<KeySpec>& data_keys() {
+  static const std::vector<KeySpec> keys = {
+      key("corpus", TF_VALUE_STRING, "\"builtin:fortunes\"",
+          "builtin:fortunes, a text file, a folder of text files, or a .jsonl with \"text\""),
+      key("tokenizer", TF_VALUE_STRING, "\"byte\"", "tokenizer", 1, 0, "byte"),
+      key("seq_len", TF_VALUE_INT, "128", "tokens per sequence", 1, 1e7),
+      key("batch_size", TF_VALUE_INT, "16", "sequences per batch", 1, 1e6),
+      key("val_fraction", TF_VALUE_FLOAT, "0.05", "tail of the corpus held out for eval", 0, 0.5),
+  };
+  return keys;
+}
+
+const std::vector<KeySpec>& optimizer_keys() {
+  static const std::vector<KeySpec> keys = {
+      key("name", TF_VALUE_STRING, "\"adamw\"", "optimizer", 1, 0, "adamw|sgd"),
+      key("lr", TF_VALUE_FLOAT, "3e-4", "peak learning rate", 0, 1e3),
+      key("weight_decay", TF_VALUE_FLOAT, "0.1", "decoupled weight decay on >=2-D weights", 0, 10),
+      key("beta1", TF_VALUE_FLOAT, "0.9", "AdamW beta1", 0, 1),
+      key("beta2", TF_VALUE_FLOAT, "0.95", "AdamW beta2", 0, 1),
+      key("eps", TF_VALUE_FLOAT, "1e-8", "AdamW epsilon", 0, 1),
+      key("momentum", TF_VALUE_FLOAT, "0.0", "SGD momentum", 0, 1),
+      key("grad_clip", TF_VALUE_FLOAT, "1.0", "clip the global gradient norm; 0 = off", 0, 1e9),
+  };
+  return keys;
+}
+
+const std::vector<KeySpec>& save_keys() {
+  static const std::vector<KeySpec> keys = {
+      key("every", TF_VALUE_INT, "0", "save a checkpoint every N steps; 0 = only at the end", 0, 1e12),
+      key("keep_last", TF_VALUE_INT, "2", "checkpoints kept (older ones are rotated out)", 1, 1e6),
+      key("final", TF_VALUE_BOOL, "true", "save when the run ends"),
+      key("dir", TF_VALUE_STRING, "\"\"", "checkpoint folder; empty = <run folder>/checkpoints"),
+  };
+  return keys;
+}
+
+Session::Session(const Recipe& recipe, const PluginRegistry& registry, SessionOptions options)
+    : recipe_(recipe), options_(std::move(options)) {
+  try {
+    build(registry);
+  } catch (const c10::OutOfMemoryError& e) {
+    throw OutOfBudgetError(e.what_without_backtrace());
+  }
+}
+
+Session::~Session() {
+  auto destroy = [](PluginInstance& inst, auto destroy_fn) {
+    if (inst.plugin && inst.state && destroy_fn) destroy_fn(inst.state);
+    inst.state = nullptr;
+  };
+  destroy(schedule_, schedule_.plugin ? schedule_.plugin->schedule()->destroy : nullptr);
+  for (auto& s : strategies_) destroy(s, s.plugin->strategy()->destroy);
+  destroy(model_, model_.plugin ? model_.plugin->model()->destroy : nullptr);
+}
+
+void Session::log(tf_log_level level, const std::string& message) {
+  if (options_.on_log) options_.on_log(message);
+  log_message(level, message);
+}
+
+void Session::check(tf_status status, const PluginInstance& inst, const char* what) {
+  if (status == TF_OK || status == TF_NOT_HANDLED) return;
+  std::string msg = inst.ctx->plugin_error;
+  if (msg.empty()) msg = inst.ctx->last_error;
+  if (msg.empty()) msg = "status " + std::to_string(static_cast<int>(status));
+  inst.ctx->plugin_error.clear();
+  inst.ctx->last_error.clear();
+  if (status == TF_ERR_OUT_OF_MEMORY) throw OutOfBudgetError(msg);
+  throw PluginCallError(inst.ctx->role + " plugin \"" + inst.plugin->name + "\" failed in " + what +
+                        ": " + msg);
+}
+
+std::string Session::checkpoint_dir() const {
+  const std::string d = save_cfg_.get_string("dir");
+  return d.empty() ? (fs::path(run_dir_) / "checkpoints").string() : d;
+}
+
+PluginInstance Session::make_instance(const LoadedPlugin& plugin, const toml::table* table,
+                                      const std::string& role) {
+  PluginInstance inst;
+  inst.plugin = &plugin;
+  inst.ctx = std::make_unique<tf_host_context>();
+  inst.ctx->session = this;
+  inst.ctx->plugin_name = plugin.name;
+  inst.ctx->role = role;
+  inst.ctx->config = recipe_.validate(table, "[" + role + "] (plugin " + plugin.name + ")", plugin.keys,
+                                      {"plugin"});
+  return inst;
+}
+
+void Session::build(const PluginRegistry& base_registry) {
+  recipe_.check_top_level(kTopLevelTables);
+  run_cfg_ = recipe_.validate(recipe_.table("run"), "[run]", run_keys());
+  data_cfg_ = recipe_.validate(recipe_.table("data"), "[data]", data_keys());
+  opt_cfg_ = recipe_.validate(recipe_.table("optimizer"), "[optimizer]", optimizer_keys());
+  save_cfg_ = recipe_.validate(recipe_.table("save"), "[save]", save_keys());
+
+  if (const int64_t threads = run_cfg_.get_int("threads"); threads > 0)
+    at::set_num_threads(static_cast<int>(threads));
+  MemoryAccounting::instance().set_budget(run_cfg_.get_size("memory_budget"));
+
+  device_str_ = run_cfg_.get_string("device");
+  try {
+    device_ = at::Device(device_str_);
+  } catch (const c10::Error&) {
+    throw RecipeError(recipe_.source() + ": [run].device \"" + device_str_ +
+                      "\" is not a device (use cpu, cuda or cuda:N)");
+  }
+  if (device_.is_cuda() && !at::hasCUDA())
+    throw RecipeError(recipe_.source() + ": [run].device is \"" + device_str_ +
+                      "\" but no CUDA device is available here; use device = \"cpu\"");
+
+  // Data.
+  const std::string base_dir = fs::path(recipe_.source()).parent_path().string();
+  try {
+    tokenizer_ = make_tokenizer(data_cfg_.get_string("tokenizer"));
+    const std::string text = load_corpus_text(data_cfg_.get_string("corpus"), base_dir);
+    std::vector<int64_t> ids = tokenizer_->encode(text);
+    CategoryScope scope(TF_MEM_OTHER);
+    at::Tensor tokens = at::tensor(ids, at::kLong);
+    unigram_entropy_ = unigram_entropy(tokens, tokenizer_->vocab_size());
+    batcher_ = std::make_unique<TokenBatcher>(tokens, data_cfg_.get_int("seq_len"),
+                                              data_cfg_.get_int("batch_size"),
+                                              static_cast<uint64_t>(run_cfg_.get_int("seed")),
+                                              data_cfg_.get_double("val_fraction"));
+  } catch (const std::invalid_argument& e) {
+    throw RecipeError(recipe_.source() + ": [data]: " + e.what());
+  } catch (const std::runtime_error& e) {
+    if (dynamic_cast<const c10::Error*>(&e)) throw;
+    throw RecipeError(recipe_.source() + ": [data]: " + e.what());
+  }
+
+  // Run folder. A fresh run never writes over another run's checkpoints.
+  run_dir_ = (fs::path(run_cfg_.get_string("out_dir")) / run_cfg_.get_string("name")).string();
+  if (!options_.resume && save_cfg_.get_string("dir").empty()) {
+    const std::string base = run_dir_;
+    for (int i = 2; fs::exists(fs::path(run_dir_) / "checkpoints" / "manifest.json"); ++i)
+      run_dir_ = base + "." + std::to_string(i);
+  }
+  fs::create_directories(run_dir_);
+  run_dir_str_ = fs::absolute(run_dir_).string();
+
+  run_info_ = tf_run_info{};
+  run_info_.struct_size = sizeof run_info_;
+  run_info_.device = device_str_.c_str();
+  run_info_.rank = 0;
+  run_info_.world_size = 1;
+  run_info_.local_rank = 0;
+  run_info_.vocab_size = tokenizer_->vocab_size();
+  run_info_.seq_len = data_cfg_.get_int("seq_len");
+  run_info_.batch_size = data_cfg_.get_int("batch_size");
+  run_info_.total_steps = run_cfg_.get_int("steps");
+  run_info_.seed = static_cast<uint64_t>(run_cfg_.get_int("seed"));
+  run_info_.run_dir = run_dir_str_.c_str();
+
+  // Plugins: the recipe's own paths win over the installed ones.
+  registry_ = base_registry;
+  PluginRegistry& registry = registry_;
+  for (const auto& p : run_cfg_.get_string_list("plugin_paths")) {
+    fs::path path = p;
+    if (path.is_relative()) path = fs::path(base_dir) / path;
+    registry.add_path(path.string(), "recipe");
+  }
+  for (const auto& prob : registry.problems()) log_message(TF_LOG_DEBUG, prob);
+
+  const toml::table* model_table = recipe_.table("model");
+  const std::string model_name = recipe_.required_string(model_table, "model", "plugin");
+  try {
+    model_ = make_instance(registry.find(model_name, TF_PLUGIN_MODEL), model_table, "model");
+  } catch (const PluginLoadError& e) {
+    throw RecipeError(recipe_.where(*model_table->get("plugin")) + ": " + e.what());
+  }
+  declaring_ = true;
+  check(model_.plugin->model()->create(host_api(), model_.ctx.get(), &model_.state), model_, "create");
+  if (stages_.empty()) throw PluginCallError("model plugin \"" + model_name + "\" declared no stages");
+  if (stages_.front().kind != TF_STAGE_EMBED || stages_.back().kind != TF_STAGE_HEAD)
+    throw PluginCallError("model plugin \"" + model_name +
+                          "\" must declare an embed stage first and a head stage last");
+
+  int idx = 0;
+  for (const toml::table* t : recipe_.array_tables("strategy")) {
+    ++idx;
+    const std::string name = recipe_.required_string(t, "strategy", "plugin");
+    const std::string role = "strategy #" + std::to_string(idx);
+    try {
+      strategies_.push_back(make_instance(registry.find(name, TF_PLUGIN_STRATEGY), t, "[strategy]"));
+    } catch (const PluginLoadError& e) {
+      throw RecipeError(recipe_.where(*t->get("plugin")) + ": " + e.what());
+    }
+    PluginInstance& s = strategies_.back();
+    s.ctx->role = role;
+    check(s.plugin->strategy()->create(host_api(), s.ctx.get(), &s.state), s, "create");
+  }
+  for (auto& s : strategies_)
+    if (s.plugin->strategy()->configure) check(s.plugin->strategy()->configure(s.state, s.ctx.get()), s, "configure");
+  declaring_ = false;
+
+  store_.materialize(run_info_.seed, device_);
+  for (auto& s : strategies_)
+    if (s.plugin->strategy()->params_ready)
+      check(s.plugin->strategy()->params_ready(s.state, s.ctx.get()), s, "params_ready");
+
+  OptimizerConfig oc;
+  oc.name = opt_cfg_.get_string("name");
+  oc.lr = opt_cfg_.get_double("lr");
+  oc.weight_decay = opt_cfg_.get_double("weight_decay");
+  oc.beta1 = opt_cfg_.get_double("beta1");
+  oc.beta2 = opt_cfg_.get_double("beta2");
+  oc.eps = opt_cfg_.get_double("eps");
+  oc.momentum = opt_cfg_.get_double("momentum");
+  oc.grad_clip = opt_cfg_.get_double("grad_clip");
+  optimizer_ = std::make_unique<Optimizer>(oc);
+
+  const toml::table* sched_table = recipe_.table("schedule");
+  const std::string sched_name =
+      sched_table && sched_table->contains("plugin") ? recipe_.required_string(sched_table, "schedule", "plugin")
+                                                     : "standard";
+  try {
+    schedule_ = make_instance(registry.find(sched_name, TF_PLUGIN_SCHEDULE), sched_table, "schedule");
+  } catch (const PluginLoadError& e) {
+    throw RecipeError((sched_table && sched_table->get("plugin") ? recipe_.where(*sched_table->get("plugin"))
+                                                                  : recipe_.source()) +
+                      ": " + e.what());
+  }
+  check(schedule_.plugin->schedule()->create(host_api(), schedule_.ctx.get(), &schedule_.state), schedule_,
+        "create");
+
+  recompute_anchor_ = at::empty({0}, at::TensorOptions().device(device_)).requires_grad_(true);
+
+  if (options_.resume && !load_latest_checkpoint())
+    log(TF_LOG_WARN, "--resume: no checkpoint in " + checkpoint_dir() + "; starting from step 0");
+}
+
+void Session::zero_grad() {
+  for (Param& p : store_.all())
+    if (p.value.defined() && p.value.grad().defined()) p.value.mutable_grad() = at::Tensor();
+}
+
+tf_status Session::optimizer_step() {
+  std::vector<Param*> params = store_.trainable();
+  const double norm = optimizer_->clip(params);
+  step_metrics_["grad_norm"] = norm;
+  if (!std::isfinite(norm)) {
+    zero_grad();
+    return TF_ERR_NON_FINITE;
+  }
+  CategoryScope scope(TF_MEM_OPTIMIZER);
+  optimizer_->begin_step();
+  const double lr = optimizer_->lr();
+  for (Param* p : params) {
+    const at::Tensor& g = p->value.grad();
+    if (!g.defined()) continue;
+    bool handled = false;
+    for (auto& s : strategies_) {
+      const tf_strategy_vtable* vt = s.plugin->strategy();
+      if (!vt->optimizer_step_param) continue;
+      const tf_status st = vt->optimizer_step_param(
+          s.state, s.ctx.get(), p->name.c_str(), reinterpret_cast<tf_tensor>(&p->value),
+          reinterpret_cast<tf_tensor>(const_cast<at::Tensor*>(&g)), lr);
+      if (st == TF_OK) {
+        handled = true;
+        break;
+      }
+      check(st, s, "optimizer_step_param");
+    }
+    if (!handled) optimizer_->update(*p, g);
+  }
+  return TF_OK;
+}
+
+double Session::eval_loss(int64_t batches) {
+  if (batches <= 0) return std::nan("");
+  at::NoGradGuard no_grad;
+  double sum = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    auto b = batcher_->validation(i);
+    at::Tensor logits = forward_logits(b.tokens.to(device_), /*training=*/false);
+    sum += at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
+                                  b.targets.to(logits.device()).reshape({-1}))
+               .item<double>();
+  }
+  return sum / static_cast<double>(batches);
+}
+
+std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64_t top_k,
+                              double temperature, uint64_t seed) {
+  at::NoGradGuard no_grad;
+  CategoryScope scope(TF_MEM_TRANSIENT);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  std::vector<int64_t> ids = tokenizer_->encode(prompt);
+  if (ids.empty()) ids.push_back(0);
+  const size_t prompt_len = ids.size();
+  const int64_t ctx_len = run_info_.seq_len;
+  for (int64_t i = 0; i < n_tokens; ++i) {
+    const size_t start = ids.size() > static_cast<size_t>(ctx_len) ? ids.size() - static_cast<size_t>(ctx_len) : 0;
+    std::vector<int64_t> window(ids.begin() + static_cast<std::ptrdiff_t>(start), ids.end());
+    at::Tensor x = at::tensor(window, at::kLong).unsqueeze(0).to(device_);
+    at::Tensor logits = forward_logits(x, /*training=*/false)[0][-1].to(at::kCPU, at::kFloat);
+    int64_t next = 0;
+    if (top_k <= 1 || temperature <= 0) {
+      next = logits.argmax().item<int64_t>();
+    } else {
+      auto [vals, idx] = logits.div(temperature).topk(std::min<int64_t>(top_k, logits.size(0)));
+      at::Tensor probs = at::softmax(vals, 0);
+      next = idx[at::multinomial(probs, 1, false, gen).item<int64_t>()].item<int64_t>();
+    }
+    ids.push_back(next);
+  }
+  return tokenizer_->decode(std::vector<int64_t>(ids.begin() + static_cast<std::ptrdiff_t>(prompt_len), ids.end()));
+}
+
+int32_t Session::snapshot_take(bool with_optimizer) {
+  at::NoGradGuard no_grad;
+  CategoryScope scope(TF_MEM_TRANSIENT);
+  std::map<std::string, at::Tensor> snap;
+  for (Param* p : store_.trainable()) snap["param:" + p->name] = p->value.detach().clone();
+  if (with_optimizer)
+    for (auto& [k, t] : optimizer_->state()) snap["opt:" + k] = t.clone();
+  const int32_t id = next_snapshot_++;
+  snapshots_[id] = std::move(snap);
+  return id;
+}
+
+void Session::snapshot_restore(int32_t id) {
+  auto it = snapshots_.find(id);
+  if (it == snapshots_.end()) throw std::out_of_range("no snapshot " + std::to_string(id));
+  at::NoGradGuard no_grad;
+  for (auto& [k, t] : it->second) {
+    if (k.rfind("param:", 0) == 0) store_.get(k.substr(6)).value.copy_(t);
+    else optimizer_->state()[k.substr(4)].copy_(t);
+  }
+}
+
+void Session::snapshot_drop(int32_t id) {
+  if (snapshots_.erase(id) == 0) throw std::out_of_range("no snapshot " + std::to_string(id));
+}
+
+void Session::perturb_params(uint64_t seed, double scale) {
+  at::NoGradGuard no_grad;
+  CategoryScope scope(TF_MEM_TRANSIENT);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  for (Param* p : store_.trainable()) {
+    at::Tensor z = at::empty(p->value.sizes(), at::kFloat).normal_(0, 1, gen);
+    p->value.add_(z.to(p->value.device(), p->value.scalar_type()), scale);
+  }
+}
+
+void Session::emit_progress(const ProgressInfo& p) {
+  if (options_.on_progress) options_.on_progress(p);
+}
+
+TrainSummary Session::train() {
+  TrainSummary sum;
+  sum.run_dir = run_dir_;
+  sum.checkpoint_dir = checkpoint_dir();
+  sum.unigram_entropy = unigram_entropy_;
+  sum.first_step = step_;
+  sum.total_steps = run_info_.total_steps;
+  metrics_ = MetricsWriter((fs::path(run_dir_) / "metrics.jsonl").string());
+  sum.metrics_path = metrics_.path();
+  auto& acct = MemoryAccounting::instance();
+  acct.reset_peaks();
+
+  const int64_t total = run_info_.total_steps;
+  const int64_t log_every = run_cfg_.get_int("log_every");
+  const int64_t save_every = save_cfg_.get_int("every");
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t tokens = 0;
+  try {
+    for (; step_ < total; ++step_) {
+      step_metrics_.clear();
+      for (auto& s : strategies_)
+        if (s.plugin->strategy()->step_begin) check(s.plugin->strategy()->step_begin(s.state, s.ctx.get(), step_), s, "step_begin");
+      tf_step_result r{};
+      r.struct_size = sizeof r;
+      check(schedule_.plugin->schedule()->run_step(schedule_.state, schedule_.ctx.get(), step_, total, &r), schedule_,
+            "run_step");
+      for (auto& s : strategies_)
+        if (s.plugin->strategy()->step_end) check(s.plugin->strategy()->step_end(s.state, s.ctx.get(), step_, r.loss), s, "step_end");
+      tokens += r.n_tokens;
+      sum.backward_passes += r.backward_passes;
+      sum.losses.push_back(r.loss);
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const MemorySnapshot mem = acct.snapshot();
+      nlohmann::json rec = {{"step", step_ + 1},     {"loss", r.loss},
+                            {"lr", r.lr},            {"tokens", r.n_tokens},
+                            {"elapsed_s", elapsed},  {"phase", r.phase ? r.phase : "full"},
+                            {"backward_passes", r.backward_passes}};
+      for (int c = 0; c < TF_MEM_CATEGORY_COUNT - 1; ++c)
+        rec["peak_" + std::string(category_name(static_cast<tf_mem_category>(c)))] = mem.peak[c];
+      rec["peak_total"] = mem.total_peak;
+      for (const auto& [k, v] : step_metrics_) rec[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+      metrics_.write(rec);
+      const int64_t done = step_ + 1;
+      if (done % log_every == 0 || done == total) {
+        ProgressInfo p;
+        p.step = done;
+        p.total = total;
+        p.loss = r.loss;
+        p.lr = r.lr;
+        p.elapsed_s = elapsed;
+        p.tokens_per_s = elapsed > 0 ? static_cast<double>(tokens) / elapsed : 0;
+        const int64_t run_steps = done - sum.first_step;
+        p.eta_s = run_steps > 0 ? elapsed / static_cast<double>(run_steps) * static_cast<double>(total - done) : 0;
+        p.phase = r.phase ? r.phase : "full";
+        p.memory = mem;
+        emit_progress(p);
+      }
+      if (save_every > 0 && done % save_every == 0 && done < total) save_checkpoint(done);
+    }
+    sum.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    sum.memory = acct.snapshot();
+    if (save_cfg_.get_bool("final") && total > sum.first_step) save_checkpoint(step_);
+    sum.steps_run = step_ - sum.first_step;
+    sum.tokens_per_s = sum.wall_s > 0 ? static_cast<double>(tokens) / sum.wall_s : 0;
+    sum.final_loss = sum.losses.empty() ? std::nan("") : sum.losses.back();
+    sum.val_loss = eval_loss(run_cfg_.get_int("eval_batches"));
+    if (const int64_t n = run_cfg_.get_int("sample_tokens"); n > 0)
+      sum.sample = generate(run_cfg_.get_string("sample_prompt"), n, run_cfg_.get_int("sample_top_k"), 0.8,
+                            run_info_.seed);
+  } catch (const c10::OutOfMemoryError& e) {
+    throw OutOfBudgetError(e.what_without_backtrace());
+  }
+  return sum;
+}
+
+}  // namespace tightfit

@@ -1,0 +1,203 @@
+// A training session: one recipe composed into a model, its strategies and a
+// schedule, with the kernel's store, executor, optimizer, data, accounting,
+// metrics and checkpoints. The host's `run` and the tests drive it.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "data.hpp"
+#include "memory_accounting.hpp"
+#include "metrics.hpp"
+#include "optimizer.hpp"
+#include "param_store.hpp"
+#include "plugin_loader.hpp"
+#include "recipe.hpp"
+#include "tightfit/plugin_api.h"
+
+namespace tightfit {
+class Session;
+}
+
+// The per-plugin-instance context behind the ABI's opaque tf_host_context.
+struct tf_host_context {
+  tightfit::Session* session = nullptr;
+  std::string plugin_name;
+  std::string role;  // "model", "strategy #1", "schedule"
+  tightfit::ConfigTable config;
+  std::string last_error;    // the host's last failed service call
+  std::string plugin_error;  // what the plugin reported with set_error
+  // Checkpoint state I/O, set only inside save_state / load_state.
+  std::map<std::string, at::Tensor>* state_out = nullptr;
+  const std::map<std::string, at::Tensor>* state_in = nullptr;
+  std::string state_prefix;
+};
+
+namespace tightfit {
+
+// The run went past run.memory_budget.
+struct OutOfBudgetError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A plugin reported an error.
+struct PluginCallError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct StageState {
+  std::string name;
+  tf_stage_kind kind = TF_STAGE_BLOCK;
+  bool recompute = false;
+  bool skip = false;
+  bool trainable = true;
+  std::string device;
+  int64_t activation_bytes_per_token = 0;
+  int64_t flops_per_token = 0;
+};
+
+struct PluginInstance {
+  const LoadedPlugin* plugin = nullptr;
+  void* state = nullptr;
+  std::unique_ptr<tf_host_context> ctx;
+};
+
+struct PassResult {
+  double loss = 0;
+  int64_t n_tokens = 0;
+  bool finite = true;
+};
+
+struct ProgressInfo {
+  int64_t step = 0, total = 0;
+  double loss = 0, lr = 0, tokens_per_s = 0, eta_s = 0, elapsed_s = 0;
+  std::string phase;
+  MemorySnapshot memory;
+};
+
+struct TrainSummary {
+  int64_t first_step = 0, steps_run = 0, total_steps = 0;
+  double final_loss = 0, val_loss = 0, unigram_entropy = 0, tokens_per_s = 0, wall_s = 0;
+  int64_t backward_passes = 0;
+  std::vector<double> losses;
+  MemorySnapshot memory;  // peaks over the run
+  std::string run_dir, metrics_path, checkpoint_dir, sample;
+};
+
+struct SessionOptions {
+  bool resume = false;
+  std::function<void(const ProgressInfo&)> on_progress;
+  std::function<void(const std::string&)> on_log;  // kernel and plugin log lines
+};
+
+class Session {
+ public:
+  Session(const Recipe& recipe, const PluginRegistry& registry, SessionOptions options = {});
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Runs the schedule from the current step to run.steps, saving checkpoints
+  // as [save] says; then evaluates and samples. Throws OutOfBudgetError,
+  // PluginCallError, std::runtime_error.
+  TrainSummary train();
+
+  // --- executor (executor.cpp) ---
+  at::Tensor forward_logits(const at::Tensor& tokens, bool training);
+  PassResult run_pass(const at::Tensor& tokens, const at::Tensor& targets, bool backward,
+                      double loss_scale);
+  at::Tensor run_stage(int32_t stage, const at::Tensor& input, bool training, bool recompute);
+  void raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin);
+  at::Tensor fetch_weight(const std::string& name);
+  at::Tensor linear(const at::Tensor& x, const std::string& weight, const std::string& bias);
+
+  // --- training services ---
+  void zero_grad();
+  tf_status optimizer_step();  // TF_ERR_NON_FINITE when gradients are not finite
+  double eval_loss(int64_t batches);
+  std::string generate(const std::string& prompt, int64_t n_tokens, int64_t top_k,
+                       double temperature, uint64_t seed);
+  int32_t snapshot_take(bool with_optimizer);
+  void snapshot_restore(int32_t id);
+  void snapshot_drop(int32_t id);
+  void perturb_params(uint64_t seed, double scale);
+
+  // --- checkpoints (checkpoint_io.cpp) ---
+  // Saves the full training state after `step` completed steps, atomically.
+  std::string save_checkpoint(int64_t step);
+  // Loads the latest complete checkpoint in the run's checkpoint folder;
+  // returns false when there is none.
+  bool load_latest_checkpoint();
+
+  // --- plugin calls ---
+  // Throws PluginCallError (or OutOfBudgetError) for a failed status.
+  void check(tf_status status, const PluginInstance& inst, const char* what);
+  void log(tf_log_level level, const std::string& message);
+
+  // --- state (kernel-internal; host_api.cpp and tests use it) ---
+  const Recipe& recipe() const { return recipe_; }
+  ParamStore& store() { return store_; }
+  Optimizer& optimizer() { return *optimizer_; }
+  TokenBatcher& batcher() { return *batcher_; }
+  Tokenizer& tokenizer() { return *tokenizer_; }
+  std::vector<StageState>& stages() { return stages_; }
+  PluginInstance& model() { return model_; }
+  std::vector<PluginInstance>& strategies() { return strategies_; }
+  PluginInstance& schedule() { return schedule_; }
+  const tf_host_api* host_api() const;
+  const tf_run_info& run_info() const { return run_info_; }
+  int64_t step() const { return step_; }
+  const at::Device& device() const { return device_; }
+  bool declaring() const { return declaring_; }
+  std::map<std::string, double>& step_metrics() { return step_metrics_; }
+  const std::string& run_dir() const { return run_dir_; }
+  std::string checkpoint_dir() const;
+
+ private:
+  void build(const PluginRegistry& registry);
+  PluginInstance make_instance(const LoadedPlugin& plugin, const toml::table* table,
+                               const std::string& role);
+  void emit_progress(const ProgressInfo& p);
+
+  Recipe recipe_;
+  SessionOptions options_;
+  PluginRegistry registry_;  // owns the plugin records the instances point to
+  ConfigTable run_cfg_, data_cfg_, opt_cfg_, save_cfg_;
+  std::string run_dir_;
+  at::Device device_{at::kCPU};
+  tf_run_info run_info_{};
+  std::string device_str_, run_dir_str_;
+
+  ParamStore store_;
+  std::vector<StageState> stages_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<TokenBatcher> batcher_;
+  double unigram_entropy_ = 0;
+
+  PluginInstance model_;
+  std::vector<PluginInstance> strategies_;
+  PluginInstance schedule_;
+  bool declaring_ = false;
+
+  int64_t step_ = 0;
+  std::map<std::string, double> step_metrics_;
+  std::map<int32_t, std::map<std::string, at::Tensor>> snapshots_;
+  int32_t next_snapshot_ = 1;
+  MetricsWriter metrics_;
+  at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward
+};
+
+// The kernel's own recipe tables, for validation and `plugins info`.
+const std::vector<KeySpec>& run_keys();
+const std::vector<KeySpec>& data_keys();
+const std::vector<KeySpec>& optimizer_keys();
+const std::vector<KeySpec>& save_keys();
+
+}  // namespace tightfit

@@ -1,0 +1,244 @@
+// GPT-2 (Radford et al. 2019) as a tightfit model plugin.
+//
+// Stages: embed, block.0 .. block.{L-1}, head. Parameter names are those of
+// Hugging Face's GPT2LMHeadModel state dict; the Conv1D weights that Hugging
+// Face stores as [in, out] are kept here as [out, in] (TF_PARAM_HF_TRANSPOSED)
+// so every projection goes through the store's linear service.
+//
+//   h_0     = W_te[x] + W_pe[0..T)
+//   a_l     = h_{l-1} + Attn(LN_1(h_{l-1}))
+//   h_l     = a_l + MLP(LN_2(a_l)),       MLP(u) = W_proj gelu(W_fc u)
+//   logits  = LN_f(h_L) W_te^T             (tied embeddings)
+#include <ATen/ATen.h>
+
+#include <array>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "tightfit/plugin_sdk.hpp"
+
+namespace {
+
+struct Shape {
+  int64_t n_layer, n_embd, n_head, n_positions, vocab;
+};
+
+struct Preset {
+  const char* name;
+  Shape shape;  // vocab 0 = the tokenizer's
+};
+
+constexpr std::array<Preset, 5> kPresets = {{
+    {"tiny", {4, 128, 4, 256, 0}},
+    {"124M", {12, 768, 12, 1024, 50257}},
+    {"350M", {24, 1024, 16, 1024, 50257}},
+    {"774M", {36, 1280, 20, 1024, 50257}},
+    {"1.5B", {48, 1600, 25, 1024, 50257}},
+}};
+
+struct Gpt2 {
+  tf_sdk::Host host;
+  Shape s{};
+  double dropout = 0.0;
+  at::ScalarType dtype = at::kFloat;
+
+  std::string block(int64_t l, const char* rest) const {
+    return "transformer.h." + std::to_string(l) + "." + rest;
+  }
+
+  at::Tensor layer_norm(const at::Tensor& x, const std::string& prefix) const {
+    return at::layer_norm(x, {s.n_embd}, host.weight(prefix + ".weight"), host.weight(prefix + ".bias"), 1e-5);
+  }
+
+  at::Tensor drop(const at::Tensor& x, bool training) const {
+    return (training && dropout > 0) ? at::dropout(x, dropout, true) : x;
+  }
+
+  at::Tensor embed(const at::Tensor& tokens, bool training) const {
+    const int64_t T = tokens.size(1);
+    TORCH_CHECK(T <= s.n_positions, "sequence of ", T, " tokens is longer than n_positions = ",
+                s.n_positions, "; raise [model] n_positions or lower [data] seq_len");
+    at::Tensor pos = at::arange(T, tokens.options());
+    at::Tensor h = at::embedding(host.weight("transformer.wte.weight"), tokens) +
+                   at::embedding(host.weight("transformer.wpe.weight"), pos);
+    return drop(h, training);
+  }
+
+  at::Tensor attention(const at::Tensor& x, int64_t l, bool training) const {
+    const int64_t B = x.size(0), T = x.size(1), C = s.n_embd, H = s.n_head, D = C / H;
+    at::Tensor qkv = host.linear(x, block(l, "attn.c_attn.weight"), block(l, "attn.c_attn.bias"));
+    auto parts = qkv.split(C, -1);
+    auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };
+    at::Tensor y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {},
+                                                    training ? dropout : 0.0, /*is_causal=*/true);
+    y = y.transpose(1, 2).reshape({B, T, C});
+    return drop(host.linear(y, block(l, "attn.c_proj.weight"), block(l, "attn.c_proj.bias")), training);
+  }
+
+  at::Tensor mlp(const at::Tensor& x, int64_t l, bool training) const {
+    at::Tensor u = host.linear(x, block(l, "mlp.c_fc.weight"), block(l, "mlp.c_fc.bias"));
+    u = at::gelu(u, "tanh");
+    return drop(host.linear(u, block(l, "mlp.c_proj.weight"), block(l, "mlp.c_proj.bias")), training);
+  }
+
+  at::Tensor transformer_block(const at::Tensor& h, int64_t l, bool training) const {
+    at::Tensor a = h + attention(layer_norm(h, block(l, "ln_1")), l, training);
+    return a + mlp(layer_norm(a, block(l, "ln_2")), l, training);
+  }
+
+  at::Tensor head(const at::Tensor& h) const {
+    return host.linear(layer_norm(h, "transformer.ln_f"), "transformer.wte.weight");
+  }
+};
+
+tf_dtype parse_dtype(const std::string& d) {
+  if (d == "fp32") return TF_DTYPE_F32;
+  if (d == "bf16") return TF_DTYPE_BF16;
+  return TF_DTYPE_F16;
+}
+
+void declare(const Gpt2& m, const std::string& name, std::vector<int64_t> shape, int32_t stage,
+             tf_init_kind init, double std, uint32_t flags) {
+  tf_param_spec spec{};
+  spec.struct_size = sizeof spec;
+  spec.name = name.c_str();
+  spec.ndim = static_cast<int32_t>(shape.size());
+  spec.shape = shape.data();
+  spec.dtype = parse_dtype(m.host.get_string("dtype"));
+  spec.stage = stage;
+  spec.init = init;
+  spec.init_std = std;
+  spec.flags = flags;
+  m.host.check(m.host.api()->declare_param(m.host.ctx(), &spec));
+}
+
+int32_t declare_stage(const Gpt2& m, const std::string& name, tf_stage_kind kind, int64_t act_bytes,
+                      int64_t flops) {
+  tf_stage_spec spec{sizeof(tf_stage_spec), name.c_str(), kind, act_bytes, flops};
+  int32_t idx = -1;
+  m.host.check(m.host.api()->declare_stage(m.host.ctx(), &spec, &idx));
+  return idx;
+}
+
+tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
+  return tf_sdk::guard(api, ctx, [&] {
+    auto m = std::make_unique<Gpt2>(Gpt2{tf_sdk::Host(api, ctx)});
+    const tf_sdk::Host& host = m->host;
+    const std::string preset = host.get_string("preset");
+    bool found = false;
+    for (const auto& p : kPresets)
+      if (preset == p.name) {
+        m->s = p.shape;
+        found = true;
+      }
+    if (!found && preset != "custom") throw std::invalid_argument("unknown preset \"" + preset + "\"");
+    const tf_run_info info = host.run_info();
+    auto override_key = [&](const char* key, int64_t& field) {
+      if (host.has(key)) field = host.get_int(key);
+    };
+    override_key("n_layer", m->s.n_layer);
+    override_key("n_embd", m->s.n_embd);
+    override_key("n_head", m->s.n_head);
+    override_key("n_positions", m->s.n_positions);
+    override_key("vocab_size", m->s.vocab);
+    if (m->s.vocab == 0) m->s.vocab = info.vocab_size;
+    if (m->s.n_layer <= 0 || m->s.n_embd <= 0 || m->s.n_head <= 0 || m->s.n_positions <= 0)
+      throw std::invalid_argument("preset \"custom\" needs n_layer, n_embd, n_head and n_positions");
+    if (m->s.n_embd % m->s.n_head != 0)
+      throw std::invalid_argument("n_embd = " + std::to_string(m->s.n_embd) + " is not divisible by n_head = " +
+                                  std::to_string(m->s.n_head));
+    if (m->s.vocab < info.vocab_size)
+      throw std::invalid_argument("vocab_size = " + std::to_string(m->s.vocab) +
+                                  " is smaller than the tokenizer's vocabulary (" + std::to_string(info.vocab_size) + ")");
+    if (info.seq_len > m->s.n_positions)
+      throw std::invalid_argument("[data] seq_len = " + std::to_string(info.seq_len) + " exceeds n_positions = " +
+                                  std::to_string(m->s.n_positions));
+    m->dropout = host.get_double("dropout");
+    m->dtype = host.get_string("dtype") == "bf16" ? at::kBFloat16 : host.get_string("dtype") == "fp16" ? at::kHalf : at::kFloat;
+
+    const int64_t L = m->s.n_layer, C = m->s.n_embd, V = m->s.vocab, P = m->s.n_positions;
+    const int64_t elt = m->dtype == at::kFloat ? 4 : 2;
+    // Residual-projection init scaled by 1/sqrt(2L), as GPT-2 does.
+    const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(L));
+    const uint32_t no_decay = TF_PARAM_NO_WEIGHT_DECAY;
+
+    const int32_t embed = declare_stage(*m, "embed", TF_STAGE_EMBED, 2 * C * elt, 0);
+    declare(*m, "transformer.wte.weight", {V, C}, -1, TF_INIT_NORMAL, 0.02, 0);
+    declare(*m, "transformer.wpe.weight", {P, C}, embed, TF_INIT_NORMAL, 0.01, 0);
+    for (int64_t l = 0; l < L; ++l) {
+      // Saved for backward per token: LN inputs/outputs, qkv, attention output,
+      // projections, MLP hidden before and after gelu: ~18 C values.
+      const int32_t st = declare_stage(*m, "block." + std::to_string(l), TF_STAGE_BLOCK, 18 * C * elt, 24 * C * C);
+      const uint32_t t = TF_PARAM_HF_TRANSPOSED;
+      declare(*m, m->block(l, "ln_1.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
+      declare(*m, m->block(l, "ln_1.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
+      declare(*m, m->block(l, "attn.c_attn.weight"), {3 * C, C}, st, TF_INIT_NORMAL, 0.02, t);
+      declare(*m, m->block(l, "attn.c_attn.bias"), {3 * C}, st, TF_INIT_ZEROS, 0, no_decay);
+      declare(*m, m->block(l, "attn.c_proj.weight"), {C, C}, st, TF_INIT_NORMAL, proj_std, t);
+      declare(*m, m->block(l, "attn.c_proj.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
+      declare(*m, m->block(l, "ln_2.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
+      declare(*m, m->block(l, "ln_2.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
+      declare(*m, m->block(l, "mlp.c_fc.weight"), {4 * C, C}, st, TF_INIT_NORMAL, 0.02, t);
+      declare(*m, m->block(l, "mlp.c_fc.bias"), {4 * C}, st, TF_INIT_ZEROS, 0, no_decay);
+      declare(*m, m->block(l, "mlp.c_proj.weight"), {C, 4 * C}, st, TF_INIT_NORMAL, proj_std, t);
+      declare(*m, m->block(l, "mlp.c_proj.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
+    }
+    const int32_t head = declare_stage(*m, "head", TF_STAGE_HEAD, (2 * C + 2 * V) * elt, 2 * C * V);
+    declare(*m, "transformer.ln_f.weight", {C}, head, TF_INIT_ONES, 0, no_decay);
+    declare(*m, "transformer.ln_f.bias", {C}, head, TF_INIT_ZEROS, 0, no_decay);
+    host.log(TF_LOG_INFO, "GPT-2 " + preset + ": n_layer=" + std::to_string(L) + " n_embd=" + std::to_string(C) +
+                              " n_head=" + std::to_string(m->s.n_head) + " vocab=" + std::to_string(V));
+    *out = m.release();
+    return TF_OK;
+  });
+}
+
+void destroy(void* state) { delete static_cast<Gpt2*>(state); }
+
+tf_status stage_forward(void* state, tf_host_context* ctx, const tf_stage_call* call, tf_tensor input,
+                        tf_tensor* out) {
+  auto* m = static_cast<Gpt2*>(state);
+  return tf_sdk::guard(m->host.api(), ctx, [&] {
+    const at::Tensor& x = tf_sdk::borrow(input);
+    const bool training = call->training != 0;
+    const int64_t last = m->s.n_layer + 1;
+    at::Tensor y;
+    if (call->stage == 0) y = m->embed(x, training);
+    else if (call->stage == last) y = m->head(x);
+    else y = m->transformer_block(x, call->stage - 1, training);
+    *out = tf_sdk::give(std::move(y));
+    return TF_OK;
+  });
+}
+
+const tf_config_key kKeys[] = {
+    tf_sdk::key("preset", TF_VALUE_STRING, "\"tiny\"", "model size", 1, 0, "tiny|124M|350M|774M|1.5B|custom"),
+    tf_sdk::key("n_layer", TF_VALUE_INT, "0", "transformer blocks (overrides the preset)", 0, 1e4),
+    tf_sdk::key("n_embd", TF_VALUE_INT, "0", "hidden size (overrides the preset)", 0, 1e6),
+    tf_sdk::key("n_head", TF_VALUE_INT, "0", "attention heads (overrides the preset)", 0, 1e4),
+    tf_sdk::key("n_positions", TF_VALUE_INT, "0", "maximum sequence length (overrides the preset)", 0, 1e7),
+    tf_sdk::key("vocab_size", TF_VALUE_INT, "0", "vocabulary; 0 = the preset's, else the tokenizer's", 0, 1e7),
+    tf_sdk::key("dropout", TF_VALUE_FLOAT, "0.0", "dropout probability in training", 0, 1),
+    tf_sdk::key("dtype", TF_VALUE_STRING, "\"fp32\"", "parameter dtype", 1, 0, "fp32|bf16|fp16"),
+};
+
+const tf_model_vtable kVtable = {sizeof(tf_model_vtable), create, destroy, stage_forward, {}};
+
+const tf_plugin_descriptor kDescriptor = {
+    sizeof(tf_plugin_descriptor),
+    TF_ABI_VERSION,
+    TF_PLUGIN_MODEL,
+    "gpt2",
+    "1.0.0",
+    "GPT-2 with Hugging Face parameter names; presets tiny, 124M, 350M, 774M, 1.5B",
+    TORCH_VERSION,
+    0,
+    kKeys,
+    sizeof(kKeys) / sizeof(kKeys[0]),
+    &kVtable,
+    {}};
+
+}  // namespace
+
+TF_DEFINE_PLUGIN_ENTRY(kDescriptor)

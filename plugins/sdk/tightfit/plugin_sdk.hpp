@@ -1,0 +1,140 @@
+// C++ conveniences for plugins built against the full LibTorch C++ API.
+//
+// The ABI itself (plugin-api/tightfit/plugin_api.h) is plain C; this header
+// only turns its handles into at::Tensor and its status codes into
+// exceptions and back, so plugin code can read like ordinary LibTorch code.
+// Nothing here crosses the boundary: every exception is caught in `guard`.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/version.h>
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "tightfit/plugin_api.h"
+
+namespace tf_sdk {
+
+// An AtenTensorHandle is an at::Tensor* under the hood (LibTorch's aoti shim
+// says so and converts the same way).
+inline const at::Tensor& borrow(tf_tensor handle) {
+  return *reinterpret_cast<at::Tensor*>(handle);
+}
+
+// Hands a tensor across the boundary as a new handle.
+inline tf_tensor give(at::Tensor t) { return reinterpret_cast<tf_tensor>(new at::Tensor(std::move(t))); }
+
+// Takes ownership of a new handle the host returned.
+inline at::Tensor take(tf_tensor handle) {
+  auto* p = reinterpret_cast<at::Tensor*>(handle);
+  at::Tensor t = std::move(*p);
+  delete p;
+  return t;
+}
+
+// A host service failed; carries the host's message.
+struct HostError : std::runtime_error {
+  tf_status status;
+  HostError(tf_status s, const std::string& what) : std::runtime_error(what), status(s) {}
+};
+
+// The host table and context of one plugin instance, with throwing wrappers.
+class Host {
+ public:
+  Host(const tf_host_api* api, tf_host_context* ctx) : api_(api), ctx_(ctx) {}
+  const tf_host_api* api() const { return api_; }
+  tf_host_context* ctx() const { return ctx_; }
+
+  void check(tf_status s) const {
+    if (s != TF_OK) throw HostError(s, api_->last_error(ctx_));
+  }
+
+  int64_t get_int(const char* key) const {
+    int64_t v = 0;
+    check(api_->config_get_int(ctx_, key, &v));
+    return v;
+  }
+  double get_double(const char* key) const {
+    double v = 0;
+    check(api_->config_get_double(ctx_, key, &v));
+    return v;
+  }
+  bool get_bool(const char* key) const {
+    int32_t v = 0;
+    check(api_->config_get_bool(ctx_, key, &v));
+    return v != 0;
+  }
+  std::string get_string(const char* key) const {
+    const char* v = nullptr;
+    check(api_->config_get_string(ctx_, key, &v));
+    return v ? v : "";
+  }
+  bool has(const char* key) const { return api_->config_has(ctx_, key) != 0; }
+
+  tf_run_info run_info() const {
+    tf_run_info info{};
+    info.struct_size = sizeof info;
+    check(api_->run_info(ctx_, &info));
+    return info;
+  }
+
+  at::Tensor weight(const std::string& name) const {
+    tf_tensor out = nullptr;
+    check(api_->weight(ctx_, name.c_str(), &out));
+    return take(out);
+  }
+
+  at::Tensor linear(const at::Tensor& x, const std::string& weight,
+                    const std::string& bias = {}) const {
+    tf_tensor out = nullptr;
+    auto* xh = reinterpret_cast<tf_tensor>(const_cast<at::Tensor*>(&x));
+    check(api_->linear(ctx_, xh, weight.c_str(), bias.empty() ? nullptr : bias.c_str(), &out));
+    return take(out);
+  }
+
+  void log(tf_log_level level, const std::string& msg) const {
+    api_->log(ctx_, level, msg.c_str());
+  }
+
+ private:
+  const tf_host_api* api_;
+  tf_host_context* ctx_;
+};
+
+// Runs plugin code, turning any exception into a status plus set_error.
+template <class F>
+tf_status guard(const tf_host_api* api, tf_host_context* ctx, F&& body) noexcept {
+  try {
+    return body();
+  } catch (const HostError& e) {
+    api->set_error(ctx, e.what());
+    return e.status;
+  } catch (const std::exception& e) {
+    api->set_error(ctx, e.what());
+    return TF_ERROR;
+  } catch (...) {
+    api->set_error(ctx, "unknown C++ exception in plugin");
+    return TF_ERROR;
+  }
+}
+
+inline tf_config_key key(const char* name, tf_value_type type, const char* default_value,
+                         const char* doc, double min_value = 1, double max_value = 0,
+                         const char* choices = nullptr) {
+  return tf_config_key{sizeof(tf_config_key), name,      type,      default_value,
+                       doc,                   min_value, max_value, choices};
+}
+
+}  // namespace tf_sdk
+
+// Defines the entry symbol returning `descriptor` (a static tf_plugin_descriptor).
+#define TF_DEFINE_PLUGIN_ENTRY(descriptor)                                                   \
+  extern "C" TF_PLUGIN_EXPORT tf_status tightfit_plugin_entry(const tf_host_offer* host,     \
+                                                              const tf_plugin_descriptor** out) { \
+    if (host == nullptr || out == nullptr) return TF_ERR_INVALID_ARGUMENT;                   \
+    if (TF_VERSION_MAJOR(host->abi_version) != TF_ABI_VERSION_MAJOR) return TF_ERR_ABI;      \
+    *out = &(descriptor);                                                                    \
+    return TF_OK;                                                                            \
+  }

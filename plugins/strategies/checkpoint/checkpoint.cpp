@@ -1,0 +1,105 @@
+// Activation checkpointing as a strategy plugin: it only marks stages for
+// recompute; the kernel's generic stage Function runs a marked stage without
+// keeping its activations and re-runs it in backward.
+//
+// `every = N` checkpoints blocks 0, N, 2N, ...; `every = 1` checkpoints all.
+#include <memory>
+
+#include "tightfit/plugin_sdk.hpp"
+
+namespace {
+
+struct Checkpoint {
+  tf_sdk::Host host;
+  int64_t every = 1;
+};
+
+tf_stage_info stage_info(const tf_sdk::Host& host, int32_t i) {
+  tf_stage_info info{};
+  info.struct_size = sizeof info;
+  host.check(host.api()->stage_info(host.ctx(), i, &info));
+  return info;
+}
+
+int32_t stage_count(const tf_sdk::Host& host) {
+  int32_t n = 0;
+  host.check(host.api()->stage_count(host.ctx(), &n));
+  return n;
+}
+
+tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
+  return tf_sdk::guard(api, ctx, [&] {
+    auto s = std::make_unique<Checkpoint>(Checkpoint{tf_sdk::Host(api, ctx)});
+    s->every = s->host.get_int("every");
+    *out = s.release();
+    return TF_OK;
+  });
+}
+
+void destroy(void* state) { delete static_cast<Checkpoint*>(state); }
+
+tf_status configure(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<Checkpoint*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    int64_t block = 0, marked = 0;
+    for (int32_t i = 0, n = stage_count(s->host); i < n; ++i) {
+      if (stage_info(s->host, i).kind != TF_STAGE_BLOCK) continue;
+      if (block++ % s->every == 0) {
+        s->host.check(s->host.api()->stage_set_recompute(ctx, i, 1));
+        ++marked;
+      }
+    }
+    s->host.log(TF_LOG_INFO, "recomputing " + std::to_string(marked) + " of " + std::to_string(block) +
+                                 " blocks in backward");
+    return TF_OK;
+  });
+}
+
+// Saves the activations of every checkpointed block but its input, and adds
+// one block's recompute to the peak; recompute costs one more forward of those
+// blocks (a forward is about a third of forward + backward).
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model,
+                          tf_memory_estimate* out) {
+  auto* s = static_cast<Checkpoint*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    const int64_t tokens = model->batch_size * model->seq_len;
+    int64_t saved = 0, largest = 0, recompute_flops = 0, total_flops = 0, block = 0;
+    for (int32_t i = 0, n = stage_count(s->host); i < n; ++i) {
+      const tf_stage_info info = stage_info(s->host, i);
+      total_flops += info.flops_per_token;
+      if (info.kind != TF_STAGE_BLOCK || block++ % s->every != 0) continue;
+      const int64_t act = info.activation_bytes_per_token * tokens;
+      // The block's input stays (1/18 of a GPT-2 block's saved values).
+      saved += act - act / 18;
+      largest = std::max(largest, act);
+      recompute_flops += info.flops_per_token;
+    }
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] = -saved + largest;
+    out->time_factor = total_flops > 0 ? 1.0 + static_cast<double>(recompute_flops) / (3.0 * total_flops) : 0;
+    return TF_OK;
+  });
+}
+
+const tf_config_key kKeys[] = {
+    tf_sdk::key("every", TF_VALUE_INT, "1", "checkpoint every N-th block (1 = all blocks)", 1, 1e6),
+};
+
+tf_strategy_vtable make_vtable() {
+  tf_strategy_vtable v{};
+  v.struct_size = sizeof v;
+  v.create = create;
+  v.destroy = destroy;
+  v.configure = configure;
+  v.estimate_memory = estimate_memory;
+  return v;
+}
+const tf_strategy_vtable kVtable = make_vtable();
+
+const tf_plugin_descriptor kDescriptor = {
+    sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_STRATEGY, "checkpoint", "1.0.0",
+    "activation checkpointing: recompute every N-th block in backward", TORCH_VERSION, 0, kKeys,
+    sizeof(kKeys) / sizeof(kKeys[0]), &kVtable, {}};
+
+}  // namespace
+
+TF_DEFINE_PLUGIN_ENTRY(kDescriptor)
