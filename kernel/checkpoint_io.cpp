@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "file_util.hpp"
 #include "safetensors.hpp"
 #include "session.hpp"
 
@@ -22,23 +23,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int kFormatVersion = 1;
-
-void fsync_path(const fs::path& p) {
-  const int fd = ::open(p.c_str(), O_RDONLY);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
-
-void write_file_synced(const fs::path& p, const std::string& text) {
-  {
-    std::ofstream out(p, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error("cannot write " + p.string());
-    out << text;
-    if (!out.flush()) throw std::runtime_error("cannot write " + p.string());
-  }
-  fsync_path(p);
-}
 
 std::string read_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -71,9 +55,9 @@ void write_manifest(const fs::path& dir, const std::vector<std::string>& names) 
   nlohmann::json j = {{"format", kFormatVersion}, {"checkpoints", names},
                       {"latest", names.empty() ? "" : names.back()}};
   const fs::path tmp = dir / "manifest.json.tmp";
-  write_file_synced(tmp, j.dump(2));
+  write_file_synced(tmp.string(), j.dump(2));
   fs::rename(tmp, dir / "manifest.json");
-  fsync_path(dir);
+  fsync_path(dir.string());
 }
 
 }  // namespace
@@ -84,7 +68,7 @@ std::string Session::save_checkpoint(int64_t step) {
   const std::string name = step_name(step);
   const fs::path final_path = dir / name;
   const fs::path tmp = dir / (name + ".tmp-" + std::to_string(::getpid()));
-  fs::remove_all(tmp);
+  remove_tree(tmp.string());
   fs::create_directories(tmp);
 
   std::map<std::string, at::Tensor> model;
@@ -123,21 +107,21 @@ std::string Session::save_checkpoint(int64_t step) {
                             {"model_plugin", model_.plugin->name},
                             {"abi", abi_version_string(TF_ABI_VERSION)},
                             {"recipe", recipe_.source()}};
-  write_file_synced(tmp / "trainer.json", trainer.dump(2));
-  fsync_path(tmp);
+  write_file_synced((tmp / "trainer.json").string(), trainer.dump(2));
+  fsync_path(tmp.string());
 
   // Move into place; an older copy of the same step is replaced only after
   // the new one is complete.
   if (fs::exists(final_path)) {
     const fs::path old = dir / (name + ".old");
-    fs::remove_all(old);
+    remove_tree(old.string());
     fs::rename(final_path, old);
     fs::rename(tmp, final_path);
-    fs::remove_all(old);
+    remove_tree(old.string());
   } else {
     fs::rename(tmp, final_path);
   }
-  fsync_path(dir);
+  fsync_path(dir.string());
 
   std::vector<std::string> names = read_manifest(dir / "manifest.json");
   names.erase(std::remove(names.begin(), names.end(), name), names.end());
@@ -149,7 +133,7 @@ std::string Session::save_checkpoint(int64_t step) {
     names.erase(names.begin());
   }
   write_manifest(dir, names);
-  for (const auto& r : rotated) fs::remove_all(dir / r);
+  for (const auto& r : rotated) remove_tree((dir / r).string());
   log(TF_LOG_INFO, "saved checkpoint " + final_path.string());
   return final_path.string();
 }

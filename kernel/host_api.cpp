@@ -25,9 +25,13 @@ tf_status serve(tf_host_context* ctx, F&& body) noexcept {
     ctx->last_error = e.what();
     return TF_ERR_OUT_OF_MEMORY;
   } catch (const c10::OutOfMemoryError& e) {
-    ctx->last_error = e.what_without_backtrace();
+    ctx->last_error = budget_refusal_message(e);
     return TF_ERR_OUT_OF_MEMORY;
   } catch (const c10::Error& e) {
+    if (is_budget_refusal(e)) {
+      ctx->last_error = budget_refusal_message(e);
+      return TF_ERR_OUT_OF_MEMORY;
+    }
     ctx->last_error = e.what_without_backtrace();
     return TF_ERROR;
   } catch (const std::out_of_range& e) {

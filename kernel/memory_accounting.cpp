@@ -101,6 +101,21 @@ std::string describe_budget_refusal(size_t requested, const MemorySnapshot& s) {
   return os.str();
 }
 
+bool is_budget_refusal(const std::exception& e) {
+  return dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
+         std::string(e.what()).find("out of memory budget:") != std::string::npos;
+}
+
+std::string budget_refusal_message(const std::exception& e) {
+  std::string msg = e.what();
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) msg = c->what_without_backtrace();
+  const auto at = msg.find("out of memory budget:");
+  if (at != std::string::npos) msg = msg.substr(at);
+  const auto fix = msg.find("such as checkpoint");
+  if (fix != std::string::npos) msg = msg.substr(0, fix + std::string("such as checkpoint").size());
+  return msg;
+}
+
 MemoryAccounting::MemoryAccounting() {
   static CountingCpuAllocator allocator(c10::GetDefaultCPUAllocator());
   // Priority above LibTorch's default registration so ours stays in place.

@@ -35,6 +35,12 @@ const char* category_name(tf_mem_category c);
 // Thrown (as c10::OutOfMemoryError) when an allocation would pass the budget.
 std::string describe_budget_refusal(size_t requested, const MemorySnapshot& s);
 
+// True for the counting allocator's refusal, also after LibTorch rethrew it
+// as a plain c10::Error (autograd's engine does so across backward).
+bool is_budget_refusal(const std::exception& e);
+// The refusal's message without LibTorch's C++ backtrace.
+std::string budget_refusal_message(const std::exception& e);
+
 class MemoryAccounting {
  public:
   // The process-wide accounting; installs the counting CPU allocator on first use.

@@ -138,6 +138,19 @@ LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin
   if (vt_size < vt_min)
     throw fail("vtable struct_size " + std::to_string(vt_size) + " is smaller than the " +
                std::to_string(vt_min) + " bytes its kind requires");
+  // The functions every instance needs must be present.
+  const void* const* fns = reinterpret_cast<const void* const*>(
+      static_cast<const char*>(d.vtable) + offsetof(tf_model_vtable, create));
+  static_assert(offsetof(tf_model_vtable, create) == offsetof(tf_strategy_vtable, create) &&
+                offsetof(tf_model_vtable, create) == offsetof(tf_schedule_vtable, create));
+  const bool has_main = d.kind == TF_PLUGIN_MODEL
+                            ? static_cast<const tf_model_vtable*>(d.vtable)->stage_forward != nullptr
+                        : d.kind == TF_PLUGIN_SCHEDULE
+                            ? static_cast<const tf_schedule_vtable*>(d.vtable)->run_step != nullptr
+                            : true;
+  if (fns[0] == nullptr || !has_main)
+    throw fail(std::string("the ") + plugin_kind_name(d.kind) + " vtable lacks create" +
+               (d.kind == TF_PLUGIN_MODEL ? " or stage_forward" : d.kind == TF_PLUGIN_SCHEDULE ? " or run_step" : ""));
   try {
     out.keys = key_specs_from_abi(d.config_keys, d.n_config_keys);
   } catch (const std::exception& e) {

@@ -165,7 +165,7 @@ Recipe Recipe::parse(const std::string& text, const std::string& source_name) {
   Recipe r;
   r.source_ = source_name;
   try {
-    r.root_ = toml::parse(text, source_name);
+    r.root_ = std::make_shared<toml::table>(toml::parse(text, source_name));
   } catch (const toml::parse_error& e) {
     throw RecipeError(position(source_name, e.source()) + ": TOML syntax error: " +
                       std::string(e.description()));
@@ -176,26 +176,26 @@ Recipe Recipe::parse(const std::string& text, const std::string& source_name) {
 std::string Recipe::where(const toml::node& n) const { return position(source_, n.source()); }
 
 const toml::table* Recipe::table(const std::string& name) const {
-  return root_[name].as_table();
+  return (*root_)[name].as_table();
 }
 
 std::vector<const toml::table*> Recipe::array_tables(const std::string& name) const {
   std::vector<const toml::table*> out;
-  if (const auto* a = root_[name].as_array()) {
+  if (const auto* a = (*root_)[name].as_array()) {
     for (const auto& e : *a) {
       if (!e.is_table())
         throw RecipeError(where(e) + ": [[" + name + "]] entries must be tables");
       out.push_back(e.as_table());
     }
-  } else if (root_.contains(name)) {
-    throw RecipeError(where(*root_.get(name)) + ": \"" + name + "\" must be an array of tables; write [[" +
+  } else if (root_->contains(name)) {
+    throw RecipeError(where(*root_->get(name)) + ": \"" + name + "\" must be an array of tables; write [[" +
                       name + "]]");
   }
   return out;
 }
 
 void Recipe::check_top_level(const std::vector<std::string>& allowed) const {
-  for (const auto& [k, v] : root_) {
+  for (const auto& [k, v] : *root_) {
     if (std::find(allowed.begin(), allowed.end(), std::string(k.str())) == allowed.end()) {
       std::ostringstream os;
       for (size_t i = 0; i < allowed.size(); ++i) os << (i ? ", " : "") << allowed[i];
@@ -280,7 +280,8 @@ void Recipe::apply_override(const std::string& assignment) {
   if (parts.size() < 2)
     throw RecipeError("--set " + assignment + ": KEY must name a table and a key, e.g. model.n_layer");
 
-  toml::table* cur = &root_;
+  if (root_.use_count() > 1) root_ = std::make_shared<toml::table>(*root_);
+  toml::table* cur = root_.get();
   for (size_t i = 0; i + 1 < parts.size(); ++i) {
     toml::node* n = cur->get(parts[i]);
     if (n && n->is_array()) {
@@ -303,6 +304,9 @@ void Recipe::apply_override(const std::string& assignment) {
       cur = found;
       continue;
     }
+    if (!n && !parts[i + 1].empty() && i + 2 < parts.size() &&
+        std::all_of(parts[i + 1].begin(), parts[i + 1].end(), ::isdigit))
+      throw RecipeError("--set " + assignment + ": the recipe has no [[" + parts[i] + "]] entries");
     if (!n) n = cur->insert_or_assign(parts[i], toml::table{}).first->second.as_table();
     if (!n->is_table())
       throw RecipeError("--set " + assignment + ": \"" + parts[i] + "\" is not a table");

@@ -4,6 +4,7 @@
 
 #include <toml++/toml.h>
 
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -68,7 +69,7 @@ class Recipe {
   void apply_override(const std::string& assignment);
 
   const std::string& source() const { return source_; }
-  const toml::table& root() const { return root_; }
+  const toml::table& root() const { return *root_; }
 
   // The table at `name` (e.g. "model"), or nullptr.
   const toml::table* table(const std::string& name) const;
@@ -92,7 +93,9 @@ class Recipe {
                               const std::string& key) const;
 
  private:
-  toml::table root_;
+  // Shared between copies so that source positions survive (toml++ drops them
+  // when a table is copied); apply_override copies first when shared.
+  std::shared_ptr<toml::table> root_ = std::make_shared<toml::table>();
   std::string source_;
 };
 

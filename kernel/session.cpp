@@ -86,8 +86,9 @@ Session::Session(const Recipe& recipe, const PluginRegistry& registry, SessionOp
     : recipe_(recipe), options_(std::move(options)) {
   try {
     build(registry);
-  } catch (const c10::OutOfMemoryError& e) {
-    throw OutOfBudgetError(e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    if (is_budget_refusal(e)) throw OutOfBudgetError(budget_refusal_message(e));
+    throw;
   }
 }
 
@@ -113,7 +114,10 @@ void Session::check(tf_status status, const PluginInstance& inst, const char* wh
   if (msg.empty()) msg = "status " + std::to_string(static_cast<int>(status));
   inst.ctx->plugin_error.clear();
   inst.ctx->last_error.clear();
-  if (status == TF_ERR_OUT_OF_MEMORY) throw OutOfBudgetError(msg);
+  // A budget refusal inside plugin code may come back as a generic error.
+  const auto refusal = msg.find("out of memory budget:");
+  if (status == TF_ERR_OUT_OF_MEMORY || refusal != std::string::npos)
+    throw OutOfBudgetError(refusal != std::string::npos ? msg.substr(refusal) : msg);
   throw PluginCallError(inst.ctx->role + " plugin \"" + inst.plugin->name + "\" failed in " + what +
                         ": " + msg);
 }
@@ -243,6 +247,8 @@ void Session::build(const PluginRegistry& base_registry) {
     if (s.plugin->strategy()->configure) check(s.plugin->strategy()->configure(s.state, s.ctx.get()), s, "configure");
   declaring_ = false;
 
+  // Dropout and other ops draw from the global generators; seed them per run.
+  at::manual_seed(run_info_.seed);
   store_.materialize(run_info_.seed, device_);
   for (auto& s : strategies_)
     if (s.plugin->strategy()->params_ready)
@@ -415,7 +421,9 @@ TrainSummary Session::train() {
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
   try {
-    for (; step_ < total; ++step_) {
+    const int64_t stop_at =
+        options_.stop_after_steps >= 0 ? std::min(total, step_ + options_.stop_after_steps) : total;
+    for (; step_ < stop_at; ++step_) {
       step_metrics_.clear();
       for (auto& s : strategies_)
         if (s.plugin->strategy()->step_begin) check(s.plugin->strategy()->step_begin(s.state, s.ctx.get(), step_), s, "step_begin");
@@ -440,7 +448,7 @@ TrainSummary Session::train() {
       for (const auto& [k, v] : step_metrics_) rec[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
       metrics_.write(rec);
       const int64_t done = step_ + 1;
-      if (done % log_every == 0 || done == total) {
+      if (done % log_every == 0 || done == stop_at) {
         ProgressInfo p;
         p.step = done;
         p.total = total;
@@ -454,11 +462,12 @@ TrainSummary Session::train() {
         p.memory = mem;
         emit_progress(p);
       }
-      if (save_every > 0 && done % save_every == 0 && done < total) save_checkpoint(done);
+      if (save_every > 0 && done % save_every == 0 && done < stop_at) save_checkpoint(done);
     }
     sum.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     sum.memory = acct.snapshot();
-    if (save_cfg_.get_bool("final") && total > sum.first_step) save_checkpoint(step_);
+    // An interrupted run always saves, so that --resume can continue it.
+    if ((save_cfg_.get_bool("final") || step_ < total) && step_ > sum.first_step) save_checkpoint(step_);
     sum.steps_run = step_ - sum.first_step;
     sum.tokens_per_s = sum.wall_s > 0 ? static_cast<double>(tokens) / sum.wall_s : 0;
     sum.final_loss = sum.losses.empty() ? std::nan("") : sum.losses.back();
@@ -466,8 +475,9 @@ TrainSummary Session::train() {
     if (const int64_t n = run_cfg_.get_int("sample_tokens"); n > 0)
       sum.sample = generate(run_cfg_.get_string("sample_prompt"), n, run_cfg_.get_int("sample_top_k"), 0.8,
                             run_info_.seed);
-  } catch (const c10::OutOfMemoryError& e) {
-    throw OutOfBudgetError(e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    if (is_budget_refusal(e)) throw OutOfBudgetError(budget_refusal_message(e));
+    throw;
   }
   return sum;
 }

@@ -92,6 +92,9 @@ struct TrainSummary {
 
 struct SessionOptions {
   bool resume = false;
+  // Stop (and save) after this many steps of this session; < 0 = run to run.steps.
+  // Simulates an interrupted run for resume tests and `tightfit run --stop-after`.
+  int64_t stop_after_steps = -1;
   std::function<void(const ProgressInfo&)> on_progress;
   std::function<void(const std::string&)> on_log;  // kernel and plugin log lines
 };

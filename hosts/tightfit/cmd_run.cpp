@@ -64,6 +64,7 @@ int run_command(const std::vector<std::string>& args) {
       "set", po::value<std::vector<std::string>>()->composing(),
       "override a recipe key, e.g. --set run.steps=100 --set strategy.checkpoint.every=2")(
       "resume", "continue from the latest checkpoint in the run folder")(
+      "stop-after", po::value<int64_t>(), "stop (and save a checkpoint) after N steps of this invocation")(
       "quiet,q", "no progress line")("log-level", po::value<std::string>()->default_value("info"),
                                      "debug, info, warn, error");
   po::options_description hidden;
@@ -98,6 +99,7 @@ int run_command(const std::vector<std::string>& args) {
 
     SessionOptions so;
     so.resume = vm.count("resume") > 0;
+    if (vm.count("stop-after")) so.stop_after_steps = vm["stop-after"].as<int64_t>();
     if (!quiet)
       so.on_progress = [tty](const ProgressInfo& p) {
         std::ostringstream os;

@@ -111,6 +111,12 @@ tf_status guard(const tf_host_api* api, tf_host_context* ctx, F&& body) noexcept
   } catch (const HostError& e) {
     api->set_error(ctx, e.what());
     return e.status;
+  } catch (const c10::OutOfMemoryError& e) {
+    api->set_error(ctx, e.what_without_backtrace());
+    return TF_ERR_OUT_OF_MEMORY;
+  } catch (const c10::Error& e) {
+    api->set_error(ctx, e.what_without_backtrace());
+    return TF_ERROR;
   } catch (const std::exception& e) {
     api->set_error(ctx, e.what());
     return TF_ERROR;

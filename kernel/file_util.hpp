@@ -1,0 +1,22 @@
+// File helpers for crash-safe writes.
+//
+// remove_tree exists because LibTorch's wheel exports its own copy of several
+// std::filesystem functions (remove_all among them) that the dynamic linker
+// binds in place of libstdc++'s, and that copy crashes; nftw is plain POSIX.
+#pragma once
+
+#include <string>
+
+namespace tightfit {
+
+// Removes a file or a folder with everything in it; a missing path is fine.
+// Throws std::runtime_error on failure.
+void remove_tree(const std::string& path);
+
+// fsync a file or folder by path (best effort: errors are ignored).
+void fsync_path(const std::string& path);
+
+// Writes `text` to `path` and fsyncs it. Throws std::runtime_error.
+void write_file_synced(const std::string& path, const std::string& text);
+
+}  // namespace tightfit

@@ -1,0 +1,125 @@
+// The loader opens valid plugins and refuses broken ones with a message that
+// names the file and the reason.
+#include <gtest/gtest.h>
+
+#include "plugin_loader.hpp"
+#include "test_support.hpp"
+
+namespace tightfit {
+namespace {
+
+std::string fixture(const std::string& name) { return std::string(TIGHTFIT_FIXTURE_DIR) + "/" + name + ".so"; }
+
+// The message of the PluginLoadError that loading `path` throws.
+std::string refusal(const std::string& path) {
+  try {
+    load_plugin_file(path, "file");
+  } catch (const PluginLoadError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << path << " loaded but should have been refused";
+  return {};
+}
+
+TEST(Loader, BuiltInPluginsLoadWithTheirDeclarations) {
+  const LoadedPlugin p = load_plugin_file(std::string(TIGHTFIT_PLUGIN_DIR) + "/libtightfit_gpt2.so", "file");
+  EXPECT_EQ(p.name, "gpt2");
+  EXPECT_EQ(p.descriptor.kind, TF_PLUGIN_MODEL);
+  EXPECT_EQ(p.libtorch_version, host_libtorch_version());
+  ASSERT_NE(p.model(), nullptr);
+  EXPECT_NE(p.model()->stage_forward, nullptr);
+  bool has_preset = false;
+  for (const auto& k : p.keys) has_preset |= k.name == "preset";
+  EXPECT_TRUE(has_preset);
+}
+
+TEST(Loader, ValidCFixtureLoads) {
+  const LoadedPlugin p = load_plugin_file(fixture("fixture_good"), "file");
+  EXPECT_EQ(p.name, "fixture_good");
+  ASSERT_EQ(p.keys.size(), 1u);
+  EXPECT_EQ(p.keys[0].name, "answer");
+  EXPECT_EQ(*p.keys[0].default_value, "42");
+}
+
+TEST(Loader, RefusesWrongAbiMajor) {
+  const std::string msg = refusal(fixture("fixture_abi_major"));
+  EXPECT_NE(msg.find(fixture("fixture_abi_major")), std::string::npos) << msg;
+  EXPECT_NE(msg.find("ABI 2.0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("major versions must match"), std::string::npos) << msg;
+}
+
+TEST(Loader, RefusesNewerAbiMinor) {
+  const std::string msg = refusal(fixture("fixture_abi_minor"));
+  EXPECT_NE(msg.find("needs plugin ABI 1.99"), std::string::npos) << msg;
+}
+
+TEST(Loader, RefusesLibraryWithoutEntrySymbol) {
+  const std::string msg = refusal(fixture("fixture_no_entry"));
+  EXPECT_NE(msg.find(fixture("fixture_no_entry")), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no entry symbol \"tightfit_plugin_entry\""), std::string::npos) << msg;
+}
+
+TEST(Loader, RefusesOtherLibTorchVersion) {
+  const std::string msg = refusal(fixture("fixture_wrong_libtorch"));
+  EXPECT_NE(msg.find("built against LibTorch 1.0.0"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::string("this host uses LibTorch ") + host_libtorch_version()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rebuild"), std::string::npos) << msg;
+}
+
+TEST(Loader, StableOnlyPluginLoadsDespiteOtherLibTorch) {
+  const LoadedPlugin p = load_plugin_file(fixture("fixture_stable_only"), "file");
+  EXPECT_EQ(p.libtorch_version, "1.0.0");
+  EXPECT_TRUE(p.descriptor.flags & TF_PLUGIN_FLAG_STABLE_ABI_ONLY);
+}
+
+TEST(Loader, RefusesTooSmallDescriptorBeforeReadingIt) {
+  const std::string msg = refusal(fixture("fixture_small_struct"));
+  EXPECT_NE(msg.find("struct_size 12"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(fixture("fixture_small_struct")), std::string::npos) << msg;
+}
+
+TEST(Loader, RefusesMissingFile) {
+  const std::string msg = refusal("/nonexistent/libnothing.so");
+  EXPECT_NE(msg.find("/nonexistent/libnothing.so"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cannot open"), std::string::npos) << msg;
+}
+
+TEST(Registry, ScanningRecordsBrokenPluginsAndKeepsGoodOnes) {
+  PluginRegistry reg;
+  reg.add_path(TIGHTFIT_FIXTURE_DIR, "TIGHTFIT_PLUGIN_PATH");
+  EXPECT_NE(reg.find_any("fixture_good"), nullptr);
+  EXPECT_NE(reg.find_any("fixture_stable_only"), nullptr);
+  EXPECT_EQ(reg.find_any("fixture_abi_major"), nullptr);
+  EXPECT_GE(reg.problems().size(), 5u);
+}
+
+TEST(Registry, BuiltInFolderIsFoundWithoutEnvironment) {
+  const PluginRegistry& reg = test::registry();
+  EXPECT_NE(reg.find_any("gpt2"), nullptr);
+  EXPECT_NE(reg.find_any("checkpoint"), nullptr);
+  EXPECT_NE(reg.find_any("standard"), nullptr);
+  EXPECT_EQ(reg.find_any("gpt2")->origin, "built-in");
+}
+
+TEST(Registry, UnknownNameListsInstalledPlugins) {
+  try {
+    test::registry().find("gpt3", TF_PLUGIN_MODEL);
+    FAIL() << "found a plugin that does not exist";
+  } catch (const PluginLoadError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("no model plugin named \"gpt3\""), std::string::npos) << msg;
+    EXPECT_NE(msg.find("gpt2"), std::string::npos) << msg;
+  }
+}
+
+TEST(Registry, KindMismatchIsNamed) {
+  try {
+    test::registry().find("checkpoint", TF_PLUGIN_MODEL);
+    FAIL();
+  } catch (const PluginLoadError& e) {
+    EXPECT_NE(std::string(e.what()).find("is a strategy plugin"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tightfit

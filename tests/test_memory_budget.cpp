@@ -1,0 +1,97 @@
+// The counting allocator attributes bytes to categories, and a run past its
+// memory_budget stops with a clear error, not a crash.
+#include <gtest/gtest.h>
+
+#include "test_support.hpp"
+
+namespace tightfit {
+namespace {
+
+TEST(MemoryAccounting, CountsByCategoryAndTracksPeaks) {
+  auto& acct = MemoryAccounting::instance();
+  acct.set_budget(0);
+  const MemorySnapshot before = acct.snapshot();
+  {
+    CategoryScope scope(TF_MEM_OPTIMIZER);
+    at::Tensor t = at::empty({1024, 256}, at::kFloat);  // 1 MiB
+    const MemorySnapshot during = acct.snapshot();
+    EXPECT_EQ(during.current[TF_MEM_OPTIMIZER] - before.current[TF_MEM_OPTIMIZER], 1 << 20);
+    acct.retag(t, TF_MEM_GRADS);
+    const MemorySnapshot after_retag = acct.snapshot();
+    EXPECT_EQ(after_retag.current[TF_MEM_OPTIMIZER], before.current[TF_MEM_OPTIMIZER]);
+    EXPECT_EQ(after_retag.current[TF_MEM_GRADS] - before.current[TF_MEM_GRADS], 1 << 20);
+  }
+  const MemorySnapshot after = acct.snapshot();
+  EXPECT_EQ(after.current[TF_MEM_GRADS], before.current[TF_MEM_GRADS]);
+  EXPECT_GE(after.peak[TF_MEM_GRADS] - before.current[TF_MEM_GRADS], 1 << 20);
+}
+
+TEST(MemoryAccounting, BudgetRefusesAllocationWithOutOfMemoryError) {
+  auto& acct = MemoryAccounting::instance();
+  acct.set_budget(acct.snapshot().total_current + (1 << 20));
+  EXPECT_THROW(at::empty({1 << 20}, at::kFloat), c10::OutOfMemoryError);
+  EXPECT_NO_THROW(at::empty({1024}, at::kFloat));
+  acct.set_budget(0);
+}
+
+class BudgetTest : public ::testing::Test {
+ protected:
+  test::TempDir dir;
+  std::string corpus = test::write_corpus(dir);
+};
+
+TEST_F(BudgetTest, RunPastBudgetStopsWithClearError) {
+  std::string r = test::tiny_recipe(corpus, dir.str());
+  r.replace(r.find("steps = 4"), 9, "steps = 4\nmemory_budget = \"1MiB\"");
+  try {
+    auto s = test::make_session(r);
+    s->train();
+    FAIL() << "a run past its budget went through";
+  } catch (const OutOfBudgetError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("out of memory budget"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("run.memory_budget = 1.0MiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Fix:"), std::string::npos) << msg;
+  }
+  MemoryAccounting::instance().set_budget(0);
+}
+
+TEST_F(BudgetTest, BudgetHitInsideTrainingStepIsReported) {
+  // Enough for the model and data, not for a step's activations.
+  std::string r = test::tiny_recipe(corpus, dir.str());
+  auto probe = test::make_session(r);
+  const int64_t resident = MemoryAccounting::instance().snapshot().total_current;
+  probe.reset();
+  r.replace(r.find("steps = 4"), 9, "steps = 4\nmemory_budget = " + std::to_string(resident + (256 << 10)));
+  auto s = test::make_session(r);
+  EXPECT_THROW(s->train(), OutOfBudgetError);
+  MemoryAccounting::instance().set_budget(0);
+}
+
+TEST_F(BudgetTest, CommandLineExitsWithCodeThreeAndMessage) {
+  const std::string recipe = test::write_file(dir, "r.toml", test::tiny_recipe(corpus, dir.str()));
+  std::string out;
+  const int code = test::run_tightfit("run " + recipe + " --quiet --set run.memory_budget=2MiB", &out);
+  EXPECT_EQ(code, 3) << out;
+  EXPECT_NE(out.find("out of memory budget"), std::string::npos) << out;
+}
+
+TEST_F(BudgetTest, CommandLineRunsAndSummarizes) {
+  const std::string recipe = test::write_file(dir, "r.toml", test::tiny_recipe(corpus, dir.str()));
+  std::string out;
+  const int code = test::run_tightfit("run " + recipe + " --set run.sample_tokens=10", &out);
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("== summary"), std::string::npos) << out;
+  EXPECT_NE(out.find("peak memory"), std::string::npos) << out;
+  EXPECT_NE(out.find("step 4/4"), std::string::npos) << out;
+}
+
+TEST_F(BudgetTest, CommandLineRecipeErrorExitsWithCodeTwo) {
+  const std::string recipe = test::write_file(dir, "r.toml", test::tiny_recipe(corpus, dir.str(), "bogus = 1\n"));
+  std::string out;
+  EXPECT_EQ(test::run_tightfit("run " + recipe, &out), 2) << out;
+  EXPECT_NE(out.find("r.toml:17:1: unknown key \"bogus\""), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace tightfit

@@ -1,0 +1,111 @@
+// Resume: an interrupted run continued from its checkpoint reproduces the
+// uninterrupted run's losses exactly; damaged checkpoints are never taken.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "test_support.hpp"
+
+namespace tightfit {
+namespace {
+namespace fs = std::filesystem;
+
+class ResumeTest : public ::testing::Test {
+ protected:
+  test::TempDir dir;
+  std::string corpus = test::write_corpus(dir);
+  std::string recipe(const std::string& out, const std::string& strategy = "") const {
+    std::string r = test::tiny_recipe(corpus, out, "", strategy + "\n[save]\nkeep_last = 3\n");
+    r.replace(r.find("steps = 4"), 9, "steps = 20");
+    return r;
+  }
+  TrainSummary train(const std::string& out, bool resume, int64_t stop_after, const std::string& strategy = "") {
+    SessionOptions o;
+    o.resume = resume;
+    o.stop_after_steps = stop_after;
+    return test::make_session(recipe(out, strategy), o)->train();
+  }
+};
+
+TEST_F(ResumeTest, InterruptedRunResumesWithIdenticalLosses) {
+  const TrainSummary full = train(dir.str() + "/a", false, -1);
+  ASSERT_EQ(full.losses.size(), 20u);
+
+  const TrainSummary first = train(dir.str() + "/b", false, 10);
+  ASSERT_EQ(first.losses.size(), 10u);
+  const TrainSummary second = train(dir.str() + "/b", true, -1);
+  ASSERT_EQ(second.first_step, 10);
+  ASSERT_EQ(second.losses.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) {
+    EXPECT_EQ(first.losses[i], full.losses[i]) << "step " << i;
+    EXPECT_EQ(second.losses[i], full.losses[10 + i]) << "step " << 10 + i;
+  }
+}
+
+TEST_F(ResumeTest, ResumeIsExactWithCheckpointingStrategyToo) {
+  const std::string ck = "[[strategy]]\nplugin = \"checkpoint\"\n";
+  const TrainSummary full = train(dir.str() + "/a", false, -1, ck);
+  train(dir.str() + "/b", false, 7, ck);
+  const TrainSummary second = train(dir.str() + "/b", true, -1, ck);
+  ASSERT_EQ(second.losses.size(), 13u);
+  for (size_t i = 0; i < 13; ++i) EXPECT_EQ(second.losses[i], full.losses[7 + i]) << "step " << 7 + i;
+}
+
+TEST_F(ResumeTest, FreshRunDoesNotOverwriteSavedCheckpoints) {
+  const TrainSummary a = train(dir.str() + "/c", false, 5);
+  const TrainSummary b = train(dir.str() + "/c", false, 5);
+  EXPECT_NE(a.run_dir, b.run_dir);
+  EXPECT_TRUE(fs::exists(fs::path(a.checkpoint_dir) / "step-00000005" / "model.safetensors"));
+}
+
+TEST_F(ResumeTest, DamagedLatestCheckpointFallsBackToThePreviousOne) {
+  std::string r = recipe(dir.str() + "/d");
+  r += "every = 4\n";  // appended to [save]
+  SessionOptions o;
+  o.stop_after_steps = 10;
+  auto s1 = test::make_session(r, o);
+  const TrainSummary first = s1->train();
+  const fs::path cps = first.checkpoint_dir;
+  ASSERT_TRUE(fs::exists(cps / "step-00000008"));
+  ASSERT_TRUE(fs::exists(cps / "step-00000010"));
+  // Truncate the newest model file: a crash mid-copy, or disk damage.
+  ASSERT_EQ(::truncate((cps / "step-00000010" / "model.safetensors").c_str(), 100), 0);
+  o.resume = true;
+  o.stop_after_steps = 0;
+  auto s2 = test::make_session(r, o);
+  EXPECT_EQ(s2->step(), 8);
+  // The damaged files are left for the user to inspect.
+  EXPECT_TRUE(fs::exists(cps / "step-00000010" / "model.safetensors"));
+}
+
+TEST_F(ResumeTest, LeftoverTemporaryFolderIsNeverTakenForACheckpoint) {
+  const TrainSummary first = train(dir.str() + "/e", false, 4);
+  const fs::path cps = first.checkpoint_dir;
+  // A save killed before its rename leaves a .tmp folder and no manifest entry.
+  fs::create_directories(cps / "step-00000009.tmp-123");
+  std::ofstream(cps / "step-00000009.tmp-123" / "trainer.json") << "{\"step\": 9}";
+  SessionOptions o;
+  o.resume = true;
+  o.stop_after_steps = 0;
+  EXPECT_EQ(test::make_session(recipe(dir.str() + "/e"), o)->step(), 4);
+}
+
+TEST_F(ResumeTest, CheckpointFromAnotherShapeIsRefusedClearly) {
+  train(dir.str() + "/f", false, 3);
+  std::string other = recipe(dir.str() + "/f");
+  other.replace(other.find("n_embd = 32"), 11, "n_embd = 48");
+  SessionOptions o;
+  o.resume = true;
+  try {
+    test::make_session(other, o);
+    FAIL() << "a checkpoint of another shape was loaded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("has shape"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tightfit

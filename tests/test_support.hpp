@@ -1,0 +1,45 @@
+// Helpers shared by the test suites: temporary folders, a small corpus, a
+// tiny GPT-2 recipe, and sessions built from recipe text.
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "session.hpp"
+
+namespace tightfit::test {
+
+// A fresh folder under the system temp dir, removed at scope end.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::filesystem::path& path() const { return path_; }
+  std::string str() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// Writes a small deterministic English-like corpus and returns its path.
+std::string write_corpus(const TempDir& dir);
+
+// A tiny GPT-2 recipe training on `corpus` with output under `out_dir`;
+// `extra` is appended verbatim (strategies, overrides of tables).
+std::string tiny_recipe(const std::string& corpus, const std::string& out_dir, const std::string& model_extra = "",
+                        const std::string& extra = "");
+
+// The installed plugins (built-in folder), discovered once.
+const PluginRegistry& registry();
+
+std::unique_ptr<Session> make_session(const std::string& recipe_text, SessionOptions options = {},
+                                      const std::string& name = "recipe.toml");
+
+// Writes `text` to dir/name and returns the path.
+std::string write_file(const TempDir& dir, const std::string& name, const std::string& text);
+
+// Runs the tightfit binary with `args`; returns the exit code and combined output.
+int run_tightfit(const std::string& args, std::string* output);
+
+}  // namespace tightfit::test
