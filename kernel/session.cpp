@@ -1,5 +1,7 @@
 #include "session.hpp"
 
+#include "hf_weights.hpp"
+#include "safetensors.hpp"
 #include "logging.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -135,8 +137,10 @@ PluginInstance Session::make_instance(const LoadedPlugin& plugin, const toml::ta
   inst.ctx->session = this;
   inst.ctx->plugin_name = plugin.name;
   inst.ctx->role = role;
+  // "weights" in [model] is the kernel's: Hugging Face weights to start from.
   inst.ctx->config = recipe_.validate(table, "[" + role + "] (plugin " + plugin.name + ")", plugin.keys,
-                                      {"plugin"});
+                                      role == "model" ? std::vector<std::string>{"plugin", "weights"}
+                                                      : std::vector<std::string>{"plugin"});
   return inst;
 }
 
@@ -250,6 +254,19 @@ void Session::build(const PluginRegistry& base_registry) {
   // Dropout and other ops draw from the global generators; seed them per run.
   at::manual_seed(run_info_.seed);
   store_.materialize(run_info_.seed, device_);
+  if (const toml::node* w = model_table->get("weights")) {
+    if (!w->is_string()) throw RecipeError(recipe_.where(*w) + ": [model].weights must be a path string");
+    fs::path path = w->value_or(std::string{});
+    if (path.is_relative() && !fs::exists(path)) path = fs::path(base_dir) / path;
+    try {
+      load_hf_weights(store_, path.string());
+    } catch (const SafetensorsError& e) {
+      throw RecipeError(recipe_.where(*w) + ": " + e.what());
+    } catch (const std::runtime_error& e) {
+      if (dynamic_cast<const c10::Error*>(&e)) throw;
+      throw RecipeError(recipe_.where(*w) + ": " + e.what());
+    }
+  }
   for (auto& s : strategies_)
     if (s.plugin->strategy()->params_ready)
       check(s.plugin->strategy()->params_ready(s.state, s.ctx.get()), s, "params_ready");

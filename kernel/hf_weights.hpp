@@ -1,0 +1,27 @@
+// Weights with Hugging Face names: import into the parameter store (and the
+// inverse for export), transposing the weights a model flags as stored
+// [in, out] by Hugging Face (TF_PARAM_HF_TRANSPOSED).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <string>
+
+#include "param_store.hpp"
+
+namespace tightfit {
+
+// Copies every parameter of `store` from `tensors`. A name may also be found
+// without a leading "<prefix>." (original GPT-2 files omit "transformer.").
+// Throws std::runtime_error naming a missing or mis-shaped tensor.
+void import_hf_weights(ParamStore& store, const std::map<std::string, at::Tensor>& tensors,
+                       const std::string& source);
+
+// Reads a .safetensors file, or a folder holding model.safetensors.
+void load_hf_weights(ParamStore& store, const std::string& path);
+
+// The store's parameters under Hugging Face names and layouts.
+std::map<std::string, at::Tensor> export_hf_weights(const ParamStore& store);
+
+}  // namespace tightfit
