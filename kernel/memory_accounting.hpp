@@ -28,6 +28,9 @@ struct MemorySnapshot {
   int64_t total_current = 0;
   int64_t total_peak = 0;
   int64_t budget = 0;
+  // On a CUDA run: the caching allocator's allocated bytes (0 on CPU).
+  int64_t device_current = 0;
+  int64_t device_peak = 0;
 };
 
 const char* category_name(tf_mem_category c);

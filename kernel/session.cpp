@@ -1,5 +1,6 @@
 #include "session.hpp"
 
+#include "cuda_memory.hpp"
 #include "hf_weights.hpp"
 #include "safetensors.hpp"
 #include "logging.hpp"
@@ -165,6 +166,12 @@ void Session::build(const PluginRegistry& base_registry) {
   if (device_.is_cuda() && !at::hasCUDA())
     throw RecipeError(recipe_.source() + ": [run].device is \"" + device_str_ +
                       "\" but no CUDA device is available here; use device = \"cpu\"");
+  if (device_.is_cuda()) {
+    // The budget is the device's: the caching allocator's memory fraction.
+    const int idx = device_.has_index() ? device_.index() : 0;
+    cuda_set_budget(idx, run_cfg_.get_size("memory_budget"));
+    MemoryAccounting::instance().set_budget(0);
+  }
 
   // Data.
   const std::string base_dir = fs::path(recipe_.source()).parent_path().string();
@@ -302,6 +309,16 @@ void Session::build(const PluginRegistry& base_registry) {
     log(TF_LOG_WARN, "--resume: no checkpoint in " + checkpoint_dir() + "; starting from step 0");
 }
 
+MemorySnapshot Session::memory_snapshot() const {
+  MemorySnapshot m = MemoryAccounting::instance().snapshot();
+  CudaMemory c;
+  if (device_.is_cuda() && cuda_memory(device_.has_index() ? device_.index() : 0, &c)) {
+    m.device_current = c.allocated;
+    m.device_peak = c.peak_allocated;
+  }
+  return m;
+}
+
 void Session::zero_grad() {
   for (Param& p : store_.all())
     if (p.value.defined() && p.value.grad().defined()) p.value.mutable_grad() = at::Tensor();
@@ -431,6 +448,7 @@ TrainSummary Session::train() {
   sum.metrics_path = metrics_.path();
   auto& acct = MemoryAccounting::instance();
   acct.reset_peaks();
+  if (device_.is_cuda()) cuda_reset_peak(device_.has_index() ? device_.index() : 0);
 
   const int64_t total = run_info_.total_steps;
   const int64_t log_every = run_cfg_.get_int("log_every");
@@ -454,7 +472,7 @@ TrainSummary Session::train() {
       sum.backward_passes += r.backward_passes;
       sum.losses.push_back(r.loss);
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      const MemorySnapshot mem = acct.snapshot();
+      const MemorySnapshot mem = memory_snapshot();
       nlohmann::json rec = {{"step", step_ + 1},     {"loss", r.loss},
                             {"lr", r.lr},            {"tokens", r.n_tokens},
                             {"elapsed_s", elapsed},  {"phase", r.phase ? r.phase : "full"},
@@ -462,6 +480,7 @@ TrainSummary Session::train() {
       for (int c = 0; c < TF_MEM_CATEGORY_COUNT - 1; ++c)
         rec["peak_" + std::string(category_name(static_cast<tf_mem_category>(c)))] = mem.peak[c];
       rec["peak_total"] = mem.total_peak;
+      if (device_.is_cuda()) rec["peak_device"] = mem.device_peak;
       for (const auto& [k, v] : step_metrics_) rec[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
       metrics_.write(rec);
       const int64_t done = step_ + 1;
@@ -482,7 +501,7 @@ TrainSummary Session::train() {
       if (save_every > 0 && done % save_every == 0 && done < stop_at) save_checkpoint(done);
     }
     sum.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    sum.memory = acct.snapshot();
+    sum.memory = memory_snapshot();
     // An interrupted run always saves, so that --resume can continue it.
     if ((save_cfg_.get_bool("final") || step_ < total) && step_ > sum.first_step) save_checkpoint(step_);
     sum.steps_run = step_ - sum.first_step;

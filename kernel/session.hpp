@@ -161,6 +161,8 @@ class Session {
   std::map<std::string, double>& step_metrics() { return step_metrics_; }
   const std::string& run_dir() const { return run_dir_; }
   std::string checkpoint_dir() const;
+  // Counted CPU bytes by category, plus the CUDA allocator's totals on a CUDA run.
+  MemorySnapshot memory_snapshot() const;
 
  private:
   void build(const PluginRegistry& registry);

@@ -53,6 +53,7 @@ std::string memory_line(const MemorySnapshot& m, bool peaks) {
     os << (first ? "" : " ") << category_name(c) << " " << format_bytes(v[c]);
     first = false;
   }
+  if (m.device_peak > 0) os << " | device " << format_bytes(peaks ? m.device_peak : m.device_current);
   return os.str();
 }
 

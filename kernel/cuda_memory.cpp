@@ -1,0 +1,48 @@
+#include "cuda_memory.hpp"
+
+#include <ATen/Context.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+namespace tightfit {
+namespace {
+
+bool usable(int device) {
+  return at::hasCUDA() && device >= 0 && device < static_cast<int>(c10::cuda::device_count());
+}
+
+constexpr size_t kAggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+
+}  // namespace
+
+bool cuda_memory(int device, CudaMemory* out) {
+  if (!usable(device)) return false;
+  const auto idx = static_cast<c10::DeviceIndex>(device);
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(idx);
+  out->allocated = stats.allocated_bytes[kAggregate].current;
+  out->peak_allocated = stats.allocated_bytes[kAggregate].peak;
+  out->reserved = stats.reserved_bytes[kAggregate].current;
+  size_t free_bytes = 0, total_bytes = 0;
+  c10::cuda::CUDAGuard guard(idx);
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) out->total = static_cast<int64_t>(total_bytes);
+  return true;
+}
+
+void cuda_reset_peak(int device) {
+  if (usable(device)) c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+}
+
+bool cuda_set_budget(int device, int64_t bytes) {
+  CudaMemory m;
+  if (!cuda_memory(device, &m) || m.total <= 0) return false;
+  const double fraction =
+      bytes <= 0 ? 1.0 : std::min(1.0, static_cast<double>(bytes) / static_cast<double>(m.total));
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, static_cast<c10::DeviceIndex>(device));
+  return true;
+}
+
+}  // namespace tightfit
