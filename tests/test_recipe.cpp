@@ -36,7 +36,7 @@ TEST_F(RecipeTest, UnknownKeyNamesPositionAndValidKeys) {
   const std::string msg = recipe_error(base("n_layers = 3\n"));
   // n_layers sits on line 17 of the tiny recipe, column 1.
   EXPECT_TRUE(std::regex_search(msg, std::regex("^my\\.toml:17:1: unknown key \"n_layers\""))) << msg;
-  EXPECT_NE(msg.find("Valid keys: plugin, weights, preset, n_layer"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Valid keys: plugin, weights, preset, config, n_layer"), std::string::npos) << msg;
 }
 
 TEST_F(RecipeTest, UnknownKeyInKernelTable) {

@@ -18,7 +18,7 @@ class ResumeTest : public ::testing::Test {
   test::TempDir dir;
   std::string corpus = test::write_corpus(dir);
   std::string recipe(const std::string& out, const std::string& strategy = "") const {
-    std::string r = test::tiny_recipe(corpus, out, "", strategy + "\n[save]\nkeep_last = 3\n");
+    std::string r = test::tiny_recipe(corpus, out, "dropout = 0.1\n", strategy + "\n[save]\nkeep_last = 3\n");
     r.replace(r.find("steps = 4"), 9, "steps = 20");
     return r;
   }

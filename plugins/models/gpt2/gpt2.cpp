@@ -10,9 +10,12 @@
 //   h_l     = a_l + MLP(LN_2(a_l)),       MLP(u) = W_proj gelu(W_fc u)
 //   logits  = LN_f(h_L) W_te^T             (tied embeddings)
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 #include <array>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -36,6 +39,25 @@ constexpr std::array<Preset, 5> kPresets = {{
     {"774M", {36, 1280, 20, 1024, 50257}},
     {"1.5B", {48, 1600, 25, 1024, 50257}},
 }};
+
+// The shape from a Hugging Face GPT-2 config.json (file or model folder).
+Shape shape_from_hf_config(const std::string& path) {
+  std::filesystem::path p = path;
+  if (std::filesystem::is_directory(p)) p /= "config.json";
+  std::ifstream in(p);
+  if (!in) throw std::invalid_argument("cannot read Hugging Face config " + p.string());
+  auto j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) throw std::invalid_argument(p.string() + " is not a JSON object");
+  auto need = [&](const char* k) {
+    if (!j.contains(k) || !j[k].is_number_integer())
+      throw std::invalid_argument(p.string() + " lacks the integer \"" + std::string(k) + "\"");
+    return j[k].get<int64_t>();
+  };
+  const std::string act = j.value("activation_function", std::string("gelu_new"));
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+    throw std::invalid_argument(p.string() + ": activation_function \"" + act + "\" is not supported (gelu_new)");
+  return Shape{need("n_layer"), need("n_embd"), need("n_head"), need("n_positions"), need("vocab_size")};
+}
 
 struct Gpt2 {
   tf_sdk::Host host;
@@ -92,33 +114,9 @@ struct Gpt2 {
   }
 };
 
-tf_dtype parse_dtype(const std::string& d) {
-  if (d == "fp32") return TF_DTYPE_F32;
-  if (d == "bf16") return TF_DTYPE_BF16;
-  return TF_DTYPE_F16;
-}
-
 void declare(const Gpt2& m, const std::string& name, std::vector<int64_t> shape, int32_t stage,
              tf_init_kind init, double std, uint32_t flags) {
-  tf_param_spec spec{};
-  spec.struct_size = sizeof spec;
-  spec.name = name.c_str();
-  spec.ndim = static_cast<int32_t>(shape.size());
-  spec.shape = shape.data();
-  spec.dtype = parse_dtype(m.host.get_string("dtype"));
-  spec.stage = stage;
-  spec.init = init;
-  spec.init_std = std;
-  spec.flags = flags;
-  m.host.check(m.host.api()->declare_param(m.host.ctx(), &spec));
-}
-
-int32_t declare_stage(const Gpt2& m, const std::string& name, tf_stage_kind kind, int64_t act_bytes,
-                      int64_t flops) {
-  tf_stage_spec spec{sizeof(tf_stage_spec), name.c_str(), kind, act_bytes, flops};
-  int32_t idx = -1;
-  m.host.check(m.host.api()->declare_stage(m.host.ctx(), &spec, &idx));
-  return idx;
+  m.host.declare_param(name, std::move(shape), tf_sdk::parse_dtype(m.host.get_string("dtype")), stage, init, std, flags);
 }
 
 tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
@@ -126,13 +124,11 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     auto m = std::make_unique<Gpt2>(Gpt2{tf_sdk::Host(api, ctx)});
     const tf_sdk::Host& host = m->host;
     const std::string preset = host.get_string("preset");
-    bool found = false;
-    for (const auto& p : kPresets)
-      if (preset == p.name) {
-        m->s = p.shape;
-        found = true;
-      }
-    if (!found && preset != "custom") throw std::invalid_argument("unknown preset \"" + preset + "\"");
+    const std::string config = host.get_string("config");
+    if (!config.empty()) m->s = shape_from_hf_config(config);
+    else
+      for (const auto& p : kPresets)
+        if (preset == p.name) m->s = p.shape;
     const tf_run_info info = host.run_info();
     auto override_key = [&](const char* key, int64_t& field) {
       if (host.has(key)) field = host.get_int(key);
@@ -155,7 +151,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       throw std::invalid_argument("[data] seq_len = " + std::to_string(info.seq_len) + " exceeds n_positions = " +
                                   std::to_string(m->s.n_positions));
     m->dropout = host.get_double("dropout");
-    m->dtype = host.get_string("dtype") == "bf16" ? at::kBFloat16 : host.get_string("dtype") == "fp16" ? at::kHalf : at::kFloat;
+    m->dtype = tf_sdk::scalar_type(tf_sdk::parse_dtype(host.get_string("dtype")));
 
     const int64_t L = m->s.n_layer, C = m->s.n_embd, V = m->s.vocab, P = m->s.n_positions;
     const int64_t elt = m->dtype == at::kFloat ? 4 : 2;
@@ -163,13 +159,13 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(L));
     const uint32_t no_decay = TF_PARAM_NO_WEIGHT_DECAY;
 
-    const int32_t embed = declare_stage(*m, "embed", TF_STAGE_EMBED, 2 * C * elt, 0);
+    const int32_t embed = m->host.declare_stage("embed", TF_STAGE_EMBED, 2 * C * elt, 0);
     declare(*m, "transformer.wte.weight", {V, C}, -1, TF_INIT_NORMAL, 0.02, 0);
     declare(*m, "transformer.wpe.weight", {P, C}, embed, TF_INIT_NORMAL, 0.01, 0);
     for (int64_t l = 0; l < L; ++l) {
       // Saved for backward per token: LN inputs/outputs, qkv, attention output,
       // projections, MLP hidden before and after gelu: ~18 C values.
-      const int32_t st = declare_stage(*m, "block." + std::to_string(l), TF_STAGE_BLOCK, 18 * C * elt, 24 * C * C);
+      const int32_t st = m->host.declare_stage("block." + std::to_string(l), TF_STAGE_BLOCK, 18 * C * elt, 24 * C * C);
       const uint32_t t = TF_PARAM_HF_TRANSPOSED;
       declare(*m, m->block(l, "ln_1.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
       declare(*m, m->block(l, "ln_1.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
@@ -184,7 +180,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       declare(*m, m->block(l, "mlp.c_proj.weight"), {C, 4 * C}, st, TF_INIT_NORMAL, proj_std, t);
       declare(*m, m->block(l, "mlp.c_proj.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
     }
-    const int32_t head = declare_stage(*m, "head", TF_STAGE_HEAD, (2 * C + 2 * V) * elt, 2 * C * V);
+    const int32_t head = m->host.declare_stage("head", TF_STAGE_HEAD, (2 * C + 2 * V) * elt, 2 * C * V);
     declare(*m, "transformer.ln_f.weight", {C}, head, TF_INIT_ONES, 0, no_decay);
     declare(*m, "transformer.ln_f.bias", {C}, head, TF_INIT_ZEROS, 0, no_decay);
     host.log(TF_LOG_INFO, "GPT-2 " + preset + ": n_layer=" + std::to_string(L) + " n_embd=" + std::to_string(C) +
@@ -214,6 +210,7 @@ tf_status stage_forward(void* state, tf_host_context* ctx, const tf_stage_call* 
 
 const tf_config_key kKeys[] = {
     tf_sdk::key("preset", TF_VALUE_STRING, "\"tiny\"", "model size", 1, 0, "tiny|124M|350M|774M|1.5B|custom"),
+    tf_sdk::key("config", TF_VALUE_STRING, "\"\"", "Hugging Face config.json (or its folder) giving the shape"),
     tf_sdk::key("n_layer", TF_VALUE_INT, "0", "transformer blocks (overrides the preset)", 0, 1e4),
     tf_sdk::key("n_embd", TF_VALUE_INT, "0", "hidden size (overrides the preset)", 0, 1e6),
     tf_sdk::key("n_head", TF_VALUE_INT, "0", "attention heads (overrides the preset)", 0, 1e4),

@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "tightfit/plugin_api.h"
 
@@ -94,6 +95,41 @@ class Host {
     return take(out);
   }
 
+  // Model declarations (inside a model's create).
+  void declare_param(const std::string& name, std::vector<int64_t> shape, tf_dtype dtype, int32_t stage,
+                     tf_init_kind init, double init_std, uint32_t flags) const {
+    tf_param_spec spec{};
+    spec.struct_size = sizeof spec;
+    spec.name = name.c_str();
+    spec.ndim = static_cast<int32_t>(shape.size());
+    spec.shape = shape.data();
+    spec.dtype = dtype;
+    spec.stage = stage;
+    spec.init = init;
+    spec.init_std = init_std;
+    spec.flags = flags;
+    check(api_->declare_param(ctx_, &spec));
+  }
+  int32_t declare_stage(const std::string& name, tf_stage_kind kind, int64_t activation_bytes_per_token,
+                        int64_t flops_per_token) const {
+    tf_stage_spec spec{sizeof(tf_stage_spec), name.c_str(), kind, activation_bytes_per_token, flops_per_token};
+    int32_t index = -1;
+    check(api_->declare_stage(ctx_, &spec, &index));
+    return index;
+  }
+
+  int32_t stage_count() const {
+    int32_t n = 0;
+    check(api_->stage_count(ctx_, &n));
+    return n;
+  }
+  tf_stage_info stage_info(int32_t stage) const {
+    tf_stage_info info{};
+    info.struct_size = sizeof info;
+    check(api_->stage_info(ctx_, stage, &info));
+    return info;
+  }
+
   void log(tf_log_level level, const std::string& msg) const {
     api_->log(ctx_, level, msg.c_str());
   }
@@ -124,6 +160,17 @@ tf_status guard(const tf_host_api* api, tf_host_context* ctx, F&& body) noexcept
     api->set_error(ctx, "unknown C++ exception in plugin");
     return TF_ERROR;
   }
+}
+
+// "fp32" | "bf16" | "fp16" as a recipe writes them.
+inline tf_dtype parse_dtype(const std::string& d) {
+  if (d == "bf16") return TF_DTYPE_BF16;
+  if (d == "fp16") return TF_DTYPE_F16;
+  if (d == "fp32") return TF_DTYPE_F32;
+  throw std::invalid_argument("unknown dtype \"" + d + "\" (fp32, bf16, fp16)");
+}
+inline at::ScalarType scalar_type(tf_dtype d) {
+  return d == TF_DTYPE_BF16 ? at::kBFloat16 : d == TF_DTYPE_F16 ? at::kHalf : at::kFloat;
 }
 
 inline tf_config_key key(const char* name, tf_value_type type, const char* default_value,

@@ -14,19 +14,6 @@ struct Checkpoint {
   int64_t every = 1;
 };
 
-tf_stage_info stage_info(const tf_sdk::Host& host, int32_t i) {
-  tf_stage_info info{};
-  info.struct_size = sizeof info;
-  host.check(host.api()->stage_info(host.ctx(), i, &info));
-  return info;
-}
-
-int32_t stage_count(const tf_sdk::Host& host) {
-  int32_t n = 0;
-  host.check(host.api()->stage_count(host.ctx(), &n));
-  return n;
-}
-
 tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   return tf_sdk::guard(api, ctx, [&] {
     auto s = std::make_unique<Checkpoint>(Checkpoint{tf_sdk::Host(api, ctx)});
@@ -42,8 +29,8 @@ tf_status configure(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Checkpoint*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     int64_t block = 0, marked = 0;
-    for (int32_t i = 0, n = stage_count(s->host); i < n; ++i) {
-      if (stage_info(s->host, i).kind != TF_STAGE_BLOCK) continue;
+    for (int32_t i = 0, n = s->host.stage_count(); i < n; ++i) {
+      if (s->host.stage_info(i).kind != TF_STAGE_BLOCK) continue;
       if (block++ % s->every == 0) {
         s->host.check(s->host.api()->stage_set_recompute(ctx, i, 1));
         ++marked;
@@ -64,8 +51,8 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const int64_t tokens = model->batch_size * model->seq_len;
     int64_t saved = 0, largest = 0, recompute_flops = 0, total_flops = 0, block = 0;
-    for (int32_t i = 0, n = stage_count(s->host); i < n; ++i) {
-      const tf_stage_info info = stage_info(s->host, i);
+    for (int32_t i = 0, n = s->host.stage_count(); i < n; ++i) {
+      const tf_stage_info info = s->host.stage_info(i);
       total_flops += info.flops_per_token;
       if (info.kind != TF_STAGE_BLOCK || block++ % s->every != 0) continue;
       const int64_t act = info.activation_bytes_per_token * tokens;

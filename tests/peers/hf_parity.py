@@ -1,0 +1,59 @@
+"""Reference for the parity tests: a Hugging Face transformers model on random
+weights. Writes OUT/model.safetensors + OUT/config.json (the weights under
+Hugging Face names, as save_pretrained writes them) and OUT/reference.safetensors
+(tokens, targets, logits, loss, and every parameter's gradient).
+
+usage: hf_parity.py FAMILY OUT_DIR       FAMILY: gpt2 | llama
+"""
+import pathlib
+import sys
+
+import torch
+from safetensors.torch import save_file
+import transformers
+
+VOCAB = 256
+
+
+def build(family: str) -> torch.nn.Module:
+    if family == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2,
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                      activation_function="gelu_new", layer_norm_epsilon=1e-5)
+        return transformers.GPT2LMHeadModel(cfg)
+    if family == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=80,
+                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                       max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-5,
+                                       tie_word_embeddings=False, attention_bias=False)
+        return transformers.LlamaForCausalLM(cfg)
+    raise SystemExit(f"unknown family {family}")
+
+
+def main(family: str, out: pathlib.Path) -> None:
+    torch.manual_seed(0)
+    model = build(family)
+    model.config._attn_implementation = "eager"
+    model.train()
+    with torch.no_grad():  # make norms and biases non-trivial
+        for name, p in model.named_parameters():
+            if "ln_" in name or "norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    params = dict(model.named_parameters())  # a tied lm_head.weight is listed once
+    save_file({k: v.detach().contiguous() for k, v in params.items()}, str(out / "model.safetensors"))
+    model.config.to_json_file(str(out / "config.json"))
+
+    tokens = torch.randint(0, VOCAB, (2, 16))
+    targets = torch.randint(0, VOCAB, (2, 16))
+    logits = model(tokens).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+    loss.backward()
+    ref = {"tokens": tokens, "targets": targets, "logits": logits.detach().contiguous(),
+           "loss": loss.detach().reshape(1)}
+    for k, p in params.items():
+        ref["grad." + k] = p.grad.contiguous()
+    save_file(ref, str(out / "reference.safetensors"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], pathlib.Path(sys.argv[2]))
