@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "bpe_tokenizer.hpp"
 #include "memory_accounting.hpp"
 
 namespace tightfit {
@@ -28,9 +29,13 @@ std::string ByteTokenizer::decode(const std::vector<int64_t>& ids) const {
   return s;
 }
 
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec) {
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec, const std::string& base_dir) {
   if (spec == "byte") return std::make_unique<ByteTokenizer>();
-  throw std::invalid_argument("unknown tokenizer \"" + spec + "\" (available: byte)");
+  fs::path p = spec;
+  if (p.is_relative() && !fs::exists(p) && !base_dir.empty()) p = fs::path(base_dir) / p;
+  if (!fs::exists(p))
+    throw std::invalid_argument("tokenizer \"" + spec + "\" is neither \"byte\" nor a tokenizer.json or a folder holding one");
+  return BpeTokenizer::load(p.string());
 }
 
 namespace {

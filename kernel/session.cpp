@@ -53,7 +53,8 @@ const std::vector<KeySpec>& data_keys() {
   static const std::vector<KeySpec> keys = {
       key("corpus", TF_VALUE_STRING, "\"builtin:fortunes\"",
           "builtin:fortunes, a text file, a folder of text files, or a .jsonl with \"text\""),
-      key("tokenizer", TF_VALUE_STRING, "\"byte\"", "tokenizer", 1, 0, "byte"),
+      key("tokenizer", TF_VALUE_STRING, "\"auto\"",
+          "byte, or a tokenizer.json (or its folder); auto = the [model].weights folder's tokenizer.json, else byte"),
       key("seq_len", TF_VALUE_INT, "128", "tokens per sequence", 1, 1e7),
       key("batch_size", TF_VALUE_INT, "16", "sequences per batch", 1, 1e6),
       key("val_fraction", TF_VALUE_FLOAT, "0.05", "tail of the corpus held out for eval", 0, 0.5),
@@ -176,7 +177,18 @@ void Session::build(const PluginRegistry& base_registry) {
   // Data.
   const std::string base_dir = fs::path(recipe_.source()).parent_path().string();
   try {
-    tokenizer_ = make_tokenizer(data_cfg_.get_string("tokenizer"));
+    std::string tok = data_cfg_.get_string("tokenizer");
+    if (tok == "auto") {
+      tok = "byte";
+      const toml::table* mt = recipe_.table("model");
+      if (mt && mt->contains("weights")) {
+        fs::path w = (*mt)["weights"].value_or(std::string{});
+        if (w.is_relative() && !fs::exists(w)) w = fs::path(base_dir) / w;
+        if (!fs::is_directory(w)) w = w.parent_path();
+        if (fs::exists(w / "tokenizer.json")) tok = (w / "tokenizer.json").string();
+      }
+    }
+    tokenizer_ = make_tokenizer(tok, base_dir);
     const std::string text = load_corpus_text(data_cfg_.get_string("corpus"), base_dir);
     std::vector<int64_t> ids = tokenizer_->encode(text);
     CategoryScope scope(TF_MEM_OTHER);

@@ -1,0 +1,76 @@
+// Byte-level BPE from tokenizer.json gives the ids Hugging Face `tokenizers`
+// gives, for GPT-2-style and LLaMA-3-style tokenizers, on varied text.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "bpe_tokenizer.hpp"
+#include "test_support.hpp"
+
+namespace tightfit {
+namespace {
+
+class BpeParity : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir();
+    const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " + TIGHTFIT_SOURCE_DIR +
+                            "/tests/peers/bpe_parity.py " + dir_->str();
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << "the Python peer failed; scripts/setup installs tokenizers";
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static nlohmann::json read_json(const std::string& name) {
+    std::ifstream in(dir_->str() + "/" + name);
+    return nlohmann::json::parse(in);
+  }
+  void compare(const std::string& style) {
+    auto tok = BpeTokenizer::load(dir_->str() + "/" + style);
+    EXPECT_EQ(tok->vocab_size(), 600);
+    const auto lines = read_json("lines.json");
+    const auto ids = read_json(style + ".ids.json");
+    ASSERT_EQ(lines.size(), ids.size());
+    size_t mismatches = 0;
+    for (size_t i = 0; i < lines.size(); ++i) {
+      const std::string line = lines[i].get<std::string>();
+      const std::vector<int64_t> got = tok->encode(line);
+      const std::vector<int64_t> want = ids[i].get<std::vector<int64_t>>();
+      if (got != want && ++mismatches <= 3) ADD_FAILURE() << style << " line " << i << ": \"" << line << "\"";
+      EXPECT_EQ(tok->decode(got), line) << "round trip, line " << i;
+    }
+    EXPECT_EQ(mismatches, 0u) << "of " << lines.size() << " lines";
+  }
+  static test::TempDir* dir_;
+};
+test::TempDir* BpeParity::dir_ = nullptr;
+
+TEST_F(BpeParity, Gpt2StyleMatchesTokenizers) { compare("gpt2"); }
+TEST_F(BpeParity, Llama3StyleMatchesTokenizers) { compare("llama3"); }
+
+TEST_F(BpeParity, RecipeUsesTheTokenizerAndItsVocabulary) {
+  test::TempDir d;
+  std::string r = test::tiny_recipe(test::write_corpus(d), d.str());
+  r.replace(r.find("seq_len = 32"), 12, "seq_len = 32\ntokenizer = \"" + dir_->str() + "/gpt2\"");
+  auto s = test::make_session(r);
+  EXPECT_EQ(s->run_info().vocab_size, 600);
+  EXPECT_EQ(s->store().get("transformer.wte.weight").shape[0], 600);
+  auto b = s->batcher().next();
+  EXPECT_LT(b.tokens.max().item<int64_t>(), 600);
+}
+
+TEST(BpeTokenizer, RefusesWhatItCannotHandle) {
+  test::TempDir d;
+  const std::string p = test::write_file(d, "tokenizer.json", R"({"model": {"type": "Unigram", "vocab": []}})");
+  try {
+    BpeTokenizer::load(p);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("model type \"Unigram\" is not supported"), std::string::npos) << e.what();
+  }
+  test::write_file(d, "broken.json", "{not json");
+  EXPECT_THROW(BpeTokenizer::load(d.str() + "/broken.json"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace tightfit
