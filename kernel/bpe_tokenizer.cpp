@@ -106,6 +106,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& path_in) {
     throw std::invalid_argument(src + ": normalizers are not supported (GPT-2/LLaMA-3 tokenizers have none)");
 
   std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
+  t->source_ = std::filesystem::absolute(path).string();
   // GPT-2's reversible map from bytes to printable code points.
   {
     int n = 0;

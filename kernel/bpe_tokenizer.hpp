@@ -24,6 +24,7 @@ class BpeTokenizer final : public Tokenizer {
   int64_t vocab_size() const override { return vocab_size_; }
   std::vector<int64_t> encode(const std::string& text) const override;
   std::string decode(const std::vector<int64_t>& ids) const override;
+  std::string source_file() const override { return source_; }
 
  private:
   BpeTokenizer() = default;
@@ -32,6 +33,7 @@ class BpeTokenizer final : public Tokenizer {
 
   struct Regex;
   std::vector<std::unique_ptr<Regex>> splits_;  // applied in order, "isolated" behaviour
+  std::string source_;
   bool add_prefix_space_ = false;
   bool ignore_merges_ = false;
   std::unordered_map<std::string, int64_t> vocab_;

@@ -170,7 +170,7 @@ bool Session::load_latest_checkpoint() {
       }
       optimizer_->set_steps(trainer.at("optimizer_steps").get<int64_t>());
       optimizer_->set_lr(trainer.at("lr").get<double>());
-      batcher_->set_position(trainer.at("data_position").get<int64_t>());
+      if (batcher_) batcher_->set_position(trainer.at("data_position").get<int64_t>());
       if (auto r = state.tensors.find("kernel.rng.cpu"); r != state.tensors.end()) {
         at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
         std::lock_guard<std::mutex> lock(gen.mutex());

@@ -17,6 +17,8 @@ class Tokenizer {
   virtual int64_t vocab_size() const = 0;
   virtual std::vector<int64_t> encode(const std::string& text) const = 0;
   virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
+  // The tokenizer.json it was read from; empty for built-in tokenizers.
+  virtual std::string source_file() const { return {}; }
 };
 
 // Every byte is a token: vocabulary 256, nothing to download, lossless.

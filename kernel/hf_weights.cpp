@@ -1,8 +1,14 @@
 #include "hf_weights.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <stdexcept>
 
+#include "file_util.hpp"
 #include "safetensors.hpp"
 
 namespace tightfit {
@@ -30,11 +36,46 @@ void import_hf_weights(ParamStore& store, const std::map<std::string, at::Tensor
 }
 
 void load_hf_weights(ParamStore& store, const std::string& path) {
-  std::string file = path;
-  if (fs::is_directory(path)) file = (fs::path(path) / "model.safetensors").string();
-  if (!fs::exists(file))
-    throw std::runtime_error("weights \"" + path + "\" not found (give a .safetensors file or a folder with model.safetensors)");
-  import_hf_weights(store, read_safetensors(file).tensors, file);
+  if (fs::is_directory(path)) {
+    const fs::path single = fs::path(path) / "model.safetensors";
+    const fs::path index = fs::path(path) / "model.safetensors.index.json";
+    if (fs::exists(single)) return import_hf_weights(store, read_safetensors(single.string()).tensors, single.string());
+    if (!fs::exists(index))
+      throw std::runtime_error("weights folder " + path + " holds neither model.safetensors nor model.safetensors.index.json");
+    std::ifstream in(index);
+    auto j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      throw std::runtime_error(index.string() + " has no weight_map");
+    std::set<std::string> shards;
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      const std::string shard = it.value().get<std::string>();
+      if (shard.find('/') != std::string::npos || shard.find("..") != std::string::npos)
+        throw std::runtime_error(index.string() + ": shard name \"" + shard + "\" must be a file in the folder");
+      shards.insert(shard);
+    }
+    std::map<std::string, at::Tensor> all;
+    for (const auto& shard : shards) {
+      auto f = read_safetensors((fs::path(path) / shard).string());
+      all.merge(f.tensors);
+    }
+    return import_hf_weights(store, all, index.string());
+  }
+  if (!fs::exists(path))
+    throw std::runtime_error("weights \"" + path + "\" not found (give a .safetensors file or a model folder)");
+  import_hf_weights(store, read_safetensors(path).tensors, path);
+}
+
+void save_hf_model(const ParamStore& store, const std::string& dir, const std::string& config_json,
+                   const std::string& tokenizer_json_path) {
+  fs::create_directories(dir);
+  write_safetensors((fs::path(dir) / "model.safetensors").string(), export_hf_weights(store), {{"format", "pt"}});
+  if (!config_json.empty()) write_file_synced((fs::path(dir) / "config.json").string(), config_json);
+  if (!tokenizer_json_path.empty()) {
+    std::ifstream in(tokenizer_json_path, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    write_file_synced((fs::path(dir) / "tokenizer.json").string(), text.str());
+  }
 }
 
 std::map<std::string, at::Tensor> export_hf_weights(const ParamStore& store) {

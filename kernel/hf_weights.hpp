@@ -18,8 +18,14 @@ namespace tightfit {
 void import_hf_weights(ParamStore& store, const std::map<std::string, at::Tensor>& tensors,
                        const std::string& source);
 
-// Reads a .safetensors file, or a folder holding model.safetensors.
+// Reads a .safetensors file, or a folder holding model.safetensors or
+// sharded model-0000x-of-0000y.safetensors with model.safetensors.index.json.
 void load_hf_weights(ParamStore& store, const std::string& path);
+
+// Writes a folder transformers' from_pretrained loads: model.safetensors
+// (Hugging Face names and layouts), config.json, and tokenizer.json when given.
+void save_hf_model(const ParamStore& store, const std::string& dir, const std::string& config_json,
+                   const std::string& tokenizer_json_path);
 
 // The store's parameters under Hugging Face names and layouts.
 std::map<std::string, at::Tensor> export_hf_weights(const ParamStore& store);

@@ -82,6 +82,7 @@ const std::vector<KeySpec>& save_keys() {
       key("keep_last", TF_VALUE_INT, "2", "checkpoints kept (older ones are rotated out)", 1, 1e6),
       key("final", TF_VALUE_BOOL, "true", "save when the run ends"),
       key("dir", TF_VALUE_STRING, "\"\"", "checkpoint folder; empty = <run folder>/checkpoints"),
+      key("hf", TF_VALUE_BOOL, "false", "also write <run folder>/hf, a Hugging Face model folder, at the end"),
   };
   return keys;
 }
@@ -189,15 +190,17 @@ void Session::build(const PluginRegistry& base_registry) {
       }
     }
     tokenizer_ = make_tokenizer(tok, base_dir);
-    const std::string text = load_corpus_text(data_cfg_.get_string("corpus"), base_dir);
-    std::vector<int64_t> ids = tokenizer_->encode(text);
-    CategoryScope scope(TF_MEM_OTHER);
-    at::Tensor tokens = at::tensor(ids, at::kLong);
-    unigram_entropy_ = unigram_entropy(tokens, tokenizer_->vocab_size());
-    batcher_ = std::make_unique<TokenBatcher>(tokens, data_cfg_.get_int("seq_len"),
-                                              data_cfg_.get_int("batch_size"),
-                                              static_cast<uint64_t>(run_cfg_.get_int("seed")),
-                                              data_cfg_.get_double("val_fraction"));
+    if (!options_.skip_data) {
+      const std::string text = load_corpus_text(data_cfg_.get_string("corpus"), base_dir);
+      std::vector<int64_t> ids = tokenizer_->encode(text);
+      CategoryScope scope(TF_MEM_OTHER);
+      at::Tensor tokens = at::tensor(ids, at::kLong);
+      unigram_entropy_ = unigram_entropy(tokens, tokenizer_->vocab_size());
+      batcher_ = std::make_unique<TokenBatcher>(tokens, data_cfg_.get_int("seq_len"),
+                                                data_cfg_.get_int("batch_size"),
+                                                static_cast<uint64_t>(run_cfg_.get_int("seed")),
+                                                data_cfg_.get_double("val_fraction"));
+    }
   } catch (const std::invalid_argument& e) {
     throw RecipeError(recipe_.source() + ": [data]: " + e.what());
   } catch (const std::runtime_error& e) {
@@ -212,7 +215,7 @@ void Session::build(const PluginRegistry& base_registry) {
     for (int i = 2; fs::exists(fs::path(run_dir_) / "checkpoints" / "manifest.json"); ++i)
       run_dir_ = base + "." + std::to_string(i);
   }
-  fs::create_directories(run_dir_);
+  if (!options_.skip_data) fs::create_directories(run_dir_);
   run_dir_str_ = fs::absolute(run_dir_).string();
 
   run_info_ = tf_run_info{};
@@ -317,8 +320,19 @@ void Session::build(const PluginRegistry& base_registry) {
 
   recompute_anchor_ = at::empty({0}, at::TensorOptions().device(device_)).requires_grad_(true);
 
-  if (options_.resume && !load_latest_checkpoint())
+  if (options_.resume && !load_latest_checkpoint() && !options_.skip_data)
     log(TF_LOG_WARN, "--resume: no checkpoint in " + checkpoint_dir() + "; starting from step 0");
+}
+
+std::string Session::export_hf(const std::string& dir) {
+  const tf_model_vtable* vt = model_.plugin->model();
+  const char* config = nullptr;
+  if (vt->struct_size >= offsetof(tf_model_vtable, hf_config_json) + sizeof(void*) && vt->hf_config_json)
+    check(vt->hf_config_json(model_.state, model_.ctx.get(), &config), model_, "hf_config_json");
+  if (!config)
+    log(TF_LOG_WARN, "model plugin \"" + model_.plugin->name + "\" gives no config.json; exporting weights only");
+  save_hf_model(store_, dir, config ? config : "", tokenizer_->source_file());
+  return dir;
 }
 
 MemorySnapshot Session::memory_snapshot() const {
@@ -383,7 +397,7 @@ double Session::eval_loss(int64_t batches) {
 }
 
 std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64_t top_k,
-                              double temperature, uint64_t seed) {
+                              double temperature, uint64_t seed, double top_p) {
   at::NoGradGuard no_grad;
   CategoryScope scope(TF_MEM_TRANSIENT);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -400,8 +414,13 @@ std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64
     if (top_k <= 1 || temperature <= 0) {
       next = logits.argmax().item<int64_t>();
     } else {
-      auto [vals, idx] = logits.div(temperature).topk(std::min<int64_t>(top_k, logits.size(0)));
+      auto [vals, idx] = logits.div(temperature).topk(top_k > 0 ? std::min<int64_t>(top_k, logits.size(0)) : logits.size(0));
       at::Tensor probs = at::softmax(vals, 0);
+      if (top_p < 1.0) {  // keep the smallest prefix whose mass reaches top_p
+        at::Tensor before = probs.cumsum(0) - probs;
+        probs = probs.masked_fill(before >= top_p, 0.0);
+        probs = probs / probs.sum();
+      }
       next = idx[at::multinomial(probs, 1, false, gen).item<int64_t>()].item<int64_t>();
     }
     ids.push_back(next);
@@ -450,6 +469,7 @@ void Session::emit_progress(const ProgressInfo& p) {
 }
 
 TrainSummary Session::train() {
+  if (!batcher_) throw std::logic_error("this session was built without data (skip_data); it cannot train");
   TrainSummary sum;
   sum.run_dir = run_dir_;
   sum.checkpoint_dir = checkpoint_dir();
@@ -516,6 +536,7 @@ TrainSummary Session::train() {
     sum.memory = memory_snapshot();
     // An interrupted run always saves, so that --resume can continue it.
     if ((save_cfg_.get_bool("final") || step_ < total) && step_ > sum.first_step) save_checkpoint(step_);
+    if (save_cfg_.get_bool("hf")) export_hf((fs::path(run_dir_) / "hf").string());
     sum.steps_run = step_ - sum.first_step;
     sum.tokens_per_s = sum.wall_s > 0 ? static_cast<double>(tokens) / sum.wall_s : 0;
     sum.final_loss = sum.losses.empty() ? std::nan("") : sum.losses.back();

@@ -95,6 +95,8 @@ struct SessionOptions {
   // Stop (and save) after this many steps of this session; < 0 = run to run.steps.
   // Simulates an interrupted run for resume tests and `tightfit run --stop-after`.
   int64_t stop_after_steps = -1;
+  // Build the model without reading the corpus (generate, export); train() is refused.
+  bool skip_data = false;
   std::function<void(const ProgressInfo&)> on_progress;
   std::function<void(const std::string&)> on_log;  // kernel and plugin log lines
 };
@@ -124,8 +126,13 @@ class Session {
   void zero_grad();
   tf_status optimizer_step();  // TF_ERR_NON_FINITE when gradients are not finite
   double eval_loss(int64_t batches);
+  // Samples n_tokens after the prompt: greedy when top_k == 1 or temperature == 0,
+  // else temperature, top-k and nucleus (top_p < 1) sampling.
   std::string generate(const std::string& prompt, int64_t n_tokens, int64_t top_k,
-                       double temperature, uint64_t seed);
+                       double temperature, uint64_t seed, double top_p = 1.0);
+  // Writes the model as a Hugging Face folder (model.safetensors, config.json,
+  // tokenizer.json when the run uses one); returns the folder.
+  std::string export_hf(const std::string& dir);
   int32_t snapshot_take(bool with_optimizer);
   void snapshot_restore(int32_t id);
   void snapshot_drop(int32_t id);

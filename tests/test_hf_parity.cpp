@@ -5,6 +5,11 @@
 
 #include <cstdlib>
 
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+
+#include "hf_weights.hpp"
 #include "safetensors.hpp"
 #include "test_support.hpp"
 
@@ -69,6 +74,80 @@ INSTANTIATE_TEST_SUITE_P(
         // Grouped-query attention: 4 query heads share 2 key/value heads.
         Family{"llama", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 9 + 3}),
     [](const ::testing::TestParamInfo<Family>& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace tightfit
+
+namespace tightfit {
+namespace {
+
+// tightfit trains a few steps, exports a Hugging Face folder, and transformers
+// loads it and computes the same logits.
+class HfRoundTrip : public ::testing::TestWithParam<Family> {};
+
+TEST_P(HfRoundTrip, TransformersLoadsWhatTightfitSaved) {
+  const Family& f = GetParam();
+  test::TempDir dir;
+  std::string table = f.model_table;
+  if (const auto at = table.find("config = \"@DIR@\"\n"); at != std::string::npos)
+    table.replace(at, 17, "preset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 4\nn_kv_head = 2\n"
+                          "intermediate_size = 80\nmax_positions = 64\n");
+  std::string recipe = test::tiny_recipe(test::write_corpus(dir), dir.str());
+  const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
+  recipe.replace(begin, end - begin, "[model]\n" + table + "\n");
+  auto s = test::make_session(recipe);
+  s->train();
+  const std::string out = s->export_hf(dir.str() + "/hf");
+  const at::Tensor tokens = at::randint(0, 256, {2, 24}, at::kLong);
+  at::Tensor logits;
+  {
+    at::NoGradGuard no_grad;
+    logits = s->forward_logits(tokens, false);
+  }
+  write_safetensors(out + "/expected.safetensors", {{"tokens", tokens}, {"logits", logits}});
+  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " + TIGHTFIT_SOURCE_DIR +
+                          "/tests/peers/hf_roundtrip.py " + out;
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << "transformers did not reproduce tightfit's logits from " << out;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Families, HfRoundTrip,
+    ::testing::Values(
+        Family{"gpt2", "plugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 2\nn_positions = 64\n", 0},
+        Family{"llama", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 0}),
+    [](const ::testing::TestParamInfo<Family>& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace tightfit
+
+namespace tightfit {
+namespace {
+
+TEST(HfWeights, ShardedFolderWithIndexLoads) {
+  test::TempDir dir;
+  const std::string recipe = test::tiny_recipe(test::write_corpus(dir), dir.str());
+  auto a = test::make_session(recipe);
+  // Split the exported tensors over two shards, as save_pretrained does for big models.
+  auto tensors = export_hf_weights(a->store());
+  std::map<std::string, at::Tensor> shard[2];
+  nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
+  int i = 0;
+  for (auto& [name, t] : tensors) {
+    const int k = i++ % 2;
+    shard[k][name] = t * 2;  // distinguishable from a fresh init
+    index["weight_map"][name] = "model-0000" + std::to_string(k + 1) + "-of-00002.safetensors";
+  }
+  std::filesystem::create_directories(dir.path() / "sharded");
+  for (int k = 0; k < 2; ++k)
+    write_safetensors((dir.path() / "sharded" / ("model-0000" + std::to_string(k + 1) + "-of-00002.safetensors")).string(),
+                      shard[k]);
+  test::write_file(dir, "sharded/model.safetensors.index.json", index.dump());
+  std::string r = recipe;
+  r.replace(r.find("n_positions = 64\n"), 17, "n_positions = 64\nweights = \"" + dir.str() + "/sharded\"\n");
+  auto b = test::make_session(r);
+  for (const Param& p : b->store().all())
+    EXPECT_TRUE(at::equal(p.value, a->store().get(p.name).value * 2)) << p.name;
+}
 
 }  // namespace
 }  // namespace tightfit

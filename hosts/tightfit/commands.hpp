@@ -17,5 +17,7 @@ enum ExitCode : int {
 
 int run_command(const std::vector<std::string>& args);
 int plugins_command(const std::vector<std::string>& args);
+int generate_command(const std::vector<std::string>& args);
+int export_command(const std::vector<std::string>& args);
 
 }  // namespace tightfit::host

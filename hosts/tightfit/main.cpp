@@ -13,6 +13,8 @@ void usage(std::ostream& os) {
   os << "usage: tightfit <command> [options]\n\n"
         "commands:\n"
         "  run [recipe.toml] [--set k=v]...   train as the recipe says (default: configs/default.toml)\n"
+        "  generate RECIPE|MODEL_DIR -p TEXT  sample from a run's latest checkpoint or a Hugging Face model\n"
+        "  export RECIPE --out DIR            write a run's latest checkpoint as a Hugging Face model folder\n"
         "  plugins list                       installed plugins: kind, versions, origin, path\n"
         "  plugins info NAME                  a plugin's recipe keys with types, defaults, docs\n\n"
         "`tightfit <command> --help` shows a command's options.\n";
@@ -31,6 +33,8 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   if (cmd == "run") return tightfit::host::run_command(args);
   if (cmd == "plugins") return tightfit::host::plugins_command(args);
+  if (cmd == "generate") return tightfit::host::generate_command(args);
+  if (cmd == "export") return tightfit::host::export_command(args);
   std::cerr << "tightfit: unknown command \"" << cmd << "\"\n\n";
   usage(std::cerr);
   return tightfit::host::kUsage;

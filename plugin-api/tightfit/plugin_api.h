@@ -509,7 +509,11 @@ typedef struct tf_model_vtable {
    * must obtain weights only through host->weight / host->linear. */
   tf_status (*stage_forward)(void* state, tf_host_context* ctx, const tf_stage_call* call,
                              tf_tensor input, tf_tensor* out);
-  void* reserved[8];
+  /* Optional: the model's Hugging Face config.json (a JSON object, with
+   * "model_type" and "architectures"), so exported weights load in
+   * transformers. *out_json is owned by the plugin, valid until the next call. */
+  tf_status (*hf_config_json)(void* state, tf_host_context* ctx, const char** out_json);
+  void* reserved[7];
 } tf_model_vtable;
 
 /* A memory strategy: any subset of hooks; NULL means "no effect". Strategies

@@ -64,6 +64,7 @@ struct Gpt2 {
   Shape s{};
   double dropout = 0.0;
   at::ScalarType dtype = at::kFloat;
+  std::string hf_config;  // config.json for export
 
   std::string block(int64_t l, const char* rest) const {
     return "transformer.h." + std::to_string(l) + "." + rest;
@@ -183,6 +184,22 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     const int32_t head = m->host.declare_stage("head", TF_STAGE_HEAD, (2 * C + 2 * V) * elt, 2 * C * V);
     declare(*m, "transformer.ln_f.weight", {C}, head, TF_INIT_ONES, 0, no_decay);
     declare(*m, "transformer.ln_f.bias", {C}, head, TF_INIT_ZEROS, 0, no_decay);
+    m->hf_config = nlohmann::json{{"model_type", "gpt2"},
+                                  {"architectures", {"GPT2LMHeadModel"}},
+                                  {"vocab_size", V},
+                                  {"n_positions", P},
+                                  {"n_embd", C},
+                                  {"n_layer", L},
+                                  {"n_head", m->s.n_head},
+                                  {"activation_function", "gelu_new"},
+                                  {"resid_pdrop", m->dropout},
+                                  {"embd_pdrop", m->dropout},
+                                  {"attn_pdrop", m->dropout},
+                                  {"layer_norm_epsilon", 1e-5},
+                                  {"initializer_range", 0.02},
+                                  {"tie_word_embeddings", true},
+                                  {"torch_dtype", host.get_string("dtype") == "fp32" ? "float32" : "bfloat16"}}
+                       .dump(2);
     host.log(TF_LOG_INFO, "GPT-2 " + preset + ": n_layer=" + std::to_string(L) + " n_embd=" + std::to_string(C) +
                               " n_head=" + std::to_string(m->s.n_head) + " vocab=" + std::to_string(V));
     *out = m.release();
@@ -220,7 +237,12 @@ const tf_config_key kKeys[] = {
     tf_sdk::key("dtype", TF_VALUE_STRING, "\"fp32\"", "parameter dtype", 1, 0, "fp32|bf16|fp16"),
 };
 
-const tf_model_vtable kVtable = {sizeof(tf_model_vtable), create, destroy, stage_forward, {}};
+tf_status hf_config_json(void* state, tf_host_context*, const char** out) {
+  *out = static_cast<Gpt2*>(state)->hf_config.c_str();
+  return TF_OK;
+}
+
+const tf_model_vtable kVtable = {sizeof(tf_model_vtable), create, destroy, stage_forward, hf_config_json, {}};
 
 const tf_plugin_descriptor kDescriptor = {
     sizeof(tf_plugin_descriptor),

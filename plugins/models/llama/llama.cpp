@@ -121,6 +121,7 @@ struct Llama {
   Shape s;
   at::ScalarType dtype = at::kFloat;
   at::Tensor inv_freq;  // [head_dim / 2], fp32
+  std::string hf_config;  // config.json for export
 
   int64_t head_dim() const { return s.n_embd / s.n_head; }
   std::string layer(int64_t l, const char* rest) const {
@@ -265,6 +266,32 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     const int32_t head = m->host.declare_stage("head", TF_STAGE_HEAD, (2 * C + 2 * V) * elt, 2 * C * V);
     declare(*m, "model.norm.weight", {C}, head, TF_INIT_ONES, 0, no_decay);
     if (!s.tie_embeddings) declare(*m, "lm_head.weight", {V, C}, head, TF_INIT_NORMAL, std, 0);
+    nlohmann::json cfg = {{"model_type", "llama"},
+                          {"architectures", {"LlamaForCausalLM"}},
+                          {"vocab_size", V},
+                          {"hidden_size", C},
+                          {"intermediate_size", I},
+                          {"num_hidden_layers", L},
+                          {"num_attention_heads", s.n_head},
+                          {"num_key_value_heads", s.n_kv_head},
+                          {"head_dim", D},
+                          {"max_position_embeddings", s.max_positions},
+                          {"rope_theta", s.rope_theta},
+                          {"rms_norm_eps", s.rms_eps},
+                          {"tie_word_embeddings", s.tie_embeddings},
+                          {"hidden_act", "silu"},
+                          {"attention_bias", false},
+                          {"mlp_bias", false},
+                          {"rope_scaling", nullptr},
+                          {"torch_dtype", host.get_string("dtype") == "fp32" ? "float32" : "bfloat16"}};
+    if (s.rope_scaling == "linear") cfg["rope_scaling"] = {{"rope_type", "linear"}, {"factor", s.rope_factor}};
+    if (s.rope_scaling == "llama3")
+      cfg["rope_scaling"] = {{"rope_type", "llama3"},
+                             {"factor", s.rope_factor},
+                             {"low_freq_factor", s.rope_low_freq_factor},
+                             {"high_freq_factor", s.rope_high_freq_factor},
+                             {"original_max_position_embeddings", s.rope_original_max_positions}};
+    m->hf_config = cfg.dump(2);
     host.log(TF_LOG_INFO, "LLaMA " + (config.empty() ? preset : config) + ": n_layer=" + std::to_string(L) +
                               " n_embd=" + std::to_string(C) + " n_head=" + std::to_string(s.n_head) +
                               " n_kv_head=" + std::to_string(s.n_kv_head) + " vocab=" + std::to_string(V));
@@ -310,7 +337,12 @@ const tf_config_key kKeys[] = {
     tf_sdk::key("dtype", TF_VALUE_STRING, "\"fp32\"", "parameter dtype", 1, 0, "fp32|bf16|fp16"),
 };
 
-const tf_model_vtable kVtable = {sizeof(tf_model_vtable), create, destroy, stage_forward, {}};
+tf_status hf_config_json(void* state, tf_host_context*, const char** out) {
+  *out = static_cast<Llama*>(state)->hf_config.c_str();
+  return TF_OK;
+}
+
+const tf_model_vtable kVtable = {sizeof(tf_model_vtable), create, destroy, stage_forward, hf_config_json, {}};
 
 const tf_plugin_descriptor kDescriptor = {
     sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_MODEL, "llama", "1.0.0",

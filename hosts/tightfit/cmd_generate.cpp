@@ -1,0 +1,154 @@
+// `tightfit generate` and `tightfit export`: load a trained model — a recipe's
+// latest checkpoint, or a Hugging Face model folder — and sample text from it
+// or write it as a Hugging Face folder.
+#include <boost/program_options.hpp>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "logging.hpp"
+#include "session.hpp"
+
+namespace tightfit::host {
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A recipe that builds the model a Hugging Face folder describes.
+Recipe recipe_for_model_folder(const fs::path& folder) {
+  std::ifstream in(folder / "config.json");
+  const auto cfg = nlohmann::json::parse(in, nullptr, false);
+  if (cfg.is_discarded() || !cfg.is_object())
+    throw RecipeError((folder / "config.json").string() + ": not a Hugging Face config.json");
+  const std::string type = cfg.value("model_type", std::string());
+  if (type != "gpt2" && type != "llama")
+    throw RecipeError((folder / "config.json").string() + ": model_type \"" + type +
+                      "\" has no tightfit model plugin (gpt2, llama)");
+  const int64_t positions = cfg.value("n_positions", cfg.value("max_position_embeddings", int64_t{1024}));
+  const std::string f = fs::absolute(folder).string();
+  return Recipe::parse("[run]\nname = \"generate\"\nsample_tokens = 0\n[model]\nplugin = \"" + type +
+                           "\"\nconfig = \"" + f + "\"\nweights = \"" + f + "\"\n[data]\nseq_len = " +
+                           std::to_string(std::min<int64_t>(positions, 1024)) + "\n",
+                       f + "/config.json");
+}
+
+// A session over TARGET (a recipe: its latest checkpoint; or a model folder).
+std::unique_ptr<Session> load_target(const std::string& target, const std::vector<std::string>& sets) {
+  const bool folder = fs::is_directory(target);
+  Recipe recipe = folder ? recipe_for_model_folder(target) : Recipe::load(target);
+  for (const auto& s : sets) recipe.apply_override(s);
+  SessionOptions so;
+  so.skip_data = true;
+  so.resume = !folder;
+  auto session = std::make_unique<Session>(recipe, PluginRegistry::discover(), so);
+  if (!folder && session->step() == 0)
+    std::cerr << "tightfit: no checkpoint for " << target << " in " << session->checkpoint_dir()
+              << "; using the freshly initialized model\n";
+  return session;
+}
+
+int report(const std::exception& e) {
+  if (dynamic_cast<const RecipeError*>(&e)) {
+    std::cerr << "tightfit: recipe error: " << e.what() << "\n";
+    return kUsage;
+  }
+  if (dynamic_cast<const PluginLoadError*>(&e) || dynamic_cast<const PluginCallError*>(&e)) {
+    std::cerr << "tightfit: " << e.what() << "\n";
+    return kPluginError;
+  }
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) {
+    std::cerr << "tightfit: " << c->what_without_backtrace() << "\n";
+    return kFailure;
+  }
+  std::cerr << "tightfit: " << e.what() << "\n";
+  return kFailure;
+}
+
+}  // namespace
+
+int generate_command(const std::vector<std::string>& args) {
+  po::options_description opts("tightfit generate RECIPE.toml|MODEL_FOLDER [options]");
+  opts.add_options()("help,h", "show this help")("prompt,p", po::value<std::string>()->default_value("\n"),
+                                                 "text to continue")(
+      "tokens,n", po::value<int64_t>()->default_value(200), "tokens to generate")(
+      "temperature,t", po::value<double>()->default_value(0.8), "sampling temperature; 0 = greedy")(
+      "top-k", po::value<int64_t>()->default_value(40), "sample among the k likeliest; 1 = greedy, 0 = all")(
+      "top-p", po::value<double>()->default_value(1.0), "nucleus: the smallest set with this much mass")(
+      "greedy", "always the likeliest token")("seed", po::value<uint64_t>()->default_value(1234), "sampling seed")(
+      "set", po::value<std::vector<std::string>>()->composing(), "override a recipe key");
+  po::options_description hidden;
+  hidden.add_options()("target", po::value<std::string>());
+  po::positional_options_description pos;
+  pos.add("target", 1);
+  po::options_description all;
+  all.add(opts).add(hidden);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "tightfit generate: " << e.what() << "\n\n" << opts;
+    return kUsage;
+  }
+  if (vm.count("help") || !vm.count("target")) {
+    (vm.count("help") ? std::cout : std::cerr)
+        << opts << "\nA recipe generates from its run's latest checkpoint; a folder is a Hugging Face model "
+                   "(config.json + model.safetensors [+ tokenizer.json]).\n";
+    return vm.count("help") ? kOk : kUsage;
+  }
+  set_log_level("warn");
+  try {
+    auto session = load_target(vm["target"].as<std::string>(),
+                               vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{});
+    const bool greedy = vm.count("greedy") > 0;
+    const std::string prompt = vm["prompt"].as<std::string>();
+    std::cout << prompt
+              << session->generate(prompt, vm["tokens"].as<int64_t>(), greedy ? 1 : vm["top-k"].as<int64_t>(),
+                                   greedy ? 0.0 : vm["temperature"].as<double>(), vm["seed"].as<uint64_t>(),
+                                   vm["top-p"].as<double>())
+              << "\n";
+    return kOk;
+  } catch (const std::exception& e) {
+    return report(e);
+  }
+}
+
+int export_command(const std::vector<std::string>& args) {
+  po::options_description opts("tightfit export RECIPE.toml --out DIR [options]");
+  opts.add_options()("help,h", "show this help")("out,o", po::value<std::string>(), "folder to write")(
+      "set", po::value<std::vector<std::string>>()->composing(), "override a recipe key");
+  po::options_description hidden;
+  hidden.add_options()("target", po::value<std::string>());
+  po::positional_options_description pos;
+  pos.add("target", 1);
+  po::options_description all;
+  all.add(opts).add(hidden);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "tightfit export: " << e.what() << "\n\n" << opts;
+    return kUsage;
+  }
+  if (vm.count("help") || !vm.count("target") || !vm.count("out")) {
+    (vm.count("help") ? std::cout : std::cerr)
+        << opts << "\nWrites the run's latest checkpoint as a Hugging Face model folder that "
+                   "transformers' from_pretrained loads.\n";
+    return vm.count("help") ? kOk : kUsage;
+  }
+  set_log_level("warn");
+  try {
+    auto session = load_target(vm["target"].as<std::string>(),
+                               vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{});
+    std::cout << "wrote " << session->export_hf(vm["out"].as<std::string>()) << "\n";
+    return kOk;
+  } catch (const std::exception& e) {
+    return report(e);
+  }
+}
+
+}  // namespace tightfit::host

@@ -1,0 +1,56 @@
+// The tightfit command: run, export, generate, plugins — exit codes and output.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "test_support.hpp"
+
+namespace tightfit {
+namespace {
+namespace fs = std::filesystem;
+
+class CliTest : public ::testing::Test {
+ protected:
+  test::TempDir dir;
+  std::string recipe = test::write_file(dir, "r.toml", test::tiny_recipe(test::write_corpus(dir), dir.str()));
+};
+
+TEST_F(CliTest, ExportThenGenerateFromTheHuggingFaceFolder) {
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("run " + recipe + " -q", &out), 0) << out;
+  ASSERT_EQ(test::run_tightfit("export " + recipe + " --out " + dir.str() + "/hf", &out), 0) << out;
+  EXPECT_TRUE(fs::exists(dir.path() / "hf" / "config.json"));
+  EXPECT_TRUE(fs::exists(dir.path() / "hf" / "model.safetensors"));
+  ASSERT_EQ(test::run_tightfit("generate " + dir.str() + "/hf -p Hello -n 12 --greedy", &out), 0) << out;
+  EXPECT_EQ(out.rfind("Hello", 0), 0u) << out;
+  EXPECT_GE(out.size(), 5u + 12u) << out;
+  // The recipe's own checkpoint gives the same greedy text.
+  std::string from_recipe;
+  ASSERT_EQ(test::run_tightfit("generate " + recipe + " -p Hello -n 12 --greedy", &from_recipe), 0) << from_recipe;
+  EXPECT_EQ(out, from_recipe);
+}
+
+TEST_F(CliTest, GenerateFromAFolderWithoutConfigIsAClearError) {
+  std::string out;
+  EXPECT_EQ(test::run_tightfit("generate " + dir.str() + " -p x", &out), 2) << out;
+  EXPECT_NE(out.find("config.json"), std::string::npos) << out;
+}
+
+TEST_F(CliTest, PluginsListAndInfo) {
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("plugins list", &out), 0) << out;
+  for (const char* name : {"gpt2", "llama", "checkpoint", "standard"}) EXPECT_NE(out.find(name), std::string::npos) << name;
+  ASSERT_EQ(test::run_tightfit("plugins info llama", &out), 0) << out;
+  EXPECT_NE(out.find("tiny|1B|7B|13B|custom"), std::string::npos) << out;
+  EXPECT_NE(out.find("n_kv_head"), std::string::npos) << out;
+  EXPECT_EQ(test::run_tightfit("plugins info nothing", &out), 4) << out;
+}
+
+TEST_F(CliTest, UnknownCommandIsAUsageError) {
+  std::string out;
+  EXPECT_EQ(test::run_tightfit("frobnicate", &out), 2) << out;
+  EXPECT_NE(out.find("usage: tightfit"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace tightfit
