@@ -75,6 +75,8 @@ void ParamStore::materialize(uint64_t seed, const at::Device& device) {
       case TF_INIT_UNIFORM: t.uniform_(-p.init_std, p.init_std, gen); break;
       case TF_INIT_ZEROS: t.zero_(); break;
       case TF_INIT_ONES: t.fill_(1.0); break;
+      case TF_INIT_CONSTANT: t.fill_(p.init_std); break;
+      default: throw std::invalid_argument("parameter \"" + p.name + "\" has an unknown init kind");
     }
     if (p.dtype != at::kFloat || device != t.device()) t = t.to(device, p.dtype);
     p.value = t.set_requires_grad(p.trainable && at::isFloatingType(p.dtype));

@@ -72,7 +72,9 @@ INSTANTIATE_TEST_SUITE_P(
         Family{"gpt2", "plugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 2\nn_positions = 64\n",
                2 * 12 + 4},
         // Grouped-query attention: 4 query heads share 2 key/value heads.
-        Family{"llama", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 9 + 3}),
+        Family{"llama", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 9 + 3},
+        // WKV in chunks of 5 over 16 tokens: the carried state is exercised.
+        Family{"rwkv", "plugin = \"rwkv\"\nconfig = \"@DIR@\"\nwkv_chunk = 5\n", 2 * 18 + 2 + 4}),
     [](const ::testing::TestParamInfo<Family>& info) { return std::string(info.param.name); });
 
 }  // namespace
@@ -114,7 +116,8 @@ INSTANTIATE_TEST_SUITE_P(
     Families, HfRoundTrip,
     ::testing::Values(
         Family{"gpt2", "plugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 2\nn_positions = 64\n", 0},
-        Family{"llama", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 0}),
+        Family{"llama", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 0},
+        Family{"rwkv", "plugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nwkv_chunk = 7\n", 0}),
     [](const ::testing::TestParamInfo<Family>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -24,10 +24,11 @@ Recipe recipe_for_model_folder(const fs::path& folder) {
   if (cfg.is_discarded() || !cfg.is_object())
     throw RecipeError((folder / "config.json").string() + ": not a Hugging Face config.json");
   const std::string type = cfg.value("model_type", std::string());
-  if (type != "gpt2" && type != "llama")
+  if (type != "gpt2" && type != "llama" && type != "rwkv")
     throw RecipeError((folder / "config.json").string() + ": model_type \"" + type +
-                      "\" has no tightfit model plugin (gpt2, llama)");
-  const int64_t positions = cfg.value("n_positions", cfg.value("max_position_embeddings", int64_t{1024}));
+                      "\" has no tightfit model plugin (gpt2, llama, rwkv)");
+  const int64_t positions =
+      cfg.value("n_positions", cfg.value("max_position_embeddings", cfg.value("context_length", int64_t{1024})));
   const std::string f = fs::absolute(folder).string();
   return Recipe::parse("[run]\nname = \"generate\"\nsample_tokens = 0\n[model]\nplugin = \"" + type +
                            "\"\nconfig = \"" + f + "\"\nweights = \"" + f + "\"\n[data]\nseq_len = " +

@@ -191,7 +191,8 @@ typedef enum tf_init_kind {
   TF_INIT_NORMAL = 1, /* N(0, init_std^2) */
   TF_INIT_ZEROS = 2,
   TF_INIT_ONES = 3,
-  TF_INIT_UNIFORM = 4 /* U(-init_std, init_std) */
+  TF_INIT_UNIFORM = 4, /* U(-init_std, init_std) */
+  TF_INIT_CONSTANT = 5 /* every element = init_std */
 } tf_init_kind;
 
 /* Parameter flags. */

@@ -3,7 +3,7 @@ weights. Writes OUT/model.safetensors + OUT/config.json (the weights under
 Hugging Face names, as save_pretrained writes them) and OUT/reference.safetensors
 (tokens, targets, logits, loss, and every parameter's gradient).
 
-usage: hf_parity.py FAMILY OUT_DIR       FAMILY: gpt2 | llama
+usage: hf_parity.py FAMILY OUT_DIR       FAMILY: gpt2 | llama | rwkv
 """
 import pathlib
 import sys
@@ -27,6 +27,11 @@ def build(family: str) -> torch.nn.Module:
                                        max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-5,
                                        tie_word_embeddings=False, attention_bias=False)
         return transformers.LlamaForCausalLM(cfg)
+    if family == "rwkv":
+        cfg = transformers.RwkvConfig(vocab_size=VOCAB, context_length=64, hidden_size=32, num_hidden_layers=2,
+                                      attention_hidden_size=32, intermediate_size=128, layer_norm_epsilon=1e-5,
+                                      rescale_every=0, tie_word_embeddings=False)
+        return transformers.RwkvForCausalLM(cfg)
     raise SystemExit(f"unknown family {family}")
 
 
@@ -37,7 +42,7 @@ def main(family: str, out: pathlib.Path) -> None:
     model.train()
     with torch.no_grad():  # make norms and biases non-trivial
         for name, p in model.named_parameters():
-            if "ln_" in name or "norm" in name or name.endswith("bias"):
+            if "ln" in name or "norm" in name or name.endswith("bias") or "time_" in name:
                 p.add_(0.1 * torch.randn_like(p))
     params = dict(model.named_parameters())  # a tied lm_head.weight is listed once
     save_file({k: v.detach().contiguous() for k, v in params.items()}, str(out / "model.safetensors"))
