@@ -46,7 +46,7 @@ TEST_P(HfParity, MatchesTransformersLogitsLossAndGradients) {
     const at::Tensor logits = s->forward_logits(tokens, /*training=*/false);
     const double err = (logits - ref.tensors.at("logits")).abs().max().item<double>();
     EXPECT_LE(err, 1e-4);
-    RecordProperty("max_logit_error", std::to_string(err));
+    RecordProperty("max_logit_error", c10::str(err));
   }
   const PassResult r = s->run_pass(tokens, targets, true, 1.0);
   EXPECT_NEAR(r.loss, ref.tensors.at("loss").item<double>(), 1e-5);
@@ -62,7 +62,7 @@ TEST_P(HfParity, MatchesTransformersLogitsLossAndGradients) {
     worst = std::max(worst, rel);
     ++compared;
   }
-  RecordProperty("max_grad_rel_error", std::to_string(worst));
+  RecordProperty("max_grad_rel_error", c10::str(worst));
   EXPECT_EQ(compared, f.expected_params);
 }
 

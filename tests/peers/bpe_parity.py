@@ -51,7 +51,7 @@ def build(style: str, corpus: list) -> Tokenizer:
 
 def main(out: pathlib.Path) -> None:
     corpus = lines(3000)
-    test = lines(2500)[500:] + ["", " ", "   leading", "trailing   ", "a<|endoftext|>b", "\n\n\n", "x" * 50]
+    test = lines(3500)[500:] + ["", " ", "   leading", "trailing   ", "a<|endoftext|>b", "\n\n\n", "x" * 50]
     (out / "lines.json").write_text(json.dumps(test))
     for style in ("gpt2", "llama3"):
         tok = build(style, corpus)
