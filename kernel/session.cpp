@@ -397,35 +397,62 @@ double Session::eval_loss(int64_t batches) {
 }
 
 std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64_t top_k,
-                              double temperature, uint64_t seed, double top_p) {
+                              double temperature, uint64_t seed, double top_p, bool use_cache) {
   at::NoGradGuard no_grad;
   CategoryScope scope(TF_MEM_TRANSIENT);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   std::vector<int64_t> ids = tokenizer_->encode(prompt);
   if (ids.empty()) ids.push_back(0);
   const size_t prompt_len = ids.size();
-  const int64_t ctx_len = run_info_.seq_len;
-  for (int64_t i = 0; i < n_tokens; ++i) {
-    const size_t start = ids.size() > static_cast<size_t>(ctx_len) ? ids.size() - static_cast<size_t>(ctx_len) : 0;
-    std::vector<int64_t> window(ids.begin() + static_cast<std::ptrdiff_t>(start), ids.end());
-    at::Tensor x = at::tensor(window, at::kLong).unsqueeze(0).to(device_);
-    at::Tensor logits = forward_logits(x, /*training=*/false)[0][-1].to(at::kCPU, at::kFloat);
-    int64_t next = 0;
-    if (top_k <= 1 || temperature <= 0) {
-      next = logits.argmax().item<int64_t>();
-    } else {
-      auto [vals, idx] = logits.div(temperature).topk(top_k > 0 ? std::min<int64_t>(top_k, logits.size(0)) : logits.size(0));
-      at::Tensor probs = at::softmax(vals, 0);
-      if (top_p < 1.0) {  // keep the smallest prefix whose mass reaches top_p
-        at::Tensor before = probs.cumsum(0) - probs;
-        probs = probs.masked_fill(before >= top_p, 0.0);
-        probs = probs / probs.sum();
-      }
-      next = idx[at::multinomial(probs, 1, false, gen).item<int64_t>()].item<int64_t>();
+  auto pick = [&](const at::Tensor& logits_in) -> int64_t {
+    const at::Tensor logits = logits_in.to(at::kCPU, at::kFloat);
+    if (top_k == 1 || temperature <= 0) return logits.argmax().item<int64_t>();
+    auto [vals, idx] =
+        logits.div(temperature).topk(top_k > 0 ? std::min<int64_t>(top_k, logits.size(0)) : logits.size(0));
+    at::Tensor probs = at::softmax(vals, 0);
+    if (top_p < 1.0) {  // keep the smallest prefix whose mass reaches top_p
+      probs = probs.masked_fill(probs.cumsum(0) - probs >= top_p, 0.0);
+      probs = probs / probs.sum();
     }
-    ids.push_back(next);
+    return idx[at::multinomial(probs, 1, false, gen).item<int64_t>()].item<int64_t>();
+  };
+  const tf_model_vtable* vt = model_.plugin->model();
+  const bool can_decode = use_cache && vt->struct_size >= offsetof(tf_model_vtable, release_cache) + sizeof(void*) &&
+                          vt->decode && vt->release_cache;
+  if (can_decode) {
+    // Incremental: the model carries its state (or key/value cache) between calls.
+    void* cache = nullptr;
+    struct Release {
+      const tf_model_vtable* vt;
+      void* state;
+      void** cache;
+      ~Release() {
+        if (*cache) vt->release_cache(state, *cache);
+      }
+    } release{vt, model_.state, &cache};
+    at::Tensor x = at::tensor(ids, at::kLong).unsqueeze(0).to(device_);
+    for (int64_t i = 0; i < n_tokens; ++i) {
+      tf_tensor out = nullptr;
+      check(vt->decode(model_.state, model_.ctx.get(), &cache, reinterpret_cast<tf_tensor>(&x), &out), model_,
+            "decode");
+      at::Tensor logits = std::move(*reinterpret_cast<at::Tensor*>(out));
+      delete reinterpret_cast<at::Tensor*>(out);
+      ids.push_back(pick(logits[0][-1]));
+      x = at::full({1, 1}, ids.back(), at::TensorOptions().dtype(at::kLong).device(device_));
+    }
+  } else {
+    // Recompute over the last seq_len tokens for every new token.
+    const int64_t ctx_len = run_info_.seq_len;
+    for (int64_t i = 0; i < n_tokens; ++i) {
+      const size_t start =
+          ids.size() > static_cast<size_t>(ctx_len) ? ids.size() - static_cast<size_t>(ctx_len) : 0;
+      std::vector<int64_t> window(ids.begin() + static_cast<std::ptrdiff_t>(start), ids.end());
+      at::Tensor x = at::tensor(window, at::kLong).unsqueeze(0).to(device_);
+      ids.push_back(pick(forward_logits(x, /*training=*/false)[0][-1]));
+    }
   }
-  return tokenizer_->decode(std::vector<int64_t>(ids.begin() + static_cast<std::ptrdiff_t>(prompt_len), ids.end()));
+  return tokenizer_->decode(
+      std::vector<int64_t>(ids.begin() + static_cast<std::ptrdiff_t>(prompt_len), ids.end()));
 }
 
 int32_t Session::snapshot_take(bool with_optimizer) {

@@ -127,9 +127,11 @@ class Session {
   tf_status optimizer_step();  // TF_ERR_NON_FINITE when gradients are not finite
   double eval_loss(int64_t batches);
   // Samples n_tokens after the prompt: greedy when top_k == 1 or temperature == 0,
-  // else temperature, top-k and nucleus (top_p < 1) sampling.
+  // else temperature, top-k and nucleus (top_p < 1) sampling. Uses the model's
+  // incremental decode when it has one and use_cache, else recomputes the
+  // last seq_len tokens for every new one.
   std::string generate(const std::string& prompt, int64_t n_tokens, int64_t top_k,
-                       double temperature, uint64_t seed, double top_p = 1.0);
+                       double temperature, uint64_t seed, double top_p = 1.0, bool use_cache = true);
   // Writes the model as a Hugging Face folder (model.safetensors, config.json,
   // tokenizer.json when the run uses one); returns the folder.
   std::string export_hf(const std::string& dir);

@@ -514,7 +514,16 @@ typedef struct tf_model_vtable {
    * "model_type" and "architectures"), so exported weights load in
    * transformers. *out_json is owned by the plugin, valid until the next call. */
   tf_status (*hf_config_json)(void* state, tf_host_context* ctx, const char** out_json);
-  void* reserved[7];
+  /* Optional: incremental decoding for generation. *cache is the model's own
+   * state between calls: NULL on the first call (the model creates it), then
+   * handed back unchanged; the host frees it with release_cache. Runs the
+   * model on the next tokens (int64 [B, T_new], borrowed) after everything the
+   * cache has seen and returns their logits [B, T_new, vocab] (new). Recurrent
+   * models (RWKV) carry their state here; attention models may keep keys and
+   * values. Weights still come through host->weight / host->linear. */
+  tf_status (*decode)(void* state, tf_host_context* ctx, void** cache, tf_tensor tokens, tf_tensor* out_logits);
+  void (*release_cache)(void* state, void* cache);
+  void* reserved[5];
 } tf_model_vtable;
 
 /* A memory strategy: any subset of hooks; NULL means "no effect". Strategies

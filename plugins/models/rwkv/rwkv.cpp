@@ -73,8 +73,18 @@ Shape shape_from_hf_config(const std::string& path) {
   return s;
 }
 
-// x shifted one step later in time: x'_t = x_{t-1}, x'_0 = 0.
-at::Tensor time_shift(const at::Tensor& x) { return at::constant_pad_nd(x, {0, 0, 1, -1}); }
+// x shifted one step later in time: x'_t = x_{t-1}; x'_0 = the last x of the
+// previous call when decoding incrementally, else 0.
+at::Tensor time_shift(const at::Tensor& x, const at::Tensor& previous) {
+  if (!previous.defined()) return at::constant_pad_nd(x, {0, 0, 1, -1});
+  return at::cat({previous.unsqueeze(1), x.slice(1, 0, x.size(1) - 1)}, 1);
+}
+
+// What a layer carries from one decode call to the next.
+struct LayerState {
+  at::Tensor att_x, ffn_x;  // last input of time and channel mixing, [B, C]
+  at::Tensor num, den, mx;  // WKV state, [B, C] fp32
+};
 
 at::Tensor mix(const at::Tensor& x, const at::Tensor& shifted, const at::Tensor& mu) {
   return x * mu + shifted * (1 - mu);
@@ -82,7 +92,7 @@ at::Tensor mix(const at::Tensor& x, const at::Tensor& shifted, const at::Tensor&
 
 // WKV over [B, T, C] keys and values, chunk by chunk (see the file comment).
 at::Tensor wkv(const at::Tensor& time_decay, const at::Tensor& time_first, const at::Tensor& key,
-               const at::Tensor& value, int64_t chunk) {
+               const at::Tensor& value, int64_t chunk, LayerState* state) {
   const int64_t B = key.size(0), T = key.size(1), C = key.size(2);
   const at::Tensor w = time_decay.to(at::kFloat).exp();  // per-step decay rate, > 0
   const at::Tensor u = time_first.to(at::kFloat);
@@ -91,6 +101,7 @@ at::Tensor wkv(const at::Tensor& time_decay, const at::Tensor& time_first, const
   const double neg_inf = -std::numeric_limits<double>::infinity();
   // Carried state: num = sum e^{e - mx} v, den = sum e^{e - mx}, over past steps.
   at::Tensor num = at::zeros({B, C}, opts), den = at::zeros({B, C}, opts), mx = at::full({B, C}, -1e38, opts);
+  if (state && state->num.defined()) num = state->num, den = state->den, mx = state->mx;
   std::vector<at::Tensor> outs;
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     const int64_t l = std::min(chunk, T - t0);
@@ -119,6 +130,7 @@ at::Tensor wkv(const at::Tensor& time_decay, const at::Tensor& time_first, const
     den = pe.sum(1) + ec * den;
     mx = new_mx;
   }
+  if (state) state->num = num, state->den = den, state->mx = mx;
   return at::cat(outs, 1).to(value.scalar_type());
 }
 
@@ -135,8 +147,9 @@ struct Rwkv {
     return at::layer_norm(x, {s.n_embd}, host.weight(prefix + ".weight"), host.weight(prefix + ".bias"), s.ln_eps);
   }
 
-  at::Tensor time_mixing(const at::Tensor& x, int64_t l) const {
-    const at::Tensor shifted = time_shift(x);
+  at::Tensor time_mixing(const at::Tensor& x, int64_t l, LayerState* st) const {
+    const at::Tensor shifted = time_shift(x, st ? st->att_x : at::Tensor());
+    if (st) st->att_x = x.select(1, -1);
     const at::Tensor k = host.linear(mix(x, shifted, host.weight(block(l, "attention.time_mix_key"))),
                                      block(l, "attention.key.weight"));
     const at::Tensor v = host.linear(mix(x, shifted, host.weight(block(l, "attention.time_mix_value"))),
@@ -144,12 +157,13 @@ struct Rwkv {
     const at::Tensor r = at::sigmoid(host.linear(
         mix(x, shifted, host.weight(block(l, "attention.time_mix_receptance"))), block(l, "attention.receptance.weight")));
     const at::Tensor y = wkv(host.weight(block(l, "attention.time_decay")), host.weight(block(l, "attention.time_first")),
-                             k, v, chunk);
+                             k, v, chunk, st);
     return host.linear(r * y, block(l, "attention.output.weight"));
   }
 
-  at::Tensor channel_mixing(const at::Tensor& x, int64_t l) const {
-    const at::Tensor shifted = time_shift(x);
+  at::Tensor channel_mixing(const at::Tensor& x, int64_t l, LayerState* st) const {
+    const at::Tensor shifted = time_shift(x, st ? st->ffn_x : at::Tensor());
+    if (st) st->ffn_x = x.select(1, -1);
     at::Tensor k = host.linear(mix(x, shifted, host.weight(block(l, "feed_forward.time_mix_key"))),
                                block(l, "feed_forward.key.weight"));
     k = at::relu(k).square();
@@ -158,10 +172,10 @@ struct Rwkv {
     return r * host.linear(k, block(l, "feed_forward.value.weight"));
   }
 
-  at::Tensor forward_block(at::Tensor h, int64_t l) const {
+  at::Tensor forward_block(at::Tensor h, int64_t l, LayerState* st = nullptr) const {
     if (l == 0) h = layer_norm(h, block(0, "pre_ln"));
-    h = h + time_mixing(layer_norm(h, block(l, "ln1")), l);
-    return h + channel_mixing(layer_norm(h, block(l, "ln2")), l);
+    h = h + time_mixing(layer_norm(h, block(l, "ln1")), l, st);
+    return h + channel_mixing(layer_norm(h, block(l, "ln2")), l, st);
   }
 
   at::Tensor embed(const at::Tensor& tokens) const {
@@ -282,6 +296,22 @@ tf_status hf_config_json(void* state, tf_host_context*, const char** out) {
   return TF_OK;
 }
 
+// Recurrent generation: each call continues from the carried layer states, so
+// a token costs one step, not a pass over the whole context.
+tf_status decode(void* state, tf_host_context* ctx, void** cache, tf_tensor tokens, tf_tensor* out) {
+  auto* m = static_cast<Rwkv*>(state);
+  return tf_sdk::guard(m->host.api(), ctx, [&] {
+    if (*cache == nullptr) *cache = new std::vector<LayerState>(static_cast<size_t>(m->s.n_layer));
+    auto& layers = *static_cast<std::vector<LayerState>*>(*cache);
+    at::Tensor h = m->embed(tf_sdk::borrow(tokens));
+    for (int64_t l = 0; l < m->s.n_layer; ++l) h = m->forward_block(h, l, &layers[static_cast<size_t>(l)]);
+    *out = tf_sdk::give(m->head(h));
+    return TF_OK;
+  });
+}
+
+void release_cache(void*, void* cache) { delete static_cast<std::vector<LayerState>*>(cache); }
+
 const tf_config_key kKeys[] = {
     tf_sdk::key("preset", TF_VALUE_STRING, "\"tiny\"",
                 "model size: tiny (4x128), 169M, 430M, 1.5B (RWKV-4 Pile shapes), custom", 1, 0,
@@ -297,7 +327,8 @@ const tf_config_key kKeys[] = {
     tf_sdk::key("dtype", TF_VALUE_STRING, "\"fp32\"", "parameter dtype", 1, 0, "fp32|bf16|fp16"),
 };
 
-const tf_model_vtable kVtable = {sizeof(tf_model_vtable), create, destroy, stage_forward, hf_config_json, {}};
+const tf_model_vtable kVtable = {sizeof(tf_model_vtable), create,         destroy, stage_forward,
+                                 hf_config_json,          decode,         release_cache, {}};
 
 const tf_plugin_descriptor kDescriptor = {
     sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_MODEL, "rwkv", "1.0.0",
