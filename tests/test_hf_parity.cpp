@@ -73,6 +73,8 @@ INSTANTIATE_TEST_SUITE_P(
                2 * 12 + 4},
         // Grouped-query attention: 4 query heads share 2 key/value heads.
         Family{"llama", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 9 + 3},
+        // Llama 3 rotary scaling, one key/value head for four queries, tied head.
+        Family{"llama3", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 9 + 2},
         // WKV in chunks of 5 over 16 tokens: the carried state is exercised.
         Family{"rwkv", "plugin = \"rwkv\"\nconfig = \"@DIR@\"\nwkv_chunk = 5\n", 2 * 18 + 2 + 4}),
     [](const ::testing::TestParamInfo<Family>& info) { return std::string(info.param.name); });

@@ -3,7 +3,7 @@ weights. Writes OUT/model.safetensors + OUT/config.json (the weights under
 Hugging Face names, as save_pretrained writes them) and OUT/reference.safetensors
 (tokens, targets, logits, loss, and every parameter's gradient).
 
-usage: hf_parity.py FAMILY OUT_DIR       FAMILY: gpt2 | llama | rwkv
+usage: hf_parity.py FAMILY OUT_DIR       FAMILY: gpt2 | llama | llama3 | rwkv
 """
 import pathlib
 import sys
@@ -26,6 +26,15 @@ def build(family: str) -> torch.nn.Module:
                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                        max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-5,
                                        tie_word_embeddings=False, attention_bias=False)
+        return transformers.LlamaForCausalLM(cfg)
+    if family == "llama3":  # Llama 3 rotary scaling and a tied head
+        cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=80,
+                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+                                       max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-5,
+                                       tie_word_embeddings=True, attention_bias=False,
+                                       rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                     "high_freq_factor": 4.0,
+                                                     "original_max_position_embeddings": 64})
         return transformers.LlamaForCausalLM(cfg)
     if family == "rwkv":
         cfg = transformers.RwkvConfig(vocab_size=VOCAB, context_length=64, hidden_size=32, num_hidden_layers=2,
