@@ -75,6 +75,24 @@ struct StageRecompute : public torch::autograd::Function<StageRecompute> {
   }
 };
 
+// y = x W^T for a frozen weight stored compact: the dequantized W is fetched
+// again in backward instead of being kept by autograd.
+struct CompactLinear : public torch::autograd::Function<CompactLinear> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, Session* session,
+                            const std::string& weight) {
+    ctx->saved_data["session"] = reinterpret_cast<int64_t>(session);
+    ctx->saved_data["weight"] = weight;
+    return at::linear(x, session->fetch_weight(weight));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* session = reinterpret_cast<Session*>(ctx->saved_data["session"].toInt());
+    CategoryScope scope(TF_MEM_TRANSIENT);
+    const at::Tensor w = session->fetch_weight(ctx->saved_data["weight"].toStringRef());
+    return {grads[0].matmul(w.to(grads[0].scalar_type())), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 void Session::raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin) {
@@ -200,9 +218,15 @@ at::Tensor Session::fetch_weight(const std::string& name) {
 }
 
 at::Tensor Session::linear(const at::Tensor& x, const std::string& weight, const std::string& bias) {
-  at::Tensor w = fetch_weight(weight);
+  const Param& p = store_.get(weight);
   at::Tensor b = bias.empty() ? at::Tensor() : fetch_weight(bias);
-  at::Tensor y = at::linear(x, w, b);
+  at::Tensor y;
+  if (p.format != TF_FORMAT_DENSE && !p.trainable) {
+    y = CompactLinear::apply(x, this, weight);
+    if (b.defined()) y = y + b;
+  } else {
+    y = at::linear(x, fetch_weight(weight), b);
+  }
   for (auto& s : strategies_) {
     const tf_strategy_vtable* vt = s.plugin->strategy();
     if (!vt->linear_extend) continue;

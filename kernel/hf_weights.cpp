@@ -66,9 +66,10 @@ void load_hf_weights(ParamStore& store, const std::string& path) {
 }
 
 void save_hf_model(const ParamStore& store, const std::string& dir, const std::string& config_json,
-                   const std::string& tokenizer_json_path) {
+                   const std::string& tokenizer_json_path, const std::function<at::Tensor(const Param&)>& dense) {
   fs::create_directories(dir);
-  write_safetensors((fs::path(dir) / "model.safetensors").string(), export_hf_weights(store), {{"format", "pt"}});
+  write_safetensors((fs::path(dir) / "model.safetensors").string(), export_hf_weights(store, dense),
+                    {{"format", "pt"}});
   if (!config_json.empty()) write_file_synced((fs::path(dir) / "config.json").string(), config_json);
   if (!tokenizer_json_path.empty()) {
     std::ifstream in(tokenizer_json_path, std::ios::binary);
@@ -78,10 +79,11 @@ void save_hf_model(const ParamStore& store, const std::string& dir, const std::s
   }
 }
 
-std::map<std::string, at::Tensor> export_hf_weights(const ParamStore& store) {
+std::map<std::string, at::Tensor> export_hf_weights(const ParamStore& store,
+                                                   const std::function<at::Tensor(const Param&)>& dense) {
   std::map<std::string, at::Tensor> out;
   for (const Param& p : store.all()) {
-    at::Tensor t = p.value.detach();
+    at::Tensor t = (p.format != TF_FORMAT_DENSE && dense) ? dense(p).detach() : p.value.detach();
     if ((p.flags & TF_PARAM_HF_TRANSPOSED) && t.dim() == 2) t = t.t().contiguous();
     out[p.name] = t;
   }

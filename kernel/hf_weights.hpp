@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -25,9 +26,12 @@ void load_hf_weights(ParamStore& store, const std::string& path);
 // Writes a folder transformers' from_pretrained loads: model.safetensors
 // (Hugging Face names and layouts), config.json, and tokenizer.json when given.
 void save_hf_model(const ParamStore& store, const std::string& dir, const std::string& config_json,
-                   const std::string& tokenizer_json_path);
+                   const std::string& tokenizer_json_path,
+                   const std::function<at::Tensor(const Param&)>& dense = nullptr);
 
-// The store's parameters under Hugging Face names and layouts.
-std::map<std::string, at::Tensor> export_hf_weights(const ParamStore& store);
+// The store's parameters under Hugging Face names and layouts; `dense` gives
+// the dense value of a parameter stored in a compact format.
+std::map<std::string, at::Tensor> export_hf_weights(
+    const ParamStore& store, const std::function<at::Tensor(const Param&)>& dense = nullptr);
 
 }  // namespace tightfit

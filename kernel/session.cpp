@@ -269,8 +269,21 @@ void Session::build(const PluginRegistry& base_registry) {
     s.ctx->role = role;
     check(s.plugin->strategy()->create(host_api(), s.ctx.get(), &s.state), s, "create");
   }
-  for (auto& s : strategies_)
-    if (s.plugin->strategy()->configure) check(s.plugin->strategy()->configure(s.state, s.ctx.get()), s, "configure");
+  // A strategy that cannot accept the recipe (no matching target, a bad
+  // combination) is a recipe error at its [[strategy]] table.
+  const auto strategy_tables = recipe_.array_tables("strategy");
+  auto configure_step = [&](size_t i, tf_status st, const char* what) {
+    if (st == TF_ERR_INVALID_ARGUMENT) {
+      const std::string msg = strategies_[i].ctx->plugin_error;
+      strategies_[i].ctx->plugin_error.clear();
+      throw RecipeError(recipe_.where(*strategy_tables[i]->get("plugin")) + ": " + msg);
+    }
+    check(st, strategies_[i], what);
+  };
+  for (size_t i = 0; i < strategies_.size(); ++i)
+    if (strategies_[i].plugin->strategy()->configure)
+      configure_step(i, strategies_[i].plugin->strategy()->configure(strategies_[i].state, strategies_[i].ctx.get()),
+                     "configure");
   declaring_ = false;
 
   // Dropout and other ops draw from the global generators; seed them per run.
@@ -289,9 +302,10 @@ void Session::build(const PluginRegistry& base_registry) {
       throw RecipeError(recipe_.where(*w) + ": " + e.what());
     }
   }
-  for (auto& s : strategies_)
-    if (s.plugin->strategy()->params_ready)
-      check(s.plugin->strategy()->params_ready(s.state, s.ctx.get()), s, "params_ready");
+  for (size_t i = 0; i < strategies_.size(); ++i)
+    if (strategies_[i].plugin->strategy()->params_ready)
+      configure_step(i, strategies_[i].plugin->strategy()->params_ready(strategies_[i].state, strategies_[i].ctx.get()),
+                     "params_ready");
 
   OptimizerConfig oc;
   oc.name = opt_cfg_.get_string("name");
@@ -331,7 +345,9 @@ std::string Session::export_hf(const std::string& dir) {
     check(vt->hf_config_json(model_.state, model_.ctx.get(), &config), model_, "hf_config_json");
   if (!config)
     log(TF_LOG_WARN, "model plugin \"" + model_.plugin->name + "\" gives no config.json; exporting weights only");
-  save_hf_model(store_, dir, config ? config : "", tokenizer_->source_file());
+  at::NoGradGuard no_grad;
+  save_hf_model(store_, dir, config ? config : "", tokenizer_->source_file(),
+                [this](const Param& p) { return fetch_weight(p.name); });
   return dir;
 }
 

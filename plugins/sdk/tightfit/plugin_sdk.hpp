@@ -153,6 +153,9 @@ tf_status guard(const tf_host_api* api, tf_host_context* ctx, F&& body) noexcept
   } catch (const c10::Error& e) {
     api->set_error(ctx, e.what_without_backtrace());
     return TF_ERROR;
+  } catch (const std::invalid_argument& e) {  // a configuration the plugin cannot accept
+    api->set_error(ctx, e.what());
+    return TF_ERR_INVALID_ARGUMENT;
   } catch (const std::exception& e) {
     api->set_error(ctx, e.what());
     return TF_ERROR;

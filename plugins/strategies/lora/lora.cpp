@@ -1,0 +1,173 @@
+// LoRA (Hu et al. 2021) as a strategy plugin: low-rank adapters on chosen
+// projections, base weights frozen.
+//
+//   y = x W^T + (alpha / r) * dropout(x) A^T B^T,   A: [r, in], B: [out, r], B = 0 at start
+//
+// configure declares A and B for every targeted weight (names as PEFT writes
+// them under base_model.model.: "<module>.lora_A.weight") and freezes every
+// other parameter; linear_extend adds the low-rank term. With quantize after
+// it in the recipe this is QLoRA.
+#include <cmath>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tightfit/plugin_sdk.hpp"
+
+namespace {
+
+// Recipe short names for the projections of the built-in models.
+const std::map<std::string, std::vector<std::string>> kAliases = {
+    {"q", {"q_proj", "attn.c_attn"}},  // GPT-2's c_attn is q, k and v in one
+    {"k", {"k_proj", "attn.c_attn", "attention.key"}},
+    {"v", {"v_proj", "attn.c_attn", "attention.value"}},
+    {"o", {"o_proj", "attn.c_proj", "attention.output"}},
+    {"gate", {"gate_proj"}},
+    {"up", {"up_proj", "mlp.c_fc", "feed_forward.key"}},
+    {"down", {"down_proj", "mlp.c_proj", "feed_forward.value"}},
+};
+
+struct Adapter {
+  std::string a, b;  // parameter names of A and B
+};
+
+struct Lora {
+  tf_sdk::Host host;
+  int64_t rank = 8;
+  double scale = 2.0;  // alpha / rank
+  double dropout = 0.0;
+  std::map<std::string, Adapter> adapters;  // by base weight name
+};
+
+tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
+  return tf_sdk::guard(api, ctx, [&] {
+    auto s = std::make_unique<Lora>(Lora{tf_sdk::Host(api, ctx)});
+    s->rank = s->host.get_int("rank");
+    s->scale = s->host.get_double("alpha") / static_cast<double>(s->rank);
+    s->dropout = s->host.get_double("dropout");
+    *out = s.release();
+    return TF_OK;
+  });
+}
+
+void destroy(void* state) { delete static_cast<Lora*>(state); }
+
+tf_status configure(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<Lora*>(state);
+  const tf_host_api* api = s->host.api();
+  return tf_sdk::guard(api, ctx, [&] {
+    std::vector<std::string> patterns;
+    std::string listed;
+    for (int32_t i = 0;; ++i) {
+      const char* t = nullptr;
+      if (api->config_get_list_string(ctx, "targets", i, &t) != TF_OK) break;
+      listed += (i ? ", " : "") + std::string(t);
+      auto alias = kAliases.find(t);
+      if (alias != kAliases.end()) patterns.insert(patterns.end(), alias->second.begin(), alias->second.end());
+      else patterns.emplace_back(t);
+    }
+    int32_t n = 0;
+    s->host.check(api->param_count(ctx, &n));
+    std::vector<std::string> names;
+    for (int32_t i = 0; i < n; ++i) {
+      const char* name = nullptr;
+      s->host.check(api->param_name(ctx, i, &name));
+      names.emplace_back(name);
+    }
+    std::string linear_weights;
+    for (const auto& name : names) {
+      tf_param_info info{};
+      info.struct_size = sizeof info;
+      s->host.check(api->param_info(ctx, name.c_str(), &info));
+      if (info.ndim != 2 || info.stage < 0 || name.size() < 7 || name.compare(name.size() - 7, 7, ".weight") != 0 ||
+          s->host.stage_info(info.stage).kind != TF_STAGE_BLOCK)
+        continue;
+      linear_weights += (linear_weights.empty() ? "" : ", ") + name;
+      bool hit = false;
+      for (const auto& p : patterns) hit |= name.find(p) != std::string::npos;
+      if (!hit) continue;
+      const std::string module = name.substr(0, name.size() - 7);
+      const int64_t out_f = info.shape[0], in_f = info.shape[1];
+      Adapter ad{module + ".lora_A.weight", module + ".lora_B.weight"};
+      // A as PEFT initializes it (Kaiming-uniform bound 1/sqrt(in)), B zero: the model starts unchanged.
+      s->host.declare_param(ad.a, {s->rank, in_f}, info.dtype, info.stage, TF_INIT_UNIFORM,
+                            1.0 / std::sqrt(static_cast<double>(in_f)), TF_PARAM_ADAPTER);
+      s->host.declare_param(ad.b, {out_f, s->rank}, info.dtype, info.stage, TF_INIT_ZEROS, 0, TF_PARAM_ADAPTER);
+      s->adapters[name] = ad;
+    }
+    if (s->adapters.empty())
+      throw std::invalid_argument("lora: targets [" + listed + "] match no linear weight of this model. Its block "
+                                  "linear weights are: " + linear_weights);
+    // The base is frozen; only the adapters train.
+    for (const auto& name : names) s->host.check(api->param_set_trainable(ctx, name.c_str(), 0));
+    std::ostringstream msg;
+    msg << "rank " << s->rank << " adapters on " << s->adapters.size() << " weights; base frozen";
+    s->host.log(TF_LOG_INFO, msg.str());
+    return TF_OK;
+  });
+}
+
+tf_status linear_extend(void* state, tf_host_context* ctx, const char* weight, tf_tensor x_h, tf_tensor y_h,
+                        tf_tensor* out) {
+  auto* s = static_cast<Lora*>(state);
+  auto it = s->adapters.find(weight);
+  if (it == s->adapters.end()) return TF_NOT_HANDLED;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    at::Tensor x = tf_sdk::borrow(x_h);
+    if (s->dropout > 0 && at::GradMode::is_enabled()) x = at::dropout(x, s->dropout, true);
+    const at::Tensor a = s->host.weight(it->second.a), b = s->host.weight(it->second.b);
+    *out = tf_sdk::give(tf_sdk::borrow(y_h) + at::linear(at::linear(x, a), b) * s->scale);
+    return TF_OK;
+  });
+}
+
+// Adapters add 2 r (in + out) values per target, trained: weights, grads and
+// two AdamW moments; the frozen base needs no gradients or optimizer state.
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model, tf_memory_estimate* out) {
+  auto* s = static_cast<Lora*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    int64_t adapter_params = 0;
+    for (const auto& [name, ad] : s->adapters) {
+      tf_param_info info{};
+      info.struct_size = sizeof info;
+      s->host.check(s->host.api()->param_info(ctx, name.c_str(), &info));
+      adapter_params += s->rank * (info.shape[0] + info.shape[1]);
+    }
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ADAPTERS] = 4 * adapter_params;
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_GRADS] = 4 * adapter_params - 4 * model->n_trainable;
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] = 8 * adapter_params - 8 * model->n_trainable;
+    out->time_factor = 0;
+    return TF_OK;
+  });
+}
+
+const tf_config_key kKeys[] = {
+    tf_sdk::key("targets", TF_VALUE_STRING_LIST, "[\"q\", \"v\"]",
+                "projections to adapt: q k v o gate up down, or any substring of a weight's name"),
+    tf_sdk::key("rank", TF_VALUE_INT, "8", "adapter rank r", 1, 4096),
+    tf_sdk::key("alpha", TF_VALUE_FLOAT, "16.0", "scaling numerator: the update is (alpha / r) B A x", 0, 1e6),
+    tf_sdk::key("dropout", TF_VALUE_FLOAT, "0.0", "dropout on the adapter input in training", 0, 1),
+};
+
+tf_strategy_vtable make_vtable() {
+  tf_strategy_vtable v{};
+  v.struct_size = sizeof v;
+  v.create = create;
+  v.destroy = destroy;
+  v.configure = configure;
+  v.linear_extend = linear_extend;
+  v.estimate_memory = estimate_memory;
+  return v;
+}
+const tf_strategy_vtable kVtable = make_vtable();
+
+const tf_plugin_descriptor kDescriptor = {
+    sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_STRATEGY, "lora", "1.0.0",
+    "low-rank adapters on chosen projections, base frozen (with quantize: QLoRA)", TORCH_VERSION, 0, kKeys,
+    sizeof(kKeys) / sizeof(kKeys[0]), &kVtable, {}};
+
+}  // namespace
+
+TF_DEFINE_PLUGIN_ENTRY(kDescriptor)

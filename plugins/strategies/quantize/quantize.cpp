@@ -1,0 +1,261 @@
+// Weight quantization as a strategy plugin: frozen block weights are stored
+// compact and dequantized just in time when a stage asks for them.
+//
+//   int8: per output channel, q = round(127 w / absmax_row), w ~ q absmax_row / 127
+//   nf4:  blocks of `block_size`, w / absmax_block rounded to the nearest of the
+//         16 NormalFloat4 levels (Dettmers et al. 2023), two codes per byte;
+//         with double quantization the block absmaxes are themselves stored as
+//         int8 in groups of 256 around their mean, with one fp32 scale a group.
+//
+// The kernel's linear keeps only the compact form for backward (it fetches the
+// weight again there), so a dequantized copy lives only while a projection runs.
+#include <array>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "tightfit/plugin_sdk.hpp"
+
+namespace {
+
+constexpr std::array<float, 16> kNf4 = {-1.0f,
+                                        -0.6961928009986877f,
+                                        -0.5250730514526367f,
+                                        -0.39491748809814453f,
+                                        -0.28444138169288635f,
+                                        -0.18477343022823334f,
+                                        -0.09105003625154495f,
+                                        0.0f,
+                                        0.07958029955625534f,
+                                        0.16093020141124725f,
+                                        0.24611230194568634f,
+                                        0.33791524171829224f,
+                                        0.44070982933044434f,
+                                        0.5626170039176941f,
+                                        0.7229568362236023f,
+                                        1.0f};
+constexpr int64_t kDoubleQuantGroup = 256;
+
+// What dequantization needs beside the codes the store holds.
+struct Quantized {
+  std::vector<int64_t> shape;
+  at::ScalarType dtype;
+  at::Tensor scale;        // int8: [out] fp32; nf4: block absmax, fp32 or int8 (double-quantized)
+  at::Tensor scale_scale;  // nf4 double quantization: [groups] fp32
+  at::Tensor scale_mean;   // [1] fp32
+};
+
+struct Quantize {
+  tf_sdk::Host host;
+  std::string format;
+  int64_t block = 64;
+  bool double_quant = true;
+  at::Tensor levels;  // kNf4 as a tensor
+  std::map<std::string, Quantized> weights;
+};
+
+// ---- int8 ------------------------------------------------------------------
+at::Tensor quantize_int8(const at::Tensor& w, Quantized& q) {
+  at::Tensor absmax = w.abs().amax(1, true).clamp_min(1e-12);
+  q.scale = (absmax / 127.0).squeeze(1).contiguous();
+  return (w / absmax * 127.0).round().clamp(-127, 127).to(at::kChar);
+}
+at::Tensor dequantize_int8(const at::Tensor& codes, const Quantized& q) {
+  return codes.to(at::kFloat) * q.scale.unsqueeze(1);
+}
+
+// ---- nf4 -------------------------------------------------------------------
+at::Tensor nf4_block_absmax(const Quantized& q) {
+  if (!q.scale_scale.defined()) return q.scale;
+  const int64_t n = q.scale.numel();
+  at::Tensor groups = q.scale.to(at::kFloat);
+  const int64_t pad = (kDoubleQuantGroup - n % kDoubleQuantGroup) % kDoubleQuantGroup;
+  groups = at::constant_pad_nd(groups, {0, pad}).view({-1, kDoubleQuantGroup});
+  return (groups / 127.0 * q.scale_scale.unsqueeze(1)).flatten().slice(0, 0, n) + q.scale_mean;
+}
+
+at::Tensor quantize_nf4(const Quantize& s, const at::Tensor& w, Quantized& q) {
+  const int64_t n = w.numel(), pad = (s.block - n % s.block) % s.block;
+  at::Tensor blocks = at::constant_pad_nd(w.flatten(), {0, pad}).view({-1, s.block});
+  at::Tensor absmax = blocks.abs().amax(1).clamp_min(1e-12);
+  at::Tensor normalized = blocks / absmax.unsqueeze(1);
+  at::Tensor codes = (normalized.unsqueeze(-1) - s.levels).abs().argmin(-1).to(at::kByte).flatten();
+  if (codes.numel() % 2) codes = at::constant_pad_nd(codes, {0, 1});
+  codes = codes.view({-1, 2});
+  at::Tensor packed = (codes.select(1, 0) * 16 + codes.select(1, 1)).to(at::kByte);
+  if (!s.double_quant) {
+    q.scale = absmax.contiguous();
+    return packed;
+  }
+  q.scale_mean = absmax.mean().reshape({1});
+  at::Tensor centered = absmax - q.scale_mean;
+  const int64_t m = centered.numel(), gpad = (kDoubleQuantGroup - m % kDoubleQuantGroup) % kDoubleQuantGroup;
+  at::Tensor groups = at::constant_pad_nd(centered, {0, gpad}).view({-1, kDoubleQuantGroup});
+  q.scale_scale = groups.abs().amax(1).clamp_min(1e-12).contiguous();
+  q.scale = (groups / q.scale_scale.unsqueeze(1) * 127.0).round().clamp(-127, 127).to(at::kChar).flatten()
+                .slice(0, 0, m)
+                .contiguous();
+  return packed;
+}
+
+at::Tensor dequantize_nf4(const Quantize& s, const at::Tensor& packed, const Quantized& q) {
+  int64_t n = 1;
+  for (auto d : q.shape) n *= d;
+  at::Tensor codes = at::stack({packed.div(16, "floor"), packed.remainder(16)}, 1).flatten().to(at::kLong);
+  const at::Tensor absmax = nf4_block_absmax(q);
+  at::Tensor values = s.levels.index_select(0, codes.slice(0, 0, absmax.numel() * s.block))
+                          .view({-1, s.block}) * absmax.unsqueeze(1);
+  return values.flatten().slice(0, 0, n);
+}
+
+tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
+  return tf_sdk::guard(api, ctx, [&] {
+    auto s = std::make_unique<Quantize>(Quantize{tf_sdk::Host(api, ctx)});
+    s->format = s->host.get_string("format");
+    s->block = s->host.get_int("block_size");
+    s->double_quant = s->host.get_bool("double_quant");
+    s->levels = at::tensor(std::vector<float>(kNf4.begin(), kNf4.end()));
+    *out = s.release();
+    return TF_OK;
+  });
+}
+
+void destroy(void* state) { delete static_cast<Quantize*>(state); }
+
+// Quantizes every frozen 2-D weight of a block stage.
+tf_status params_ready(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<Quantize*>(state);
+  const tf_host_api* api = s->host.api();
+  return tf_sdk::guard(api, ctx, [&] {
+    int32_t n = 0;
+    s->host.check(api->param_count(ctx, &n));
+    int64_t dense_bytes = 0, compact_bytes = 0, trainable_block_weights = 0;
+    for (int32_t i = 0; i < n; ++i) {
+      const char* name_c = nullptr;
+      s->host.check(api->param_name(ctx, i, &name_c));
+      const std::string name = name_c;
+      tf_param_info info{};
+      info.struct_size = sizeof info;
+      s->host.check(api->param_info(ctx, name_c, &info));
+      if (info.ndim != 2 || info.stage < 0 || (info.flags & TF_PARAM_ADAPTER) ||
+          s->host.stage_info(info.stage).kind != TF_STAGE_BLOCK || info.format != TF_FORMAT_DENSE)
+        continue;
+      if (info.trainable) {
+        ++trainable_block_weights;
+        continue;
+      }
+      tf_tensor stored = nullptr;
+      s->host.check(api->param_storage(ctx, name_c, &stored));
+      const at::Tensor w = tf_sdk::take(stored).detach().to(at::kFloat);
+      Quantized q;
+      q.shape = {info.shape[0], info.shape[1]};
+      q.dtype = tf_sdk::scalar_type(info.dtype);
+      s->host.check(api->memory_push_category(ctx, TF_MEM_WEIGHTS));
+      at::Tensor codes;
+      try {
+        codes = s->format == "int8" ? quantize_int8(w, q) : quantize_nf4(*s, w, q);
+      } catch (...) {
+        api->memory_pop_category(ctx);
+        throw;
+      }
+      s->host.check(api->memory_pop_category(ctx));
+      dense_bytes += w.numel() * 4;
+      compact_bytes += codes.numel() * codes.element_size() + q.scale.numel() * q.scale.element_size() +
+                       (q.scale_scale.defined() ? q.scale_scale.numel() * 4 + 4 : 0);
+      s->host.check(api->param_set_storage(ctx, name_c, reinterpret_cast<tf_tensor>(&codes),
+                                           s->format == "int8" ? TF_FORMAT_INT8 : TF_FORMAT_NF4, TF_TIER_DEVICE));
+      s->weights[name] = std::move(q);
+    }
+    if (s->weights.empty())
+      throw std::invalid_argument(
+          trainable_block_weights > 0
+              ? "quantize: the block weights are trainable, and quantized weights must be frozen. Put a "
+                "[[strategy]] plugin = \"lora\" before quantize (QLoRA), so that only adapters train"
+              : "quantize: this model has no frozen block weights to quantize");
+    s->host.log(TF_LOG_INFO, s->format + ": " + std::to_string(s->weights.size()) + " weights, " +
+                                 std::to_string(dense_bytes >> 10) + " KiB fp32 -> " +
+                                 std::to_string(compact_bytes >> 10) + " KiB");
+    return TF_OK;
+  });
+}
+
+tf_status fetch_weight(void* state, tf_host_context* ctx, const char* name, tf_tensor stored, tf_tensor* out) {
+  auto* s = static_cast<Quantize*>(state);
+  auto it = s->weights.find(name);
+  if (it == s->weights.end()) return TF_NOT_HANDLED;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    const at::Tensor& codes = tf_sdk::borrow(stored);
+    const Quantized& q = it->second;
+    at::Tensor w = s->format == "int8" ? dequantize_int8(codes, q) : dequantize_nf4(*s, codes, q);
+    *out = tf_sdk::give(w.view(q.shape).to(q.dtype));
+    return TF_OK;
+  });
+}
+
+// The scales live here, not in the store: checkpoints carry them as plugin state.
+tf_status save_state(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<Quantize*>(state);
+  const tf_host_api* api = s->host.api();
+  return tf_sdk::guard(api, ctx, [&] {
+    for (auto& [name, q] : s->weights) {
+      s->host.check(api->state_put_tensor(ctx, (name + ".scale").c_str(), reinterpret_cast<tf_tensor>(&q.scale)));
+      if (q.scale_scale.defined()) {
+        s->host.check(api->state_put_tensor(ctx, (name + ".scale_scale").c_str(), reinterpret_cast<tf_tensor>(&q.scale_scale)));
+        s->host.check(api->state_put_tensor(ctx, (name + ".scale_mean").c_str(), reinterpret_cast<tf_tensor>(&q.scale_mean)));
+      }
+    }
+    return TF_OK;
+  });
+}
+
+tf_status load_state(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<Quantize*>(state);
+  const tf_host_api* api = s->host.api();
+  return tf_sdk::guard(api, ctx, [&] {
+    auto get = [&](const std::string& key, at::Tensor& into) {
+      tf_tensor t = nullptr;
+      s->host.check(api->state_get_tensor(ctx, key.c_str(), &t));
+      at::Tensor v = tf_sdk::take(t);
+      if (into.defined() && v.sizes() != into.sizes())
+        throw std::invalid_argument("quantize: checkpoint scales of " + key + " have another shape (format or block_size changed?)");
+      into = v.to(into.defined() ? into.device() : v.device());
+    };
+    for (auto& [name, q] : s->weights) {
+      get(name + ".scale", q.scale);
+      if (q.scale_scale.defined()) {
+        get(name + ".scale_scale", q.scale_scale);
+        get(name + ".scale_mean", q.scale_mean);
+      }
+    }
+    return TF_OK;
+  });
+}
+
+const tf_config_key kKeys[] = {
+    tf_sdk::key("format", TF_VALUE_STRING, "\"nf4\"", "storage of frozen block weights", 1, 0, "nf4|int8"),
+    tf_sdk::key("block_size", TF_VALUE_INT, "64", "nf4: weights per absmax block", 2, 65536),
+    tf_sdk::key("double_quant", TF_VALUE_BOOL, "true", "nf4: store block absmaxes as int8 (QLoRA)"),
+};
+
+tf_strategy_vtable make_vtable() {
+  tf_strategy_vtable v{};
+  v.struct_size = sizeof v;
+  v.create = create;
+  v.destroy = destroy;
+  v.params_ready = params_ready;
+  v.fetch_weight = fetch_weight;
+  v.save_state = save_state;
+  v.load_state = load_state;
+  return v;
+}
+const tf_strategy_vtable kVtable = make_vtable();
+
+const tf_plugin_descriptor kDescriptor = {
+    sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_STRATEGY, "quantize", "1.0.0",
+    "frozen block weights as int8 (per channel) or NF4 (double-quantized), dequantized just in time", TORCH_VERSION,
+    0, kKeys, sizeof(kKeys) / sizeof(kKeys[0]), &kVtable, {}};
+
+}  // namespace
+
+TF_DEFINE_PLUGIN_ENTRY(kDescriptor)

@@ -1,0 +1,185 @@
+// LoRA and quantize: adapters train while the base stays frozen; int8 and NF4
+// storage round-trip within their bounds and shrink the weights; QLoRA trains
+// and resumes exactly; bad combinations are recipe errors.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <regex>
+
+#include "test_support.hpp"
+
+namespace tightfit {
+namespace {
+
+const std::vector<float> kNf4 = {-1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
+                                 -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
+                                 0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f,
+                                 0.33791524171829224f, 0.44070982933044434f, 0.5626170039176941f,
+                                 0.7229568362236023f, 1.0f};
+
+class QloraTest : public ::testing::Test {
+ protected:
+  test::TempDir dir;
+  std::string corpus = test::write_corpus(dir);
+  std::string recipe(const std::string& strategies, const std::string& out = "") const {
+    std::string r = test::tiny_recipe(corpus, out.empty() ? dir.str() : out, "", strategies);
+    const auto begin = r.find("[model]"), end = r.find("[data]");
+    r.replace(begin, end - begin,
+              "[model]\nplugin = \"llama\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 64\nn_head = 4\nn_kv_head = 2\n"
+              "intermediate_size = 128\nmax_positions = 64\n\n");
+    return r;
+  }
+  static std::string lora(const std::string& targets = "[\"q\", \"v\", \"down\"]") {
+    return "[[strategy]]\nplugin = \"lora\"\ntargets = " + targets + "\nrank = 4\nalpha = 8.0\n";
+  }
+  static std::string quant(const std::string& format, bool dq = true) {
+    return "[[strategy]]\nplugin = \"quantize\"\nformat = \"" + format + "\"\ndouble_quant = " + (dq ? "true" : "false") +
+           "\n";
+  }
+};
+
+TEST_F(QloraTest, LoraStartsAsTheBaseAndTrainsOnlyAdapters) {
+  auto plain = test::make_session(recipe(""));
+  auto s = test::make_session(recipe(lora()));
+  EXPECT_NE(s->store().find("model.layers.1.self_attn.q_proj.lora_A.weight"), nullptr);
+  EXPECT_NE(s->store().find("model.layers.0.mlp.down_proj.lora_B.weight"), nullptr);
+  EXPECT_EQ(s->store().find("model.layers.0.self_attn.k_proj.lora_A.weight"), nullptr);
+  EXPECT_EQ(s->store().trainable().size(), 2u * 3u * 2u);  // 2 layers x 3 targets x (A, B)
+  const at::Tensor tokens = at::randint(0, 256, {2, 16}, at::kLong);
+  {
+    at::NoGradGuard no_grad;  // B = 0: the adapted model is the base model
+    EXPECT_TRUE(at::equal(s->forward_logits(tokens, false), plain->forward_logits(tokens, false)));
+  }
+  const at::Tensor base_before = s->store().get("model.layers.0.self_attn.q_proj.weight").value.clone();
+  auto batch = s->batcher().next();
+  s->optimizer().set_lr(1e-2);
+  double first = 0, last = 0;
+  for (int i = 0; i < 25; ++i) {
+    s->zero_grad();
+    last = s->run_pass(batch.tokens, batch.targets, true, 1.0).loss;
+    if (i == 0) first = last;
+    ASSERT_EQ(s->optimizer_step(), TF_OK);
+  }
+  EXPECT_LT(last, first - 0.3) << first << " -> " << last;
+  EXPECT_TRUE(at::equal(s->store().get("model.layers.0.self_attn.q_proj.weight").value, base_before));
+  EXPECT_GT(s->store().get("model.layers.0.self_attn.q_proj.lora_B.weight").value.abs().max().item<double>(), 0);
+}
+
+TEST_F(QloraTest, Int8RoundTripMatchesReference) {
+  auto plain = test::make_session(recipe(""));
+  auto s = test::make_session(recipe(lora() + quant("int8")));
+  const std::string name = "model.layers.1.mlp.up_proj.weight";
+  EXPECT_EQ(s->store().get(name).format, TF_FORMAT_INT8);
+  const at::Tensor w = plain->store().get(name).value.detach();
+  const at::Tensor absmax = w.abs().amax(1, true);
+  const at::Tensor reference = (w / absmax * 127).round() * (absmax / 127);
+  const at::Tensor got = s->fetch_weight(name);
+  EXPECT_LE((got - reference).abs().max().item<double>(), 1e-6);
+  EXPECT_TRUE(((got - w).abs() <= absmax / 254 * (1 + 1e-5) + 1e-8).all().item<bool>());
+}
+
+TEST_F(QloraTest, Nf4RoundTripMatchesReferenceAndBound) {
+  auto plain = test::make_session(recipe(""));
+  const std::string name = "model.layers.0.mlp.gate_proj.weight";
+  const at::Tensor w = plain->store().get(name).value.detach();
+  // Reference: nearest NormalFloat4 level of w / absmax, per block of 64.
+  const at::Tensor levels = at::tensor(kNf4);
+  const at::Tensor blocks = w.flatten().view({-1, 64});
+  const at::Tensor absmax = blocks.abs().amax(1, true);
+  const at::Tensor codes = (blocks / absmax).unsqueeze(-1).sub(levels).abs().argmin(-1);
+  const at::Tensor reference = (levels.index_select(0, codes.flatten()).view_as(blocks) * absmax).view_as(w);
+  {
+    auto s = test::make_session(recipe(lora() + quant("nf4", false)));
+    EXPECT_EQ(s->store().get(name).format, TF_FORMAT_NF4);
+    EXPECT_LE((s->fetch_weight(name) - reference).abs().max().item<double>(), 1e-6);
+  }
+  auto s = test::make_session(recipe(lora() + quant("nf4", true)));
+  const at::Tensor got = s->fetch_weight(name);
+  // Double quantization moves each block's absmax by at most half an int8 step of its group.
+  const at::Tensor dev = (absmax - absmax.mean()).abs().max();
+  const double absmax_err = dev.item<double>() / 254 * (1 + 1e-5);
+  EXPECT_LE((got - reference).abs().max().item<double>(), absmax_err + 1e-6);
+  double max_gap = 0;
+  for (size_t i = 1; i < kNf4.size(); ++i) max_gap = std::max(max_gap, static_cast<double>(kNf4[i] - kNf4[i - 1]));
+  EXPECT_TRUE(((got - w).abs().view({-1, 64}) <= absmax * (max_gap / 2) + absmax_err + 1e-6).all().item<bool>());
+}
+
+TEST_F(QloraTest, CompactLinearGivesTheGradientsOfTheDequantizedWeights) {
+  // Same adapters over (a) NF4 storage through the kernel's compact linear and
+  // (b) dense copies of the dequantized weights through the ordinary linear.
+  auto q = test::make_session(recipe(lora("[\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]") + quant("nf4")));
+  auto d = test::make_session(recipe(lora("[\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]")));
+  {
+    at::NoGradGuard no_grad;
+    for (Param& p : d->store().all()) {
+      const Param& src = q->store().get(p.name);
+      p.value.copy_(src.format == TF_FORMAT_DENSE ? src.value : q->fetch_weight(p.name));
+      if (p.flags & TF_PARAM_ADAPTER) p.value.normal_(0, 0.05), const_cast<Param&>(src).value.copy_(p.value);
+    }
+  }
+  auto batch = q->batcher().next();
+  const double lq = q->run_pass(batch.tokens, batch.targets, true, 1.0).loss;
+  const double ld = d->run_pass(batch.tokens, batch.targets, true, 1.0).loss;
+  EXPECT_NEAR(lq, ld, 1e-6);
+  for (Param* p : d->store().trainable()) {
+    const at::Tensor& gd = p->value.grad();
+    const at::Tensor& gq = q->store().get(p->name).value.grad();
+    ASSERT_TRUE(gd.defined() && gq.defined()) << p->name;
+    EXPECT_LE((gq - gd).abs().max().item<double>() / (gd.abs().max().item<double>() + 1e-12), 1e-5) << p->name;
+  }
+}
+
+TEST_F(QloraTest, Nf4WeightsTakeAtMostSixteenPercentOfFp32) {
+  auto& acct = MemoryAccounting::instance();
+  const int64_t before = acct.snapshot().current[TF_MEM_WEIGHTS];
+  auto s = test::make_session(recipe(lora() + quant("nf4")));
+  int64_t quantized_numel = 0, dense_bytes = 0;
+  for (const Param& p : s->store().all()) {
+    if (p.format == TF_FORMAT_NF4) quantized_numel += p.numel();
+    else if (!(p.flags & TF_PARAM_ADAPTER)) dense_bytes += p.value.numel() * p.value.element_size();
+  }
+  ASSERT_GT(quantized_numel, 0);
+  const int64_t compact = acct.snapshot().current[TF_MEM_WEIGHTS] - before - dense_bytes;
+  const double ratio = static_cast<double>(compact) / static_cast<double>(4 * quantized_numel);
+  EXPECT_LE(ratio, 0.16) << compact << " bytes for " << quantized_numel << " weights";
+  EXPECT_GT(ratio, 0.12);
+}
+
+TEST_F(QloraTest, QloraTrainsAndResumesExactly) {
+  auto make = [&](const std::string& out, bool resume, int64_t stop) {
+    std::string r = recipe(lora() + quant("nf4"), out);
+    r.replace(r.find("steps = 4"), 9, "steps = 40");
+    r.replace(r.find("lr = 1e-3"), 9, "lr = 2e-2");
+    SessionOptions o;
+    o.resume = resume;
+    o.stop_after_steps = stop;
+    return test::make_session(r, o)->train();
+  };
+  const TrainSummary full = make(dir.str() + "/a", false, -1);
+  auto mean = [](auto begin, auto end) { return std::accumulate(begin, end, 0.0) / static_cast<double>(end - begin); };
+  const double head = mean(full.losses.begin(), full.losses.begin() + 5), tail = mean(full.losses.end() - 5, full.losses.end());
+  EXPECT_LT(tail, head - 0.2) << head << " -> " << tail;
+  make(dir.str() + "/b", false, 17);
+  const TrainSummary rest = make(dir.str() + "/b", true, -1);
+  ASSERT_EQ(rest.losses.size(), 23u);
+  for (size_t i = 0; i < 23; ++i) EXPECT_EQ(rest.losses[i], full.losses[17 + i]) << "step " << 17 + i;
+}
+
+TEST_F(QloraTest, BadCombinationsAreRecipeErrors) {
+  try {
+    test::make_session(recipe(quant("nf4")), {}, "q.toml");
+    FAIL() << "quantize on trainable weights was accepted";
+  } catch (const RecipeError& e) {
+    EXPECT_TRUE(std::regex_search(e.what(), std::regex("^q\\.toml:\\d+:10: quantize: .*trainable.*lora"))) << e.what();
+  }
+  try {
+    test::make_session(recipe(lora("[\"c_attn\"]")), {}, "l.toml");
+    FAIL() << "a target that matches nothing was accepted";
+  } catch (const RecipeError& e) {
+    EXPECT_TRUE(std::regex_search(e.what(), std::regex("^l\\.toml:\\d+:10: lora: targets \\[c_attn\\] match no"))) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model.layers.0.self_attn.q_proj.weight"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace tightfit
