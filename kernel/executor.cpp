@@ -120,7 +120,7 @@ at::Tensor Session::forward_logits(const at::Tensor& tokens, bool training) {
   CategoryScope scope(TF_MEM_ACTIVATIONS);
   const bool grad = at::GradMode::is_enabled();
   const bool hooks = std::any_of(strategies_.begin(), strategies_.end(), [](const PluginInstance& s) {
-    return s.plugin->strategy()->stage_event != nullptr;
+    return s.plugin->strategy()->stage_event != nullptr || s.plugin->strategy()->grad_ready != nullptr;
   });
   at::Tensor h = tokens;
   for (size_t i = 0; i < stages_.size(); ++i) {
@@ -145,7 +145,10 @@ at::Tensor Session::forward_logits(const at::Tensor& tokens, bool training) {
           break;
         }
       h.register_hook([this, idx, next_stage](const at::Tensor& g) {
-        if (next_stage >= 0) raise_stage_event(next_stage, TF_PHASE_BACKWARD, false);
+        if (next_stage >= 0) {
+          raise_stage_event(next_stage, TF_PHASE_BACKWARD, false);
+          dispatch_grads(next_stage);
+        }
         raise_stage_event(idx, TF_PHASE_BACKWARD, true);
         return g;
       });
@@ -172,6 +175,7 @@ PassResult Session::run_pass(const at::Tensor& tokens_in, const at::Tensor& targ
   r.n_tokens = tokens.numel();
   r.finite = std::isfinite(r.loss);
   if (!backward) return r;
+  grads_dispatched_.assign(store_.all().size(), false);
   {
     CategoryScope scope(TF_MEM_TRANSIENT);
     logits = at::Tensor();  // autograd keeps what it needs
@@ -183,22 +187,32 @@ PassResult Session::run_pass(const at::Tensor& tokens_in, const at::Tensor& targ
       raise_stage_event(static_cast<int32_t>(i), TF_PHASE_BACKWARD, false);
       break;
     }
+  dispatch_grads(-1);
+  return r;
+}
+
+void Session::dispatch_grads(int32_t stage) {
   auto& acct = MemoryAccounting::instance();
-  for (Param& p : store_.all()) {
-    if (!p.value.defined() || !p.value.grad().defined()) continue;
+  auto& params = store_.all();
+  grads_dispatched_.resize(params.size(), false);
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param& p = params[i];
+    // Shared parameters (stage -1) are complete only when backward returns.
+    if ((stage >= 0 && p.stage != stage) || grads_dispatched_[i] || !p.value.defined() || !p.value.grad().defined())
+      continue;
+    grads_dispatched_[i] = true;
     acct.retag(p.value.grad(), TF_MEM_GRADS);
     for (auto& s : strategies_) {
       const tf_strategy_vtable* vt = s.plugin->strategy();
       if (!vt->grad_ready) continue;
       const tf_status st = vt->grad_ready(s.state, s.ctx.get(), p.name.c_str(), as_handle(p.value.grad()));
       if (st == TF_OK) {
-        p.value.mutable_grad() = at::Tensor();
+        p.value.mutable_grad() = at::Tensor();  // consumed: its memory goes now
         break;
       }
       if (st != TF_NOT_HANDLED) check(st, s, "grad_ready");
     }
   }
-  return r;
 }
 
 at::Tensor Session::fetch_weight(const std::string& name) {

@@ -460,6 +460,15 @@ tf_status h_state_get_double(tf_host_context* ctx, const char* key, double* out)
   });
 }
 
+tf_status h_optimizer_apply(tf_host_context* ctx, const char* name, tf_tensor grad, double grad_scale) {
+  return serve(ctx, [&] {
+    require(name, "name");
+    require(grad, "grad");
+    at::NoGradGuard no_grad;
+    ctx->session->optimizer_apply(name, as_tensor(grad), grad_scale);
+  });
+}
+
 tf_host_api make_table() {
   tf_host_api t{};
   t.struct_size = sizeof(tf_host_api);
@@ -515,6 +524,7 @@ tf_host_api make_table() {
   t.state_get_tensor = h_state_get_tensor;
   t.state_put_double = h_state_put_double;
   t.state_get_double = h_state_get_double;
+  t.optimizer_apply = h_optimizer_apply;
   return t;
 }
 

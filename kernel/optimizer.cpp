@@ -28,7 +28,8 @@ double Optimizer::clip(const std::vector<Param*>& params) {
   return norm;
 }
 
-void Optimizer::update(Param& p, const at::Tensor& grad_in) {
+void Optimizer::update(Param& p, const at::Tensor& grad_in, int64_t step) {
+  if (step < 0) step = steps_;
   at::NoGradGuard no_grad;
   at::Tensor param = p.value;
   at::Tensor grad = grad_in.to(param.scalar_type());
@@ -59,8 +60,8 @@ void Optimizer::update(Param& p, const at::Tensor& grad_in) {
   if (decay) param.mul_(1.0 - lr_ * cfg_.weight_decay);
   m.mul_(cfg_.beta1).add_(grad, 1.0 - cfg_.beta1);
   v.mul_(cfg_.beta2).addcmul_(grad, grad, 1.0 - cfg_.beta2);
-  const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(steps_));
-  const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(steps_));
+  const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(step));
   CategoryScope scope(TF_MEM_TRANSIENT);
   at::Tensor denom = (v / bc2).sqrt_().add_(cfg_.eps);
   param.addcdiv_(m, denom, -lr_ / bc1);

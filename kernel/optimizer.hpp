@@ -38,8 +38,9 @@ class Optimizer {
 
   // Begins a step (bias corrections use the incremented count).
   void begin_step() { ++steps_; }
-  // Updates one parameter in place from its gradient.
-  void update(Param& p, const at::Tensor& grad);
+  // Updates one parameter in place from its gradient, with the bias
+  // correction of step `step` (default: the current count).
+  void update(Param& p, const at::Tensor& grad, int64_t step = -1);
 
   // State tensors by "<param>.<slot>" (exp_avg, exp_avg_sq, momentum_buffer).
   std::map<std::string, at::Tensor>& state() { return state_; }

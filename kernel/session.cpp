@@ -361,6 +361,13 @@ MemorySnapshot Session::memory_snapshot() const {
   return m;
 }
 
+void Session::optimizer_apply(const std::string& name, const at::Tensor& grad, double grad_scale) {
+  Param& p = store_.get(name);
+  if (!p.trainable) throw std::invalid_argument("parameter \"" + name + "\" is frozen");
+  CategoryScope scope(TF_MEM_OPTIMIZER);
+  optimizer_->update(p, grad_scale == 1.0 ? grad : grad * grad_scale, optimizer_->steps() + 1);
+}
+
 void Session::zero_grad() {
   for (Param& p : store_.all())
     if (p.value.defined() && p.value.grad().defined()) p.value.mutable_grad() = at::Tensor();

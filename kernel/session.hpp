@@ -124,6 +124,12 @@ class Session {
 
   // --- training services ---
   void zero_grad();
+  // Optimizer-in-backward: updates one parameter now, as the coming optimizer
+  // step will count it.
+  void optimizer_apply(const std::string& name, const at::Tensor& grad, double grad_scale);
+  // Hands the finished gradients of `stage` (-1: all the rest) to strategies'
+  // grad_ready hooks during backward.
+  void dispatch_grads(int32_t stage);
   tf_status optimizer_step();  // TF_ERR_NON_FINITE when gradients are not finite
   double eval_loss(int64_t batches);
   // Samples n_tokens after the prompt: greedy when top_k == 1 or temperature == 0,
@@ -205,6 +211,7 @@ class Session {
   std::map<int32_t, std::map<std::string, at::Tensor>> snapshots_;
   int32_t next_snapshot_ = 1;
   MetricsWriter metrics_;
+  std::vector<bool> grads_dispatched_;  // per backward: grad_ready already called
   at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward
 };
 

@@ -488,7 +488,14 @@ typedef struct tf_host_api {
   tf_status (*state_put_double)(tf_host_context* ctx, const char* key, double value);
   tf_status (*state_get_double)(tf_host_context* ctx, const char* key, double* out);
 
-  void* reserved[24];
+  /* --- optimizer-in-backward (strategies' grad_ready) --- */
+  /* Applies the run's optimizer (its lr, betas, weight decay and the step now
+   * being taken) to one parameter with grad_scale * grad, at once. grad:
+   * borrowed. The strategy then returns TF_OK from grad_ready so the kernel
+   * frees the gradient. */
+  tf_status (*optimizer_apply)(tf_host_context* ctx, const char* name, tf_tensor grad, double grad_scale);
+
+  void* reserved[23];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */

@@ -1,0 +1,117 @@
+// Optimizer-in-backward (as LOMO and torchtune do): each stage's parameters
+// are updated as soon as the stage's backward has finished, and their
+// gradients are freed at once, so the full set of gradients never exists.
+//
+// Gradient clipping needs the global norm, which is only known after the
+// whole backward. `clip = "previous"` scales this step's gradients by
+// min(1, max_norm / norm of the previous step's gradients) — a one-step-late
+// clip that tracks the true norm closely when it changes slowly; the first
+// step is not clipped. `clip = "none"` turns it off (then the updates are
+// exactly those of the plain run). The norm of each step is logged as
+// fused_update.grad_norm. Gradient accumulation needs the update to wait for
+// the last micro-batch; schedules that accumulate are not supported yet.
+#include <cmath>
+#include <memory>
+
+#include "tightfit/plugin_sdk.hpp"
+
+namespace {
+
+struct FusedUpdate {
+  tf_sdk::Host host;
+  bool clip = true;
+  double max_norm = 1.0;
+  double previous_norm = -1;  // < 0: none yet
+  double sum_sq = 0;          // this step's gradients so far
+};
+
+tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
+  return tf_sdk::guard(api, ctx, [&] {
+    auto s = std::make_unique<FusedUpdate>(FusedUpdate{tf_sdk::Host(api, ctx)});
+    s->clip = s->host.get_string("clip") == "previous";
+    s->max_norm = s->host.get_double("max_norm");
+    *out = s.release();
+    return TF_OK;
+  });
+}
+
+void destroy(void* state) { delete static_cast<FusedUpdate*>(state); }
+
+tf_status grad_ready(void* state, tf_host_context* ctx, const char* name, tf_tensor grad_h) {
+  auto* s = static_cast<FusedUpdate*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    const at::Tensor& grad = tf_sdk::borrow(grad_h);
+    const double n = grad.detach().norm().item<double>();
+    s->sum_sq += n * n;
+    double scale = 1.0;
+    if (s->clip && s->previous_norm > s->max_norm) scale = s->max_norm / (s->previous_norm + 1e-6);
+    s->host.check(s->host.api()->optimizer_apply(ctx, name, grad_h, scale));
+    return TF_OK;  // consumed: the kernel frees the gradient
+  });
+}
+
+tf_status step_end(void* state, tf_host_context* ctx, int64_t, double) {
+  auto* s = static_cast<FusedUpdate*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    s->previous_norm = std::sqrt(s->sum_sq);
+    s->sum_sq = 0;
+    s->host.api()->log_metric(ctx, "grad_norm", s->previous_norm);
+    return TF_OK;
+  });
+}
+
+tf_status save_state(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<FusedUpdate*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    s->host.check(s->host.api()->state_put_double(ctx, "previous_norm", s->previous_norm));
+    return TF_OK;
+  });
+}
+
+tf_status load_state(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<FusedUpdate*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    s->host.check(s->host.api()->state_get_double(ctx, "previous_norm", &s->previous_norm));
+    return TF_OK;
+  });
+}
+
+// Gradients of one stage at a time instead of all of them.
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model, tf_memory_estimate* out) {
+  auto* s = static_cast<FusedUpdate*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    const int64_t grads = 4 * model->n_trainable;
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_GRADS] = -(grads - grads / std::max(1, model->n_stages - 2));
+    out->time_factor = 1.0;
+    return TF_OK;
+  });
+}
+
+const tf_config_key kKeys[] = {
+    tf_sdk::key("clip", TF_VALUE_STRING, "\"previous\"",
+                "global-norm clipping by the previous step's norm, or none", 1, 0, "previous|none"),
+    tf_sdk::key("max_norm", TF_VALUE_FLOAT, "1.0", "clip threshold", 0, 1e9),
+};
+
+tf_strategy_vtable make_vtable() {
+  tf_strategy_vtable v{};
+  v.struct_size = sizeof v;
+  v.create = create;
+  v.destroy = destroy;
+  v.grad_ready = grad_ready;
+  v.step_end = step_end;
+  v.save_state = save_state;
+  v.load_state = load_state;
+  v.estimate_memory = estimate_memory;
+  return v;
+}
+const tf_strategy_vtable kVtable = make_vtable();
+
+const tf_plugin_descriptor kDescriptor = {
+    sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_STRATEGY, "fused_update", "1.0.0",
+    "optimizer-in-backward: update each stage's parameters when its backward ends, free their gradients",
+    TORCH_VERSION, 0, kKeys, sizeof(kKeys) / sizeof(kKeys[0]), &kVtable, {}};
+
+}  // namespace
+
+TF_DEFINE_PLUGIN_ENTRY(kDescriptor)
