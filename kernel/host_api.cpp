@@ -235,7 +235,11 @@ tf_status h_param_set_storage(tf_host_context* ctx, const char* name, tf_tensor 
   return serve(ctx, [&] {
     require(value, "value");
     Param& p = ctx->session->store().get(name);
-    p.value = as_tensor(value);
+    at::Tensor v = as_tensor(value).detach();
+    // A dense trainable parameter stays an autograd leaf in its new storage.
+    if (format == TF_FORMAT_DENSE && p.trainable && at::isFloatingType(v.scalar_type())) v.requires_grad_(true);
+    p.value = v;
+    p.dtype = v.scalar_type();
     p.format = format;
     p.residency = residency;
   });

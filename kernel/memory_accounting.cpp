@@ -4,6 +4,8 @@
 #include <c10/util/Exception.h>
 
 #include <cctype>
+#include <mutex>
+#include <unordered_map>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -16,16 +18,55 @@ namespace {
 thread_local std::vector<tf_mem_category> t_category_stack;
 
 // One counted allocation: the real allocation plus what we counted for it.
+// Data pointers handed out are "simple" (context == data), as LibTorch's
+// raw_allocate users (oneDNN scratch space, for one) require, so the blocks
+// are found by address.
 struct CountedBlock {
   c10::DataPtr inner;
   int64_t bytes;
   tf_mem_category category;
 };
 
-void counted_delete(void* ctx) {
-  auto* block = static_cast<CountedBlock*>(ctx);
-  MemoryAccounting::instance().on_free(block->category, block->bytes);
-  delete block;
+class BlockTable {
+ public:
+  void insert(void* data, CountedBlock block) {
+    std::lock_guard<std::mutex> lock(m_);
+    blocks_.emplace(data, std::move(block));
+  }
+  // Removes the block and returns its allocation (freed by the caller, unlocked).
+  bool take(void* data, CountedBlock* out) {
+    std::lock_guard<std::mutex> lock(m_);
+    auto it = blocks_.find(data);
+    if (it == blocks_.end()) return false;
+    *out = std::move(it->second);
+    blocks_.erase(it);
+    return true;
+  }
+  // Moves a block to another category; returns {bytes, old category} or bytes < 0.
+  std::pair<int64_t, tf_mem_category> retag(void* data, tf_mem_category to) {
+    std::lock_guard<std::mutex> lock(m_);
+    auto it = blocks_.find(data);
+    if (it == blocks_.end() || it->second.category == to) return {-1, to};
+    const tf_mem_category from = it->second.category;
+    it->second.category = to;
+    return {it->second.bytes, from};
+  }
+
+ private:
+  std::mutex m_;
+  std::unordered_map<void*, CountedBlock> blocks_;
+};
+
+BlockTable& block_table() {
+  static auto* table = new BlockTable();  // never destroyed: frees may come late
+  return *table;
+}
+
+void counted_delete(void* data) {
+  CountedBlock block;
+  if (!block_table().take(data, &block)) return;
+  MemoryAccounting::instance().on_free(block.category, block.bytes);
+  // block.inner frees the memory as it goes out of scope
 }
 
 // Wraps LibTorch's default CPU allocator, counting bytes and refusing past the budget.
@@ -40,13 +81,14 @@ class CountingCpuAllocator final : public c10::Allocator {
     }
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
+    if (data == nullptr) return inner;  // zero-byte allocations
     const tf_mem_category c = current_category();
-    auto* block = new CountedBlock{std::move(inner), static_cast<int64_t>(n), c};
-    acct.on_alloc(c, block->bytes);
-    return {data, block, &counted_delete, c10::Device(c10::DeviceType::CPU)};
+    acct.on_alloc(c, static_cast<int64_t>(n));
+    block_table().insert(data, CountedBlock{std::move(inner), static_cast<int64_t>(n), c});
+    return {data, data, &counted_delete, c10::Device(c10::DeviceType::CPU)};
   }
 
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  c10::DeleterFnPtr raw_deleter() const override { return &counted_delete; }
 
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
@@ -169,11 +211,10 @@ void MemoryAccounting::retag(const at::Tensor& t, tf_mem_category to) {
   if (!t.defined() || !t.has_storage()) return;
   const c10::DataPtr& dp = t.storage().data_ptr();
   if (dp.get_deleter() != &counted_delete) return;
-  auto* block = static_cast<CountedBlock*>(dp.get_context());
-  if (block->category == to) return;
-  current_[block->category].fetch_sub(block->bytes);
-  raise_peak(peak_[to], current_[to].fetch_add(block->bytes) + block->bytes);
-  block->category = to;
+  const auto [bytes, from] = block_table().retag(dp.get(), to);
+  if (bytes < 0) return;
+  current_[from].fetch_sub(bytes);
+  raise_peak(peak_[to], current_[to].fetch_add(bytes) + bytes);
 }
 
 tf_mem_category current_category() {

@@ -31,7 +31,10 @@ double Optimizer::clip(const std::vector<Param*>& params) {
 void Optimizer::update(Param& p, const at::Tensor& grad_in, int64_t step) {
   if (step < 0) step = steps_;
   at::NoGradGuard no_grad;
-  at::Tensor param = p.value;
+  // Low-precision weights are updated in fp32 and rounded once at the end;
+  // their optimizer state is fp32 (small steps are not lost to bf16 spacing).
+  const bool low = p.value.scalar_type() != at::kFloat && p.value.scalar_type() != at::kDouble;
+  at::Tensor param = low ? p.value.detach().to(at::kFloat) : p.value;
   at::Tensor grad = grad_in.to(param.scalar_type());
   const bool decay = p.decays() && cfg_.weight_decay > 0;
   if (cfg_.name == "sgd") {
@@ -47,24 +50,25 @@ void Optimizer::update(Param& p, const at::Tensor& grad_in, int64_t step) {
       grad = buf;
     }
     param.add_(grad, -lr_);
-    return;
+  } else {
+    at::Tensor& m = state_[p.name + ".exp_avg"];
+    at::Tensor& v = state_[p.name + ".exp_avg_sq"];
+    if (!m.defined()) {
+      CategoryScope scope(TF_MEM_OPTIMIZER);
+      m = at::zeros_like(param, at::MemoryFormat::Contiguous);
+      v = at::zeros_like(param, at::MemoryFormat::Contiguous);
+    }
+    // Decoupled weight decay (Loshchilov & Hutter): p <- p (1 - lr wd).
+    if (decay) param.mul_(1.0 - lr_ * cfg_.weight_decay);
+    m.mul_(cfg_.beta1).add_(grad, 1.0 - cfg_.beta1);
+    v.mul_(cfg_.beta2).addcmul_(grad, grad, 1.0 - cfg_.beta2);
+    const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(step));
+    const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(step));
+    CategoryScope scope(TF_MEM_TRANSIENT);
+    at::Tensor denom = (v / bc2).sqrt_().add_(cfg_.eps);
+    param.addcdiv_(m, denom, -lr_ / bc1);
   }
-  at::Tensor& m = state_[p.name + ".exp_avg"];
-  at::Tensor& v = state_[p.name + ".exp_avg_sq"];
-  if (!m.defined()) {
-    CategoryScope scope(TF_MEM_OPTIMIZER);
-    m = at::zeros_like(param, at::MemoryFormat::Contiguous);
-    v = at::zeros_like(param, at::MemoryFormat::Contiguous);
-  }
-  // Decoupled weight decay (Loshchilov & Hutter): p <- p (1 - lr wd).
-  if (decay) param.mul_(1.0 - lr_ * cfg_.weight_decay);
-  m.mul_(cfg_.beta1).add_(grad, 1.0 - cfg_.beta1);
-  v.mul_(cfg_.beta2).addcmul_(grad, grad, 1.0 - cfg_.beta2);
-  const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(step));
-  CategoryScope scope(TF_MEM_TRANSIENT);
-  at::Tensor denom = (v / bc2).sqrt_().add_(cfg_.eps);
-  param.addcdiv_(m, denom, -lr_ / bc1);
+  if (low) p.value.detach().copy_(param);
 }
 
 int64_t Optimizer::state_bytes() const {
