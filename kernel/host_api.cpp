@@ -473,6 +473,24 @@ tf_status h_optimizer_apply(tf_host_context* ctx, const char* name, tf_tensor gr
   });
 }
 
+tf_status h_optimizer_info(tf_host_context* ctx, tf_optimizer_info* out) {
+  return serve(ctx, [&] {
+    check_size(out, "tf_optimizer_info");
+    const Optimizer& o = ctx->session->optimizer();
+    const OptimizerConfig& c = o.config();
+    tf_optimizer_info info{};
+    info.name = c.name == "sgd" ? "sgd" : "adamw";
+    info.lr = o.lr();
+    info.beta1 = c.beta1;
+    info.beta2 = c.beta2;
+    info.eps = c.eps;
+    info.weight_decay = c.weight_decay;
+    info.momentum = c.momentum;
+    info.step = o.steps();
+    write_struct(out, info);
+  });
+}
+
 tf_host_api make_table() {
   tf_host_api t{};
   t.struct_size = sizeof(tf_host_api);
@@ -529,6 +547,7 @@ tf_host_api make_table() {
   t.state_put_double = h_state_put_double;
   t.state_get_double = h_state_get_double;
   t.optimizer_apply = h_optimizer_apply;
+  t.optimizer_info = h_optimizer_info;
   return t;
 }
 

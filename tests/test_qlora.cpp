@@ -183,3 +183,58 @@ TEST_F(QloraTest, BadCombinationsAreRecipeErrors) {
 
 }  // namespace
 }  // namespace tightfit
+
+namespace tightfit {
+namespace {
+
+class Adam8Test : public ::testing::Test {
+ protected:
+  test::TempDir dir;
+  std::string corpus = test::write_corpus(dir);
+  std::string recipe(const std::string& strategies, const std::string& out) const {
+    std::string r = test::tiny_recipe(corpus, out, "", strategies);
+    r.replace(r.find("steps = 4"), 9, "steps = 20");
+    r.replace(r.find("n_embd = 32"), 11, "n_embd = 64");
+    return r;
+  }
+  static constexpr const char* kAdam8 = "[[strategy]]\nplugin = \"quantize\"\nweights = false\noptimizer_state = \"int8\"\n";
+};
+
+TEST_F(Adam8Test, FollowsFp32AdamWWithQuarterOfTheStateBytes) {
+  auto& acct = MemoryAccounting::instance();
+  const int64_t before = acct.snapshot().current[TF_MEM_OPTIMIZER];
+  auto fp32 = test::make_session(recipe("", dir.str() + "/a"));
+  const TrainSummary a = fp32->train();
+  const int64_t fp32_state = fp32->optimizer().state_bytes();
+  fp32.reset();
+  auto int8 = test::make_session(recipe(kAdam8, dir.str() + "/b"));
+  const TrainSummary b = int8->train();
+  const int64_t int8_state = acct.snapshot().current[TF_MEM_OPTIMIZER] - before;
+  EXPECT_EQ(int8->optimizer().state_bytes(), 0);  // the kernel's fp32 state is never made
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  double worst = 0;
+  for (size_t i = 0; i < a.losses.size(); ++i) worst = std::max(worst, std::abs(a.losses[i] - b.losses[i]));
+  RecordProperty("max_loss_gap", c10::str(worst));
+  RecordProperty("state_ratio", c10::str(static_cast<double>(int8_state) / static_cast<double>(fp32_state)));
+  EXPECT_LE(worst, 0.05) << "stated tolerance: losses within 0.05 nats of fp32 AdamW over 20 steps";
+  EXPECT_LT(b.losses.back(), b.losses.front() - 0.5);
+  EXPECT_LE(static_cast<double>(int8_state), 0.27 * static_cast<double>(fp32_state))
+      << int8_state << " vs " << fp32_state;
+}
+
+TEST_F(Adam8Test, ResumesExactly) {
+  auto run = [&](const std::string& out, bool resume, int64_t stop) {
+    SessionOptions o;
+    o.resume = resume;
+    o.stop_after_steps = stop;
+    return test::make_session(recipe(kAdam8, out), o)->train();
+  };
+  const TrainSummary full = run(dir.str() + "/a", false, -1);
+  run(dir.str() + "/b", false, 8);
+  const TrainSummary rest = run(dir.str() + "/b", true, -1);
+  ASSERT_EQ(rest.losses.size(), 12u);
+  for (size_t i = 0; i < 12; ++i) EXPECT_EQ(rest.losses[i], full.losses[8 + i]) << "step " << 8 + i;
+}
+
+}  // namespace
+}  // namespace tightfit

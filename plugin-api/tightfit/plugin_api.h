@@ -321,6 +321,15 @@ typedef struct tf_step_result {
   const char* phase; /* static string, e.g. "full", "predict"; NULL = "full" */
 } tf_step_result;
 
+/* The run's optimizer. */
+typedef struct tf_optimizer_info {
+  uint32_t struct_size;
+  const char* name; /* "adamw", "sgd" */
+  double lr;        /* current learning rate */
+  double beta1, beta2, eps, weight_decay, momentum;
+  int64_t step;     /* 1-based count of the update being applied */
+} tf_optimizer_info;
+
 /* Hook event around a stage. */
 typedef enum tf_pass_phase {
   TF_PHASE_FORWARD = 1,
@@ -494,8 +503,11 @@ typedef struct tf_host_api {
    * borrowed. The strategy then returns TF_OK from grad_ready so the kernel
    * frees the gradient. */
   tf_status (*optimizer_apply)(tf_host_context* ctx, const char* name, tf_tensor grad, double grad_scale);
+  /* The run's optimizer settings and the step being taken (for strategies
+   * that keep optimizer state themselves, e.g. 8-bit AdamW). */
+  tf_status (*optimizer_info)(tf_host_context* ctx, tf_optimizer_info* out);
 
-  void* reserved[23];
+  void* reserved[22];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 
 #include "tightfit/plugin_sdk.hpp"
 
@@ -46,8 +47,19 @@ struct Quantized {
   at::Tensor scale_mean;   // [1] fp32
 };
 
+// 8-bit AdamW state of one parameter: block-wise absmax codes for the first
+// moment (signed) and for the square root of the second (unsigned; the root
+// narrows its dynamic range, as bitsandbytes' non-linear maps do).
+struct AdamState8 {
+  at::Tensor m_codes, m_absmax, r_codes, r_absmax;
+};
+
 struct Quantize {
   tf_sdk::Host host;
+  bool quantize_weights = true;
+  bool adam8 = false;
+  int64_t state_block = 256;
+  std::map<std::string, AdamState8> adam;
   std::string format;
   int64_t block = 64;
   bool double_quant = true;
@@ -109,9 +121,75 @@ at::Tensor dequantize_nf4(const Quantize& s, const at::Tensor& packed, const Qua
   return values.flatten().slice(0, 0, n);
 }
 
+// ---- 8-bit optimizer state ---------------------------------------------------
+// Codes of x in blocks: signed in [-127, 127] or unsigned in [0, 255].
+std::pair<at::Tensor, at::Tensor> encode_blocks(const at::Tensor& x, int64_t block, bool is_signed) {
+  const int64_t n = x.numel(), pad = (block - n % block) % block;
+  at::Tensor blocks = at::constant_pad_nd(x.flatten(), {0, pad}).view({-1, block});
+  at::Tensor absmax = blocks.abs().amax(1).clamp_min(1e-30);
+  const double levels = is_signed ? 127.0 : 255.0;
+  at::Tensor codes = (blocks / absmax.unsqueeze(1) * levels).round();
+  codes = is_signed ? codes.clamp(-127, 127).to(at::kChar) : codes.clamp(0, 255).to(at::kByte);
+  return {codes.flatten(), absmax};
+}
+at::Tensor decode_blocks(const at::Tensor& codes, const at::Tensor& absmax, int64_t block, bool is_signed,
+                         const at::IntArrayRef shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  const double levels = is_signed ? 127.0 : 255.0;
+  at::Tensor x = codes.to(at::kFloat).view({-1, block}) * (absmax.unsqueeze(1) / levels);
+  return x.flatten().slice(0, 0, n).view(shape);
+}
+
+tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* name, tf_tensor param_h,
+                               tf_tensor grad_h, double lr) {
+  auto* s = static_cast<Quantize*>(state);
+  if (!s->adam8) return TF_NOT_HANDLED;
+  const tf_host_api* api = s->host.api();
+  return tf_sdk::guard(api, ctx, [&] {
+    tf_optimizer_info o{};
+    o.struct_size = sizeof o;
+    s->host.check(api->optimizer_info(ctx, &o));
+    if (std::string(o.name) != "adamw") return TF_NOT_HANDLED;
+    tf_param_info info{};
+    info.struct_size = sizeof info;
+    s->host.check(api->param_info(ctx, name, &info));
+    at::NoGradGuard no_grad;
+    const at::Tensor& param = tf_sdk::borrow(param_h);
+    at::Tensor p = param.detach().to(at::kFloat);
+    const at::Tensor g = tf_sdk::borrow(grad_h).to(at::kFloat);
+    AdamState8& st = s->adam[name];
+    at::Tensor m, v;
+    if (!st.m_codes.defined()) {
+      m = at::zeros_like(p);
+      v = at::zeros_like(p);
+    } else {
+      m = decode_blocks(st.m_codes, st.m_absmax, s->state_block, true, p.sizes());
+      v = decode_blocks(st.r_codes, st.r_absmax, s->state_block, false, p.sizes()).square();
+    }
+    if (!(info.flags & TF_PARAM_NO_WEIGHT_DECAY) && info.ndim >= 2 && o.weight_decay > 0) p.mul_(1.0 - lr * o.weight_decay);
+    m.mul_(o.beta1).add_(g, 1.0 - o.beta1);
+    v.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
+    const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(o.step));
+    const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(o.step));
+    p.addcdiv_(m, (v / bc2).sqrt_().add_(o.eps), -lr / bc1);
+    param.detach().copy_(p);
+    s->host.check(api->memory_push_category(ctx, TF_MEM_OPTIMIZER));
+    std::tie(st.m_codes, st.m_absmax) = encode_blocks(m, s->state_block, true);
+    std::tie(st.r_codes, st.r_absmax) = encode_blocks(v.sqrt(), s->state_block, false);
+    api->memory_pop_category(ctx);
+    return TF_OK;
+  });
+}
+
 tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   return tf_sdk::guard(api, ctx, [&] {
     auto s = std::make_unique<Quantize>(Quantize{tf_sdk::Host(api, ctx)});
+    s->quantize_weights = s->host.get_bool("weights");
+    s->adam8 = s->host.get_string("optimizer_state") == "int8";
+    s->state_block = s->host.get_int("state_block_size");
+    if (!s->quantize_weights && !s->adam8)
+      throw std::invalid_argument("quantize: weights = false and optimizer_state = \"fp32\" leave nothing to quantize");
     s->format = s->host.get_string("format");
     s->block = s->host.get_int("block_size");
     s->double_quant = s->host.get_bool("double_quant");
@@ -126,6 +204,7 @@ void destroy(void* state) { delete static_cast<Quantize*>(state); }
 // Quantizes every frozen 2-D weight of a block stage.
 tf_status params_ready(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Quantize*>(state);
+  if (!s->quantize_weights) return TF_OK;
   const tf_host_api* api = s->host.api();
   return tf_sdk::guard(api, ctx, [&] {
     int32_t n = 0;
@@ -198,6 +277,10 @@ tf_status save_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Quantize*>(state);
   const tf_host_api* api = s->host.api();
   return tf_sdk::guard(api, ctx, [&] {
+    for (auto& [name, a] : s->adam)
+      for (auto [key, t] : {std::pair{".m_codes", &a.m_codes}, {".m_absmax", &a.m_absmax}, {".r_codes", &a.r_codes},
+                            {".r_absmax", &a.r_absmax}})
+        s->host.check(api->state_put_tensor(ctx, ("adam8." + name + key).c_str(), reinterpret_cast<tf_tensor>(t)));
     for (auto& [name, q] : s->weights) {
       s->host.check(api->state_put_tensor(ctx, (name + ".scale").c_str(), reinterpret_cast<tf_tensor>(&q.scale)));
       if (q.scale_scale.defined()) {
@@ -221,6 +304,22 @@ tf_status load_state(void* state, tf_host_context* ctx) {
         throw std::invalid_argument("quantize: checkpoint scales of " + key + " have another shape (format or block_size changed?)");
       into = v.to(into.defined() ? into.device() : v.device());
     };
+    if (s->adam8) {
+      s->adam.clear();
+      int32_t n = 0;
+      s->host.check(api->param_count(ctx, &n));
+      for (int32_t i = 0; i < n; ++i) {
+        const char* name = nullptr;
+        s->host.check(api->param_name(ctx, i, &name));
+        tf_tensor probe = nullptr;
+        if (api->state_get_tensor(ctx, ("adam8." + std::string(name) + ".m_codes").c_str(), &probe) != TF_OK) continue;
+        api->tensor_release(probe);
+        AdamState8& a = s->adam[name];
+        for (auto [key, t] : {std::pair{".m_codes", &a.m_codes}, {".m_absmax", &a.m_absmax}, {".r_codes", &a.r_codes},
+                              {".r_absmax", &a.r_absmax}})
+          get("adam8." + std::string(name) + key, *t);
+      }
+    }
     for (auto& [name, q] : s->weights) {
       get(name + ".scale", q.scale);
       if (q.scale_scale.defined()) {
@@ -233,6 +332,11 @@ tf_status load_state(void* state, tf_host_context* ctx) {
 }
 
 const tf_config_key kKeys[] = {
+    tf_sdk::key("weights", TF_VALUE_BOOL, "true", "store frozen block weights compact"),
+    tf_sdk::key("optimizer_state", TF_VALUE_STRING, "\"fp32\"",
+                "AdamW moments of trainable weights: fp32 (the kernel's) or int8 (block-wise, 8-bit AdamW)", 1, 0,
+                "fp32|int8"),
+    tf_sdk::key("state_block_size", TF_VALUE_INT, "256", "int8 optimizer state: values per absmax block", 2, 65536),
     tf_sdk::key("format", TF_VALUE_STRING, "\"nf4\"", "storage of frozen block weights", 1, 0, "nf4|int8"),
     tf_sdk::key("block_size", TF_VALUE_INT, "64", "nf4: weights per absmax block", 2, 65536),
     tf_sdk::key("double_quant", TF_VALUE_BOOL, "true", "nf4: store block absmaxes as int8 (QLoRA)"),
@@ -245,6 +349,7 @@ tf_strategy_vtable make_vtable() {
   v.destroy = destroy;
   v.params_ready = params_ready;
   v.fetch_weight = fetch_weight;
+  v.optimizer_step_param = optimizer_step_param;
   v.save_state = save_state;
   v.load_state = load_state;
   return v;
