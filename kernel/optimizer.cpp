@@ -34,7 +34,11 @@ void Optimizer::update(Param& p, const at::Tensor& grad_in, int64_t step) {
   // Low-precision weights are updated in fp32 and rounded once at the end;
   // their optimizer state is fp32 (small steps are not lost to bf16 spacing).
   const bool low = p.value.scalar_type() != at::kFloat && p.value.scalar_type() != at::kDouble;
-  at::Tensor param = low ? p.value.detach().to(at::kFloat) : p.value;
+  at::Tensor param;
+  {
+    CategoryScope scope(TF_MEM_TRANSIENT);  // the fp32 working copy lives only for this update
+    param = low ? p.value.detach().to(at::kFloat) : p.value;
+  }
   at::Tensor grad = grad_in.to(param.scalar_type());
   const bool decay = p.decays() && cfg_.weight_decay > 0;
   if (cfg_.name == "sgd") {

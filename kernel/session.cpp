@@ -190,7 +190,7 @@ void Session::build(const PluginRegistry& base_registry) {
       }
     }
     tokenizer_ = make_tokenizer(tok, base_dir);
-    if (!options_.skip_data) {
+    if (!options_.skip_data && !options_.dry_run) {
       const std::string text = load_corpus_text(data_cfg_.get_string("corpus"), base_dir);
       std::vector<int64_t> ids = tokenizer_->encode(text);
       CategoryScope scope(TF_MEM_OTHER);
@@ -215,7 +215,7 @@ void Session::build(const PluginRegistry& base_registry) {
     for (int i = 2; fs::exists(fs::path(run_dir_) / "checkpoints" / "manifest.json"); ++i)
       run_dir_ = base + "." + std::to_string(i);
   }
-  if (!options_.skip_data) fs::create_directories(run_dir_);
+  if (!options_.skip_data && !options_.dry_run) fs::create_directories(run_dir_);
   run_dir_str_ = fs::absolute(run_dir_).string();
 
   run_info_ = tf_run_info{};
@@ -285,6 +285,8 @@ void Session::build(const PluginRegistry& base_registry) {
       configure_step(i, strategies_[i].plugin->strategy()->configure(strategies_[i].state, strategies_[i].ctx.get()),
                      "configure");
   declaring_ = false;
+
+  if (options_.dry_run) return;
 
   // Dropout and other ops draw from the global generators; seed them per run.
   at::manual_seed(run_info_.seed);
@@ -364,8 +366,13 @@ MemorySnapshot Session::memory_snapshot() const {
 void Session::optimizer_apply(const std::string& name, const at::Tensor& grad, double grad_scale) {
   Param& p = store_.get(name);
   if (!p.trainable) throw std::invalid_argument("parameter \"" + name + "\" is frozen");
+  at::Tensor g = grad;
+  if (grad_scale != 1.0) {
+    CategoryScope transient(TF_MEM_TRANSIENT);
+    g = grad * grad_scale;
+  }
   CategoryScope scope(TF_MEM_OPTIMIZER);
-  optimizer_->update(p, grad_scale == 1.0 ? grad : grad * grad_scale, optimizer_->steps() + 1);
+  optimizer_->update(p, g, optimizer_->steps() + 1);
 }
 
 void Session::zero_grad() {

@@ -97,6 +97,9 @@ struct SessionOptions {
   int64_t stop_after_steps = -1;
   // Build the model without reading the corpus (generate, export); train() is refused.
   bool skip_data = false;
+  // Validate the recipe and compose the plugins, but allocate no parameters
+  // (`tightfit run --dry-run`); nothing else may be called.
+  bool dry_run = false;
   std::function<void(const ProgressInfo&)> on_progress;
   std::function<void(const std::string&)> on_log;  // kernel and plugin log lines
 };

@@ -66,6 +66,7 @@ int run_command(const std::vector<std::string>& args) {
       "override a recipe key, e.g. --set run.steps=100 --set strategy.checkpoint.every=2")(
       "resume", "continue from the latest checkpoint in the run folder")(
       "stop-after", po::value<int64_t>(), "stop (and save a checkpoint) after N steps of this invocation")(
+      "dry-run", "validate the recipe and compose its plugins without allocating the model")(
       "quiet,q", "no progress line")("log-level", po::value<std::string>()->default_value("info"),
                                      "debug, info, warn, error");
   po::options_description hidden;
@@ -114,7 +115,15 @@ int run_command(const std::vector<std::string>& args) {
         if (p.phase != "full") os << " | " << p.phase;
         std::cerr << (tty ? "\r\033[K" : "") << os.str() << (tty && p.step < p.total ? "" : "\n") << std::flush;
       };
+    so.dry_run = vm.count("dry-run") > 0;
     Session session(recipe, registry, so);
+    if (so.dry_run) {
+      std::cout << recipe.source() << ": valid; model " << session.model().plugin->name << ", "
+                << session.store().count_params(false) << " parameters (" << session.store().count_params(true)
+                << " trainable), " << session.stages().size() << " stages, " << session.strategies().size()
+                << " strategies\n";
+      return kOk;
+    }
     std::cerr << "tightfit: " << recipe.source() << " -> " << session.run_dir() << "\n";
     TrainSummary s = session.train();
 

@@ -155,6 +155,13 @@ tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* na
     info.struct_size = sizeof info;
     s->host.check(api->param_info(ctx, name, &info));
     at::NoGradGuard no_grad;
+    // Working fp32 copies are transient; only the int8 codes are state.
+    s->host.check(api->memory_push_category(ctx, TF_MEM_TRANSIENT));
+    struct Pop {
+      const tf_host_api* api;
+      tf_host_context* ctx;
+      ~Pop() { api->memory_pop_category(ctx); }
+    } pop{api, ctx};
     const at::Tensor& param = tf_sdk::borrow(param_h);
     at::Tensor p = param.detach().to(at::kFloat);
     const at::Tensor g = tf_sdk::borrow(grad_h).to(at::kFloat);
