@@ -63,6 +63,13 @@ void ParamStore::declare(const tf_param_spec& spec) {
   params_.push_back(std::move(p));
 }
 
+void ParamStore::adopt(Param p) {
+  if (index_.count(p.name)) throw std::invalid_argument("parameter \"" + p.name + "\" adopted twice");
+  index_[p.name] = params_.size();
+  params_.push_back(std::move(p));
+  materialized_ = true;
+}
+
 void ParamStore::materialize(uint64_t seed, const at::Device& device) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   for (auto& p : params_) {

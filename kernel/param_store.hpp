@@ -40,6 +40,9 @@ class ParamStore {
   // Throws std::invalid_argument on a duplicate or malformed spec.
   void declare(const tf_param_spec& spec);
 
+  // Adds an already materialized parameter (export views of a store).
+  void adopt(Param p);
+
   // Allocates and initializes every parameter deterministically from `seed`
   // (declaration order), on `device`.
   void materialize(uint64_t seed, const at::Device& device);

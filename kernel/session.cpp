@@ -348,8 +348,29 @@ std::string Session::export_hf(const std::string& dir) {
   if (!config)
     log(TF_LOG_WARN, "model plugin \"" + model_.plugin->name + "\" gives no config.json; exporting weights only");
   at::NoGradGuard no_grad;
-  save_hf_model(store_, dir, config ? config : "", tokenizer_->source_file(),
-                [this](const Param& p) { return fetch_weight(p.name); });
+  // Strategies may rewrite a weight for a standalone model (LoRA merges).
+  ParamStore merged;
+  for (const Param& p : store_.all()) {
+    if (p.flags & TF_PARAM_ADAPTER) continue;
+    Param q = p;
+    q.value = p.format == TF_FORMAT_DENSE ? p.value.detach() : fetch_weight(p.name).detach();
+    q.format = TF_FORMAT_DENSE;
+    for (auto& s : strategies_) {
+      const tf_strategy_vtable* svt = s.plugin->strategy();
+      if (svt->struct_size < offsetof(tf_strategy_vtable, export_weight) + sizeof(void*) || !svt->export_weight)
+        continue;
+      tf_tensor out = nullptr;
+      const tf_status st = svt->export_weight(s.state, s.ctx.get(), p.name.c_str(), reinterpret_cast<tf_tensor>(&q.value), &out);
+      if (st == TF_OK && out) {
+        q.value = std::move(*reinterpret_cast<at::Tensor*>(out));
+        delete reinterpret_cast<at::Tensor*>(out);
+      } else if (st != TF_NOT_HANDLED) {
+        check(st, s, "export_weight");
+      }
+    }
+    merged.adopt(std::move(q));
+  }
+  save_hf_model(merged, dir, config ? config : "", tokenizer_->source_file());
   return dir;
 }
 

@@ -96,10 +96,17 @@ TEST_P(HfRoundTrip, TransformersLoadsWhatTightfitSaved) {
   if (const auto at = table.find("config = \"@DIR@\"\n"); at != std::string::npos)
     table.replace(at, 17, "preset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 4\nn_kv_head = 2\n"
                           "intermediate_size = 80\nmax_positions = 64\n");
-  std::string recipe = test::tiny_recipe(test::write_corpus(dir), dir.str());
+  std::string strategies;
+  if (const auto at = table.find("@QLORA@"); at != std::string::npos) {
+    table.erase(at, 7);
+    strategies = "[[strategy]]\nplugin = \"lora\"\ntargets = [\"q\", \"v\", \"down\"]\nrank = 4\n"
+                 "[[strategy]]\nplugin = \"quantize\"\nformat = \"nf4\"\n";
+  }
+  std::string recipe = test::tiny_recipe(test::write_corpus(dir), dir.str(), "", strategies);
   const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
   recipe.replace(begin, end - begin, "[model]\n" + table + "\n");
   auto s = test::make_session(recipe);
+  s->optimizer().set_lr(1e-2);
   s->train();
   const std::string out = s->export_hf(dir.str() + "/hf");
   const at::Tensor tokens = at::randint(0, 256, {2, 24}, at::kLong);
@@ -119,7 +126,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         Family{"gpt2", "plugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 2\nn_positions = 64\n", 0},
         Family{"llama", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 0},
-        Family{"rwkv", "plugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nwkv_chunk = 7\n", 0}),
+        Family{"rwkv", "plugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nwkv_chunk = 7\n", 0},
+        // A trained QLoRA model exports its adapters merged into dequantized bases.
+        Family{"qlora", "plugin = \"llama\"\nconfig = \"@DIR@\"\n@QLORA@", 0}),
     [](const ::testing::TestParamInfo<Family>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -599,7 +599,13 @@ typedef struct tf_strategy_vtable {
   tf_status (*save_state)(void* state, tf_host_context* ctx);
   tf_status (*load_state)(void* state, tf_host_context* ctx);
 
-  void* reserved[16];
+  /* Export: the value a parameter should have in a standalone model (LoRA
+   * merges W + scale B A). dense: borrowed, the parameter's dense value;
+   * *out new. TF_NOT_HANDLED = export as is. Adapter parameters
+   * (TF_PARAM_ADAPTER) are left out of exports that merge. */
+  tf_status (*export_weight)(void* state, tf_host_context* ctx, const char* name, tf_tensor dense, tf_tensor* out);
+
+  void* reserved[15];
 } tf_strategy_vtable;
 
 /* A trainer schedule: decides what each step does using training services. */

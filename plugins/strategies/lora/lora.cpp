@@ -123,6 +123,20 @@ tf_status linear_extend(void* state, tf_host_context* ctx, const char* weight, t
   });
 }
 
+// Exports merge the adapter into its base: W + (alpha / r) B A.
+tf_status export_weight(void* state, tf_host_context* ctx, const char* name, tf_tensor dense, tf_tensor* out) {
+  auto* s = static_cast<Lora*>(state);
+  auto it = s->adapters.find(name);
+  if (it == s->adapters.end()) return TF_NOT_HANDLED;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    at::NoGradGuard no_grad;
+    const at::Tensor a = s->host.weight(it->second.a), b = s->host.weight(it->second.b);
+    const at::Tensor& w = tf_sdk::borrow(dense);
+    *out = tf_sdk::give((w.to(at::kFloat) + at::matmul(b, a).to(at::kFloat) * s->scale).to(w.scalar_type()));
+    return TF_OK;
+  });
+}
+
 // Adapters add 2 r (in + out) values per target, trained: weights, grads and
 // two AdamW moments; the frozen base needs no gradients or optimizer state.
 tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model, tf_memory_estimate* out) {
@@ -158,6 +172,7 @@ tf_strategy_vtable make_vtable() {
   v.destroy = destroy;
   v.configure = configure;
   v.linear_extend = linear_extend;
+  v.export_weight = export_weight;
   v.estimate_memory = estimate_memory;
   return v;
 }

@@ -181,9 +181,11 @@ tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* na
     const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(o.step));
     p.addcdiv_(m, (v / bc2).sqrt_().add_(o.eps), -lr / bc1);
     param.detach().copy_(p);
+    // Encode with transient scratch, then keep only the codes as state.
+    auto [mc, ma] = encode_blocks(m, s->state_block, true);
+    auto [rc, ra] = encode_blocks(v.sqrt(), s->state_block, false);
     s->host.check(api->memory_push_category(ctx, TF_MEM_OPTIMIZER));
-    std::tie(st.m_codes, st.m_absmax) = encode_blocks(m, s->state_block, true);
-    std::tie(st.r_codes, st.r_absmax) = encode_blocks(v.sqrt(), s->state_block, false);
+    st.m_codes = mc.clone(), st.m_absmax = ma.clone(), st.r_codes = rc.clone(), st.r_absmax = ra.clone();
     api->memory_pop_category(ctx);
     return TF_OK;
   });
