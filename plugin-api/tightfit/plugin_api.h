@@ -455,7 +455,9 @@ typedef struct tf_host_api {
   /* --- memory accounting --- */
   tf_status (*memory_stats)(tf_host_context* ctx, tf_memory_stats* out);
   /* Attribute allocations made by this thread to `category` until the matching
-   * pop (strategies' own buffers: offload staging, optimizer state). */
+   * pop (strategies' own buffers: offload staging, optimizer state). The
+   * category stack is per thread, so these two may also be called from
+   * threads the plugin started (a prefetch thread). */
   tf_status (*memory_push_category)(tf_host_context* ctx, tf_mem_category category);
   tf_status (*memory_pop_category)(tf_host_context* ctx);
 
