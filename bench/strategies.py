@@ -31,6 +31,9 @@ VARIANTS = {
     "lora": [s.format(i=0) for s in LORA],
     "qlora-nf4": [s.format(i=0) for s in LORA] + ["strategy.1.plugin=quantize", "strategy.1.format=nf4"],
     "qlora+checkpoint": [s.format(i=0) for s in LORA] + ["strategy.1.plugin=quantize", "strategy.2.plugin=checkpoint"],
+    "lora+offload-disk": [s.format(i=0) for s in LORA] + ["strategy.1.plugin=offload", "strategy.1.prefetch=1"],
+    "lora+offload+checkpoint": [s.format(i=0) for s in LORA] + ["strategy.1.plugin=offload",
+                                                                "strategy.2.plugin=checkpoint"],
     "checkpoint+autocast+fused": ["strategy.0.plugin=checkpoint", "strategy.1.plugin=precision",
                                   "strategy.2.plugin=fused_update"],
 }
