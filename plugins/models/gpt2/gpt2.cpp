@@ -10,15 +10,13 @@
 //   h_l     = a_l + MLP(LN_2(a_l)),       MLP(u) = W_proj gelu(W_fc u)
 //   logits  = LN_f(h_L) W_te^T             (tied embeddings)
 #include <ATen/ATen.h>
-#include <nlohmann/json.hpp>
 
 #include <array>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
+#include "tightfit/hf_config.hpp"
 #include "tightfit/plugin_sdk.hpp"
 
 namespace {
@@ -42,21 +40,11 @@ constexpr std::array<Preset, 5> kPresets = {{
 
 // The shape from a Hugging Face GPT-2 config.json (file or model folder).
 Shape shape_from_hf_config(const std::string& path) {
-  std::filesystem::path p = path;
-  if (std::filesystem::is_directory(p)) p /= "config.json";
-  std::ifstream in(p);
-  if (!in) throw std::invalid_argument("cannot read Hugging Face config " + p.string());
-  auto j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) throw std::invalid_argument(p.string() + " is not a JSON object");
-  auto need = [&](const char* k) {
-    if (!j.contains(k) || !j[k].is_number_integer())
-      throw std::invalid_argument(p.string() + " lacks the integer \"" + std::string(k) + "\"");
-    return j[k].get<int64_t>();
-  };
-  const std::string act = j.value("activation_function", std::string("gelu_new"));
+  const tf_sdk::HfConfig c = tf_sdk::read_hf_config(path);
+  const std::string act = c.json.value("activation_function", std::string("gelu_new"));
   if (act != "gelu_new" && act != "gelu_pytorch_tanh")
-    throw std::invalid_argument(p.string() + ": activation_function \"" + act + "\" is not supported (gelu_new)");
-  return Shape{need("n_layer"), need("n_embd"), need("n_head"), need("n_positions"), need("vocab_size")};
+    throw std::invalid_argument(c.source + ": activation_function \"" + act + "\" is not supported (gelu_new)");
+  return Shape{c.need("n_layer"), c.need("n_embd"), c.need("n_head"), c.need("n_positions"), c.need("vocab_size")};
 }
 
 struct Gpt2 {

@@ -14,11 +14,10 @@
 
 #include <array>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
+#include "tightfit/hf_config.hpp"
 #include "tightfit/plugin_sdk.hpp"
 
 namespace {
@@ -64,25 +63,16 @@ const std::array<Preset, 4>& presets() {
 
 // Reads the shape from a Hugging Face config.json (file or model folder).
 Shape shape_from_hf_config(const std::string& path) {
-  std::filesystem::path p = path;
-  if (std::filesystem::is_directory(p)) p /= "config.json";
-  std::ifstream in(p);
-  if (!in) throw std::invalid_argument("cannot read Hugging Face config " + p.string());
-  auto j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) throw std::invalid_argument(p.string() + " is not a JSON object");
-  auto need = [&](const char* k) {
-    if (!j.contains(k) || !j[k].is_number_integer())
-      throw std::invalid_argument(p.string() + " lacks the integer \"" + std::string(k) + "\"");
-    return j[k].get<int64_t>();
-  };
+  const tf_sdk::HfConfig c = tf_sdk::read_hf_config(path);
+  const nlohmann::json& j = c.json;
   Shape s;
-  s.n_layer = need("num_hidden_layers");
-  s.n_embd = need("hidden_size");
-  s.n_head = need("num_attention_heads");
-  s.n_kv_head = j.value("num_key_value_heads", s.n_head);
-  s.intermediate = need("intermediate_size");
-  s.vocab = need("vocab_size");
-  s.max_positions = j.value("max_position_embeddings", int64_t{2048});
+  s.n_layer = c.need("num_hidden_layers");
+  s.n_embd = c.need("hidden_size");
+  s.n_head = c.need("num_attention_heads");
+  s.n_kv_head = c.get("num_key_value_heads", s.n_head);
+  s.intermediate = c.need("intermediate_size");
+  s.vocab = c.need("vocab_size");
+  s.max_positions = c.get("max_position_embeddings", 2048);
   s.rope_theta = j.value("rope_theta", 10000.0);
   s.rms_eps = j.value("rms_norm_eps", 1e-6);
   s.tie_embeddings = j.value("tie_word_embeddings", false);
@@ -91,7 +81,7 @@ Shape shape_from_hf_config(const std::string& path) {
     const std::string type = r.value("rope_type", r.value("type", std::string("default")));
     if (type == "linear" || type == "llama3") s.rope_scaling = type;
     else if (type != "default")
-      throw std::invalid_argument(p.string() + ": rope_scaling type \"" + type + "\" is not supported (default, linear, llama3)");
+      throw std::invalid_argument(c.source + ": rope_scaling type \"" + type + "\" is not supported (default, linear, llama3)");
     s.rope_factor = r.value("factor", 1.0);
     s.rope_low_freq_factor = r.value("low_freq_factor", 1.0);
     s.rope_high_freq_factor = r.value("high_freq_factor", 4.0);

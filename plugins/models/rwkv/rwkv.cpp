@@ -15,12 +15,11 @@
 #include <nlohmann/json.hpp>
 
 #include <array>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "tightfit/hf_config.hpp"
 #include "tightfit/plugin_sdk.hpp"
 
 namespace {
@@ -46,30 +45,16 @@ const std::array<Preset, 4> kPresets = {{
 }};
 
 Shape shape_from_hf_config(const std::string& path) {
-  std::filesystem::path p = path;
-  if (std::filesystem::is_directory(p)) p /= "config.json";
-  std::ifstream in(p);
-  if (!in) throw std::invalid_argument("cannot read Hugging Face config " + p.string());
-  auto j = nlohmann::json::parse(in, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) throw std::invalid_argument(p.string() + " is not a JSON object");
-  auto need = [&](const char* k) {
-    if (!j.contains(k) || !j[k].is_number_integer())
-      throw std::invalid_argument(p.string() + " lacks the integer \"" + std::string(k) + "\"");
-    return j[k].get<int64_t>();
-  };
+  const tf_sdk::HfConfig c = tf_sdk::read_hf_config(path);
   Shape s;
-  s.n_layer = need("num_hidden_layers");
-  s.n_embd = need("hidden_size");
-  s.vocab = need("vocab_size");
-  s.attention = j.value("attention_hidden_size", nlohmann::json()).is_number_integer()
-                    ? j["attention_hidden_size"].get<int64_t>()
-                    : s.n_embd;
-  s.intermediate = j.value("intermediate_size", nlohmann::json()).is_number_integer()
-                       ? j["intermediate_size"].get<int64_t>()
-                       : 4 * s.n_embd;
-  s.context = j.value("context_length", int64_t{1024});
-  s.ln_eps = j.value("layer_norm_epsilon", 1e-5);
-  s.tie_embeddings = j.value("tie_word_embeddings", false);
+  s.n_layer = c.need("num_hidden_layers");
+  s.n_embd = c.need("hidden_size");
+  s.vocab = c.need("vocab_size");
+  s.attention = c.get("attention_hidden_size", s.n_embd);
+  s.intermediate = c.get("intermediate_size", 4 * s.n_embd);
+  s.context = c.get("context_length", 1024);
+  s.ln_eps = c.json.value("layer_norm_epsilon", 1e-5);
+  s.tie_embeddings = c.json.value("tie_word_embeddings", false);
   return s;
 }
 

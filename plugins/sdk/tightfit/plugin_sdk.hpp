@@ -118,6 +118,24 @@ class Host {
     return index;
   }
 
+  tf_param_info param_info(const std::string& name) const {
+    tf_param_info info{};
+    info.struct_size = sizeof info;
+    check(api_->param_info(ctx_, name.c_str(), &info));
+    return info;
+  }
+  std::vector<std::string> param_names() const {
+    int32_t n = 0;
+    check(api_->param_count(ctx_, &n));
+    std::vector<std::string> names;
+    for (int32_t i = 0; i < n; ++i) {
+      const char* name = nullptr;
+      check(api_->param_name(ctx_, i, &name));
+      names.emplace_back(name);
+    }
+    return names;
+  }
+
   int32_t stage_count() const {
     int32_t n = 0;
     check(api_->stage_count(ctx_, &n));

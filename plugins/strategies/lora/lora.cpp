@@ -68,19 +68,10 @@ tf_status configure(void* state, tf_host_context* ctx) {
       if (alias != kAliases.end()) patterns.insert(patterns.end(), alias->second.begin(), alias->second.end());
       else patterns.emplace_back(t);
     }
-    int32_t n = 0;
-    s->host.check(api->param_count(ctx, &n));
-    std::vector<std::string> names;
-    for (int32_t i = 0; i < n; ++i) {
-      const char* name = nullptr;
-      s->host.check(api->param_name(ctx, i, &name));
-      names.emplace_back(name);
-    }
+    const std::vector<std::string> names = s->host.param_names();
     std::string linear_weights;
     for (const auto& name : names) {
-      tf_param_info info{};
-      info.struct_size = sizeof info;
-      s->host.check(api->param_info(ctx, name.c_str(), &info));
+      const tf_param_info info = s->host.param_info(name);
       if (info.ndim != 2 || info.stage < 0 || name.size() < 7 || name.compare(name.size() - 7, 7, ".weight") != 0 ||
           s->host.stage_info(info.stage).kind != TF_STAGE_BLOCK)
         continue;
@@ -144,9 +135,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     int64_t adapter_params = 0;
     for (const auto& [name, ad] : s->adapters) {
-      tf_param_info info{};
-      info.struct_size = sizeof info;
-      s->host.check(s->host.api()->param_info(ctx, name.c_str(), &info));
+      const tf_param_info info = s->host.param_info(name);
       adapter_params += s->rank * (info.shape[0] + info.shape[1]);
     }
     out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ADAPTERS] = 4 * adapter_params;

@@ -156,15 +156,11 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
     std::string dir = s->host.get_string("dir");
     if (dir.empty()) dir = (fs::path(s->host.run_info().run_dir) / "offload").string();
     fs::create_directories(dir);
-    int32_t n = 0;
-    s->host.check(api->param_count(ctx, &n));
     int64_t bytes = 0;
-    for (int32_t i = 0; i < n; ++i) {
-      const char* name = nullptr;
-      s->host.check(api->param_name(ctx, i, &name));
-      tf_param_info info{};
-      info.struct_size = sizeof info;
-      s->host.check(api->param_info(ctx, name, &info));
+    const std::vector<std::string> names = s->host.param_names();
+    for (size_t i = 0; i < names.size(); ++i) {
+      const char* name = names[i].c_str();
+      const tf_param_info info = s->host.param_info(names[i]);
       if (info.trainable || info.format != TF_FORMAT_DENSE || info.stage < 0 ||
           s->host.stage_info(info.stage).kind != TF_STAGE_BLOCK)
         continue;

@@ -42,14 +42,9 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
   if (s->autocast) return TF_OK;
   const tf_host_api* api = s->host.api();
   return tf_sdk::guard(api, ctx, [&] {
-    int32_t n = 0;
-    s->host.check(api->param_count(ctx, &n));
-    for (int32_t i = 0; i < n; ++i) {
-      const char* name = nullptr;
-      s->host.check(api->param_name(ctx, i, &name));
-      tf_param_info info{};
-      info.struct_size = sizeof info;
-      s->host.check(api->param_info(ctx, name, &info));
+    for (const std::string& name_s : s->host.param_names()) {
+      const char* name = name_s.c_str();
+      const tf_param_info info = s->host.param_info(name_s);
       if (info.format != TF_FORMAT_DENSE || info.dtype != TF_DTYPE_F32) continue;
       tf_tensor stored = nullptr;
       s->host.check(api->param_storage(ctx, name, &stored));

@@ -151,9 +151,7 @@ tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* na
     o.struct_size = sizeof o;
     s->host.check(api->optimizer_info(ctx, &o));
     if (std::string(o.name) != "adamw") return TF_NOT_HANDLED;
-    tf_param_info info{};
-    info.struct_size = sizeof info;
-    s->host.check(api->param_info(ctx, name, &info));
+    const tf_param_info info = s->host.param_info(name);
     at::NoGradGuard no_grad;
     // Working fp32 copies are transient; only the int8 codes are state.
     s->host.check(api->memory_push_category(ctx, TF_MEM_TRANSIENT));
@@ -216,16 +214,10 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
   if (!s->quantize_weights) return TF_OK;
   const tf_host_api* api = s->host.api();
   return tf_sdk::guard(api, ctx, [&] {
-    int32_t n = 0;
-    s->host.check(api->param_count(ctx, &n));
     int64_t dense_bytes = 0, compact_bytes = 0, trainable_block_weights = 0;
-    for (int32_t i = 0; i < n; ++i) {
-      const char* name_c = nullptr;
-      s->host.check(api->param_name(ctx, i, &name_c));
-      const std::string name = name_c;
-      tf_param_info info{};
-      info.struct_size = sizeof info;
-      s->host.check(api->param_info(ctx, name_c, &info));
+    for (const std::string& name : s->host.param_names()) {
+      const char* name_c = name.c_str();
+      const tf_param_info info = s->host.param_info(name);
       if (info.ndim != 2 || info.stage < 0 || (info.flags & TF_PARAM_ADAPTER) ||
           s->host.stage_info(info.stage).kind != TF_STAGE_BLOCK || info.format != TF_FORMAT_DENSE)
         continue;
@@ -315,11 +307,8 @@ tf_status load_state(void* state, tf_host_context* ctx) {
     };
     if (s->adam8) {
       s->adam.clear();
-      int32_t n = 0;
-      s->host.check(api->param_count(ctx, &n));
-      for (int32_t i = 0; i < n; ++i) {
-        const char* name = nullptr;
-        s->host.check(api->param_name(ctx, i, &name));
+      for (const std::string& name_s : s->host.param_names()) {
+        const char* name = name_s.c_str();
         tf_tensor probe = nullptr;
         if (api->state_get_tensor(ctx, ("adam8." + std::string(name) + ".m_codes").c_str(), &probe) != TF_OK) continue;
         api->tensor_release(probe);
