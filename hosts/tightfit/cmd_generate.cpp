@@ -80,20 +80,8 @@ int generate_command(const std::vector<std::string>& args) {
       "top-p", po::value<double>()->default_value(1.0), "nucleus: the smallest set with this much mass")(
       "greedy", "always the likeliest token")("seed", po::value<uint64_t>()->default_value(1234), "sampling seed")(
       "set", po::value<std::vector<std::string>>()->composing(), "override a recipe key");
-  po::options_description hidden;
-  hidden.add_options()("target", po::value<std::string>());
-  po::positional_options_description pos;
-  pos.add("target", 1);
-  po::options_description all;
-  all.add(opts).add(hidden);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "tightfit generate: " << e.what() << "\n\n" << opts;
-    return kUsage;
-  }
+  if (!parse_command_line(args, opts, "target", "generate", vm)) return kUsage;
   if (vm.count("help") || !vm.count("target")) {
     (vm.count("help") ? std::cout : std::cerr)
         << opts << "\nA recipe generates from its run's latest checkpoint; a folder is a Hugging Face model "
@@ -121,20 +109,8 @@ int export_command(const std::vector<std::string>& args) {
   po::options_description opts("tightfit export RECIPE.toml --out DIR [options]");
   opts.add_options()("help,h", "show this help")("out,o", po::value<std::string>(), "folder to write")(
       "set", po::value<std::vector<std::string>>()->composing(), "override a recipe key");
-  po::options_description hidden;
-  hidden.add_options()("target", po::value<std::string>());
-  po::positional_options_description pos;
-  pos.add("target", 1);
-  po::options_description all;
-  all.add(opts).add(hidden);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "tightfit export: " << e.what() << "\n\n" << opts;
-    return kUsage;
-  }
+  if (!parse_command_line(args, opts, "target", "export", vm)) return kUsage;
   if (vm.count("help") || !vm.count("target") || !vm.count("out")) {
     (vm.count("help") ? std::cout : std::cerr)
         << opts << "\nWrites the run's latest checkpoint as a Hugging Face model folder that "

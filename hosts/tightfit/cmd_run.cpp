@@ -69,20 +69,8 @@ int run_command(const std::vector<std::string>& args) {
       "dry-run", "validate the recipe and compose its plugins without allocating the model")(
       "quiet,q", "no progress line")("log-level", po::value<std::string>()->default_value("info"),
                                      "debug, info, warn, error");
-  po::options_description hidden;
-  hidden.add_options()("recipe", po::value<std::string>());
-  po::positional_options_description pos;
-  pos.add("recipe", 1);
-  po::options_description all;
-  all.add(opts).add(hidden);
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    std::cerr << "tightfit run: " << e.what() << "\n\n" << opts;
-    return kUsage;
-  }
+  if (!parse_command_line(args, opts, "recipe", "run", vm)) return kUsage;
   if (vm.count("help")) {
     std::cout << opts << "\nWith no recipe, runs configs/default.toml. Exit codes: 0 ok, 2 bad recipe or "
                          "command line, 3 out of memory budget, 4 plugin error, 1 other failure.\n";

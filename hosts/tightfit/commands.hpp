@@ -1,6 +1,7 @@
 // The host's subcommands. Each returns the process exit code.
 #pragma once
 
+#include <boost/program_options.hpp>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,12 @@ enum ExitCode : int {
   kOutOfBudget = 3,  // run.memory_budget exceeded
   kPluginError = 4,  // a plugin failed or could not be loaded
 };
+
+// Parses a subcommand's options plus one positional argument named
+// `positional`; on a syntax error prints the message and the options to
+// stderr and returns false.
+bool parse_command_line(const std::vector<std::string>& args, const boost::program_options::options_description& opts,
+                        const char* positional, const char* command, boost::program_options::variables_map& vm);
 
 int run_command(const std::vector<std::string>& args);
 int plugins_command(const std::vector<std::string>& args);
