@@ -24,14 +24,6 @@ namespace {
 
 constexpr int kFormatVersion = 1;
 
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read " + p.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 std::string step_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
@@ -41,7 +33,7 @@ std::string step_name(int64_t step) {
 std::vector<std::string> read_manifest(const fs::path& manifest) {
   std::vector<std::string> out;
   if (!fs::exists(manifest)) return out;
-  auto j = nlohmann::json::parse(read_text(manifest), nullptr, false);
+  auto j = nlohmann::json::parse(read_file_text(manifest.string()), nullptr, false);
   if (j.is_discarded() || !j.contains("checkpoints") || !j["checkpoints"].is_array())
     throw std::runtime_error(manifest.string() +
                              " is damaged (not a tightfit manifest); the checkpoint folders beside it are "
@@ -145,7 +137,7 @@ bool Session::load_latest_checkpoint() {
   for (auto it = names.rbegin(); it != names.rend(); ++it) {
     const fs::path cp = dir / *it;
     try {
-      auto trainer = nlohmann::json::parse(read_text(cp / "trainer.json"));
+      auto trainer = nlohmann::json::parse(read_file_text((cp / "trainer.json").string()));
       if (trainer.value("format", 0) != kFormatVersion)
         throw std::runtime_error("unsupported checkpoint format " + std::to_string(trainer.value("format", 0)));
       // Read and validate everything before changing any state.

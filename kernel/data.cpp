@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "bpe_tokenizer.hpp"
+#include "file_util.hpp"
 #include "memory_accounting.hpp"
 
 namespace tightfit {
@@ -40,13 +41,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec, const std::st
 
 namespace {
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw std::runtime_error("cannot read corpus file " + p.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read_file(const fs::path& p) { return read_file_text(p.string()); }
 
 std::string read_jsonl(const fs::path& p) {
   std::ifstream in(p);

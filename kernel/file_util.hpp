@@ -16,6 +16,9 @@ void remove_tree(const std::string& path);
 // fsync a file or folder by path (best effort: errors are ignored).
 void fsync_path(const std::string& path);
 
+// The whole file as bytes. Throws std::runtime_error naming `path`.
+std::string read_file_text(const std::string& path);
+
 // Writes `text` to `path` and fsyncs it. Throws std::runtime_error.
 void write_file_synced(const std::string& path, const std::string& text);
 

@@ -72,10 +72,7 @@ void save_hf_model(const ParamStore& store, const std::string& dir, const std::s
                     {{"format", "pt"}});
   if (!config_json.empty()) write_file_synced((fs::path(dir) / "config.json").string(), config_json);
   if (!tokenizer_json_path.empty()) {
-    std::ifstream in(tokenizer_json_path, std::ios::binary);
-    std::stringstream text;
-    text << in.rdbuf();
-    write_file_synced((fs::path(dir) / "tokenizer.json").string(), text.str());
+    write_file_synced((fs::path(dir) / "tokenizer.json").string(), read_file_text(tokenizer_json_path));
   }
 }
 

@@ -221,7 +221,7 @@ tf_mem_category current_category() {
   return t_category_stack.empty() ? TF_MEM_OTHER : t_category_stack.back();
 }
 
-CategoryScope::CategoryScope(tf_mem_category c) : previous_(current_category()) {
+CategoryScope::CategoryScope(tf_mem_category c) {
   t_category_stack.push_back(c);
 }
 CategoryScope::~CategoryScope() { t_category_stack.pop_back(); }

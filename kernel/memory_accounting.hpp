@@ -84,9 +84,6 @@ class CategoryScope {
   ~CategoryScope();
   CategoryScope(const CategoryScope&) = delete;
   CategoryScope& operator=(const CategoryScope&) = delete;
-
- private:
-  tf_mem_category previous_;
 };
 
 // Manual push/pop for the C ABI's memory_push_category / memory_pop_category.

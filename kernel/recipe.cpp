@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "file_util.hpp"
 #include "memory_accounting.hpp"
 
 namespace tightfit {
@@ -152,13 +153,14 @@ std::vector<int64_t> ConfigTable::get_int_list(const std::string& key) const {
 // --------------------------------------------------------------------- Recipe
 
 Recipe Recipe::load(const std::string& path) {
-  std::ifstream in(path);
-  if (!in)
+  std::string text;
+  try {
+    text = read_file_text(path);
+  } catch (const std::runtime_error&) {
     throw RecipeError(path + ": cannot open recipe (check the path; `tightfit run` with no "
                              "argument uses configs/default.toml)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse(ss.str(), path);
+  }
+  return parse(text, path);
 }
 
 Recipe Recipe::parse(const std::string& text, const std::string& source_name) {

@@ -62,7 +62,9 @@ TEST_F(OffloadTest, AtMostPrefetchPlusOneStagesResident) {
     const int64_t peak = acct.snapshot().peak[TF_MEM_WEIGHTS] - before - resident_base;
     // (slack of a tenth of a block for small buffers counted as weights while a stage is read)
     EXPECT_LE(peak, (prefetch + 1) * block_bytes + block_bytes / 10) << "prefetch " << prefetch;
-    if (prefetch <= 1) EXPECT_LT(peak, offloadable / 2);  // 6 blocks: 1 or 2 resident
+    if (prefetch <= 1) {  // 6 blocks: 1 or 2 resident
+      EXPECT_LT(peak, offloadable / 2);
+    }
   }
 }
 

@@ -55,7 +55,6 @@ TEST_F(PrecisionTest, AutocastComposesWithCheckpointingExactly) {
 }
 
 TEST_F(PrecisionTest, Bf16WeightsHalveBytesAndTrain) {
-  auto& acct = MemoryAccounting::instance();
   auto plain = test::make_session(recipe(""));
   const int64_t fp32_bytes = plain->store().stored_bytes();
   plain.reset();
@@ -74,7 +73,6 @@ TEST_F(PrecisionTest, Bf16WeightsHalveBytesAndTrain) {
   }
   EXPECT_LT(last, first - 0.5);
   EXPECT_EQ(s->optimizer().state().at("transformer.wte.weight.exp_avg").scalar_type(), at::kFloat);
-  (void)acct;
 }
 
 }  // namespace
