@@ -486,8 +486,21 @@ tf_status h_optimizer_info(tf_host_context* ctx, tf_optimizer_info* out) {
     info.eps = c.eps;
     info.weight_decay = c.weight_decay;
     info.momentum = c.momentum;
-    info.step = o.steps();
+    info.step = ctx->session->update_step();
     write_struct(out, info);
+  });
+}
+
+tf_status h_set_micro_batch(tf_host_context* ctx, int32_t index, int32_t count) {
+  return serve(ctx, [&] { ctx->session->set_micro_batch(index, count); });
+}
+
+tf_status h_micro_batch(tf_host_context* ctx, int32_t* index, int32_t* count) {
+  return serve(ctx, [&] {
+    require(index, "index");
+    require(count, "count");
+    *index = ctx->session->micro_batch_index();
+    *count = ctx->session->micro_batch_count();
   });
 }
 
@@ -548,6 +561,8 @@ tf_host_api make_table() {
   t.state_get_double = h_state_get_double;
   t.optimizer_apply = h_optimizer_apply;
   t.optimizer_info = h_optimizer_info;
+  t.set_micro_batch = h_set_micro_batch;
+  t.micro_batch = h_micro_batch;
   return t;
 }
 

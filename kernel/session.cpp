@@ -343,7 +343,7 @@ void Session::build(const PluginRegistry& base_registry) {
 std::string Session::export_hf(const std::string& dir) {
   const tf_model_vtable* vt = model_.plugin->model();
   const char* config = nullptr;
-  if (vt->struct_size >= offsetof(tf_model_vtable, hf_config_json) + sizeof(void*) && vt->hf_config_json)
+  if (TF_HAS(vt, tf_model_vtable, hf_config_json))
     check(vt->hf_config_json(model_.state, model_.ctx.get(), &config), model_, "hf_config_json");
   if (!config)
     log(TF_LOG_WARN, "model plugin \"" + model_.plugin->name + "\" gives no config.json; exporting weights only");
@@ -357,7 +357,7 @@ std::string Session::export_hf(const std::string& dir) {
     q.format = TF_FORMAT_DENSE;
     for (auto& s : strategies_) {
       const tf_strategy_vtable* svt = s.plugin->strategy();
-      if (svt->struct_size < offsetof(tf_strategy_vtable, export_weight) + sizeof(void*) || !svt->export_weight)
+      if (!TF_HAS(svt, tf_strategy_vtable, export_weight))
         continue;
       tf_tensor out = nullptr;
       const tf_status st = svt->export_weight(s.state, s.ctx.get(), p.name.c_str(), reinterpret_cast<tf_tensor>(&q.value), &out);
@@ -393,7 +393,25 @@ void Session::optimizer_apply(const std::string& name, const at::Tensor& grad, d
     g = grad * grad_scale;
   }
   CategoryScope scope(TF_MEM_OPTIMIZER);
-  optimizer_->update(p, g, optimizer_->steps() + 1);
+  update_param(p, g, optimizer_->steps() + 1);
+}
+
+int64_t Session::update_step() const { return in_optimizer_step_ ? optimizer_->steps() : optimizer_->steps() + 1; }
+
+void Session::update_param(Param& p, const at::Tensor& grad, int64_t step) {
+  // Strategies that keep the state themselves (8-bit AdamW, offloaded state)
+  // update where it lives; otherwise the kernel's optimizer does.
+  for (auto& s : strategies_) {
+    const tf_strategy_vtable* vt = s.plugin->strategy();
+    if (!vt->optimizer_step_param) continue;
+    const tf_status st = vt->optimizer_step_param(s.state, s.ctx.get(), p.name.c_str(),
+                                                  reinterpret_cast<tf_tensor>(&p.value),
+                                                  reinterpret_cast<tf_tensor>(const_cast<at::Tensor*>(&grad)),
+                                                  optimizer_->lr());
+    if (st == TF_OK) return;
+    if (st != TF_NOT_HANDLED) check(st, s, "optimizer_step_param");
+  }
+  optimizer_->update(p, grad, step);
 }
 
 void Session::zero_grad() {
@@ -401,7 +419,17 @@ void Session::zero_grad() {
     if (p.value.defined() && p.value.grad().defined()) p.value.mutable_grad() = at::Tensor();
 }
 
+void Session::set_micro_batch(int32_t index, int32_t count) {
+  if (count < 1 || index < 0 || index >= count)
+    throw std::invalid_argument("micro-batch " + std::to_string(index) + " of " + std::to_string(count) +
+                                ": need 0 <= index < count");
+  micro_index_ = index;
+  micro_count_ = count;
+}
+
 tf_status Session::optimizer_step() {
+  micro_index_ = 0;
+  micro_count_ = 1;
   std::vector<Param*> params = store_.trainable();
   const double norm = optimizer_->clip(params);
   step_metrics_["grad_norm"] = norm;
@@ -411,24 +439,14 @@ tf_status Session::optimizer_step() {
   }
   CategoryScope scope(TF_MEM_OPTIMIZER);
   optimizer_->begin_step();
-  const double lr = optimizer_->lr();
+  in_optimizer_step_ = true;
+  struct Done {
+    bool& flag;
+    ~Done() { flag = false; }
+  } done{in_optimizer_step_};
   for (Param* p : params) {
     const at::Tensor& g = p->value.grad();
-    if (!g.defined()) continue;
-    bool handled = false;
-    for (auto& s : strategies_) {
-      const tf_strategy_vtable* vt = s.plugin->strategy();
-      if (!vt->optimizer_step_param) continue;
-      const tf_status st = vt->optimizer_step_param(
-          s.state, s.ctx.get(), p->name.c_str(), reinterpret_cast<tf_tensor>(&p->value),
-          reinterpret_cast<tf_tensor>(const_cast<at::Tensor*>(&g)), lr);
-      if (st == TF_OK) {
-        handled = true;
-        break;
-      }
-      check(st, s, "optimizer_step_param");
-    }
-    if (!handled) optimizer_->update(*p, g);
+    if (g.defined()) update_param(*p, g, optimizer_->steps());
   }
   return TF_OK;
 }
@@ -468,8 +486,8 @@ std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64
     return idx[at::multinomial(probs, 1, false, gen).item<int64_t>()].item<int64_t>();
   };
   const tf_model_vtable* vt = model_.plugin->model();
-  const bool can_decode = use_cache && vt->struct_size >= offsetof(tf_model_vtable, release_cache) + sizeof(void*) &&
-                          vt->decode && vt->release_cache;
+  const bool can_decode =
+      use_cache && TF_HAS(vt, tf_model_vtable, decode) && TF_HAS(vt, tf_model_vtable, release_cache);
   if (can_decode) {
     // Incremental: the model carries its state (or key/value cache) between calls.
     void* cache = nullptr;

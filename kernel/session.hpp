@@ -134,6 +134,14 @@ class Session {
   // grad_ready hooks during backward.
   void dispatch_grads(int32_t stage);
   tf_status optimizer_step();  // TF_ERR_NON_FINITE when gradients are not finite
+  // The 1-based number of the optimizer step an update made now counts as:
+  // the one being taken inside optimizer_step, the coming one in backward.
+  int64_t update_step() const;
+  // Gradient accumulation: the coming backward passes are micro-batch `index`
+  // of `count` (reset to 0 of 1 by optimizer_step).
+  void set_micro_batch(int32_t index, int32_t count);
+  int32_t micro_batch_index() const { return micro_index_; }
+  int32_t micro_batch_count() const { return micro_count_; }
   double eval_loss(int64_t batches);
   // Samples n_tokens after the prompt: greedy when top_k == 1 or temperature == 0,
   // else temperature, top-k and nucleus (top_p < 1) sampling. Uses the model's
@@ -187,6 +195,8 @@ class Session {
   PluginInstance make_instance(const LoadedPlugin& plugin, const toml::table* table,
                                const std::string& role);
   void emit_progress(const ProgressInfo& p);
+  // One parameter's update: a strategy's optimizer_step_param or the kernel's.
+  void update_param(Param& p, const at::Tensor& grad, int64_t step);
 
   Recipe recipe_;
   SessionOptions options_;
@@ -214,6 +224,8 @@ class Session {
   std::map<int32_t, std::map<std::string, at::Tensor>> snapshots_;
   int32_t next_snapshot_ = 1;
   MetricsWriter metrics_;
+  int32_t micro_index_ = 0, micro_count_ = 1;
+  bool in_optimizer_step_ = false;
   std::vector<bool> grads_dispatched_;  // per backward: grad_ready already called
   at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward
 };

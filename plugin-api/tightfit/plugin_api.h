@@ -57,6 +57,12 @@ extern "C" {
 #define TF_VERSION_MINOR(v) ((uint32_t)(v)&0xffffu)
 #define TF_ABI_VERSION TF_MAKE_VERSION(TF_ABI_VERSION_MAJOR, TF_ABI_VERSION_MINOR)
 
+/* Whether a size-prefixed table `ptr` (of struct type `type`) is long enough
+ * to hold `member` and sets it: members added in later minor versions must be
+ * checked this way before use, e.g. TF_HAS(api, tf_host_api, micro_batch). */
+#define TF_HAS(ptr, type, member) \
+  ((ptr)->struct_size >= offsetof(type, member) + sizeof((ptr)->member) && (ptr)->member != NULL)
+
 /* The one symbol every plugin library exports (see tf_plugin_entry_fn). */
 #define TF_PLUGIN_ENTRY_SYMBOL "tightfit_plugin_entry"
 
@@ -509,7 +515,16 @@ typedef struct tf_host_api {
    * that keep optimizer state themselves, e.g. 8-bit AdamW). */
   tf_status (*optimizer_info)(tf_host_context* ctx, tf_optimizer_info* out);
 
-  void* reserved[22];
+  /* --- gradient accumulation (added in 1.0's reserved space) --- */
+  /* A schedule that accumulates declares that the forward_backward calls that
+   * follow are micro-batch `index` (0-based) of `count` in this optimizer step.
+   * optimizer_step resets it to 0 of 1. */
+  tf_status (*set_micro_batch)(tf_host_context* ctx, int32_t index, int32_t count);
+  /* Where the current backward is in its step, for strategies whose
+   * grad_ready must wait for the last micro-batch (fused update). */
+  tf_status (*micro_batch)(tf_host_context* ctx, int32_t* index, int32_t* count);
+
+  void* reserved[20];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */

@@ -8,8 +8,14 @@
 // clip that tracks the true norm closely when it changes slowly; the first
 // step is not clipped. `clip = "none"` turns it off (then the updates are
 // exactly those of the plain run). The norm of each step is logged as
-// fused_update.grad_norm. Gradient accumulation needs the update to wait for
-// the last micro-batch; schedules that accumulate are not supported yet.
+// fused_update.grad_norm.
+//
+// Under gradient accumulation (a schedule that declares micro-batches, such
+// as `accumulate`), gradients build up as usual over the first micro-batches
+// and each parameter is updated — and its gradient freed — during the last
+// micro-batch's backward, from the accumulated gradient. The full gradients
+// then exist between micro-batches (accumulation needs them) but never all at
+// once during the last backward and the update.
 #include <cmath>
 #include <memory>
 
@@ -40,6 +46,11 @@ void destroy(void* state) { delete static_cast<FusedUpdate*>(state); }
 tf_status grad_ready(void* state, tf_host_context* ctx, const char* name, tf_tensor grad_h) {
   auto* s = static_cast<FusedUpdate*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
+    if (TF_HAS(s->host.api(), tf_host_api, micro_batch)) {
+      int32_t index = 0, count = 1;
+      s->host.check(s->host.api()->micro_batch(ctx, &index, &count));
+      if (index + 1 < count) return TF_NOT_HANDLED;  // keep accumulating
+    }
     const at::Tensor& grad = tf_sdk::borrow(grad_h);
     const double n = grad.detach().norm().item<double>();
     s->sum_sq += n * n;

@@ -1,0 +1,118 @@
+// Gradient accumulation: each optimizer step runs forward and backward over
+// `micro_batches` batches of data.batch_size, accumulating their gradients
+// (each scaled by 1/micro_batches), then updates once. Memory is that of one
+// micro-batch; the update is that of one batch micro_batches times as large
+// (the effective batch is batch_size x micro_batches, as in torchtune and
+// Hugging Face's gradient_accumulation_steps).
+#include <memory>
+
+#include "tightfit/lr_schedule.hpp"
+
+namespace {
+
+struct Accumulate {
+  tf_sdk::Host host;
+  tf_sdk::LrSchedule lr;
+  int32_t micro_batches = 1;
+  int64_t skipped = 0;
+};
+
+tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
+  return tf_sdk::guard(api, ctx, [&] {
+    auto s = std::make_unique<Accumulate>(Accumulate{tf_sdk::Host(api, ctx)});
+    s->lr = tf_sdk::LrSchedule::read(s->host);
+    s->micro_batches = static_cast<int32_t>(s->host.get_int("micro_batches"));
+    if (!TF_HAS(api, tf_host_api, set_micro_batch))
+      throw std::invalid_argument("this host has no set_micro_batch service; update tightfit");
+    *out = s.release();
+    return TF_OK;
+  });
+}
+
+void destroy(void* state) { delete static_cast<Accumulate*>(state); }
+
+tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t total, tf_step_result* out) {
+  auto* s = static_cast<Accumulate*>(state);
+  const tf_host_api* api = s->host.api();
+  return tf_sdk::guard(api, ctx, [&] {
+    const double lr = s->lr.apply(s->host, step, total);
+    s->host.check(api->zero_grad(ctx));
+    double loss_sum = 0;
+    int64_t tokens = 0;
+    for (int32_t i = 0; i < s->micro_batches; ++i) {
+      s->host.check(api->set_micro_batch(ctx, i, s->micro_batches));
+      tf_batch batch{};
+      batch.struct_size = sizeof batch;
+      s->host.check(api->next_batch(ctx, &batch));
+      tf_pass_result pass{};
+      pass.struct_size = sizeof pass;
+      const tf_status fb = api->forward_backward(ctx, &batch, 1.0 / s->micro_batches, &pass);
+      api->batch_release(ctx, &batch);
+      s->host.check(fb);
+      loss_sum += pass.loss;
+      tokens += pass.n_tokens;
+    }
+    tf_sdk::step_or_skip(s->host, step, s->skipped);
+    out->loss = loss_sum / s->micro_batches;  // equal-sized micro-batches: the batch mean
+    out->n_tokens = tokens;
+    out->backward_passes = s->micro_batches;
+    out->forward_passes = s->micro_batches;
+    out->lr = lr;
+    out->phase = "full";
+    return TF_OK;
+  });
+}
+
+// Same memory as one micro-batch of the plain recipe; micro_batches times the work per step.
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary*, tf_memory_estimate* out) {
+  auto* s = static_cast<Accumulate*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    out->time_factor = s->micro_batches;
+    return TF_OK;
+  });
+}
+
+tf_status save_state(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<Accumulate*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    s->host.check(s->host.api()->state_put_double(ctx, "skipped", static_cast<double>(s->skipped)));
+    return TF_OK;
+  });
+}
+
+tf_status load_state(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<Accumulate*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    double v = 0;
+    s->host.check(s->host.api()->state_get_double(ctx, "skipped", &v));
+    s->skipped = static_cast<int64_t>(v);
+    return TF_OK;
+  });
+}
+
+const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
+    tf_sdk::key("micro_batches", TF_VALUE_INT, "4",
+                "batches of data.batch_size whose gradients are summed into one update", 1, 1e6),
+});
+
+tf_schedule_vtable make_vtable() {
+  tf_schedule_vtable v{};
+  v.struct_size = sizeof v;
+  v.create = create;
+  v.destroy = destroy;
+  v.run_step = run_step;
+  v.estimate_memory = estimate_memory;
+  v.save_state = save_state;
+  v.load_state = load_state;
+  return v;
+}
+const tf_schedule_vtable kVtable = make_vtable();
+
+const tf_plugin_descriptor kDescriptor = {
+    sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_SCHEDULE, "accumulate", "1.0.0",
+    "gradient accumulation over micro_batches batches per update; warmup then cosine/linear decay",
+    TORCH_VERSION, 0, kKeys.data(), static_cast<uint32_t>(kKeys.size()), &kVtable, {}};
+
+}  // namespace
+
+TF_DEFINE_PLUGIN_ENTRY(kDescriptor)
