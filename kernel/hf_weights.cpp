@@ -18,6 +18,8 @@ void import_hf_weights(ParamStore& store, const std::map<std::string, at::Tensor
                        const std::string& source) {
   at::NoGradGuard no_grad;
   for (Param& p : store.all()) {
+    // Adapters are not part of a model folder (they load on their own).
+    if (p.flags & TF_PARAM_ADAPTER) continue;
     auto it = tensors.find(p.name);
     if (it == tensors.end()) {
       const auto dot = p.name.find('.');

@@ -3,10 +3,13 @@
 // C++ exception crosses the ABI.
 #include <c10/util/Exception.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstring>
 #include <mutex>
 #include <set>
 
+#include "safetensors.hpp"
 #include "session.hpp"
 
 namespace tightfit {
@@ -504,6 +507,57 @@ tf_status h_micro_batch(tf_host_context* ctx, int32_t* index, int32_t* count) {
   });
 }
 
+tf_status h_tensors_save(tf_host_context* ctx, const char* path, int32_t n, const char* const* names,
+                         const tf_tensor* tensors, const char* metadata_json) {
+  return serve(ctx, [&] {
+    require(path, "path");
+    if (n < 0) throw std::invalid_argument("n must be >= 0");
+    if (n > 0) {
+      require(names, "names");
+      require(tensors, "tensors");
+    }
+    std::map<std::string, at::Tensor> out;
+    for (int32_t i = 0; i < n; ++i) {
+      require(names[i], "names[i]");
+      require(tensors[i], "tensors[i]");
+      if (!out.emplace(names[i], as_tensor(tensors[i]).detach().to(at::kCPU)).second)
+        throw std::invalid_argument(std::string("tensor name \"") + names[i] + "\" given twice");
+    }
+    std::map<std::string, std::string> metadata;
+    if (metadata_json) {
+      const auto j = nlohmann::json::parse(metadata_json, nullptr, false);
+      if (j.is_discarded() || !j.is_object()) throw std::invalid_argument("metadata_json is not a JSON object");
+      for (const auto& [k, v] : j.items()) metadata[k] = v.is_string() ? v.get<std::string>() : v.dump();
+    }
+    const std::string tmp = std::string(path) + ".tmp";
+    write_safetensors(tmp, out, metadata);
+    if (std::rename(tmp.c_str(), path) != 0)
+      throw std::runtime_error(std::string("cannot rename ") + tmp + " to " + path + ": " + std::strerror(errno));
+  });
+}
+
+tf_status h_tensors_load(tf_host_context* ctx, const char* path, const char* name, tf_tensor* out) {
+  return serve(ctx, [&] {
+    if (path == nullptr) {
+      ctx->loaded_path.clear();
+      ctx->loaded_tensors.clear();
+      return;
+    }
+    require(name, "name");
+    require(out, "out");
+    if (ctx->loaded_path != path) {
+      ctx->loaded_tensors.clear();
+      ctx->loaded_path.clear();
+      ctx->loaded_tensors = read_safetensors(path).tensors;
+      ctx->loaded_path = path;
+    }
+    auto it = ctx->loaded_tensors.find(name);
+    if (it == ctx->loaded_tensors.end())
+      throw std::out_of_range(std::string(path) + " has no tensor \"" + name + "\"");
+    *out = give(it->second);
+  });
+}
+
 tf_host_api make_table() {
   tf_host_api t{};
   t.struct_size = sizeof(tf_host_api);
@@ -563,6 +617,8 @@ tf_host_api make_table() {
   t.optimizer_info = h_optimizer_info;
   t.set_micro_batch = h_set_micro_batch;
   t.micro_batch = h_micro_batch;
+  t.tensors_save = h_tensors_save;
+  t.tensors_load = h_tensors_load;
   return t;
 }
 

@@ -83,6 +83,8 @@ const std::vector<KeySpec>& save_keys() {
       key("final", TF_VALUE_BOOL, "true", "save when the run ends"),
       key("dir", TF_VALUE_STRING, "\"\"", "checkpoint folder; empty = <run folder>/checkpoints"),
       key("hf", TF_VALUE_BOOL, "false", "also write <run folder>/hf, a Hugging Face model folder, at the end"),
+      key("adapter", TF_VALUE_BOOL, "false",
+          "also write <run folder>/adapter, the adapters on their own (PEFT format), at the end"),
   };
   return keys;
 }
@@ -340,7 +342,7 @@ void Session::build(const PluginRegistry& base_registry) {
     log(TF_LOG_WARN, "--resume: no checkpoint in " + checkpoint_dir() + "; starting from step 0");
 }
 
-std::string Session::export_hf(const std::string& dir) {
+std::string Session::export_hf(const std::string& dir, bool merge) {
   const tf_model_vtable* vt = model_.plugin->model();
   const char* config = nullptr;
   if (TF_HAS(vt, tf_model_vtable, hf_config_json))
@@ -357,8 +359,7 @@ std::string Session::export_hf(const std::string& dir) {
     q.format = TF_FORMAT_DENSE;
     for (auto& s : strategies_) {
       const tf_strategy_vtable* svt = s.plugin->strategy();
-      if (!TF_HAS(svt, tf_strategy_vtable, export_weight))
-        continue;
+      if (!merge || !TF_HAS(svt, tf_strategy_vtable, export_weight)) continue;
       tf_tensor out = nullptr;
       const tf_status st = svt->export_weight(s.state, s.ctx.get(), p.name.c_str(), reinterpret_cast<tf_tensor>(&q.value), &out);
       if (st == TF_OK && out) {
@@ -371,6 +372,25 @@ std::string Session::export_hf(const std::string& dir) {
     merged.adopt(std::move(q));
   }
   save_hf_model(merged, dir, config ? config : "", tokenizer_->source_file());
+  return dir;
+}
+
+std::string Session::export_adapter(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error("cannot create " + dir + ": " + ec.message());
+  at::NoGradGuard no_grad;
+  bool written = false;
+  for (auto& s : strategies_) {
+    const tf_strategy_vtable* svt = s.plugin->strategy();
+    if (!TF_HAS(svt, tf_strategy_vtable, export_adapter)) continue;
+    const tf_status st = svt->export_adapter(s.state, s.ctx.get(), dir.c_str());
+    if (st == TF_OK) written = true;
+    else if (st != TF_NOT_HANDLED) check(st, s, "export_adapter");
+  }
+  if (!written)
+    throw std::runtime_error("no strategy of this recipe has adapters to export (add a [[strategy]] with plugin = "
+                             "\"lora\"), or export the whole model without --adapter");
   return dir;
 }
 
@@ -633,6 +653,7 @@ TrainSummary Session::train() {
     // An interrupted run always saves, so that --resume can continue it.
     if ((save_cfg_.get_bool("final") || step_ < total) && step_ > sum.first_step) save_checkpoint(step_);
     if (save_cfg_.get_bool("hf")) export_hf((fs::path(run_dir_) / "hf").string());
+    if (save_cfg_.get_bool("adapter")) export_adapter((fs::path(run_dir_) / "adapter").string());
     sum.steps_run = step_ - sum.first_step;
     sum.tokens_per_s = sum.wall_s > 0 ? static_cast<double>(tokens) / sum.wall_s : 0;
     sum.final_loss = sum.losses.empty() ? std::nan("") : sum.losses.back();

@@ -37,6 +37,9 @@ struct tf_host_context {
   std::map<std::string, at::Tensor>* state_out = nullptr;
   const std::map<std::string, at::Tensor>* state_in = nullptr;
   std::string state_prefix;
+  // The last tensor file this plugin read with tensors_load.
+  std::string loaded_path;
+  std::map<std::string, at::Tensor> loaded_tensors;
 };
 
 namespace tightfit {
@@ -151,7 +154,12 @@ class Session {
                        double temperature, uint64_t seed, double top_p = 1.0, bool use_cache = true);
   // Writes the model as a Hugging Face folder (model.safetensors, config.json,
   // tokenizer.json when the run uses one); returns the folder.
-  std::string export_hf(const std::string& dir);
+  // merge = false leaves adapters out and writes the bases as they are (the
+  // model a PEFT adapter from export_adapter applies to).
+  std::string export_hf(const std::string& dir, bool merge = true);
+  // Writes the strategies' adapters on their own (LoRA: a PEFT adapter folder);
+  // returns the folder. Throws when no strategy has adapters.
+  std::string export_adapter(const std::string& dir);
   int32_t snapshot_take(bool with_optimizer);
   void snapshot_restore(int32_t id);
   void snapshot_drop(int32_t id);

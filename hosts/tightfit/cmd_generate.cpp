@@ -108,20 +108,30 @@ int generate_command(const std::vector<std::string>& args) {
 int export_command(const std::vector<std::string>& args) {
   po::options_description opts("tightfit export RECIPE.toml --out DIR [options]");
   opts.add_options()("help,h", "show this help")("out,o", po::value<std::string>(), "folder to write")(
+      "adapter", "write only the adapters (LoRA: a PEFT adapter folder for PeftModel.from_pretrained)")(
+      "unmerged", "write the base model without merging adapters into it (the model a PEFT adapter applies to)")(
       "set", po::value<std::vector<std::string>>()->composing(), "override a recipe key");
   po::variables_map vm;
   if (!parse_command_line(args, opts, "target", "export", vm)) return kUsage;
   if (vm.count("help") || !vm.count("target") || !vm.count("out")) {
     (vm.count("help") ? std::cout : std::cerr)
         << opts << "\nWrites the run's latest checkpoint as a Hugging Face model folder that "
-                   "transformers' from_pretrained loads.\n";
+                   "transformers' from_pretrained loads (adapters merged into their weights), or with "
+                   "--adapter only the adapters.\n";
     return vm.count("help") ? kOk : kUsage;
+  }
+  if (vm.count("adapter") && vm.count("unmerged")) {
+    std::cerr << "tightfit export: --adapter and --unmerged write different folders; run export once for each\n";
+    return kUsage;
   }
   set_log_level("warn");
   try {
     auto session = load_target(vm["target"].as<std::string>(),
                                vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{});
-    std::cout << "wrote " << session->export_hf(vm["out"].as<std::string>()) << "\n";
+    const std::string out = vm["out"].as<std::string>();
+    std::cout << "wrote "
+              << (vm.count("adapter") ? session->export_adapter(out) : session->export_hf(out, !vm.count("unmerged")))
+              << "\n";
     return kOk;
   } catch (const std::exception& e) {
     return report(e);

@@ -15,6 +15,7 @@ void usage(std::ostream& os) {
         "  run [recipe.toml] [--set k=v]...   train as the recipe says (default: configs/default.toml)\n"
         "  generate RECIPE|MODEL_DIR -p TEXT  sample from a run's latest checkpoint or a Hugging Face model\n"
         "  export RECIPE --out DIR            write a run's latest checkpoint as a Hugging Face model folder\n"
+        "                                     (--adapter: only the adapters, as PEFT writes them)\n"
         "  plugins list                       installed plugins: kind, versions, origin, path\n"
         "  plugins info NAME                  a plugin's recipe keys with types, defaults, docs\n\n"
         "`tightfit <command> --help` shows a command's options.\n";

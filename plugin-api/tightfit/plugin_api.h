@@ -524,7 +524,19 @@ typedef struct tf_host_api {
    * grad_ready must wait for the last micro-batch (fused update). */
   tf_status (*micro_batch)(tf_host_context* ctx, int32_t* index, int32_t* count);
 
-  void* reserved[20];
+  /* --- tensor files: plugins' own artifacts, such as adapters --- */
+  /* Writes `n` tensors (borrowed, any device) under `names` to a safetensors
+   * file at `path`: a temporary name, fsync, then rename, so a reader never
+   * sees half a file. `metadata_json` (a JSON object of strings) may be NULL. */
+  tf_status (*tensors_save)(tf_host_context* ctx, const char* path, int32_t n, const char* const* names,
+                            const tf_tensor* tensors, const char* metadata_json);
+  /* Reads tensor `name` from the safetensors file at `path` (validated as the
+   * kernel's own checkpoints are). Out: new, on CPU. TF_ERR_NOT_FOUND when the
+   * file has no such tensor. The host keeps the last file read for this
+   * plugin instance until another path is read; path NULL releases it. */
+  tf_status (*tensors_load)(tf_host_context* ctx, const char* path, const char* name, tf_tensor* out);
+
+  void* reserved[18];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */
@@ -622,7 +634,12 @@ typedef struct tf_strategy_vtable {
    * (TF_PARAM_ADAPTER) are left out of exports that merge. */
   tf_status (*export_weight)(void* state, tf_host_context* ctx, const char* name, tf_tensor dense, tf_tensor* out);
 
-  void* reserved[15];
+  /* Export: write this strategy's trained adapters on their own into the
+   * existing folder `dir` (LoRA: PEFT's adapter_model.safetensors and
+   * adapter_config.json). TF_NOT_HANDLED = nothing to write. */
+  tf_status (*export_adapter)(void* state, tf_host_context* ctx, const char* dir);
+
+  void* reserved[14];
 } tf_strategy_vtable;
 
 /* A trainer schedule: decides what each step does using training services. */

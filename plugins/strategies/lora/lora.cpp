@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "tightfit/plugin_sdk.hpp"
+#include "lora.hpp"
 
 namespace {
 
@@ -29,23 +29,16 @@ const std::map<std::string, std::vector<std::string>> kAliases = {
     {"down", {"down_proj", "mlp.c_proj", "feed_forward.value"}},
 };
 
-struct Adapter {
-  std::string a, b;  // parameter names of A and B
-};
-
-struct Lora {
-  tf_sdk::Host host;
-  int64_t rank = 8;
-  double scale = 2.0;  // alpha / rank
-  double dropout = 0.0;
-  std::map<std::string, Adapter> adapters;  // by base weight name
-};
+using lora::Adapter;
+using lora::Lora;
 
 tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   return tf_sdk::guard(api, ctx, [&] {
     auto s = std::make_unique<Lora>(Lora{tf_sdk::Host(api, ctx)});
     s->rank = s->host.get_int("rank");
-    s->scale = s->host.get_double("alpha") / static_cast<double>(s->rank);
+    s->alpha = s->host.get_double("alpha");
+    s->scale = s->alpha / static_cast<double>(s->rank);
+    s->adapter_dir = s->host.get_string("adapter");
     s->dropout = s->host.get_double("dropout");
     *out = s.release();
     return TF_OK;
@@ -128,6 +121,25 @@ tf_status export_weight(void* state, tf_host_context* ctx, const char* name, tf_
   });
 }
 
+// A PEFT adapter folder given as `adapter` replaces the initial A and B.
+tf_status params_ready(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<Lora*>(state);
+  if (s->adapter_dir.empty()) return TF_OK;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    lora::read_peft_adapter(*s, s->adapter_dir);
+    s->host.log(TF_LOG_INFO, "adapters loaded from " + s->adapter_dir);
+    return TF_OK;
+  });
+}
+
+tf_status export_adapter(void* state, tf_host_context* ctx, const char* dir) {
+  auto* s = static_cast<Lora*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    lora::write_peft_adapter(*s, dir);
+    return TF_OK;
+  });
+}
+
 // Adapters add 2 r (in + out) values per target, trained: weights, grads and
 // two AdamW moments; the frozen base needs no gradients or optimizer state.
 tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model, tf_memory_estimate* out) {
@@ -152,6 +164,8 @@ const tf_config_key kKeys[] = {
     tf_sdk::key("rank", TF_VALUE_INT, "8", "adapter rank r", 1, 4096),
     tf_sdk::key("alpha", TF_VALUE_FLOAT, "16.0", "scaling numerator: the update is (alpha / r) B A x", 0, 1e6),
     tf_sdk::key("dropout", TF_VALUE_FLOAT, "0.0", "dropout on the adapter input in training", 0, 1),
+    tf_sdk::key("adapter", TF_VALUE_STRING, "\"\"",
+                "a PEFT adapter folder (adapter_config.json + adapter_model.safetensors) to start from"),
 };
 
 tf_strategy_vtable make_vtable() {
@@ -162,6 +176,8 @@ tf_strategy_vtable make_vtable() {
   v.configure = configure;
   v.linear_extend = linear_extend;
   v.export_weight = export_weight;
+  v.params_ready = params_ready;
+  v.export_adapter = export_adapter;
   v.estimate_memory = estimate_memory;
   return v;
 }

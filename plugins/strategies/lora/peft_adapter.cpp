@@ -1,0 +1,186 @@
+// LoRA adapters as Hugging Face PEFT writes and reads them, so an adapter
+// trained here loads with PeftModel.from_pretrained and one trained with PEFT
+// starts a run here:
+//   adapter_model.safetensors  base_model.model.<module>.lora_A.weight [r, in]
+//                              base_model.model.<module>.lora_B.weight [out, r]
+//   adapter_config.json        peft_type LORA, r, lora_alpha, target_modules, ...
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <vector>
+
+#include "lora.hpp"
+
+namespace lora {
+namespace {
+
+constexpr const char* kPrefix = "base_model.model.";
+
+std::string module_of(const std::string& weight) { return weight.substr(0, weight.size() - 7); }  // drop ".weight"
+std::string leaf_of(const std::string& module) { return module.substr(module.rfind('.') + 1); }
+
+// The block linear modules of the model (where LoRA can go).
+std::vector<std::string> linear_modules(const Lora& s) {
+  std::vector<std::string> out;
+  for (const auto& name : s.host.param_names()) {
+    const tf_param_info info = s.host.param_info(name);
+    if (info.ndim == 2 && info.stage >= 0 && !(info.flags & TF_PARAM_ADAPTER) && name.size() > 7 &&
+        name.compare(name.size() - 7, 7, ".weight") == 0)
+      out.push_back(module_of(name));
+  }
+  return out;
+}
+
+// PEFT's target_modules: the leaf names when they pick exactly the adapted
+// modules (["q_proj", "v_proj"]), else a regular expression PEFT full-matches
+// against module names (GPT-2's attn.c_proj and mlp.c_proj share a leaf).
+nlohmann::json target_modules(const Lora& s) {
+  std::set<std::string> adapted, leaves;
+  for (const auto& [weight, ad] : s.adapters) {
+    adapted.insert(module_of(weight));
+    leaves.insert(leaf_of(module_of(weight)));
+  }
+  std::set<std::string> picked;
+  for (const auto& m : linear_modules(s))
+    if (leaves.count(leaf_of(m))) picked.insert(m);
+  if (picked == adapted) return std::vector<std::string>(leaves.begin(), leaves.end());
+  std::string regex;
+  for (const auto& m : adapted) {
+    if (!regex.empty()) regex += '|';
+    for (char c : m) {
+      if (c == '.') regex += '\\';
+      regex += c;
+    }
+  }
+  return regex;
+}
+
+void write_text_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) throw std::runtime_error("cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
+}
+
+}  // namespace
+
+void write_peft_adapter(const Lora& s, const std::string& dir) {
+  at::NoGradGuard no_grad;
+  std::vector<std::string> names;
+  std::vector<at::Tensor> values;
+  bool transposed = false;  // GPT-2's Conv1D layout: PEFT's fan_in_fan_out
+  for (const auto& [weight, ad] : s.adapters) {
+    transposed |= (s.host.param_info(weight).flags & TF_PARAM_HF_TRANSPOSED) != 0;
+    for (const std::string& p : {ad.a, ad.b}) {
+      names.push_back(kPrefix + p);
+      values.push_back(s.host.weight(p).detach().contiguous());
+    }
+  }
+  std::vector<const char*> name_ptrs;
+  std::vector<tf_tensor> handles;
+  for (size_t i = 0; i < names.size(); ++i) {
+    name_ptrs.push_back(names[i].c_str());
+    handles.push_back(reinterpret_cast<tf_tensor>(&values[i]));
+  }
+  const std::string file = dir + "/adapter_model.safetensors";
+  s.host.check(s.host.api()->tensors_save(s.host.ctx(), file.c_str(), static_cast<int32_t>(names.size()),
+                                          name_ptrs.data(), handles.data(), "{\"format\": \"pt\"}"));
+  const nlohmann::json config = {
+      {"peft_type", "LORA"},
+      {"task_type", "CAUSAL_LM"},
+      {"r", s.rank},
+      {"lora_alpha", s.alpha},
+      {"lora_dropout", s.dropout},
+      {"target_modules", target_modules(s)},
+      {"fan_in_fan_out", transposed},
+      {"bias", "none"},
+      {"inference_mode", true},
+      {"init_lora_weights", true},
+      {"use_rslora", false},
+      {"use_dora", false},
+      {"modules_to_save", nullptr},
+      {"layers_to_transform", nullptr},
+      {"layers_pattern", nullptr},
+      {"rank_pattern", nlohmann::json::object()},
+      {"alpha_pattern", nlohmann::json::object()},
+      {"base_model_name_or_path", nullptr},
+      {"revision", nullptr},
+  };
+  write_text_atomically(dir + "/adapter_config.json", config.dump(2) + "\n");
+}
+
+void read_peft_adapter(const Lora& s, const std::string& dir) {
+  const std::string config_path = dir + "/adapter_config.json";
+  std::ifstream in(config_path, std::ios::binary);
+  if (!in)
+    throw std::invalid_argument("lora.adapter: cannot open " + config_path +
+                                " (a PEFT adapter folder has adapter_config.json and adapter_model.safetensors)");
+  std::stringstream text;
+  text << in.rdbuf();
+  const auto config = nlohmann::json::parse(text.str(), nullptr, false);
+  if (config.is_discarded() || !config.is_object())
+    throw std::invalid_argument("lora.adapter: " + config_path + " is not valid JSON");
+  if (config.value("peft_type", "") != "LORA")
+    throw std::invalid_argument("lora.adapter: " + config_path + " is not a LoRA adapter (peft_type \"" +
+                                config.value("peft_type", "") + "\")");
+  if (config.value("use_dora", false))
+    throw std::invalid_argument("lora.adapter: " + config_path + " is a DoRA adapter, which this plugin does not run");
+  const int64_t r = config.value("r", int64_t{-1});
+  const double alpha = config.value("lora_alpha", -1.0);
+  if (r != s.rank || std::abs(alpha - s.alpha) > 1e-9 * std::max(1.0, s.alpha)) {
+    std::ostringstream msg;
+    msg << "lora.adapter: " << config_path << " has r = " << r << ", lora_alpha = " << alpha
+        << "; the recipe says rank = " << s.rank << ", alpha = " << s.alpha << " — set rank = " << r
+        << " and alpha = " << alpha << " in this [[strategy]] table";
+    throw std::invalid_argument(msg.str());
+  }
+  if (config.value("use_rslora", false))
+    throw std::invalid_argument("lora.adapter: " + config_path + " uses rsLoRA scaling (alpha / sqrt(r)), which "
+                                "this plugin does not; retrain without use_rslora");
+  const std::string file = dir + "/adapter_model.safetensors";
+  const tf_host_api* api = s.host.api();
+  tf_host_context* ctx = s.host.ctx();
+  struct Release {
+    const tf_host_api* api;
+    tf_host_context* ctx;
+    ~Release() { api->tensors_load(ctx, nullptr, nullptr, nullptr); }
+  } release{api, ctx};
+  at::NoGradGuard no_grad;
+  for (const auto& [weight, ad] : s.adapters) {
+    for (const std::string& p : {ad.a, ad.b}) {
+      tf_tensor h = nullptr;
+      const tf_status st = api->tensors_load(ctx, file.c_str(), (kPrefix + p).c_str(), &h);
+      if (st == TF_ERR_NOT_FOUND)
+        throw std::invalid_argument("lora.adapter: " + file + " has no " + kPrefix + p +
+                                    ": the adapter was trained on other modules (its target_modules: " +
+                                    config.value("target_modules", nlohmann::json()).dump() +
+                                    "); set targets to match");
+      s.host.check(st);
+      const at::Tensor loaded = tf_sdk::take(h);
+      tf_tensor storage_h = nullptr;
+      s.host.check(api->param_storage(ctx, p.c_str(), &storage_h));
+      const at::Tensor storage = tf_sdk::take(storage_h);
+      if (loaded.sizes() != storage.sizes()) {
+        std::ostringstream msg;
+        msg << "lora.adapter: " << kPrefix << p << " in " << file << " has shape " << loaded.sizes()
+            << ", this model needs " << storage.sizes();
+        throw std::invalid_argument(msg.str());
+      }
+      storage.detach().copy_(loaded);
+    }
+  }
+}
+
+}  // namespace lora
