@@ -490,6 +490,7 @@ tf_status h_optimizer_info(tf_host_context* ctx, tf_optimizer_info* out) {
     info.weight_decay = c.weight_decay;
     info.momentum = c.momentum;
     info.step = ctx->session->update_step();
+    info.n_state = static_cast<int32_t>(o.slot_names().size());
     write_struct(out, info);
   });
 }
@@ -558,6 +559,24 @@ tf_status h_tensors_load(tf_host_context* ctx, const char* path, const char* nam
   });
 }
 
+tf_status h_optimizer_update(tf_host_context* ctx, const char* name, tf_tensor param, tf_tensor grad,
+                             int32_t n_state, const tf_tensor* state) {
+  return serve(ctx, [&] {
+    require(name, "name");
+    require(param, "param");
+    require(grad, "grad");
+    if (n_state > 0) require(state, "state");
+    const Param& p = ctx->session->store().get(name);
+    std::vector<at::Tensor*> slots;
+    for (int32_t i = 0; i < n_state; ++i) {
+      require(state[i], "state[i]");
+      slots.push_back(&as_tensor(state[i]));
+    }
+    Session& s = *ctx->session;
+    s.optimizer().update_with_state(as_tensor(param), p.decays(), as_tensor(grad), slots, s.update_step());
+  });
+}
+
 tf_host_api make_table() {
   tf_host_api t{};
   t.struct_size = sizeof(tf_host_api);
@@ -619,6 +638,7 @@ tf_host_api make_table() {
   t.micro_batch = h_micro_batch;
   t.tensors_save = h_tensors_save;
   t.tensors_load = h_tensors_load;
+  t.optimizer_update = h_optimizer_update;
   return t;
 }
 

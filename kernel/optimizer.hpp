@@ -39,8 +39,16 @@ class Optimizer {
   // Begins a step (bias corrections use the incremented count).
   void begin_step() { ++steps_; }
   // Updates one parameter in place from its gradient, with the bias
-  // correction of step `step` (default: the current count).
+  // correction of step `step` (default: the current count), keeping its
+  // state in state().
   void update(Param& p, const at::Tensor& grad, int64_t step = -1);
+  // The same update with state the caller keeps (a strategy's tier): one fp32
+  // tensor shaped like the parameter per slot_names() entry, zero before the
+  // first update, updated in place. `value` may be any tensor (a host copy).
+  void update_with_state(const at::Tensor& value, bool decays, const at::Tensor& grad,
+                         const std::vector<at::Tensor*>& slots, int64_t step);
+  // AdamW: exp_avg, exp_avg_sq; SGD with momentum: momentum_buffer; else none.
+  std::vector<std::string> slot_names() const;
 
   // State tensors by "<param>.<slot>" (exp_avg, exp_avg_sq, momentum_buffer).
   std::map<std::string, at::Tensor>& state() { return state_; }

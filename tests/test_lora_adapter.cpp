@@ -22,6 +22,8 @@ struct Case {
   std::string targets;
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 const char* kLlamaTable =
     "plugin = \"llama\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 4\nn_kv_head = 2\n"
     "intermediate_size = 80\nmax_positions = 64\n";

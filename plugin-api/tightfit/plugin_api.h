@@ -334,6 +334,9 @@ typedef struct tf_optimizer_info {
   double lr;        /* current learning rate */
   double beta1, beta2, eps, weight_decay, momentum;
   int64_t step;     /* 1-based count of the update being applied */
+  /* Added in 1.0's tail: state tensors per parameter that optimizer_update
+   * takes (AdamW 2: exp_avg, exp_avg_sq; SGD with momentum 1; plain SGD 0). */
+  int32_t n_state;
 } tf_optimizer_info;
 
 /* Hook event around a stage. */
@@ -536,7 +539,17 @@ typedef struct tf_host_api {
    * plugin instance until another path is read; path NULL releases it. */
   tf_status (*tensors_load)(tf_host_context* ctx, const char* path, const char* name, tf_tensor* out);
 
-  void* reserved[18];
+  /* --- optimizer state kept by a strategy (offload: update where it lives) --- */
+  /* Applies the run's optimizer (lr, betas, weight decay of parameter `name`,
+   * the step being taken) to `param` (borrowed, updated in place; it may be a
+   * host copy of the parameter) from `grad` (borrowed, same device as param),
+   * with state the caller keeps: `state` holds optimizer_info.n_state fp32
+   * tensors shaped like the parameter, all zero before the first update, and
+   * updated in place. Called from optimizer_step_param. */
+  tf_status (*optimizer_update)(tf_host_context* ctx, const char* name, tf_tensor param, tf_tensor grad,
+                                int32_t n_state, const tf_tensor* state);
+
+  void* reserved[17];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */

@@ -9,9 +9,16 @@
 // resident. The kernel's compact linear fetches such a weight again in
 // backward instead of keeping it, so nothing pins it.
 //
-// This session's scope: frozen weights (LoRA bases, or a model trained only
-// partly); trainable weights and optimizer state stay where they are, and
-// `params = "host"` (pinned host memory for a CUDA device) is not built yet.
+// `optimizer = "disk" | "host"` keeps the optimizer state of trainable
+// parameters in that tier and runs their update there (state_tier.hpp): the
+// kernel hands each update to optimizer_step_param, which brings the
+// parameter and its gradient to the CPU when they are elsewhere, applies the
+// run's optimizer with the tier's state (the host's optimizer_update, so the
+// maths is the kernel's own) and copies the parameter back. Exact: the same
+// weights as the plain run.
+//
+// Not built yet: trainable weights in a tier (only frozen ones move),
+// `params = "host"`, and activations.
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -25,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "state_tier.hpp"
 #include "tightfit/plugin_sdk.hpp"
 
 namespace {
@@ -43,8 +51,11 @@ struct Offload {
   tf_sdk::Host host;
   std::string device;
   int64_t prefetch = 1;
+  bool offload_params = true;
   std::map<std::string, Offloaded> weights;
   std::map<int32_t, std::vector<std::string>> by_stage;
+  std::string optimizer_tier;                  // "none" | "host" | "disk"
+  std::unique_ptr<offload::StateTier> state;  // created in params_ready
 
   // Loaded weights, by stage; guarded by m.
   std::mutex m;
@@ -138,9 +149,14 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   return tf_sdk::guard(api, ctx, [&] {
     auto s = std::make_unique<Offload>(tf_sdk::Host(api, ctx));
     s->device = s->host.run_info().device;
-    if (s->host.get_string("params") != "disk")
-      throw std::invalid_argument("offload: params = \"" + s->host.get_string("params") +
-                                  "\" is not built yet; use params = \"disk\"");
+    const std::string params = s->host.get_string("params");
+    if (params == "host")
+      throw std::invalid_argument("offload: params = \"host\" is not built yet; use params = \"disk\" or \"none\"");
+    s->offload_params = params == "disk";
+    s->optimizer_tier = s->host.get_string("optimizer");
+    if (!s->offload_params && s->optimizer_tier == "none")
+      throw std::invalid_argument("offload: params = \"none\" and optimizer = \"none\" offload nothing; set "
+                                  "params = \"disk\" or optimizer = \"disk\" | \"host\"");
     s->prefetch = s->host.get_int("prefetch");
     *out = s.release();
     return TF_OK;
@@ -156,9 +172,17 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
     std::string dir = s->host.get_string("dir");
     if (dir.empty()) dir = (fs::path(s->host.run_info().run_dir) / "offload").string();
     fs::create_directories(dir);
+    if (s->optimizer_tier != "none") {
+      const bool cuda = s->device.rfind("cuda", 0) == 0;
+      if (s->optimizer_tier == "host" && !cuda)
+        s->host.log(TF_LOG_WARN, "offload: optimizer = \"host\" on a CPU run keeps the state in the same memory "
+                                 "(no saving); optimizer = \"disk\" is the saving here");
+      s->state = std::make_unique<offload::StateTier>(
+          s->optimizer_tier == "disk" ? offload::StateTier::Kind::disk : offload::StateTier::Kind::host, dir, cuda);
+    }
     int64_t bytes = 0;
     const std::vector<std::string> names = s->host.param_names();
-    for (size_t i = 0; i < names.size(); ++i) {
+    for (size_t i = 0; s->offload_params && i < names.size(); ++i) {
       const char* name = names[i].c_str();
       const tf_param_info info = s->host.param_info(names[i]);
       if (info.trainable || info.format != TF_FORMAT_DENSE || info.stage < 0 ||
@@ -180,12 +204,15 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
       s->by_stage[info.stage].push_back(name);
       s->weights[name] = std::move(o);
     }
-    if (s->weights.empty())
+    if (s->offload_params && s->weights.empty() && !s->state)
       throw std::invalid_argument("offload: no frozen block weights to offload (trainable weights stay in memory in "
-                                  "this version: combine with lora, or freeze stages)");
-    s->worker = std::thread([s] { s->worker_loop(); });
-    s->host.log(TF_LOG_INFO, "disk tier: " + std::to_string(s->weights.size()) + " weights, " +
-                                 std::to_string(bytes >> 20) + " MiB in " + dir);
+                                  "this version: combine with lora, freeze stages, or offload the optimizer state "
+                                  "with optimizer = \"disk\")");
+    if (!s->weights.empty()) {
+      s->worker = std::thread([s] { s->worker_loop(); });
+      s->host.log(TF_LOG_INFO, "disk tier: " + std::to_string(s->weights.size()) + " weights, " +
+                                   std::to_string(bytes >> 20) + " MiB in " + dir);
+    }
     return TF_OK;
   });
 }
@@ -219,8 +246,115 @@ tf_status fetch_weight(void* state, tf_host_context* ctx, const char* name, tf_t
   });
 }
 
+int32_t state_slots(const Offload& s) {
+  tf_optimizer_info o{};
+  o.struct_size = sizeof o;
+  s.host.check(s.host.api()->optimizer_info(s.host.ctx(), &o));
+  return o.n_state;
+}
+
+// The update of a trainable parameter where its optimizer state lives.
+tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* name, tf_tensor param_h,
+                               tf_tensor grad_h, double) {
+  auto* s = static_cast<Offload*>(state);
+  if (!s->state) return TF_NOT_HANDLED;
+  const tf_host_api* api = s->host.api();
+  return tf_sdk::guard(api, ctx, [&] {
+    const int32_t n = state_slots(*s);
+    if (n == 0) return TF_NOT_HANDLED;  // plain SGD keeps no state
+    at::NoGradGuard no_grad;
+    const at::Tensor& param = tf_sdk::borrow(param_h);
+    const at::Tensor& grad = tf_sdk::borrow(grad_h);
+    const bool here = param.device().is_cpu();
+    s->host.check(api->memory_push_category(ctx, TF_MEM_TRANSIENT));
+    struct Pop {
+      const tf_host_api* api;
+      tf_host_context* ctx;
+      ~Pop() { api->memory_pop_category(ctx); }
+    } pop{api, ctx};
+    // On an accelerator, the update runs on host copies (CPU Adam, as ZeRO-Offload does).
+    at::Tensor p = here ? param.detach() : param.detach().to(at::kCPU);
+    at::Tensor g = here ? grad : grad.to(at::kCPU);
+    s->state->with_state(name, param.sizes(), n, [&](std::vector<at::Tensor>& slots) {
+      std::vector<tf_tensor> handles;
+      for (auto& t : slots) handles.push_back(reinterpret_cast<tf_tensor>(&t));
+      s->host.check(api->optimizer_update(ctx, name, reinterpret_cast<tf_tensor>(&p), reinterpret_cast<tf_tensor>(&g),
+                                          n, handles.data()));
+    });
+    if (!here) param.detach().copy_(p);
+    return TF_OK;
+  });
+}
+
+// The tier's state goes into checkpoints like the kernel's own.
+tf_status save_state(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<Offload*>(state);
+  if (!s->state) return TF_OK;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    const int32_t n = state_slots(*s);
+    for (const auto& name : s->state->names()) {
+      const tf_param_info info = s->host.param_info(name);
+      s->state->with_state(name, at::IntArrayRef(info.shape, info.ndim), n, [&](std::vector<at::Tensor>& slots) {
+        for (int32_t i = 0; i < n; ++i) {
+          const std::string key = name + ".state" + std::to_string(i);
+          s->host.check(s->host.api()->state_put_tensor(ctx, key.c_str(), reinterpret_cast<tf_tensor>(&slots[i])));
+        }
+      });
+    }
+    return TF_OK;
+  });
+}
+
+tf_status load_state(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<Offload*>(state);
+  if (!s->state) return TF_OK;
+  const tf_host_api* api = s->host.api();
+  return tf_sdk::guard(api, ctx, [&] {
+    const int32_t n = state_slots(*s);
+    for (const auto& name : s->host.param_names()) {
+      const tf_param_info info = s->host.param_info(name);
+      if (!info.trainable || n == 0) continue;
+      std::vector<at::Tensor> saved;
+      for (int32_t i = 0; i < n; ++i) {
+        tf_tensor h = nullptr;
+        const std::string key = name + ".state" + std::to_string(i);
+        const tf_status st = api->state_get_tensor(ctx, key.c_str(), &h);
+        if (st == TF_ERR_NOT_FOUND) break;
+        s->host.check(st);
+        saved.push_back(tf_sdk::take(h));
+      }
+      if (saved.empty()) continue;  // never updated before the checkpoint
+      if (static_cast<int32_t>(saved.size()) != n)
+        throw std::runtime_error("offload: the checkpoint has " + std::to_string(saved.size()) + " of " +
+                                 std::to_string(n) + " optimizer state tensors for " + name);
+      s->state->with_state(name, at::IntArrayRef(info.shape, info.ndim), n, [&](std::vector<at::Tensor>& slots) {
+        for (int32_t i = 0; i < n; ++i) slots[i].copy_(saved[i]);
+      });
+    }
+    return TF_OK;
+  });
+}
+
+// Frozen block weights and/or the optimizer state leave the device tier.
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model, tf_memory_estimate* out) {
+  auto* s = static_cast<Offload*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    if (s->optimizer_tier != "none") {
+      const int64_t bytes = 4 * state_slots(*s) * model->n_trainable;
+      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] -= bytes;
+      out->delta_bytes[s->optimizer_tier == "disk" ? TF_TIER_DISK : TF_TIER_HOST][TF_MEM_OPTIMIZER] += bytes;
+    }
+    out->time_factor = 0;
+    return TF_OK;
+  });
+}
+
 const tf_config_key kKeys[] = {
-    tf_sdk::key("params", TF_VALUE_STRING, "\"disk\"", "tier for frozen block weights", 1, 0, "disk|host"),
+    tf_sdk::key("params", TF_VALUE_STRING, "\"disk\"", "tier for frozen block weights (none: leave them)", 1, 0,
+                "disk|host|none"),
+    tf_sdk::key("optimizer", TF_VALUE_STRING, "\"none\"",
+                "tier for the optimizer state of trainable weights, updated there (ZeRO-Offload)", 1, 0,
+                "none|host|disk"),
     tf_sdk::key("prefetch", TF_VALUE_INT, "1", "stages read ahead on a background thread", 0, 64),
     tf_sdk::key("dir", TF_VALUE_STRING, "\"\"", "disk tier folder; empty = <run folder>/offload"),
 };
@@ -233,13 +367,17 @@ tf_strategy_vtable make_vtable() {
   v.params_ready = params_ready;
   v.stage_event = stage_event;
   v.fetch_weight = fetch_weight;
+  v.optimizer_step_param = optimizer_step_param;
+  v.save_state = save_state;
+  v.load_state = load_state;
+  v.estimate_memory = estimate_memory;
   return v;
 }
 const tf_strategy_vtable kVtable = make_vtable();
 
 const tf_plugin_descriptor kDescriptor = {
-    sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_STRATEGY, "offload", "0.1.0",
-    "frozen block weights on a disk tier, streamed stage by stage with background prefetch", TORCH_VERSION, 0, kKeys,
+    sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_STRATEGY, "offload", "0.2.0",
+    "frozen block weights on a disk tier streamed with prefetch; optimizer state on a host/disk tier, updated there", TORCH_VERSION, 0, kKeys,
     sizeof(kKeys) / sizeof(kKeys[0]), &kVtable, {}};
 
 }  // namespace
