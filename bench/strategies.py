@@ -36,6 +36,13 @@ VARIANTS = {
                                                                 "strategy.2.plugin=checkpoint"],
     "checkpoint+autocast+fused": ["strategy.0.plugin=checkpoint", "strategy.1.plugin=precision",
                                   "strategy.2.plugin=fused_update"],
+    "offload-optimizer-disk": ["strategy.0.plugin=offload", "strategy.0.params=none", "strategy.0.optimizer=disk"],
+    "checkpoint+fused+offload-opt": ["strategy.0.plugin=checkpoint", "strategy.1.plugin=fused_update",
+                                     "strategy.2.plugin=offload", "strategy.2.params=none",
+                                     "strategy.2.optimizer=disk"],
+    "bf16+adamw-8bit+fused": ["strategy.0.plugin=precision", "strategy.0.mode=bf16", "strategy.1.plugin=quantize",
+                              "strategy.1.weights=false", "strategy.1.optimizer_state=int8",
+                              "strategy.2.plugin=fused_update"],
 }
 
 

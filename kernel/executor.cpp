@@ -176,10 +176,11 @@ PassResult Session::run_pass(const at::Tensor& tokens_in, const at::Tensor& targ
   r.finite = std::isfinite(r.loss);
   if (!backward) return r;
   grads_dispatched_.assign(store_.all().size(), false);
+  applied_loss_scale_ = strategies_loss_scale();
   {
     CategoryScope scope(TF_MEM_TRANSIENT);
     logits = at::Tensor();  // autograd keeps what it needs
-    (loss * loss_scale).backward();
+    (loss * (loss_scale * applied_loss_scale_)).backward();
   }
   // The first stage's backward ends when backward returns.
   for (size_t i = 0; i < stages_.size(); ++i)
@@ -206,6 +207,12 @@ void Session::dispatch_grads(int32_t stage) {
       const tf_strategy_vtable* vt = s.plugin->strategy();
       if (!vt->grad_ready) continue;
       const tf_status st = vt->grad_ready(s.state, s.ctx.get(), p.name.c_str(), as_handle(p.value.grad()));
+      if (st == TF_OK && applied_loss_scale_ != 1.0)
+        throw PluginCallError("strategy \"" + s.plugin->name + "\" consumed the gradient of " + p.name +
+                              " in grad_ready while the loss is scaled by " + std::to_string(applied_loss_scale_) +
+                              " (fp16 loss scaling): the scaled gradient is not the real one and may hold "
+                              "infinities. fp16 loss scaling does not combine with it; use precision dtype = "
+                              "\"bf16\", which needs no scaling");
       if (st == TF_OK) {
         p.value.mutable_grad() = at::Tensor();  // consumed: its memory goes now
         break;

@@ -447,16 +447,44 @@ void Session::set_micro_batch(int32_t index, int32_t count) {
   micro_count_ = count;
 }
 
+double Session::strategies_loss_scale() {
+  double scale = 1.0;
+  for (auto& s : strategies_) {
+    const tf_strategy_vtable* vt = s.plugin->strategy();
+    if (TF_HAS(vt, tf_strategy_vtable, loss_scale)) check(vt->loss_scale(s.state, s.ctx.get(), &scale), s, "loss_scale");
+  }
+  if (!(scale > 0) || !std::isfinite(scale))
+    throw PluginCallError("strategies asked for a loss scale of " + std::to_string(scale) + "; it must be finite and > 0");
+  return scale;
+}
+
+void Session::report_loss_scale(bool finite) {
+  for (auto& s : strategies_) {
+    const tf_strategy_vtable* vt = s.plugin->strategy();
+    if (TF_HAS(vt, tf_strategy_vtable, loss_scale_update))
+      check(vt->loss_scale_update(s.state, s.ctx.get(), finite ? 1 : 0), s, "loss_scale_update");
+  }
+}
+
 tf_status Session::optimizer_step() {
   micro_index_ = 0;
   micro_count_ = 1;
   std::vector<Param*> params = store_.trainable();
+  if (applied_loss_scale_ != 1.0) {
+    at::NoGradGuard no_grad;
+    for (Param* p : params)
+      if (p->value.grad().defined()) p->value.mutable_grad().div_(applied_loss_scale_);
+  }
+  const bool scaled = applied_loss_scale_ != 1.0;
+  applied_loss_scale_ = 1.0;
   const double norm = optimizer_->clip(params);
   step_metrics_["grad_norm"] = norm;
   if (!std::isfinite(norm)) {
     zero_grad();
+    if (scaled) report_loss_scale(false);
     return TF_ERR_NON_FINITE;
   }
+  if (scaled) report_loss_scale(true);
   CategoryScope scope(TF_MEM_OPTIMIZER);
   optimizer_->begin_step();
   in_optimizer_step_ = true;

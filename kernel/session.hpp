@@ -203,6 +203,10 @@ class Session {
   PluginInstance make_instance(const LoadedPlugin& plugin, const toml::table* table,
                                const std::string& role);
   void emit_progress(const ProgressInfo& p);
+  // fp16 loss scaling: the product of the strategies' factors, and the
+  // finiteness of each step's unscaled gradients reported back to them.
+  double strategies_loss_scale();
+  void report_loss_scale(bool finite);
   // One parameter's update: a strategy's optimizer_step_param or the kernel's.
   void update_param(Param& p, const at::Tensor& grad, int64_t step);
 
@@ -234,6 +238,7 @@ class Session {
   MetricsWriter metrics_;
   int32_t micro_index_ = 0, micro_count_ = 1;
   bool in_optimizer_step_ = false;
+  double applied_loss_scale_ = 1.0;  // the loss scale of this step's backward passes
   std::vector<bool> grads_dispatched_;  // per backward: grad_ready already called
   at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward
 };

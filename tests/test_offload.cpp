@@ -95,7 +95,7 @@ class OffloadOptimizerTest : public ::testing::Test {
 TEST_F(OffloadOptimizerTest, SameWeightsAsTheKernelsOptimizerInAnyStack) {
   const std::string ckpt = "[[strategy]]\nplugin = \"checkpoint\"\n";
   const std::string fused = "[[strategy]]\nplugin = \"fused_update\"\nclip = \"none\"\n";
-  for (const std::string opt : {std::string(), std::string("name = \"sgd\"\nlr = 0.05\nmomentum = 0.9\ngrad_clip = 0.0")}) {
+  for (const std::string& opt : {std::string(), std::string("name = \"sgd\"\nlr = 0.05\nmomentum = 0.9\ngrad_clip = 0.0")}) {
     auto plain = test::make_session(recipe("", dir.str() + "/plain", opt));
     plain->train();
     const auto expected = weights(*plain);

@@ -75,5 +75,68 @@ TEST_F(PrecisionTest, Bf16WeightsHalveBytesAndTrain) {
   EXPECT_EQ(s->optimizer().state().at("transformer.wte.weight.exp_avg").scalar_type(), at::kFloat);
 }
 
+// fp16 autocast with dynamic loss scaling: the scaled backward gives the same
+// (unscaled) gradients up to fp16 rounding; an overflow skips the update and
+// halves the scale; finite steps grow it; it refuses a gradient consumer.
+TEST_F(PrecisionTest, Fp16LossScalingUnscalesSkipsOverflowsAndAdapts) {
+  const std::string fp16 = "[[strategy]]\nplugin = \"precision\"\ndtype = \"fp16\"\n";
+  // Gradients are unscaled before the update: a scale of 1 and 1024 give
+  // gradients within fp16 rounding of each other.
+  auto grads_with = [&](double init_scale) {
+    auto s = test::make_session(recipe(fp16 + "init_scale = " + std::to_string(init_scale) + "\n"));
+    pass(*s);
+    s->optimizer().set_lr(0.0);  // optimizer_step unscales; lr 0 keeps the weights
+    EXPECT_EQ(s->optimizer_step(), TF_OK);
+    return s->store().get("transformer.h.0.mlp.c_fc.weight").value.grad().clone();
+  };
+  {
+    auto plain = test::make_session(recipe(""));
+    auto half = test::make_session(recipe(fp16));
+    const double a = pass(*plain).loss, b = pass(*half).loss;
+    EXPECT_NEAR(a, b, 0.02);
+    EXPECT_NE(a, b);  // it really computed in fp16
+  }
+  const at::Tensor g1 = grads_with(1.0), g2 = grads_with(1024.0);
+  const double rel = (g1 - g2).abs().max().item<double>() / g1.abs().max().item<double>();
+  EXPECT_LT(rel, 0.05);
+  EXPECT_GT(g1.abs().max().item<double>(), 0.0);
+
+  // A scale of 2^30 overflows: the update is skipped and the scale halves
+  // until the gradients are finite; later steps train.
+  std::string r = recipe(fp16 + "init_scale = 1073741824.0\ngrowth_interval = 3\n");
+  r.replace(r.find("steps = 4"), 9, "steps = 40");
+  auto s = test::make_session(r);
+  const at::Tensor before = s->store().get("transformer.h.0.mlp.c_fc.weight").value.detach().clone();
+  const TrainSummary sum = s->train();
+  EXPECT_GT(s->step_metrics().at("precision.overflows"), 5.0);
+  EXPECT_LT(s->step_metrics().at("precision.loss_scale"), 1073741824.0);
+  EXPECT_FALSE(at::equal(before, s->store().get("transformer.h.0.mlp.c_fc.weight").value.detach()));
+  EXPECT_LT(sum.losses.back(), sum.losses.front() - 0.3);
+  for (const Param& p : s->store().all()) EXPECT_TRUE(at::isfinite(p.value).all().item<bool>()) << p.name;
+}
+
+TEST_F(PrecisionTest, Fp16LossScaleGrowsAfterFiniteSteps) {
+  std::string r = recipe("[[strategy]]\nplugin = \"precision\"\ndtype = \"fp16\"\ninit_scale = 8.0\n"
+                         "growth_interval = 2\n");
+  auto s = test::make_session(r);
+  s->train();  // 4 finite steps: 8 -> 16 -> 32
+  EXPECT_EQ(s->step_metrics().at("precision.loss_scale"), 32.0);
+  EXPECT_EQ(s->step_metrics().at("precision.overflows"), 0.0);
+}
+
+TEST_F(PrecisionTest, Fp16RefusesWhatCannotWork) {
+  EXPECT_THROW(test::make_session(recipe("[[strategy]]\nplugin = \"precision\"\nmode = \"bf16\"\ndtype = \"fp16\"\n")),
+               std::exception);
+  auto s = test::make_session(recipe("[[strategy]]\nplugin = \"precision\"\ndtype = \"fp16\"\n"
+                                     "[[strategy]]\nplugin = \"fused_update\"\n"));
+  auto b = s->batcher().next();
+  try {
+    s->run_pass(b.tokens, b.targets, true, 1.0);
+    ADD_FAILURE() << "fused_update consumed a loss-scaled gradient";
+  } catch (const PluginCallError& e) {
+    EXPECT_NE(std::string(e.what()).find("fp16 loss scaling does not combine"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace tightfit

@@ -652,7 +652,18 @@ typedef struct tf_strategy_vtable {
    * adapter_config.json). TF_NOT_HANDLED = nothing to write. */
   tf_status (*export_adapter)(void* state, tf_host_context* ctx, const char* dir);
 
-  void* reserved[14];
+  /* fp16 loss scaling (precision). loss_scale: multiply *scale (1 before
+   * the first strategy) by the factor the loss should be scaled by before the
+   * coming backward; it must not change within an optimizer step. The kernel
+   * divides the gradients by the product of all factors before clipping and
+   * the update, and stops the run if a strategy consumes a still-scaled
+   * gradient in grad_ready. loss_scale_update: after each optimizer step,
+   * whether the unscaled gradients were finite (when not, the update was
+   * skipped) — where a dynamic scaler backs off or grows. */
+  tf_status (*loss_scale)(void* state, tf_host_context* ctx, double* scale);
+  tf_status (*loss_scale_update)(void* state, tf_host_context* ctx, int32_t finite);
+
+  void* reserved[12];
 } tf_strategy_vtable;
 
 /* A trainer schedule: decides what each step does using training services. */

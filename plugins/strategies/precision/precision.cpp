@@ -6,10 +6,20 @@
 //   mode = "bf16": weights are stored bf16 (half the bytes); the kernel's
 //     optimizer keeps fp32 state and updates in fp32, rounding once a step.
 //
-// fp16 needs loss scaling, which only CUDA runs need; it is refused here.
+// dtype = "fp16" (autocast only) adds dynamic loss scaling, as
+// torch.amp.GradScaler does: the loss is multiplied by `init_scale` before
+// backward so that small fp16 gradients do not flush to zero; the kernel
+// divides the gradients by it again before clipping and the update; a step
+// whose gradients overflow is skipped and the scale halved, and after
+// `growth_interval` finite steps in a row it doubles. The scale is logged as
+// precision.loss_scale and saved in checkpoints. fp16 weights (mode = "bf16"
+// with dtype = "fp16") are refused: updates below fp16's spacing would be
+// lost without an fp32 master copy.
 #include <ATen/autocast_mode.h>
 
+#include <algorithm>
 #include <memory>
+#include <string>
 
 #include "tightfit/plugin_sdk.hpp"
 
@@ -20,6 +30,12 @@ struct Precision {
   bool autocast = true;
   at::ScalarType dtype = at::kBFloat16;
   int depth = 0;  // nested stage events (a recompute inside backward)
+  // Dynamic loss scaling (fp16).
+  bool scaling = false;
+  double scale = 65536.0;
+  int64_t growth_interval = 2000;
+  int64_t good_steps = 0;  // finite steps since the last change
+  int64_t overflows = 0;
 };
 
 at::DeviceType device_type(const tf_sdk::Host& host) { return at::Device(host.run_info().device).type(); }
@@ -28,8 +44,16 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   return tf_sdk::guard(api, ctx, [&] {
     auto s = std::make_unique<Precision>(Precision{tf_sdk::Host(api, ctx)});
     s->autocast = s->host.get_string("mode") == "autocast";
-    if (s->host.get_string("dtype") == "fp16")
-      throw std::invalid_argument("precision: fp16 needs dynamic loss scaling, which is not implemented; use dtype = \"bf16\"");
+    if (s->host.get_string("dtype") == "fp16") {
+      if (!s->autocast)
+        throw std::invalid_argument("precision: fp16 weights (mode = \"bf16\", dtype = \"fp16\") would lose updates "
+                                    "below fp16's spacing; use mode = \"autocast\" with dtype = \"fp16\" (fp32 "
+                                    "master weights, loss scaling) or dtype = \"bf16\"");
+      s->dtype = at::kHalf;
+      s->scaling = true;
+      s->scale = s->host.get_double("init_scale");
+      s->growth_interval = s->host.get_int("growth_interval");
+    }
     *out = s.release();
     return TF_OK;
   });
@@ -76,6 +100,59 @@ tf_status stage_event(void* state, tf_host_context* ctx, const tf_stage_event* e
   });
 }
 
+tf_status loss_scale(void* state, tf_host_context*, double* scale) {
+  auto* s = static_cast<Precision*>(state);
+  if (s->scaling) *scale *= s->scale;
+  return TF_OK;
+}
+
+// Back off on overflow, grow after growth_interval finite steps.
+tf_status loss_scale_update(void* state, tf_host_context* ctx, int32_t finite) {
+  auto* s = static_cast<Precision*>(state);
+  if (!s->scaling) return TF_OK;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    if (!finite) {
+      ++s->overflows;
+      s->scale = std::max(s->scale * 0.5, 1.0 / 65536);
+      s->good_steps = 0;
+      s->host.log(TF_LOG_INFO, "fp16 gradients overflowed; update skipped, loss scale now " + std::to_string(s->scale));
+    } else if (++s->good_steps >= s->growth_interval) {
+      s->scale = std::min(s->scale * 2.0, 16777216.0 * 65536.0);
+      s->good_steps = 0;
+    }
+    s->host.api()->log_metric(ctx, "loss_scale", s->scale);
+    s->host.api()->log_metric(ctx, "overflows", static_cast<double>(s->overflows));
+    return TF_OK;
+  });
+}
+
+tf_status save_state(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<Precision*>(state);
+  if (!s->scaling) return TF_OK;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    const tf_host_api* api = s->host.api();
+    s->host.check(api->state_put_double(ctx, "loss_scale", s->scale));
+    s->host.check(api->state_put_double(ctx, "good_steps", static_cast<double>(s->good_steps)));
+    s->host.check(api->state_put_double(ctx, "overflows", static_cast<double>(s->overflows)));
+    return TF_OK;
+  });
+}
+
+tf_status load_state(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<Precision*>(state);
+  if (!s->scaling) return TF_OK;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    const tf_host_api* api = s->host.api();
+    double good = 0, overflows = 0;
+    s->host.check(api->state_get_double(ctx, "loss_scale", &s->scale));
+    s->host.check(api->state_get_double(ctx, "good_steps", &good));
+    s->host.check(api->state_get_double(ctx, "overflows", &overflows));
+    s->good_steps = static_cast<int64_t>(good);
+    s->overflows = static_cast<int64_t>(overflows);
+    return TF_OK;
+  });
+}
+
 tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model, tf_memory_estimate* out) {
   auto* s = static_cast<Precision*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
@@ -93,7 +170,10 @@ const tf_config_key kKeys[] = {
     tf_sdk::key("mode", TF_VALUE_STRING, "\"autocast\"",
                 "autocast: fp32 weights, low-precision compute; bf16: bf16 weights, fp32 optimizer state", 1, 0,
                 "autocast|bf16"),
-    tf_sdk::key("dtype", TF_VALUE_STRING, "\"bf16\"", "low-precision type", 1, 0, "bf16|fp16"),
+    tf_sdk::key("dtype", TF_VALUE_STRING, "\"bf16\"", "low-precision type (fp16: autocast with loss scaling)", 1,
+                0, "bf16|fp16"),
+    tf_sdk::key("init_scale", TF_VALUE_FLOAT, "65536.0", "fp16: initial loss scale", 1e-8, 1e30),
+    tf_sdk::key("growth_interval", TF_VALUE_INT, "2000", "fp16: finite steps before the loss scale doubles", 1, 1e12),
 };
 
 tf_strategy_vtable make_vtable() {
@@ -104,13 +184,17 @@ tf_strategy_vtable make_vtable() {
   v.params_ready = params_ready;
   v.stage_event = stage_event;
   v.estimate_memory = estimate_memory;
+  v.loss_scale = loss_scale;
+  v.loss_scale_update = loss_scale_update;
+  v.save_state = save_state;
+  v.load_state = load_state;
   return v;
 }
 const tf_strategy_vtable kVtable = make_vtable();
 
 const tf_plugin_descriptor kDescriptor = {
     sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_STRATEGY, "precision", "1.0.0",
-    "bf16 autocast with fp32 master weights, or bf16 weights with fp32 optimizer state", TORCH_VERSION, 0, kKeys,
+    "bf16/fp16 autocast with fp32 master weights (fp16: dynamic loss scaling), or bf16 weights with fp32 optimizer state", TORCH_VERSION, 0, kKeys,
     sizeof(kKeys) / sizeof(kKeys[0]), &kVtable, {}};
 
 }  // namespace
