@@ -96,6 +96,12 @@ struct CompactLinear : public torch::autograd::Function<CompactLinear> {
 }  // namespace
 
 void Session::raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin) {
+  // Which stages are inside an event: their weights are in use, and
+  // strategies that keep weights elsewhere have brought them in.
+  if (stage >= 0) {
+    if (active_events_.size() < stages_.size()) active_events_.resize(stages_.size(), 0);
+    active_events_[static_cast<size_t>(stage)] += begin ? 1 : -1;
+  }
   tf_stage_event ev{sizeof(tf_stage_event), stage, phase, begin ? 1 : 0, step_};
   for (auto& s : strategies_) {
     const tf_strategy_vtable* vt = s.plugin->strategy();
@@ -224,6 +230,27 @@ void Session::dispatch_grads(int32_t stage) {
 
 at::Tensor Session::fetch_weight(const std::string& name) {
   Param& p = store_.get(name);
+  const bool active = p.stage >= 0 && static_cast<size_t>(p.stage) < active_events_.size() &&
+                      active_events_[static_cast<size_t>(p.stage)] > 0;
+  if (p.residency != TF_TIER_DEVICE && p.stage >= 0 && !active) {
+    // Outside its stage's events (export, decoding) a weight kept in another
+    // tier is brought in for this access only.
+    raise_stage_event(p.stage, TF_PHASE_ACCESS, true);
+    at::Tensor w;
+    try {
+      w = fetch_resident(p);
+    } catch (...) {
+      raise_stage_event(p.stage, TF_PHASE_ACCESS, false);
+      throw;
+    }
+    raise_stage_event(p.stage, TF_PHASE_ACCESS, false);
+    return w;
+  }
+  return fetch_resident(p);
+}
+
+at::Tensor Session::fetch_resident(Param& p) {
+  const std::string& name = p.name;
   for (auto& s : strategies_) {
     const tf_strategy_vtable* vt = s.plugin->strategy();
     if (!vt->fetch_weight) continue;
@@ -235,6 +262,10 @@ at::Tensor Session::fetch_weight(const std::string& name) {
   if (p.format != TF_FORMAT_DENSE)
     throw PluginCallError("parameter \"" + name +
                           "\" is stored in a compact format but no strategy served fetch_weight");
+  if (p.value.numel() != p.numel())
+    throw PluginCallError("parameter \"" + name + "\" lives in the " +
+                          (p.residency == TF_TIER_DISK ? "disk" : "host") +
+                          " tier and the strategy that put it there did not bring it in for its stage");
   return p.value;
 }
 
@@ -242,7 +273,9 @@ at::Tensor Session::linear(const at::Tensor& x, const std::string& weight, const
   const Param& p = store_.get(weight);
   at::Tensor b = bias.empty() ? at::Tensor() : fetch_weight(bias);
   at::Tensor y;
-  if (p.format != TF_FORMAT_DENSE && !p.trainable) {
+  // A frozen weight stored compact or in another tier is fetched again in
+  // backward rather than kept by autograd.
+  if ((p.format != TF_FORMAT_DENSE || p.residency != TF_TIER_DEVICE) && !p.trainable) {
     y = CompactLinear::apply(x, this, weight);
     if (b.defined()) y = y + b;
   } else {

@@ -9,62 +9,75 @@
 #include <stdexcept>
 
 #include "file_util.hpp"
+#include "memory_accounting.hpp"
 #include "safetensors.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
 
-void import_hf_weights(ParamStore& store, const std::map<std::string, at::Tensor>& tensors,
-                       const std::string& source) {
-  at::NoGradGuard no_grad;
-  for (Param& p : store.all()) {
-    // Adapters are not part of a model folder (they load on their own).
-    if (p.flags & TF_PARAM_ADAPTER) continue;
-    auto it = tensors.find(p.name);
-    if (it == tensors.end()) {
-      const auto dot = p.name.find('.');
-      if (dot != std::string::npos) it = tensors.find(p.name.substr(dot + 1));
-    }
-    if (it == tensors.end())
-      throw std::runtime_error(source + " has no tensor \"" + p.name + "\" (is it a checkpoint of this model?)");
-    at::Tensor t = it->second;
-    if ((p.flags & TF_PARAM_HF_TRANSPOSED) && t.dim() == 2) t = t.t();
-    if (t.sizes() != at::IntArrayRef(p.shape))
-      throw std::runtime_error(source + ": \"" + it->first + "\" has shape " + c10::str(it->second.sizes()) +
-                               ", the recipe's model needs " + c10::str(at::IntArrayRef(p.shape)) +
-                               ((p.flags & TF_PARAM_HF_TRANSPOSED) ? " (transposed)" : ""));
-    p.value.copy_(t);
-  }
-}
-
-void load_hf_weights(ParamStore& store, const std::string& path) {
+HfWeightSource::HfWeightSource(const std::string& path) {
+  auto open = [&](const std::string& file) {
+    readers_.emplace_back(file);
+    for (const auto& name : readers_.back().names()) where_[name] = readers_.size() - 1;
+  };
   if (fs::is_directory(path)) {
     const fs::path single = fs::path(path) / "model.safetensors";
     const fs::path index = fs::path(path) / "model.safetensors.index.json";
-    if (fs::exists(single)) return import_hf_weights(store, read_safetensors(single.string()).tensors, single.string());
+    if (fs::exists(single)) {
+      source_ = single.string();
+      open(source_);
+      return;
+    }
     if (!fs::exists(index))
       throw std::runtime_error("weights folder " + path + " holds neither model.safetensors nor model.safetensors.index.json");
-    std::ifstream in(index);
-    auto j = nlohmann::json::parse(in, nullptr, false);
+    source_ = index.string();
+    auto j = nlohmann::json::parse(read_file_text(index.string()), nullptr, false);
     if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw std::runtime_error(index.string() + " has no weight_map");
     std::set<std::string> shards;
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      if (!it.value().is_string()) throw std::runtime_error(index.string() + ": weight_map values must be file names");
       const std::string shard = it.value().get<std::string>();
       if (shard.find('/') != std::string::npos || shard.find("..") != std::string::npos)
         throw std::runtime_error(index.string() + ": shard name \"" + shard + "\" must be a file in the folder");
       shards.insert(shard);
     }
-    std::map<std::string, at::Tensor> all;
-    for (const auto& shard : shards) {
-      auto f = read_safetensors((fs::path(path) / shard).string());
-      all.merge(f.tensors);
-    }
-    return import_hf_weights(store, all, index.string());
+    for (const auto& shard : shards) open((fs::path(path) / shard).string());
+    return;
   }
   if (!fs::exists(path))
     throw std::runtime_error("weights \"" + path + "\" not found (give a .safetensors file or a model folder)");
-  import_hf_weights(store, read_safetensors(path).tensors, path);
+  source_ = path;
+  open(path);
+}
+
+void HfWeightSource::load(Param& p) const {
+  auto it = where_.find(p.name);
+  std::string name = p.name;
+  if (it == where_.end()) {
+    const auto dot = p.name.find('.');
+    if (dot != std::string::npos) it = where_.find(name = p.name.substr(dot + 1));
+  }
+  if (it == where_.end())
+    throw std::runtime_error(source_ + " has no tensor \"" + p.name + "\" (is it a checkpoint of this model?)");
+  at::NoGradGuard no_grad;
+  at::Tensor t;
+  {
+    CategoryScope scope(TF_MEM_TRANSIENT);  // the file's copy lives only until it is in the parameter
+    t = readers_[it->second].read(name);
+  }
+  if ((p.flags & TF_PARAM_HF_TRANSPOSED) && t.dim() == 2) t = t.t();
+  if (t.sizes() != at::IntArrayRef(p.shape))
+    throw std::runtime_error(source_ + ": \"" + name + "\" has shape " + c10::str(t.sizes()) +
+                             ", the recipe's model needs " + c10::str(at::IntArrayRef(p.shape)) +
+                             ((p.flags & TF_PARAM_HF_TRANSPOSED) ? " (transposed)" : ""));
+  p.value.detach().copy_(t);
+}
+
+void load_hf_weights(ParamStore& store, const std::string& path) {
+  const HfWeightSource source(path);
+  for (Param& p : store.all())
+    if (!(p.flags & TF_PARAM_ADAPTER)) source.load(p);  // adapters load on their own
 }
 
 void save_hf_model(const ParamStore& store, const std::string& dir, const std::string& config_json,

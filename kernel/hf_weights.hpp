@@ -8,19 +8,33 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "param_store.hpp"
+#include "safetensors.hpp"
 
 namespace tightfit {
 
-// Copies every parameter of `store` from `tensors`. A name may also be found
-// without a leading "<prefix>." (original GPT-2 files omit "transformer.").
-// Throws std::runtime_error naming a missing or mis-shaped tensor.
-void import_hf_weights(ParamStore& store, const std::map<std::string, at::Tensor>& tensors,
-                       const std::string& source);
+// Hugging Face weights to start from: a .safetensors file, or a folder
+// holding model.safetensors or sharded model-0000x-of-0000y.safetensors with
+// model.safetensors.index.json. Headers are read and validated when opened;
+// tensors one at a time, so a model loads stage by stage.
+class HfWeightSource {
+ public:
+  explicit HfWeightSource(const std::string& path);
+  // Copies the parameter's tensor into p.value, transposing weights flagged
+  // TF_PARAM_HF_TRANSPOSED. A name may also be found without a leading
+  // "<prefix>." (original GPT-2 files omit "transformer."). Throws
+  // std::runtime_error naming a missing or mis-shaped tensor.
+  void load(Param& p) const;
 
-// Reads a .safetensors file, or a folder holding model.safetensors or
-// sharded model-0000x-of-0000y.safetensors with model.safetensors.index.json.
+ private:
+  std::string source_;  // the file or index named in messages
+  std::vector<SafetensorsReader> readers_;
+  std::map<std::string, size_t> where_;  // tensor name -> reader
+};
+
+// Loads every parameter of `store` except adapters from `path`.
 void load_hf_weights(ParamStore& store, const std::string& path);
 
 // Writes a folder transformers' from_pretrained loads: model.safetensors

@@ -70,23 +70,31 @@ void ParamStore::adopt(Param p) {
   materialized_ = true;
 }
 
-void ParamStore::materialize(uint64_t seed, const at::Device& device) {
+void ParamStore::materialize(uint64_t seed, const at::Device& device,
+                             const std::function<void(size_t, size_t)>& after_group) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  for (auto& p : params_) {
-    const tf_mem_category cat = (p.flags & TF_PARAM_ADAPTER) ? TF_MEM_ADAPTERS : TF_MEM_WEIGHTS;
-    CategoryScope scope(cat);
-    // Initialize in fp32 on CPU so every device and dtype starts from the same numbers.
-    at::Tensor t = at::empty(p.shape, at::TensorOptions().dtype(at::kFloat));
-    switch (p.init) {
-      case TF_INIT_NORMAL: t.normal_(0.0, p.init_std, gen); break;
-      case TF_INIT_UNIFORM: t.uniform_(-p.init_std, p.init_std, gen); break;
-      case TF_INIT_ZEROS: t.zero_(); break;
-      case TF_INIT_ONES: t.fill_(1.0); break;
-      case TF_INIT_CONSTANT: t.fill_(p.init_std); break;
-      default: throw std::invalid_argument("parameter \"" + p.name + "\" has an unknown init kind");
+  size_t group_start = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Param& p = params_[i];
+    {
+      const tf_mem_category cat = (p.flags & TF_PARAM_ADAPTER) ? TF_MEM_ADAPTERS : TF_MEM_WEIGHTS;
+      CategoryScope scope(cat);
+      // Initialize in fp32 on CPU so every device and dtype starts from the same numbers.
+      at::Tensor t = at::empty(p.shape, at::TensorOptions().dtype(at::kFloat));
+      switch (p.init) {
+        case TF_INIT_NORMAL: t.normal_(0.0, p.init_std, gen); break;
+        case TF_INIT_UNIFORM: t.uniform_(-p.init_std, p.init_std, gen); break;
+        case TF_INIT_ZEROS: t.zero_(); break;
+        case TF_INIT_ONES: t.fill_(1.0); break;
+        case TF_INIT_CONSTANT: t.fill_(p.init_std); break;
+        default: throw std::invalid_argument("parameter \"" + p.name + "\" has an unknown init kind");
+      }
+      if (p.dtype != at::kFloat || device != t.device()) t = t.to(device, p.dtype);
+      p.value = t.set_requires_grad(p.trainable && at::isFloatingType(p.dtype));
     }
-    if (p.dtype != at::kFloat || device != t.device()) t = t.to(device, p.dtype);
-    p.value = t.set_requires_grad(p.trainable && at::isFloatingType(p.dtype));
+    const bool group_ends = i + 1 == params_.size() || params_[i + 1].stage != p.stage;
+    if (group_ends && after_group) after_group(group_start, i + 1);
+    if (group_ends) group_start = i + 1;
   }
   materialized_ = true;
 }

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -44,8 +45,12 @@ class ParamStore {
   void adopt(Param p);
 
   // Allocates and initializes every parameter deterministically from `seed`
-  // (declaration order), on `device`.
-  void materialize(uint64_t seed, const at::Device& device);
+  // (declaration order), on `device`. After each run of consecutive
+  // parameters of one stage, calls after_group(first, last) with their index
+  // range, so the caller can load and convert them before the next run is
+  // allocated (a model larger than memory is never whole).
+  void materialize(uint64_t seed, const at::Device& device,
+                   const std::function<void(size_t first, size_t last)>& after_group = {});
   bool materialized() const { return materialized_; }
 
   Param& get(const std::string& name);

@@ -75,7 +75,7 @@ void write_safetensors(const std::string& path, const std::map<std::string, at::
     throw SafetensorsError("cannot flush " + path + ": " + std::strerror(errno));
 }
 
-SafetensorsFile read_safetensors(const std::string& path) {
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   auto fail = [&](const std::string& why) { return SafetensorsError(path + ": " + why); };
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw fail("cannot open");
@@ -95,20 +95,13 @@ SafetensorsFile read_safetensors(const std::string& path) {
   if (j.is_discarded() || !j.is_object()) throw fail("header is not a JSON object");
   const uint64_t data_size = file_size - 8 - header_len;
 
-  struct Entry {
-    std::string name;
-    at::ScalarType type;
-    std::vector<int64_t> shape;
-    uint64_t begin, end;
-  };
   std::vector<Entry> entries;
-  SafetensorsFile out;
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() == "__metadata__") {
       if (!it->is_object()) throw fail("__metadata__ must be an object of strings");
       for (auto m = it->begin(); m != it->end(); ++m) {
         if (!m->is_string()) throw fail("__metadata__ values must be strings");
-        out.metadata[m.key()] = m->get<std::string>();
+        metadata_[m.key()] = m->get<std::string>();
       }
       continue;
     }
@@ -150,19 +143,41 @@ SafetensorsFile read_safetensors(const std::string& path) {
                  " bytes but its dtype and shape need " + std::to_string(numel * elsize));
     entries.push_back(std::move(en));
   }
-  std::vector<const Entry*> sorted;
-  for (const auto& e : entries) sorted.push_back(&e);
+  std::vector<const Entry*> sorted;  // empty tensors occupy no bytes and cannot overlap
+  for (const auto& e : entries)
+    if (e.end > e.begin) sorted.push_back(&e);
   std::sort(sorted.begin(), sorted.end(), [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
   for (size_t i = 1; i < sorted.size(); ++i)
     if (sorted[i]->begin < sorted[i - 1]->end)
       throw fail("tensors \"" + sorted[i - 1]->name + "\" and \"" + sorted[i]->name + "\" overlap");
-  for (const auto& e : entries) {
-    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.type));
-    in.seekg(static_cast<std::streamoff>(8 + header_len + e.begin));
-    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
-    if (!in) throw fail("short read for tensor \"" + e.name + "\"");
-    out.tensors[e.name] = t;
-  }
+  data_start_ = 8 + header_len;
+  for (auto& e : entries) entries_.emplace(e.name, std::move(e));
+}
+
+std::vector<std::string> SafetensorsReader::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, e] : entries_) out.push_back(name);
+  return out;
+}
+
+at::Tensor SafetensorsReader::read(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw SafetensorsError(path_ + ": no tensor \"" + name + "\"");
+  const Entry& e = it->second;
+  std::ifstream in(path_, std::ios::binary);
+  if (!in) throw SafetensorsError(path_ + ": cannot open");
+  at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.type));
+  in.seekg(static_cast<std::streamoff>(data_start_ + e.begin));
+  in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
+  if (!in) throw SafetensorsError(path_ + ": short read for tensor \"" + name + "\" (the file changed?)");
+  return t;
+}
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  const SafetensorsReader reader(path);
+  SafetensorsFile out;
+  out.metadata = reader.metadata();
+  for (const auto& name : reader.names()) out.tensors[name] = reader.read(name);
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace tightfit {
 
@@ -23,9 +24,35 @@ struct SafetensorsFile {
 void write_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
-// Reads and validates (header size, JSON, dtypes, shapes vs byte sizes with
-// overflow checks, offsets inside the file, no overlaps). Throws
-// SafetensorsError naming the file and the defect.
+// A file opened for reading tensors one at a time (a model larger than
+// memory loads stage by stage). The constructor reads and validates the
+// header (header size, JSON, dtypes, shapes vs byte sizes with overflow
+// checks, offsets inside the file, no overlaps) before any tensor is
+// allocated. Throws SafetensorsError naming the file and the defect.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::string& path);
+  const std::string& path() const { return path_; }
+  std::vector<std::string> names() const;
+  bool contains(const std::string& name) const { return entries_.count(name) != 0; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Reads one tensor (CPU, its stored dtype).
+  at::Tensor read(const std::string& name) const;
+
+ private:
+  struct Entry {
+    std::string name;
+    at::ScalarType type;
+    std::vector<int64_t> shape;
+    uint64_t begin, end;
+  };
+  std::string path_;
+  uint64_t data_start_ = 0;
+  std::map<std::string, Entry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Reads and validates a whole file (SafetensorsReader, then every tensor).
 SafetensorsFile read_safetensors(const std::string& path);
 
 }  // namespace tightfit

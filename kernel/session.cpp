@@ -292,20 +292,43 @@ void Session::build(const PluginRegistry& base_registry) {
 
   // Dropout and other ops draw from the global generators; seed them per run.
   at::manual_seed(run_info_.seed);
-  store_.materialize(run_info_.seed, device_);
-  if (const toml::node* w = model_table->get("weights")) {
-    if (!w->is_string()) throw RecipeError(recipe_.where(*w) + ": [model].weights must be a path string");
-    fs::path path = w->value_or(std::string{});
+  // Stage by stage: initialize, load the stage's weights, let strategies
+  // convert them (stage_params_ready); only then allocate the next stage.
+  std::unique_ptr<HfWeightSource> weights;
+  const toml::node* weights_key = model_table->get("weights");
+  auto weights_error = [&](const std::exception& e) {
+    if (dynamic_cast<const c10::Error*>(&e)) throw;
+    throw RecipeError(recipe_.where(*weights_key) + ": " + e.what());
+  };
+  if (weights_key) {
+    if (!weights_key->is_string())
+      throw RecipeError(recipe_.where(*weights_key) + ": [model].weights must be a path string");
+    fs::path path = weights_key->value_or(std::string{});
     if (path.is_relative() && !fs::exists(path)) path = fs::path(base_dir) / path;
     try {
-      load_hf_weights(store_, path.string());
-    } catch (const SafetensorsError& e) {
-      throw RecipeError(recipe_.where(*w) + ": " + e.what());
+      weights = std::make_unique<HfWeightSource>(path.string());
     } catch (const std::runtime_error& e) {
-      if (dynamic_cast<const c10::Error*>(&e)) throw;
-      throw RecipeError(recipe_.where(*w) + ": " + e.what());
+      weights_error(e);
     }
   }
+  store_.materialize(run_info_.seed, device_, [&](size_t first, size_t last) {
+    auto& params = store_.all();
+    if (weights) {
+      try {
+        for (size_t k = first; k < last; ++k)
+          if (!(params[k].flags & TF_PARAM_ADAPTER)) weights->load(params[k]);  // adapters load on their own
+      } catch (const std::runtime_error& e) {
+        weights_error(e);
+      }
+    }
+    const int32_t stage = params[first].stage;
+    for (size_t i = 0; i < strategies_.size(); ++i) {
+      const tf_strategy_vtable* vt = strategies_[i].plugin->strategy();
+      if (TF_HAS(vt, tf_strategy_vtable, stage_params_ready))
+        configure_step(i, vt->stage_params_ready(strategies_[i].state, strategies_[i].ctx.get(), stage),
+                       "stage_params_ready");
+    }
+  });
   for (size_t i = 0; i < strategies_.size(); ++i)
     if (strategies_[i].plugin->strategy()->params_ready)
       configure_step(i, strategies_[i].plugin->strategy()->params_ready(strategies_[i].state, strategies_[i].ctx.get()),
@@ -355,7 +378,7 @@ std::string Session::export_hf(const std::string& dir, bool merge) {
   for (const Param& p : store_.all()) {
     if (p.flags & TF_PARAM_ADAPTER) continue;
     Param q = p;
-    q.value = p.format == TF_FORMAT_DENSE ? p.value.detach() : fetch_weight(p.name).detach();
+    q.value = fetch_weight(p.name).detach();  // dense, brought in from any tier
     q.format = TF_FORMAT_DENSE;
     for (auto& s : strategies_) {
       const tf_strategy_vtable* svt = s.plugin->strategy();

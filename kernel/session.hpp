@@ -126,6 +126,7 @@ class Session {
   at::Tensor run_stage(int32_t stage, const at::Tensor& input, bool training, bool recompute);
   void raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin);
   at::Tensor fetch_weight(const std::string& name);
+  at::Tensor fetch_resident(Param& p);  // fetch_weight once the weight is in the device tier
   at::Tensor linear(const at::Tensor& x, const std::string& weight, const std::string& bias);
 
   // --- training services ---
@@ -239,6 +240,7 @@ class Session {
   int32_t micro_index_ = 0, micro_count_ = 1;
   bool in_optimizer_step_ = false;
   double applied_loss_scale_ = 1.0;  // the loss scale of this step's backward passes
+  std::vector<int> active_events_;      // per stage: stage events begun and not yet ended
   std::vector<bool> grads_dispatched_;  // per backward: grad_ready already called
   at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward
 };

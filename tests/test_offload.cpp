@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "safetensors.hpp"
 #include "test_support.hpp"
 
 namespace tightfit {
@@ -68,6 +69,110 @@ TEST_F(OffloadTest, AtMostPrefetchPlusOneStagesResident) {
       EXPECT_LT(peak, offloadable / 2);
     }
   }
+}
+
+// QLoRA with the NF4 codes on disk: quantize converts each stage as soon as
+// it exists and offload writes the codes out (streaming setup), so the fp32
+// model is never whole; training and export match QLoRA in memory.
+class QloraOffloadTest : public ::testing::Test {
+ protected:
+  test::TempDir dir;
+  std::string corpus = test::write_corpus(dir);
+  std::string recipe(const std::string& extra, const std::string& model_extra = "") const {
+    std::string r = test::tiny_recipe(
+        corpus, dir.str(), model_extra,
+        "[[strategy]]\nplugin = \"lora\"\ntargets = [\"c_attn\", \"c_fc\"]\nrank = 4\n"
+        "[[strategy]]\nplugin = \"quantize\"\nformat = \"nf4\"\n" + extra);
+    r.replace(r.find("n_layer = 2"), 11, "n_layer = 6");
+    r.replace(r.find("n_embd = 32"), 11, "n_embd = 128");
+    return r;
+  }
+  static constexpr const char* kOffload = "[[strategy]]\nplugin = \"offload\"\nprefetch = 1\n";
+};
+
+TEST_F(QloraOffloadTest, SameGradientsAsQloraInMemoryAlsoWithCheckpointing) {
+  for (const std::string extra : {"", "[[strategy]]\nplugin = \"checkpoint\"\n"}) {
+    auto mem = test::make_session(recipe(extra));
+    auto off = test::make_session(recipe(kOffload + extra));
+    const Param& w = off->store().get("transformer.h.3.mlp.c_fc.weight");
+    EXPECT_EQ(w.format, TF_FORMAT_NF4);
+    EXPECT_EQ(w.residency, TF_TIER_DISK);
+    EXPECT_EQ(w.value.numel(), 0);  // the codes are in a file
+    for (int step = 0; step < 3; ++step) {
+      auto b = mem->batcher().next();
+      off->batcher().next();
+      mem->zero_grad();
+      off->zero_grad();
+      EXPECT_EQ(mem->run_pass(b.tokens, b.targets, true, 1.0).loss, off->run_pass(b.tokens, b.targets, true, 1.0).loss);
+      for (Param* p : mem->store().trainable())
+        EXPECT_TRUE(at::equal(p->value.grad(), off->store().get(p->name).value.grad())) << p->name;
+      mem->optimizer_step();
+      off->optimizer_step();
+    }
+    EXPECT_EQ(off->store().get("transformer.h.3.mlp.c_fc.weight").value.numel(), 0);  // swapped out again
+  }
+}
+
+TEST_F(QloraOffloadTest, TheDenseModelIsNeverWholeDuringSetup) {
+  auto& acct = MemoryAccounting::instance();
+  int64_t dense_blocks = 0, one_block = 0, outside_blocks = 0;
+  {
+    auto probe = test::make_session(test::tiny_recipe(corpus, dir.str() + "/probe", ""));
+  }
+  {
+    std::string r = recipe("");
+    auto mem = test::make_session(r);
+    for (const Param& p : mem->store().all()) {
+      if (p.flags & TF_PARAM_ADAPTER) continue;
+      const int64_t bytes = p.numel() * 4;
+      if (p.stage >= 1 && p.stage <= 6) {
+        dense_blocks += bytes;
+        if (p.stage == 1) one_block += bytes;
+      } else {
+        outside_blocks += bytes;
+      }
+    }
+  }
+  const int64_t before = acct.snapshot().current[TF_MEM_WEIGHTS];
+  acct.reset_peaks();
+  auto off = test::make_session(recipe(kOffload));
+  const int64_t peak = acct.snapshot().peak[TF_MEM_WEIGHTS] - before;
+  // Embeddings, final norm, and one block in fp32 while it is converted
+  // (plus its codes); never the six blocks together.
+  EXPECT_LE(peak, outside_blocks + one_block + one_block / 4) << "all blocks: " << dense_blocks;
+  EXPECT_LT(peak, outside_blocks + dense_blocks / 2);
+  // After setup only the non-block weights and the small NF4 scales remain.
+  EXPECT_LT(acct.snapshot().current[TF_MEM_WEIGHTS] - before, outside_blocks + dense_blocks / 20);
+}
+
+TEST_F(QloraOffloadTest, ExportAndWeightsFoldersWorkThroughTheDiskTier) {
+  // Export brings each offloaded weight in for the access (TF_PHASE_ACCESS).
+  auto mem = test::make_session(recipe(""));
+  auto off = test::make_session(recipe(kOffload));
+  for (auto* s : {mem.get(), off.get()}) {
+    s->optimizer().set_lr(1e-2);
+    for (int i = 0; i < 2; ++i) {
+      s->zero_grad();
+      auto b = s->batcher().next();
+      s->run_pass(b.tokens, b.targets, true, 1.0);
+      s->optimizer_step();
+    }
+  }
+  mem->export_hf(dir.str() + "/mem");
+  off->export_hf(dir.str() + "/off");
+  const SafetensorsFile a = read_safetensors(dir.str() + "/mem/model.safetensors");
+  const SafetensorsFile b = read_safetensors(dir.str() + "/off/model.safetensors");
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (const auto& [name, t] : a.tensors) EXPECT_TRUE(at::equal(t, b.tensors.at(name))) << name;
+  EXPECT_EQ(off->store().get("transformer.h.3.mlp.c_fc.weight").value.numel(), 0);
+
+  // Starting from a model folder streams it in stage by stage: same logits.
+  const std::string weights = "weights = \"" + dir.str() + "/mem\"\n";
+  auto from_mem = test::make_session(recipe("", weights));
+  auto from_off = test::make_session(recipe(kOffload, weights));
+  const at::Tensor tokens = at::randint(0, 256, {2, 16}, at::kLong);
+  at::NoGradGuard no_grad;
+  EXPECT_TRUE(at::equal(from_mem->forward_logits(tokens, false), from_off->forward_logits(tokens, false)));
 }
 
 // Optimizer state on the disk tier: the update runs where the state lives and

@@ -39,6 +39,18 @@ TEST(Safetensors, RoundTripsTensorsAndMetadata) {
   EXPECT_EQ(f.metadata.at("k"), "v");
 }
 
+TEST(Safetensors, EmptyTensorsBesideOthersAreNotOverlaps) {
+  test::TempDir dir;
+  const std::string path = dir.str() + "/e.safetensors";
+  // Empty ranges start where a neighbour's bytes start or end.
+  write_safetensors(path, {{"a", at::empty({0})}, {"b", at::randn({4})}, {"c", at::empty({0, 3})},
+                           {"d", at::randn({2})}, {"e", at::empty({0})}});
+  const SafetensorsReader r(path);
+  EXPECT_EQ(r.read("a").numel(), 0);
+  EXPECT_EQ(r.read("b").numel(), 4);
+  EXPECT_EQ(r.read("c").sizes(), at::IntArrayRef({0, 3}));
+}
+
 TEST(Safetensors, RefusesMalformedFiles) {
   test::TempDir dir;
   const std::string p = dir.str() + "/bad.safetensors";

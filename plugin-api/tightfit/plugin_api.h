@@ -343,7 +343,10 @@ typedef struct tf_optimizer_info {
 typedef enum tf_pass_phase {
   TF_PHASE_FORWARD = 1,
   TF_PHASE_BACKWARD = 2,
-  TF_PHASE_RECOMPUTE = 3 /* forward re-run inside backward for checkpointing */
+  TF_PHASE_RECOMPUTE = 3, /* forward re-run inside backward for checkpointing */
+  /* A weight of this stage is needed outside a pass (export, decoding) while
+   * a strategy keeps it in another tier: bring it in at begin, drop at end. */
+  TF_PHASE_ACCESS = 4
 } tf_pass_phase;
 
 typedef struct tf_stage_event {
@@ -663,7 +666,16 @@ typedef struct tf_strategy_vtable {
   tf_status (*loss_scale)(void* state, tf_host_context* ctx, double* scale);
   tf_status (*loss_scale_update)(void* state, tf_host_context* ctx, int32_t finite);
 
-  void* reserved[12];
+  /* Streaming setup: the kernel materializes parameters one stage at a time
+   * (a run of consecutive parameters of one stage, initialized or loaded)
+   * and calls this after each run, before the next is allocated, so a
+   * strategy that converts or moves weights (quantize, offload) can do so
+   * while the model is never whole in memory. May come more than once for a
+   * stage (adapters are declared after the model); convert what is not yet
+   * converted. params_ready still follows once for everything. */
+  tf_status (*stage_params_ready)(void* state, tf_host_context* ctx, int32_t stage);
+
+  void* reserved[11];
 } tf_strategy_vtable;
 
 /* A trainer schedule: decides what each step does using training services. */

@@ -1,13 +1,18 @@
-// Offload of frozen weights to a disk tier, streamed stage by stage.
+// Offload: weights and optimizer state kept off the compute device.
 //
-// params_ready writes every frozen dense weight of a block stage to a file
-// under the run folder and drops it from memory. When a stage begins (in
-// forward, recompute or backward) its weights are read back, and the next
-// `prefetch` stages in the pass's direction are read on a background thread
-// so that reading overlaps compute; when a stage ends in forward or backward
-// its weights are dropped again. At most prefetch + 1 stages' weights are
-// resident. The kernel's compact linear fetches such a weight again in
-// backward instead of keeping it, so nothing pins it.
+// Frozen block weights (`params = "disk"`), in whatever format they are
+// stored (dense, or int8/NF4 codes when quantize comes first in the recipe):
+// each stage's weights are written to files under the run folder as soon as
+// the stage exists (stage_params_ready, so a model larger than memory is
+// never whole) and replaced by empty placeholders; the parameter's residency
+// says "disk". When a stage's event begins (forward, recompute, backward, or
+// an access outside a pass) its weights are swapped back into the store, and
+// the next `prefetch` stages in the pass's direction are read on a background
+// thread so that reading overlaps compute; when the stage ends in forward or
+// backward they are swapped out again. At most prefetch + 1 stages' weights
+// are resident. The kernel's compact linear fetches such a weight again in
+// backward instead of keeping it, so nothing pins it; other strategies
+// (quantize's dequantization) see the swapped-in storage as usual.
 //
 // `optimizer = "disk" | "host"` keeps the optimizer state of trainable
 // parameters in that tier and runs their update there (state_tier.hpp): the
@@ -41,8 +46,9 @@ namespace fs = std::filesystem;
 
 struct Offloaded {
   std::string path;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // of the stored tensor (the codes, for compact formats)
   at::ScalarType dtype;
+  tf_param_format format;
   int32_t stage;
 };
 
@@ -50,8 +56,11 @@ struct Offload {
   explicit Offload(tf_sdk::Host h) : host(h) {}
   tf_sdk::Host host;
   std::string device;
+  bool cuda = false;
   int64_t prefetch = 1;
   bool offload_params = true;
+  std::string dir;
+  int64_t offloaded_bytes = 0;
   std::map<std::string, Offloaded> weights;
   std::map<int32_t, std::vector<std::string>> by_stage;
   std::string optimizer_tier;                  // "none" | "host" | "disk"
@@ -75,8 +84,10 @@ struct Offload {
     if (worker.joinable()) worker.join();
   }
 
+  // A weight's bytes from its file; in pinned memory on a CUDA run, so that
+  // the copy to the device can be asynchronous.
   at::Tensor read(const Offloaded& w) const {
-    at::Tensor t = at::empty(w.shape, at::TensorOptions().dtype(w.dtype));
+    at::Tensor t = at::empty(w.shape, at::TensorOptions().dtype(w.dtype).pinned_memory(cuda));
     std::ifstream in(w.path, std::ios::binary);
     in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(t.numel() * t.element_size()));
     if (!in) throw std::runtime_error("offload: cannot read " + w.path);
@@ -120,7 +131,6 @@ struct Offload {
 
   // Makes `stage` resident, waiting for a prefetch in flight or reading now.
   void ensure(int32_t stage) {
-    if (!by_stage.count(stage)) return;
     std::unique_lock<std::mutex> lock(m);
     cv.wait(lock, [&] { return !loading.count(stage); });
     if (resident.count(stage)) return;
@@ -131,7 +141,7 @@ struct Offload {
   }
 
   void request(int32_t stage) {
-    if (!by_stage.count(stage)) return;
+    if (!by_stage.count(stage) || !worker.joinable()) return;
     std::lock_guard<std::mutex> lock(m);
     if (resident.count(stage) || loading.count(stage)) return;
     loading.insert(stage);
@@ -139,9 +149,64 @@ struct Offload {
     cv.notify_all();
   }
 
-  void evict(int32_t stage) {
+  // Puts the stage's loaded weights into the store (main thread).
+  void swap_in(int32_t stage) {
+    ensure(stage);
+    std::map<std::string, at::Tensor> loaded;
+    {
+      std::lock_guard<std::mutex> lock(m);
+      loaded = resident.at(stage);
+    }
+    for (const auto& name : by_stage[stage]) {
+      const Offloaded& w = weights.at(name);
+      at::Tensor t = loaded.at(name);
+      if (t.device() != at::Device(device)) t = t.to(at::Device(device), /*non_blocking=*/cuda);
+      host.check(host.api()->param_set_storage(host.ctx(), name.c_str(), reinterpret_cast<tf_tensor>(&t), w.format,
+                                               TF_TIER_DISK));
+    }
+  }
+
+  // Empty placeholders back into the store; the loaded copies go.
+  void swap_out(int32_t stage) {
+    for (const auto& name : by_stage[stage]) {
+      const Offloaded& w = weights.at(name);
+      at::Tensor placeholder = at::empty({0}, at::TensorOptions().dtype(w.dtype));
+      host.check(host.api()->param_set_storage(host.ctx(), name.c_str(), reinterpret_cast<tf_tensor>(&placeholder),
+                                               w.format, TF_TIER_DISK));
+    }
     std::lock_guard<std::mutex> lock(m);
     resident.erase(stage);
+  }
+
+  // Writes the frozen block weights of `stage` (all stages when < 0) that
+  // are still in memory to files, leaving placeholders.
+  void offload_stage(int32_t stage) {
+    const tf_host_api* api = host.api();
+    tf_host_context* ctx = host.ctx();
+    const std::vector<std::string> names = host.param_names();
+    for (size_t i = 0; i < names.size(); ++i) {
+      const tf_param_info info = host.param_info(names[i]);
+      if (info.trainable || info.stage < 0 || (stage >= 0 && info.stage != stage) ||
+          info.residency != TF_TIER_DEVICE || info.stored_bytes == 0 ||
+          host.stage_info(info.stage).kind != TF_STAGE_BLOCK)
+        continue;
+      tf_tensor stored = nullptr;
+      host.check(api->param_storage(ctx, names[i].c_str(), &stored));
+      const at::Tensor w = tf_sdk::take(stored).detach().contiguous().cpu();
+      Offloaded o{(fs::path(dir) / (std::to_string(i) + ".bin")).string(), w.sizes().vec(), w.scalar_type(),
+                  info.format, info.stage};
+      {
+        std::ofstream out(o.path, std::ios::binary | std::ios::trunc);
+        out.write(static_cast<const char*>(w.data_ptr()), static_cast<std::streamsize>(w.numel() * w.element_size()));
+        if (!out) throw std::runtime_error("offload: cannot write " + o.path + " (disk full? set offload.dir)");
+      }
+      offloaded_bytes += w.numel() * static_cast<int64_t>(w.element_size());
+      by_stage[info.stage].push_back(names[i]);
+      weights[names[i]] = std::move(o);
+      at::Tensor placeholder = at::empty({0}, at::TensorOptions().dtype(w.scalar_type()));
+      host.check(api->param_set_storage(ctx, names[i].c_str(), reinterpret_cast<tf_tensor>(&placeholder), info.format,
+                                        TF_TIER_DISK));
+    }
   }
 };
 
@@ -149,6 +214,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   return tf_sdk::guard(api, ctx, [&] {
     auto s = std::make_unique<Offload>(tf_sdk::Host(api, ctx));
     s->device = s->host.run_info().device;
+    s->cuda = s->device.rfind("cuda", 0) == 0;
     const std::string params = s->host.get_string("params");
     if (params == "host")
       throw std::invalid_argument("offload: params = \"host\" is not built yet; use params = \"disk\" or \"none\"");
@@ -158,6 +224,8 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       throw std::invalid_argument("offload: params = \"none\" and optimizer = \"none\" offload nothing; set "
                                   "params = \"disk\" or optimizer = \"disk\" | \"host\"");
     s->prefetch = s->host.get_int("prefetch");
+    s->dir = s->host.get_string("dir");
+    if (s->dir.empty()) s->dir = (fs::path(s->host.run_info().run_dir) / "offload").string();
     *out = s.release();
     return TF_OK;
   });
@@ -165,45 +233,30 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
 
 void destroy(void* state) { delete static_cast<Offload*>(state); }
 
+// Streaming setup: a stage's frozen weights leave memory as soon as they exist.
+tf_status stage_params_ready(void* state, tf_host_context* ctx, int32_t stage) {
+  auto* s = static_cast<Offload*>(state);
+  if (!s->offload_params || stage < 0) return TF_OK;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    fs::create_directories(s->dir);
+    s->offload_stage(stage);
+    return TF_OK;
+  });
+}
+
 tf_status params_ready(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Offload*>(state);
-  const tf_host_api* api = s->host.api();
-  return tf_sdk::guard(api, ctx, [&] {
-    std::string dir = s->host.get_string("dir");
-    if (dir.empty()) dir = (fs::path(s->host.run_info().run_dir) / "offload").string();
-    fs::create_directories(dir);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    fs::create_directories(s->dir);
     if (s->optimizer_tier != "none") {
-      const bool cuda = s->device.rfind("cuda", 0) == 0;
-      if (s->optimizer_tier == "host" && !cuda)
+      if (s->optimizer_tier == "host" && !s->cuda)
         s->host.log(TF_LOG_WARN, "offload: optimizer = \"host\" on a CPU run keeps the state in the same memory "
                                  "(no saving); optimizer = \"disk\" is the saving here");
       s->state = std::make_unique<offload::StateTier>(
-          s->optimizer_tier == "disk" ? offload::StateTier::Kind::disk : offload::StateTier::Kind::host, dir, cuda);
+          s->optimizer_tier == "disk" ? offload::StateTier::Kind::disk : offload::StateTier::Kind::host, s->dir,
+          s->cuda);
     }
-    int64_t bytes = 0;
-    const std::vector<std::string> names = s->host.param_names();
-    for (size_t i = 0; s->offload_params && i < names.size(); ++i) {
-      const char* name = names[i].c_str();
-      const tf_param_info info = s->host.param_info(names[i]);
-      if (info.trainable || info.format != TF_FORMAT_DENSE || info.stage < 0 ||
-          s->host.stage_info(info.stage).kind != TF_STAGE_BLOCK)
-        continue;
-      tf_tensor stored = nullptr;
-      s->host.check(api->param_storage(ctx, name, &stored));
-      const at::Tensor w = tf_sdk::take(stored).detach().contiguous().cpu();
-      Offloaded o{(fs::path(dir) / (std::to_string(i) + ".bin")).string(), w.sizes().vec(), w.scalar_type(), info.stage};
-      {
-        std::ofstream out(o.path, std::ios::binary | std::ios::trunc);
-        out.write(static_cast<const char*>(w.data_ptr()), static_cast<std::streamsize>(w.numel() * w.element_size()));
-        if (!out) throw std::runtime_error("offload: cannot write " + o.path);
-      }
-      bytes += w.numel() * static_cast<int64_t>(w.element_size());
-      at::Tensor placeholder = at::empty({0}, w.options());
-      s->host.check(api->param_set_storage(ctx, name, reinterpret_cast<tf_tensor>(&placeholder), TF_FORMAT_CUSTOM,
-                                           TF_TIER_DISK));
-      s->by_stage[info.stage].push_back(name);
-      s->weights[name] = std::move(o);
-    }
+    if (s->offload_params) s->offload_stage(-1);
     if (s->offload_params && s->weights.empty() && !s->state)
       throw std::invalid_argument("offload: no frozen block weights to offload (trainable weights stay in memory in "
                                   "this version: combine with lora, freeze stages, or offload the optimizer state "
@@ -211,7 +264,7 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
     if (!s->weights.empty()) {
       s->worker = std::thread([s] { s->worker_loop(); });
       s->host.log(TF_LOG_INFO, "disk tier: " + std::to_string(s->weights.size()) + " weights, " +
-                                   std::to_string(bytes >> 20) + " MiB in " + dir);
+                                   std::to_string(s->offloaded_bytes >> 20) + " MiB in " + s->dir);
     }
     return TF_OK;
   });
@@ -219,29 +272,23 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
 
 tf_status stage_event(void* state, tf_host_context* ctx, const tf_stage_event* ev) {
   auto* s = static_cast<Offload*>(state);
+  if (!s->by_stage.count(ev->stage)) {
+    // Nothing of this stage is offloaded; still read ahead for the next ones.
+    if (ev->begin && ev->phase != TF_PHASE_ACCESS) {
+      const int32_t dir = ev->phase == TF_PHASE_FORWARD ? 1 : -1;
+      for (int32_t k = 1; k <= s->prefetch; ++k) s->request(ev->stage + dir * k);
+    }
+    return TF_OK;
+  }
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const int32_t dir = ev->phase == TF_PHASE_FORWARD ? 1 : -1;
     if (ev->begin) {
-      s->ensure(ev->stage);
-      for (int32_t k = 1; k <= s->prefetch; ++k) s->request(ev->stage + dir * k);
+      s->swap_in(ev->stage);
+      if (ev->phase != TF_PHASE_ACCESS)
+        for (int32_t k = 1; k <= s->prefetch; ++k) s->request(ev->stage + dir * k);
     } else if (ev->phase != TF_PHASE_RECOMPUTE) {  // backward of a recomputed stage still needs it
-      s->evict(ev->stage);
+      s->swap_out(ev->stage);
     }
-    return TF_OK;
-  });
-}
-
-tf_status fetch_weight(void* state, tf_host_context* ctx, const char* name, tf_tensor, tf_tensor* out) {
-  auto* s = static_cast<Offload*>(state);
-  auto it = s->weights.find(name);
-  if (it == s->weights.end()) return TF_NOT_HANDLED;
-  return tf_sdk::guard(s->host.api(), ctx, [&] {
-    const int32_t stage = it->second.stage;
-    s->ensure(stage);
-    std::lock_guard<std::mutex> lock(s->m);
-    auto st = s->resident.find(stage);
-    at::Tensor w = st != s->resident.end() ? st->second.at(name) : s->read(it->second);
-    *out = tf_sdk::give(w.to(at::Device(s->device)));
     return TF_OK;
   });
 }
@@ -339,6 +386,8 @@ tf_status load_state(void* state, tf_host_context* ctx) {
 tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model, tf_memory_estimate* out) {
   auto* s = static_cast<Offload*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] -= s->offloaded_bytes;
+    out->delta_bytes[TF_TIER_DISK][TF_MEM_WEIGHTS] += s->offloaded_bytes;
     if (s->optimizer_tier != "none") {
       const int64_t bytes = 4 * state_slots(*s) * model->n_trainable;
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] -= bytes;
@@ -366,7 +415,7 @@ tf_strategy_vtable make_vtable() {
   v.destroy = destroy;
   v.params_ready = params_ready;
   v.stage_event = stage_event;
-  v.fetch_weight = fetch_weight;
+  v.stage_params_ready = stage_params_ready;
   v.optimizer_step_param = optimizer_step_param;
   v.save_state = save_state;
   v.load_state = load_state;

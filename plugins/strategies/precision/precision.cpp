@@ -84,7 +84,7 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
 // Autocast on from the start of a stage's forward (or recompute) to its end.
 tf_status stage_event(void* state, tf_host_context* ctx, const tf_stage_event* ev) {
   auto* s = static_cast<Precision*>(state);
-  if (!s->autocast || ev->phase == TF_PHASE_BACKWARD) return TF_OK;
+  if (!s->autocast || (ev->phase != TF_PHASE_FORWARD && ev->phase != TF_PHASE_RECOMPUTE)) return TF_OK;
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const at::DeviceType dev = device_type(s->host);
     if (ev->begin) {

@@ -65,6 +65,7 @@ struct Quantize {
   bool double_quant = true;
   at::Tensor levels;  // kNf4 as a tensor
   std::map<std::string, Quantized> weights;
+  int64_t dense_bytes = 0, compact_bytes = 0;  // of the weights quantized so far
 };
 
 // ---- int8 ------------------------------------------------------------------
@@ -87,13 +88,28 @@ at::Tensor nf4_block_absmax(const Quantized& q) {
   return (groups / 127.0 * q.scale_scale.unsqueeze(1)).flatten().slice(0, 0, n) + q.scale_mean;
 }
 
+// Codes are assigned by the nearest NF4 level: bucketize against the
+// midpoints between the sorted levels (ties go to the lower level, as an
+// argmin over distances would), a chunk of blocks at a time, so the
+// temporaries stay small next to a 7B model's largest weights.
 at::Tensor quantize_nf4(const Quantize& s, const at::Tensor& w, Quantized& q) {
   const int64_t n = w.numel(), pad = (s.block - n % s.block) % s.block;
-  at::Tensor blocks = at::constant_pad_nd(w.flatten(), {0, pad}).view({-1, s.block});
-  at::Tensor absmax = blocks.abs().amax(1).clamp_min(1e-12);
-  at::Tensor normalized = blocks / absmax.unsqueeze(1);
-  at::Tensor codes = (normalized.unsqueeze(-1) - s.levels).abs().argmin(-1).to(at::kByte).flatten();
-  if (codes.numel() % 2) codes = at::constant_pad_nd(codes, {0, 1});
+  const at::Tensor flat = w.flatten();
+  const int64_t n_blocks = (n + pad) / s.block;
+  const at::Tensor midpoints = (s.levels.slice(0, 1) + s.levels.slice(0, 0, -1)) / 2;
+  at::Tensor absmax = at::empty({n_blocks}, at::kFloat);
+  at::Tensor codes = at::empty({n_blocks * s.block + (n_blocks * s.block) % 2}, at::kByte);
+  codes.zero_();
+  constexpr int64_t kChunkBlocks = 1 << 14;
+  for (int64_t b0 = 0; b0 < n_blocks; b0 += kChunkBlocks) {
+    const int64_t nb = std::min(kChunkBlocks, n_blocks - b0);
+    const int64_t begin = b0 * s.block, end = std::min(n, (b0 + nb) * s.block);
+    at::Tensor blocks = at::constant_pad_nd(flat.slice(0, begin, end), {0, nb * s.block - (end - begin)}).view({nb, s.block});
+    at::Tensor amax = blocks.abs().amax(1).clamp_min(1e-12);
+    absmax.slice(0, b0, b0 + nb).copy_(amax);
+    codes.slice(0, begin, begin + nb * s.block)
+        .copy_(at::bucketize(blocks / amax.unsqueeze(1), midpoints, /*out_int32=*/true).flatten());
+  }
   codes = codes.view({-1, 2});
   at::Tensor packed = (codes.select(1, 0) * 16 + codes.select(1, 1)).to(at::kByte);
   if (!s.double_quant) {
@@ -114,7 +130,8 @@ at::Tensor quantize_nf4(const Quantize& s, const at::Tensor& w, Quantized& q) {
 at::Tensor dequantize_nf4(const Quantize& s, const at::Tensor& packed, const Quantized& q) {
   int64_t n = 1;
   for (auto d : q.shape) n *= d;
-  at::Tensor codes = at::stack({packed.div(16, "floor"), packed.remainder(16)}, 1).flatten().to(at::kLong);
+  // int32 indices: half the bytes of int64 for the largest temporary here.
+  at::Tensor codes = at::stack({packed.div(16, "floor"), packed.remainder(16)}, 1).flatten().to(at::kInt);
   const at::Tensor absmax = nf4_block_absmax(q);
   at::Tensor values = s.levels.index_select(0, codes.slice(0, 0, absmax.numel() * s.block))
                           .view({-1, s.block}) * absmax.unsqueeze(1);
@@ -209,44 +226,69 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
 void destroy(void* state) { delete static_cast<Quantize*>(state); }
 
 // Quantizes every frozen 2-D weight of a block stage.
+// Quantizes the frozen dense block weights of `stage` (all stages when < 0)
+// not yet converted; returns how many trainable block weights were seen.
+int64_t quantize_stage(Quantize* s, int32_t stage) {
+  const tf_host_api* api = s->host.api();
+  tf_host_context* ctx = s->host.ctx();
+  int64_t trainable_block_weights = 0;
+  for (const std::string& name : s->host.param_names()) {
+    const char* name_c = name.c_str();
+    const tf_param_info info = s->host.param_info(name);
+    if (info.ndim != 2 || info.stage < 0 || (stage >= 0 && info.stage != stage) || (info.flags & TF_PARAM_ADAPTER) ||
+        s->host.stage_info(info.stage).kind != TF_STAGE_BLOCK || info.format != TF_FORMAT_DENSE ||
+        info.residency != TF_TIER_DEVICE || info.stored_bytes == 0)
+      continue;
+    if (info.trainable) {
+      ++trainable_block_weights;
+      continue;
+    }
+    tf_tensor stored = nullptr;
+    s->host.check(api->param_storage(ctx, name_c, &stored));
+    const at::Tensor w = tf_sdk::take(stored).detach().to(at::kFloat);
+    Quantized q;
+    q.shape = {info.shape[0], info.shape[1]};
+    q.dtype = tf_sdk::scalar_type(info.dtype);
+    // Working tensors are transient; only the codes and scales are weights.
+    s->host.check(api->memory_push_category(ctx, TF_MEM_TRANSIENT));
+    at::Tensor codes;
+    try {
+      codes = s->format == "int8" ? quantize_int8(w, q) : quantize_nf4(*s, w, q);
+    } catch (...) {
+      api->memory_pop_category(ctx);
+      throw;
+    }
+    s->host.check(api->memory_pop_category(ctx));
+    s->host.check(api->memory_push_category(ctx, TF_MEM_WEIGHTS));
+    codes = codes.clone();
+    for (at::Tensor* t : {&q.scale, &q.scale_scale, &q.scale_mean})
+      if (t->defined()) *t = t->clone();
+    s->host.check(api->memory_pop_category(ctx));
+    s->dense_bytes += w.numel() * 4;
+    s->compact_bytes += codes.numel() * codes.element_size() + q.scale.numel() * q.scale.element_size() +
+                        (q.scale_scale.defined() ? q.scale_scale.numel() * 4 + 4 : 0);
+    s->host.check(api->param_set_storage(ctx, name_c, reinterpret_cast<tf_tensor>(&codes),
+                                         s->format == "int8" ? TF_FORMAT_INT8 : TF_FORMAT_NF4, TF_TIER_DEVICE));
+    s->weights[name] = std::move(q);
+  }
+  return trainable_block_weights;
+}
+
+// Streaming setup: each stage is quantized as soon as it exists.
+tf_status stage_params_ready(void* state, tf_host_context* ctx, int32_t stage) {
+  auto* s = static_cast<Quantize*>(state);
+  if (!s->quantize_weights || stage < 0) return TF_OK;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    quantize_stage(s, stage);
+    return TF_OK;
+  });
+}
+
 tf_status params_ready(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Quantize*>(state);
   if (!s->quantize_weights) return TF_OK;
-  const tf_host_api* api = s->host.api();
-  return tf_sdk::guard(api, ctx, [&] {
-    int64_t dense_bytes = 0, compact_bytes = 0, trainable_block_weights = 0;
-    for (const std::string& name : s->host.param_names()) {
-      const char* name_c = name.c_str();
-      const tf_param_info info = s->host.param_info(name);
-      if (info.ndim != 2 || info.stage < 0 || (info.flags & TF_PARAM_ADAPTER) ||
-          s->host.stage_info(info.stage).kind != TF_STAGE_BLOCK || info.format != TF_FORMAT_DENSE)
-        continue;
-      if (info.trainable) {
-        ++trainable_block_weights;
-        continue;
-      }
-      tf_tensor stored = nullptr;
-      s->host.check(api->param_storage(ctx, name_c, &stored));
-      const at::Tensor w = tf_sdk::take(stored).detach().to(at::kFloat);
-      Quantized q;
-      q.shape = {info.shape[0], info.shape[1]};
-      q.dtype = tf_sdk::scalar_type(info.dtype);
-      s->host.check(api->memory_push_category(ctx, TF_MEM_WEIGHTS));
-      at::Tensor codes;
-      try {
-        codes = s->format == "int8" ? quantize_int8(w, q) : quantize_nf4(*s, w, q);
-      } catch (...) {
-        api->memory_pop_category(ctx);
-        throw;
-      }
-      s->host.check(api->memory_pop_category(ctx));
-      dense_bytes += w.numel() * 4;
-      compact_bytes += codes.numel() * codes.element_size() + q.scale.numel() * q.scale.element_size() +
-                       (q.scale_scale.defined() ? q.scale_scale.numel() * 4 + 4 : 0);
-      s->host.check(api->param_set_storage(ctx, name_c, reinterpret_cast<tf_tensor>(&codes),
-                                           s->format == "int8" ? TF_FORMAT_INT8 : TF_FORMAT_NF4, TF_TIER_DEVICE));
-      s->weights[name] = std::move(q);
-    }
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    const int64_t trainable_block_weights = quantize_stage(s, -1);
     if (s->weights.empty())
       throw std::invalid_argument(
           trainable_block_weights > 0
@@ -254,8 +296,8 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
                 "[[strategy]] plugin = \"lora\" before quantize (QLoRA), so that only adapters train"
               : "quantize: this model has no frozen block weights to quantize");
     s->host.log(TF_LOG_INFO, s->format + ": " + std::to_string(s->weights.size()) + " weights, " +
-                                 std::to_string(dense_bytes >> 10) + " KiB fp32 -> " +
-                                 std::to_string(compact_bytes >> 10) + " KiB");
+                                 std::to_string(s->dense_bytes >> 10) + " KiB fp32 -> " +
+                                 std::to_string(s->compact_bytes >> 10) + " KiB");
     return TF_OK;
   });
 }
@@ -346,6 +388,7 @@ tf_strategy_vtable make_vtable() {
   v.create = create;
   v.destroy = destroy;
   v.params_ready = params_ready;
+  v.stage_params_ready = stage_params_ready;
   v.fetch_weight = fetch_weight;
   v.optimizer_step_param = optimizer_step_param;
   v.save_state = save_state;
