@@ -2,11 +2,13 @@
 """Memory strategies against the plain recipe, side by side in one run.
 
 Runs configs/gpt2-124m.toml (GPT-2 124M, seq 512, batch 4 unless overridden)
+or, with --model llama-1b, the same recipe with a Llama-3.2-1B-shaped model,
 plain and with each strategy or stack, a few steps each, and prints from each
 run's metrics.jsonl: peak tracked memory (total and by category), median step
 time, and the loss after the last step, each strategy as a ratio to plain.
 
-usage: bench/strategies.py [--steps N] [--seq-len T] [--batch B] [--only NAME,...] [--json OUT]
+usage: bench/strategies.py [--model gpt2-124m|llama-1b] [--steps N] [--seq-len T] [--batch B]
+                           [--only NAME,...] [--json OUT]
 """
 import argparse
 import json
@@ -52,8 +54,19 @@ def strategy_tables(sets: list) -> str:
     return "".join(f'\n[[strategy]]\nplugin = "checkpoint"\n' for _ in range(n))
 
 
+MODELS = {
+    "gpt2-124m": ("GPT-2 124M", '[model]\nplugin = "gpt2"\npreset = "124M"\n'),
+    "llama-1b": ("LLaMA-1B (Llama-3.2-1B shape, 1.24 B)", '[model]\nplugin = "llama"\npreset = "1B"\n'),
+}
+
+
+def base_recipe(model: str) -> str:
+    text = (ROOT / "configs" / "gpt2-124m.toml").read_text()
+    return text.replace('[model]\nplugin = "gpt2"\npreset = "124M"\n', MODELS[model][1])
+
+
 def run(name: str, sets: list, tmp: str, args) -> dict:
-    recipe = (ROOT / "configs" / "gpt2-124m.toml").read_text() + strategy_tables(sets)
+    recipe = base_recipe(args.model) + strategy_tables(sets)
     path = pathlib.Path(tmp) / f"{name}.toml"
     path.write_text(recipe)
     cmd = [str(TIGHTFIT), "run", str(path), "--quiet", "--set", f"run.steps={args.steps}",
@@ -72,6 +85,7 @@ def run(name: str, sets: list, tmp: str, args) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=sorted(MODELS), default="gpt2-124m")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--batch", type=int, default=4)
@@ -81,9 +95,12 @@ def main() -> int:
     names = args.only.split(",") if args.only else list(VARIANTS)
     if "plain" not in names:
         names.insert(0, "plain")
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     results = {}
     mib = 1 << 20
-    print(f"GPT-2 124M, seq {args.seq_len}, batch {args.batch}, {args.steps} steps each, fp32 CPU")
+    print(f"{MODELS[args.model][0]}, seq {args.seq_len}, batch {args.batch}, {args.steps} steps each, fp32 CPU")
     header = f"{'recipe':28}{'peak MiB':>10}{'ratio':>7}{'weights':>9}{'grads':>8}{'optim':>8}{'activ':>8}" \
              f"{'adapt':>7}{'step s':>8}{'ratio':>7}{'loss':>8}"
     print(header)

@@ -37,7 +37,16 @@ struct StageRecompute : public torch::autograd::Function<StageRecompute> {
       std::lock_guard<std::mutex> lock(gen.mutex());
       ctx->saved_data["rng"] = gen.get_state();
     }
-    ctx->save_for_backward({input});
+    // A strategy may keep the input elsewhere until backward (activation offload).
+    int64_t packer = -1;
+    uint64_t key = 0;
+    if (input.is_floating_point()) packer = session->pack_activation(static_cast<int32_t>(stage), input, &key);
+    if (packer >= 0) {
+      ctx->saved_data["packer"] = packer;
+      ctx->saved_data["key"] = static_cast<int64_t>(key);
+    } else {
+      ctx->save_for_backward({input});
+    }
     return session->run_stage(static_cast<int32_t>(stage), input, /*training=*/true,
                               /*recompute=*/false);
   }
@@ -46,8 +55,12 @@ struct StageRecompute : public torch::autograd::Function<StageRecompute> {
                                                  torch::autograd::variable_list grads) {
     auto* session = reinterpret_cast<Session*>(ctx->saved_data["session"].toInt());
     const auto stage = static_cast<int32_t>(ctx->saved_data["stage"].toInt());
-    const at::Tensor input = ctx->get_saved_variables()[0];
-    at::Tensor x = input.detach();
+    at::Tensor x;
+    if (ctx->saved_data.count("packer"))
+      x = session->unpack_activation(static_cast<int32_t>(ctx->saved_data["packer"].toInt()), stage,
+                                     static_cast<uint64_t>(ctx->saved_data["key"].toInt()));
+    else
+      x = ctx->get_saved_variables()[0].detach();
     if (at::isFloatingType(x.scalar_type())) x.requires_grad_(true);
 
     at::Generator gen = at::globalContext().defaultGenerator(x.device());
@@ -94,6 +107,28 @@ struct CompactLinear : public torch::autograd::Function<CompactLinear> {
 };
 
 }  // namespace
+
+int32_t Session::pack_activation(int32_t stage, const at::Tensor& x, uint64_t* key) {
+  for (size_t i = 0; i < strategies_.size(); ++i) {
+    PluginInstance& s = strategies_[i];
+    const tf_strategy_vtable* vt = s.plugin->strategy();
+    if (!TF_HAS(vt, tf_strategy_vtable, pack_activation) || !TF_HAS(vt, tf_strategy_vtable, unpack_activation))
+      continue;
+    const tf_status st = vt->pack_activation(s.state, s.ctx.get(), stage, as_handle(x), key);
+    if (st == TF_OK) return static_cast<int32_t>(i);
+    if (st != TF_NOT_HANDLED) check(st, s, "pack_activation");
+  }
+  return -1;
+}
+
+at::Tensor Session::unpack_activation(int32_t strategy, int32_t stage, uint64_t key) {
+  PluginInstance& s = strategies_.at(static_cast<size_t>(strategy));
+  tf_tensor out = nullptr;
+  check(s.plugin->strategy()->unpack_activation(s.state, s.ctx.get(), stage, key, &out), s, "unpack_activation");
+  if (out == nullptr)
+    throw PluginCallError("strategy \"" + s.plugin->name + "\" gave no tensor back from unpack_activation");
+  return take_handle(out);
+}
 
 void Session::raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin) {
   // Which stages are inside an event: their weights are in use, and

@@ -125,6 +125,10 @@ class Session {
                       double loss_scale);
   at::Tensor run_stage(int32_t stage, const at::Tensor& input, bool training, bool recompute);
   void raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin);
+  // Activation offload of a recomputed stage's input: the index of the
+  // strategy that packed it (-1: none, keep it) and its key; and the way back.
+  int32_t pack_activation(int32_t stage, const at::Tensor& x, uint64_t* key);
+  at::Tensor unpack_activation(int32_t strategy, int32_t stage, uint64_t key);
   at::Tensor fetch_weight(const std::string& name);
   at::Tensor fetch_resident(Param& p);  // fetch_weight once the weight is in the device tier
   at::Tensor linear(const at::Tensor& x, const std::string& weight, const std::string& bias);

@@ -675,7 +675,16 @@ typedef struct tf_strategy_vtable {
    * converted. params_ready still follows once for everything. */
   tf_status (*stage_params_ready)(void* state, tf_host_context* ctx, int32_t stage);
 
-  void* reserved[11];
+  /* Activation offload: the input a checkpointed (recomputed) stage keeps
+   * from forward to its recompute in backward. pack_activation takes `x`
+   * (borrowed) in forward and returns a key (any value) under which the
+   * strategy keeps it — TF_NOT_HANDLED leaves it in memory; the first
+   * strategy that packs owns it. unpack_activation gives it back in backward
+   * (*out new, on the device it came from) and forgets it. */
+  tf_status (*pack_activation)(void* state, tf_host_context* ctx, int32_t stage, tf_tensor x, uint64_t* out_key);
+  tf_status (*unpack_activation)(void* state, tf_host_context* ctx, int32_t stage, uint64_t key, tf_tensor* out);
+
+  void* reserved[9];
 } tf_strategy_vtable;
 
 /* A trainer schedule: decides what each step does using training services. */

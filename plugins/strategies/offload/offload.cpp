@@ -22,8 +22,16 @@
 // maths is the kernel's own) and copies the parameter back. Exact: the same
 // weights as the plain run.
 //
-// Not built yet: trainable weights in a tier (only frozen ones move),
-// `params = "host"`, and activations.
+// `params = "host"` keeps the weights in host memory instead (pinned on a
+// CUDA run); on a GPU, prefetched stages are also copied to the device on a
+// side stream (device_upload.hpp), and the main stream waits on the copy's
+// event before the stage uses them.
+//
+// `activations = "disk" | "host"` (with checkpoint) moves the input each
+// recomputed stage keeps until backward (activation_store.hpp): written
+// behind the forward pass, read back one stage ahead in backward.
+//
+// Not built yet: trainable weights in a tier (only frozen ones move).
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -37,6 +45,8 @@
 #include <thread>
 #include <vector>
 
+#include "activation_store.hpp"
+#include "device_upload.hpp"
 #include "state_tier.hpp"
 #include "tightfit/plugin_sdk.hpp"
 
@@ -59,12 +69,17 @@ struct Offload {
   bool cuda = false;
   int64_t prefetch = 1;
   bool offload_params = true;
+  bool disk = true;  // params tier: files, or host memory
+  std::map<std::string, at::Tensor> host_copies;  // params = "host": the tier itself
+  std::map<int32_t, offload::Upload> uploads;     // CUDA: stages being copied on a side stream
   std::string dir;
   int64_t offloaded_bytes = 0;
   std::map<std::string, Offloaded> weights;
   std::map<int32_t, std::vector<std::string>> by_stage;
   std::string optimizer_tier;                  // "none" | "host" | "disk"
   std::unique_ptr<offload::StateTier> state;  // created in params_ready
+  std::string activations_tier;                          // "none" | "host" | "disk"
+  std::unique_ptr<offload::ActivationStore> activations;  // created in params_ready
 
   // Loaded weights, by stage; guarded by m.
   std::mutex m;
@@ -84,9 +99,10 @@ struct Offload {
     if (worker.joinable()) worker.join();
   }
 
-  // A weight's bytes from its file; in pinned memory on a CUDA run, so that
-  // the copy to the device can be asynchronous.
-  at::Tensor read(const Offloaded& w) const {
+  // A weight from its tier: its file, read into pinned memory on a CUDA run
+  // so that the copy to the device can be asynchronous; or the host copy.
+  at::Tensor read(const std::string& name, const Offloaded& w) const {
+    if (!disk) return host_copies.at(name);
     at::Tensor t = at::empty(w.shape, at::TensorOptions().dtype(w.dtype).pinned_memory(cuda));
     std::ifstream in(w.path, std::ios::binary);
     in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(t.numel() * t.element_size()));
@@ -99,7 +115,7 @@ struct Offload {
     host.api()->memory_push_category(host.ctx(), TF_MEM_WEIGHTS);
     std::map<std::string, at::Tensor> out;
     try {
-      for (const auto& name : by_stage[stage]) out[name] = read(weights.at(name));
+      for (const auto& name : by_stage[stage]) out[name] = read(name, weights.at(name));
     } catch (...) {
       host.api()->memory_pop_category(host.ctx());
       throw;
@@ -117,14 +133,23 @@ struct Offload {
       queue.pop_front();
       lock.unlock();
       std::map<std::string, at::Tensor> loaded;
+      offload::Upload upload;
       try {
         loaded = read_stage(stage);
+        // On a GPU the copy to the device overlaps compute too (side stream).
+        if (cuda && !loaded.empty()) {
+          upload = offload::upload_async(loaded, at::Device(device));
+          loaded = upload.tensors;
+        }
       } catch (const std::exception& e) {
         host.log(TF_LOG_ERROR, e.what());
       }
       lock.lock();
       loading.erase(stage);
-      if (!loaded.empty() && !resident.count(stage)) resident[stage] = std::move(loaded);
+      if (!loaded.empty() && !resident.count(stage)) {
+        resident[stage] = std::move(loaded);
+        if (upload.done) uploads[stage] = std::move(upload);
+      }
       cv.notify_all();
     }
   }
@@ -153,16 +178,22 @@ struct Offload {
   void swap_in(int32_t stage) {
     ensure(stage);
     std::map<std::string, at::Tensor> loaded;
+    offload::Upload upload;
     {
       std::lock_guard<std::mutex> lock(m);
       loaded = resident.at(stage);
+      if (auto u = uploads.find(stage); u != uploads.end()) {
+        upload = std::move(u->second);
+        uploads.erase(u);
+      }
     }
+    if (upload.done) offload::use_on_current_stream(upload, at::Device(device));
     for (const auto& name : by_stage[stage]) {
       const Offloaded& w = weights.at(name);
       at::Tensor t = loaded.at(name);
       if (t.device() != at::Device(device)) t = t.to(at::Device(device), /*non_blocking=*/cuda);
       host.check(host.api()->param_set_storage(host.ctx(), name.c_str(), reinterpret_cast<tf_tensor>(&t), w.format,
-                                               TF_TIER_DISK));
+                                               tier()));
     }
   }
 
@@ -172,10 +203,11 @@ struct Offload {
       const Offloaded& w = weights.at(name);
       at::Tensor placeholder = at::empty({0}, at::TensorOptions().dtype(w.dtype));
       host.check(host.api()->param_set_storage(host.ctx(), name.c_str(), reinterpret_cast<tf_tensor>(&placeholder),
-                                               w.format, TF_TIER_DISK));
+                                               w.format, tier()));
     }
     std::lock_guard<std::mutex> lock(m);
     resident.erase(stage);
+    uploads.erase(stage);
   }
 
   // Writes the frozen block weights of `stage` (all stages when < 0) that
@@ -193,21 +225,28 @@ struct Offload {
       tf_tensor stored = nullptr;
       host.check(api->param_storage(ctx, names[i].c_str(), &stored));
       const at::Tensor w = tf_sdk::take(stored).detach().contiguous().cpu();
-      Offloaded o{(fs::path(dir) / (std::to_string(i) + ".bin")).string(), w.sizes().vec(), w.scalar_type(),
-                  info.format, info.stage};
-      {
+      Offloaded o{disk ? (fs::path(dir) / (std::to_string(i) + ".bin")).string() : std::string(), w.sizes().vec(),
+                  w.scalar_type(), info.format, info.stage};
+      if (disk) {
         std::ofstream out(o.path, std::ios::binary | std::ios::trunc);
         out.write(static_cast<const char*>(w.data_ptr()), static_cast<std::streamsize>(w.numel() * w.element_size()));
         if (!out) throw std::runtime_error("offload: cannot write " + o.path + " (disk full? set offload.dir)");
+      } else {
+        // The host tier: pinned on a CUDA run (asynchronous copies), counted as weights.
+        host.check(api->memory_push_category(ctx, TF_MEM_WEIGHTS));
+        host_copies[names[i]] = cuda ? w.pin_memory() : w.clone();
+        host.check(api->memory_pop_category(ctx));
       }
       offloaded_bytes += w.numel() * static_cast<int64_t>(w.element_size());
       by_stage[info.stage].push_back(names[i]);
       weights[names[i]] = std::move(o);
       at::Tensor placeholder = at::empty({0}, at::TensorOptions().dtype(w.scalar_type()));
       host.check(api->param_set_storage(ctx, names[i].c_str(), reinterpret_cast<tf_tensor>(&placeholder), info.format,
-                                        TF_TIER_DISK));
+                                        tier()));
     }
   }
+
+  tf_residency tier() const { return disk ? TF_TIER_DISK : TF_TIER_HOST; }
 };
 
 tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
@@ -216,13 +255,15 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     s->device = s->host.run_info().device;
     s->cuda = s->device.rfind("cuda", 0) == 0;
     const std::string params = s->host.get_string("params");
-    if (params == "host")
-      throw std::invalid_argument("offload: params = \"host\" is not built yet; use params = \"disk\" or \"none\"");
-    s->offload_params = params == "disk";
+    s->offload_params = params != "none";
+    s->disk = params == "disk";
+    if (params == "host" && !s->cuda)
+      s->host.log(TF_LOG_WARN, "offload: params = \"host\" on a CPU run keeps the weights in the same memory (no "
+                               "saving); params = \"disk\" is the saving here");
     s->optimizer_tier = s->host.get_string("optimizer");
-    if (!s->offload_params && s->optimizer_tier == "none")
-      throw std::invalid_argument("offload: params = \"none\" and optimizer = \"none\" offload nothing; set "
-                                  "params = \"disk\" or optimizer = \"disk\" | \"host\"");
+    s->activations_tier = s->host.get_string("activations");
+    if (!s->offload_params && s->optimizer_tier == "none" && s->activations_tier == "none")
+      throw std::invalid_argument("offload: params, optimizer and activations are all \"none\": nothing to offload");
     s->prefetch = s->host.get_int("prefetch");
     s->dir = s->host.get_string("dir");
     if (s->dir.empty()) s->dir = (fs::path(s->host.run_info().run_dir) / "offload").string();
@@ -256,15 +297,39 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
           s->optimizer_tier == "disk" ? offload::StateTier::Kind::disk : offload::StateTier::Kind::host, s->dir,
           s->cuda);
     }
+    if (s->activations_tier != "none") {
+      bool recomputed = false;
+      for (int32_t i = 0; i < s->host.stage_count(); ++i) recomputed |= s->host.stage_info(i).recompute != 0;
+      if (!recomputed)
+        throw std::invalid_argument("offload: activations = \"" + s->activations_tier +
+                                    "\" moves the inputs that checkpointed stages keep for their recompute, and no "
+                                    "stage is checkpointed; add [[strategy]] plugin = \"checkpoint\"");
+      if (s->activations_tier == "host" && !s->cuda)
+        s->host.log(TF_LOG_WARN, "offload: activations = \"host\" on a CPU run keeps them in the same memory (no "
+                                 "saving); activations = \"disk\" is the saving here");
+      const tf_host_api* api = s->host.api();
+      s->activations = std::make_unique<offload::ActivationStore>(
+          s->activations_tier == "disk", s->dir, s->cuda, [api, ctx](const std::function<void()>& f) {
+            api->memory_push_category(ctx, TF_MEM_ACTIVATIONS);
+            try {
+              f();
+            } catch (...) {
+              api->memory_pop_category(ctx);
+              throw;
+            }
+            api->memory_pop_category(ctx);
+          });
+    }
     if (s->offload_params) s->offload_stage(-1);
-    if (s->offload_params && s->weights.empty() && !s->state)
+    if (s->offload_params && s->weights.empty() && !s->state && !s->activations)
       throw std::invalid_argument("offload: no frozen block weights to offload (trainable weights stay in memory in "
                                   "this version: combine with lora, freeze stages, or offload the optimizer state "
                                   "with optimizer = \"disk\")");
     if (!s->weights.empty()) {
       s->worker = std::thread([s] { s->worker_loop(); });
-      s->host.log(TF_LOG_INFO, "disk tier: " + std::to_string(s->weights.size()) + " weights, " +
-                                   std::to_string(s->offloaded_bytes >> 20) + " MiB in " + s->dir);
+      s->host.log(TF_LOG_INFO, std::string(s->disk ? "disk" : "host") + " tier: " + std::to_string(s->weights.size()) +
+                                   " weights, " + std::to_string(s->offloaded_bytes >> 20) + " MiB" +
+                                   (s->disk ? " in " + s->dir : std::string()));
     }
     return TF_OK;
   });
@@ -272,6 +337,9 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
 
 tf_status stage_event(void* state, tf_host_context* ctx, const tf_stage_event* ev) {
   auto* s = static_cast<Offload*>(state);
+  // A new forward: activations of a pass whose backward never came are stale.
+  if (s->activations && ev->phase == TF_PHASE_FORWARD && ev->begin && ev->stage == 0 && s->activations->size())
+    s->activations->clear();
   if (!s->by_stage.count(ev->stage)) {
     // Nothing of this stage is offloaded; still read ahead for the next ones.
     if (ev->begin && ev->phase != TF_PHASE_ACCESS) {
@@ -289,6 +357,24 @@ tf_status stage_event(void* state, tf_host_context* ctx, const tf_stage_event* e
     } else if (ev->phase != TF_PHASE_RECOMPUTE) {  // backward of a recomputed stage still needs it
       s->swap_out(ev->stage);
     }
+    return TF_OK;
+  });
+}
+
+tf_status pack_activation(void* state, tf_host_context* ctx, int32_t stage, tf_tensor x, uint64_t* key) {
+  auto* s = static_cast<Offload*>(state);
+  if (!s->activations) return TF_NOT_HANDLED;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    *key = s->activations->pack(stage, tf_sdk::borrow(x));
+    return TF_OK;
+  });
+}
+
+tf_status unpack_activation(void* state, tf_host_context* ctx, int32_t, uint64_t key, tf_tensor* out) {
+  auto* s = static_cast<Offload*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    if (!s->activations) throw std::logic_error("offload: unpack_activation without an activation tier");
+    *out = tf_sdk::give(s->activations->unpack(key));
     return TF_OK;
   });
 }
@@ -387,7 +473,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   auto* s = static_cast<Offload*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] -= s->offloaded_bytes;
-    out->delta_bytes[TF_TIER_DISK][TF_MEM_WEIGHTS] += s->offloaded_bytes;
+    out->delta_bytes[s->tier()][TF_MEM_WEIGHTS] += s->offloaded_bytes;
     if (s->optimizer_tier != "none") {
       const int64_t bytes = 4 * state_slots(*s) * model->n_trainable;
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] -= bytes;
@@ -404,6 +490,9 @@ const tf_config_key kKeys[] = {
     tf_sdk::key("optimizer", TF_VALUE_STRING, "\"none\"",
                 "tier for the optimizer state of trainable weights, updated there (ZeRO-Offload)", 1, 0,
                 "none|host|disk"),
+    tf_sdk::key("activations", TF_VALUE_STRING, "\"none\"",
+                "tier for the inputs checkpointed stages keep until backward (needs checkpoint)", 1, 0,
+                "none|host|disk"),
     tf_sdk::key("prefetch", TF_VALUE_INT, "1", "stages read ahead on a background thread", 0, 64),
     tf_sdk::key("dir", TF_VALUE_STRING, "\"\"", "disk tier folder; empty = <run folder>/offload"),
 };
@@ -416,6 +505,8 @@ tf_strategy_vtable make_vtable() {
   v.params_ready = params_ready;
   v.stage_event = stage_event;
   v.stage_params_ready = stage_params_ready;
+  v.pack_activation = pack_activation;
+  v.unpack_activation = unpack_activation;
   v.optimizer_step_param = optimizer_step_param;
   v.save_state = save_state;
   v.load_state = load_state;
