@@ -38,6 +38,8 @@ VARIANTS = {
                                                                 "strategy.2.plugin=checkpoint"],
     "checkpoint+autocast+fused": ["strategy.0.plugin=checkpoint", "strategy.1.plugin=precision",
                                   "strategy.2.plugin=fused_update"],
+    "checkpoint+offload-activ": ["strategy.0.plugin=checkpoint", "strategy.1.plugin=offload", "strategy.1.params=none",
+                                 "strategy.1.activations=disk"],
     "offload-optimizer-disk": ["strategy.0.plugin=offload", "strategy.0.params=none", "strategy.0.optimizer=disk"],
     "checkpoint+fused+offload-opt": ["strategy.0.plugin=checkpoint", "strategy.1.plugin=fused_update",
                                      "strategy.2.plugin=offload", "strategy.2.params=none",
