@@ -178,30 +178,46 @@ tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* na
       ~Pop() { api->memory_pop_category(ctx); }
     } pop{api, ctx};
     const at::Tensor& param = tf_sdk::borrow(param_h);
-    at::Tensor p = param.detach().to(at::kFloat);
-    const at::Tensor g = tf_sdk::borrow(grad_h).to(at::kFloat);
+    if (!param.is_contiguous()) throw std::invalid_argument("quantize: 8-bit AdamW needs contiguous parameters");
+    const at::Tensor flat_param = param.detach().view(-1);
+    const at::Tensor flat_grad = tf_sdk::borrow(grad_h).reshape(-1);
+    const int64_t n = flat_param.numel(), block = s->state_block, n_blocks = (n + block - 1) / block;
     AdamState8& st = s->adam[name];
-    at::Tensor m, v;
-    if (!st.m_codes.defined()) {
-      m = at::zeros_like(p);
-      v = at::zeros_like(p);
-    } else {
-      m = decode_blocks(st.m_codes, st.m_absmax, s->state_block, true, p.sizes());
-      v = decode_blocks(st.r_codes, st.r_absmax, s->state_block, false, p.sizes()).square();
+    if (!st.m_codes.defined()) {  // zero codes and scales decode to zero moments
+      s->host.check(api->memory_push_category(ctx, TF_MEM_OPTIMIZER));
+      st.m_codes = at::zeros({n_blocks * block}, at::kChar);
+      st.r_codes = at::zeros({n_blocks * block}, at::kByte);
+      st.m_absmax = at::zeros({n_blocks}, at::kFloat);
+      st.r_absmax = at::zeros({n_blocks}, at::kFloat);
+      api->memory_pop_category(ctx);
     }
-    if (!(info.flags & TF_PARAM_NO_WEIGHT_DECAY) && info.ndim >= 2 && o.weight_decay > 0) p.mul_(1.0 - lr * o.weight_decay);
-    m.mul_(o.beta1).add_(g, 1.0 - o.beta1);
-    v.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
+    const bool decay = !(info.flags & TF_PARAM_NO_WEIGHT_DECAY) && info.ndim >= 2 && o.weight_decay > 0;
     const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(o.step));
     const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(o.step));
-    p.addcdiv_(m, (v / bc2).sqrt_().add_(o.eps), -lr / bc1);
-    param.detach().copy_(p);
-    // Encode with transient scratch, then keep only the codes as state.
-    auto [mc, ma] = encode_blocks(m, s->state_block, true);
-    auto [rc, ra] = encode_blocks(v.sqrt(), s->state_block, false);
-    s->host.check(api->memory_push_category(ctx, TF_MEM_OPTIMIZER));
-    st.m_codes = mc.clone(), st.m_absmax = ma.clone(), st.r_codes = rc.clone(), st.r_absmax = ra.clone();
-    api->memory_pop_category(ctx);
+    // A chunk of blocks at a time: the fp32 working copies (parameter,
+    // gradient, both moments) stay a few MiB even for a 262M-value embedding,
+    // and each block is decoded, updated and encoded exactly as a whole-tensor
+    // update would.
+    constexpr int64_t kChunkBlocks = 4096;
+    for (int64_t b0 = 0; b0 < n_blocks; b0 += kChunkBlocks) {
+      const int64_t nb = std::min(kChunkBlocks, n_blocks - b0);
+      const int64_t begin = b0 * block, end = std::min(n, (b0 + nb) * block), len = end - begin;
+      at::Tensor p = flat_param.slice(0, begin, end).to(at::kFloat);
+      const at::Tensor g = flat_grad.slice(0, begin, end).to(at::kFloat);
+      const at::Tensor m_codes = st.m_codes.slice(0, begin, begin + nb * block);
+      const at::Tensor r_codes = st.r_codes.slice(0, begin, begin + nb * block);
+      const at::Tensor m_absmax = st.m_absmax.slice(0, b0, b0 + nb), r_absmax = st.r_absmax.slice(0, b0, b0 + nb);
+      at::Tensor m = decode_blocks(m_codes, m_absmax, block, true, {len});
+      at::Tensor v = decode_blocks(r_codes, r_absmax, block, false, {len}).square();
+      if (decay) p.mul_(1.0 - lr * o.weight_decay);
+      m.mul_(o.beta1).add_(g, 1.0 - o.beta1);
+      v.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
+      p.addcdiv_(m, (v / bc2).sqrt_().add_(o.eps), -lr / bc1);
+      flat_param.slice(0, begin, end).copy_(p);
+      auto [mc, ma] = encode_blocks(m, block, true);
+      auto [rc, ra] = encode_blocks(v.sqrt(), block, false);
+      m_codes.copy_(mc), m_absmax.copy_(ma), r_codes.copy_(rc), r_absmax.copy_(ra);
+    }
     return TF_OK;
   });
 }
