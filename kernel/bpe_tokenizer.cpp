@@ -1,13 +1,13 @@
 #include "bpe_tokenizer.hpp"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include <nlohmann/json.hpp>
 #include <pcre2.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 namespace tightfit {
@@ -67,7 +67,8 @@ struct BpeTokenizer::Regex {
   void split(const std::string& text, std::vector<std::string>& out) const {
     size_t pos = 0, gap = 0;
     while (pos <= text.size()) {
-      const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), pos, 0, match, nullptr);
+      const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), pos,
+                                 0, match, nullptr);
       if (rc < 0) break;
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(match);
       const size_t begin = ov[0], end = ov[1];
@@ -98,12 +99,16 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& path_in) {
   if (model.value("type", std::string()) != "BPE")
     throw std::invalid_argument(src + ": model type \"" + model.value("type", std::string("?")) +
                                 "\" is not supported (byte-level BPE only)");
-  if (model.value("byte_fallback", false) || !model.value("continuing_subword_prefix", nlohmann::json()).is_null() ||
+  if (model.value("byte_fallback", false) ||
+      !model.value("continuing_subword_prefix", nlohmann::json()).is_null() ||
       !model.value("end_of_word_suffix", nlohmann::json()).is_null())
-    throw std::invalid_argument(src + ": byte_fallback, continuing_subword_prefix and end_of_word_suffix are not "
-                                      "supported (byte-level BPE as GPT-2 and LLaMA-3 use it)");
+    throw std::invalid_argument(
+        src +
+        ": byte_fallback, continuing_subword_prefix and end_of_word_suffix are not "
+        "supported (byte-level BPE as GPT-2 and LLaMA-3 use it)");
   if (j.contains("normalizer") && !j["normalizer"].is_null())
-    throw std::invalid_argument(src + ": normalizers are not supported (GPT-2/LLaMA-3 tokenizers have none)");
+    throw std::invalid_argument(
+        src + ": normalizers are not supported (GPT-2/LLaMA-3 tokenizers have none)");
 
   std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
   t->source_ = std::filesystem::absolute(path).string();
@@ -111,7 +116,8 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& path_in) {
   {
     int n = 0;
     for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+      const bool printable =
+          (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
       const uint32_t cp = printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++);
       t->byte_to_unicode_[b] = utf8(cp);
       t->unicode_to_byte_[t->byte_to_unicode_[b]] = static_cast<unsigned char>(b);
@@ -124,17 +130,21 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& path_in) {
       for (const auto& q : p.value("pretokenizers", nlohmann::json::array())) self(q, self);
     } else if (type == "ByteLevel") {
       t->add_prefix_space_ = p.value("add_prefix_space", false);
-      if (p.value("use_regex", true)) t->splits_.push_back(std::make_unique<Regex>(kGpt2Pattern, src));
+      if (p.value("use_regex", true))
+        t->splits_.push_back(std::make_unique<Regex>(kGpt2Pattern, src));
     } else if (type == "Split") {
-      if (p.value("behavior", std::string()) != "Isolated" || p.value("invert", false) || !p.contains("pattern") ||
-          !p["pattern"].contains("Regex"))
-        throw std::invalid_argument(src + ": only Split pre-tokenizers with a Regex and behavior Isolated are supported");
+      if (p.value("behavior", std::string()) != "Isolated" || p.value("invert", false) ||
+          !p.contains("pattern") || !p["pattern"].contains("Regex"))
+        throw std::invalid_argument(
+            src + ": only Split pre-tokenizers with a Regex and behavior Isolated are supported");
       t->splits_.push_back(std::make_unique<Regex>(p["pattern"]["Regex"].get<std::string>(), src));
     } else {
-      throw std::invalid_argument(src + ": pre-tokenizer \"" + type + "\" is not supported (ByteLevel, Split, Sequence)");
+      throw std::invalid_argument(src + ": pre-tokenizer \"" + type +
+                                  "\" is not supported (ByteLevel, Split, Sequence)");
     }
   };
-  if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null()) add_pre(j["pre_tokenizer"], add_pre);
+  if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null())
+    add_pre(j["pre_tokenizer"], add_pre);
   t->ignore_merges_ = model.value("ignore_merges", false);
 
   for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
@@ -148,7 +158,8 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& path_in) {
     if (m.is_string()) {
       const std::string s = m.get<std::string>();
       const auto sp = s.find(' ');
-      if (sp == std::string::npos) throw std::invalid_argument(src + ": malformed merge \"" + s + "\"");
+      if (sp == std::string::npos)
+        throw std::invalid_argument(src + ": malformed merge \"" + s + "\"");
       pair = {s.substr(0, sp), s.substr(sp + 1)};
     } else if (m.is_array() && m.size() == 2) {
       pair = {m[0].get<std::string>(), m[1].get<std::string>()};
@@ -177,7 +188,8 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& path_in) {
 }
 
 std::vector<std::string> BpeTokenizer::pre_tokenize(const std::string& text) const {
-  std::vector<std::string> pieces{add_prefix_space_ && !text.empty() && text[0] != ' ' ? " " + text : text};
+  std::vector<std::string> pieces{add_prefix_space_ && !text.empty() && text[0] != ' ' ? " " + text
+                                                                                       : text};
   for (const auto& re : splits_) {
     std::vector<std::string> next;
     for (const auto& p : pieces) re->split(p, next);
@@ -225,7 +237,8 @@ void BpeTokenizer::encode_piece(const std::string& piece, std::vector<int64_t>& 
     }
     for (const auto& s : symbols) {
       auto it = vocab_.find(s);
-      if (it == vocab_.end()) throw std::runtime_error("tokenizer vocabulary lacks the symbol \"" + s + "\"");
+      if (it == vocab_.end())
+        throw std::runtime_error("tokenizer vocabulary lacks the symbol \"" + s + "\"");
       ids.push_back(it->second);
     }
   }
@@ -238,7 +251,8 @@ std::vector<int64_t> BpeTokenizer::encode(const std::string& text) const {
   size_t pos = 0, start = 0;
   auto flush = [&](size_t end) {
     if (end > start)
-      for (const auto& piece : pre_tokenize(text.substr(start, end - start))) encode_piece(piece, out);
+      for (const auto& piece : pre_tokenize(text.substr(start, end - start)))
+        encode_piece(piece, out);
   };
   // Added (special) tokens are matched verbatim before anything else.
   while (pos < text.size() && !added_.empty()) {

@@ -5,12 +5,12 @@
 // only then added to the manifest (itself replaced by rename).
 #include <ATen/core/Generator.h>
 #include <fcntl.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "file_util.hpp"
@@ -35,16 +35,18 @@ std::vector<std::string> read_manifest(const fs::path& manifest) {
   if (!fs::exists(manifest)) return out;
   auto j = nlohmann::json::parse(read_file_text(manifest.string()), nullptr, false);
   if (j.is_discarded() || !j.contains("checkpoints") || !j["checkpoints"].is_array())
-    throw std::runtime_error(manifest.string() +
-                             " is damaged (not a tightfit manifest); the checkpoint folders beside it are "
-                             "intact — delete the manifest and list them again, or move the folder away");
+    throw std::runtime_error(
+        manifest.string() +
+        " is damaged (not a tightfit manifest); the checkpoint folders beside it are "
+        "intact — delete the manifest and list them again, or move the folder away");
   for (const auto& e : j["checkpoints"])
     if (e.is_string()) out.push_back(e.get<std::string>());
   return out;
 }
 
 void write_manifest(const fs::path& dir, const std::vector<std::string>& names) {
-  nlohmann::json j = {{"format", kFormatVersion}, {"checkpoints", names},
+  nlohmann::json j = {{"format", kFormatVersion},
+                      {"checkpoints", names},
                       {"latest", names.empty() ? "" : names.back()}};
   const fs::path tmp = dir / "manifest.json.tmp";
   write_file_synced(tmp.string(), j.dump(2));
@@ -86,9 +88,11 @@ std::string Session::save_checkpoint(int64_t step) {
     check(st, inst, "save_state");
   };
   for (size_t i = 0; i < strategies_.size(); ++i)
-    save_plugin(strategies_[i], "strategy." + std::to_string(i) + "." + strategies_[i].plugin->name + ".",
+    save_plugin(strategies_[i],
+                "strategy." + std::to_string(i) + "." + strategies_[i].plugin->name + ".",
                 strategies_[i].plugin->strategy()->save_state);
-  save_plugin(schedule_, "schedule." + schedule_.plugin->name + ".", schedule_.plugin->schedule()->save_state);
+  save_plugin(schedule_, "schedule." + schedule_.plugin->name + ".",
+              schedule_.plugin->schedule()->save_state);
   write_safetensors((tmp / "state.safetensors").string(), state);
 
   nlohmann::json trainer = {{"format", kFormatVersion},
@@ -139,7 +143,8 @@ bool Session::load_latest_checkpoint() {
     try {
       auto trainer = nlohmann::json::parse(read_file_text((cp / "trainer.json").string()));
       if (trainer.value("format", 0) != kFormatVersion)
-        throw std::runtime_error("unsupported checkpoint format " + std::to_string(trainer.value("format", 0)));
+        throw std::runtime_error("unsupported checkpoint format " +
+                                 std::to_string(trainer.value("format", 0)));
       // Read and validate everything before changing any state.
       SafetensorsFile model = read_safetensors((cp / "model.safetensors").string());
       SafetensorsFile opt = read_safetensors((cp / "optimizer.safetensors").string());
@@ -150,8 +155,9 @@ bool Session::load_latest_checkpoint() {
           throw std::runtime_error("model.safetensors has no parameter \"" + p.name +
                                    "\" (was it saved from another model or preset?)");
         if (m->second.sizes() != p.value.sizes())
-          throw std::runtime_error("parameter \"" + p.name + "\" has shape " + c10::str(m->second.sizes()) +
-                                   " in the checkpoint but " + c10::str(p.value.sizes()) + " in this recipe");
+          throw std::runtime_error("parameter \"" + p.name + "\" has shape " +
+                                   c10::str(m->second.sizes()) + " in the checkpoint but " +
+                                   c10::str(p.value.sizes()) + " in this recipe");
       }
       {
         at::NoGradGuard no_grad;
@@ -177,9 +183,11 @@ bool Session::load_latest_checkpoint() {
         check(st, inst, "load_state");
       };
       for (size_t i = 0; i < strategies_.size(); ++i)
-        load_plugin(strategies_[i], "strategy." + std::to_string(i) + "." + strategies_[i].plugin->name + ".",
+        load_plugin(strategies_[i],
+                    "strategy." + std::to_string(i) + "." + strategies_[i].plugin->name + ".",
                     strategies_[i].plugin->strategy()->load_state);
-      load_plugin(schedule_, "schedule." + schedule_.plugin->name + ".", schedule_.plugin->schedule()->load_state);
+      load_plugin(schedule_, "schedule." + schedule_.plugin->name + ".",
+                  schedule_.plugin->schedule()->load_state);
       step_ = trainer.at("step").get<int64_t>();
       log(TF_LOG_INFO, "resumed from " + cp.string() + " at step " + std::to_string(step_));
       return true;
@@ -190,8 +198,9 @@ bool Session::load_latest_checkpoint() {
     }
   }
   if (!errors.empty())
-    throw std::runtime_error("no usable checkpoint in " + dir.string() + ":" + errors +
-                             "\nThe files are left as they are; fix or move them, or start without --resume");
+    throw std::runtime_error(
+        "no usable checkpoint in " + dir.string() + ":" + errors +
+        "\nThe files are left as they are; fix or move them, or start without --resume");
   return false;
 }
 

@@ -28,12 +28,14 @@ bool cuda_memory(int device, CudaMemory* out) {
   out->reserved = stats.reserved_bytes[kAggregate].current;
   size_t free_bytes = 0, total_bytes = 0;
   c10::cuda::CUDAGuard guard(idx);
-  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess) out->total = static_cast<int64_t>(total_bytes);
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess)
+    out->total = static_cast<int64_t>(total_bytes);
   return true;
 }
 
 void cuda_reset_peak(int device) {
-  if (usable(device)) c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+  if (usable(device))
+    c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
 }
 
 bool cuda_set_budget(int device, int64_t bytes) {
@@ -41,7 +43,8 @@ bool cuda_set_budget(int device, int64_t bytes) {
   if (!cuda_memory(device, &m) || m.total <= 0) return false;
   const double fraction =
       bytes <= 0 ? 1.0 : std::min(1.0, static_cast<double>(bytes) / static_cast<double>(m.total));
-  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction, static_cast<c10::DeviceIndex>(device));
+  c10::cuda::CUDACachingAllocator::setMemoryFraction(fraction,
+                                                     static_cast<c10::DeviceIndex>(device));
   return true;
 }
 

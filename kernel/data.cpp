@@ -1,12 +1,12 @@
 #include "data.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 
@@ -35,13 +35,17 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec, const std::st
   fs::path p = spec;
   if (p.is_relative() && !fs::exists(p) && !base_dir.empty()) p = fs::path(base_dir) / p;
   if (!fs::exists(p))
-    throw std::invalid_argument("tokenizer \"" + spec + "\" is neither \"byte\" nor a tokenizer.json or a folder holding one");
+    throw std::invalid_argument(
+        "tokenizer \"" + spec +
+        "\" is neither \"byte\" nor a tokenizer.json or a folder holding one");
   return BpeTokenizer::load(p.string());
 }
 
 namespace {
 
-std::string read_file(const fs::path& p) { return read_file_text(p.string()); }
+std::string read_file(const fs::path& p) {
+  return read_file_text(p.string());
+}
 
 std::string read_jsonl(const fs::path& p) {
   std::ifstream in(p);
@@ -72,7 +76,8 @@ std::string load_corpus_text(const std::string& spec, const std::string& base_di
   if (spec.rfind(builtin, 0) == 0) {
     const std::string name = spec.substr(builtin.size());
     if (name != "fortunes")
-      throw std::runtime_error("unknown built-in corpus \"" + spec + "\" (available: builtin:fortunes)");
+      throw std::runtime_error("unknown built-in corpus \"" + spec +
+                               "\" (available: builtin:fortunes)");
     const fs::path dir = "/usr/share/games/fortunes";
     if (!fs::is_directory(dir))
       throw std::runtime_error("built-in corpus " + spec + " needs Debian's fortunes package in " +
@@ -102,7 +107,9 @@ std::string load_corpus_text(const std::string& spec, const std::string& base_di
     if (text.empty()) throw std::runtime_error("corpus folder " + p.string() + " holds no text");
     return text;
   }
-  throw std::runtime_error("corpus \"" + spec + "\" not found (give a file, a folder, a .jsonl file or builtin:fortunes)");
+  throw std::runtime_error(
+      "corpus \"" + spec +
+      "\" not found (give a file, a folder, a .jsonl file or builtin:fortunes)");
 }
 
 double unigram_entropy(const at::Tensor& tokens, int64_t vocab) {
@@ -121,9 +128,10 @@ TokenBatcher::TokenBatcher(at::Tensor tokens, int64_t seq_len, int64_t batch_siz
   train_ = tokens.slice(0, 0, n - n_val);
   val_ = n_val ? tokens.slice(0, n - n_val, n) : at::Tensor();
   if (train_.numel() < seq_len + 2)
-    throw std::runtime_error("corpus has " + std::to_string(train_.numel()) +
-                             " training tokens, fewer than data.seq_len + 2 = " +
-                             std::to_string(seq_len + 2) + "; use a bigger corpus or a shorter seq_len");
+    throw std::runtime_error(
+        "corpus has " + std::to_string(train_.numel()) +
+        " training tokens, fewer than data.seq_len + 2 = " + std::to_string(seq_len + 2) +
+        "; use a bigger corpus or a shorter seq_len");
 }
 
 TokenBatcher::Batch TokenBatcher::sample(const at::Tensor& split, uint64_t stream_seed) const {

@@ -31,7 +31,8 @@ class ByteTokenizer final : public Tokenizer {
 
 // "byte", or a Hugging Face tokenizer.json (or a folder holding one; relative
 // paths from `base_dir`) with byte-level BPE. Throws std::invalid_argument.
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec, const std::string& base_dir = {});
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec,
+                                          const std::string& base_dir = {});
 
 // Reads a corpus: "builtin:fortunes" (Debian's fortunes package), a text file,
 // a folder of text files (sorted, recursive) or a JSONL file with a "text"

@@ -13,7 +13,9 @@
 namespace tightfit {
 namespace {
 
-tf_tensor as_handle(const at::Tensor& t) { return reinterpret_cast<tf_tensor>(const_cast<at::Tensor*>(&t)); }
+tf_tensor as_handle(const at::Tensor& t) {
+  return reinterpret_cast<tf_tensor>(const_cast<at::Tensor*>(&t));
+}
 at::Tensor take_handle(tf_tensor h) {
   auto* p = reinterpret_cast<at::Tensor*>(h);
   at::Tensor t = std::move(*p);
@@ -40,7 +42,8 @@ struct StageRecompute : public torch::autograd::Function<StageRecompute> {
     // A strategy may keep the input elsewhere until backward (activation offload).
     int64_t packer = -1;
     uint64_t key = 0;
-    if (input.is_floating_point()) packer = session->pack_activation(static_cast<int32_t>(stage), input, &key);
+    if (input.is_floating_point())
+      packer = session->pack_activation(static_cast<int32_t>(stage), input, &key);
     if (packer >= 0) {
       ctx->saved_data["packer"] = packer;
       ctx->saved_data["key"] = static_cast<int64_t>(key);
@@ -91,8 +94,8 @@ struct StageRecompute : public torch::autograd::Function<StageRecompute> {
 // y = x W^T for a frozen weight stored compact: the dequantized W is fetched
 // again in backward instead of being kept by autograd.
 struct CompactLinear : public torch::autograd::Function<CompactLinear> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, Session* session,
-                            const std::string& weight) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                            Session* session, const std::string& weight) {
     ctx->saved_data["session"] = reinterpret_cast<int64_t>(session);
     ctx->saved_data["weight"] = weight;
     return at::linear(x, session->fetch_weight(weight));
@@ -112,7 +115,8 @@ int32_t Session::pack_activation(int32_t stage, const at::Tensor& x, uint64_t* k
   for (size_t i = 0; i < strategies_.size(); ++i) {
     PluginInstance& s = strategies_[i];
     const tf_strategy_vtable* vt = s.plugin->strategy();
-    if (!TF_HAS(vt, tf_strategy_vtable, pack_activation) || !TF_HAS(vt, tf_strategy_vtable, unpack_activation))
+    if (!TF_HAS(vt, tf_strategy_vtable, pack_activation) ||
+        !TF_HAS(vt, tf_strategy_vtable, unpack_activation))
       continue;
     const tf_status st = vt->pack_activation(s.state, s.ctx.get(), stage, as_handle(x), key);
     if (st == TF_OK) return static_cast<int32_t>(i);
@@ -124,9 +128,11 @@ int32_t Session::pack_activation(int32_t stage, const at::Tensor& x, uint64_t* k
 at::Tensor Session::unpack_activation(int32_t strategy, int32_t stage, uint64_t key) {
   PluginInstance& s = strategies_.at(static_cast<size_t>(strategy));
   tf_tensor out = nullptr;
-  check(s.plugin->strategy()->unpack_activation(s.state, s.ctx.get(), stage, key, &out), s, "unpack_activation");
+  check(s.plugin->strategy()->unpack_activation(s.state, s.ctx.get(), stage, key, &out), s,
+        "unpack_activation");
   if (out == nullptr)
-    throw PluginCallError("strategy \"" + s.plugin->name + "\" gave no tensor back from unpack_activation");
+    throw PluginCallError("strategy \"" + s.plugin->name +
+                          "\" gave no tensor back from unpack_activation");
   return take_handle(out);
 }
 
@@ -149,10 +155,12 @@ at::Tensor Session::run_stage(int32_t stage, const at::Tensor& input, bool train
   tf_stage_call call{sizeof(tf_stage_call), stage, training ? 1 : 0, recompute ? 1 : 0, step_};
   tf_tensor out = nullptr;
   const tf_model_vtable* vt = model_.plugin->model();
-  const tf_status st = vt->stage_forward(model_.state, model_.ctx.get(), &call, as_handle(input), &out);
+  const tf_status st =
+      vt->stage_forward(model_.state, model_.ctx.get(), &call, as_handle(input), &out);
   check(st, model_, "stage_forward");
   if (out == nullptr)
-    throw PluginCallError("model plugin \"" + model_.plugin->name + "\" returned no tensor for stage " +
+    throw PluginCallError("model plugin \"" + model_.plugin->name +
+                          "\" returned no tensor for stage " +
                           stages_[static_cast<size_t>(stage)].name);
   return take_handle(out);
 }
@@ -160,9 +168,11 @@ at::Tensor Session::run_stage(int32_t stage, const at::Tensor& input, bool train
 at::Tensor Session::forward_logits(const at::Tensor& tokens, bool training) {
   CategoryScope scope(TF_MEM_ACTIVATIONS);
   const bool grad = at::GradMode::is_enabled();
-  const bool hooks = std::any_of(strategies_.begin(), strategies_.end(), [](const PluginInstance& s) {
-    return s.plugin->strategy()->stage_event != nullptr || s.plugin->strategy()->grad_ready != nullptr;
-  });
+  const bool hooks =
+      std::any_of(strategies_.begin(), strategies_.end(), [](const PluginInstance& s) {
+        return s.plugin->strategy()->stage_event != nullptr ||
+               s.plugin->strategy()->grad_ready != nullptr;
+      });
   at::Tensor h = tokens;
   for (size_t i = 0; i < stages_.size(); ++i) {
     const StageState& st = stages_[i];
@@ -240,20 +250,23 @@ void Session::dispatch_grads(int32_t stage) {
   for (size_t i = 0; i < params.size(); ++i) {
     Param& p = params[i];
     // Shared parameters (stage -1) are complete only when backward returns.
-    if ((stage >= 0 && p.stage != stage) || grads_dispatched_[i] || !p.value.defined() || !p.value.grad().defined())
+    if ((stage >= 0 && p.stage != stage) || grads_dispatched_[i] || !p.value.defined() ||
+        !p.value.grad().defined())
       continue;
     grads_dispatched_[i] = true;
     acct.retag(p.value.grad(), TF_MEM_GRADS);
     for (auto& s : strategies_) {
       const tf_strategy_vtable* vt = s.plugin->strategy();
       if (!vt->grad_ready) continue;
-      const tf_status st = vt->grad_ready(s.state, s.ctx.get(), p.name.c_str(), as_handle(p.value.grad()));
+      const tf_status st =
+          vt->grad_ready(s.state, s.ctx.get(), p.name.c_str(), as_handle(p.value.grad()));
       if (st == TF_OK && applied_loss_scale_ != 1.0)
-        throw PluginCallError("strategy \"" + s.plugin->name + "\" consumed the gradient of " + p.name +
-                              " in grad_ready while the loss is scaled by " + std::to_string(applied_loss_scale_) +
-                              " (fp16 loss scaling): the scaled gradient is not the real one and may hold "
-                              "infinities. fp16 loss scaling does not combine with it; use precision dtype = "
-                              "\"bf16\", which needs no scaling");
+        throw PluginCallError(
+            "strategy \"" + s.plugin->name + "\" consumed the gradient of " + p.name +
+            " in grad_ready while the loss is scaled by " + std::to_string(applied_loss_scale_) +
+            " (fp16 loss scaling): the scaled gradient is not the real one and may hold "
+            "infinities. fp16 loss scaling does not combine with it; use precision dtype = "
+            "\"bf16\", which needs no scaling");
       if (st == TF_OK) {
         p.value.mutable_grad() = at::Tensor();  // consumed: its memory goes now
         break;
@@ -290,7 +303,8 @@ at::Tensor Session::fetch_resident(Param& p) {
     const tf_strategy_vtable* vt = s.plugin->strategy();
     if (!vt->fetch_weight) continue;
     tf_tensor out = nullptr;
-    const tf_status st = vt->fetch_weight(s.state, s.ctx.get(), name.c_str(), as_handle(p.value), &out);
+    const tf_status st =
+        vt->fetch_weight(s.state, s.ctx.get(), name.c_str(), as_handle(p.value), &out);
     if (st == TF_OK && out) return take_handle(out);
     if (st != TF_NOT_HANDLED) check(st, s, "fetch_weight");
   }
@@ -298,13 +312,15 @@ at::Tensor Session::fetch_resident(Param& p) {
     throw PluginCallError("parameter \"" + name +
                           "\" is stored in a compact format but no strategy served fetch_weight");
   if (p.value.numel() != p.numel())
-    throw PluginCallError("parameter \"" + name + "\" lives in the " +
-                          (p.residency == TF_TIER_DISK ? "disk" : "host") +
-                          " tier and the strategy that put it there did not bring it in for its stage");
+    throw PluginCallError(
+        "parameter \"" + name + "\" lives in the " +
+        (p.residency == TF_TIER_DISK ? "disk" : "host") +
+        " tier and the strategy that put it there did not bring it in for its stage");
   return p.value;
 }
 
-at::Tensor Session::linear(const at::Tensor& x, const std::string& weight, const std::string& bias) {
+at::Tensor Session::linear(const at::Tensor& x, const std::string& weight,
+                           const std::string& bias) {
   const Param& p = store_.get(weight);
   at::Tensor b = bias.empty() ? at::Tensor() : fetch_weight(bias);
   at::Tensor y;
@@ -322,8 +338,10 @@ at::Tensor Session::linear(const at::Tensor& x, const std::string& weight, const
     tf_tensor out = nullptr;
     const tf_status st =
         vt->linear_extend(s.state, s.ctx.get(), weight.c_str(), as_handle(x), as_handle(y), &out);
-    if (st == TF_OK && out) y = take_handle(out);
-    else if (st != TF_NOT_HANDLED) check(st, s, "linear_extend");
+    if (st == TF_OK && out)
+      y = take_handle(out);
+    else if (st != TF_NOT_HANDLED)
+      check(st, s, "linear_extend");
   }
   return y;
 }

@@ -14,7 +14,9 @@
 namespace tightfit {
 
 namespace {
-int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
+  return ::remove(path);
+}
 }  // namespace
 
 void remove_tree(const std::string& path) {

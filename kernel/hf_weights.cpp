@@ -1,9 +1,8 @@
 #include "hf_weights.hpp"
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -29,24 +28,28 @@ HfWeightSource::HfWeightSource(const std::string& path) {
       return;
     }
     if (!fs::exists(index))
-      throw std::runtime_error("weights folder " + path + " holds neither model.safetensors nor model.safetensors.index.json");
+      throw std::runtime_error("weights folder " + path +
+                               " holds neither model.safetensors nor model.safetensors.index.json");
     source_ = index.string();
     auto j = nlohmann::json::parse(read_file_text(index.string()), nullptr, false);
     if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw std::runtime_error(index.string() + " has no weight_map");
     std::set<std::string> shards;
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      if (!it.value().is_string()) throw std::runtime_error(index.string() + ": weight_map values must be file names");
+      if (!it.value().is_string())
+        throw std::runtime_error(index.string() + ": weight_map values must be file names");
       const std::string shard = it.value().get<std::string>();
       if (shard.find('/') != std::string::npos || shard.find("..") != std::string::npos)
-        throw std::runtime_error(index.string() + ": shard name \"" + shard + "\" must be a file in the folder");
+        throw std::runtime_error(index.string() + ": shard name \"" + shard +
+                                 "\" must be a file in the folder");
       shards.insert(shard);
     }
     for (const auto& shard : shards) open((fs::path(path) / shard).string());
     return;
   }
   if (!fs::exists(path))
-    throw std::runtime_error("weights \"" + path + "\" not found (give a .safetensors file or a model folder)");
+    throw std::runtime_error("weights \"" + path +
+                             "\" not found (give a .safetensors file or a model folder)");
   source_ = path;
   open(path);
 }
@@ -59,11 +62,13 @@ void HfWeightSource::load(Param& p) const {
     if (dot != std::string::npos) it = where_.find(name = p.name.substr(dot + 1));
   }
   if (it == where_.end())
-    throw std::runtime_error(source_ + " has no tensor \"" + p.name + "\" (is it a checkpoint of this model?)");
+    throw std::runtime_error(source_ + " has no tensor \"" + p.name +
+                             "\" (is it a checkpoint of this model?)");
   at::NoGradGuard no_grad;
   at::Tensor t;
   {
-    CategoryScope scope(TF_MEM_TRANSIENT);  // the file's copy lives only until it is in the parameter
+    CategoryScope scope(
+        TF_MEM_TRANSIENT);  // the file's copy lives only until it is in the parameter
     t = readers_[it->second].read(name);
   }
   if ((p.flags & TF_PARAM_HF_TRANSPOSED) && t.dim() == 2) t = t.t();
@@ -81,18 +86,21 @@ void load_hf_weights(ParamStore& store, const std::string& path) {
 }
 
 void save_hf_model(const ParamStore& store, const std::string& dir, const std::string& config_json,
-                   const std::string& tokenizer_json_path, const std::function<at::Tensor(const Param&)>& dense) {
+                   const std::string& tokenizer_json_path,
+                   const std::function<at::Tensor(const Param&)>& dense) {
   fs::create_directories(dir);
   write_safetensors((fs::path(dir) / "model.safetensors").string(), export_hf_weights(store, dense),
                     {{"format", "pt"}});
-  if (!config_json.empty()) write_file_synced((fs::path(dir) / "config.json").string(), config_json);
+  if (!config_json.empty())
+    write_file_synced((fs::path(dir) / "config.json").string(), config_json);
   if (!tokenizer_json_path.empty()) {
-    write_file_synced((fs::path(dir) / "tokenizer.json").string(), read_file_text(tokenizer_json_path));
+    write_file_synced((fs::path(dir) / "tokenizer.json").string(),
+                      read_file_text(tokenizer_json_path));
   }
 }
 
-std::map<std::string, at::Tensor> export_hf_weights(const ParamStore& store,
-                                                   const std::function<at::Tensor(const Param&)>& dense) {
+std::map<std::string, at::Tensor> export_hf_weights(
+    const ParamStore& store, const std::function<at::Tensor(const Param&)>& dense) {
   std::map<std::string, at::Tensor> out;
   for (const Param& p : store.all()) {
     at::Tensor t = (p.format != TF_FORMAT_DENSE && dense) ? dense(p).detach() : p.value.detach();

@@ -3,10 +3,9 @@
 // C++ exception crosses the ABI.
 #include <c10/util/Exception.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cstring>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "safetensors.hpp"
@@ -15,8 +14,12 @@
 namespace tightfit {
 namespace {
 
-at::Tensor& as_tensor(tf_tensor h) { return *reinterpret_cast<at::Tensor*>(h); }
-tf_tensor give(at::Tensor t) { return reinterpret_cast<tf_tensor>(new at::Tensor(std::move(t))); }
+at::Tensor& as_tensor(tf_tensor h) {
+  return *reinterpret_cast<at::Tensor*>(h);
+}
+tf_tensor give(at::Tensor t) {
+  return reinterpret_cast<tf_tensor>(new at::Tensor(std::move(t)));
+}
 
 template <class F>
 tf_status serve(tf_host_context* ctx, F&& body) noexcept {
@@ -83,13 +86,19 @@ void write_struct(T* dst, T src) {
 void h_set_error(tf_host_context* ctx, const char* message) {
   if (ctx) ctx->plugin_error = message ? message : "(no message)";
 }
-const char* h_last_error(tf_host_context* ctx) { return ctx ? ctx->last_error.c_str() : ""; }
+const char* h_last_error(tf_host_context* ctx) {
+  return ctx ? ctx->last_error.c_str() : "";
+}
 void h_log(tf_host_context* ctx, tf_log_level level, const char* message) {
-  if (ctx && ctx->session) ctx->session->log(level, "[" + ctx->plugin_name + "] " + (message ? message : ""));
+  if (ctx && ctx->session)
+    ctx->session->log(level, "[" + ctx->plugin_name + "] " + (message ? message : ""));
 }
 
 tf_status h_config_get_bool(tf_host_context* ctx, const char* key, int32_t* out) {
-  return serve(ctx, [&] { require(out, "out"); *out = ctx->config.get_bool(key) ? 1 : 0; });
+  return serve(ctx, [&] {
+    require(out, "out");
+    *out = ctx->config.get_bool(key) ? 1 : 0;
+  });
 }
 tf_status h_config_get_int(tf_host_context* ctx, const char* key, int64_t* out) {
   return serve(ctx, [&] {
@@ -103,7 +112,10 @@ tf_status h_config_get_int(tf_host_context* ctx, const char* key, int64_t* out) 
   });
 }
 tf_status h_config_get_double(tf_host_context* ctx, const char* key, double* out) {
-  return serve(ctx, [&] { require(out, "out"); *out = ctx->config.get_double(key); });
+  return serve(ctx, [&] {
+    require(out, "out");
+    *out = ctx->config.get_double(key);
+  });
 }
 // Strings handed to plugins stay valid for the life of the process.
 const char* intern(const std::string& s) {
@@ -119,7 +131,8 @@ tf_status h_config_get_string(tf_host_context* ctx, const char* key, const char*
     *out = intern(ctx->config.get_string(key));
   });
 }
-tf_status h_config_get_list_string(tf_host_context* ctx, const char* key, int32_t index, const char** out) {
+tf_status h_config_get_list_string(tf_host_context* ctx, const char* key, int32_t index,
+                                   const char** out) {
   return serve(ctx, [&] {
     require(out, "out");
     const auto list = ctx->config.get_string_list(key);
@@ -128,7 +141,8 @@ tf_status h_config_get_list_string(tf_host_context* ctx, const char* key, int32_
     *out = intern(list[static_cast<size_t>(index)]);
   });
 }
-tf_status h_config_get_list_int(tf_host_context* ctx, const char* key, int32_t index, int64_t* out) {
+tf_status h_config_get_list_int(tf_host_context* ctx, const char* key, int32_t index,
+                                int64_t* out) {
   return serve(ctx, [&] {
     require(out, "out");
     const auto list = ctx->config.get_int_list(key);
@@ -148,13 +162,16 @@ tf_status h_run_info(tf_host_context* ctx, tf_run_info* out) {
   });
 }
 
-void h_tensor_release(tf_tensor t) { delete reinterpret_cast<at::Tensor*>(t); }
+void h_tensor_release(tf_tensor t) {
+  delete reinterpret_cast<at::Tensor*>(t);
+}
 
 tf_status h_declare_param(tf_host_context* ctx, const tf_param_spec* spec) {
   return serve(ctx, [&] {
     require(spec, "spec");
     if (!ctx->session->declaring())
-      throw std::logic_error("declare_param is only allowed in a model's create or a strategy's configure");
+      throw std::logic_error(
+          "declare_param is only allowed in a model's create or a strategy's configure");
     if (spec->struct_size < offsetof(tf_param_spec, tied_to))
       throw std::invalid_argument("tf_param_spec.struct_size too small");
     ctx->session->store().declare(read_struct(spec));
@@ -164,7 +181,8 @@ tf_status h_declare_param(tf_host_context* ctx, const tf_param_spec* spec) {
 tf_status h_declare_stage(tf_host_context* ctx, const tf_stage_spec* spec, int32_t* out_index) {
   return serve(ctx, [&] {
     require(spec, "spec");
-    if (!ctx->session->declaring()) throw std::logic_error("declare_stage is only allowed in a model's create");
+    if (!ctx->session->declaring())
+      throw std::logic_error("declare_stage is only allowed in a model's create");
     const tf_stage_spec s = read_struct(spec);
     if (s.name == nullptr) throw std::invalid_argument("stage without a name");
     StageState st;
@@ -187,7 +205,8 @@ tf_status h_weight(tf_host_context* ctx, const char* name, tf_tensor* out) {
   });
 }
 
-tf_status h_linear(tf_host_context* ctx, tf_tensor x, const char* weight, const char* bias, tf_tensor* out) {
+tf_status h_linear(tf_host_context* ctx, tf_tensor x, const char* weight, const char* bias,
+                   tf_tensor* out) {
   return serve(ctx, [&] {
     require(x, "x");
     require(weight, "weight");
@@ -197,13 +216,17 @@ tf_status h_linear(tf_host_context* ctx, tf_tensor x, const char* weight, const 
 }
 
 tf_status h_param_count(tf_host_context* ctx, int32_t* out) {
-  return serve(ctx, [&] { require(out, "out"); *out = static_cast<int32_t>(ctx->session->store().all().size()); });
+  return serve(ctx, [&] {
+    require(out, "out");
+    *out = static_cast<int32_t>(ctx->session->store().all().size());
+  });
 }
 tf_status h_param_name(tf_host_context* ctx, int32_t index, const char** out) {
   return serve(ctx, [&] {
     require(out, "out");
     auto& all = ctx->session->store().all();
-    if (index < 0 || static_cast<size_t>(index) >= all.size()) throw std::out_of_range("parameter index out of range");
+    if (index < 0 || static_cast<size_t>(index) >= all.size())
+      throw std::out_of_range("parameter index out of range");
     *out = all[static_cast<size_t>(index)].name.c_str();
   });
 }
@@ -223,7 +246,8 @@ tf_status h_param_info(tf_host_context* ctx, const char* name, tf_param_info* ou
     info.format = p.format;
     info.residency = p.residency;
     info.numel = p.numel();
-    info.stored_bytes = p.value.defined() ? p.value.numel() * static_cast<int64_t>(p.value.element_size()) : 0;
+    info.stored_bytes =
+        p.value.defined() ? p.value.numel() * static_cast<int64_t>(p.value.element_size()) : 0;
     write_struct(out, info);
   });
 }
@@ -233,14 +257,15 @@ tf_status h_param_storage(tf_host_context* ctx, const char* name, tf_tensor* out
     *out = give(ctx->session->store().get(name).value);
   });
 }
-tf_status h_param_set_storage(tf_host_context* ctx, const char* name, tf_tensor value, tf_param_format format,
-                              tf_residency residency) {
+tf_status h_param_set_storage(tf_host_context* ctx, const char* name, tf_tensor value,
+                              tf_param_format format, tf_residency residency) {
   return serve(ctx, [&] {
     require(value, "value");
     Param& p = ctx->session->store().get(name);
     at::Tensor v = as_tensor(value).detach();
     // A dense trainable parameter stays an autograd leaf in its new storage.
-    if (format == TF_FORMAT_DENSE && p.trainable && at::isFloatingType(v.scalar_type())) v.requires_grad_(true);
+    if (format == TF_FORMAT_DENSE && p.trainable && at::isFloatingType(v.scalar_type()))
+      v.requires_grad_(true);
     p.value = v;
     p.dtype = v.scalar_type();
     p.format = format;
@@ -257,7 +282,8 @@ tf_status h_param_grad(tf_host_context* ctx, const char* name, tf_tensor* out) {
   return serve(ctx, [&] {
     require(out, "out");
     const at::Tensor& g = ctx->session->store().get(name).value.grad();
-    if (!g.defined()) throw std::out_of_range(std::string("parameter \"") + name + "\" has no gradient");
+    if (!g.defined())
+      throw std::out_of_range(std::string("parameter \"") + name + "\" has no gradient");
     *out = give(g);
   });
 }
@@ -279,7 +305,10 @@ StageState& stage_at(tf_host_context* ctx, int32_t stage) {
 }
 
 tf_status h_stage_count(tf_host_context* ctx, int32_t* out) {
-  return serve(ctx, [&] { require(out, "out"); *out = static_cast<int32_t>(ctx->session->stages().size()); });
+  return serve(ctx, [&] {
+    require(out, "out");
+    *out = static_cast<int32_t>(ctx->session->stages().size());
+  });
 }
 tf_status h_stage_info(tf_host_context* ctx, int32_t stage, tf_stage_info* out) {
   return serve(ctx, [&] {
@@ -315,7 +344,8 @@ tf_status h_stage_set_skip(tf_host_context* ctx, int32_t stage, int32_t skip) {
   return serve(ctx, [&] {
     StageState& s = stage_at(ctx, stage);
     if (skip && s.kind != TF_STAGE_BLOCK)
-      throw std::invalid_argument("only block stages can be skipped; \"" + s.name + "\" is not a block");
+      throw std::invalid_argument("only block stages can be skipped; \"" + s.name +
+                                  "\" is not a block");
     s.skip = skip != 0;
   });
 }
@@ -385,22 +415,28 @@ tf_status h_forward(tf_host_context* ctx, const tf_batch* batch, tf_pass_result*
   return serve(ctx, [&] {
     check_size(batch, "tf_batch");
     check_size(out, "tf_pass_result");
-    write_pass(out, ctx->session->run_pass(as_tensor(batch->tokens), as_tensor(batch->targets), false, 1.0));
+    write_pass(out, ctx->session->run_pass(as_tensor(batch->tokens), as_tensor(batch->targets),
+                                           false, 1.0));
   });
 }
-tf_status h_forward_backward(tf_host_context* ctx, const tf_batch* batch, double loss_scale, tf_pass_result* out) {
+tf_status h_forward_backward(tf_host_context* ctx, const tf_batch* batch, double loss_scale,
+                             tf_pass_result* out) {
   return serve(ctx, [&] {
     check_size(batch, "tf_batch");
     check_size(out, "tf_pass_result");
-    write_pass(out, ctx->session->run_pass(as_tensor(batch->tokens), as_tensor(batch->targets), true, loss_scale));
+    write_pass(out, ctx->session->run_pass(as_tensor(batch->tokens), as_tensor(batch->targets),
+                                           true, loss_scale));
   });
 }
-tf_status h_zero_grad(tf_host_context* ctx) { return serve(ctx, [&] { ctx->session->zero_grad(); }); }
+tf_status h_zero_grad(tf_host_context* ctx) {
+  return serve(ctx, [&] { ctx->session->zero_grad(); });
+}
 tf_status h_optimizer_step(tf_host_context* ctx) {
   tf_status inner = TF_OK;
   const tf_status st = serve(ctx, [&] { inner = ctx->session->optimizer_step(); });
   if (st != TF_OK) return st;
-  if (inner == TF_ERR_NON_FINITE) ctx->last_error = "a gradient is not finite; the update was skipped";
+  if (inner == TF_ERR_NON_FINITE)
+    ctx->last_error = "a gradient is not finite; the update was skipped";
   return inner;
 }
 tf_status h_set_lr(tf_host_context* ctx, double lr) {
@@ -410,10 +446,16 @@ tf_status h_set_lr(tf_host_context* ctx, double lr) {
   });
 }
 tf_status h_base_lr(tf_host_context* ctx, double* out) {
-  return serve(ctx, [&] { require(out, "out"); *out = ctx->session->optimizer().config().lr; });
+  return serve(ctx, [&] {
+    require(out, "out");
+    *out = ctx->session->optimizer().config().lr;
+  });
 }
 tf_status h_snapshot_take(tf_host_context* ctx, int32_t with_optimizer, int32_t* out_id) {
-  return serve(ctx, [&] { require(out_id, "out_id"); *out_id = ctx->session->snapshot_take(with_optimizer != 0); });
+  return serve(ctx, [&] {
+    require(out_id, "out_id");
+    *out_id = ctx->session->snapshot_take(with_optimizer != 0);
+  });
 }
 tf_status h_snapshot_restore(tf_host_context* ctx, int32_t id) {
   return serve(ctx, [&] { ctx->session->snapshot_restore(id); });
@@ -438,36 +480,43 @@ std::string state_key(tf_host_context* ctx, const char* key) {
 tf_status h_state_put_tensor(tf_host_context* ctx, const char* key, tf_tensor value) {
   return serve(ctx, [&] {
     require(value, "value");
-    if (!ctx->state_out) throw std::logic_error("state_put_tensor is only allowed inside save_state");
+    if (!ctx->state_out)
+      throw std::logic_error("state_put_tensor is only allowed inside save_state");
     (*ctx->state_out)[state_key(ctx, key)] = as_tensor(value).detach().to(at::kCPU).clone();
   });
 }
 tf_status h_state_get_tensor(tf_host_context* ctx, const char* key, tf_tensor* out) {
   return serve(ctx, [&] {
     require(out, "out");
-    if (!ctx->state_in) throw std::logic_error("state_get_tensor is only allowed inside load_state");
+    if (!ctx->state_in)
+      throw std::logic_error("state_get_tensor is only allowed inside load_state");
     auto it = ctx->state_in->find(state_key(ctx, key));
-    if (it == ctx->state_in->end()) throw std::out_of_range(std::string("checkpoint has no state \"") + key + "\"");
+    if (it == ctx->state_in->end())
+      throw std::out_of_range(std::string("checkpoint has no state \"") + key + "\"");
     *out = give(it->second.clone());
   });
 }
 tf_status h_state_put_double(tf_host_context* ctx, const char* key, double value) {
   return serve(ctx, [&] {
-    if (!ctx->state_out) throw std::logic_error("state_put_double is only allowed inside save_state");
+    if (!ctx->state_out)
+      throw std::logic_error("state_put_double is only allowed inside save_state");
     (*ctx->state_out)[state_key(ctx, key)] = at::full({1}, value, at::kDouble);
   });
 }
 tf_status h_state_get_double(tf_host_context* ctx, const char* key, double* out) {
   return serve(ctx, [&] {
     require(out, "out");
-    if (!ctx->state_in) throw std::logic_error("state_get_double is only allowed inside load_state");
+    if (!ctx->state_in)
+      throw std::logic_error("state_get_double is only allowed inside load_state");
     auto it = ctx->state_in->find(state_key(ctx, key));
-    if (it == ctx->state_in->end()) throw std::out_of_range(std::string("checkpoint has no state \"") + key + "\"");
+    if (it == ctx->state_in->end())
+      throw std::out_of_range(std::string("checkpoint has no state \"") + key + "\"");
     *out = it->second.item<double>();
   });
 }
 
-tf_status h_optimizer_apply(tf_host_context* ctx, const char* name, tf_tensor grad, double grad_scale) {
+tf_status h_optimizer_apply(tf_host_context* ctx, const char* name, tf_tensor grad,
+                            double grad_scale) {
   return serve(ctx, [&] {
     require(name, "name");
     require(grad, "grad");
@@ -508,8 +557,9 @@ tf_status h_micro_batch(tf_host_context* ctx, int32_t* index, int32_t* count) {
   });
 }
 
-tf_status h_tensors_save(tf_host_context* ctx, const char* path, int32_t n, const char* const* names,
-                         const tf_tensor* tensors, const char* metadata_json) {
+tf_status h_tensors_save(tf_host_context* ctx, const char* path, int32_t n,
+                         const char* const* names, const tf_tensor* tensors,
+                         const char* metadata_json) {
   return serve(ctx, [&] {
     require(path, "path");
     if (n < 0) throw std::invalid_argument("n must be >= 0");
@@ -527,13 +577,16 @@ tf_status h_tensors_save(tf_host_context* ctx, const char* path, int32_t n, cons
     std::map<std::string, std::string> metadata;
     if (metadata_json) {
       const auto j = nlohmann::json::parse(metadata_json, nullptr, false);
-      if (j.is_discarded() || !j.is_object()) throw std::invalid_argument("metadata_json is not a JSON object");
-      for (const auto& [k, v] : j.items()) metadata[k] = v.is_string() ? v.get<std::string>() : v.dump();
+      if (j.is_discarded() || !j.is_object())
+        throw std::invalid_argument("metadata_json is not a JSON object");
+      for (const auto& [k, v] : j.items())
+        metadata[k] = v.is_string() ? v.get<std::string>() : v.dump();
     }
     const std::string tmp = std::string(path) + ".tmp";
     write_safetensors(tmp, out, metadata);
     if (std::rename(tmp.c_str(), path) != 0)
-      throw std::runtime_error(std::string("cannot rename ") + tmp + " to " + path + ": " + std::strerror(errno));
+      throw std::runtime_error(std::string("cannot rename ") + tmp + " to " + path + ": " +
+                               std::strerror(errno));
   });
 }
 
@@ -559,8 +612,8 @@ tf_status h_tensors_load(tf_host_context* ctx, const char* path, const char* nam
   });
 }
 
-tf_status h_optimizer_update(tf_host_context* ctx, const char* name, tf_tensor param, tf_tensor grad,
-                             int32_t n_state, const tf_tensor* state) {
+tf_status h_optimizer_update(tf_host_context* ctx, const char* name, tf_tensor param,
+                             tf_tensor grad, int32_t n_state, const tf_tensor* state) {
   return serve(ctx, [&] {
     require(name, "name");
     require(param, "param");
@@ -573,7 +626,8 @@ tf_status h_optimizer_update(tf_host_context* ctx, const char* name, tf_tensor p
       slots.push_back(&as_tensor(state[i]));
     }
     Session& s = *ctx->session;
-    s.optimizer().update_with_state(as_tensor(param), p.decays(), as_tensor(grad), slots, s.update_step());
+    s.optimizer().update_with_state(as_tensor(param), p.decays(), as_tensor(grad), slots,
+                                    s.update_step());
   });
 }
 

@@ -7,14 +7,24 @@ namespace tightfit {
 
 void log_message(tf_log_level level, const std::string& message) {
   switch (level) {
-    case TF_LOG_DEBUG: spdlog::debug(message); break;
-    case TF_LOG_INFO: spdlog::info(message); break;
-    case TF_LOG_WARN: spdlog::warn(message); break;
-    default: spdlog::error(message); break;
+    case TF_LOG_DEBUG:
+      spdlog::debug(message);
+      break;
+    case TF_LOG_INFO:
+      spdlog::info(message);
+      break;
+    case TF_LOG_WARN:
+      spdlog::warn(message);
+      break;
+    default:
+      spdlog::error(message);
+      break;
   }
 }
 
-void set_log_level(const std::string& level) { spdlog::set_level(spdlog::level::from_str(level)); }
+void set_log_level(const std::string& level) {
+  spdlog::set_level(spdlog::level::from_str(level));
+}
 
 void configure_console_logging() {
   auto logger = spdlog::stderr_color_mt("tightfit");

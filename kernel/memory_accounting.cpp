@@ -4,12 +4,12 @@
 #include <c10/util/Exception.h>
 
 #include <cctype>
-#include <mutex>
-#include <unordered_map>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
+#include <unordered_map>
 #include <vector>
 
 namespace tightfit {
@@ -102,14 +102,22 @@ class CountingCpuAllocator final : public c10::Allocator {
 
 const char* category_name(tf_mem_category c) {
   switch (c) {
-    case TF_MEM_WEIGHTS: return "weights";
-    case TF_MEM_GRADS: return "grads";
-    case TF_MEM_OPTIMIZER: return "optimizer";
-    case TF_MEM_ACTIVATIONS: return "activations";
-    case TF_MEM_ADAPTERS: return "adapters";
-    case TF_MEM_TRANSIENT: return "transient";
-    case TF_MEM_OTHER: return "other";
-    default: return "reserved";
+    case TF_MEM_WEIGHTS:
+      return "weights";
+    case TF_MEM_GRADS:
+      return "grads";
+    case TF_MEM_OPTIMIZER:
+      return "optimizer";
+    case TF_MEM_ACTIVATIONS:
+      return "activations";
+    case TF_MEM_ADAPTERS:
+      return "adapters";
+    case TF_MEM_TRANSIENT:
+      return "transient";
+    case TF_MEM_OTHER:
+      return "other";
+    default:
+      return "reserved";
   }
 }
 
@@ -131,8 +139,8 @@ std::string format_bytes(int64_t bytes) {
 std::string describe_budget_refusal(size_t requested, const MemorySnapshot& s) {
   std::ostringstream os;
   os << "out of memory budget: allocating " << format_bytes(static_cast<int64_t>(requested))
-     << " with " << format_bytes(s.total_current) << " in use would pass run.memory_budget = "
-     << format_bytes(s.budget) << " (in use:";
+     << " with " << format_bytes(s.total_current)
+     << " in use would pass run.memory_budget = " << format_bytes(s.budget) << " (in use:";
   for (int c = 0; c < TF_MEM_CATEGORY_COUNT; ++c) {
     if (s.current[c] > 0)
       os << " " << category_name(static_cast<tf_mem_category>(c)) << " "
@@ -224,9 +232,13 @@ tf_mem_category current_category() {
 CategoryScope::CategoryScope(tf_mem_category c) {
   t_category_stack.push_back(c);
 }
-CategoryScope::~CategoryScope() { t_category_stack.pop_back(); }
+CategoryScope::~CategoryScope() {
+  t_category_stack.pop_back();
+}
 
-void push_category(tf_mem_category c) { t_category_stack.push_back(c); }
+void push_category(tf_mem_category c) {
+  t_category_stack.push_back(c);
+}
 bool pop_category() {
   if (t_category_stack.empty()) return false;
   t_category_stack.pop_back();
@@ -246,15 +258,24 @@ int64_t parse_byte_size(const std::string& text) {
     if (!std::isspace(static_cast<unsigned char>(text[i])))
       unit += static_cast<char>(std::tolower(static_cast<unsigned char>(text[i])));
   double mult = 1;
-  if (unit.empty() || unit == "b") mult = 1;
-  else if (unit == "k" || unit == "kib") mult = 1024.0;
-  else if (unit == "kb") mult = 1e3;
-  else if (unit == "m" || unit == "mib") mult = 1024.0 * 1024;
-  else if (unit == "mb") mult = 1e6;
-  else if (unit == "g" || unit == "gib") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "gb") mult = 1e9;
-  else if (unit == "t" || unit == "tib") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (unit == "tb") mult = 1e12;
+  if (unit.empty() || unit == "b")
+    mult = 1;
+  else if (unit == "k" || unit == "kib")
+    mult = 1024.0;
+  else if (unit == "kb")
+    mult = 1e3;
+  else if (unit == "m" || unit == "mib")
+    mult = 1024.0 * 1024;
+  else if (unit == "mb")
+    mult = 1e6;
+  else if (unit == "g" || unit == "gib")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "gb")
+    mult = 1e9;
+  else if (unit == "t" || unit == "tib")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (unit == "tb")
+    mult = 1e12;
   else
     throw std::invalid_argument("unknown size unit in \"" + text +
                                 "\" (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");

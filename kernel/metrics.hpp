@@ -2,9 +2,8 @@
 // keeps every completed step.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace tightfit {

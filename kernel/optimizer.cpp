@@ -12,7 +12,8 @@ double Optimizer::grad_norm(const std::vector<Param*>& params) {
   for (const Param* p : params) {
     const at::Tensor& g = p->value.grad();
     if (!g.defined()) continue;
-    const double n = at::linalg_vector_norm(g.detach(), 2, c10::nullopt, false, at::kFloat).item<double>();
+    const double n =
+        at::linalg_vector_norm(g.detach(), 2, c10::nullopt, false, at::kFloat).item<double>();
     sq += n * n;
   }
   return std::sqrt(sq);
@@ -29,7 +30,9 @@ double Optimizer::clip(const std::vector<Param*>& params) {
 }
 
 std::vector<std::string> Optimizer::slot_names() const {
-  if (cfg_.name == "sgd") return cfg_.momentum > 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+  if (cfg_.name == "sgd")
+    return cfg_.momentum > 0 ? std::vector<std::string>{"momentum_buffer"}
+                             : std::vector<std::string>{};
   return {"exp_avg", "exp_avg_sq"};
 }
 
@@ -50,8 +53,9 @@ void Optimizer::update_with_state(const at::Tensor& value, bool decays, const at
                                   const std::vector<at::Tensor*>& slots, int64_t step) {
   if (step < 0) step = steps_;
   if (slots.size() != slot_names().size())
-    throw std::invalid_argument("optimizer " + cfg_.name + " needs " + std::to_string(slot_names().size()) +
-                                " state tensors, got " + std::to_string(slots.size()));
+    throw std::invalid_argument("optimizer " + cfg_.name + " needs " +
+                                std::to_string(slot_names().size()) + " state tensors, got " +
+                                std::to_string(slots.size()));
   for (const at::Tensor* t : slots)
     if (!t->defined() || t->sizes() != value.sizes() || t->scalar_type() != at::kFloat)
       throw std::invalid_argument("optimizer state must be fp32 tensors shaped like the parameter");

@@ -17,8 +17,8 @@ struct OptimizerConfig {
   double lr = 3e-4;
   double weight_decay = 0.1;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  double momentum = 0.0;  // sgd
-  double grad_clip = 1.0; // 0 = off
+  double momentum = 0.0;   // sgd
+  double grad_clip = 1.0;  // 0 = off
 };
 
 class Optimizer {

@@ -16,33 +16,50 @@ int64_t Param::numel() const {
 
 at::ScalarType to_scalar_type(tf_dtype d) {
   switch (d) {
-    case TF_DTYPE_U8: return at::kByte;
-    case TF_DTYPE_I8: return at::kChar;
-    case TF_DTYPE_I32: return at::kInt;
-    case TF_DTYPE_I64: return at::kLong;
-    case TF_DTYPE_F16: return at::kHalf;
-    case TF_DTYPE_F32: return at::kFloat;
-    case TF_DTYPE_BF16: return at::kBFloat16;
+    case TF_DTYPE_U8:
+      return at::kByte;
+    case TF_DTYPE_I8:
+      return at::kChar;
+    case TF_DTYPE_I32:
+      return at::kInt;
+    case TF_DTYPE_I64:
+      return at::kLong;
+    case TF_DTYPE_F16:
+      return at::kHalf;
+    case TF_DTYPE_F32:
+      return at::kFloat;
+    case TF_DTYPE_BF16:
+      return at::kBFloat16;
   }
   throw std::invalid_argument("unknown tf_dtype " + std::to_string(static_cast<int>(d)));
 }
 
 tf_dtype to_tf_dtype(at::ScalarType t) {
   switch (t) {
-    case at::kByte: return TF_DTYPE_U8;
-    case at::kChar: return TF_DTYPE_I8;
-    case at::kInt: return TF_DTYPE_I32;
-    case at::kLong: return TF_DTYPE_I64;
-    case at::kHalf: return TF_DTYPE_F16;
-    case at::kFloat: return TF_DTYPE_F32;
-    case at::kBFloat16: return TF_DTYPE_BF16;
-    default: throw std::invalid_argument(std::string("no tf_dtype for ") + c10::toString(t));
+    case at::kByte:
+      return TF_DTYPE_U8;
+    case at::kChar:
+      return TF_DTYPE_I8;
+    case at::kInt:
+      return TF_DTYPE_I32;
+    case at::kLong:
+      return TF_DTYPE_I64;
+    case at::kHalf:
+      return TF_DTYPE_F16;
+    case at::kFloat:
+      return TF_DTYPE_F32;
+    case at::kBFloat16:
+      return TF_DTYPE_BF16;
+    default:
+      throw std::invalid_argument(std::string("no tf_dtype for ") + c10::toString(t));
   }
 }
 
 void ParamStore::declare(const tf_param_spec& spec) {
-  if (materialized_) throw std::logic_error("parameters can no longer be declared: already materialized");
-  if (spec.name == nullptr || *spec.name == 0) throw std::invalid_argument("parameter without a name");
+  if (materialized_)
+    throw std::logic_error("parameters can no longer be declared: already materialized");
+  if (spec.name == nullptr || *spec.name == 0)
+    throw std::invalid_argument("parameter without a name");
   const std::string name = spec.name;
   if (index_.count(name)) throw std::invalid_argument("parameter \"" + name + "\" declared twice");
   if (spec.ndim < 0 || spec.ndim > 8 || (spec.ndim > 0 && spec.shape == nullptr))
@@ -50,7 +67,8 @@ void ParamStore::declare(const tf_param_spec& spec) {
   Param p;
   p.name = name;
   for (int i = 0; i < spec.ndim; ++i) {
-    if (spec.shape[i] <= 0) throw std::invalid_argument("parameter \"" + name + "\" has a dimension <= 0");
+    if (spec.shape[i] <= 0)
+      throw std::invalid_argument("parameter \"" + name + "\" has a dimension <= 0");
     p.shape.push_back(spec.shape[i]);
   }
   p.dtype = to_scalar_type(spec.dtype);
@@ -64,7 +82,8 @@ void ParamStore::declare(const tf_param_spec& spec) {
 }
 
 void ParamStore::adopt(Param p) {
-  if (index_.count(p.name)) throw std::invalid_argument("parameter \"" + p.name + "\" adopted twice");
+  if (index_.count(p.name))
+    throw std::invalid_argument("parameter \"" + p.name + "\" adopted twice");
   index_[p.name] = params_.size();
   params_.push_back(std::move(p));
   materialized_ = true;
@@ -82,12 +101,23 @@ void ParamStore::materialize(uint64_t seed, const at::Device& device,
       // Initialize in fp32 on CPU so every device and dtype starts from the same numbers.
       at::Tensor t = at::empty(p.shape, at::TensorOptions().dtype(at::kFloat));
       switch (p.init) {
-        case TF_INIT_NORMAL: t.normal_(0.0, p.init_std, gen); break;
-        case TF_INIT_UNIFORM: t.uniform_(-p.init_std, p.init_std, gen); break;
-        case TF_INIT_ZEROS: t.zero_(); break;
-        case TF_INIT_ONES: t.fill_(1.0); break;
-        case TF_INIT_CONSTANT: t.fill_(p.init_std); break;
-        default: throw std::invalid_argument("parameter \"" + p.name + "\" has an unknown init kind");
+        case TF_INIT_NORMAL:
+          t.normal_(0.0, p.init_std, gen);
+          break;
+        case TF_INIT_UNIFORM:
+          t.uniform_(-p.init_std, p.init_std, gen);
+          break;
+        case TF_INIT_ZEROS:
+          t.zero_();
+          break;
+        case TF_INIT_ONES:
+          t.fill_(1.0);
+          break;
+        case TF_INIT_CONSTANT:
+          t.fill_(p.init_std);
+          break;
+        default:
+          throw std::invalid_argument("parameter \"" + p.name + "\" has an unknown init kind");
       }
       if (p.dtype != at::kFloat || device != t.device()) t = t.to(device, p.dtype);
       p.value = t.set_requires_grad(p.trainable && at::isFloatingType(p.dtype));

@@ -1,11 +1,11 @@
 #include "plugin_loader.hpp"
 
 #define BOOST_DLL_USE_STD_FS
-#include <boost/dll/shared_library.hpp>
 #include <dlfcn.h>
 #include <torch/version.h>
 
 #include <algorithm>
+#include <boost/dll/shared_library.hpp>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -29,7 +29,9 @@ std::mutex& open_mutex() {
   return m;
 }
 
-std::string str_or_empty(const char* s) { return s ? s : ""; }
+std::string str_or_empty(const char* s) {
+  return s ? s : "";
+}
 
 // The smallest descriptor this host can use: everything up to the vtable.
 constexpr size_t kMinDescriptorSize = offsetof(tf_plugin_descriptor, vtable) + sizeof(void*);
@@ -38,9 +40,12 @@ constexpr size_t kMinDescriptorSize = offsetof(tf_plugin_descriptor, vtable) + s
 
 const char* plugin_kind_name(tf_plugin_kind kind) {
   switch (kind) {
-    case TF_PLUGIN_MODEL: return "model";
-    case TF_PLUGIN_STRATEGY: return "strategy";
-    case TF_PLUGIN_SCHEDULE: return "schedule";
+    case TF_PLUGIN_MODEL:
+      return "model";
+    case TF_PLUGIN_STRATEGY:
+      return "strategy";
+    case TF_PLUGIN_SCHEDULE:
+      return "schedule";
   }
   return "unknown";
 }
@@ -49,7 +54,9 @@ std::string abi_version_string(uint32_t v) {
   return std::to_string(TF_VERSION_MAJOR(v)) + "." + std::to_string(TF_VERSION_MINOR(v));
 }
 
-const char* host_libtorch_version() { return TORCH_VERSION; }
+const char* host_libtorch_version() {
+  return TORCH_VERSION;
+}
 
 const tf_model_vtable* LoadedPlugin::model() const {
   return descriptor.kind == TF_PLUGIN_MODEL ? static_cast<const tf_model_vtable*>(descriptor.vtable)
@@ -130,27 +137,29 @@ LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin
                "LibTorch's stable C subset and set TF_PLUGIN_FLAG_STABLE_ABI_ONLY");
   if (d.vtable == nullptr) throw fail("descriptor has no vtable");
   const uint32_t vt_size = *static_cast<const uint32_t*>(d.vtable);
-  const size_t vt_min = d.kind == TF_PLUGIN_MODEL
-                            ? offsetof(tf_model_vtable, stage_forward) + sizeof(void*)
-                        : d.kind == TF_PLUGIN_STRATEGY ? offsetof(tf_strategy_vtable, configure)
-                                                       : offsetof(tf_schedule_vtable, run_step) +
-                                                             sizeof(void*);
+  const size_t vt_min =
+      d.kind == TF_PLUGIN_MODEL      ? offsetof(tf_model_vtable, stage_forward) + sizeof(void*)
+      : d.kind == TF_PLUGIN_STRATEGY ? offsetof(tf_strategy_vtable, configure)
+                                     : offsetof(tf_schedule_vtable, run_step) + sizeof(void*);
   if (vt_size < vt_min)
     throw fail("vtable struct_size " + std::to_string(vt_size) + " is smaller than the " +
                std::to_string(vt_min) + " bytes its kind requires");
   // The functions every instance needs must be present.
-  const void* const* fns = reinterpret_cast<const void* const*>(
-      static_cast<const char*>(d.vtable) + offsetof(tf_model_vtable, create));
+  const void* const* fns = reinterpret_cast<const void* const*>(static_cast<const char*>(d.vtable) +
+                                                                offsetof(tf_model_vtable, create));
   static_assert(offsetof(tf_model_vtable, create) == offsetof(tf_strategy_vtable, create) &&
                 offsetof(tf_model_vtable, create) == offsetof(tf_schedule_vtable, create));
-  const bool has_main = d.kind == TF_PLUGIN_MODEL
-                            ? static_cast<const tf_model_vtable*>(d.vtable)->stage_forward != nullptr
-                        : d.kind == TF_PLUGIN_SCHEDULE
-                            ? static_cast<const tf_schedule_vtable*>(d.vtable)->run_step != nullptr
-                            : true;
+  const bool has_main =
+      d.kind == TF_PLUGIN_MODEL
+          ? static_cast<const tf_model_vtable*>(d.vtable)->stage_forward != nullptr
+      : d.kind == TF_PLUGIN_SCHEDULE
+          ? static_cast<const tf_schedule_vtable*>(d.vtable)->run_step != nullptr
+          : true;
   if (fns[0] == nullptr || !has_main)
     throw fail(std::string("the ") + plugin_kind_name(d.kind) + " vtable lacks create" +
-               (d.kind == TF_PLUGIN_MODEL ? " or stage_forward" : d.kind == TF_PLUGIN_SCHEDULE ? " or run_step" : ""));
+               (d.kind == TF_PLUGIN_MODEL      ? " or stage_forward"
+                : d.kind == TF_PLUGIN_SCHEDULE ? " or run_step"
+                                               : ""));
   try {
     out.keys = key_specs_from_abi(d.config_keys, d.n_config_keys);
   } catch (const std::exception& e) {

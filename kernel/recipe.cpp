@@ -29,14 +29,20 @@ std::string position(const std::string& file, const toml::source_region& r) {
 
 bool type_matches(const toml::node& n, tf_value_type t) {
   switch (t) {
-    case TF_VALUE_BOOL: return n.is_boolean();
-    case TF_VALUE_INT: return n.is_integer();
-    case TF_VALUE_FLOAT: return n.is_floating_point() || n.is_integer();
-    case TF_VALUE_STRING: return n.is_string();
-    case TF_VALUE_SIZE: return n.is_string() || n.is_integer();
+    case TF_VALUE_BOOL:
+      return n.is_boolean();
+    case TF_VALUE_INT:
+      return n.is_integer();
+    case TF_VALUE_FLOAT:
+      return n.is_floating_point() || n.is_integer();
+    case TF_VALUE_STRING:
+      return n.is_string();
+    case TF_VALUE_SIZE:
+      return n.is_string() || n.is_integer();
     case TF_VALUE_STRING_LIST: {
       auto* a = n.as_array();
-      return a && std::all_of(a->begin(), a->end(), [](const toml::node& e) { return e.is_string(); });
+      return a &&
+             std::all_of(a->begin(), a->end(), [](const toml::node& e) { return e.is_string(); });
     }
     case TF_VALUE_INT_LIST: {
       auto* a = n.as_array();
@@ -55,13 +61,20 @@ toml::table parse_literal(const std::string& literal) {
 
 const char* value_type_name(tf_value_type t) {
   switch (t) {
-    case TF_VALUE_BOOL: return "bool";
-    case TF_VALUE_INT: return "integer";
-    case TF_VALUE_FLOAT: return "float";
-    case TF_VALUE_STRING: return "string";
-    case TF_VALUE_STRING_LIST: return "list of strings";
-    case TF_VALUE_INT_LIST: return "list of integers";
-    case TF_VALUE_SIZE: return "byte size";
+    case TF_VALUE_BOOL:
+      return "bool";
+    case TF_VALUE_INT:
+      return "integer";
+    case TF_VALUE_FLOAT:
+      return "float";
+    case TF_VALUE_STRING:
+      return "string";
+    case TF_VALUE_STRING_LIST:
+      return "list of strings";
+    case TF_VALUE_INT_LIST:
+      return "list of integers";
+    case TF_VALUE_SIZE:
+      return "byte size";
   }
   return "?";
 }
@@ -116,11 +129,14 @@ toml::node_view<const toml::node> ConfigTable::node(const std::string& key) cons
   if (table_ && table_->contains(key)) return toml::node_view<const toml::node>((*table_)[key]);
   const auto& s = spec(key);
   const size_t i = static_cast<size_t>(&s - keys_.data());
-  if (!s.default_value) throw std::out_of_range("required key \"" + key + "\" missing in " + where_);
+  if (!s.default_value)
+    throw std::out_of_range("required key \"" + key + "\" missing in " + where_);
   return toml::node_view<const toml::node>(defaults_[i]["v"]);
 }
 
-bool ConfigTable::get_bool(const std::string& key) const { return node(key).value_or(false); }
+bool ConfigTable::get_bool(const std::string& key) const {
+  return node(key).value_or(false);
+}
 int64_t ConfigTable::get_int(const std::string& key) const {
   return node(key).value_or<int64_t>(0);
 }
@@ -157,8 +173,9 @@ Recipe Recipe::load(const std::string& path) {
   try {
     text = read_file_text(path);
   } catch (const std::runtime_error&) {
-    throw RecipeError(path + ": cannot open recipe (check the path; `tightfit run` with no "
-                             "argument uses configs/default.toml)");
+    throw RecipeError(path +
+                      ": cannot open recipe (check the path; `tightfit run` with no "
+                      "argument uses configs/default.toml)");
   }
   return parse(text, path);
 }
@@ -169,13 +186,15 @@ Recipe Recipe::parse(const std::string& text, const std::string& source_name) {
   try {
     r.root_ = std::make_shared<toml::table>(toml::parse(text, source_name));
   } catch (const toml::parse_error& e) {
-    throw RecipeError(position(source_name, e.source()) + ": TOML syntax error: " +
-                      std::string(e.description()));
+    throw RecipeError(position(source_name, e.source()) +
+                      ": TOML syntax error: " + std::string(e.description()));
   }
   return r;
 }
 
-std::string Recipe::where(const toml::node& n) const { return position(source_, n.source()); }
+std::string Recipe::where(const toml::node& n) const {
+  return position(source_, n.source());
+}
 
 const toml::table* Recipe::table(const std::string& name) const {
   return (*root_)[name].as_table();
@@ -185,13 +204,12 @@ std::vector<const toml::table*> Recipe::array_tables(const std::string& name) co
   std::vector<const toml::table*> out;
   if (const auto* a = (*root_)[name].as_array()) {
     for (const auto& e : *a) {
-      if (!e.is_table())
-        throw RecipeError(where(e) + ": [[" + name + "]] entries must be tables");
+      if (!e.is_table()) throw RecipeError(where(e) + ": [[" + name + "]] entries must be tables");
       out.push_back(e.as_table());
     }
   } else if (root_->contains(name)) {
-    throw RecipeError(where(*root_->get(name)) + ": \"" + name + "\" must be an array of tables; write [[" +
-                      name + "]]");
+    throw RecipeError(where(*root_->get(name)) + ": \"" + name +
+                      "\" must be an array of tables; write [[" + name + "]]");
   }
   return out;
 }
@@ -212,8 +230,8 @@ std::string Recipe::required_string(const toml::table* t, const std::string& tab
   if (!t) throw RecipeError(source_ + ": missing table [" + table_name + "]");
   const toml::node* n = t->get(key);
   if (!n)
-    throw RecipeError(position(source_, t->source()) + ": [" + table_name +
-                      "] needs the key \"" + key + "\"");
+    throw RecipeError(position(source_, t->source()) + ": [" + table_name + "] needs the key \"" +
+                      key + "\"");
   if (!n->is_string())
     throw RecipeError(where(*n) + ": [" + table_name + "]." + key + " must be a string");
   return n->value_or(std::string{});
@@ -227,7 +245,8 @@ ConfigTable Recipe::validate(const toml::table* t, const std::string& where_name
       const std::string key(k.str());
       if (std::find(extra_allowed.begin(), extra_allowed.end(), key) != extra_allowed.end())
         continue;
-      auto it = std::find_if(keys.begin(), keys.end(), [&](const KeySpec& s) { return s.name == key; });
+      auto it =
+          std::find_if(keys.begin(), keys.end(), [&](const KeySpec& s) { return s.name == key; });
       if (it == keys.end())
         throw RecipeError(position(source_, k.source()) + ": unknown key \"" + key + "\" in " +
                           where_name + ". Valid keys: " + join_keys(keys, extra_allowed));
@@ -235,7 +254,8 @@ ConfigTable Recipe::validate(const toml::table* t, const std::string& where_name
         throw RecipeError(where(v) + ": " + where_name + "." + key + " must be a " +
                           value_type_name(it->type) + " (" + it->doc + ")");
       if (it->min_value <= it->max_value && (v.is_integer() || v.is_floating_point())) {
-        const double x = v.is_integer() ? static_cast<double>(v.value_or<int64_t>(0)) : v.value_or(0.0);
+        const double x =
+            v.is_integer() ? static_cast<double>(v.value_or<int64_t>(0)) : v.value_or(0.0);
         if (x < it->min_value || x > it->max_value) {
           std::ostringstream os;
           os << where(v) << ": " << where_name << "." << key << " = " << x << " is out of range ["
@@ -280,7 +300,8 @@ void Recipe::apply_override(const std::string& assignment) {
   std::stringstream ss(path);
   for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
   if (parts.size() < 2)
-    throw RecipeError("--set " + assignment + ": KEY must name a table and a key, e.g. model.n_layer");
+    throw RecipeError("--set " + assignment +
+                      ": KEY must name a table and a key, e.g. model.n_layer");
 
   if (root_.use_count() > 1) root_ = std::make_shared<toml::table>(*root_);
   toml::table* cur = root_.get();
@@ -299,10 +320,12 @@ void Recipe::apply_override(const std::string& assignment) {
         if (idx < arr->size()) found = (*arr)[idx].as_table();
       } else {
         for (auto& e : *arr)
-          if (auto* tt = e.as_table(); tt && (*tt)["plugin"].value_or(std::string{}) == sel) found = tt;
+          if (auto* tt = e.as_table(); tt && (*tt)["plugin"].value_or(std::string{}) == sel)
+            found = tt;
       }
       if (!found)
-        throw RecipeError("--set " + assignment + ": no [[" + parts[i - 1] + "]] entry \"" + sel + "\"");
+        throw RecipeError("--set " + assignment + ": no [[" + parts[i - 1] + "]] entry \"" + sel +
+                          "\"");
       cur = found;
       continue;
     }
@@ -324,10 +347,12 @@ void Recipe::apply_override(const std::string& assignment) {
   auto fresh = [](const toml::node& n, auto&& self) -> toml::array {
     toml::array out;
     for (const auto& e : *n.as_array()) {
-      if (e.is_array()) out.push_back(self(e, self));
-      else e.visit([&](const auto& x) {
-        if constexpr (toml::is_value<decltype(x)>) out.push_back(x.get());
-      });
+      if (e.is_array())
+        out.push_back(self(e, self));
+      else
+        e.visit([&](const auto& x) {
+          if constexpr (toml::is_value<decltype(x)>) out.push_back(x.get());
+        });
     }
     return out;
   };

@@ -1,13 +1,13 @@
 #include "safetensors.hpp"
 
 #include <fcntl.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 namespace tightfit {
@@ -17,9 +17,9 @@ struct DtypeName {
   const char* name;
   at::ScalarType type;
 };
-constexpr DtypeName kDtypes[] = {{"F32", at::kFloat},  {"F16", at::kHalf},  {"BF16", at::kBFloat16},
-                                 {"F64", at::kDouble}, {"I64", at::kLong},  {"I32", at::kInt},
-                                 {"I16", at::kShort},  {"I8", at::kChar},   {"U8", at::kByte},
+constexpr DtypeName kDtypes[] = {{"F32", at::kFloat},  {"F16", at::kHalf}, {"BF16", at::kBFloat16},
+                                 {"F64", at::kDouble}, {"I64", at::kLong}, {"I32", at::kInt},
+                                 {"I16", at::kShort},  {"I8", at::kChar},  {"U8", at::kByte},
                                  {"BOOL", at::kBool}};
 
 const char* dtype_name(at::ScalarType t) {
@@ -70,7 +70,8 @@ void write_safetensors(const std::string& path, const std::map<std::string, at::
   for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(len >> (8 * i));
   put(le, 8);
   put(h.data(), h.size());
-  for (const auto& t : ordered) put(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
+  for (const auto& t : ordered)
+    put(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
   if (::fsync(fd) != 0 || ::close(fd) != 0)
     throw SafetensorsError("cannot flush " + path + ": " + std::strerror(errno));
 }
@@ -80,7 +81,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw fail("cannot open");
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());
-  if (file_size < 8) throw fail("too short to be a safetensors file (" + std::to_string(file_size) + " bytes)");
+  if (file_size < 8)
+    throw fail("too short to be a safetensors file (" + std::to_string(file_size) + " bytes)");
   in.seekg(0);
   unsigned char le[8];
   in.read(reinterpret_cast<char*>(le), 8);
@@ -107,9 +109,9 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     }
     const auto& e = *it;
     const std::string& name = it.key();
-    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets") ||
-        !e["dtype"].is_string() || !e["shape"].is_array() || !e["data_offsets"].is_array() ||
-        e["data_offsets"].size() != 2)
+    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") ||
+        !e.contains("data_offsets") || !e["dtype"].is_string() || !e["shape"].is_array() ||
+        !e["data_offsets"].is_array() || e["data_offsets"].size() != 2)
       throw fail("tensor \"" + name + "\" needs dtype, shape and two data_offsets");
     Entry en{name, at::kFloat, {}, 0, 0};
     const std::string dt = e["dtype"].get<std::string>();
@@ -133,7 +135,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     en.begin = e["data_offsets"][0].get<uint64_t>();
     en.end = e["data_offsets"][1].get<uint64_t>();
     const uint64_t elsize = c10::elementSize(en.type);
-    if (numel > std::numeric_limits<uint64_t>::max() / elsize) throw fail("tensor \"" + name + "\" size overflows");
+    if (numel > std::numeric_limits<uint64_t>::max() / elsize)
+      throw fail("tensor \"" + name + "\" size overflows");
     if (en.end < en.begin || en.end > data_size)
       throw fail("tensor \"" + name + "\" data_offsets [" + std::to_string(en.begin) + ", " +
                  std::to_string(en.end) + ") lie outside the " + std::to_string(data_size) +
@@ -146,7 +149,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   std::vector<const Entry*> sorted;  // empty tensors occupy no bytes and cannot overlap
   for (const auto& e : entries)
     if (e.end > e.begin) sorted.push_back(&e);
-  std::sort(sorted.begin(), sorted.end(), [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
   for (size_t i = 1; i < sorted.size(); ++i)
     if (sorted[i]->begin < sorted[i - 1]->end)
       throw fail("tensors \"" + sorted[i - 1]->name + "\" and \"" + sorted[i]->name + "\" overlap");
@@ -169,7 +173,8 @@ at::Tensor SafetensorsReader::read(const std::string& name) const {
   at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.type));
   in.seekg(static_cast<std::streamoff>(data_start_ + e.begin));
   in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
-  if (!in) throw SafetensorsError(path_ + ": short read for tensor \"" + name + "\" (the file changed?)");
+  if (!in)
+    throw SafetensorsError(path_ + ": short read for tensor \"" + name + "\" (the file changed?)");
   return t;
 }
 

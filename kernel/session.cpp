@@ -1,10 +1,5 @@
 #include "session.hpp"
 
-#include "cuda_memory.hpp"
-#include "hf_weights.hpp"
-#include "safetensors.hpp"
-#include "logging.hpp"
-
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
@@ -12,6 +7,11 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+
+#include "cuda_memory.hpp"
+#include "hf_weights.hpp"
+#include "logging.hpp"
+#include "safetensors.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
@@ -31,7 +31,8 @@ const std::vector<std::string> kTopLevelTables = {"run",      "model",    "data"
 const std::vector<KeySpec>& run_keys() {
   static const std::vector<KeySpec> keys = {
       key("name", TF_VALUE_STRING, "\"run\"", "run name; its folder is out_dir/name"),
-      key("seed", TF_VALUE_INT, "1234", "seed for initialization, data order and sampling", 0, 9.2e18),
+      key("seed", TF_VALUE_INT, "1234", "seed for initialization, data order and sampling", 0,
+          9.2e18),
       key("steps", TF_VALUE_INT, "200", "optimizer steps to train", 0, 1e12),
       key("device", TF_VALUE_STRING, "\"cpu\"", "compute device: cpu, cuda, cuda:N"),
       key("memory_budget", TF_VALUE_SIZE, "0",
@@ -39,7 +40,8 @@ const std::vector<KeySpec>& run_keys() {
       key("out_dir", TF_VALUE_STRING, "\"runs\"", "folder that holds run folders"),
       key("log_every", TF_VALUE_INT, "10", "steps between progress lines", 1, 1e9),
       key("threads", TF_VALUE_INT, "0", "intra-op CPU threads; 0 = LibTorch's default", 0, 4096),
-      key("sample_tokens", TF_VALUE_INT, "200", "tokens to sample from the trained model; 0 = none", 0, 1e6),
+      key("sample_tokens", TF_VALUE_INT, "200", "tokens to sample from the trained model; 0 = none",
+          0, 1e6),
       key("sample_prompt", TF_VALUE_STRING, "\"\\n\"", "prompt for the sample"),
       key("sample_top_k", TF_VALUE_INT, "40", "top-k for the sample; 1 = greedy", 1, 1e9),
       key("eval_batches", TF_VALUE_INT, "8", "validation batches for the final eval loss", 0, 1e6),
@@ -54,7 +56,8 @@ const std::vector<KeySpec>& data_keys() {
       key("corpus", TF_VALUE_STRING, "\"builtin:fortunes\"",
           "builtin:fortunes, a text file, a folder of text files, or a .jsonl with \"text\""),
       key("tokenizer", TF_VALUE_STRING, "\"auto\"",
-          "byte, or a tokenizer.json (or its folder); auto = the [model].weights folder's tokenizer.json, else byte"),
+          "byte, or a tokenizer.json (or its folder); auto = the [model].weights folder's "
+          "tokenizer.json, else byte"),
       key("seq_len", TF_VALUE_INT, "128", "tokens per sequence", 1, 1e7),
       key("batch_size", TF_VALUE_INT, "16", "sequences per batch", 1, 1e6),
       key("val_fraction", TF_VALUE_FLOAT, "0.05", "tail of the corpus held out for eval", 0, 0.5),
@@ -78,11 +81,13 @@ const std::vector<KeySpec>& optimizer_keys() {
 
 const std::vector<KeySpec>& save_keys() {
   static const std::vector<KeySpec> keys = {
-      key("every", TF_VALUE_INT, "0", "save a checkpoint every N steps; 0 = only at the end", 0, 1e12),
+      key("every", TF_VALUE_INT, "0", "save a checkpoint every N steps; 0 = only at the end", 0,
+          1e12),
       key("keep_last", TF_VALUE_INT, "2", "checkpoints kept (older ones are rotated out)", 1, 1e6),
       key("final", TF_VALUE_BOOL, "true", "save when the run ends"),
       key("dir", TF_VALUE_STRING, "\"\"", "checkpoint folder; empty = <run folder>/checkpoints"),
-      key("hf", TF_VALUE_BOOL, "false", "also write <run folder>/hf, a Hugging Face model folder, at the end"),
+      key("hf", TF_VALUE_BOOL, "false",
+          "also write <run folder>/hf, a Hugging Face model folder, at the end"),
       key("adapter", TF_VALUE_BOOL, "false",
           "also write <run folder>/adapter, the adapters on their own (PEFT format), at the end"),
   };
@@ -143,9 +148,10 @@ PluginInstance Session::make_instance(const LoadedPlugin& plugin, const toml::ta
   inst.ctx->plugin_name = plugin.name;
   inst.ctx->role = role;
   // "weights" in [model] is the kernel's: Hugging Face weights to start from.
-  inst.ctx->config = recipe_.validate(table, "[" + role + "] (plugin " + plugin.name + ")", plugin.keys,
-                                      role == "model" ? std::vector<std::string>{"plugin", "weights"}
-                                                      : std::vector<std::string>{"plugin"});
+  inst.ctx->config =
+      recipe_.validate(table, "[" + role + "] (plugin " + plugin.name + ")", plugin.keys,
+                       role == "model" ? std::vector<std::string>{"plugin", "weights"}
+                                       : std::vector<std::string>{"plugin"});
   return inst;
 }
 
@@ -198,10 +204,9 @@ void Session::build(const PluginRegistry& base_registry) {
       CategoryScope scope(TF_MEM_OTHER);
       at::Tensor tokens = at::tensor(ids, at::kLong);
       unigram_entropy_ = unigram_entropy(tokens, tokenizer_->vocab_size());
-      batcher_ = std::make_unique<TokenBatcher>(tokens, data_cfg_.get_int("seq_len"),
-                                                data_cfg_.get_int("batch_size"),
-                                                static_cast<uint64_t>(run_cfg_.get_int("seed")),
-                                                data_cfg_.get_double("val_fraction"));
+      batcher_ = std::make_unique<TokenBatcher>(
+          tokens, data_cfg_.get_int("seq_len"), data_cfg_.get_int("batch_size"),
+          static_cast<uint64_t>(run_cfg_.get_int("seed")), data_cfg_.get_double("val_fraction"));
     }
   } catch (const std::invalid_argument& e) {
     throw RecipeError(recipe_.source() + ": [data]: " + e.what());
@@ -251,8 +256,10 @@ void Session::build(const PluginRegistry& base_registry) {
     throw RecipeError(recipe_.where(*model_table->get("plugin")) + ": " + e.what());
   }
   declaring_ = true;
-  check(model_.plugin->model()->create(host_api(), model_.ctx.get(), &model_.state), model_, "create");
-  if (stages_.empty()) throw PluginCallError("model plugin \"" + model_name + "\" declared no stages");
+  check(model_.plugin->model()->create(host_api(), model_.ctx.get(), &model_.state), model_,
+        "create");
+  if (stages_.empty())
+    throw PluginCallError("model plugin \"" + model_name + "\" declared no stages");
   if (stages_.front().kind != TF_STAGE_EMBED || stages_.back().kind != TF_STAGE_HEAD)
     throw PluginCallError("model plugin \"" + model_name +
                           "\" must declare an embed stage first and a head stage last");
@@ -263,7 +270,8 @@ void Session::build(const PluginRegistry& base_registry) {
     const std::string name = recipe_.required_string(t, "strategy", "plugin");
     const std::string role = "strategy #" + std::to_string(idx);
     try {
-      strategies_.push_back(make_instance(registry.find(name, TF_PLUGIN_STRATEGY), t, "[strategy]"));
+      strategies_.push_back(
+          make_instance(registry.find(name, TF_PLUGIN_STRATEGY), t, "[strategy]"));
     } catch (const PluginLoadError& e) {
       throw RecipeError(recipe_.where(*t->get("plugin")) + ": " + e.what());
     }
@@ -284,7 +292,9 @@ void Session::build(const PluginRegistry& base_registry) {
   };
   for (size_t i = 0; i < strategies_.size(); ++i)
     if (strategies_[i].plugin->strategy()->configure)
-      configure_step(i, strategies_[i].plugin->strategy()->configure(strategies_[i].state, strategies_[i].ctx.get()),
+      configure_step(i,
+                     strategies_[i].plugin->strategy()->configure(strategies_[i].state,
+                                                                  strategies_[i].ctx.get()),
                      "configure");
   declaring_ = false;
 
@@ -316,7 +326,8 @@ void Session::build(const PluginRegistry& base_registry) {
     if (weights) {
       try {
         for (size_t k = first; k < last; ++k)
-          if (!(params[k].flags & TF_PARAM_ADAPTER)) weights->load(params[k]);  // adapters load on their own
+          if (!(params[k].flags & TF_PARAM_ADAPTER))
+            weights->load(params[k]);  // adapters load on their own
       } catch (const std::runtime_error& e) {
         weights_error(e);
       }
@@ -325,13 +336,16 @@ void Session::build(const PluginRegistry& base_registry) {
     for (size_t i = 0; i < strategies_.size(); ++i) {
       const tf_strategy_vtable* vt = strategies_[i].plugin->strategy();
       if (TF_HAS(vt, tf_strategy_vtable, stage_params_ready))
-        configure_step(i, vt->stage_params_ready(strategies_[i].state, strategies_[i].ctx.get(), stage),
-                       "stage_params_ready");
+        configure_step(
+            i, vt->stage_params_ready(strategies_[i].state, strategies_[i].ctx.get(), stage),
+            "stage_params_ready");
     }
   });
   for (size_t i = 0; i < strategies_.size(); ++i)
     if (strategies_[i].plugin->strategy()->params_ready)
-      configure_step(i, strategies_[i].plugin->strategy()->params_ready(strategies_[i].state, strategies_[i].ctx.get()),
+      configure_step(i,
+                     strategies_[i].plugin->strategy()->params_ready(strategies_[i].state,
+                                                                     strategies_[i].ctx.get()),
                      "params_ready");
 
   OptimizerConfig oc;
@@ -346,18 +360,20 @@ void Session::build(const PluginRegistry& base_registry) {
   optimizer_ = std::make_unique<Optimizer>(oc);
 
   const toml::table* sched_table = recipe_.table("schedule");
-  const std::string sched_name =
-      sched_table && sched_table->contains("plugin") ? recipe_.required_string(sched_table, "schedule", "plugin")
-                                                     : "standard";
+  const std::string sched_name = sched_table && sched_table->contains("plugin")
+                                     ? recipe_.required_string(sched_table, "schedule", "plugin")
+                                     : "standard";
   try {
-    schedule_ = make_instance(registry.find(sched_name, TF_PLUGIN_SCHEDULE), sched_table, "schedule");
+    schedule_ =
+        make_instance(registry.find(sched_name, TF_PLUGIN_SCHEDULE), sched_table, "schedule");
   } catch (const PluginLoadError& e) {
-    throw RecipeError((sched_table && sched_table->get("plugin") ? recipe_.where(*sched_table->get("plugin"))
-                                                                  : recipe_.source()) +
+    throw RecipeError((sched_table && sched_table->get("plugin")
+                           ? recipe_.where(*sched_table->get("plugin"))
+                           : recipe_.source()) +
                       ": " + e.what());
   }
-  check(schedule_.plugin->schedule()->create(host_api(), schedule_.ctx.get(), &schedule_.state), schedule_,
-        "create");
+  check(schedule_.plugin->schedule()->create(host_api(), schedule_.ctx.get(), &schedule_.state),
+        schedule_, "create");
 
   recompute_anchor_ = at::empty({0}, at::TensorOptions().device(device_)).requires_grad_(true);
 
@@ -371,7 +387,8 @@ std::string Session::export_hf(const std::string& dir, bool merge) {
   if (TF_HAS(vt, tf_model_vtable, hf_config_json))
     check(vt->hf_config_json(model_.state, model_.ctx.get(), &config), model_, "hf_config_json");
   if (!config)
-    log(TF_LOG_WARN, "model plugin \"" + model_.plugin->name + "\" gives no config.json; exporting weights only");
+    log(TF_LOG_WARN, "model plugin \"" + model_.plugin->name +
+                         "\" gives no config.json; exporting weights only");
   at::NoGradGuard no_grad;
   // Strategies may rewrite a weight for a standalone model (LoRA merges).
   ParamStore merged;
@@ -384,7 +401,8 @@ std::string Session::export_hf(const std::string& dir, bool merge) {
       const tf_strategy_vtable* svt = s.plugin->strategy();
       if (!merge || !TF_HAS(svt, tf_strategy_vtable, export_weight)) continue;
       tf_tensor out = nullptr;
-      const tf_status st = svt->export_weight(s.state, s.ctx.get(), p.name.c_str(), reinterpret_cast<tf_tensor>(&q.value), &out);
+      const tf_status st = svt->export_weight(s.state, s.ctx.get(), p.name.c_str(),
+                                              reinterpret_cast<tf_tensor>(&q.value), &out);
       if (st == TF_OK && out) {
         q.value = std::move(*reinterpret_cast<at::Tensor*>(out));
         delete reinterpret_cast<at::Tensor*>(out);
@@ -408,12 +426,15 @@ std::string Session::export_adapter(const std::string& dir) {
     const tf_strategy_vtable* svt = s.plugin->strategy();
     if (!TF_HAS(svt, tf_strategy_vtable, export_adapter)) continue;
     const tf_status st = svt->export_adapter(s.state, s.ctx.get(), dir.c_str());
-    if (st == TF_OK) written = true;
-    else if (st != TF_NOT_HANDLED) check(st, s, "export_adapter");
+    if (st == TF_OK)
+      written = true;
+    else if (st != TF_NOT_HANDLED)
+      check(st, s, "export_adapter");
   }
   if (!written)
-    throw std::runtime_error("no strategy of this recipe has adapters to export (add a [[strategy]] with plugin = "
-                             "\"lora\"), or export the whole model without --adapter");
+    throw std::runtime_error(
+        "no strategy of this recipe has adapters to export (add a [[strategy]] with plugin = "
+        "\"lora\"), or export the whole model without --adapter");
   return dir;
 }
 
@@ -439,7 +460,9 @@ void Session::optimizer_apply(const std::string& name, const at::Tensor& grad, d
   update_param(p, g, optimizer_->steps() + 1);
 }
 
-int64_t Session::update_step() const { return in_optimizer_step_ ? optimizer_->steps() : optimizer_->steps() + 1; }
+int64_t Session::update_step() const {
+  return in_optimizer_step_ ? optimizer_->steps() : optimizer_->steps() + 1;
+}
 
 void Session::update_param(Param& p, const at::Tensor& grad, int64_t step) {
   // Strategies that keep the state themselves (8-bit AdamW, offloaded state)
@@ -447,10 +470,9 @@ void Session::update_param(Param& p, const at::Tensor& grad, int64_t step) {
   for (auto& s : strategies_) {
     const tf_strategy_vtable* vt = s.plugin->strategy();
     if (!vt->optimizer_step_param) continue;
-    const tf_status st = vt->optimizer_step_param(s.state, s.ctx.get(), p.name.c_str(),
-                                                  reinterpret_cast<tf_tensor>(&p.value),
-                                                  reinterpret_cast<tf_tensor>(const_cast<at::Tensor*>(&grad)),
-                                                  optimizer_->lr());
+    const tf_status st = vt->optimizer_step_param(
+        s.state, s.ctx.get(), p.name.c_str(), reinterpret_cast<tf_tensor>(&p.value),
+        reinterpret_cast<tf_tensor>(const_cast<at::Tensor*>(&grad)), optimizer_->lr());
     if (st == TF_OK) return;
     if (st != TF_NOT_HANDLED) check(st, s, "optimizer_step_param");
   }
@@ -464,8 +486,8 @@ void Session::zero_grad() {
 
 void Session::set_micro_batch(int32_t index, int32_t count) {
   if (count < 1 || index < 0 || index >= count)
-    throw std::invalid_argument("micro-batch " + std::to_string(index) + " of " + std::to_string(count) +
-                                ": need 0 <= index < count");
+    throw std::invalid_argument("micro-batch " + std::to_string(index) + " of " +
+                                std::to_string(count) + ": need 0 <= index < count");
   micro_index_ = index;
   micro_count_ = count;
 }
@@ -474,10 +496,12 @@ double Session::strategies_loss_scale() {
   double scale = 1.0;
   for (auto& s : strategies_) {
     const tf_strategy_vtable* vt = s.plugin->strategy();
-    if (TF_HAS(vt, tf_strategy_vtable, loss_scale)) check(vt->loss_scale(s.state, s.ctx.get(), &scale), s, "loss_scale");
+    if (TF_HAS(vt, tf_strategy_vtable, loss_scale))
+      check(vt->loss_scale(s.state, s.ctx.get(), &scale), s, "loss_scale");
   }
   if (!(scale > 0) || !std::isfinite(scale))
-    throw PluginCallError("strategies asked for a loss scale of " + std::to_string(scale) + "; it must be finite and > 0");
+    throw PluginCallError("strategies asked for a loss scale of " + std::to_string(scale) +
+                          "; it must be finite and > 0");
   return scale;
 }
 
@@ -548,7 +572,8 @@ std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64
     const at::Tensor logits = logits_in.to(at::kCPU, at::kFloat);
     if (top_k == 1 || temperature <= 0) return logits.argmax().item<int64_t>();
     auto [vals, idx] =
-        logits.div(temperature).topk(top_k > 0 ? std::min<int64_t>(top_k, logits.size(0)) : logits.size(0));
+        logits.div(temperature)
+            .topk(top_k > 0 ? std::min<int64_t>(top_k, logits.size(0)) : logits.size(0));
     at::Tensor probs = at::softmax(vals, 0);
     if (top_p < 1.0) {  // keep the smallest prefix whose mass reaches top_p
       probs = probs.masked_fill(probs.cumsum(0) - probs >= top_p, 0.0);
@@ -557,8 +582,8 @@ std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64
     return idx[at::multinomial(probs, 1, false, gen).item<int64_t>()].item<int64_t>();
   };
   const tf_model_vtable* vt = model_.plugin->model();
-  const bool can_decode =
-      use_cache && TF_HAS(vt, tf_model_vtable, decode) && TF_HAS(vt, tf_model_vtable, release_cache);
+  const bool can_decode = use_cache && TF_HAS(vt, tf_model_vtable, decode) &&
+                          TF_HAS(vt, tf_model_vtable, release_cache);
   if (can_decode) {
     // Incremental: the model carries its state (or key/value cache) between calls.
     void* cache = nullptr;
@@ -573,8 +598,9 @@ std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64
     at::Tensor x = at::tensor(ids, at::kLong).unsqueeze(0).to(device_);
     for (int64_t i = 0; i < n_tokens; ++i) {
       tf_tensor out = nullptr;
-      check(vt->decode(model_.state, model_.ctx.get(), &cache, reinterpret_cast<tf_tensor>(&x), &out), model_,
-            "decode");
+      check(
+          vt->decode(model_.state, model_.ctx.get(), &cache, reinterpret_cast<tf_tensor>(&x), &out),
+          model_, "decode");
       at::Tensor logits = std::move(*reinterpret_cast<at::Tensor*>(out));
       delete reinterpret_cast<at::Tensor*>(out);
       ids.push_back(pick(logits[0][-1]));
@@ -612,8 +638,10 @@ void Session::snapshot_restore(int32_t id) {
   if (it == snapshots_.end()) throw std::out_of_range("no snapshot " + std::to_string(id));
   at::NoGradGuard no_grad;
   for (auto& [k, t] : it->second) {
-    if (k.rfind("param:", 0) == 0) store_.get(k.substr(6)).value.copy_(t);
-    else optimizer_->state()[k.substr(4)].copy_(t);
+    if (k.rfind("param:", 0) == 0)
+      store_.get(k.substr(6)).value.copy_(t);
+    else
+      optimizer_->state()[k.substr(4)].copy_(t);
   }
 }
 
@@ -636,7 +664,8 @@ void Session::emit_progress(const ProgressInfo& p) {
 }
 
 TrainSummary Session::train() {
-  if (!batcher_) throw std::logic_error("this session was built without data (skip_data); it cannot train");
+  if (!batcher_)
+    throw std::logic_error("this session was built without data (skip_data); it cannot train");
   TrainSummary sum;
   sum.run_dir = run_dir_;
   sum.checkpoint_dir = checkpoint_dir();
@@ -660,27 +689,35 @@ TrainSummary Session::train() {
     for (; step_ < stop_at; ++step_) {
       step_metrics_.clear();
       for (auto& s : strategies_)
-        if (s.plugin->strategy()->step_begin) check(s.plugin->strategy()->step_begin(s.state, s.ctx.get(), step_), s, "step_begin");
+        if (s.plugin->strategy()->step_begin)
+          check(s.plugin->strategy()->step_begin(s.state, s.ctx.get(), step_), s, "step_begin");
       tf_step_result r{};
       r.struct_size = sizeof r;
-      check(schedule_.plugin->schedule()->run_step(schedule_.state, schedule_.ctx.get(), step_, total, &r), schedule_,
-            "run_step");
+      check(schedule_.plugin->schedule()->run_step(schedule_.state, schedule_.ctx.get(), step_,
+                                                   total, &r),
+            schedule_, "run_step");
       for (auto& s : strategies_)
-        if (s.plugin->strategy()->step_end) check(s.plugin->strategy()->step_end(s.state, s.ctx.get(), step_, r.loss), s, "step_end");
+        if (s.plugin->strategy()->step_end)
+          check(s.plugin->strategy()->step_end(s.state, s.ctx.get(), step_, r.loss), s, "step_end");
       tokens += r.n_tokens;
       sum.backward_passes += r.backward_passes;
       sum.losses.push_back(r.loss);
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const MemorySnapshot mem = memory_snapshot();
-      nlohmann::json rec = {{"step", step_ + 1},     {"loss", r.loss},
-                            {"lr", r.lr},            {"tokens", r.n_tokens},
-                            {"elapsed_s", elapsed},  {"phase", r.phase ? r.phase : "full"},
+      nlohmann::json rec = {{"step", step_ + 1},
+                            {"loss", r.loss},
+                            {"lr", r.lr},
+                            {"tokens", r.n_tokens},
+                            {"elapsed_s", elapsed},
+                            {"phase", r.phase ? r.phase : "full"},
                             {"backward_passes", r.backward_passes}};
       for (int c = 0; c < TF_MEM_CATEGORY_COUNT - 1; ++c)
         rec["peak_" + std::string(category_name(static_cast<tf_mem_category>(c)))] = mem.peak[c];
       rec["peak_total"] = mem.total_peak;
       if (device_.is_cuda()) rec["peak_device"] = mem.device_peak;
-      for (const auto& [k, v] : step_metrics_) rec[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+      for (const auto& [k, v] : step_metrics_)
+        rec[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
       metrics_.write(rec);
       const int64_t done = step_ + 1;
       if (done % log_every == 0 || done == stop_at) {
@@ -692,7 +729,9 @@ TrainSummary Session::train() {
         p.elapsed_s = elapsed;
         p.tokens_per_s = elapsed > 0 ? static_cast<double>(tokens) / elapsed : 0;
         const int64_t run_steps = done - sum.first_step;
-        p.eta_s = run_steps > 0 ? elapsed / static_cast<double>(run_steps) * static_cast<double>(total - done) : 0;
+        p.eta_s = run_steps > 0
+                      ? elapsed / static_cast<double>(run_steps) * static_cast<double>(total - done)
+                      : 0;
         p.phase = r.phase ? r.phase : "full";
         p.memory = mem;
         emit_progress(p);
@@ -702,7 +741,8 @@ TrainSummary Session::train() {
     sum.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     sum.memory = memory_snapshot();
     // An interrupted run always saves, so that --resume can continue it.
-    if ((save_cfg_.get_bool("final") || step_ < total) && step_ > sum.first_step) save_checkpoint(step_);
+    if ((save_cfg_.get_bool("final") || step_ < total) && step_ > sum.first_step)
+      save_checkpoint(step_);
     if (save_cfg_.get_bool("hf")) export_hf((fs::path(run_dir_) / "hf").string());
     if (save_cfg_.get_bool("adapter")) export_adapter((fs::path(run_dir_) / "adapter").string());
     sum.steps_run = step_ - sum.first_step;
@@ -710,8 +750,8 @@ TrainSummary Session::train() {
     sum.final_loss = sum.losses.empty() ? std::nan("") : sum.losses.back();
     sum.val_loss = eval_loss(run_cfg_.get_int("eval_batches"));
     if (const int64_t n = run_cfg_.get_int("sample_tokens"); n > 0)
-      sum.sample = generate(run_cfg_.get_string("sample_prompt"), n, run_cfg_.get_int("sample_top_k"), 0.8,
-                            run_info_.seed);
+      sum.sample = generate(run_cfg_.get_string("sample_prompt"), n,
+                            run_cfg_.get_int("sample_top_k"), 0.8, run_info_.seed);
   } catch (const c10::Error& e) {
     if (is_budget_refusal(e)) throw OutOfBudgetError(budget_refusal_message(e));
     throw;

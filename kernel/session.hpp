@@ -156,7 +156,8 @@ class Session {
   // incremental decode when it has one and use_cache, else recomputes the
   // last seq_len tokens for every new one.
   std::string generate(const std::string& prompt, int64_t n_tokens, int64_t top_k,
-                       double temperature, uint64_t seed, double top_p = 1.0, bool use_cache = true);
+                       double temperature, uint64_t seed, double top_p = 1.0,
+                       bool use_cache = true);
   // Writes the model as a Hugging Face folder (model.safetensors, config.json,
   // tokenizer.json when the run uses one); returns the folder.
   // merge = false leaves adapters out and writes the bases as they are (the
@@ -243,7 +244,7 @@ class Session {
   MetricsWriter metrics_;
   int32_t micro_index_ = 0, micro_count_ = 1;
   bool in_optimizer_step_ = false;
-  double applied_loss_scale_ = 1.0;  // the loss scale of this step's backward passes
+  double applied_loss_scale_ = 1.0;     // the loss scale of this step's backward passes
   std::vector<int> active_events_;      // per stage: stage events begun and not yet ended
   std::vector<bool> grads_dispatched_;  // per backward: grad_ready already called
   at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward

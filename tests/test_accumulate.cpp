@@ -17,10 +17,12 @@ Weights weights(Session& s) {
   return out;
 }
 
-void expect_close(const Weights& got, const Weights& expected, double tol, const std::string& what) {
+void expect_close(const Weights& got, const Weights& expected, double tol,
+                  const std::string& what) {
   ASSERT_EQ(got.size(), expected.size());
   for (const auto& [name, w] : expected) {
-    const double rel = (got.at(name) - w).abs().max().item<double>() / (w.abs().max().item<double>() + 1e-12);
+    const double rel =
+        (got.at(name) - w).abs().max().item<double>() / (w.abs().max().item<double>() + 1e-12);
     EXPECT_LE(rel, tol) << name << " — " << what;
   }
 }
@@ -30,7 +32,8 @@ class AccumulateTest : public ::testing::Test {
   test::TempDir dir;
   std::string corpus = test::write_corpus(dir);
   // Constant lr so that the schedule and a hand-driven reference agree.
-  std::string recipe(const std::string& schedule, const std::string& strategies, int batch_size) const {
+  std::string recipe(const std::string& schedule, const std::string& strategies,
+                     int batch_size) const {
     std::string r = test::tiny_recipe(corpus, dir.str(), "", strategies);
     r.replace(r.find("batch_size = 4"), 14, "batch_size = " + std::to_string(batch_size));
     r.replace(r.find("steps = 4"), 9, "steps = 3");
@@ -41,7 +44,8 @@ class AccumulateTest : public ::testing::Test {
   }
   static constexpr const char* kAccumulate = "plugin = \"accumulate\"\nmicro_batches = 3\n";
   static constexpr const char* kStandard = "plugin = \"standard\"\n";
-  static constexpr const char* kFused = "[[strategy]]\nplugin = \"fused_update\"\nclip = \"none\"\n";
+  static constexpr const char* kFused =
+      "[[strategy]]\nplugin = \"fused_update\"\nclip = \"none\"\n";
 };
 
 TEST_F(AccumulateTest, EqualsOneUpdateOverTheWholeBatch) {
@@ -106,14 +110,19 @@ TEST_F(AccumulateTest, FusedUpdateKeepsGradientsUntilTheLastMicroBatch) {
     }
   }
   EXPECT_EQ(grads_left(), 0);  // all consumed by the fused update in the last backward
-  const double moved = (weights(*s).at("transformer.wte.weight") - before.at("transformer.wte.weight")).abs().max().item<double>();
+  const double moved =
+      (weights(*s).at("transformer.wte.weight") - before.at("transformer.wte.weight"))
+          .abs()
+          .max()
+          .item<double>();
   EXPECT_GT(moved, 0.0);
   EXPECT_EQ(s->optimizer_step(), TF_OK);
   EXPECT_EQ(s->micro_batch_count(), 1);  // reset for the next step
 }
 
 TEST_F(AccumulateTest, EightBitAdamWStateServesFusedUpdates) {
-  const std::string adam8 = "[[strategy]]\nplugin = \"quantize\"\nweights = false\noptimizer_state = \"int8\"\n";
+  const std::string adam8 =
+      "[[strategy]]\nplugin = \"quantize\"\nweights = false\noptimizer_state = \"int8\"\n";
   auto a = test::make_session(recipe(kStandard, adam8, 4));
   a->train();
   auto b = test::make_session(recipe(kStandard, adam8 + kFused, 4));

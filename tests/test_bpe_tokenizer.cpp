@@ -1,10 +1,10 @@
 // Byte-level BPE from tokenizer.json gives the ids Hugging Face `tokenizers`
 // gives, for GPT-2-style and LLaMA-3-style tokenizers, on varied text.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <cstdlib>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "bpe_tokenizer.hpp"
 #include "test_support.hpp"
@@ -16,9 +16,10 @@ class BpeParity : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new test::TempDir();
-    const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " + TIGHTFIT_SOURCE_DIR +
-                            "/tests/peers/bpe_parity.py " + dir_->str();
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << "the Python peer failed; scripts/setup installs tokenizers";
+    const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
+                            TIGHTFIT_SOURCE_DIR + "/tests/peers/bpe_parity.py " + dir_->str();
+    ASSERT_EQ(std::system(cmd.c_str()), 0)
+        << "the Python peer failed; scripts/setup installs tokenizers";
   }
   static void TearDownTestSuite() { delete dir_; }
   static nlohmann::json read_json(const std::string& name) {
@@ -36,7 +37,8 @@ class BpeParity : public ::testing::Test {
       const std::string line = lines[i].get<std::string>();
       const std::vector<int64_t> got = tok->encode(line);
       const std::vector<int64_t> want = ids[i].get<std::vector<int64_t>>();
-      if (got != want && ++mismatches <= 3) ADD_FAILURE() << style << " line " << i << ": \"" << line << "\"";
+      if (got != want && ++mismatches <= 3)
+        ADD_FAILURE() << style << " line " << i << ": \"" << line << "\"";
       EXPECT_EQ(tok->decode(got), line) << "round trip, line " << i;
     }
     EXPECT_EQ(mismatches, 0u) << "of " << lines.size() << " lines";
@@ -45,8 +47,12 @@ class BpeParity : public ::testing::Test {
 };
 test::TempDir* BpeParity::dir_ = nullptr;
 
-TEST_F(BpeParity, Gpt2StyleMatchesTokenizers) { compare("gpt2"); }
-TEST_F(BpeParity, Llama3StyleMatchesTokenizers) { compare("llama3"); }
+TEST_F(BpeParity, Gpt2StyleMatchesTokenizers) {
+  compare("gpt2");
+}
+TEST_F(BpeParity, Llama3StyleMatchesTokenizers) {
+  compare("llama3");
+}
 
 TEST_F(BpeParity, RecipeUsesTheTokenizerAndItsVocabulary) {
   test::TempDir d;
@@ -61,12 +67,15 @@ TEST_F(BpeParity, RecipeUsesTheTokenizerAndItsVocabulary) {
 
 TEST(BpeTokenizer, RefusesWhatItCannotHandle) {
   test::TempDir d;
-  const std::string p = test::write_file(d, "tokenizer.json", R"({"model": {"type": "Unigram", "vocab": []}})");
+  const std::string p =
+      test::write_file(d, "tokenizer.json", R"({"model": {"type": "Unigram", "vocab": []}})");
   try {
     BpeTokenizer::load(p);
     FAIL();
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("model type \"Unigram\" is not supported"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model type \"Unigram\" is not supported"),
+              std::string::npos)
+        << e.what();
   }
   test::write_file(d, "broken.json", "{not json");
   EXPECT_THROW(BpeTokenizer::load(d.str() + "/broken.json"), std::invalid_argument);

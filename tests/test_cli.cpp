@@ -12,7 +12,8 @@ namespace fs = std::filesystem;
 class CliTest : public ::testing::Test {
  protected:
   test::TempDir dir;
-  std::string recipe = test::write_file(dir, "r.toml", test::tiny_recipe(test::write_corpus(dir), dir.str()));
+  std::string recipe =
+      test::write_file(dir, "r.toml", test::tiny_recipe(test::write_corpus(dir), dir.str()));
 };
 
 TEST_F(CliTest, ExportThenGenerateFromTheHuggingFaceFolder) {
@@ -21,12 +22,14 @@ TEST_F(CliTest, ExportThenGenerateFromTheHuggingFaceFolder) {
   ASSERT_EQ(test::run_tightfit("export " + recipe + " --out " + dir.str() + "/hf", &out), 0) << out;
   EXPECT_TRUE(fs::exists(dir.path() / "hf" / "config.json"));
   EXPECT_TRUE(fs::exists(dir.path() / "hf" / "model.safetensors"));
-  ASSERT_EQ(test::run_tightfit("generate " + dir.str() + "/hf -p Hello -n 12 --greedy", &out), 0) << out;
+  ASSERT_EQ(test::run_tightfit("generate " + dir.str() + "/hf -p Hello -n 12 --greedy", &out), 0)
+      << out;
   EXPECT_EQ(out.rfind("Hello", 0), 0u) << out;
   EXPECT_GE(out.size(), 5u + 12u) << out;
   // The recipe's own checkpoint gives the same greedy text.
   std::string from_recipe;
-  ASSERT_EQ(test::run_tightfit("generate " + recipe + " -p Hello -n 12 --greedy", &from_recipe), 0) << from_recipe;
+  ASSERT_EQ(test::run_tightfit("generate " + recipe + " -p Hello -n 12 --greedy", &from_recipe), 0)
+      << from_recipe;
   EXPECT_EQ(out, from_recipe);
 }
 
@@ -39,7 +42,8 @@ TEST_F(CliTest, GenerateFromAFolderWithoutConfigIsAClearError) {
 TEST_F(CliTest, PluginsListAndInfo) {
   std::string out;
   ASSERT_EQ(test::run_tightfit("plugins list", &out), 0) << out;
-  for (const char* name : {"gpt2", "llama", "checkpoint", "standard"}) EXPECT_NE(out.find(name), std::string::npos) << name;
+  for (const char* name : {"gpt2", "llama", "checkpoint", "standard"})
+    EXPECT_NE(out.find(name), std::string::npos) << name;
   ASSERT_EQ(test::run_tightfit("plugins info llama", &out), 0) << out;
   EXPECT_NE(out.find("tiny|1B|7B|13B|custom"), std::string::npos) << out;
   EXPECT_NE(out.find("n_kv_head"), std::string::npos) << out;
@@ -61,7 +65,8 @@ namespace {
 // Every shipped recipe is valid: tables, keys, plugins and their configuration.
 TEST(Configs, EveryShippedRecipeValidates) {
   int checked = 0;
-  for (const auto& e : std::filesystem::directory_iterator(std::string(TIGHTFIT_SOURCE_DIR) + "/configs")) {
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::string(TIGHTFIT_SOURCE_DIR) + "/configs")) {
     if (e.path().extension() != ".toml") continue;
     std::string out;
     // The fine-tune recipe needs the folder llama-tiny.toml writes; check it with a stand-in shape.
@@ -72,7 +77,9 @@ TEST(Configs, EveryShippedRecipeValidates) {
       EXPECT_NE(r.table("model")->get("weights"), nullptr);
       continue;
     }
-    EXPECT_EQ(test::run_tightfit("run " + e.path().string() + " --dry-run" + extra, &out), 0) << e.path() << "\n" << out;
+    EXPECT_EQ(test::run_tightfit("run " + e.path().string() + " --dry-run" + extra, &out), 0)
+        << e.path() << "\n"
+        << out;
     EXPECT_NE(out.find("valid; model"), std::string::npos) << out;
     ++checked;
   }

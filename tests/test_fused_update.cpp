@@ -40,7 +40,8 @@ TEST_F(FusedUpdateTest, SameWeightsAsPlainRunAlsoWithCheckpointing) {
     auto s = test::make_session(recipe(stack));
     const auto got = train_steps(*s, 5);
     for (const auto& [name, w] : expected) {
-      const double rel = (got.at(name) - w).abs().max().item<double>() / (w.abs().max().item<double>() + 1e-12);
+      const double rel =
+          (got.at(name) - w).abs().max().item<double>() / (w.abs().max().item<double>() + 1e-12);
       EXPECT_LE(rel, 1e-6) << name << " with\n" << stack;
     }
   }

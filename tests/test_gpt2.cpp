@@ -27,7 +27,8 @@ TEST_F(Gpt2Test, DeclaresHuggingFaceParametersAndStages) {
   EXPECT_EQ(session->store().find("lm_head.weight"), nullptr);  // tied to wte
   // 2 blocks of 12 C^2 + 13 C, plus wte, wpe, ln_f.
   const int64_t C = 32;
-  EXPECT_EQ(session->store().count_params(false), 2 * (12 * C * C + 13 * C) + 256 * C + 64 * C + 2 * C);
+  EXPECT_EQ(session->store().count_params(false),
+            2 * (12 * C * C + 13 * C) + 256 * C + 64 * C + 2 * C);
 }
 
 TEST_F(Gpt2Test, LogitsHaveBatchTimeVocabShape) {

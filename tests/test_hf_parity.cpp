@@ -4,10 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "hf_weights.hpp"
 #include "safetensors.hpp"
@@ -57,7 +55,8 @@ TEST_P(HfParity, MatchesTransformersLogitsLossAndGradients) {
     if (p.flags & TF_PARAM_HF_TRANSPOSED) expected = expected.t();
     const at::Tensor& g = p.value.grad();
     ASSERT_TRUE(g.defined()) << p.name;
-    const double rel = (g - expected).abs().max().item<double>() / (expected.abs().max().item<double>() + 1e-12);
+    const double rel =
+        (g - expected).abs().max().item<double>() / (expected.abs().max().item<double>() + 1e-12);
     EXPECT_LE(rel, 1e-4) << p.name;
     worst = std::max(worst, rel);
     ++compared;
@@ -68,15 +67,17 @@ TEST_P(HfParity, MatchesTransformersLogitsLossAndGradients) {
 
 INSTANTIATE_TEST_SUITE_P(
     Families, HfParity,
-    ::testing::Values(
-        Family{"gpt2", "plugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 2\nn_positions = 64\n",
-               2 * 12 + 4},
-        // Grouped-query attention: 4 query heads share 2 key/value heads.
-        Family{"llama", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 9 + 3},
-        // Llama 3 rotary scaling, one key/value head for four queries, tied head.
-        Family{"llama3", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 9 + 2},
-        // WKV in chunks of 5 over 16 tokens: the carried state is exercised.
-        Family{"rwkv", "plugin = \"rwkv\"\nconfig = \"@DIR@\"\nwkv_chunk = 5\n", 2 * 18 + 2 + 4}),
+    ::testing::Values(Family{"gpt2",
+                             "plugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = "
+                             "32\nn_head = 2\nn_positions = 64\n",
+                             2 * 12 + 4},
+                      // Grouped-query attention: 4 query heads share 2 key/value heads.
+                      Family{"llama", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 9 + 3},
+                      // Llama 3 rotary scaling, one key/value head for four queries, tied head.
+                      Family{"llama3", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 9 + 2},
+                      // WKV in chunks of 5 over 16 tokens: the carried state is exercised.
+                      Family{"rwkv", "plugin = \"rwkv\"\nconfig = \"@DIR@\"\nwkv_chunk = 5\n",
+                             2 * 18 + 2 + 4}),
     [](const ::testing::TestParamInfo<Family>& info) { return std::string(info.param.name); });
 
 }  // namespace
@@ -94,13 +95,15 @@ TEST_P(HfRoundTrip, TransformersLoadsWhatTightfitSaved) {
   test::TempDir dir;
   std::string table = f.model_table;
   if (const auto at = table.find("config = \"@DIR@\"\n"); at != std::string::npos)
-    table.replace(at, 17, "preset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 4\nn_kv_head = 2\n"
-                          "intermediate_size = 80\nmax_positions = 64\n");
+    table.replace(at, 17,
+                  "preset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 4\nn_kv_head = 2\n"
+                  "intermediate_size = 80\nmax_positions = 64\n");
   std::string strategies;
   if (const auto at = table.find("@QLORA@"); at != std::string::npos) {
     table.erase(at, 7);
-    strategies = "[[strategy]]\nplugin = \"lora\"\ntargets = [\"q\", \"v\", \"down\"]\nrank = 4\n"
-                 "[[strategy]]\nplugin = \"quantize\"\nformat = \"nf4\"\n";
+    strategies =
+        "[[strategy]]\nplugin = \"lora\"\ntargets = [\"q\", \"v\", \"down\"]\nrank = 4\n"
+        "[[strategy]]\nplugin = \"quantize\"\nformat = \"nf4\"\n";
   }
   std::string recipe = test::tiny_recipe(test::write_corpus(dir), dir.str(), "", strategies);
   const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
@@ -116,17 +119,23 @@ TEST_P(HfRoundTrip, TransformersLoadsWhatTightfitSaved) {
     logits = s->forward_logits(tokens, false);
   }
   write_safetensors(out + "/expected.safetensors", {{"tokens", tokens}, {"logits", logits}});
-  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " + TIGHTFIT_SOURCE_DIR +
-                          "/tests/peers/hf_roundtrip.py " + out;
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << "transformers did not reproduce tightfit's logits from " << out;
+  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
+                          TIGHTFIT_SOURCE_DIR + "/tests/peers/hf_roundtrip.py " + out;
+  EXPECT_EQ(std::system(cmd.c_str()), 0)
+      << "transformers did not reproduce tightfit's logits from " << out;
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Families, HfRoundTrip,
     ::testing::Values(
-        Family{"gpt2", "plugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 2\nn_positions = 64\n", 0},
+        Family{"gpt2",
+               "plugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = "
+               "2\nn_positions = 64\n",
+               0},
         Family{"llama", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 0},
-        Family{"rwkv", "plugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nwkv_chunk = 7\n", 0},
+        Family{"rwkv",
+               "plugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nwkv_chunk = 7\n",
+               0},
         // A trained QLoRA model exports its adapters merged into dequantized bases.
         Family{"qlora", "plugin = \"llama\"\nconfig = \"@DIR@\"\n@QLORA@", 0}),
     [](const ::testing::TestParamInfo<Family>& info) { return std::string(info.param.name); });
@@ -144,7 +153,8 @@ TEST(HfWeights, ShardedFolderWithIndexLoads) {
   // Split the exported tensors over two shards, as save_pretrained does for big models.
   auto tensors = export_hf_weights(a->store());
   std::map<std::string, at::Tensor> shard[2];
-  nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
+  nlohmann::json index = {{"metadata", {{"total_size", 0}}},
+                          {"weight_map", nlohmann::json::object()}};
   int i = 0;
   for (auto& [name, t] : tensors) {
     const int k = i++ % 2;
@@ -153,11 +163,14 @@ TEST(HfWeights, ShardedFolderWithIndexLoads) {
   }
   std::filesystem::create_directories(dir.path() / "sharded");
   for (int k = 0; k < 2; ++k)
-    write_safetensors((dir.path() / "sharded" / ("model-0000" + std::to_string(k + 1) + "-of-00002.safetensors")).string(),
-                      shard[k]);
+    write_safetensors(
+        (dir.path() / "sharded" / ("model-0000" + std::to_string(k + 1) + "-of-00002.safetensors"))
+            .string(),
+        shard[k]);
   test::write_file(dir, "sharded/model.safetensors.index.json", index.dump());
   std::string r = recipe;
-  r.replace(r.find("n_positions = 64\n"), 17, "n_positions = 64\nweights = \"" + dir.str() + "/sharded\"\n");
+  r.replace(r.find("n_positions = 64\n"), 17,
+            "n_positions = 64\nweights = \"" + dir.str() + "/sharded\"\n");
   auto b = test::make_session(r);
   for (const Param& p : b->store().all())
     EXPECT_TRUE(at::equal(p.value, a->store().get(p.name).value * 2)) << p.name;

@@ -8,7 +8,9 @@
 namespace tightfit {
 namespace {
 
-std::string fixture(const std::string& name) { return std::string(TIGHTFIT_FIXTURE_DIR) + "/" + name + ".so"; }
+std::string fixture(const std::string& name) {
+  return std::string(TIGHTFIT_FIXTURE_DIR) + "/" + name + ".so";
+}
 
 // The message of the PluginLoadError that loading `path` throws.
 std::string refusal(const std::string& path) {
@@ -22,7 +24,8 @@ std::string refusal(const std::string& path) {
 }
 
 TEST(Loader, BuiltInPluginsLoadWithTheirDeclarations) {
-  const LoadedPlugin p = load_plugin_file(std::string(TIGHTFIT_PLUGIN_DIR) + "/libtightfit_gpt2.so", "file");
+  const LoadedPlugin p =
+      load_plugin_file(std::string(TIGHTFIT_PLUGIN_DIR) + "/libtightfit_gpt2.so", "file");
   EXPECT_EQ(p.name, "gpt2");
   EXPECT_EQ(p.descriptor.kind, TF_PLUGIN_MODEL);
   EXPECT_EQ(p.libtorch_version, host_libtorch_version());
@@ -62,7 +65,9 @@ TEST(Loader, RefusesLibraryWithoutEntrySymbol) {
 TEST(Loader, RefusesOtherLibTorchVersion) {
   const std::string msg = refusal(fixture("fixture_wrong_libtorch"));
   EXPECT_NE(msg.find("built against LibTorch 1.0.0"), std::string::npos) << msg;
-  EXPECT_NE(msg.find(std::string("this host uses LibTorch ") + host_libtorch_version()), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::string("this host uses LibTorch ") + host_libtorch_version()),
+            std::string::npos)
+      << msg;
   EXPECT_NE(msg.find("rebuild"), std::string::npos) << msg;
 }
 

@@ -22,16 +22,19 @@ struct Case {
   std::string targets;
 };
 
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
 
 const char* kLlamaTable =
     "plugin = \"llama\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 4\nn_kv_head = 2\n"
     "intermediate_size = 80\nmax_positions = 64\n";
 
-std::string lora_recipe(const test::TempDir& dir, const std::string& model_table, const std::string& lora_keys,
-                        const std::string& extra = "") {
-  std::string recipe = test::tiny_recipe(test::write_corpus(dir), dir.str(), "",
-                                         "[[strategy]]\nplugin = \"lora\"\nrank = 4\nalpha = 8.0\n" + lora_keys + extra);
+std::string lora_recipe(const test::TempDir& dir, const std::string& model_table,
+                        const std::string& lora_keys, const std::string& extra = "") {
+  std::string recipe = test::tiny_recipe(
+      test::write_corpus(dir), dir.str(), "",
+      "[[strategy]]\nplugin = \"lora\"\nrank = 4\nalpha = 8.0\n" + lora_keys + extra);
   const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
   recipe.replace(begin, end - begin, "[model]\n" + model_table + "\n");
   return recipe;
@@ -56,9 +59,10 @@ TEST_P(PeftAdapter, PeftLoadsItOntoTheUnmergedBase) {
   ASSERT_TRUE(fs::exists(out + "/adapter/adapter_model.safetensors"));
   ASSERT_TRUE(fs::exists(out + "/adapter/adapter_config.json"));
   const at::Tensor tokens = at::randint(0, 256, {2, 24}, at::kLong);
-  write_safetensors(out + "/expected.safetensors", {{"tokens", tokens}, {"logits", logits_of(*s, tokens)}});
-  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " + TIGHTFIT_SOURCE_DIR +
-                          "/tests/peers/peft_adapter.py " + out;
+  write_safetensors(out + "/expected.safetensors",
+                    {{"tokens", tokens}, {"logits", logits_of(*s, tokens)}});
+  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
+                          TIGHTFIT_SOURCE_DIR + "/tests/peers/peft_adapter.py " + out;
   EXPECT_EQ(std::system(cmd.c_str()), 0) << "PEFT did not reproduce tightfit's logits from " << out;
 }
 
@@ -74,25 +78,31 @@ TEST_P(PeftAdapter, ARunStartsFromTheAdapterWhereTheWriterStopped) {
   const at::Tensor expected = logits_of(*s, tokens);
 
   test::TempDir dir2;
-  auto t = test::make_session(lora_recipe(dir2, c.model_table + "weights = \"" + dir.str() + "/base\"\n",
-                                          c.targets + "adapter = \"" + dir.str() + "/adapter\"\n"));
+  auto t =
+      test::make_session(lora_recipe(dir2, c.model_table + "weights = \"" + dir.str() + "/base\"\n",
+                                     c.targets + "adapter = \"" + dir.str() + "/adapter\"\n"));
   const at::Tensor got = logits_of(*t, tokens);
   EXPECT_LE((got - expected).abs().max().item<double>(), 1e-5);
   // Without the adapter the same base gives other logits: the adapter was applied.
   test::TempDir dir3;
-  auto u = test::make_session(lora_recipe(dir3, c.model_table + "weights = \"" + dir.str() + "/base\"\n", c.targets));
+  auto u = test::make_session(
+      lora_recipe(dir3, c.model_table + "weights = \"" + dir.str() + "/base\"\n", c.targets));
   EXPECT_GT((logits_of(*u, tokens) - expected).abs().max().item<double>(), 1e-3);
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Models, PeftAdapter,
     ::testing::Values(
-        // GPT-2's Conv1D layout (fan_in_fan_out); attn.c_proj and mlp.c_proj share a leaf name: a regex.
-        Case{"gpt2", "plugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 2\nn_positions = 64\n",
+        // GPT-2's Conv1D layout (fan_in_fan_out); attn.c_proj and mlp.c_proj share a leaf name: a
+        // regex.
+        Case{"gpt2",
+             "plugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = "
+             "2\nn_positions = 64\n",
              "targets = [\"q\", \"o\", \"up\"]\n"},
         // Leaf names pick exactly the adapted modules: a list, as PEFT writes it.
         Case{"llama", kLlamaTable, "targets = [\"q\", \"v\", \"down\"]\n"},
-        // RWKV starts with zero output projections, so "o" is adapted for gradients to reach k and v.
+        // RWKV starts with zero output projections, so "o" is adapted for gradients to reach k and
+        // v.
         Case{"rwkv", "plugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\n",
              "targets = [\"k\", \"v\", \"o\"]\n"}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
@@ -115,44 +125,53 @@ TEST(PeftAdapterErrors, MismatchesNameTheFileAndTheFix) {
   test::TempDir d1;
   std::string recipe = lora_recipe(d1, kLlamaTable, "targets = [\"q\", \"v\"]\n" + adapter);
   recipe.replace(recipe.find("rank = 4"), 8, "rank = 8");
-  EXPECT_NE(error_of(recipe).find("set rank = 4 and alpha = 8"), std::string::npos) << error_of(recipe);
+  EXPECT_NE(error_of(recipe).find("set rank = 4 and alpha = 8"), std::string::npos)
+      << error_of(recipe);
 
   test::TempDir d2;
-  const std::string other = error_of(lora_recipe(d2, kLlamaTable, "targets = [\"q\", \"down\"]\n" + adapter));
+  const std::string other =
+      error_of(lora_recipe(d2, kLlamaTable, "targets = [\"q\", \"down\"]\n" + adapter));
   EXPECT_NE(other.find("mlp.down_proj.lora_A.weight"), std::string::npos) << other;
   EXPECT_NE(other.find("set targets to match"), std::string::npos) << other;
 
   test::TempDir d3;
-  const std::string missing =
-      error_of(lora_recipe(d3, kLlamaTable, "targets = [\"q\"]\nadapter = \"" + d3.str() + "/nowhere\"\n"));
-  EXPECT_NE(missing.find("cannot open " + d3.str() + "/nowhere/adapter_config.json"), std::string::npos) << missing;
+  const std::string missing = error_of(
+      lora_recipe(d3, kLlamaTable, "targets = [\"q\"]\nadapter = \"" + d3.str() + "/nowhere\"\n"));
+  EXPECT_NE(missing.find("cannot open " + d3.str() + "/nowhere/adapter_config.json"),
+            std::string::npos)
+      << missing;
 
   // A broken tensor file is refused by the kernel's validating reader.
   test::TempDir d4;
   fs::create_directories(d4.str() + "/broken");
-  test::write_file(d4, "broken/adapter_config.json", read_file_text(dir.str() + "/adapter/adapter_config.json"));
+  test::write_file(d4, "broken/adapter_config.json",
+                   read_file_text(dir.str() + "/adapter/adapter_config.json"));
   const char bytes[] = "\x10\0\0\0\0\0\0\0{not json}      ";
   test::write_file(d4, "broken/adapter_model.safetensors", std::string(bytes, sizeof bytes - 1));
-  const std::string broken =
-      error_of(lora_recipe(d4, kLlamaTable, "targets = [\"q\", \"v\"]\nadapter = \"" + d4.str() + "/broken\"\n"));
+  const std::string broken = error_of(lora_recipe(
+      d4, kLlamaTable, "targets = [\"q\", \"v\"]\nadapter = \"" + d4.str() + "/broken\"\n"));
   EXPECT_NE(broken.find("adapter_model.safetensors"), std::string::npos) << broken;
 }
 
 TEST(PeftAdapterCli, ExportWritesTheAdapterAndSaveAdapterTooWithoutLoraItIsAnError) {
   test::TempDir dir;
   const std::string recipe = test::write_file(
-      dir, "r.toml", lora_recipe(dir, kLlamaTable, "targets = [\"q\", \"v\"]\n", "[save]\nadapter = true\n"));
+      dir, "r.toml",
+      lora_recipe(dir, kLlamaTable, "targets = [\"q\", \"v\"]\n", "[save]\nadapter = true\n"));
   std::string out;
   ASSERT_EQ(test::run_tightfit("run " + recipe + " -q", &out), 0) << out;
   EXPECT_TRUE(fs::exists(dir.str() + "/t/adapter/adapter_config.json")) << out;
-  ASSERT_EQ(test::run_tightfit("export " + recipe + " --adapter --out " + dir.str() + "/a", &out), 0) << out;
+  ASSERT_EQ(test::run_tightfit("export " + recipe + " --adapter --out " + dir.str() + "/a", &out),
+            0)
+      << out;
   EXPECT_TRUE(fs::exists(dir.str() + "/a/adapter_model.safetensors"));
 
   test::TempDir plain;
   const std::string no_lora =
       test::write_file(plain, "r.toml", test::tiny_recipe(test::write_corpus(plain), plain.str()));
   ASSERT_EQ(test::run_tightfit("run " + no_lora + " -q", &out), 0) << out;
-  EXPECT_NE(test::run_tightfit("export " + no_lora + " --adapter --out " + plain.str() + "/a", &out), 0);
+  EXPECT_NE(
+      test::run_tightfit("export " + no_lora + " --adapter --out " + plain.str() + "/a", &out), 0);
   EXPECT_NE(out.find("no strategy of this recipe has adapters"), std::string::npos) << out;
 }
 

@@ -62,7 +62,8 @@ TEST_F(BudgetTest, BudgetHitInsideTrainingStepIsReported) {
   auto probe = test::make_session(r);
   const int64_t resident = MemoryAccounting::instance().snapshot().total_current;
   probe.reset();
-  r.replace(r.find("steps = 4"), 9, "steps = 4\nmemory_budget = " + std::to_string(resident + (256 << 10)));
+  r.replace(r.find("steps = 4"), 9,
+            "steps = 4\nmemory_budget = " + std::to_string(resident + (256 << 10)));
   auto s = test::make_session(r);
   EXPECT_THROW(s->train(), OutOfBudgetError);
   MemoryAccounting::instance().set_budget(0);
@@ -71,7 +72,8 @@ TEST_F(BudgetTest, BudgetHitInsideTrainingStepIsReported) {
 TEST_F(BudgetTest, CommandLineExitsWithCodeThreeAndMessage) {
   const std::string recipe = test::write_file(dir, "r.toml", test::tiny_recipe(corpus, dir.str()));
   std::string out;
-  const int code = test::run_tightfit("run " + recipe + " --quiet --set run.memory_budget=2MiB", &out);
+  const int code =
+      test::run_tightfit("run " + recipe + " --quiet --set run.memory_budget=2MiB", &out);
   EXPECT_EQ(code, 3) << out;
   EXPECT_NE(out.find("out of memory budget"), std::string::npos) << out;
 }
@@ -87,7 +89,8 @@ TEST_F(BudgetTest, CommandLineRunsAndSummarizes) {
 }
 
 TEST_F(BudgetTest, CommandLineRecipeErrorExitsWithCodeTwo) {
-  const std::string recipe = test::write_file(dir, "r.toml", test::tiny_recipe(corpus, dir.str(), "bogus = 1\n"));
+  const std::string recipe =
+      test::write_file(dir, "r.toml", test::tiny_recipe(corpus, dir.str(), "bogus = 1\n"));
   std::string out;
   EXPECT_EQ(test::run_tightfit("run " + recipe, &out), 2) << out;
   EXPECT_NE(out.find("r.toml:17:1: unknown key \"bogus\""), std::string::npos) << out;

@@ -15,8 +15,10 @@ class OffloadTest : public ::testing::Test {
   test::TempDir dir;
   std::string corpus = test::write_corpus(dir);
   std::string recipe(const std::string& strategies) const {
-    std::string r = test::tiny_recipe(corpus, dir.str(), "",
-                                      "[[strategy]]\nplugin = \"lora\"\ntargets = [\"c_attn\", \"c_fc\"]\nrank = 4\n" + strategies);
+    std::string r = test::tiny_recipe(
+        corpus, dir.str(), "",
+        "[[strategy]]\nplugin = \"lora\"\ntargets = [\"c_attn\", \"c_fc\"]\nrank = 4\n" +
+            strategies);
     r.replace(r.find("n_layer = 2"), 11, "n_layer = 6");
     r.replace(r.find("n_embd = 32"), 11, "n_embd = 64");
     return r;
@@ -25,26 +27,28 @@ class OffloadTest : public ::testing::Test {
 
 TEST_F(OffloadTest, SameGradientsAsInMemoryAlsoWithCheckpointing) {
   for (const std::string tier : {"disk", "host"})
-  for (const std::string extra : {"", "[[strategy]]\nplugin = \"checkpoint\"\n"}) {
-    auto plain = test::make_session(recipe(extra));
-    auto off = test::make_session(
-        recipe("[[strategy]]\nplugin = \"offload\"\nprefetch = 1\nparams = \"" + tier + "\"\n" + extra));
-    EXPECT_EQ(off->store().get("transformer.h.3.mlp.c_fc.weight").residency, tier == "disk" ? TF_TIER_DISK : TF_TIER_HOST);
-    EXPECT_EQ(off->store().get("transformer.h.3.mlp.c_fc.weight").value.numel(), 0);
-    for (int step = 0; step < 3; ++step) {
-      auto b = plain->batcher().next();
-      off->batcher().next();
-      plain->zero_grad();
-      off->zero_grad();
-      const double lp = plain->run_pass(b.tokens, b.targets, true, 1.0).loss;
-      const double lo = off->run_pass(b.tokens, b.targets, true, 1.0).loss;
-      EXPECT_EQ(lp, lo) << "step " << step;
-      for (Param* p : plain->store().trainable())
-        EXPECT_TRUE(at::equal(p->value.grad(), off->store().get(p->name).value.grad())) << p->name;
-      plain->optimizer_step();
-      off->optimizer_step();
+    for (const std::string extra : {"", "[[strategy]]\nplugin = \"checkpoint\"\n"}) {
+      auto plain = test::make_session(recipe(extra));
+      auto off = test::make_session(recipe(
+          "[[strategy]]\nplugin = \"offload\"\nprefetch = 1\nparams = \"" + tier + "\"\n" + extra));
+      EXPECT_EQ(off->store().get("transformer.h.3.mlp.c_fc.weight").residency,
+                tier == "disk" ? TF_TIER_DISK : TF_TIER_HOST);
+      EXPECT_EQ(off->store().get("transformer.h.3.mlp.c_fc.weight").value.numel(), 0);
+      for (int step = 0; step < 3; ++step) {
+        auto b = plain->batcher().next();
+        off->batcher().next();
+        plain->zero_grad();
+        off->zero_grad();
+        const double lp = plain->run_pass(b.tokens, b.targets, true, 1.0).loss;
+        const double lo = off->run_pass(b.tokens, b.targets, true, 1.0).loss;
+        EXPECT_EQ(lp, lo) << "step " << step;
+        for (Param* p : plain->store().trainable())
+          EXPECT_TRUE(at::equal(p->value.grad(), off->store().get(p->name).value.grad()))
+              << p->name;
+        plain->optimizer_step();
+        off->optimizer_step();
+      }
     }
-  }
 }
 
 TEST_F(OffloadTest, AtMostPrefetchPlusOneStagesResident) {
@@ -59,7 +63,8 @@ TEST_F(OffloadTest, AtMostPrefetchPlusOneStagesResident) {
   for (int prefetch : {0, 1, 2}) {
     auto& acct = MemoryAccounting::instance();
     const int64_t before = acct.snapshot().current[TF_MEM_WEIGHTS];
-    auto s = test::make_session(recipe("[[strategy]]\nplugin = \"offload\"\nprefetch = " + std::to_string(prefetch) + "\n"));
+    auto s = test::make_session(recipe(
+        "[[strategy]]\nplugin = \"offload\"\nprefetch = " + std::to_string(prefetch) + "\n"));
     const int64_t resident_base = acct.snapshot().current[TF_MEM_WEIGHTS] - before;
     acct.reset_peaks();
     auto b = s->batcher().next();
@@ -84,7 +89,8 @@ class QloraOffloadTest : public ::testing::Test {
     std::string r = test::tiny_recipe(
         corpus, dir.str(), model_extra,
         "[[strategy]]\nplugin = \"lora\"\ntargets = [\"c_attn\", \"c_fc\"]\nrank = 4\n"
-        "[[strategy]]\nplugin = \"quantize\"\nformat = \"nf4\"\n" + extra);
+        "[[strategy]]\nplugin = \"quantize\"\nformat = \"nf4\"\n" +
+            extra);
     r.replace(r.find("n_layer = 2"), 11, "n_layer = 6");
     r.replace(r.find("n_embd = 32"), 11, "n_embd = 128");
     return r;
@@ -105,22 +111,22 @@ TEST_F(QloraOffloadTest, SameGradientsAsQloraInMemoryAlsoWithCheckpointing) {
       off->batcher().next();
       mem->zero_grad();
       off->zero_grad();
-      EXPECT_EQ(mem->run_pass(b.tokens, b.targets, true, 1.0).loss, off->run_pass(b.tokens, b.targets, true, 1.0).loss);
+      EXPECT_EQ(mem->run_pass(b.tokens, b.targets, true, 1.0).loss,
+                off->run_pass(b.tokens, b.targets, true, 1.0).loss);
       for (Param* p : mem->store().trainable())
         EXPECT_TRUE(at::equal(p->value.grad(), off->store().get(p->name).value.grad())) << p->name;
       mem->optimizer_step();
       off->optimizer_step();
     }
-    EXPECT_EQ(off->store().get("transformer.h.3.mlp.c_fc.weight").value.numel(), 0);  // swapped out again
+    EXPECT_EQ(off->store().get("transformer.h.3.mlp.c_fc.weight").value.numel(),
+              0);  // swapped out again
   }
 }
 
 TEST_F(QloraOffloadTest, TheDenseModelIsNeverWholeDuringSetup) {
   auto& acct = MemoryAccounting::instance();
   int64_t dense_blocks = 0, one_block = 0, outside_blocks = 0;
-  {
-    auto probe = test::make_session(test::tiny_recipe(corpus, dir.str() + "/probe", ""));
-  }
+  { auto probe = test::make_session(test::tiny_recipe(corpus, dir.str() + "/probe", "")); }
   {
     std::string r = recipe("");
     auto mem = test::make_session(r);
@@ -174,7 +180,8 @@ TEST_F(QloraOffloadTest, ExportAndWeightsFoldersWorkThroughTheDiskTier) {
   auto from_off = test::make_session(recipe(kOffload, weights));
   const at::Tensor tokens = at::randint(0, 256, {2, 16}, at::kLong);
   at::NoGradGuard no_grad;
-  EXPECT_TRUE(at::equal(from_mem->forward_logits(tokens, false), from_off->forward_logits(tokens, false)));
+  EXPECT_TRUE(
+      at::equal(from_mem->forward_logits(tokens, false), from_off->forward_logits(tokens, false)));
 }
 
 // Optimizer state on the disk tier: the update runs where the state lives and
@@ -184,7 +191,8 @@ class OffloadOptimizerTest : public ::testing::Test {
  protected:
   test::TempDir dir;
   std::string corpus = test::write_corpus(dir);
-  std::string recipe(const std::string& strategies, const std::string& out, const std::string& optimizer = "") const {
+  std::string recipe(const std::string& strategies, const std::string& out,
+                     const std::string& optimizer = "") const {
     std::string r = test::tiny_recipe(corpus, out, "", strategies);
     r.replace(r.find("n_layer = 2"), 11, "n_layer = 3");
     r.replace(r.find("lr = 1e-3"), 9, optimizer.empty() ? "lr = 1e-3\ngrad_clip = 0.0" : optimizer);
@@ -196,13 +204,15 @@ class OffloadOptimizerTest : public ::testing::Test {
     for (const Param& p : s.store().all()) out[p.name] = p.value.detach().clone();
     return out;
   }
-  static constexpr const char* kOffload = "[[strategy]]\nplugin = \"offload\"\noptimizer = \"disk\"\n";
+  static constexpr const char* kOffload =
+      "[[strategy]]\nplugin = \"offload\"\noptimizer = \"disk\"\n";
 };
 
 TEST_F(OffloadOptimizerTest, SameWeightsAsTheKernelsOptimizerInAnyStack) {
   const std::string ckpt = "[[strategy]]\nplugin = \"checkpoint\"\n";
   const std::string fused = "[[strategy]]\nplugin = \"fused_update\"\nclip = \"none\"\n";
-  for (const std::string& opt : {std::string(), std::string("name = \"sgd\"\nlr = 0.05\nmomentum = 0.9\ngrad_clip = 0.0")}) {
+  for (const std::string& opt :
+       {std::string(), std::string("name = \"sgd\"\nlr = 0.05\nmomentum = 0.9\ngrad_clip = 0.0")}) {
     auto plain = test::make_session(recipe("", dir.str() + "/plain", opt));
     plain->train();
     const auto expected = weights(*plain);
@@ -232,7 +242,8 @@ TEST_F(OffloadOptimizerTest, StateLivesInFilesAndIsNotResident) {
   EXPECT_LE(acct.snapshot().peak[TF_MEM_OPTIMIZER] - before, 0);
   int64_t file_bytes = 0;
   for (const auto& e : std::filesystem::directory_iterator(s->run_dir() + "/offload"))
-    if (e.path().filename().string().rfind("optimizer-", 0) == 0) file_bytes += static_cast<int64_t>(e.file_size());
+    if (e.path().filename().string().rfind("optimizer-", 0) == 0)
+      file_bytes += static_cast<int64_t>(e.file_size());
   EXPECT_EQ(file_bytes, plain_state);
 }
 
@@ -254,7 +265,8 @@ TEST_F(OffloadOptimizerTest, ResumesExactlyFromACheckpoint) {
 // files behind the forward pass and come back in backward: same gradients,
 // fewer activation bytes resident, no files left over.
 TEST_F(OffloadTest, CheckpointedInputsOnDiskGiveTheSameGradientsWithLessMemory) {
-  std::string base = test::tiny_recipe(corpus, dir.str(), "", "[[strategy]]\nplugin = \"checkpoint\"\n");
+  std::string base =
+      test::tiny_recipe(corpus, dir.str(), "", "[[strategy]]\nplugin = \"checkpoint\"\n");
   base.replace(base.find("n_layer = 2"), 11, "n_layer = 8");
   base.replace(base.find("n_embd = 32"), 11, "n_embd = 64");
   base.replace(base.find("seq_len = 32"), 12, "seq_len = 64");
@@ -267,7 +279,8 @@ TEST_F(OffloadTest, CheckpointedInputsOnDiskGiveTheSameGradientsWithLessMemory) 
     return acct.snapshot().peak[TF_MEM_ACTIVATIONS] - before;
   };
   auto ckpt = test::make_session(base);
-  auto off = test::make_session(base + "[[strategy]]\nplugin = \"offload\"\nparams = \"none\"\nactivations = \"disk\"\n");
+  auto off = test::make_session(
+      base + "[[strategy]]\nplugin = \"offload\"\nparams = \"none\"\nactivations = \"disk\"\n");
   for (int step = 0; step < 2; ++step) {
     auto b = ckpt->batcher().next();
     off->batcher().next();
@@ -285,10 +298,11 @@ TEST_F(OffloadTest, CheckpointedInputsOnDiskGiveTheSameGradientsWithLessMemory) 
     left += e.path().filename().string().rfind("activation-", 0) == 0;
   EXPECT_EQ(left, 0);
   // Without checkpointing there is nothing of this kind to move.
-  EXPECT_THROW(test::make_session(test::tiny_recipe(corpus, dir.str(), "",
-                                                    "[[strategy]]\nplugin = \"offload\"\nparams = \"none\"\n"
-                                                    "activations = \"disk\"\n")),
-               RecipeError);
+  EXPECT_THROW(
+      test::make_session(test::tiny_recipe(corpus, dir.str(), "",
+                                           "[[strategy]]\nplugin = \"offload\"\nparams = \"none\"\n"
+                                           "activations = \"disk\"\n")),
+      RecipeError);
 }
 
 TEST_F(OffloadTest, NothingToOffloadIsARecipeError) {

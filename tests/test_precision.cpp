@@ -40,17 +40,20 @@ TEST_F(PrecisionTest, AutocastKeepsFp32WeightsCloseLossAndSmallerActivations) {
   EXPECT_NE(a.loss, b.loss);  // it really computed in bf16
   EXPECT_LT(b.peak_activations, 0.85 * static_cast<double>(a.peak_activations))
       << a.peak_activations << " vs " << b.peak_activations;
-  EXPECT_EQ(mixed->store().get("transformer.h.0.mlp.c_fc.weight").value.grad().scalar_type(), at::kFloat);
+  EXPECT_EQ(mixed->store().get("transformer.h.0.mlp.c_fc.weight").value.grad().scalar_type(),
+            at::kFloat);
 }
 
 TEST_F(PrecisionTest, AutocastComposesWithCheckpointingExactly) {
   auto a = test::make_session(recipe("[[strategy]]\nplugin = \"precision\"\n"));
-  auto b = test::make_session(recipe("[[strategy]]\nplugin = \"precision\"\n[[strategy]]\nplugin = \"checkpoint\"\n"));
+  auto b = test::make_session(
+      recipe("[[strategy]]\nplugin = \"precision\"\n[[strategy]]\nplugin = \"checkpoint\"\n"));
   EXPECT_EQ(pass(*a).loss, pass(*b).loss);
   for (const Param& p : a->store().all()) {
     const at::Tensor& g = p.value.grad();
     const at::Tensor& h = b->store().get(p.name).value.grad();
-    EXPECT_LE((g - h).abs().max().item<double>() / (g.abs().max().item<double>() + 1e-12), 1e-6) << p.name;
+    EXPECT_LE((g - h).abs().max().item<double>() / (g.abs().max().item<double>() + 1e-12), 1e-6)
+        << p.name;
   }
 }
 
@@ -106,18 +109,21 @@ TEST_F(PrecisionTest, Fp16LossScalingUnscalesSkipsOverflowsAndAdapts) {
   std::string r = recipe(fp16 + "init_scale = 1073741824.0\ngrowth_interval = 3\n");
   r.replace(r.find("steps = 4"), 9, "steps = 40");
   auto s = test::make_session(r);
-  const at::Tensor before = s->store().get("transformer.h.0.mlp.c_fc.weight").value.detach().clone();
+  const at::Tensor before =
+      s->store().get("transformer.h.0.mlp.c_fc.weight").value.detach().clone();
   const TrainSummary sum = s->train();
   EXPECT_GT(s->step_metrics().at("precision.overflows"), 5.0);
   EXPECT_LT(s->step_metrics().at("precision.loss_scale"), 1073741824.0);
   EXPECT_FALSE(at::equal(before, s->store().get("transformer.h.0.mlp.c_fc.weight").value.detach()));
   EXPECT_LT(sum.losses.back(), sum.losses.front() - 0.3);
-  for (const Param& p : s->store().all()) EXPECT_TRUE(at::isfinite(p.value).all().item<bool>()) << p.name;
+  for (const Param& p : s->store().all())
+    EXPECT_TRUE(at::isfinite(p.value).all().item<bool>()) << p.name;
 }
 
 TEST_F(PrecisionTest, Fp16LossScaleGrowsAfterFiniteSteps) {
-  std::string r = recipe("[[strategy]]\nplugin = \"precision\"\ndtype = \"fp16\"\ninit_scale = 8.0\n"
-                         "growth_interval = 2\n");
+  std::string r = recipe(
+      "[[strategy]]\nplugin = \"precision\"\ndtype = \"fp16\"\ninit_scale = 8.0\n"
+      "growth_interval = 2\n");
   auto s = test::make_session(r);
   s->train();  // 4 finite steps: 8 -> 16 -> 32
   EXPECT_EQ(s->step_metrics().at("precision.loss_scale"), 32.0);
@@ -125,16 +131,19 @@ TEST_F(PrecisionTest, Fp16LossScaleGrowsAfterFiniteSteps) {
 }
 
 TEST_F(PrecisionTest, Fp16RefusesWhatCannotWork) {
-  EXPECT_THROW(test::make_session(recipe("[[strategy]]\nplugin = \"precision\"\nmode = \"bf16\"\ndtype = \"fp16\"\n")),
+  EXPECT_THROW(test::make_session(recipe(
+                   "[[strategy]]\nplugin = \"precision\"\nmode = \"bf16\"\ndtype = \"fp16\"\n")),
                std::exception);
-  auto s = test::make_session(recipe("[[strategy]]\nplugin = \"precision\"\ndtype = \"fp16\"\n"
-                                     "[[strategy]]\nplugin = \"fused_update\"\n"));
+  auto s =
+      test::make_session(recipe("[[strategy]]\nplugin = \"precision\"\ndtype = \"fp16\"\n"
+                                "[[strategy]]\nplugin = \"fused_update\"\n"));
   auto b = s->batcher().next();
   try {
     s->run_pass(b.tokens, b.targets, true, 1.0);
     ADD_FAILURE() << "fused_update consumed a loss-scaled gradient";
   } catch (const PluginCallError& e) {
-    EXPECT_NE(std::string(e.what()).find("fp16 loss scaling does not combine"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fp16 loss scaling does not combine"), std::string::npos)
+        << e.what();
   }
 }
 

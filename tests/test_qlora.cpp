@@ -11,11 +11,22 @@
 namespace tightfit {
 namespace {
 
-const std::vector<float> kNf4 = {-1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
-                                 -0.28444138169288635f, -0.18477343022823334f, -0.09105003625154495f, 0.0f,
-                                 0.07958029955625534f, 0.16093020141124725f, 0.24611230194568634f,
-                                 0.33791524171829224f, 0.44070982933044434f, 0.5626170039176941f,
-                                 0.7229568362236023f, 1.0f};
+const std::vector<float> kNf4 = {-1.0f,
+                                 -0.6961928009986877f,
+                                 -0.5250730514526367f,
+                                 -0.39491748809814453f,
+                                 -0.28444138169288635f,
+                                 -0.18477343022823334f,
+                                 -0.09105003625154495f,
+                                 0.0f,
+                                 0.07958029955625534f,
+                                 0.16093020141124725f,
+                                 0.24611230194568634f,
+                                 0.33791524171829224f,
+                                 0.44070982933044434f,
+                                 0.5626170039176941f,
+                                 0.7229568362236023f,
+                                 1.0f};
 
 class QloraTest : public ::testing::Test {
  protected:
@@ -25,7 +36,8 @@ class QloraTest : public ::testing::Test {
     std::string r = test::tiny_recipe(corpus, out.empty() ? dir.str() : out, "", strategies);
     const auto begin = r.find("[model]"), end = r.find("[data]");
     r.replace(begin, end - begin,
-              "[model]\nplugin = \"llama\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 64\nn_head = 4\nn_kv_head = 2\n"
+              "[model]\nplugin = \"llama\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 64\nn_head "
+              "= 4\nn_kv_head = 2\n"
               "intermediate_size = 128\nmax_positions = 64\n\n");
     return r;
   }
@@ -33,8 +45,8 @@ class QloraTest : public ::testing::Test {
     return "[[strategy]]\nplugin = \"lora\"\ntargets = " + targets + "\nrank = 4\nalpha = 8.0\n";
   }
   static std::string quant(const std::string& format, bool dq = true) {
-    return "[[strategy]]\nplugin = \"quantize\"\nformat = \"" + format + "\"\ndouble_quant = " + (dq ? "true" : "false") +
-           "\n";
+    return "[[strategy]]\nplugin = \"quantize\"\nformat = \"" + format +
+           "\"\ndouble_quant = " + (dq ? "true" : "false") + "\n";
   }
 };
 
@@ -50,7 +62,8 @@ TEST_F(QloraTest, LoraStartsAsTheBaseAndTrainsOnlyAdapters) {
     at::NoGradGuard no_grad;  // B = 0: the adapted model is the base model
     EXPECT_TRUE(at::equal(s->forward_logits(tokens, false), plain->forward_logits(tokens, false)));
   }
-  const at::Tensor base_before = s->store().get("model.layers.0.self_attn.q_proj.weight").value.clone();
+  const at::Tensor base_before =
+      s->store().get("model.layers.0.self_attn.q_proj.weight").value.clone();
   auto batch = s->batcher().next();
   s->optimizer().set_lr(1e-2);
   double first = 0, last = 0;
@@ -61,8 +74,14 @@ TEST_F(QloraTest, LoraStartsAsTheBaseAndTrainsOnlyAdapters) {
     ASSERT_EQ(s->optimizer_step(), TF_OK);
   }
   EXPECT_LT(last, first - 0.3) << first << " -> " << last;
-  EXPECT_TRUE(at::equal(s->store().get("model.layers.0.self_attn.q_proj.weight").value, base_before));
-  EXPECT_GT(s->store().get("model.layers.0.self_attn.q_proj.lora_B.weight").value.abs().max().item<double>(), 0);
+  EXPECT_TRUE(
+      at::equal(s->store().get("model.layers.0.self_attn.q_proj.weight").value, base_before));
+  EXPECT_GT(s->store()
+                .get("model.layers.0.self_attn.q_proj.lora_B.weight")
+                .value.abs()
+                .max()
+                .item<double>(),
+            0);
 }
 
 TEST_F(QloraTest, Int8RoundTripMatchesReference) {
@@ -87,7 +106,8 @@ TEST_F(QloraTest, Nf4RoundTripMatchesReferenceAndBound) {
   const at::Tensor blocks = w.flatten().view({-1, 64});
   const at::Tensor absmax = blocks.abs().amax(1, true);
   const at::Tensor codes = (blocks / absmax).unsqueeze(-1).sub(levels).abs().argmin(-1);
-  const at::Tensor reference = (levels.index_select(0, codes.flatten()).view_as(blocks) * absmax).view_as(w);
+  const at::Tensor reference =
+      (levels.index_select(0, codes.flatten()).view_as(blocks) * absmax).view_as(w);
   {
     auto s = test::make_session(recipe(lora() + quant("nf4", false)));
     EXPECT_EQ(s->store().get(name).format, TF_FORMAT_NF4);
@@ -100,21 +120,27 @@ TEST_F(QloraTest, Nf4RoundTripMatchesReferenceAndBound) {
   const double absmax_err = dev.item<double>() / 254 * (1 + 1e-5);
   EXPECT_LE((got - reference).abs().max().item<double>(), absmax_err + 1e-6);
   double max_gap = 0;
-  for (size_t i = 1; i < kNf4.size(); ++i) max_gap = std::max(max_gap, static_cast<double>(kNf4[i] - kNf4[i - 1]));
-  EXPECT_TRUE(((got - w).abs().view({-1, 64}) <= absmax * (max_gap / 2) + absmax_err + 1e-6).all().item<bool>());
+  for (size_t i = 1; i < kNf4.size(); ++i)
+    max_gap = std::max(max_gap, static_cast<double>(kNf4[i] - kNf4[i - 1]));
+  EXPECT_TRUE(((got - w).abs().view({-1, 64}) <= absmax * (max_gap / 2) + absmax_err + 1e-6)
+                  .all()
+                  .item<bool>());
 }
 
 TEST_F(QloraTest, CompactLinearGivesTheGradientsOfTheDequantizedWeights) {
   // Same adapters over (a) NF4 storage through the kernel's compact linear and
   // (b) dense copies of the dequantized weights through the ordinary linear.
-  auto q = test::make_session(recipe(lora("[\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]") + quant("nf4")));
-  auto d = test::make_session(recipe(lora("[\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]")));
+  auto q = test::make_session(
+      recipe(lora("[\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]") + quant("nf4")));
+  auto d =
+      test::make_session(recipe(lora("[\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]")));
   {
     at::NoGradGuard no_grad;
     for (Param& p : d->store().all()) {
       const Param& src = q->store().get(p.name);
       p.value.copy_(src.format == TF_FORMAT_DENSE ? src.value : q->fetch_weight(p.name));
-      if (p.flags & TF_PARAM_ADAPTER) p.value.normal_(0, 0.05), const_cast<Param&>(src).value.copy_(p.value);
+      if (p.flags & TF_PARAM_ADAPTER)
+        p.value.normal_(0, 0.05), const_cast<Param&>(src).value.copy_(p.value);
     }
   }
   auto batch = q->batcher().next();
@@ -125,7 +151,8 @@ TEST_F(QloraTest, CompactLinearGivesTheGradientsOfTheDequantizedWeights) {
     const at::Tensor& gd = p->value.grad();
     const at::Tensor& gq = q->store().get(p->name).value.grad();
     ASSERT_TRUE(gd.defined() && gq.defined()) << p->name;
-    EXPECT_LE((gq - gd).abs().max().item<double>() / (gd.abs().max().item<double>() + 1e-12), 1e-5) << p->name;
+    EXPECT_LE((gq - gd).abs().max().item<double>() / (gd.abs().max().item<double>() + 1e-12), 1e-5)
+        << p->name;
   }
 }
 
@@ -135,8 +162,10 @@ TEST_F(QloraTest, Nf4WeightsTakeAtMostSixteenPercentOfFp32) {
   auto s = test::make_session(recipe(lora() + quant("nf4")));
   int64_t quantized_numel = 0, dense_bytes = 0;
   for (const Param& p : s->store().all()) {
-    if (p.format == TF_FORMAT_NF4) quantized_numel += p.numel();
-    else if (!(p.flags & TF_PARAM_ADAPTER)) dense_bytes += p.value.numel() * p.value.element_size();
+    if (p.format == TF_FORMAT_NF4)
+      quantized_numel += p.numel();
+    else if (!(p.flags & TF_PARAM_ADAPTER))
+      dense_bytes += p.value.numel() * p.value.element_size();
   }
   ASSERT_GT(quantized_numel, 0);
   const int64_t compact = acct.snapshot().current[TF_MEM_WEIGHTS] - before - dense_bytes;
@@ -156,13 +185,17 @@ TEST_F(QloraTest, QloraTrainsAndResumesExactly) {
     return test::make_session(r, o)->train();
   };
   const TrainSummary full = make(dir.str() + "/a", false, -1);
-  auto mean = [](auto begin, auto end) { return std::accumulate(begin, end, 0.0) / static_cast<double>(end - begin); };
-  const double head = mean(full.losses.begin(), full.losses.begin() + 5), tail = mean(full.losses.end() - 5, full.losses.end());
+  auto mean = [](auto begin, auto end) {
+    return std::accumulate(begin, end, 0.0) / static_cast<double>(end - begin);
+  };
+  const double head = mean(full.losses.begin(), full.losses.begin() + 5),
+               tail = mean(full.losses.end() - 5, full.losses.end());
   EXPECT_LT(tail, head - 0.2) << head << " -> " << tail;
   make(dir.str() + "/b", false, 17);
   const TrainSummary rest = make(dir.str() + "/b", true, -1);
   ASSERT_EQ(rest.losses.size(), 23u);
-  for (size_t i = 0; i < 23; ++i) EXPECT_EQ(rest.losses[i], full.losses[17 + i]) << "step " << 17 + i;
+  for (size_t i = 0; i < 23; ++i)
+    EXPECT_EQ(rest.losses[i], full.losses[17 + i]) << "step " << 17 + i;
 }
 
 TEST_F(QloraTest, BadCombinationsAreRecipeErrors) {
@@ -170,14 +203,19 @@ TEST_F(QloraTest, BadCombinationsAreRecipeErrors) {
     test::make_session(recipe(quant("nf4")), {}, "q.toml");
     FAIL() << "quantize on trainable weights was accepted";
   } catch (const RecipeError& e) {
-    EXPECT_TRUE(std::regex_search(e.what(), std::regex("^q\\.toml:\\d+:10: quantize: .*trainable.*lora"))) << e.what();
+    EXPECT_TRUE(
+        std::regex_search(e.what(), std::regex("^q\\.toml:\\d+:10: quantize: .*trainable.*lora")))
+        << e.what();
   }
   try {
     test::make_session(recipe(lora("[\"c_attn\"]")), {}, "l.toml");
     FAIL() << "a target that matches nothing was accepted";
   } catch (const RecipeError& e) {
-    EXPECT_TRUE(std::regex_search(e.what(), std::regex("^l\\.toml:\\d+:10: lora: targets \\[c_attn\\] match no"))) << e.what();
-    EXPECT_NE(std::string(e.what()).find("model.layers.0.self_attn.q_proj.weight"), std::string::npos);
+    EXPECT_TRUE(std::regex_search(
+        e.what(), std::regex("^l\\.toml:\\d+:10: lora: targets \\[c_attn\\] match no")))
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("model.layers.0.self_attn.q_proj.weight"),
+              std::string::npos);
   }
 }
 
@@ -197,7 +235,8 @@ class Adam8Test : public ::testing::Test {
     r.replace(r.find("n_embd = 32"), 11, "n_embd = 64");
     return r;
   }
-  static constexpr const char* kAdam8 = "[[strategy]]\nplugin = \"quantize\"\nweights = false\noptimizer_state = \"int8\"\n";
+  static constexpr const char* kAdam8 =
+      "[[strategy]]\nplugin = \"quantize\"\nweights = false\noptimizer_state = \"int8\"\n";
 };
 
 TEST_F(Adam8Test, FollowsFp32AdamWWithQuarterOfTheStateBytes) {
@@ -213,9 +252,11 @@ TEST_F(Adam8Test, FollowsFp32AdamWWithQuarterOfTheStateBytes) {
   EXPECT_EQ(int8->optimizer().state_bytes(), 0);  // the kernel's fp32 state is never made
   ASSERT_EQ(a.losses.size(), b.losses.size());
   double worst = 0;
-  for (size_t i = 0; i < a.losses.size(); ++i) worst = std::max(worst, std::abs(a.losses[i] - b.losses[i]));
+  for (size_t i = 0; i < a.losses.size(); ++i)
+    worst = std::max(worst, std::abs(a.losses[i] - b.losses[i]));
   RecordProperty("max_loss_gap", c10::str(worst));
-  RecordProperty("state_ratio", c10::str(static_cast<double>(int8_state) / static_cast<double>(fp32_state)));
+  RecordProperty("state_ratio",
+                 c10::str(static_cast<double>(int8_state) / static_cast<double>(fp32_state)));
   EXPECT_LE(worst, 0.05) << "stated tolerance: losses within 0.05 nats of fp32 AdamW over 20 steps";
   EXPECT_LT(b.losses.back(), b.losses.front() - 0.5);
   EXPECT_LE(static_cast<double>(int8_state), 0.27 * static_cast<double>(fp32_state))

@@ -30,28 +30,36 @@ class RecipeTest : public ::testing::Test {
   }
 };
 
-TEST_F(RecipeTest, ValidRecipeBuilds) { EXPECT_NO_THROW(test::make_session(base())); }
+TEST_F(RecipeTest, ValidRecipeBuilds) {
+  EXPECT_NO_THROW(test::make_session(base()));
+}
 
 TEST_F(RecipeTest, UnknownKeyNamesPositionAndValidKeys) {
   const std::string msg = recipe_error(base("n_layers = 3\n"));
   // n_layers sits on line 17 of the tiny recipe, column 1.
-  EXPECT_TRUE(std::regex_search(msg, std::regex("^my\\.toml:17:1: unknown key \"n_layers\""))) << msg;
-  EXPECT_NE(msg.find("Valid keys: plugin, weights, preset, config, n_layer"), std::string::npos) << msg;
+  EXPECT_TRUE(std::regex_search(msg, std::regex("^my\\.toml:17:1: unknown key \"n_layers\"")))
+      << msg;
+  EXPECT_NE(msg.find("Valid keys: plugin, weights, preset, config, n_layer"), std::string::npos)
+      << msg;
 }
 
 TEST_F(RecipeTest, UnknownKeyInKernelTable) {
   const std::string msg = recipe_error(base("", "[optimizer2]\nlr = 1\n"));
-  EXPECT_TRUE(std::regex_search(msg, std::regex("^my\\.toml:\\d+:\\d+: unknown table \"optimizer2\""))) << msg;
+  EXPECT_TRUE(
+      std::regex_search(msg, std::regex("^my\\.toml:\\d+:\\d+: unknown table \"optimizer2\"")))
+      << msg;
 }
 
 TEST_F(RecipeTest, WrongTypeNamesPositionAndType) {
   const std::string msg = recipe_error(base("dropout = \"high\"\n"));
-  EXPECT_TRUE(std::regex_search(msg, std::regex("^my\\.toml:17:11: .*dropout must be a float"))) << msg;
+  EXPECT_TRUE(std::regex_search(msg, std::regex("^my\\.toml:17:11: .*dropout must be a float")))
+      << msg;
 }
 
 TEST_F(RecipeTest, OutOfRangeValue) {
   const std::string msg = recipe_error(base("dropout = 1.5\n"));
-  EXPECT_TRUE(std::regex_search(msg, std::regex("^my\\.toml:17:11: .*out of range \\[0, 1\\]"))) << msg;
+  EXPECT_TRUE(std::regex_search(msg, std::regex("^my\\.toml:17:11: .*out of range \\[0, 1\\]")))
+      << msg;
 }
 
 TEST_F(RecipeTest, ChoiceNotAllowed) {
@@ -66,7 +74,9 @@ TEST_F(RecipeTest, MissingRequiredKeyNamesTable) {
   text.replace(text.find("plugin = \"gpt2\""), 15, "preset = \"tiny\"");
   text.replace(text.find("preset = \"custom\""), 17, "");
   const std::string msg = recipe_error(text);
-  EXPECT_TRUE(std::regex_search(msg, std::regex("^my\\.toml:\\d+:\\d+: \\[model\\] needs the key \"plugin\""))) << msg;
+  EXPECT_TRUE(std::regex_search(
+      msg, std::regex("^my\\.toml:\\d+:\\d+: \\[model\\] needs the key \"plugin\"")))
+      << msg;
 }
 
 TEST_F(RecipeTest, MissingRequiredKeyOfPluginDeclaration) {
@@ -77,7 +87,9 @@ TEST_F(RecipeTest, MissingRequiredKeyOfPluginDeclaration) {
     r.validate(r.table("x"), "[x]", keys);
     FAIL();
   } catch (const RecipeError& e) {
-    EXPECT_TRUE(std::regex_search(e.what(), std::regex("^k\\.toml:1:1: \\[x\\] needs the key \"a\""))) << e.what();
+    EXPECT_TRUE(
+        std::regex_search(e.what(), std::regex("^k\\.toml:1:1: \\[x\\] needs the key \"a\"")))
+        << e.what();
   }
 }
 
@@ -85,13 +97,17 @@ TEST_F(RecipeTest, UnknownPluginNamesPositionAndInstalledOnes) {
   std::string text = base();
   text.replace(text.find("plugin = \"gpt2\""), 15, "plugin = \"gpt9\"");
   const std::string msg = recipe_error(text);
-  EXPECT_TRUE(std::regex_search(msg, std::regex("^my\\.toml:11:10: no model plugin named \"gpt9\""))) << msg;
+  EXPECT_TRUE(
+      std::regex_search(msg, std::regex("^my\\.toml:11:10: no model plugin named \"gpt9\"")))
+      << msg;
   EXPECT_NE(msg.find("gpt2"), std::string::npos) << msg;
 }
 
 TEST_F(RecipeTest, UnknownStrategyPluginNamesPosition) {
   const std::string msg = recipe_error(base("", "[[strategy]]\nplugin = \"nope\"\n"));
-  EXPECT_TRUE(std::regex_search(msg, std::regex("^my\\.toml:\\d+:10: no strategy plugin named \"nope\""))) << msg;
+  EXPECT_TRUE(
+      std::regex_search(msg, std::regex("^my\\.toml:\\d+:10: no strategy plugin named \"nope\"")))
+      << msg;
 }
 
 TEST_F(RecipeTest, SyntaxErrorNamesPosition) {
@@ -99,7 +115,8 @@ TEST_F(RecipeTest, SyntaxErrorNamesPosition) {
     Recipe::parse("[run]\nsteps = = 3\n", "bad.toml");
     FAIL();
   } catch (const RecipeError& e) {
-    EXPECT_TRUE(std::regex_search(e.what(), std::regex("^bad\\.toml:2:\\d+: TOML syntax error"))) << e.what();
+    EXPECT_TRUE(std::regex_search(e.what(), std::regex("^bad\\.toml:2:\\d+: TOML syntax error")))
+        << e.what();
   }
 }
 
@@ -113,9 +130,10 @@ TEST_F(RecipeTest, MissingFileIsClear) {
 }
 
 TEST_F(RecipeTest, SetOverridesValuesTablesAndStrategies) {
-  Recipe r = Recipe::parse(base("", "[[strategy]]\nplugin = \"checkpoint\"\nevery = 1\n"), "my.toml");
+  Recipe r =
+      Recipe::parse(base("", "[[strategy]]\nplugin = \"checkpoint\"\nevery = 1\n"), "my.toml");
   r.apply_override("model.n_layer=3");
-  r.apply_override("run.name=renamed");         // a bare word is a string
+  r.apply_override("run.name=renamed");  // a bare word is a string
   r.apply_override("strategy.checkpoint.every=2");
   r.apply_override("strategy.0.plugin=checkpoint");
   r.apply_override("optimizer.lr=0.5");
@@ -132,7 +150,8 @@ TEST_F(RecipeTest, SetValueOfWrongTypeIsBlamedOnSet) {
     Session s(r, test::registry());
     FAIL();
   } catch (const RecipeError& e) {
-    EXPECT_TRUE(std::regex_search(e.what(), std::regex("^--set: .*n_layer must be a integer"))) << e.what();
+    EXPECT_TRUE(std::regex_search(e.what(), std::regex("^--set: .*n_layer must be a integer")))
+        << e.what();
   }
 }
 

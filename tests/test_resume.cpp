@@ -1,10 +1,9 @@
 // Resume: an interrupted run continued from its checkpoint reproduces the
 // uninterrupted run's losses exactly; damaged checkpoints are never taken.
 #include <gtest/gtest.h>
-
-#include <filesystem>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "test_support.hpp"
@@ -18,11 +17,13 @@ class ResumeTest : public ::testing::Test {
   test::TempDir dir;
   std::string corpus = test::write_corpus(dir);
   std::string recipe(const std::string& out, const std::string& strategy = "") const {
-    std::string r = test::tiny_recipe(corpus, out, "dropout = 0.1\n", strategy + "\n[save]\nkeep_last = 3\n");
+    std::string r =
+        test::tiny_recipe(corpus, out, "dropout = 0.1\n", strategy + "\n[save]\nkeep_last = 3\n");
     r.replace(r.find("steps = 4"), 9, "steps = 20");
     return r;
   }
-  TrainSummary train(const std::string& out, bool resume, int64_t stop_after, const std::string& strategy = "") {
+  TrainSummary train(const std::string& out, bool resume, int64_t stop_after,
+                     const std::string& strategy = "") {
     SessionOptions o;
     o.resume = resume;
     o.stop_after_steps = stop_after;
@@ -51,7 +52,8 @@ TEST_F(ResumeTest, ResumeIsExactWithCheckpointingStrategyToo) {
   train(dir.str() + "/b", false, 7, ck);
   const TrainSummary second = train(dir.str() + "/b", true, -1, ck);
   ASSERT_EQ(second.losses.size(), 13u);
-  for (size_t i = 0; i < 13; ++i) EXPECT_EQ(second.losses[i], full.losses[7 + i]) << "step " << 7 + i;
+  for (size_t i = 0; i < 13; ++i)
+    EXPECT_EQ(second.losses[i], full.losses[7 + i]) << "step " << 7 + i;
 }
 
 TEST_F(ResumeTest, FreshRunDoesNotOverwriteSavedCheckpoints) {

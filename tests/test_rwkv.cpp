@@ -13,7 +13,8 @@ class RwkvTest : public ::testing::Test {
     std::string r = test::tiny_recipe(test::write_corpus(dir), dir.str());
     const auto begin = r.find("[model]"), end = r.find("[data]");
     r.replace(begin, end - begin,
-              "[model]\nplugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 3\nn_embd = 32\nwkv_chunk = 4\n\n");
+              "[model]\nplugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 3\nn_embd = "
+              "32\nwkv_chunk = 4\n\n");
     auto s = test::make_session(r);
     s->optimizer().set_lr(3e-3);
     for (int i = 0; i < 5; ++i) {  // move off the zero-initialized projections
@@ -49,7 +50,8 @@ TEST_F(RwkvTest, DecodingInPiecesGivesTheParallelLogits) {
   for (auto [a, b] : {std::pair{0, 10}, {10, 11}, {11, 12}, {12, 15}}) {
     at::Tensor x = tokens.slice(1, a, b).contiguous();
     tf_tensor out = nullptr;
-    ASSERT_EQ(vt->decode(m.state, m.ctx.get(), &cache, reinterpret_cast<tf_tensor>(&x), &out), TF_OK);
+    ASSERT_EQ(vt->decode(m.state, m.ctx.get(), &cache, reinterpret_cast<tf_tensor>(&x), &out),
+              TF_OK);
     pieces.push_back(*reinterpret_cast<at::Tensor*>(out));
     delete reinterpret_cast<at::Tensor*>(out);
   }
@@ -59,7 +61,8 @@ TEST_F(RwkvTest, DecodingInPiecesGivesTheParallelLogits) {
 
 TEST_F(RwkvTest, RecurrentGenerationMatchesFullRecompute) {
   // Prompt + generated tokens stay inside seq_len, so both see the whole context.
-  const std::string recurrent = session->generate("the cat", 20, 1, 0.0, 1, 1.0, /*use_cache=*/true);
+  const std::string recurrent =
+      session->generate("the cat", 20, 1, 0.0, 1, 1.0, /*use_cache=*/true);
   const std::string full = session->generate("the cat", 20, 1, 0.0, 1, 1.0, /*use_cache=*/false);
   EXPECT_EQ(recurrent.size(), 20u);
   EXPECT_EQ(recurrent, full);

@@ -43,8 +43,11 @@ TEST(Safetensors, EmptyTensorsBesideOthersAreNotOverlaps) {
   test::TempDir dir;
   const std::string path = dir.str() + "/e.safetensors";
   // Empty ranges start where a neighbour's bytes start or end.
-  write_safetensors(path, {{"a", at::empty({0})}, {"b", at::randn({4})}, {"c", at::empty({0, 3})},
-                           {"d", at::randn({2})}, {"e", at::empty({0})}});
+  write_safetensors(path, {{"a", at::empty({0})},
+                           {"b", at::randn({4})},
+                           {"c", at::empty({0, 3})},
+                           {"d", at::randn({2})},
+                           {"e", at::empty({0})}});
   const SafetensorsReader r(path);
   EXPECT_EQ(r.read("a").numel(), 0);
   EXPECT_EQ(r.read("b").numel(), 4);
@@ -56,7 +59,10 @@ TEST(Safetensors, RefusesMalformedFiles) {
   const std::string p = dir.str() + "/bad.safetensors";
   write_raw(p, R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8);
   EXPECT_NE(refusal(p).find("lie outside"), std::string::npos);
-  write_raw(p, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12);
+  write_raw(
+      p,
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+      12);
   EXPECT_NE(refusal(p).find("overlap"), std::string::npos);
   write_raw(p, R"({"a":{"dtype":"F32","shape":[4611686018427387904,8],"data_offsets":[0,8]}})", 8);
   EXPECT_NE(refusal(p).find("overflows"), std::string::npos);

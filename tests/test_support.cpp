@@ -35,25 +35,28 @@ std::string write_file(const TempDir& dir, const std::string& name, const std::s
 }
 
 std::string write_corpus(const TempDir& dir) {
-  static const char* words[] = {"the",  "cat",   "sat",  "on",  "a",     "mat",    "and",   "dog",
-                                "ran",  "after", "it",   "while", "birds", "sang", "in",    "trees",
-                                "over", "green", "hill", "slowly", "quick", "brown", "fox", "jumps"};
+  static const char* words[] = {"the",   "cat",    "sat",   "on",    "a",    "mat",
+                                "and",   "dog",    "ran",   "after", "it",   "while",
+                                "birds", "sang",   "in",    "trees", "over", "green",
+                                "hill",  "slowly", "quick", "brown", "fox",  "jumps"};
   std::mt19937 rng(7);
   std::ostringstream os;
   for (int s = 0; s < 3000; ++s) {
     const int n = 4 + static_cast<int>(rng() % 8);
-    for (int w = 0; w < n; ++w) os << (w ? " " : "") << words[rng() % (sizeof(words) / sizeof(words[0]))];
+    for (int w = 0; w < n; ++w)
+      os << (w ? " " : "") << words[rng() % (sizeof(words) / sizeof(words[0]))];
     os << ".\n";
   }
   return write_file(dir, "corpus.txt", os.str());
 }
 
-std::string tiny_recipe(const std::string& corpus, const std::string& out_dir, const std::string& model_extra,
-                        const std::string& extra) {
+std::string tiny_recipe(const std::string& corpus, const std::string& out_dir,
+                        const std::string& model_extra, const std::string& extra) {
   std::ostringstream os;
   os << "[run]\nname = \"t\"\nseed = 7\nsteps = 4\nout_dir = \"" << out_dir
      << "\"\nsample_tokens = 0\neval_batches = 1\nlog_every = 1000\n\n"
-     << "[model]\nplugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 2\nn_positions = 64\n"
+     << "[model]\nplugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = "
+        "2\nn_positions = 64\n"
      << model_extra << "\n"
      << "[data]\ncorpus = \"" << corpus << "\"\nseq_len = 32\nbatch_size = 4\n\n"
      << "[optimizer]\nlr = 1e-3\n\n"
@@ -72,7 +75,8 @@ const PluginRegistry& registry() {
 
 std::unique_ptr<Session> make_session(const std::string& recipe_text, SessionOptions options,
                                       const std::string& name) {
-  return std::make_unique<Session>(Recipe::parse(recipe_text, name), registry(), std::move(options));
+  return std::make_unique<Session>(Recipe::parse(recipe_text, name), registry(),
+                                   std::move(options));
 }
 
 int run_tightfit(const std::string& args, std::string* output) {

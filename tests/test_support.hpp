@@ -27,8 +27,8 @@ std::string write_corpus(const TempDir& dir);
 
 // A tiny GPT-2 recipe training on `corpus` with output under `out_dir`;
 // `extra` is appended verbatim (strategies, overrides of tables).
-std::string tiny_recipe(const std::string& corpus, const std::string& out_dir, const std::string& model_extra = "",
-                        const std::string& extra = "");
+std::string tiny_recipe(const std::string& corpus, const std::string& out_dir,
+                        const std::string& model_extra = "", const std::string& extra = "");
 
 // The installed plugins (built-in folder), discovered once.
 const PluginRegistry& registry();

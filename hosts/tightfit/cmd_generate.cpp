@@ -28,16 +28,19 @@ Recipe recipe_for_model_folder(const fs::path& folder) {
     throw RecipeError((folder / "config.json").string() + ": model_type \"" + type +
                       "\" has no tightfit model plugin (gpt2, llama, rwkv)");
   const int64_t positions =
-      cfg.value("n_positions", cfg.value("max_position_embeddings", cfg.value("context_length", int64_t{1024})));
+      cfg.value("n_positions",
+                cfg.value("max_position_embeddings", cfg.value("context_length", int64_t{1024})));
   const std::string f = fs::absolute(folder).string();
-  return Recipe::parse("[run]\nname = \"generate\"\nsample_tokens = 0\n[model]\nplugin = \"" + type +
-                           "\"\nconfig = \"" + f + "\"\nweights = \"" + f + "\"\n[data]\nseq_len = " +
-                           std::to_string(std::min<int64_t>(positions, 1024)) + "\n",
-                       f + "/config.json");
+  return Recipe::parse(
+      "[run]\nname = \"generate\"\nsample_tokens = 0\n[model]\nplugin = \"" + type +
+          "\"\nconfig = \"" + f + "\"\nweights = \"" + f +
+          "\"\n[data]\nseq_len = " + std::to_string(std::min<int64_t>(positions, 1024)) + "\n",
+      f + "/config.json");
 }
 
 // A session over TARGET (a recipe: its latest checkpoint; or a model folder).
-std::unique_ptr<Session> load_target(const std::string& target, const std::vector<std::string>& sets) {
+std::unique_ptr<Session> load_target(const std::string& target,
+                                     const std::vector<std::string>& sets) {
   const bool folder = fs::is_directory(target);
   Recipe recipe = folder ? recipe_for_model_folder(target) : Recipe::load(target);
   for (const auto& s : sets) recipe.apply_override(s);
@@ -72,32 +75,38 @@ int report(const std::exception& e) {
 
 int generate_command(const std::vector<std::string>& args) {
   po::options_description opts("tightfit generate RECIPE.toml|MODEL_FOLDER [options]");
-  opts.add_options()("help,h", "show this help")("prompt,p", po::value<std::string>()->default_value("\n"),
-                                                 "text to continue")(
+  opts.add_options()("help,h", "show this help")(
+      "prompt,p", po::value<std::string>()->default_value("\n"), "text to continue")(
       "tokens,n", po::value<int64_t>()->default_value(200), "tokens to generate")(
       "temperature,t", po::value<double>()->default_value(0.8), "sampling temperature; 0 = greedy")(
-      "top-k", po::value<int64_t>()->default_value(40), "sample among the k likeliest; 1 = greedy, 0 = all")(
-      "top-p", po::value<double>()->default_value(1.0), "nucleus: the smallest set with this much mass")(
-      "greedy", "always the likeliest token")("seed", po::value<uint64_t>()->default_value(1234), "sampling seed")(
+      "top-k", po::value<int64_t>()->default_value(40),
+      "sample among the k likeliest; 1 = greedy, 0 = all")(
+      "top-p", po::value<double>()->default_value(1.0),
+      "nucleus: the smallest set with this much mass")("greedy", "always the likeliest token")(
+      "seed", po::value<uint64_t>()->default_value(1234), "sampling seed")(
       "set", po::value<std::vector<std::string>>()->composing(), "override a recipe key");
   po::variables_map vm;
   if (!parse_command_line(args, opts, "target", "generate", vm)) return kUsage;
   if (vm.count("help") || !vm.count("target")) {
     (vm.count("help") ? std::cout : std::cerr)
-        << opts << "\nA recipe generates from its run's latest checkpoint; a folder is a Hugging Face model "
-                   "(config.json + model.safetensors [+ tokenizer.json]).\n";
+        << opts
+        << "\nA recipe generates from its run's latest checkpoint; a folder is a Hugging Face "
+           "model "
+           "(config.json + model.safetensors [+ tokenizer.json]).\n";
     return vm.count("help") ? kOk : kUsage;
   }
   set_log_level("warn");
   try {
-    auto session = load_target(vm["target"].as<std::string>(),
-                               vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{});
+    auto session = load_target(
+        vm["target"].as<std::string>(),
+        vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{});
     const bool greedy = vm.count("greedy") > 0;
     const std::string prompt = vm["prompt"].as<std::string>();
     std::cout << prompt
-              << session->generate(prompt, vm["tokens"].as<int64_t>(), greedy ? 1 : vm["top-k"].as<int64_t>(),
-                                   greedy ? 0.0 : vm["temperature"].as<double>(), vm["seed"].as<uint64_t>(),
-                                   vm["top-p"].as<double>())
+              << session->generate(prompt, vm["tokens"].as<int64_t>(),
+                                   greedy ? 1 : vm["top-k"].as<int64_t>(),
+                                   greedy ? 0.0 : vm["temperature"].as<double>(),
+                                   vm["seed"].as<uint64_t>(), vm["top-p"].as<double>())
               << "\n";
     return kOk;
   } catch (const std::exception& e) {
@@ -107,30 +116,37 @@ int generate_command(const std::vector<std::string>& args) {
 
 int export_command(const std::vector<std::string>& args) {
   po::options_description opts("tightfit export RECIPE.toml --out DIR [options]");
-  opts.add_options()("help,h", "show this help")("out,o", po::value<std::string>(), "folder to write")(
-      "adapter", "write only the adapters (LoRA: a PEFT adapter folder for PeftModel.from_pretrained)")(
-      "unmerged", "write the base model without merging adapters into it (the model a PEFT adapter applies to)")(
-      "set", po::value<std::vector<std::string>>()->composing(), "override a recipe key");
+  opts.add_options()("help,h", "show this help")("out,o", po::value<std::string>(),
+                                                 "folder to write")(
+      "adapter",
+      "write only the adapters (LoRA: a PEFT adapter folder for PeftModel.from_pretrained)")(
+      "unmerged",
+      "write the base model without merging adapters into it (the model a PEFT adapter applies "
+      "to)")("set", po::value<std::vector<std::string>>()->composing(), "override a recipe key");
   po::variables_map vm;
   if (!parse_command_line(args, opts, "target", "export", vm)) return kUsage;
   if (vm.count("help") || !vm.count("target") || !vm.count("out")) {
     (vm.count("help") ? std::cout : std::cerr)
-        << opts << "\nWrites the run's latest checkpoint as a Hugging Face model folder that "
-                   "transformers' from_pretrained loads (adapters merged into their weights), or with "
-                   "--adapter only the adapters.\n";
+        << opts
+        << "\nWrites the run's latest checkpoint as a Hugging Face model folder that "
+           "transformers' from_pretrained loads (adapters merged into their weights), or with "
+           "--adapter only the adapters.\n";
     return vm.count("help") ? kOk : kUsage;
   }
   if (vm.count("adapter") && vm.count("unmerged")) {
-    std::cerr << "tightfit export: --adapter and --unmerged write different folders; run export once for each\n";
+    std::cerr << "tightfit export: --adapter and --unmerged write different folders; run export "
+                 "once for each\n";
     return kUsage;
   }
   set_log_level("warn");
   try {
-    auto session = load_target(vm["target"].as<std::string>(),
-                               vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{});
+    auto session = load_target(
+        vm["target"].as<std::string>(),
+        vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{});
     const std::string out = vm["out"].as<std::string>();
     std::cout << "wrote "
-              << (vm.count("adapter") ? session->export_adapter(out) : session->export_hf(out, !vm.count("unmerged")))
+              << (vm.count("adapter") ? session->export_adapter(out)
+                                      : session->export_hf(out, !vm.count("unmerged")))
               << "\n";
     return kOk;
   } catch (const std::exception& e) {

@@ -19,7 +19,8 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string default_recipe() {
-  for (const fs::path& p : {fs::path("configs/default.toml"), fs::path(TIGHTFIT_SOURCE_DIR) / "configs/default.toml"})
+  for (const fs::path& p :
+       {fs::path("configs/default.toml"), fs::path(TIGHTFIT_SOURCE_DIR) / "configs/default.toml"})
     if (fs::exists(p)) return p.string();
   return "configs/default.toml";
 }
@@ -28,32 +29,40 @@ std::string duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
   const auto t = static_cast<long long>(s + 0.5);
   char buf[32];
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%lldh%02lldm", t / 3600, (t / 60) % 60);
-  else if (t >= 60) std::snprintf(buf, sizeof buf, "%lldm%02llds", t / 60, t % 60);
-  else std::snprintf(buf, sizeof buf, "%llds", t);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", t / 3600, (t / 60) % 60);
+  else if (t >= 60)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", t / 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%llds", t);
   return buf;
 }
 
 std::string rate(double tok_s) {
   char buf[32];
-  if (tok_s >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", tok_s / 1e6);
-  else if (tok_s >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", tok_s / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f", tok_s);
+  if (tok_s >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fM", tok_s / 1e6);
+  else if (tok_s >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1fk", tok_s / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", tok_s);
   return buf;
 }
 
 std::string memory_line(const MemorySnapshot& m, bool peaks) {
   std::ostringstream os;
   const auto& v = peaks ? m.peak : m.current;
-  const tf_mem_category order[] = {TF_MEM_WEIGHTS, TF_MEM_GRADS, TF_MEM_OPTIMIZER, TF_MEM_ACTIVATIONS,
-                                   TF_MEM_ADAPTERS, TF_MEM_TRANSIENT, TF_MEM_OTHER};
+  const tf_mem_category order[] = {TF_MEM_WEIGHTS,     TF_MEM_GRADS,    TF_MEM_OPTIMIZER,
+                                   TF_MEM_ACTIVATIONS, TF_MEM_ADAPTERS, TF_MEM_TRANSIENT,
+                                   TF_MEM_OTHER};
   bool first = true;
   for (auto c : order) {
     if (v[c] <= 0) continue;
     os << (first ? "" : " ") << category_name(c) << " " << format_bytes(v[c]);
     first = false;
   }
-  if (m.device_peak > 0) os << " | device " << format_bytes(peaks ? m.device_peak : m.device_current);
+  if (m.device_peak > 0)
+    os << " | device " << format_bytes(peaks ? m.device_peak : m.device_current);
   return os.str();
 }
 
@@ -65,19 +74,22 @@ int run_command(const std::vector<std::string>& args) {
       "set", po::value<std::vector<std::string>>()->composing(),
       "override a recipe key, e.g. --set run.steps=100 --set strategy.checkpoint.every=2")(
       "resume", "continue from the latest checkpoint in the run folder")(
-      "stop-after", po::value<int64_t>(), "stop (and save a checkpoint) after N steps of this invocation")(
+      "stop-after", po::value<int64_t>(),
+      "stop (and save a checkpoint) after N steps of this invocation")(
       "dry-run", "validate the recipe and compose its plugins without allocating the model")(
       "quiet,q", "no progress line")("log-level", po::value<std::string>()->default_value("info"),
                                      "debug, info, warn, error");
   po::variables_map vm;
   if (!parse_command_line(args, opts, "recipe", "run", vm)) return kUsage;
   if (vm.count("help")) {
-    std::cout << opts << "\nWith no recipe, runs configs/default.toml. Exit codes: 0 ok, 2 bad recipe or "
-                         "command line, 3 out of memory budget, 4 plugin error, 1 other failure.\n";
+    std::cout << opts
+              << "\nWith no recipe, runs configs/default.toml. Exit codes: 0 ok, 2 bad recipe or "
+                 "command line, 3 out of memory budget, 4 plugin error, 1 other failure.\n";
     return kOk;
   }
   set_log_level(vm["log-level"].as<std::string>());
-  const std::string recipe_path = vm.count("recipe") ? vm["recipe"].as<std::string>() : default_recipe();
+  const std::string recipe_path =
+      vm.count("recipe") ? vm["recipe"].as<std::string>() : default_recipe();
   const bool quiet = vm.count("quiet") > 0;
   const bool tty = ::isatty(STDERR_FILENO) != 0;
 
@@ -101,15 +113,16 @@ int run_command(const std::vector<std::string>& args) {
            << rate(p.tokens_per_s) << " tok/s | peak " << memory_line(p.memory, true) << " | ETA "
            << duration(p.eta_s);
         if (p.phase != "full") os << " | " << p.phase;
-        std::cerr << (tty ? "\r\033[K" : "") << os.str() << (tty && p.step < p.total ? "" : "\n") << std::flush;
+        std::cerr << (tty ? "\r\033[K" : "") << os.str() << (tty && p.step < p.total ? "" : "\n")
+                  << std::flush;
       };
     so.dry_run = vm.count("dry-run") > 0;
     Session session(recipe, registry, so);
     if (so.dry_run) {
       std::cout << recipe.source() << ": valid; model " << session.model().plugin->name << ", "
-                << session.store().count_params(false) << " parameters (" << session.store().count_params(true)
-                << " trainable), " << session.stages().size() << " stages, " << session.strategies().size()
-                << " strategies\n";
+                << session.store().count_params(false) << " parameters ("
+                << session.store().count_params(true) << " trainable), " << session.stages().size()
+                << " stages, " << session.strategies().size() << " strategies\n";
       return kOk;
     }
     std::cerr << "tightfit: " << recipe.source() << " -> " << session.run_dir() << "\n";
@@ -119,8 +132,10 @@ int run_command(const std::vector<std::string>& args) {
     std::cout << "steps         " << s.first_step << " -> " << s.first_step + s.steps_run << " of "
               << s.total_steps << " in " << duration(s.wall_s) << "\n";
     char buf[256];
-    std::snprintf(buf, sizeof buf, "loss          %.4f final train, %.4f validation (unigram entropy of the corpus: %.4f)\n",
-                  s.final_loss, s.val_loss, s.unigram_entropy);
+    std::snprintf(
+        buf, sizeof buf,
+        "loss          %.4f final train, %.4f validation (unigram entropy of the corpus: %.4f)\n",
+        s.final_loss, s.val_loss, s.unigram_entropy);
     std::cout << buf;
     std::cout << "throughput    " << rate(s.tokens_per_s) << " tokens/s\n";
     std::cout << "peak memory   " << format_bytes(s.memory.total_peak) << " total; "

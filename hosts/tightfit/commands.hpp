@@ -19,8 +19,10 @@ enum ExitCode : int {
 // Parses a subcommand's options plus one positional argument named
 // `positional`; on a syntax error prints the message and the options to
 // stderr and returns false.
-bool parse_command_line(const std::vector<std::string>& args, const boost::program_options::options_description& opts,
-                        const char* positional, const char* command, boost::program_options::variables_map& vm);
+bool parse_command_line(const std::vector<std::string>& args,
+                        const boost::program_options::options_description& opts,
+                        const char* positional, const char* command,
+                        boost::program_options::variables_map& vm);
 
 int run_command(const std::vector<std::string>& args);
 int plugins_command(const std::vector<std::string>& args);

@@ -92,13 +92,13 @@ typedef enum tf_status {
   TF_OK = 0,
   /* A hook declines: "not mine, let the next strategy or the kernel do it". */
   TF_NOT_HANDLED = 1,
-  TF_ERROR = -1,                 /* generic failure; message via set_error */
-  TF_ERR_INVALID_ARGUMENT = -2,  /* bad argument or configuration value */
-  TF_ERR_NOT_FOUND = -3,         /* no such key, parameter, stage */
-  TF_ERR_OUT_OF_MEMORY = -4,     /* device or memory_budget exhausted */
-  TF_ERR_UNSUPPORTED = -5,       /* valid request this plugin/host cannot serve */
-  TF_ERR_ABI = -6,               /* version or struct-size mismatch */
-  TF_ERR_NON_FINITE = -7         /* NaN/Inf in a loss or gradient */
+  TF_ERROR = -1,                /* generic failure; message via set_error */
+  TF_ERR_INVALID_ARGUMENT = -2, /* bad argument or configuration value */
+  TF_ERR_NOT_FOUND = -3,        /* no such key, parameter, stage */
+  TF_ERR_OUT_OF_MEMORY = -4,    /* device or memory_budget exhausted */
+  TF_ERR_UNSUPPORTED = -5,      /* valid request this plugin/host cannot serve */
+  TF_ERR_ABI = -6,              /* version or struct-size mismatch */
+  TF_ERR_NON_FINITE = -7        /* NaN/Inf in a loss or gradient */
 } tf_status;
 
 typedef enum tf_plugin_kind {
@@ -127,13 +127,13 @@ typedef enum tf_dtype {
 
 /* Memory categories: every byte the kernel counts belongs to one. */
 typedef enum tf_mem_category {
-  TF_MEM_WEIGHTS = 0,     /* parameters (any format) */
-  TF_MEM_GRADS = 1,       /* parameter gradients */
-  TF_MEM_OPTIMIZER = 2,   /* optimizer state */
-  TF_MEM_ACTIVATIONS = 3, /* tensors saved or produced in forward/recompute */
-  TF_MEM_ADAPTERS = 4,    /* adapter parameters (LoRA) and their state */
-  TF_MEM_TRANSIENT = 5,   /* workspace: backward temporaries, dequantized copies */
-  TF_MEM_OTHER = 6,       /* data batches, anything unattributed */
+  TF_MEM_WEIGHTS = 0,       /* parameters (any format) */
+  TF_MEM_GRADS = 1,         /* parameter gradients */
+  TF_MEM_OPTIMIZER = 2,     /* optimizer state */
+  TF_MEM_ACTIVATIONS = 3,   /* tensors saved or produced in forward/recompute */
+  TF_MEM_ADAPTERS = 4,      /* adapter parameters (LoRA) and their state */
+  TF_MEM_TRANSIENT = 5,     /* workspace: backward temporaries, dequantized copies */
+  TF_MEM_OTHER = 6,         /* data batches, anything unattributed */
   TF_MEM_CATEGORY_COUNT = 8 /* array size; slot 7 is reserved */
 } tf_mem_category;
 
@@ -148,9 +148,9 @@ typedef enum tf_residency {
 /* How a parameter is stored. The dense formats are what `weight` returns;
  * the compact ones are turned dense by the strategy that set them (fetch_weight). */
 typedef enum tf_param_format {
-  TF_FORMAT_DENSE = 0, /* in the parameter's dtype */
-  TF_FORMAT_INT8 = 1,  /* per-channel absmax int8 */
-  TF_FORMAT_NF4 = 2,   /* block-wise NormalFloat4 with double-quantized scales */
+  TF_FORMAT_DENSE = 0,   /* in the parameter's dtype */
+  TF_FORMAT_INT8 = 1,    /* per-channel absmax int8 */
+  TF_FORMAT_NF4 = 2,     /* block-wise NormalFloat4 with double-quantized scales */
   TF_FORMAT_CUSTOM = 100 /* owned by a strategy plugin; opaque to the kernel */
 } tf_param_format;
 
@@ -174,13 +174,13 @@ typedef enum tf_value_type {
  * The host walks the plugin's array with each element's `struct_size` as stride. */
 typedef struct tf_config_key {
   uint32_t struct_size;
-  const char* name;          /* key in the plugin's table */
+  const char* name; /* key in the plugin's table */
   tf_value_type type;
   const char* default_value; /* TOML literal ("2", "\"cosine\"", "true"); NULL = required */
   const char* doc;           /* one line for `tightfit plugins info` */
   double min_value;          /* numeric range, inclusive; ignored when min > max */
   double max_value;
-  const char* choices;       /* for strings: allowed values separated by '|', or NULL */
+  const char* choices; /* for strings: allowed values separated by '|', or NULL */
 } tf_config_key;
 
 /* ------------------------------------------------------------------------- */
@@ -213,21 +213,21 @@ typedef enum tf_init_kind {
  * parameter store owns it; model code asks the store for it by name. */
 typedef struct tf_param_spec {
   uint32_t struct_size;
-  const char* name;      /* Hugging Face state-dict name, e.g. "transformer.h.0.attn.c_attn.weight" */
+  const char* name; /* Hugging Face state-dict name, e.g. "transformer.h.0.attn.c_attn.weight" */
   int32_t ndim;
-  const int64_t* shape;  /* ndim entries; tightfit layout ([out, in] for linear weights) */
-  tf_dtype dtype;        /* storage dtype before any strategy changes it */
-  int32_t stage;         /* index of the stage that uses it; -1 = several (e.g. tied embeddings) */
+  const int64_t* shape; /* ndim entries; tightfit layout ([out, in] for linear weights) */
+  tf_dtype dtype;       /* storage dtype before any strategy changes it */
+  int32_t stage;        /* index of the stage that uses it; -1 = several (e.g. tied embeddings) */
   tf_init_kind init;
   double init_std;
-  uint32_t flags;        /* TF_PARAM_* */
-  const char* tied_to;   /* NULL, or the name of a parameter this one shares storage with */
+  uint32_t flags;      /* TF_PARAM_* */
+  const char* tied_to; /* NULL, or the name of a parameter this one shares storage with */
 } tf_param_spec;
 
 /* A stage the model declares, in execution order. */
 typedef struct tf_stage_spec {
   uint32_t struct_size;
-  const char* name;         /* "embed", "block.3", "head" */
+  const char* name; /* "embed", "block.3", "head" */
   tf_stage_kind kind;
   /* Bytes of activations autograd keeps for this stage per token in training
    * (the model's own formula, for `plan`); 0 = unknown. */
@@ -251,16 +251,16 @@ typedef struct tf_stage_call {
 
 typedef struct tf_run_info {
   uint32_t struct_size;
-  const char* device;   /* "cpu", "cuda:0" */
-  int32_t rank;         /* torch.distributed rank, 0 when single process */
+  const char* device; /* "cpu", "cuda:0" */
+  int32_t rank;       /* torch.distributed rank, 0 when single process */
   int32_t world_size;
   int32_t local_rank;
-  int64_t vocab_size;   /* the tokenizer's vocabulary */
+  int64_t vocab_size; /* the tokenizer's vocabulary */
   int64_t seq_len;
   int64_t batch_size;
   int64_t total_steps;
   uint64_t seed;
-  const char* run_dir;  /* folder for this run's metrics, checkpoints, disk tier */
+  const char* run_dir; /* folder for this run's metrics, checkpoints, disk tier */
 } tf_run_info;
 
 typedef struct tf_param_info {
@@ -311,9 +311,9 @@ typedef struct tf_batch {
 /* Result of one forward (and backward) the host ran for a schedule. */
 typedef struct tf_pass_result {
   uint32_t struct_size;
-  double loss;       /* mean cross-entropy of the batch */
+  double loss; /* mean cross-entropy of the batch */
   int64_t n_tokens;
-  int32_t finite;    /* 0 when loss or a gradient is NaN/Inf */
+  int32_t finite; /* 0 when loss or a gradient is NaN/Inf */
 } tf_pass_result;
 
 /* What a schedule reports for one step. */
@@ -333,7 +333,7 @@ typedef struct tf_optimizer_info {
   const char* name; /* "adamw", "sgd" */
   double lr;        /* current learning rate */
   double beta1, beta2, eps, weight_decay, momentum;
-  int64_t step;     /* 1-based count of the update being applied */
+  int64_t step; /* 1-based count of the update being applied */
   /* Added in 1.0's tail: state tensors per parameter that optimizer_update
    * takes (AdamW 2: exp_avg, exp_avg_sq; SGD with momentum 1; plain SGD 0). */
   int32_t n_state;
@@ -386,7 +386,7 @@ typedef struct tf_memory_estimate {
  * owned by the host and valid until the run ends unless stated otherwise. */
 typedef struct tf_host_api {
   uint32_t struct_size;
-  uint32_t abi_version; /* the host's TF_ABI_VERSION */
+  uint32_t abi_version;         /* the host's TF_ABI_VERSION */
   const char* libtorch_version; /* the host's LibTorch, e.g. "2.11.0" */
 
   /* --- errors and logging --- */
@@ -516,7 +516,8 @@ typedef struct tf_host_api {
    * being taken) to one parameter with grad_scale * grad, at once. grad:
    * borrowed. The strategy then returns TF_OK from grad_ready so the kernel
    * frees the gradient. */
-  tf_status (*optimizer_apply)(tf_host_context* ctx, const char* name, tf_tensor grad, double grad_scale);
+  tf_status (*optimizer_apply)(tf_host_context* ctx, const char* name, tf_tensor grad,
+                               double grad_scale);
   /* The run's optimizer settings and the step being taken (for strategies
    * that keep optimizer state themselves, e.g. 8-bit AdamW). */
   tf_status (*optimizer_info)(tf_host_context* ctx, tf_optimizer_info* out);
@@ -534,13 +535,15 @@ typedef struct tf_host_api {
   /* Writes `n` tensors (borrowed, any device) under `names` to a safetensors
    * file at `path`: a temporary name, fsync, then rename, so a reader never
    * sees half a file. `metadata_json` (a JSON object of strings) may be NULL. */
-  tf_status (*tensors_save)(tf_host_context* ctx, const char* path, int32_t n, const char* const* names,
-                            const tf_tensor* tensors, const char* metadata_json);
+  tf_status (*tensors_save)(tf_host_context* ctx, const char* path, int32_t n,
+                            const char* const* names, const tf_tensor* tensors,
+                            const char* metadata_json);
   /* Reads tensor `name` from the safetensors file at `path` (validated as the
    * kernel's own checkpoints are). Out: new, on CPU. TF_ERR_NOT_FOUND when the
    * file has no such tensor. The host keeps the last file read for this
    * plugin instance until another path is read; path NULL releases it. */
-  tf_status (*tensors_load)(tf_host_context* ctx, const char* path, const char* name, tf_tensor* out);
+  tf_status (*tensors_load)(tf_host_context* ctx, const char* path, const char* name,
+                            tf_tensor* out);
 
   /* --- optimizer state kept by a strategy (offload: update where it lives) --- */
   /* Applies the run's optimizer (lr, betas, weight decay of parameter `name`,
@@ -549,8 +552,8 @@ typedef struct tf_host_api {
    * with state the caller keeps: `state` holds optimizer_info.n_state fp32
    * tensors shaped like the parameter, all zero before the first update, and
    * updated in place. Called from optimizer_step_param. */
-  tf_status (*optimizer_update)(tf_host_context* ctx, const char* name, tf_tensor param, tf_tensor grad,
-                                int32_t n_state, const tf_tensor* state);
+  tf_status (*optimizer_update)(tf_host_context* ctx, const char* name, tf_tensor param,
+                                tf_tensor grad, int32_t n_state, const tf_tensor* state);
 
   void* reserved[17];
 } tf_host_api;
@@ -585,7 +588,8 @@ typedef struct tf_model_vtable {
    * cache has seen and returns their logits [B, T_new, vocab] (new). Recurrent
    * models (RWKV) carry their state here; attention models may keep keys and
    * values. Weights still come through host->weight / host->linear. */
-  tf_status (*decode)(void* state, tf_host_context* ctx, void** cache, tf_tensor tokens, tf_tensor* out_logits);
+  tf_status (*decode)(void* state, tf_host_context* ctx, void** cache, tf_tensor tokens,
+                      tf_tensor* out_logits);
   void (*release_cache)(void* state, void* cache);
   void* reserved[5];
 } tf_model_vtable;
@@ -648,7 +652,8 @@ typedef struct tf_strategy_vtable {
    * merges W + scale B A). dense: borrowed, the parameter's dense value;
    * *out new. TF_NOT_HANDLED = export as is. Adapter parameters
    * (TF_PARAM_ADAPTER) are left out of exports that merge. */
-  tf_status (*export_weight)(void* state, tf_host_context* ctx, const char* name, tf_tensor dense, tf_tensor* out);
+  tf_status (*export_weight)(void* state, tf_host_context* ctx, const char* name, tf_tensor dense,
+                             tf_tensor* out);
 
   /* Export: write this strategy's trained adapters on their own into the
    * existing folder `dir` (LoRA: PEFT's adapter_model.safetensors and
@@ -681,8 +686,10 @@ typedef struct tf_strategy_vtable {
    * strategy keeps it — TF_NOT_HANDLED leaves it in memory; the first
    * strategy that packs owns it. unpack_activation gives it back in backward
    * (*out new, on the device it came from) and forgets it. */
-  tf_status (*pack_activation)(void* state, tf_host_context* ctx, int32_t stage, tf_tensor x, uint64_t* out_key);
-  tf_status (*unpack_activation)(void* state, tf_host_context* ctx, int32_t stage, uint64_t key, tf_tensor* out);
+  tf_status (*pack_activation)(void* state, tf_host_context* ctx, int32_t stage, tf_tensor x,
+                               uint64_t* out_key);
+  tf_status (*unpack_activation)(void* state, tf_host_context* ctx, int32_t stage, uint64_t key,
+                                 tf_tensor* out);
 
   void* reserved[9];
 } tf_strategy_vtable;
@@ -712,13 +719,13 @@ typedef struct tf_schedule_vtable {
 
 typedef struct tf_plugin_descriptor {
   uint32_t struct_size;
-  uint32_t abi_version;         /* TF_ABI_VERSION the plugin was compiled against */
+  uint32_t abi_version; /* TF_ABI_VERSION the plugin was compiled against */
   tf_plugin_kind kind;
-  const char* name;             /* recipe name: [model] plugin = "gpt2" */
-  const char* version;          /* the plugin's own version */
-  const char* description;      /* one line */
-  const char* libtorch_version; /* TORCH_VERSION at build, e.g. "2.11.0" */
-  uint32_t flags;               /* TF_PLUGIN_FLAG_* */
+  const char* name;                 /* recipe name: [model] plugin = "gpt2" */
+  const char* version;              /* the plugin's own version */
+  const char* description;          /* one line */
+  const char* libtorch_version;     /* TORCH_VERSION at build, e.g. "2.11.0" */
+  uint32_t flags;                   /* TF_PLUGIN_FLAG_* */
   const tf_config_key* config_keys; /* array of n_config_keys, stride = element struct_size */
   uint32_t n_config_keys;
   /* tf_model_vtable*, tf_strategy_vtable* or tf_schedule_vtable* as `kind` says. */

@@ -43,8 +43,10 @@ Shape shape_from_hf_config(const std::string& path) {
   const tf_sdk::HfConfig c = tf_sdk::read_hf_config(path);
   const std::string act = c.json.value("activation_function", std::string("gelu_new"));
   if (act != "gelu_new" && act != "gelu_pytorch_tanh")
-    throw std::invalid_argument(c.source + ": activation_function \"" + act + "\" is not supported (gelu_new)");
-  return Shape{c.need("n_layer"), c.need("n_embd"), c.need("n_head"), c.need("n_positions"), c.need("vocab_size")};
+    throw std::invalid_argument(c.source + ": activation_function \"" + act +
+                                "\" is not supported (gelu_new)");
+  return Shape{c.need("n_layer"), c.need("n_embd"), c.need("n_head"), c.need("n_positions"),
+               c.need("vocab_size")};
 }
 
 struct Gpt2 {
@@ -59,7 +61,8 @@ struct Gpt2 {
   }
 
   at::Tensor layer_norm(const at::Tensor& x, const std::string& prefix) const {
-    return at::layer_norm(x, {s.n_embd}, host.weight(prefix + ".weight"), host.weight(prefix + ".bias"), 1e-5);
+    return at::layer_norm(x, {s.n_embd}, host.weight(prefix + ".weight"),
+                          host.weight(prefix + ".bias"), 1e-5);
   }
 
   at::Tensor drop(const at::Tensor& x, bool training) const {
@@ -68,8 +71,9 @@ struct Gpt2 {
 
   at::Tensor embed(const at::Tensor& tokens, bool training) const {
     const int64_t T = tokens.size(1);
-    TORCH_CHECK(T <= s.n_positions, "sequence of ", T, " tokens is longer than n_positions = ",
-                s.n_positions, "; raise [model] n_positions or lower [data] seq_len");
+    TORCH_CHECK(T <= s.n_positions, "sequence of ", T,
+                " tokens is longer than n_positions = ", s.n_positions,
+                "; raise [model] n_positions or lower [data] seq_len");
     at::Tensor pos = at::arange(T, tokens.options());
     at::Tensor h = at::embedding(host.weight("transformer.wte.weight"), tokens) +
                    at::embedding(host.weight("transformer.wpe.weight"), pos);
@@ -81,16 +85,19 @@ struct Gpt2 {
     at::Tensor qkv = host.linear(x, block(l, "attn.c_attn.weight"), block(l, "attn.c_attn.bias"));
     auto parts = qkv.split(C, -1);
     auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };
-    at::Tensor y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {},
-                                                    training ? dropout : 0.0, /*is_causal=*/true);
+    at::Tensor y =
+        at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {},
+                                         training ? dropout : 0.0, /*is_causal=*/true);
     y = y.transpose(1, 2).reshape({B, T, C});
-    return drop(host.linear(y, block(l, "attn.c_proj.weight"), block(l, "attn.c_proj.bias")), training);
+    return drop(host.linear(y, block(l, "attn.c_proj.weight"), block(l, "attn.c_proj.bias")),
+                training);
   }
 
   at::Tensor mlp(const at::Tensor& x, int64_t l, bool training) const {
     at::Tensor u = host.linear(x, block(l, "mlp.c_fc.weight"), block(l, "mlp.c_fc.bias"));
     u = at::gelu(u, "tanh");
-    return drop(host.linear(u, block(l, "mlp.c_proj.weight"), block(l, "mlp.c_proj.bias")), training);
+    return drop(host.linear(u, block(l, "mlp.c_proj.weight"), block(l, "mlp.c_proj.bias")),
+                training);
   }
 
   at::Tensor transformer_block(const at::Tensor& h, int64_t l, bool training) const {
@@ -105,7 +112,8 @@ struct Gpt2 {
 
 void declare(const Gpt2& m, const std::string& name, std::vector<int64_t> shape, int32_t stage,
              tf_init_kind init, double std, uint32_t flags) {
-  m.host.declare_param(name, std::move(shape), tf_sdk::parse_dtype(m.host.get_string("dtype")), stage, init, std, flags);
+  m.host.declare_param(name, std::move(shape), tf_sdk::parse_dtype(m.host.get_string("dtype")),
+                       stage, init, std, flags);
 }
 
 tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
@@ -114,7 +122,8 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     const tf_sdk::Host& host = m->host;
     const std::string preset = host.get_string("preset");
     const std::string config = host.get_string("config");
-    if (!config.empty()) m->s = shape_from_hf_config(config);
+    if (!config.empty())
+      m->s = shape_from_hf_config(config);
     else
       for (const auto& p : kPresets)
         if (preset == p.name) m->s = p.shape;
@@ -129,16 +138,18 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     override_key("vocab_size", m->s.vocab);
     if (m->s.vocab == 0) m->s.vocab = info.vocab_size;
     if (m->s.n_layer <= 0 || m->s.n_embd <= 0 || m->s.n_head <= 0 || m->s.n_positions <= 0)
-      throw std::invalid_argument("preset \"custom\" needs n_layer, n_embd, n_head and n_positions");
+      throw std::invalid_argument(
+          "preset \"custom\" needs n_layer, n_embd, n_head and n_positions");
     if (m->s.n_embd % m->s.n_head != 0)
-      throw std::invalid_argument("n_embd = " + std::to_string(m->s.n_embd) + " is not divisible by n_head = " +
-                                  std::to_string(m->s.n_head));
+      throw std::invalid_argument("n_embd = " + std::to_string(m->s.n_embd) +
+                                  " is not divisible by n_head = " + std::to_string(m->s.n_head));
     if (m->s.vocab < info.vocab_size)
       throw std::invalid_argument("vocab_size = " + std::to_string(m->s.vocab) +
-                                  " is smaller than the tokenizer's vocabulary (" + std::to_string(info.vocab_size) + ")");
+                                  " is smaller than the tokenizer's vocabulary (" +
+                                  std::to_string(info.vocab_size) + ")");
     if (info.seq_len > m->s.n_positions)
-      throw std::invalid_argument("[data] seq_len = " + std::to_string(info.seq_len) + " exceeds n_positions = " +
-                                  std::to_string(m->s.n_positions));
+      throw std::invalid_argument("[data] seq_len = " + std::to_string(info.seq_len) +
+                                  " exceeds n_positions = " + std::to_string(m->s.n_positions));
     m->dropout = host.get_double("dropout");
     m->dtype = tf_sdk::scalar_type(tf_sdk::parse_dtype(host.get_string("dtype")));
 
@@ -154,7 +165,8 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     for (int64_t l = 0; l < L; ++l) {
       // Saved for backward per token: LN inputs/outputs, qkv, attention output,
       // projections, MLP hidden before and after gelu: ~18 C values.
-      const int32_t st = m->host.declare_stage("block." + std::to_string(l), TF_STAGE_BLOCK, 18 * C * elt, 24 * C * C);
+      const int32_t st = m->host.declare_stage("block." + std::to_string(l), TF_STAGE_BLOCK,
+                                               18 * C * elt, 24 * C * C);
       const uint32_t t = TF_PARAM_HF_TRANSPOSED;
       declare(*m, m->block(l, "ln_1.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
       declare(*m, m->block(l, "ln_1.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
@@ -169,58 +181,70 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       declare(*m, m->block(l, "mlp.c_proj.weight"), {C, 4 * C}, st, TF_INIT_NORMAL, proj_std, t);
       declare(*m, m->block(l, "mlp.c_proj.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
     }
-    const int32_t head = m->host.declare_stage("head", TF_STAGE_HEAD, (2 * C + 2 * V) * elt, 2 * C * V);
+    const int32_t head =
+        m->host.declare_stage("head", TF_STAGE_HEAD, (2 * C + 2 * V) * elt, 2 * C * V);
     declare(*m, "transformer.ln_f.weight", {C}, head, TF_INIT_ONES, 0, no_decay);
     declare(*m, "transformer.ln_f.bias", {C}, head, TF_INIT_ZEROS, 0, no_decay);
-    m->hf_config = nlohmann::json{{"model_type", "gpt2"},
-                                  {"architectures", {"GPT2LMHeadModel"}},
-                                  {"vocab_size", V},
-                                  {"n_positions", P},
-                                  {"n_embd", C},
-                                  {"n_layer", L},
-                                  {"n_head", m->s.n_head},
-                                  {"activation_function", "gelu_new"},
-                                  {"resid_pdrop", m->dropout},
-                                  {"embd_pdrop", m->dropout},
-                                  {"attn_pdrop", m->dropout},
-                                  {"layer_norm_epsilon", 1e-5},
-                                  {"initializer_range", 0.02},
-                                  {"tie_word_embeddings", true},
-                                  {"torch_dtype", host.get_string("dtype") == "fp32" ? "float32" : "bfloat16"}}
-                       .dump(2);
-    host.log(TF_LOG_INFO, "GPT-2 " + preset + ": n_layer=" + std::to_string(L) + " n_embd=" + std::to_string(C) +
-                              " n_head=" + std::to_string(m->s.n_head) + " vocab=" + std::to_string(V));
+    m->hf_config =
+        nlohmann::json{{"model_type", "gpt2"},
+                       {"architectures", {"GPT2LMHeadModel"}},
+                       {"vocab_size", V},
+                       {"n_positions", P},
+                       {"n_embd", C},
+                       {"n_layer", L},
+                       {"n_head", m->s.n_head},
+                       {"activation_function", "gelu_new"},
+                       {"resid_pdrop", m->dropout},
+                       {"embd_pdrop", m->dropout},
+                       {"attn_pdrop", m->dropout},
+                       {"layer_norm_epsilon", 1e-5},
+                       {"initializer_range", 0.02},
+                       {"tie_word_embeddings", true},
+                       {"torch_dtype", host.get_string("dtype") == "fp32" ? "float32" : "bfloat16"}}
+            .dump(2);
+    host.log(TF_LOG_INFO,
+             "GPT-2 " + preset + ": n_layer=" + std::to_string(L) + " n_embd=" + std::to_string(C) +
+                 " n_head=" + std::to_string(m->s.n_head) + " vocab=" + std::to_string(V));
     *out = m.release();
     return TF_OK;
   });
 }
 
-void destroy(void* state) { delete static_cast<Gpt2*>(state); }
+void destroy(void* state) {
+  delete static_cast<Gpt2*>(state);
+}
 
-tf_status stage_forward(void* state, tf_host_context* ctx, const tf_stage_call* call, tf_tensor input,
-                        tf_tensor* out) {
+tf_status stage_forward(void* state, tf_host_context* ctx, const tf_stage_call* call,
+                        tf_tensor input, tf_tensor* out) {
   auto* m = static_cast<Gpt2*>(state);
   return tf_sdk::guard(m->host.api(), ctx, [&] {
     const at::Tensor& x = tf_sdk::borrow(input);
     const bool training = call->training != 0;
     const int64_t last = m->s.n_layer + 1;
     at::Tensor y;
-    if (call->stage == 0) y = m->embed(x, training);
-    else if (call->stage == last) y = m->head(x);
-    else y = m->transformer_block(x, call->stage - 1, training);
+    if (call->stage == 0)
+      y = m->embed(x, training);
+    else if (call->stage == last)
+      y = m->head(x);
+    else
+      y = m->transformer_block(x, call->stage - 1, training);
     *out = tf_sdk::give(std::move(y));
     return TF_OK;
   });
 }
 
 const tf_config_key kKeys[] = {
-    tf_sdk::key("preset", TF_VALUE_STRING, "\"tiny\"", "model size", 1, 0, "tiny|124M|350M|774M|1.5B|custom"),
-    tf_sdk::key("config", TF_VALUE_STRING, "\"\"", "Hugging Face config.json (or its folder) giving the shape"),
+    tf_sdk::key("preset", TF_VALUE_STRING, "\"tiny\"", "model size", 1, 0,
+                "tiny|124M|350M|774M|1.5B|custom"),
+    tf_sdk::key("config", TF_VALUE_STRING, "\"\"",
+                "Hugging Face config.json (or its folder) giving the shape"),
     tf_sdk::key("n_layer", TF_VALUE_INT, "0", "transformer blocks (overrides the preset)", 0, 1e4),
     tf_sdk::key("n_embd", TF_VALUE_INT, "0", "hidden size (overrides the preset)", 0, 1e6),
     tf_sdk::key("n_head", TF_VALUE_INT, "0", "attention heads (overrides the preset)", 0, 1e4),
-    tf_sdk::key("n_positions", TF_VALUE_INT, "0", "maximum sequence length (overrides the preset)", 0, 1e7),
-    tf_sdk::key("vocab_size", TF_VALUE_INT, "0", "vocabulary; 0 = the preset's, else the tokenizer's", 0, 1e7),
+    tf_sdk::key("n_positions", TF_VALUE_INT, "0", "maximum sequence length (overrides the preset)",
+                0, 1e7),
+    tf_sdk::key("vocab_size", TF_VALUE_INT, "0",
+                "vocabulary; 0 = the preset's, else the tokenizer's", 0, 1e7),
     tf_sdk::key("dropout", TF_VALUE_FLOAT, "0.0", "dropout probability in training", 0, 1),
     tf_sdk::key("dtype", TF_VALUE_STRING, "\"fp32\"", "parameter dtype", 1, 0, "fp32|bf16|fp16"),
 };
@@ -230,7 +254,8 @@ tf_status hf_config_json(void* state, tf_host_context*, const char** out) {
   return TF_OK;
 }
 
-const tf_model_vtable kVtable = {sizeof(tf_model_vtable), create, destroy, stage_forward, hf_config_json, {}};
+const tf_model_vtable kVtable = {sizeof(tf_model_vtable), create,         destroy,
+                                 stage_forward,           hf_config_json, {}};
 
 const tf_plugin_descriptor kDescriptor = {
     sizeof(tf_plugin_descriptor),

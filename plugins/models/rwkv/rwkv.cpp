@@ -3,7 +3,8 @@
 // same weights load).
 //
 // Per block l (x' = x shifted one step back in time, zero at t = 0):
-//   time mixing:    r = sigmoid(W_r mix(x, x', mu_r)),  k = W_k mix(x, x', mu_k),  v = W_v mix(x, x', mu_v)
+//   time mixing:    r = sigmoid(W_r mix(x, x', mu_r)),  k = W_k mix(x, x', mu_k),  v = W_v mix(x,
+//   x', mu_v)
 //                   out = W_o (r * WKV(w, u, k, v)),     mix(a, b, mu) = a mu + b (1 - mu)
 //   channel mixing: out = sigmoid(W_r mix(x, x', mu_r)) * W_v relu(W_k mix(x, x', mu_k))^2
 //   WKV_t = (sum_{i<t} e^{-(t-1-i) e^w + k_i} v_i + e^{u + k_t} v_t) / (same without v)
@@ -12,10 +13,10 @@
 // one tensor expression, across chunks a running (num, den, max) state is
 // carried — the running-max form keeps every exponent <= 0, so nothing overflows.
 #include <ATen/ATen.h>
-#include <nlohmann/json.hpp>
 
 #include <array>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -35,7 +36,9 @@ struct Preset {
   Shape shape;
 };
 
-Shape make(int64_t L, int64_t C, int64_t V, int64_t ctx) { return Shape{L, C, C, 4 * C, V, ctx, 1e-5, false}; }
+Shape make(int64_t L, int64_t C, int64_t V, int64_t ctx) {
+  return Shape{L, C, C, 4 * C, V, ctx, 1e-5, false};
+}
 
 const std::array<Preset, 4> kPresets = {{
     {"tiny", make(4, 128, 0, 1024)},
@@ -85,7 +88,8 @@ at::Tensor wkv(const at::Tensor& time_decay, const at::Tensor& time_first, const
   const auto opts = k.options();
   const double neg_inf = -std::numeric_limits<double>::infinity();
   // Carried state: num = sum e^{e - mx} v, den = sum e^{e - mx}, over past steps.
-  at::Tensor num = at::zeros({B, C}, opts), den = at::zeros({B, C}, opts), mx = at::full({B, C}, -1e38, opts);
+  at::Tensor num = at::zeros({B, C}, opts), den = at::zeros({B, C}, opts),
+             mx = at::full({B, C}, -1e38, opts);
   if (state && state->num.defined()) num = state->num, den = state->den, mx = state->mx;
   std::vector<at::Tensor> outs;
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
@@ -93,12 +97,13 @@ at::Tensor wkv(const at::Tensor& time_decay, const at::Tensor& time_first, const
     const at::Tensor kc = k.slice(1, t0, t0 + l), vc = v.slice(1, t0, t0 + l);
     const at::Tensor a = at::arange(l, opts);
     // Exponent of step b's contribution at step a (b < a): k_b - (a - 1 - b) w.
-    const at::Tensor lag = (a.unsqueeze(1) - 1 - a.unsqueeze(0));                                   // [a, b]
-    at::Tensor x = kc.unsqueeze(1) - lag.unsqueeze(0).unsqueeze(-1) * w;                            // [B, a, b, C]
-    const at::Tensor future = (a.unsqueeze(1) <= a.unsqueeze(0)).unsqueeze(0).unsqueeze(-1);       // b >= a
+    const at::Tensor lag = (a.unsqueeze(1) - 1 - a.unsqueeze(0));         // [a, b]
+    at::Tensor x = kc.unsqueeze(1) - lag.unsqueeze(0).unsqueeze(-1) * w;  // [B, a, b, C]
+    const at::Tensor future =
+        (a.unsqueeze(1) <= a.unsqueeze(0)).unsqueeze(0).unsqueeze(-1);  // b >= a
     x = x.masked_fill(future, neg_inf);
-    const at::Tensor now = u + kc;                                                                  // [B, l, C]
-    const at::Tensor past = mx.unsqueeze(1) - a.view({1, l, 1}) * w;                                // [B, l, C]
+    const at::Tensor now = u + kc;                                    // [B, l, C]
+    const at::Tensor past = mx.unsqueeze(1) - a.view({1, l, 1}) * w;  // [B, l, C]
     // The stabilizer cancels in the ratio, so it needs no gradient.
     const at::Tensor m = at::maximum(at::maximum(x.amax(2), now), past).detach();
     const at::Tensor p = (x - m.unsqueeze(2)).exp();
@@ -107,7 +112,7 @@ at::Tensor wkv(const at::Tensor& time_decay, const at::Tensor& time_first, const
     const at::Tensor denom = p.sum(2) + e_past * den.unsqueeze(1) + e_now;
     outs.push_back(numer / denom);
     // State after the chunk: every step decayed to its end.
-    const at::Tensor ex = kc - (l - 1 - a).view({1, l, 1}) * w;                                     // [B, l, C]
+    const at::Tensor ex = kc - (l - 1 - a).view({1, l, 1}) * w;  // [B, l, C]
     const at::Tensor carried = mx - static_cast<double>(l) * w;
     const at::Tensor new_mx = at::maximum(ex.amax(1), carried).detach();
     const at::Tensor pe = (ex - new_mx.unsqueeze(1)).exp(), ec = (carried - new_mx).exp();
@@ -129,20 +134,24 @@ struct Rwkv {
     return "rwkv.blocks." + std::to_string(l) + "." + rest;
   }
   at::Tensor layer_norm(const at::Tensor& x, const std::string& prefix) const {
-    return at::layer_norm(x, {s.n_embd}, host.weight(prefix + ".weight"), host.weight(prefix + ".bias"), s.ln_eps);
+    return at::layer_norm(x, {s.n_embd}, host.weight(prefix + ".weight"),
+                          host.weight(prefix + ".bias"), s.ln_eps);
   }
 
   at::Tensor time_mixing(const at::Tensor& x, int64_t l, LayerState* st) const {
     const at::Tensor shifted = time_shift(x, st ? st->att_x : at::Tensor());
     if (st) st->att_x = x.select(1, -1);
-    const at::Tensor k = host.linear(mix(x, shifted, host.weight(block(l, "attention.time_mix_key"))),
-                                     block(l, "attention.key.weight"));
-    const at::Tensor v = host.linear(mix(x, shifted, host.weight(block(l, "attention.time_mix_value"))),
-                                     block(l, "attention.value.weight"));
-    const at::Tensor r = at::sigmoid(host.linear(
-        mix(x, shifted, host.weight(block(l, "attention.time_mix_receptance"))), block(l, "attention.receptance.weight")));
-    const at::Tensor y = wkv(host.weight(block(l, "attention.time_decay")), host.weight(block(l, "attention.time_first")),
-                             k, v, chunk, st);
+    const at::Tensor k =
+        host.linear(mix(x, shifted, host.weight(block(l, "attention.time_mix_key"))),
+                    block(l, "attention.key.weight"));
+    const at::Tensor v =
+        host.linear(mix(x, shifted, host.weight(block(l, "attention.time_mix_value"))),
+                    block(l, "attention.value.weight"));
+    const at::Tensor r = at::sigmoid(
+        host.linear(mix(x, shifted, host.weight(block(l, "attention.time_mix_receptance"))),
+                    block(l, "attention.receptance.weight")));
+    const at::Tensor y = wkv(host.weight(block(l, "attention.time_decay")),
+                             host.weight(block(l, "attention.time_first")), k, v, chunk, st);
     return host.linear(r * y, block(l, "attention.output.weight"));
   }
 
@@ -152,8 +161,9 @@ struct Rwkv {
     at::Tensor k = host.linear(mix(x, shifted, host.weight(block(l, "feed_forward.time_mix_key"))),
                                block(l, "feed_forward.key.weight"));
     k = at::relu(k).square();
-    const at::Tensor r = at::sigmoid(host.linear(
-        mix(x, shifted, host.weight(block(l, "feed_forward.time_mix_receptance"))), block(l, "feed_forward.receptance.weight")));
+    const at::Tensor r = at::sigmoid(
+        host.linear(mix(x, shifted, host.weight(block(l, "feed_forward.time_mix_receptance"))),
+                    block(l, "feed_forward.receptance.weight")));
     return r * host.linear(k, block(l, "feed_forward.value.weight"));
   }
 
@@ -167,7 +177,8 @@ struct Rwkv {
     return at::embedding(host.weight("rwkv.embeddings.weight"), tokens);
   }
   at::Tensor head(const at::Tensor& h) const {
-    return host.linear(layer_norm(h, "rwkv.ln_out"), s.tie_embeddings ? "rwkv.embeddings.weight" : "head.weight");
+    return host.linear(layer_norm(h, "rwkv.ln_out"),
+                       s.tie_embeddings ? "rwkv.embeddings.weight" : "head.weight");
   }
 };
 
@@ -176,7 +187,8 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     auto m = std::make_unique<Rwkv>(Rwkv{tf_sdk::Host(api, ctx)});
     const tf_sdk::Host& host = m->host;
     const std::string preset = host.get_string("preset"), config = host.get_string("config");
-    if (!config.empty()) m->s = shape_from_hf_config(config);
+    if (!config.empty())
+      m->s = shape_from_hf_config(config);
     else
       for (const auto& p : kPresets)
         if (preset == p.name) m->s = p.shape;
@@ -198,36 +210,44 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     if (s.n_layer <= 0 || s.n_embd <= 0 || s.attention <= 0 || s.intermediate <= 0)
       throw std::invalid_argument("preset \"custom\" needs n_layer and n_embd");
     if (s.attention != s.n_embd)
-      throw std::invalid_argument("attention_size must equal n_embd (the time-mixing gate multiplies them)");
+      throw std::invalid_argument(
+          "attention_size must equal n_embd (the time-mixing gate multiplies them)");
     if (s.vocab < info.vocab_size)
-      throw std::invalid_argument("vocab_size is smaller than the tokenizer's " + std::to_string(info.vocab_size));
+      throw std::invalid_argument("vocab_size is smaller than the tokenizer's " +
+                                  std::to_string(info.vocab_size));
 
     const tf_dtype dtype = tf_sdk::parse_dtype(host.get_string("dtype"));
     const int64_t L = s.n_layer, C = s.n_embd, A = s.attention, I = s.intermediate, V = s.vocab;
     const int64_t elt = dtype == TF_DTYPE_F32 ? 4 : 2;
     const uint32_t no_decay = TF_PARAM_NO_WEIGHT_DECAY;
-    auto declare = [&](const std::string& name, std::vector<int64_t> shape, int32_t stage, tf_init_kind init,
-                       double std, uint32_t flags) { host.declare_param(name, std::move(shape), dtype, stage, init, std, flags); };
+    auto declare = [&](const std::string& name, std::vector<int64_t> shape, int32_t stage,
+                       tf_init_kind init, double std, uint32_t flags) {
+      host.declare_param(name, std::move(shape), dtype, stage, init, std, flags);
+    };
 
     host.declare_stage("embed", TF_STAGE_EMBED, C * elt, 0);
     declare("rwkv.embeddings.weight", {V, C}, s.tie_embeddings ? -1 : 0, TF_INIT_UNIFORM, 1e-4, 0);
     for (int64_t l = 0; l < L; ++l) {
       // WKV keeps [chunk x chunk] exponent tables per channel; the rest as a transformer block.
       const int32_t st = host.declare_stage("block." + std::to_string(l), TF_STAGE_BLOCK,
-                                            (12 * C + 3 * I + 4 * m->chunk * A) * elt, 2 * (4 * C * A + 2 * C * I + C * C));
+                                            (12 * C + 3 * I + 4 * m->chunk * A) * elt,
+                                            2 * (4 * C * A + 2 * C * I + C * C));
       if (l == 0) {
         declare(m->block(0, "pre_ln.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
         declare(m->block(0, "pre_ln.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
       }
       for (const char* ln : {"ln1", "ln2"}) {
-        declare(m->block(l, (std::string(ln) + ".weight").c_str()), {C}, st, TF_INIT_ONES, 0, no_decay);
-        declare(m->block(l, (std::string(ln) + ".bias").c_str()), {C}, st, TF_INIT_ZEROS, 0, no_decay);
+        declare(m->block(l, (std::string(ln) + ".weight").c_str()), {C}, st, TF_INIT_ONES, 0,
+                no_decay);
+        declare(m->block(l, (std::string(ln) + ".bias").c_str()), {C}, st, TF_INIT_ZEROS, 0,
+                no_decay);
       }
       // Decay rates e^w spread over channels, from long to short memory.
       declare(m->block(l, "attention.time_decay"), {A}, st, TF_INIT_UNIFORM, 3.0, no_decay);
       declare(m->block(l, "attention.time_first"), {A}, st, TF_INIT_UNIFORM, 0.5, no_decay);
-      for (const char* mu : {"attention.time_mix_key", "attention.time_mix_value", "attention.time_mix_receptance",
-                             "feed_forward.time_mix_key", "feed_forward.time_mix_receptance"})
+      for (const char* mu :
+           {"attention.time_mix_key", "attention.time_mix_value", "attention.time_mix_receptance",
+            "feed_forward.time_mix_key", "feed_forward.time_mix_receptance"})
         declare(m->block(l, mu), {1, 1, C}, st, TF_INIT_CONSTANT, 0.5, no_decay);
       declare(m->block(l, "attention.key.weight"), {A, C}, st, TF_INIT_NORMAL, 0.02, 0);
       declare(m->block(l, "attention.value.weight"), {A, C}, st, TF_INIT_NORMAL, 0.02, 0);
@@ -237,7 +257,8 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       declare(m->block(l, "feed_forward.receptance.weight"), {C, C}, st, TF_INIT_ZEROS, 0, 0);
       declare(m->block(l, "feed_forward.value.weight"), {C, I}, st, TF_INIT_ZEROS, 0, 0);
     }
-    const int32_t head = host.declare_stage("head", TF_STAGE_HEAD, (2 * C + 2 * V) * elt, 2 * C * V);
+    const int32_t head =
+        host.declare_stage("head", TF_STAGE_HEAD, (2 * C + 2 * V) * elt, 2 * C * V);
     declare("rwkv.ln_out.weight", {C}, head, TF_INIT_ONES, 0, no_decay);
     declare("rwkv.ln_out.bias", {C}, head, TF_INIT_ZEROS, 0, no_decay);
     if (!s.tie_embeddings) declare("head.weight", {V, C}, head, TF_INIT_NORMAL, 0.02, 0);
@@ -254,23 +275,28 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
                                   {"rescale_every", 0},
                                   {"tie_word_embeddings", s.tie_embeddings}}
                        .dump(2);
-    host.log(TF_LOG_INFO, "RWKV-4 " + (config.empty() ? preset : config) + ": n_layer=" + std::to_string(L) +
-                              " n_embd=" + std::to_string(C) + " vocab=" + std::to_string(V) +
+    host.log(TF_LOG_INFO, "RWKV-4 " + (config.empty() ? preset : config) +
+                              ": n_layer=" + std::to_string(L) + " n_embd=" + std::to_string(C) +
+                              " vocab=" + std::to_string(V) +
                               " wkv_chunk=" + std::to_string(m->chunk));
     *out = m.release();
     return TF_OK;
   });
 }
 
-void destroy(void* state) { delete static_cast<Rwkv*>(state); }
+void destroy(void* state) {
+  delete static_cast<Rwkv*>(state);
+}
 
-tf_status stage_forward(void* state, tf_host_context* ctx, const tf_stage_call* call, tf_tensor input,
-                        tf_tensor* out) {
+tf_status stage_forward(void* state, tf_host_context* ctx, const tf_stage_call* call,
+                        tf_tensor input, tf_tensor* out) {
   auto* m = static_cast<Rwkv*>(state);
   return tf_sdk::guard(m->host.api(), ctx, [&] {
     const at::Tensor& x = tf_sdk::borrow(input);
     const int64_t last = m->s.n_layer + 1;
-    at::Tensor y = call->stage == 0 ? m->embed(x) : call->stage == last ? m->head(x) : m->forward_block(x, call->stage - 1);
+    at::Tensor y = call->stage == 0      ? m->embed(x)
+                   : call->stage == last ? m->head(x)
+                                         : m->forward_block(x, call->stage - 1);
     *out = tf_sdk::give(std::move(y));
     return TF_OK;
   });
@@ -283,42 +309,60 @@ tf_status hf_config_json(void* state, tf_host_context*, const char** out) {
 
 // Recurrent generation: each call continues from the carried layer states, so
 // a token costs one step, not a pass over the whole context.
-tf_status decode(void* state, tf_host_context* ctx, void** cache, tf_tensor tokens, tf_tensor* out) {
+tf_status decode(void* state, tf_host_context* ctx, void** cache, tf_tensor tokens,
+                 tf_tensor* out) {
   auto* m = static_cast<Rwkv*>(state);
   return tf_sdk::guard(m->host.api(), ctx, [&] {
     if (*cache == nullptr) *cache = new std::vector<LayerState>(static_cast<size_t>(m->s.n_layer));
     auto& layers = *static_cast<std::vector<LayerState>*>(*cache);
     at::Tensor h = m->embed(tf_sdk::borrow(tokens));
-    for (int64_t l = 0; l < m->s.n_layer; ++l) h = m->forward_block(h, l, &layers[static_cast<size_t>(l)]);
+    for (int64_t l = 0; l < m->s.n_layer; ++l)
+      h = m->forward_block(h, l, &layers[static_cast<size_t>(l)]);
     *out = tf_sdk::give(m->head(h));
     return TF_OK;
   });
 }
 
-void release_cache(void*, void* cache) { delete static_cast<std::vector<LayerState>*>(cache); }
+void release_cache(void*, void* cache) {
+  delete static_cast<std::vector<LayerState>*>(cache);
+}
 
 const tf_config_key kKeys[] = {
     tf_sdk::key("preset", TF_VALUE_STRING, "\"tiny\"",
                 "model size: tiny (4x128), 169M, 430M, 1.5B (RWKV-4 Pile shapes), custom", 1, 0,
                 "tiny|169M|430M|1.5B|custom"),
-    tf_sdk::key("config", TF_VALUE_STRING, "\"\"", "Hugging Face config.json (or its folder) giving the shape"),
+    tf_sdk::key("config", TF_VALUE_STRING, "\"\"",
+                "Hugging Face config.json (or its folder) giving the shape"),
     tf_sdk::key("n_layer", TF_VALUE_INT, "0", "blocks (overrides)", 0, 1e4),
     tf_sdk::key("n_embd", TF_VALUE_INT, "0", "hidden size (overrides)", 0, 1e6),
     tf_sdk::key("attention_size", TF_VALUE_INT, "0", "time-mixing size; must equal n_embd", 0, 1e6),
-    tf_sdk::key("intermediate_size", TF_VALUE_INT, "0", "channel-mixing size (default 4 n_embd)", 0, 1e7),
-    tf_sdk::key("vocab_size", TF_VALUE_INT, "0", "vocabulary; 0 = the preset's, else the tokenizer's", 0, 1e7),
-    tf_sdk::key("tie_embeddings", TF_VALUE_BOOL, "false", "share embeddings with the head (overrides)"),
-    tf_sdk::key("wkv_chunk", TF_VALUE_INT, "16", "time steps per WKV chunk (speed vs activation memory)", 1, 4096),
+    tf_sdk::key("intermediate_size", TF_VALUE_INT, "0", "channel-mixing size (default 4 n_embd)", 0,
+                1e7),
+    tf_sdk::key("vocab_size", TF_VALUE_INT, "0",
+                "vocabulary; 0 = the preset's, else the tokenizer's", 0, 1e7),
+    tf_sdk::key("tie_embeddings", TF_VALUE_BOOL, "false",
+                "share embeddings with the head (overrides)"),
+    tf_sdk::key("wkv_chunk", TF_VALUE_INT, "16",
+                "time steps per WKV chunk (speed vs activation memory)", 1, 4096),
     tf_sdk::key("dtype", TF_VALUE_STRING, "\"fp32\"", "parameter dtype", 1, 0, "fp32|bf16|fp16"),
 };
 
-const tf_model_vtable kVtable = {sizeof(tf_model_vtable), create,         destroy, stage_forward,
-                                 hf_config_json,          decode,         release_cache, {}};
+const tf_model_vtable kVtable = {sizeof(tf_model_vtable), create, destroy,       stage_forward,
+                                 hf_config_json,          decode, release_cache, {}};
 
-const tf_plugin_descriptor kDescriptor = {
-    sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_MODEL, "rwkv", "1.0.0",
-    "RWKV-4 as transformers' RwkvForCausalLM: time mixing with chunked, stabilized WKV; channel mixing",
-    TORCH_VERSION, 0, kKeys, sizeof(kKeys) / sizeof(kKeys[0]), &kVtable, {}};
+const tf_plugin_descriptor kDescriptor = {sizeof(tf_plugin_descriptor),
+                                          TF_ABI_VERSION,
+                                          TF_PLUGIN_MODEL,
+                                          "rwkv",
+                                          "1.0.0",
+                                          "RWKV-4 as transformers' RwkvForCausalLM: time mixing "
+                                          "with chunked, stabilized WKV; channel mixing",
+                                          TORCH_VERSION,
+                                          0,
+                                          kKeys,
+                                          sizeof(kKeys) / sizeof(kKeys[0]),
+                                          &kVtable,
+                                          {}};
 
 }  // namespace
 

@@ -29,9 +29,12 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) { delete static_cast<Accumulate*>(state); }
+void destroy(void* state) {
+  delete static_cast<Accumulate*>(state);
+}
 
-tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t total, tf_step_result* out) {
+tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t total,
+                   tf_step_result* out) {
   auto* s = static_cast<Accumulate*>(state);
   const tf_host_api* api = s->host.api();
   return tf_sdk::guard(api, ctx, [&] {
@@ -64,7 +67,8 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
 }
 
 // Same memory as one micro-batch of the plain recipe; micro_batches times the work per step.
-tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary*, tf_memory_estimate* out) {
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary*,
+                          tf_memory_estimate* out) {
   auto* s = static_cast<Accumulate*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     out->time_factor = s->micro_batches;
@@ -109,9 +113,18 @@ tf_schedule_vtable make_vtable() {
 const tf_schedule_vtable kVtable = make_vtable();
 
 const tf_plugin_descriptor kDescriptor = {
-    sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_SCHEDULE, "accumulate", "1.0.0",
+    sizeof(tf_plugin_descriptor),
+    TF_ABI_VERSION,
+    TF_PLUGIN_SCHEDULE,
+    "accumulate",
+    "1.0.0",
     "gradient accumulation over micro_batches batches per update; warmup then cosine/linear decay",
-    TORCH_VERSION, 0, kKeys.data(), static_cast<uint32_t>(kKeys.size()), &kVtable, {}};
+    TORCH_VERSION,
+    0,
+    kKeys.data(),
+    static_cast<uint32_t>(kKeys.size()),
+    &kVtable,
+    {}};
 
 }  // namespace
 

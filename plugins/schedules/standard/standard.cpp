@@ -21,9 +21,12 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) { delete static_cast<Standard*>(state); }
+void destroy(void* state) {
+  delete static_cast<Standard*>(state);
+}
 
-tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t total, tf_step_result* out) {
+tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t total,
+                   tf_step_result* out) {
   auto* s = static_cast<Standard*>(state);
   const tf_host_api* api = s->host.api();
   return tf_sdk::guard(api, ctx, [&] {
@@ -81,9 +84,18 @@ tf_schedule_vtable make_vtable() {
 const tf_schedule_vtable kVtable = make_vtable();
 
 const tf_plugin_descriptor kDescriptor = {
-    sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_SCHEDULE, "standard", "1.0.0",
-    "forward, backward, update every step; warmup then cosine/linear decay", TORCH_VERSION, 0, kKeys.data(),
-    static_cast<uint32_t>(kKeys.size()), &kVtable, {}};
+    sizeof(tf_plugin_descriptor),
+    TF_ABI_VERSION,
+    TF_PLUGIN_SCHEDULE,
+    "standard",
+    "1.0.0",
+    "forward, backward, update every step; warmup then cosine/linear decay",
+    TORCH_VERSION,
+    0,
+    kKeys.data(),
+    static_cast<uint32_t>(kKeys.size()),
+    &kVtable,
+    {}};
 
 }  // namespace
 

@@ -2,10 +2,9 @@
 // from one. Header-only; plugins that include it link nlohmann_json.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 
@@ -23,7 +22,8 @@ struct HfConfig {
   }
   // An optional integer (absent or null: `fallback`).
   int64_t get(const char* key, int64_t fallback) const {
-    return json.contains(key) && json[key].is_number_integer() ? json[key].get<int64_t>() : fallback;
+    return json.contains(key) && json[key].is_number_integer() ? json[key].get<int64_t>()
+                                                               : fallback;
   }
 };
 
@@ -34,7 +34,8 @@ inline HfConfig read_hf_config(const std::string& path) {
   std::ifstream in(p);
   if (!in) throw std::invalid_argument("cannot read Hugging Face config " + p.string());
   HfConfig c{nlohmann::json::parse(in, nullptr, false), p.string()};
-  if (c.json.is_discarded() || !c.json.is_object()) throw std::invalid_argument(c.source + " is not a JSON object");
+  if (c.json.is_discarded() || !c.json.is_object())
+    throw std::invalid_argument(c.source + " is not a JSON object");
   return c;
 }
 

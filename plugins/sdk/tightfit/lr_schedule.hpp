@@ -19,15 +19,17 @@ struct LrSchedule {
   double min_ratio = 0.1;
 
   static LrSchedule read(const Host& host) {
-    return {host.get_int("warmup_steps"), host.get_string("decay"), host.get_double("min_lr_ratio")};
+    return {host.get_int("warmup_steps"), host.get_string("decay"),
+            host.get_double("min_lr_ratio")};
   }
 
   // lr(step) = base * (step+1)/warmup during warmup, then decays to base * min_ratio.
   double at(double base, int64_t step, int64_t total) const {
     if (step < warmup) return base * static_cast<double>(step + 1) / static_cast<double>(warmup);
     if (decay == "constant" || total <= warmup) return base;
-    const double progress = std::min(
-        1.0, static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(1, total - warmup)));
+    const double progress =
+        std::min(1.0, static_cast<double>(step - warmup) /
+                          static_cast<double>(std::max<int64_t>(1, total - warmup)));
     const double floor = base * min_ratio;
     if (decay == "linear") return floor + (base - floor) * (1.0 - progress);
     return floor + (base - floor) * 0.5 * (1.0 + std::cos(M_PI * progress));
@@ -47,8 +49,10 @@ struct LrSchedule {
 inline std::vector<tf_config_key> with_lr_schedule_keys(std::initializer_list<tf_config_key> own) {
   std::vector<tf_config_key> keys(own);
   keys.push_back(key("warmup_steps", TF_VALUE_INT, "100", "linear warmup steps", 0, 1e12));
-  keys.push_back(key("decay", TF_VALUE_STRING, "\"cosine\"", "decay after warmup", 1, 0, "cosine|linear|constant"));
-  keys.push_back(key("min_lr_ratio", TF_VALUE_FLOAT, "0.1", "final lr as a fraction of optimizer.lr", 0, 1));
+  keys.push_back(key("decay", TF_VALUE_STRING, "\"cosine\"", "decay after warmup", 1, 0,
+                     "cosine|linear|constant"));
+  keys.push_back(
+      key("min_lr_ratio", TF_VALUE_FLOAT, "0.1", "final lr as a fraction of optimizer.lr", 0, 1));
   return keys;
 }
 

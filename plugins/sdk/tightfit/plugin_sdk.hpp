@@ -25,7 +25,9 @@ inline const at::Tensor& borrow(tf_tensor handle) {
 }
 
 // Hands a tensor across the boundary as a new handle.
-inline tf_tensor give(at::Tensor t) { return reinterpret_cast<tf_tensor>(new at::Tensor(std::move(t))); }
+inline tf_tensor give(at::Tensor t) {
+  return reinterpret_cast<tf_tensor>(new at::Tensor(std::move(t)));
+}
 
 // Takes ownership of a new handle the host returned.
 inline at::Tensor take(tf_tensor handle) {
@@ -96,8 +98,8 @@ class Host {
   }
 
   // Model declarations (inside a model's create).
-  void declare_param(const std::string& name, std::vector<int64_t> shape, tf_dtype dtype, int32_t stage,
-                     tf_init_kind init, double init_std, uint32_t flags) const {
+  void declare_param(const std::string& name, std::vector<int64_t> shape, tf_dtype dtype,
+                     int32_t stage, tf_init_kind init, double init_std, uint32_t flags) const {
     tf_param_spec spec{};
     spec.struct_size = sizeof spec;
     spec.name = name.c_str();
@@ -110,9 +112,10 @@ class Host {
     spec.flags = flags;
     check(api_->declare_param(ctx_, &spec));
   }
-  int32_t declare_stage(const std::string& name, tf_stage_kind kind, int64_t activation_bytes_per_token,
-                        int64_t flops_per_token) const {
-    tf_stage_spec spec{sizeof(tf_stage_spec), name.c_str(), kind, activation_bytes_per_token, flops_per_token};
+  int32_t declare_stage(const std::string& name, tf_stage_kind kind,
+                        int64_t activation_bytes_per_token, int64_t flops_per_token) const {
+    tf_stage_spec spec{sizeof(tf_stage_spec), name.c_str(), kind, activation_bytes_per_token,
+                       flops_per_token};
     int32_t index = -1;
     check(api_->declare_stage(ctx_, &spec, &index));
     return index;
@@ -197,18 +200,18 @@ inline at::ScalarType scalar_type(tf_dtype d) {
 inline tf_config_key key(const char* name, tf_value_type type, const char* default_value,
                          const char* doc, double min_value = 1, double max_value = 0,
                          const char* choices = nullptr) {
-  return tf_config_key{sizeof(tf_config_key), name,      type,      default_value,
-                       doc,                   min_value, max_value, choices};
+  return tf_config_key{
+      sizeof(tf_config_key), name, type, default_value, doc, min_value, max_value, choices};
 }
 
 }  // namespace tf_sdk
 
 // Defines the entry symbol returning `descriptor` (a static tf_plugin_descriptor).
-#define TF_DEFINE_PLUGIN_ENTRY(descriptor)                                                   \
-  extern "C" TF_PLUGIN_EXPORT tf_status tightfit_plugin_entry(const tf_host_offer* host,     \
+#define TF_DEFINE_PLUGIN_ENTRY(descriptor)                                                        \
+  extern "C" TF_PLUGIN_EXPORT tf_status tightfit_plugin_entry(const tf_host_offer* host,          \
                                                               const tf_plugin_descriptor** out) { \
-    if (host == nullptr || out == nullptr) return TF_ERR_INVALID_ARGUMENT;                   \
-    if (TF_VERSION_MAJOR(host->abi_version) != TF_ABI_VERSION_MAJOR) return TF_ERR_ABI;      \
-    *out = &(descriptor);                                                                    \
-    return TF_OK;                                                                            \
+    if (host == nullptr || out == nullptr) return TF_ERR_INVALID_ARGUMENT;                        \
+    if (TF_VERSION_MAJOR(host->abi_version) != TF_ABI_VERSION_MAJOR) return TF_ERR_ABI;           \
+    *out = &(descriptor);                                                                         \
+    return TF_OK;                                                                                 \
   }

@@ -23,7 +23,9 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) { delete static_cast<Checkpoint*>(state); }
+void destroy(void* state) {
+  delete static_cast<Checkpoint*>(state);
+}
 
 tf_status configure(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Checkpoint*>(state);
@@ -36,8 +38,8 @@ tf_status configure(void* state, tf_host_context* ctx) {
         ++marked;
       }
     }
-    s->host.log(TF_LOG_INFO, "recomputing " + std::to_string(marked) + " of " + std::to_string(block) +
-                                 " blocks in backward");
+    s->host.log(TF_LOG_INFO, "recomputing " + std::to_string(marked) + " of " +
+                                 std::to_string(block) + " blocks in backward");
     return TF_OK;
   });
 }
@@ -62,7 +64,8 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
       recompute_flops += info.flops_per_token;
     }
     out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] = -saved + largest;
-    out->time_factor = total_flops > 0 ? 1.0 + static_cast<double>(recompute_flops) / (3.0 * total_flops) : 0;
+    out->time_factor =
+        total_flops > 0 ? 1.0 + static_cast<double>(recompute_flops) / (3.0 * total_flops) : 0;
     return TF_OK;
   });
 }
@@ -83,9 +86,18 @@ tf_strategy_vtable make_vtable() {
 const tf_strategy_vtable kVtable = make_vtable();
 
 const tf_plugin_descriptor kDescriptor = {
-    sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_STRATEGY, "checkpoint", "1.0.0",
-    "activation checkpointing: recompute every N-th block in backward", TORCH_VERSION, 0, kKeys,
-    sizeof(kKeys) / sizeof(kKeys[0]), &kVtable, {}};
+    sizeof(tf_plugin_descriptor),
+    TF_ABI_VERSION,
+    TF_PLUGIN_STRATEGY,
+    "checkpoint",
+    "1.0.0",
+    "activation checkpointing: recompute every N-th block in backward",
+    TORCH_VERSION,
+    0,
+    kKeys,
+    sizeof(kKeys) / sizeof(kKeys[0]),
+    &kVtable,
+    {}};
 
 }  // namespace
 

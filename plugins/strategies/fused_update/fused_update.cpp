@@ -41,7 +41,9 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) { delete static_cast<FusedUpdate*>(state); }
+void destroy(void* state) {
+  delete static_cast<FusedUpdate*>(state);
+}
 
 tf_status grad_ready(void* state, tf_host_context* ctx, const char* name, tf_tensor grad_h) {
   auto* s = static_cast<FusedUpdate*>(state);
@@ -88,11 +90,13 @@ tf_status load_state(void* state, tf_host_context* ctx) {
 }
 
 // Gradients of one stage at a time instead of all of them.
-tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model, tf_memory_estimate* out) {
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model,
+                          tf_memory_estimate* out) {
   auto* s = static_cast<FusedUpdate*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const int64_t grads = 4 * model->n_trainable;
-    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_GRADS] = -(grads - grads / std::max(1, model->n_stages - 2));
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_GRADS] =
+        -(grads - grads / std::max(1, model->n_stages - 2));
     out->time_factor = 1.0;
     return TF_OK;
   });
@@ -118,10 +122,19 @@ tf_strategy_vtable make_vtable() {
 }
 const tf_strategy_vtable kVtable = make_vtable();
 
-const tf_plugin_descriptor kDescriptor = {
-    sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_STRATEGY, "fused_update", "1.0.0",
-    "optimizer-in-backward: update each stage's parameters when its backward ends, free their gradients",
-    TORCH_VERSION, 0, kKeys, sizeof(kKeys) / sizeof(kKeys[0]), &kVtable, {}};
+const tf_plugin_descriptor kDescriptor = {sizeof(tf_plugin_descriptor),
+                                          TF_ABI_VERSION,
+                                          TF_PLUGIN_STRATEGY,
+                                          "fused_update",
+                                          "1.0.0",
+                                          "optimizer-in-backward: update each stage's parameters "
+                                          "when its backward ends, free their gradients",
+                                          TORCH_VERSION,
+                                          0,
+                                          kKeys,
+                                          sizeof(kKeys) / sizeof(kKeys[0]),
+                                          &kVtable,
+                                          {}};
 
 }  // namespace
 

@@ -7,14 +7,14 @@
 // them under base_model.model.: "<module>.lora_A.weight") and freezes every
 // other parameter; linear_extend adds the low-rank term. With quantize after
 // it in the recipe this is QLoRA.
+#include "lora.hpp"
+
 #include <cmath>
 #include <map>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include "lora.hpp"
 
 namespace {
 
@@ -45,7 +45,9 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) { delete static_cast<Lora*>(state); }
+void destroy(void* state) {
+  delete static_cast<Lora*>(state);
+}
 
 tf_status configure(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Lora*>(state);
@@ -58,14 +60,17 @@ tf_status configure(void* state, tf_host_context* ctx) {
       if (api->config_get_list_string(ctx, "targets", i, &t) != TF_OK) break;
       listed += (i ? ", " : "") + std::string(t);
       auto alias = kAliases.find(t);
-      if (alias != kAliases.end()) patterns.insert(patterns.end(), alias->second.begin(), alias->second.end());
-      else patterns.emplace_back(t);
+      if (alias != kAliases.end())
+        patterns.insert(patterns.end(), alias->second.begin(), alias->second.end());
+      else
+        patterns.emplace_back(t);
     }
     const std::vector<std::string> names = s->host.param_names();
     std::string linear_weights;
     for (const auto& name : names) {
       const tf_param_info info = s->host.param_info(name);
-      if (info.ndim != 2 || info.stage < 0 || name.size() < 7 || name.compare(name.size() - 7, 7, ".weight") != 0 ||
+      if (info.ndim != 2 || info.stage < 0 || name.size() < 7 ||
+          name.compare(name.size() - 7, 7, ".weight") != 0 ||
           s->host.stage_info(info.stage).kind != TF_STAGE_BLOCK)
         continue;
       linear_weights += (linear_weights.empty() ? "" : ", ") + name;
@@ -75,15 +80,19 @@ tf_status configure(void* state, tf_host_context* ctx) {
       const std::string module = name.substr(0, name.size() - 7);
       const int64_t out_f = info.shape[0], in_f = info.shape[1];
       Adapter ad{module + ".lora_A.weight", module + ".lora_B.weight"};
-      // A as PEFT initializes it (Kaiming-uniform bound 1/sqrt(in)), B zero: the model starts unchanged.
+      // A as PEFT initializes it (Kaiming-uniform bound 1/sqrt(in)), B zero: the model starts
+      // unchanged.
       s->host.declare_param(ad.a, {s->rank, in_f}, info.dtype, info.stage, TF_INIT_UNIFORM,
                             1.0 / std::sqrt(static_cast<double>(in_f)), TF_PARAM_ADAPTER);
-      s->host.declare_param(ad.b, {out_f, s->rank}, info.dtype, info.stage, TF_INIT_ZEROS, 0, TF_PARAM_ADAPTER);
+      s->host.declare_param(ad.b, {out_f, s->rank}, info.dtype, info.stage, TF_INIT_ZEROS, 0,
+                            TF_PARAM_ADAPTER);
       s->adapters[name] = ad;
     }
     if (s->adapters.empty())
-      throw std::invalid_argument("lora: targets [" + listed + "] match no linear weight of this model. Its block "
-                                  "linear weights are: " + linear_weights);
+      throw std::invalid_argument("lora: targets [" + listed +
+                                  "] match no linear weight of this model. Its block "
+                                  "linear weights are: " +
+                                  linear_weights);
     // The base is frozen; only the adapters train.
     for (const auto& name : names) s->host.check(api->param_set_trainable(ctx, name.c_str(), 0));
     std::ostringstream msg;
@@ -93,8 +102,8 @@ tf_status configure(void* state, tf_host_context* ctx) {
   });
 }
 
-tf_status linear_extend(void* state, tf_host_context* ctx, const char* weight, tf_tensor x_h, tf_tensor y_h,
-                        tf_tensor* out) {
+tf_status linear_extend(void* state, tf_host_context* ctx, const char* weight, tf_tensor x_h,
+                        tf_tensor y_h, tf_tensor* out) {
   auto* s = static_cast<Lora*>(state);
   auto it = s->adapters.find(weight);
   if (it == s->adapters.end()) return TF_NOT_HANDLED;
@@ -108,7 +117,8 @@ tf_status linear_extend(void* state, tf_host_context* ctx, const char* weight, t
 }
 
 // Exports merge the adapter into its base: W + (alpha / r) B A.
-tf_status export_weight(void* state, tf_host_context* ctx, const char* name, tf_tensor dense, tf_tensor* out) {
+tf_status export_weight(void* state, tf_host_context* ctx, const char* name, tf_tensor dense,
+                        tf_tensor* out) {
   auto* s = static_cast<Lora*>(state);
   auto it = s->adapters.find(name);
   if (it == s->adapters.end()) return TF_NOT_HANDLED;
@@ -116,7 +126,8 @@ tf_status export_weight(void* state, tf_host_context* ctx, const char* name, tf_
     at::NoGradGuard no_grad;
     const at::Tensor a = s->host.weight(it->second.a), b = s->host.weight(it->second.b);
     const at::Tensor& w = tf_sdk::borrow(dense);
-    *out = tf_sdk::give((w.to(at::kFloat) + at::matmul(b, a).to(at::kFloat) * s->scale).to(w.scalar_type()));
+    *out = tf_sdk::give(
+        (w.to(at::kFloat) + at::matmul(b, a).to(at::kFloat) * s->scale).to(w.scalar_type()));
     return TF_OK;
   });
 }
@@ -142,7 +153,8 @@ tf_status export_adapter(void* state, tf_host_context* ctx, const char* dir) {
 
 // Adapters add 2 r (in + out) values per target, trained: weights, grads and
 // two AdamW moments; the frozen base needs no gradients or optimizer state.
-tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model, tf_memory_estimate* out) {
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model,
+                          tf_memory_estimate* out) {
   auto* s = static_cast<Lora*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     int64_t adapter_params = 0;
@@ -152,7 +164,8 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
     }
     out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ADAPTERS] = 4 * adapter_params;
     out->delta_bytes[TF_TIER_DEVICE][TF_MEM_GRADS] = 4 * adapter_params - 4 * model->n_trainable;
-    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] = 8 * adapter_params - 8 * model->n_trainable;
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] =
+        8 * adapter_params - 8 * model->n_trainable;
     out->time_factor = 0;
     return TF_OK;
   });
@@ -162,10 +175,12 @@ const tf_config_key kKeys[] = {
     tf_sdk::key("targets", TF_VALUE_STRING_LIST, "[\"q\", \"v\"]",
                 "projections to adapt: q k v o gate up down, or any substring of a weight's name"),
     tf_sdk::key("rank", TF_VALUE_INT, "8", "adapter rank r", 1, 4096),
-    tf_sdk::key("alpha", TF_VALUE_FLOAT, "16.0", "scaling numerator: the update is (alpha / r) B A x", 0, 1e6),
+    tf_sdk::key("alpha", TF_VALUE_FLOAT, "16.0",
+                "scaling numerator: the update is (alpha / r) B A x", 0, 1e6),
     tf_sdk::key("dropout", TF_VALUE_FLOAT, "0.0", "dropout on the adapter input in training", 0, 1),
-    tf_sdk::key("adapter", TF_VALUE_STRING, "\"\"",
-                "a PEFT adapter folder (adapter_config.json + adapter_model.safetensors) to start from"),
+    tf_sdk::key(
+        "adapter", TF_VALUE_STRING, "\"\"",
+        "a PEFT adapter folder (adapter_config.json + adapter_model.safetensors) to start from"),
 };
 
 tf_strategy_vtable make_vtable() {
@@ -184,9 +199,18 @@ tf_strategy_vtable make_vtable() {
 const tf_strategy_vtable kVtable = make_vtable();
 
 const tf_plugin_descriptor kDescriptor = {
-    sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_STRATEGY, "lora", "1.0.0",
-    "low-rank adapters on chosen projections, base frozen (with quantize: QLoRA)", TORCH_VERSION, 0, kKeys,
-    sizeof(kKeys) / sizeof(kKeys[0]), &kVtable, {}};
+    sizeof(tf_plugin_descriptor),
+    TF_ABI_VERSION,
+    TF_PLUGIN_STRATEGY,
+    "lora",
+    "1.0.0",
+    "low-rank adapters on chosen projections, base frozen (with quantize: QLoRA)",
+    TORCH_VERSION,
+    0,
+    kKeys,
+    sizeof(kKeys) / sizeof(kKeys[0]),
+    &kVtable,
+    {}};
 
 }  // namespace
 

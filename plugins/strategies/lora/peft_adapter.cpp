@@ -4,14 +4,13 @@
 //   adapter_model.safetensors  base_model.model.<module>.lora_A.weight [r, in]
 //                              base_model.model.<module>.lora_B.weight [out, r]
 //   adapter_config.json        peft_type LORA, r, lora_alpha, target_modules, ...
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
-#include <cmath>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <vector>
@@ -23,8 +22,12 @@ namespace {
 
 constexpr const char* kPrefix = "base_model.model.";
 
-std::string module_of(const std::string& weight) { return weight.substr(0, weight.size() - 7); }  // drop ".weight"
-std::string leaf_of(const std::string& module) { return module.substr(module.rfind('.') + 1); }
+std::string module_of(const std::string& weight) {
+  return weight.substr(0, weight.size() - 7);
+}  // drop ".weight"
+std::string leaf_of(const std::string& module) {
+  return module.substr(module.rfind('.') + 1);
+}
 
 // The block linear modules of the model (where LoRA can go).
 std::vector<std::string> linear_modules(const Lora& s) {
@@ -95,8 +98,9 @@ void write_peft_adapter(const Lora& s, const std::string& dir) {
     handles.push_back(reinterpret_cast<tf_tensor>(&values[i]));
   }
   const std::string file = dir + "/adapter_model.safetensors";
-  s.host.check(s.host.api()->tensors_save(s.host.ctx(), file.c_str(), static_cast<int32_t>(names.size()),
-                                          name_ptrs.data(), handles.data(), "{\"format\": \"pt\"}"));
+  s.host.check(s.host.api()->tensors_save(s.host.ctx(), file.c_str(),
+                                          static_cast<int32_t>(names.size()), name_ptrs.data(),
+                                          handles.data(), "{\"format\": \"pt\"}"));
   const nlohmann::json config = {
       {"peft_type", "LORA"},
       {"task_type", "CAUSAL_LM"},
@@ -125,18 +129,21 @@ void read_peft_adapter(const Lora& s, const std::string& dir) {
   const std::string config_path = dir + "/adapter_config.json";
   std::ifstream in(config_path, std::ios::binary);
   if (!in)
-    throw std::invalid_argument("lora.adapter: cannot open " + config_path +
-                                " (a PEFT adapter folder has adapter_config.json and adapter_model.safetensors)");
+    throw std::invalid_argument(
+        "lora.adapter: cannot open " + config_path +
+        " (a PEFT adapter folder has adapter_config.json and adapter_model.safetensors)");
   std::stringstream text;
   text << in.rdbuf();
   const auto config = nlohmann::json::parse(text.str(), nullptr, false);
   if (config.is_discarded() || !config.is_object())
     throw std::invalid_argument("lora.adapter: " + config_path + " is not valid JSON");
   if (config.value("peft_type", "") != "LORA")
-    throw std::invalid_argument("lora.adapter: " + config_path + " is not a LoRA adapter (peft_type \"" +
+    throw std::invalid_argument("lora.adapter: " + config_path +
+                                " is not a LoRA adapter (peft_type \"" +
                                 config.value("peft_type", "") + "\")");
   if (config.value("use_dora", false))
-    throw std::invalid_argument("lora.adapter: " + config_path + " is a DoRA adapter, which this plugin does not run");
+    throw std::invalid_argument("lora.adapter: " + config_path +
+                                " is a DoRA adapter, which this plugin does not run");
   const int64_t r = config.value("r", int64_t{-1});
   const double alpha = config.value("lora_alpha", -1.0);
   if (r != s.rank || std::abs(alpha - s.alpha) > 1e-9 * std::max(1.0, s.alpha)) {
@@ -147,7 +154,8 @@ void read_peft_adapter(const Lora& s, const std::string& dir) {
     throw std::invalid_argument(msg.str());
   }
   if (config.value("use_rslora", false))
-    throw std::invalid_argument("lora.adapter: " + config_path + " uses rsLoRA scaling (alpha / sqrt(r)), which "
+    throw std::invalid_argument("lora.adapter: " + config_path +
+                                " uses rsLoRA scaling (alpha / sqrt(r)), which "
                                 "this plugin does not; retrain without use_rslora");
   const std::string file = dir + "/adapter_model.safetensors";
   const tf_host_api* api = s.host.api();
@@ -163,10 +171,10 @@ void read_peft_adapter(const Lora& s, const std::string& dir) {
       tf_tensor h = nullptr;
       const tf_status st = api->tensors_load(ctx, file.c_str(), (kPrefix + p).c_str(), &h);
       if (st == TF_ERR_NOT_FOUND)
-        throw std::invalid_argument("lora.adapter: " + file + " has no " + kPrefix + p +
-                                    ": the adapter was trained on other modules (its target_modules: " +
-                                    config.value("target_modules", nlohmann::json()).dump() +
-                                    "); set targets to match");
+        throw std::invalid_argument(
+            "lora.adapter: " + file + " has no " + kPrefix + p +
+            ": the adapter was trained on other modules (its target_modules: " +
+            config.value("target_modules", nlohmann::json()).dump() + "); set targets to match");
       s.host.check(st);
       const at::Tensor loaded = tf_sdk::take(h);
       tf_tensor storage_h = nullptr;

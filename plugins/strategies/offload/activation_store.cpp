@@ -6,7 +6,9 @@
 
 namespace offload {
 
-ActivationStore::~ActivationStore() { clear(); }
+ActivationStore::~ActivationStore() {
+  clear();
+}
 
 uint64_t ActivationStore::pack(int32_t stage, const at::Tensor& x) {
   const uint64_t key = next_++;
@@ -19,23 +21,28 @@ uint64_t ActivationStore::pack(int32_t stage, const at::Tensor& x) {
   // tensor itself is held only until its file is written.
   at::Tensor host_copy;
   track_([&] {
-    host_copy = x.device().is_cpu() ? (disk_ ? x.detach().contiguous() : x.detach().clone())
-                                    : x.detach().to(at::TensorOptions().device(at::kCPU).pinned_memory(true));
+    host_copy = x.device().is_cpu()
+                    ? (disk_ ? x.detach().contiguous() : x.detach().clone())
+                    : x.detach().to(at::TensorOptions().device(at::kCPU).pinned_memory(true));
   });
   if (!disk_) {
     e.host = host_copy;
   } else {
     // At most one write in flight: the previous stage's input is on disk
     // before this one's goes, so memory holds at most one pending input.
-    if (!entries_.empty() && entries_.rbegin()->second.written.valid()) entries_.rbegin()->second.written.wait();
+    if (!entries_.empty() && entries_.rbegin()->second.written.valid())
+      entries_.rbegin()->second.written.wait();
     e.path = dir_ + "/activation-" + std::to_string(key) + ".bin";
     const std::string path = e.path;
     // The task drops its reference once written, so the memory goes then.
     e.written = std::async(std::launch::async, [path, t = host_copy]() mutable {
                   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-                  out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.numel() * t.element_size()));
+                  out.write(static_cast<const char*>(t.data_ptr()),
+                            static_cast<std::streamsize>(t.numel() * t.element_size()));
                   t = at::Tensor();
-                  if (!out) throw std::runtime_error("offload: cannot write " + path + " (disk full? set offload.dir)");
+                  if (!out)
+                    throw std::runtime_error("offload: cannot write " + path +
+                                             " (disk full? set offload.dir)");
                 }).share();
   }
   entries_.emplace(key, std::move(e));
@@ -47,7 +54,8 @@ at::Tensor ActivationStore::read(const FileRef& f) const {
   at::Tensor t;
   track_([&] { t = at::empty(f.shape, at::TensorOptions().dtype(f.dtype).pinned_memory(cuda_)); });
   std::ifstream in(f.path, std::ios::binary);
-  in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(t.numel() * t.element_size()));
+  in.read(static_cast<char*>(t.data_ptr()),
+          static_cast<std::streamsize>(t.numel() * t.element_size()));
   if (!in) throw std::runtime_error("offload: cannot read " + f.path);
   return t;
 }
@@ -59,21 +67,25 @@ void ActivationStore::prefetch_below(int32_t stage) {
     if (e.stage < stage && (!next || e.stage > next->stage)) next = &e;
   if (!next || !disk_ || next->prefetched.valid()) return;
   // The task gets its own copy of what it reads: the entry may go first.
-  next->prefetched =
-      std::async(std::launch::async, [this, f = FileRef{next->shape, next->dtype, next->path, next->written}] {
-        return read(f);
-      }).share();
+  next->prefetched = std::async(std::launch::async, [this, f = FileRef{next->shape, next->dtype,
+                                                                       next->path, next->written}] {
+                       return read(f);
+                     }).share();
 }
 
 at::Tensor ActivationStore::unpack(uint64_t key) {
   auto it = entries_.find(key);
-  if (it == entries_.end()) throw std::runtime_error("offload: no activation under key " + std::to_string(key));
+  if (it == entries_.end())
+    throw std::runtime_error("offload: no activation under key " + std::to_string(key));
   Entry e = std::move(it->second);
   entries_.erase(it);
   at::Tensor host;
-  if (!disk_) host = e.host;
-  else if (e.prefetched.valid()) host = e.prefetched.get();
-  else host = read(FileRef{e.shape, e.dtype, e.path, e.written});
+  if (!disk_)
+    host = e.host;
+  else if (e.prefetched.valid())
+    host = e.prefetched.get();
+  else
+    host = read(FileRef{e.shape, e.dtype, e.path, e.written});
   if (disk_) std::remove(e.path.c_str());
   prefetch_below(e.stage);
   at::Tensor out;

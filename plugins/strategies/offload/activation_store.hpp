@@ -19,7 +19,8 @@ class ActivationStore {
  public:
   // `track` runs a callable with the host's memory category for activations
   // pushed on the calling thread (the background tasks' allocations count).
-  ActivationStore(bool disk, std::string dir, bool cuda, std::function<void(const std::function<void()>&)> track)
+  ActivationStore(bool disk, std::string dir, bool cuda,
+                  std::function<void(const std::function<void()>&)> track)
       : disk_(disk), dir_(std::move(dir)), cuda_(cuda), track_(std::move(track)) {}
   ~ActivationStore();
 
@@ -35,8 +36,8 @@ class ActivationStore {
     std::vector<int64_t> shape;
     at::ScalarType dtype = at::kFloat;
     at::Device device{at::kCPU};
-    at::Tensor host;            // host tier, or the copy being written
-    std::string path;           // disk tier
+    at::Tensor host;   // host tier, or the copy being written
+    std::string path;  // disk tier
     std::shared_future<void> written;
     std::shared_future<at::Tensor> prefetched;
   };

@@ -9,7 +9,8 @@ namespace offload {
 
 Upload upload_async(const std::map<std::string, at::Tensor>& host, const at::Device& device) {
   const c10::cuda::CUDAGuard device_guard(device);
-  c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+  c10::cuda::CUDAStream stream =
+      c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
   const c10::cuda::CUDAStreamGuard stream_guard(stream);
   Upload out;
   out.source = host;

@@ -69,16 +69,16 @@ struct Offload {
   bool cuda = false;
   int64_t prefetch = 1;
   bool offload_params = true;
-  bool disk = true;  // params tier: files, or host memory
+  bool disk = true;                               // params tier: files, or host memory
   std::map<std::string, at::Tensor> host_copies;  // params = "host": the tier itself
   std::map<int32_t, offload::Upload> uploads;     // CUDA: stages being copied on a side stream
   std::string dir;
   int64_t offloaded_bytes = 0;
   std::map<std::string, Offloaded> weights;
   std::map<int32_t, std::vector<std::string>> by_stage;
-  std::string optimizer_tier;                  // "none" | "host" | "disk"
-  std::unique_ptr<offload::StateTier> state;  // created in params_ready
-  std::string activations_tier;                          // "none" | "host" | "disk"
+  std::string optimizer_tier;                             // "none" | "host" | "disk"
+  std::unique_ptr<offload::StateTier> state;              // created in params_ready
+  std::string activations_tier;                           // "none" | "host" | "disk"
   std::unique_ptr<offload::ActivationStore> activations;  // created in params_ready
 
   // Loaded weights, by stage; guarded by m.
@@ -105,7 +105,8 @@ struct Offload {
     if (!disk) return host_copies.at(name);
     at::Tensor t = at::empty(w.shape, at::TensorOptions().dtype(w.dtype).pinned_memory(cuda));
     std::ifstream in(w.path, std::ios::binary);
-    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(t.numel() * t.element_size()));
+    in.read(static_cast<char*>(t.data_ptr()),
+            static_cast<std::streamsize>(t.numel() * t.element_size()));
     if (!in) throw std::runtime_error("offload: cannot read " + w.path);
     return t;
   }
@@ -192,8 +193,8 @@ struct Offload {
       const Offloaded& w = weights.at(name);
       at::Tensor t = loaded.at(name);
       if (t.device() != at::Device(device)) t = t.to(at::Device(device), /*non_blocking=*/cuda);
-      host.check(host.api()->param_set_storage(host.ctx(), name.c_str(), reinterpret_cast<tf_tensor>(&t), w.format,
-                                               tier()));
+      host.check(host.api()->param_set_storage(host.ctx(), name.c_str(),
+                                               reinterpret_cast<tf_tensor>(&t), w.format, tier()));
     }
   }
 
@@ -202,8 +203,8 @@ struct Offload {
     for (const auto& name : by_stage[stage]) {
       const Offloaded& w = weights.at(name);
       at::Tensor placeholder = at::empty({0}, at::TensorOptions().dtype(w.dtype));
-      host.check(host.api()->param_set_storage(host.ctx(), name.c_str(), reinterpret_cast<tf_tensor>(&placeholder),
-                                               w.format, tier()));
+      host.check(host.api()->param_set_storage(
+          host.ctx(), name.c_str(), reinterpret_cast<tf_tensor>(&placeholder), w.format, tier()));
     }
     std::lock_guard<std::mutex> lock(m);
     resident.erase(stage);
@@ -225,12 +226,15 @@ struct Offload {
       tf_tensor stored = nullptr;
       host.check(api->param_storage(ctx, names[i].c_str(), &stored));
       const at::Tensor w = tf_sdk::take(stored).detach().contiguous().cpu();
-      Offloaded o{disk ? (fs::path(dir) / (std::to_string(i) + ".bin")).string() : std::string(), w.sizes().vec(),
-                  w.scalar_type(), info.format, info.stage};
+      Offloaded o{disk ? (fs::path(dir) / (std::to_string(i) + ".bin")).string() : std::string(),
+                  w.sizes().vec(), w.scalar_type(), info.format, info.stage};
       if (disk) {
         std::ofstream out(o.path, std::ios::binary | std::ios::trunc);
-        out.write(static_cast<const char*>(w.data_ptr()), static_cast<std::streamsize>(w.numel() * w.element_size()));
-        if (!out) throw std::runtime_error("offload: cannot write " + o.path + " (disk full? set offload.dir)");
+        out.write(static_cast<const char*>(w.data_ptr()),
+                  static_cast<std::streamsize>(w.numel() * w.element_size()));
+        if (!out)
+          throw std::runtime_error("offload: cannot write " + o.path +
+                                   " (disk full? set offload.dir)");
       } else {
         // The host tier: pinned on a CUDA run (asynchronous copies), counted as weights.
         host.check(api->memory_push_category(ctx, TF_MEM_WEIGHTS));
@@ -241,8 +245,8 @@ struct Offload {
       by_stage[info.stage].push_back(names[i]);
       weights[names[i]] = std::move(o);
       at::Tensor placeholder = at::empty({0}, at::TensorOptions().dtype(w.scalar_type()));
-      host.check(api->param_set_storage(ctx, names[i].c_str(), reinterpret_cast<tf_tensor>(&placeholder), info.format,
-                                        tier()));
+      host.check(api->param_set_storage(
+          ctx, names[i].c_str(), reinterpret_cast<tf_tensor>(&placeholder), info.format, tier()));
     }
   }
 
@@ -258,12 +262,15 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     s->offload_params = params != "none";
     s->disk = params == "disk";
     if (params == "host" && !s->cuda)
-      s->host.log(TF_LOG_WARN, "offload: params = \"host\" on a CPU run keeps the weights in the same memory (no "
-                               "saving); params = \"disk\" is the saving here");
+      s->host.log(
+          TF_LOG_WARN,
+          "offload: params = \"host\" on a CPU run keeps the weights in the same memory (no "
+          "saving); params = \"disk\" is the saving here");
     s->optimizer_tier = s->host.get_string("optimizer");
     s->activations_tier = s->host.get_string("activations");
     if (!s->offload_params && s->optimizer_tier == "none" && s->activations_tier == "none")
-      throw std::invalid_argument("offload: params, optimizer and activations are all \"none\": nothing to offload");
+      throw std::invalid_argument(
+          "offload: params, optimizer and activations are all \"none\": nothing to offload");
     s->prefetch = s->host.get_int("prefetch");
     s->dir = s->host.get_string("dir");
     if (s->dir.empty()) s->dir = (fs::path(s->host.run_info().run_dir) / "offload").string();
@@ -272,7 +279,9 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) { delete static_cast<Offload*>(state); }
+void destroy(void* state) {
+  delete static_cast<Offload*>(state);
+}
 
 // Streaming setup: a stage's frozen weights leave memory as soon as they exist.
 tf_status stage_params_ready(void* state, tf_host_context* ctx, int32_t stage) {
@@ -291,25 +300,32 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
     fs::create_directories(s->dir);
     if (s->optimizer_tier != "none") {
       if (s->optimizer_tier == "host" && !s->cuda)
-        s->host.log(TF_LOG_WARN, "offload: optimizer = \"host\" on a CPU run keeps the state in the same memory "
-                                 "(no saving); optimizer = \"disk\" is the saving here");
-      s->state = std::make_unique<offload::StateTier>(
-          s->optimizer_tier == "disk" ? offload::StateTier::Kind::disk : offload::StateTier::Kind::host, s->dir,
-          s->cuda);
+        s->host.log(TF_LOG_WARN,
+                    "offload: optimizer = \"host\" on a CPU run keeps the state in the same memory "
+                    "(no saving); optimizer = \"disk\" is the saving here");
+      s->state = std::make_unique<offload::StateTier>(s->optimizer_tier == "disk"
+                                                          ? offload::StateTier::Kind::disk
+                                                          : offload::StateTier::Kind::host,
+                                                      s->dir, s->cuda);
     }
     if (s->activations_tier != "none") {
       bool recomputed = false;
-      for (int32_t i = 0; i < s->host.stage_count(); ++i) recomputed |= s->host.stage_info(i).recompute != 0;
+      for (int32_t i = 0; i < s->host.stage_count(); ++i)
+        recomputed |= s->host.stage_info(i).recompute != 0;
       if (!recomputed)
-        throw std::invalid_argument("offload: activations = \"" + s->activations_tier +
-                                    "\" moves the inputs that checkpointed stages keep for their recompute, and no "
-                                    "stage is checkpointed; add [[strategy]] plugin = \"checkpoint\"");
+        throw std::invalid_argument(
+            "offload: activations = \"" + s->activations_tier +
+            "\" moves the inputs that checkpointed stages keep for their recompute, and no "
+            "stage is checkpointed; add [[strategy]] plugin = \"checkpoint\"");
       if (s->activations_tier == "host" && !s->cuda)
-        s->host.log(TF_LOG_WARN, "offload: activations = \"host\" on a CPU run keeps them in the same memory (no "
-                                 "saving); activations = \"disk\" is the saving here");
+        s->host.log(
+            TF_LOG_WARN,
+            "offload: activations = \"host\" on a CPU run keeps them in the same memory (no "
+            "saving); activations = \"disk\" is the saving here");
       const tf_host_api* api = s->host.api();
       s->activations = std::make_unique<offload::ActivationStore>(
-          s->activations_tier == "disk", s->dir, s->cuda, [api, ctx](const std::function<void()>& f) {
+          s->activations_tier == "disk", s->dir, s->cuda,
+          [api, ctx](const std::function<void()>& f) {
             api->memory_push_category(ctx, TF_MEM_ACTIVATIONS);
             try {
               f();
@@ -322,13 +338,15 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
     }
     if (s->offload_params) s->offload_stage(-1);
     if (s->offload_params && s->weights.empty() && !s->state && !s->activations)
-      throw std::invalid_argument("offload: no frozen block weights to offload (trainable weights stay in memory in "
-                                  "this version: combine with lora, freeze stages, or offload the optimizer state "
-                                  "with optimizer = \"disk\")");
+      throw std::invalid_argument(
+          "offload: no frozen block weights to offload (trainable weights stay in memory in "
+          "this version: combine with lora, freeze stages, or offload the optimizer state "
+          "with optimizer = \"disk\")");
     if (!s->weights.empty()) {
       s->worker = std::thread([s] { s->worker_loop(); });
-      s->host.log(TF_LOG_INFO, std::string(s->disk ? "disk" : "host") + " tier: " + std::to_string(s->weights.size()) +
-                                   " weights, " + std::to_string(s->offloaded_bytes >> 20) + " MiB" +
+      s->host.log(TF_LOG_INFO, std::string(s->disk ? "disk" : "host") +
+                                   " tier: " + std::to_string(s->weights.size()) + " weights, " +
+                                   std::to_string(s->offloaded_bytes >> 20) + " MiB" +
                                    (s->disk ? " in " + s->dir : std::string()));
     }
     return TF_OK;
@@ -338,7 +356,8 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
 tf_status stage_event(void* state, tf_host_context* ctx, const tf_stage_event* ev) {
   auto* s = static_cast<Offload*>(state);
   // A new forward: activations of a pass whose backward never came are stale.
-  if (s->activations && ev->phase == TF_PHASE_FORWARD && ev->begin && ev->stage == 0 && s->activations->size())
+  if (s->activations && ev->phase == TF_PHASE_FORWARD && ev->begin && ev->stage == 0 &&
+      s->activations->size())
     s->activations->clear();
   if (!s->by_stage.count(ev->stage)) {
     // Nothing of this stage is offloaded; still read ahead for the next ones.
@@ -361,7 +380,8 @@ tf_status stage_event(void* state, tf_host_context* ctx, const tf_stage_event* e
   });
 }
 
-tf_status pack_activation(void* state, tf_host_context* ctx, int32_t stage, tf_tensor x, uint64_t* key) {
+tf_status pack_activation(void* state, tf_host_context* ctx, int32_t stage, tf_tensor x,
+                          uint64_t* key) {
   auto* s = static_cast<Offload*>(state);
   if (!s->activations) return TF_NOT_HANDLED;
   return tf_sdk::guard(s->host.api(), ctx, [&] {
@@ -370,10 +390,12 @@ tf_status pack_activation(void* state, tf_host_context* ctx, int32_t stage, tf_t
   });
 }
 
-tf_status unpack_activation(void* state, tf_host_context* ctx, int32_t, uint64_t key, tf_tensor* out) {
+tf_status unpack_activation(void* state, tf_host_context* ctx, int32_t, uint64_t key,
+                            tf_tensor* out) {
   auto* s = static_cast<Offload*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    if (!s->activations) throw std::logic_error("offload: unpack_activation without an activation tier");
+    if (!s->activations)
+      throw std::logic_error("offload: unpack_activation without an activation tier");
     *out = tf_sdk::give(s->activations->unpack(key));
     return TF_OK;
   });
@@ -387,8 +409,8 @@ int32_t state_slots(const Offload& s) {
 }
 
 // The update of a trainable parameter where its optimizer state lives.
-tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* name, tf_tensor param_h,
-                               tf_tensor grad_h, double) {
+tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* name,
+                               tf_tensor param_h, tf_tensor grad_h, double) {
   auto* s = static_cast<Offload*>(state);
   if (!s->state) return TF_NOT_HANDLED;
   const tf_host_api* api = s->host.api();
@@ -411,8 +433,8 @@ tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* na
     s->state->with_state(name, param.sizes(), n, [&](std::vector<at::Tensor>& slots) {
       std::vector<tf_tensor> handles;
       for (auto& t : slots) handles.push_back(reinterpret_cast<tf_tensor>(&t));
-      s->host.check(api->optimizer_update(ctx, name, reinterpret_cast<tf_tensor>(&p), reinterpret_cast<tf_tensor>(&g),
-                                          n, handles.data()));
+      s->host.check(api->optimizer_update(ctx, name, reinterpret_cast<tf_tensor>(&p),
+                                          reinterpret_cast<tf_tensor>(&g), n, handles.data()));
     });
     if (!here) param.detach().copy_(p);
     return TF_OK;
@@ -427,12 +449,14 @@ tf_status save_state(void* state, tf_host_context* ctx) {
     const int32_t n = state_slots(*s);
     for (const auto& name : s->state->names()) {
       const tf_param_info info = s->host.param_info(name);
-      s->state->with_state(name, at::IntArrayRef(info.shape, info.ndim), n, [&](std::vector<at::Tensor>& slots) {
-        for (int32_t i = 0; i < n; ++i) {
-          const std::string key = name + ".state" + std::to_string(i);
-          s->host.check(s->host.api()->state_put_tensor(ctx, key.c_str(), reinterpret_cast<tf_tensor>(&slots[i])));
-        }
-      });
+      s->state->with_state(name, at::IntArrayRef(info.shape, info.ndim), n,
+                           [&](std::vector<at::Tensor>& slots) {
+                             for (int32_t i = 0; i < n; ++i) {
+                               const std::string key = name + ".state" + std::to_string(i);
+                               s->host.check(s->host.api()->state_put_tensor(
+                                   ctx, key.c_str(), reinterpret_cast<tf_tensor>(&slots[i])));
+                             }
+                           });
     }
     return TF_OK;
   });
@@ -458,18 +482,21 @@ tf_status load_state(void* state, tf_host_context* ctx) {
       }
       if (saved.empty()) continue;  // never updated before the checkpoint
       if (static_cast<int32_t>(saved.size()) != n)
-        throw std::runtime_error("offload: the checkpoint has " + std::to_string(saved.size()) + " of " +
-                                 std::to_string(n) + " optimizer state tensors for " + name);
-      s->state->with_state(name, at::IntArrayRef(info.shape, info.ndim), n, [&](std::vector<at::Tensor>& slots) {
-        for (int32_t i = 0; i < n; ++i) slots[i].copy_(saved[i]);
-      });
+        throw std::runtime_error("offload: the checkpoint has " + std::to_string(saved.size()) +
+                                 " of " + std::to_string(n) + " optimizer state tensors for " +
+                                 name);
+      s->state->with_state(name, at::IntArrayRef(info.shape, info.ndim), n,
+                           [&](std::vector<at::Tensor>& slots) {
+                             for (int32_t i = 0; i < n; ++i) slots[i].copy_(saved[i]);
+                           });
     }
     return TF_OK;
   });
 }
 
 // Frozen block weights and/or the optimizer state leave the device tier.
-tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model, tf_memory_estimate* out) {
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model,
+                          tf_memory_estimate* out) {
   auto* s = static_cast<Offload*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] -= s->offloaded_bytes;
@@ -477,7 +504,8 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
     if (s->optimizer_tier != "none") {
       const int64_t bytes = 4 * state_slots(*s) * model->n_trainable;
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] -= bytes;
-      out->delta_bytes[s->optimizer_tier == "disk" ? TF_TIER_DISK : TF_TIER_HOST][TF_MEM_OPTIMIZER] += bytes;
+      out->delta_bytes[s->optimizer_tier == "disk" ? TF_TIER_DISK : TF_TIER_HOST]
+                      [TF_MEM_OPTIMIZER] += bytes;
     }
     out->time_factor = 0;
     return TF_OK;
@@ -485,14 +513,14 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
 }
 
 const tf_config_key kKeys[] = {
-    tf_sdk::key("params", TF_VALUE_STRING, "\"disk\"", "tier for frozen block weights (none: leave them)", 1, 0,
-                "disk|host|none"),
+    tf_sdk::key("params", TF_VALUE_STRING, "\"disk\"",
+                "tier for frozen block weights (none: leave them)", 1, 0, "disk|host|none"),
     tf_sdk::key("optimizer", TF_VALUE_STRING, "\"none\"",
-                "tier for the optimizer state of trainable weights, updated there (ZeRO-Offload)", 1, 0,
-                "none|host|disk"),
+                "tier for the optimizer state of trainable weights, updated there (ZeRO-Offload)",
+                1, 0, "none|host|disk"),
     tf_sdk::key("activations", TF_VALUE_STRING, "\"none\"",
-                "tier for the inputs checkpointed stages keep until backward (needs checkpoint)", 1, 0,
-                "none|host|disk"),
+                "tier for the inputs checkpointed stages keep until backward (needs checkpoint)", 1,
+                0, "none|host|disk"),
     tf_sdk::key("prefetch", TF_VALUE_INT, "1", "stages read ahead on a background thread", 0, 64),
     tf_sdk::key("dir", TF_VALUE_STRING, "\"\"", "disk tier folder; empty = <run folder>/offload"),
 };
@@ -516,9 +544,19 @@ tf_strategy_vtable make_vtable() {
 const tf_strategy_vtable kVtable = make_vtable();
 
 const tf_plugin_descriptor kDescriptor = {
-    sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_STRATEGY, "offload", "0.2.0",
-    "frozen block weights on a disk tier streamed with prefetch; optimizer state on a host/disk tier, updated there", TORCH_VERSION, 0, kKeys,
-    sizeof(kKeys) / sizeof(kKeys[0]), &kVtable, {}};
+    sizeof(tf_plugin_descriptor),
+    TF_ABI_VERSION,
+    TF_PLUGIN_STRATEGY,
+    "offload",
+    "0.2.0",
+    "frozen block weights on a disk tier streamed with prefetch; optimizer state on a host/disk "
+    "tier, updated there",
+    TORCH_VERSION,
+    0,
+    kKeys,
+    sizeof(kKeys) / sizeof(kKeys[0]),
+    &kVtable,
+    {}};
 
 }  // namespace
 

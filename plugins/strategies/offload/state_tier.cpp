@@ -14,18 +14,21 @@ namespace {
 
 std::string file_name(const std::string& param) {
   std::string out = "optimizer-";
-  for (char c : param) out += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_') ? c : '_';
+  for (char c : param)
+    out += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_') ? c : '_';
   return out + ".bin";
 }
 
 [[noreturn]] void fail(const std::string& what, const std::string& path) {
-  throw std::runtime_error("offload: " + what + " " + path + ": " + std::strerror(errno) +
-                           (errno == ENOSPC ? " (the disk tier's folder is full: free space or set offload.dir)" : ""));
+  throw std::runtime_error(
+      "offload: " + what + " " + path + ": " + std::strerror(errno) +
+      (errno == ENOSPC ? " (the disk tier's folder is full: free space or set offload.dir)" : ""));
 }
 
 }  // namespace
 
-StateTier::Entry& StateTier::entry(const std::string& name, at::IntArrayRef shape, int32_t n_state) {
+StateTier::Entry& StateTier::entry(const std::string& name, at::IntArrayRef shape,
+                                   int32_t n_state) {
   auto it = entries_.find(name);
   if (it != entries_.end()) {
     if (it->second.shape != shape.vec() || it->second.n_state != n_state)
@@ -33,7 +36,8 @@ StateTier::Entry& StateTier::entry(const std::string& name, at::IntArrayRef shap
     return it->second;
   }
   Entry e{shape.vec(), n_state, {}, {}};
-  const int64_t bytes = n_state * c10::multiply_integers(shape) * static_cast<int64_t>(sizeof(float));
+  const int64_t bytes =
+      n_state * c10::multiply_integers(shape) * static_cast<int64_t>(sizeof(float));
   if (kind_ == Kind::disk) {
     e.path = dir_ + "/" + file_name(name);
     const int fd = ::open(e.path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);

@@ -22,7 +22,8 @@ namespace offload {
 class StateTier {
  public:
   enum class Kind { host, disk };
-  StateTier(Kind kind, std::string dir, bool pinned) : kind_(kind), dir_(std::move(dir)), pinned_(pinned) {}
+  StateTier(Kind kind, std::string dir, bool pinned)
+      : kind_(kind), dir_(std::move(dir)), pinned_(pinned) {}
 
   // Calls fn with the parameter's n_state fp32 CPU tensors shaped `shape`
   // (zero before the first use), writable in place.

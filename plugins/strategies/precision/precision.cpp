@@ -38,7 +38,9 @@ struct Precision {
   int64_t overflows = 0;
 };
 
-at::DeviceType device_type(const tf_sdk::Host& host) { return at::Device(host.run_info().device).type(); }
+at::DeviceType device_type(const tf_sdk::Host& host) {
+  return at::Device(host.run_info().device).type();
+}
 
 tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   return tf_sdk::guard(api, ctx, [&] {
@@ -46,9 +48,10 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     s->autocast = s->host.get_string("mode") == "autocast";
     if (s->host.get_string("dtype") == "fp16") {
       if (!s->autocast)
-        throw std::invalid_argument("precision: fp16 weights (mode = \"bf16\", dtype = \"fp16\") would lose updates "
-                                    "below fp16's spacing; use mode = \"autocast\" with dtype = \"fp16\" (fp32 "
-                                    "master weights, loss scaling) or dtype = \"bf16\"");
+        throw std::invalid_argument(
+            "precision: fp16 weights (mode = \"bf16\", dtype = \"fp16\") would lose updates "
+            "below fp16's spacing; use mode = \"autocast\" with dtype = \"fp16\" (fp32 "
+            "master weights, loss scaling) or dtype = \"bf16\"");
       s->dtype = at::kHalf;
       s->scaling = true;
       s->scale = s->host.get_double("init_scale");
@@ -59,7 +62,9 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) { delete static_cast<Precision*>(state); }
+void destroy(void* state) {
+  delete static_cast<Precision*>(state);
+}
 
 tf_status params_ready(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Precision*>(state);
@@ -72,10 +77,12 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
       if (info.format != TF_FORMAT_DENSE || info.dtype != TF_DTYPE_F32) continue;
       tf_tensor stored = nullptr;
       s->host.check(api->param_storage(ctx, name, &stored));
-      s->host.check(api->memory_push_category(ctx, (info.flags & TF_PARAM_ADAPTER) ? TF_MEM_ADAPTERS : TF_MEM_WEIGHTS));
+      s->host.check(api->memory_push_category(
+          ctx, (info.flags & TF_PARAM_ADAPTER) ? TF_MEM_ADAPTERS : TF_MEM_WEIGHTS));
       at::Tensor low = tf_sdk::take(stored).detach().to(s->dtype);
       api->memory_pop_category(ctx);
-      s->host.check(api->param_set_storage(ctx, name, reinterpret_cast<tf_tensor>(&low), TF_FORMAT_DENSE, info.residency));
+      s->host.check(api->param_set_storage(ctx, name, reinterpret_cast<tf_tensor>(&low),
+                                           TF_FORMAT_DENSE, info.residency));
     }
     return TF_OK;
   });
@@ -84,7 +91,8 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
 // Autocast on from the start of a stage's forward (or recompute) to its end.
 tf_status stage_event(void* state, tf_host_context* ctx, const tf_stage_event* ev) {
   auto* s = static_cast<Precision*>(state);
-  if (!s->autocast || (ev->phase != TF_PHASE_FORWARD && ev->phase != TF_PHASE_RECOMPUTE)) return TF_OK;
+  if (!s->autocast || (ev->phase != TF_PHASE_FORWARD && ev->phase != TF_PHASE_RECOMPUTE))
+    return TF_OK;
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const at::DeviceType dev = device_type(s->host);
     if (ev->begin) {
@@ -115,7 +123,8 @@ tf_status loss_scale_update(void* state, tf_host_context* ctx, int32_t finite) {
       ++s->overflows;
       s->scale = std::max(s->scale * 0.5, 1.0 / 65536);
       s->good_steps = 0;
-      s->host.log(TF_LOG_INFO, "fp16 gradients overflowed; update skipped, loss scale now " + std::to_string(s->scale));
+      s->host.log(TF_LOG_INFO, "fp16 gradients overflowed; update skipped, loss scale now " +
+                                   std::to_string(s->scale));
     } else if (++s->good_steps >= s->growth_interval) {
       s->scale = std::min(s->scale * 2.0, 16777216.0 * 65536.0);
       s->good_steps = 0;
@@ -153,10 +162,12 @@ tf_status load_state(void* state, tf_host_context* ctx) {
   });
 }
 
-tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model, tf_memory_estimate* out) {
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model,
+                          tf_memory_estimate* out) {
   auto* s = static_cast<Precision*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    if (s->autocast) out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] = -model->activation_bytes / 2;
+    if (s->autocast)
+      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] = -model->activation_bytes / 2;
     else {
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] = -model->param_bytes / 2;
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_GRADS] = -2 * model->n_trainable;
@@ -167,13 +178,15 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
 }
 
 const tf_config_key kKeys[] = {
-    tf_sdk::key("mode", TF_VALUE_STRING, "\"autocast\"",
-                "autocast: fp32 weights, low-precision compute; bf16: bf16 weights, fp32 optimizer state", 1, 0,
-                "autocast|bf16"),
-    tf_sdk::key("dtype", TF_VALUE_STRING, "\"bf16\"", "low-precision type (fp16: autocast with loss scaling)", 1,
-                0, "bf16|fp16"),
+    tf_sdk::key(
+        "mode", TF_VALUE_STRING, "\"autocast\"",
+        "autocast: fp32 weights, low-precision compute; bf16: bf16 weights, fp32 optimizer state",
+        1, 0, "autocast|bf16"),
+    tf_sdk::key("dtype", TF_VALUE_STRING, "\"bf16\"",
+                "low-precision type (fp16: autocast with loss scaling)", 1, 0, "bf16|fp16"),
     tf_sdk::key("init_scale", TF_VALUE_FLOAT, "65536.0", "fp16: initial loss scale", 1e-8, 1e30),
-    tf_sdk::key("growth_interval", TF_VALUE_INT, "2000", "fp16: finite steps before the loss scale doubles", 1, 1e12),
+    tf_sdk::key("growth_interval", TF_VALUE_INT, "2000",
+                "fp16: finite steps before the loss scale doubles", 1, 1e12),
 };
 
 tf_strategy_vtable make_vtable() {
@@ -193,9 +206,19 @@ tf_strategy_vtable make_vtable() {
 const tf_strategy_vtable kVtable = make_vtable();
 
 const tf_plugin_descriptor kDescriptor = {
-    sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_STRATEGY, "precision", "1.0.0",
-    "bf16/fp16 autocast with fp32 master weights (fp16: dynamic loss scaling), or bf16 weights with fp32 optimizer state", TORCH_VERSION, 0, kKeys,
-    sizeof(kKeys) / sizeof(kKeys[0]), &kVtable, {}};
+    sizeof(tf_plugin_descriptor),
+    TF_ABI_VERSION,
+    TF_PLUGIN_STRATEGY,
+    "precision",
+    "1.0.0",
+    "bf16/fp16 autocast with fp32 master weights (fp16: dynamic loss scaling), or bf16 weights "
+    "with fp32 optimizer state",
+    TORCH_VERSION,
+    0,
+    kKeys,
+    sizeof(kKeys) / sizeof(kKeys[0]),
+    &kVtable,
+    {}};
 
 }  // namespace
 

@@ -104,7 +104,9 @@ at::Tensor quantize_nf4(const Quantize& s, const at::Tensor& w, Quantized& q) {
   for (int64_t b0 = 0; b0 < n_blocks; b0 += kChunkBlocks) {
     const int64_t nb = std::min(kChunkBlocks, n_blocks - b0);
     const int64_t begin = b0 * s.block, end = std::min(n, (b0 + nb) * s.block);
-    at::Tensor blocks = at::constant_pad_nd(flat.slice(0, begin, end), {0, nb * s.block - (end - begin)}).view({nb, s.block});
+    at::Tensor blocks =
+        at::constant_pad_nd(flat.slice(0, begin, end), {0, nb * s.block - (end - begin)})
+            .view({nb, s.block});
     at::Tensor amax = blocks.abs().amax(1).clamp_min(1e-12);
     absmax.slice(0, b0, b0 + nb).copy_(amax);
     codes.slice(0, begin, begin + nb * s.block)
@@ -118,10 +120,15 @@ at::Tensor quantize_nf4(const Quantize& s, const at::Tensor& w, Quantized& q) {
   }
   q.scale_mean = absmax.mean().reshape({1});
   at::Tensor centered = absmax - q.scale_mean;
-  const int64_t m = centered.numel(), gpad = (kDoubleQuantGroup - m % kDoubleQuantGroup) % kDoubleQuantGroup;
+  const int64_t m = centered.numel(),
+                gpad = (kDoubleQuantGroup - m % kDoubleQuantGroup) % kDoubleQuantGroup;
   at::Tensor groups = at::constant_pad_nd(centered, {0, gpad}).view({-1, kDoubleQuantGroup});
   q.scale_scale = groups.abs().amax(1).clamp_min(1e-12).contiguous();
-  q.scale = (groups / q.scale_scale.unsqueeze(1) * 127.0).round().clamp(-127, 127).to(at::kChar).flatten()
+  q.scale = (groups / q.scale_scale.unsqueeze(1) * 127.0)
+                .round()
+                .clamp(-127, 127)
+                .to(at::kChar)
+                .flatten()
                 .slice(0, 0, m)
                 .contiguous();
   return packed;
@@ -131,16 +138,19 @@ at::Tensor dequantize_nf4(const Quantize& s, const at::Tensor& packed, const Qua
   int64_t n = 1;
   for (auto d : q.shape) n *= d;
   // int32 indices: half the bytes of int64 for the largest temporary here.
-  at::Tensor codes = at::stack({packed.div(16, "floor"), packed.remainder(16)}, 1).flatten().to(at::kInt);
+  at::Tensor codes =
+      at::stack({packed.div(16, "floor"), packed.remainder(16)}, 1).flatten().to(at::kInt);
   const at::Tensor absmax = nf4_block_absmax(q);
-  at::Tensor values = s.levels.index_select(0, codes.slice(0, 0, absmax.numel() * s.block))
-                          .view({-1, s.block}) * absmax.unsqueeze(1);
+  at::Tensor values =
+      s.levels.index_select(0, codes.slice(0, 0, absmax.numel() * s.block)).view({-1, s.block}) *
+      absmax.unsqueeze(1);
   return values.flatten().slice(0, 0, n);
 }
 
 // ---- 8-bit optimizer state ---------------------------------------------------
 // Codes of x in blocks: signed in [-127, 127] or unsigned in [0, 255].
-std::pair<at::Tensor, at::Tensor> encode_blocks(const at::Tensor& x, int64_t block, bool is_signed) {
+std::pair<at::Tensor, at::Tensor> encode_blocks(const at::Tensor& x, int64_t block,
+                                                bool is_signed) {
   const int64_t n = x.numel(), pad = (block - n % block) % block;
   at::Tensor blocks = at::constant_pad_nd(x.flatten(), {0, pad}).view({-1, block});
   at::Tensor absmax = blocks.abs().amax(1).clamp_min(1e-30);
@@ -149,8 +159,8 @@ std::pair<at::Tensor, at::Tensor> encode_blocks(const at::Tensor& x, int64_t blo
   codes = is_signed ? codes.clamp(-127, 127).to(at::kChar) : codes.clamp(0, 255).to(at::kByte);
   return {codes.flatten(), absmax};
 }
-at::Tensor decode_blocks(const at::Tensor& codes, const at::Tensor& absmax, int64_t block, bool is_signed,
-                         const at::IntArrayRef shape) {
+at::Tensor decode_blocks(const at::Tensor& codes, const at::Tensor& absmax, int64_t block,
+                         bool is_signed, const at::IntArrayRef shape) {
   int64_t n = 1;
   for (auto d : shape) n *= d;
   const double levels = is_signed ? 127.0 : 255.0;
@@ -158,8 +168,8 @@ at::Tensor decode_blocks(const at::Tensor& codes, const at::Tensor& absmax, int6
   return x.flatten().slice(0, 0, n).view(shape);
 }
 
-tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* name, tf_tensor param_h,
-                               tf_tensor grad_h, double lr) {
+tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* name,
+                               tf_tensor param_h, tf_tensor grad_h, double lr) {
   auto* s = static_cast<Quantize*>(state);
   if (!s->adam8) return TF_NOT_HANDLED;
   const tf_host_api* api = s->host.api();
@@ -178,10 +188,12 @@ tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* na
       ~Pop() { api->memory_pop_category(ctx); }
     } pop{api, ctx};
     const at::Tensor& param = tf_sdk::borrow(param_h);
-    if (!param.is_contiguous()) throw std::invalid_argument("quantize: 8-bit AdamW needs contiguous parameters");
+    if (!param.is_contiguous())
+      throw std::invalid_argument("quantize: 8-bit AdamW needs contiguous parameters");
     const at::Tensor flat_param = param.detach().view(-1);
     const at::Tensor flat_grad = tf_sdk::borrow(grad_h).reshape(-1);
-    const int64_t n = flat_param.numel(), block = s->state_block, n_blocks = (n + block - 1) / block;
+    const int64_t n = flat_param.numel(), block = s->state_block,
+                  n_blocks = (n + block - 1) / block;
     AdamState8& st = s->adam[name];
     if (!st.m_codes.defined()) {  // zero codes and scales decode to zero moments
       s->host.check(api->memory_push_category(ctx, TF_MEM_OPTIMIZER));
@@ -191,7 +203,8 @@ tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* na
       st.r_absmax = at::zeros({n_blocks}, at::kFloat);
       api->memory_pop_category(ctx);
     }
-    const bool decay = !(info.flags & TF_PARAM_NO_WEIGHT_DECAY) && info.ndim >= 2 && o.weight_decay > 0;
+    const bool decay =
+        !(info.flags & TF_PARAM_NO_WEIGHT_DECAY) && info.ndim >= 2 && o.weight_decay > 0;
     const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(o.step));
     const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(o.step));
     // A chunk of blocks at a time: the fp32 working copies (parameter,
@@ -206,7 +219,8 @@ tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* na
       const at::Tensor g = flat_grad.slice(0, begin, end).to(at::kFloat);
       const at::Tensor m_codes = st.m_codes.slice(0, begin, begin + nb * block);
       const at::Tensor r_codes = st.r_codes.slice(0, begin, begin + nb * block);
-      const at::Tensor m_absmax = st.m_absmax.slice(0, b0, b0 + nb), r_absmax = st.r_absmax.slice(0, b0, b0 + nb);
+      const at::Tensor m_absmax = st.m_absmax.slice(0, b0, b0 + nb),
+                       r_absmax = st.r_absmax.slice(0, b0, b0 + nb);
       at::Tensor m = decode_blocks(m_codes, m_absmax, block, true, {len});
       at::Tensor v = decode_blocks(r_codes, r_absmax, block, false, {len}).square();
       if (decay) p.mul_(1.0 - lr * o.weight_decay);
@@ -229,7 +243,8 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     s->adam8 = s->host.get_string("optimizer_state") == "int8";
     s->state_block = s->host.get_int("state_block_size");
     if (!s->quantize_weights && !s->adam8)
-      throw std::invalid_argument("quantize: weights = false and optimizer_state = \"fp32\" leave nothing to quantize");
+      throw std::invalid_argument(
+          "quantize: weights = false and optimizer_state = \"fp32\" leave nothing to quantize");
     s->format = s->host.get_string("format");
     s->block = s->host.get_int("block_size");
     s->double_quant = s->host.get_bool("double_quant");
@@ -239,7 +254,9 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) { delete static_cast<Quantize*>(state); }
+void destroy(void* state) {
+  delete static_cast<Quantize*>(state);
+}
 
 // Quantizes every frozen 2-D weight of a block stage.
 // Quantizes the frozen dense block weights of `stage` (all stages when < 0)
@@ -251,9 +268,10 @@ int64_t quantize_stage(Quantize* s, int32_t stage) {
   for (const std::string& name : s->host.param_names()) {
     const char* name_c = name.c_str();
     const tf_param_info info = s->host.param_info(name);
-    if (info.ndim != 2 || info.stage < 0 || (stage >= 0 && info.stage != stage) || (info.flags & TF_PARAM_ADAPTER) ||
-        s->host.stage_info(info.stage).kind != TF_STAGE_BLOCK || info.format != TF_FORMAT_DENSE ||
-        info.residency != TF_TIER_DEVICE || info.stored_bytes == 0)
+    if (info.ndim != 2 || info.stage < 0 || (stage >= 0 && info.stage != stage) ||
+        (info.flags & TF_PARAM_ADAPTER) || s->host.stage_info(info.stage).kind != TF_STAGE_BLOCK ||
+        info.format != TF_FORMAT_DENSE || info.residency != TF_TIER_DEVICE ||
+        info.stored_bytes == 0)
       continue;
     if (info.trainable) {
       ++trainable_block_weights;
@@ -281,10 +299,12 @@ int64_t quantize_stage(Quantize* s, int32_t stage) {
       if (t->defined()) *t = t->clone();
     s->host.check(api->memory_pop_category(ctx));
     s->dense_bytes += w.numel() * 4;
-    s->compact_bytes += codes.numel() * codes.element_size() + q.scale.numel() * q.scale.element_size() +
+    s->compact_bytes += codes.numel() * codes.element_size() +
+                        q.scale.numel() * q.scale.element_size() +
                         (q.scale_scale.defined() ? q.scale_scale.numel() * 4 + 4 : 0);
     s->host.check(api->param_set_storage(ctx, name_c, reinterpret_cast<tf_tensor>(&codes),
-                                         s->format == "int8" ? TF_FORMAT_INT8 : TF_FORMAT_NF4, TF_TIER_DEVICE));
+                                         s->format == "int8" ? TF_FORMAT_INT8 : TF_FORMAT_NF4,
+                                         TF_TIER_DEVICE));
     s->weights[name] = std::move(q);
   }
   return trainable_block_weights;
@@ -308,8 +328,10 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
     if (s->weights.empty())
       throw std::invalid_argument(
           trainable_block_weights > 0
-              ? "quantize: the block weights are trainable, and quantized weights must be frozen. Put a "
-                "[[strategy]] plugin = \"lora\" before quantize (QLoRA), so that only adapters train"
+              ? "quantize: the block weights are trainable, and quantized weights must be frozen. "
+                "Put a "
+                "[[strategy]] plugin = \"lora\" before quantize (QLoRA), so that only adapters "
+                "train"
               : "quantize: this model has no frozen block weights to quantize");
     s->host.log(TF_LOG_INFO, s->format + ": " + std::to_string(s->weights.size()) + " weights, " +
                                  std::to_string(s->dense_bytes >> 10) + " KiB fp32 -> " +
@@ -318,7 +340,8 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
   });
 }
 
-tf_status fetch_weight(void* state, tf_host_context* ctx, const char* name, tf_tensor stored, tf_tensor* out) {
+tf_status fetch_weight(void* state, tf_host_context* ctx, const char* name, tf_tensor stored,
+                       tf_tensor* out) {
   auto* s = static_cast<Quantize*>(state);
   auto it = s->weights.find(name);
   if (it == s->weights.end()) return TF_NOT_HANDLED;
@@ -337,14 +360,20 @@ tf_status save_state(void* state, tf_host_context* ctx) {
   const tf_host_api* api = s->host.api();
   return tf_sdk::guard(api, ctx, [&] {
     for (auto& [name, a] : s->adam)
-      for (auto [key, t] : {std::pair{".m_codes", &a.m_codes}, {".m_absmax", &a.m_absmax}, {".r_codes", &a.r_codes},
+      for (auto [key, t] : {std::pair{".m_codes", &a.m_codes},
+                            {".m_absmax", &a.m_absmax},
+                            {".r_codes", &a.r_codes},
                             {".r_absmax", &a.r_absmax}})
-        s->host.check(api->state_put_tensor(ctx, ("adam8." + name + key).c_str(), reinterpret_cast<tf_tensor>(t)));
+        s->host.check(api->state_put_tensor(ctx, ("adam8." + name + key).c_str(),
+                                            reinterpret_cast<tf_tensor>(t)));
     for (auto& [name, q] : s->weights) {
-      s->host.check(api->state_put_tensor(ctx, (name + ".scale").c_str(), reinterpret_cast<tf_tensor>(&q.scale)));
+      s->host.check(api->state_put_tensor(ctx, (name + ".scale").c_str(),
+                                          reinterpret_cast<tf_tensor>(&q.scale)));
       if (q.scale_scale.defined()) {
-        s->host.check(api->state_put_tensor(ctx, (name + ".scale_scale").c_str(), reinterpret_cast<tf_tensor>(&q.scale_scale)));
-        s->host.check(api->state_put_tensor(ctx, (name + ".scale_mean").c_str(), reinterpret_cast<tf_tensor>(&q.scale_mean)));
+        s->host.check(api->state_put_tensor(ctx, (name + ".scale_scale").c_str(),
+                                            reinterpret_cast<tf_tensor>(&q.scale_scale)));
+        s->host.check(api->state_put_tensor(ctx, (name + ".scale_mean").c_str(),
+                                            reinterpret_cast<tf_tensor>(&q.scale_mean)));
       }
     }
     return TF_OK;
@@ -360,7 +389,8 @@ tf_status load_state(void* state, tf_host_context* ctx) {
       s->host.check(api->state_get_tensor(ctx, key.c_str(), &t));
       at::Tensor v = tf_sdk::take(t);
       if (into.defined() && v.sizes() != into.sizes())
-        throw std::invalid_argument("quantize: checkpoint scales of " + key + " have another shape (format or block_size changed?)");
+        throw std::invalid_argument("quantize: checkpoint scales of " + key +
+                                    " have another shape (format or block_size changed?)");
       into = v.to(into.defined() ? into.device() : v.device());
     };
     if (s->adam8) {
@@ -368,10 +398,14 @@ tf_status load_state(void* state, tf_host_context* ctx) {
       for (const std::string& name_s : s->host.param_names()) {
         const char* name = name_s.c_str();
         tf_tensor probe = nullptr;
-        if (api->state_get_tensor(ctx, ("adam8." + std::string(name) + ".m_codes").c_str(), &probe) != TF_OK) continue;
+        if (api->state_get_tensor(ctx, ("adam8." + std::string(name) + ".m_codes").c_str(),
+                                  &probe) != TF_OK)
+          continue;
         api->tensor_release(probe);
         AdamState8& a = s->adam[name];
-        for (auto [key, t] : {std::pair{".m_codes", &a.m_codes}, {".m_absmax", &a.m_absmax}, {".r_codes", &a.r_codes},
+        for (auto [key, t] : {std::pair{".m_codes", &a.m_codes},
+                              {".m_absmax", &a.m_absmax},
+                              {".r_codes", &a.r_codes},
                               {".r_absmax", &a.r_absmax}})
           get("adam8." + std::string(name) + key, *t);
       }
@@ -389,11 +423,14 @@ tf_status load_state(void* state, tf_host_context* ctx) {
 
 const tf_config_key kKeys[] = {
     tf_sdk::key("weights", TF_VALUE_BOOL, "true", "store frozen block weights compact"),
-    tf_sdk::key("optimizer_state", TF_VALUE_STRING, "\"fp32\"",
-                "AdamW moments of trainable weights: fp32 (the kernel's) or int8 (block-wise, 8-bit AdamW)", 1, 0,
-                "fp32|int8"),
-    tf_sdk::key("state_block_size", TF_VALUE_INT, "256", "int8 optimizer state: values per absmax block", 2, 65536),
-    tf_sdk::key("format", TF_VALUE_STRING, "\"nf4\"", "storage of frozen block weights", 1, 0, "nf4|int8"),
+    tf_sdk::key(
+        "optimizer_state", TF_VALUE_STRING, "\"fp32\"",
+        "AdamW moments of trainable weights: fp32 (the kernel's) or int8 (block-wise, 8-bit AdamW)",
+        1, 0, "fp32|int8"),
+    tf_sdk::key("state_block_size", TF_VALUE_INT, "256",
+                "int8 optimizer state: values per absmax block", 2, 65536),
+    tf_sdk::key("format", TF_VALUE_STRING, "\"nf4\"", "storage of frozen block weights", 1, 0,
+                "nf4|int8"),
     tf_sdk::key("block_size", TF_VALUE_INT, "64", "nf4: weights per absmax block", 2, 65536),
     tf_sdk::key("double_quant", TF_VALUE_BOOL, "true", "nf4: store block absmaxes as int8 (QLoRA)"),
 };
@@ -413,10 +450,19 @@ tf_strategy_vtable make_vtable() {
 }
 const tf_strategy_vtable kVtable = make_vtable();
 
-const tf_plugin_descriptor kDescriptor = {
-    sizeof(tf_plugin_descriptor), TF_ABI_VERSION, TF_PLUGIN_STRATEGY, "quantize", "1.0.0",
-    "frozen block weights as int8 (per channel) or NF4 (double-quantized), dequantized just in time", TORCH_VERSION,
-    0, kKeys, sizeof(kKeys) / sizeof(kKeys[0]), &kVtable, {}};
+const tf_plugin_descriptor kDescriptor = {sizeof(tf_plugin_descriptor),
+                                          TF_ABI_VERSION,
+                                          TF_PLUGIN_STRATEGY,
+                                          "quantize",
+                                          "1.0.0",
+                                          "frozen block weights as int8 (per channel) or NF4 "
+                                          "(double-quantized), dequantized just in time",
+                                          TORCH_VERSION,
+                                          0,
+                                          kKeys,
+                                          sizeof(kKeys) / sizeof(kKeys[0]),
+                                          &kVtable,
+                                          {}};
 
 }  // namespace
 
