@@ -66,7 +66,15 @@ std::string Session::save_checkpoint(int64_t step) {
   fs::create_directories(tmp);
 
   std::map<std::string, at::Tensor> model;
-  for (const Param& p : store_.all()) model[p.name] = p.value;
+  // Trained parameters kept in another tier are saved from it; frozen ones
+  // there are saved as their placeholders (they are recreated from the
+  // recipe's init or weights).
+  for (Param& p : store_.all()) {
+    if (p.trainable && p.residency != TF_TIER_DEVICE)
+      with_resident(p, [&] { model[p.name] = p.value.detach().clone(); });
+    else
+      model[p.name] = p.value;
+  }
   write_safetensors((tmp / "model.safetensors").string(), model,
                     {{"format", "tightfit"}, {"model_plugin", model_.plugin->name}});
 
@@ -161,7 +169,12 @@ bool Session::load_latest_checkpoint() {
       }
       {
         at::NoGradGuard no_grad;
-        for (Param& p : store_.all()) p.value.copy_(model.tensors.at(p.name));
+        for (Param& p : store_.all()) {
+          if (p.trainable && p.residency != TF_TIER_DEVICE)
+            with_resident(p, [&] { p.value.copy_(model.tensors.at(p.name)); });
+          else
+            p.value.copy_(model.tensors.at(p.name));
+        }
         CategoryScope scope(TF_MEM_OPTIMIZER);
         optimizer_->state().clear();
         for (auto& [k, t] : opt.tensors) optimizer_->state()[k] = t.to(device_);

@@ -276,25 +276,32 @@ void Session::dispatch_grads(int32_t stage) {
   }
 }
 
+bool Session::stage_in_use(int32_t stage) const {
+  return stage >= 0 && static_cast<size_t>(stage) < active_events_.size() &&
+         active_events_[static_cast<size_t>(stage)] > 0;
+}
+
+void Session::with_resident(Param& p, const std::function<void()>& fn) {
+  if (p.residency == TF_TIER_DEVICE || p.stage < 0 || stage_in_use(p.stage)) return fn();
+  // Outside its stage's events (export, checkpoints, snapshots, decoding) a
+  // parameter kept in another tier is brought in for this access only.
+  raise_stage_event(p.stage, TF_PHASE_ACCESS, true);
+  try {
+    fn();
+  } catch (...) {
+    raise_stage_event(p.stage, TF_PHASE_ACCESS, false);
+    throw;
+  }
+  raise_stage_event(p.stage, TF_PHASE_ACCESS, false);
+}
+
 at::Tensor Session::fetch_weight(const std::string& name) {
   Param& p = store_.get(name);
-  const bool active = p.stage >= 0 && static_cast<size_t>(p.stage) < active_events_.size() &&
-                      active_events_[static_cast<size_t>(p.stage)] > 0;
-  if (p.residency != TF_TIER_DEVICE && p.stage >= 0 && !active) {
-    // Outside its stage's events (export, decoding) a weight kept in another
-    // tier is brought in for this access only.
-    raise_stage_event(p.stage, TF_PHASE_ACCESS, true);
-    at::Tensor w;
-    try {
-      w = fetch_resident(p);
-    } catch (...) {
-      raise_stage_event(p.stage, TF_PHASE_ACCESS, false);
-      throw;
-    }
-    raise_stage_event(p.stage, TF_PHASE_ACCESS, false);
-    return w;
-  }
-  return fetch_resident(p);
+  if (p.residency == TF_TIER_DEVICE || stage_in_use(p.stage)) return fetch_resident(p);
+  at::Tensor w;
+  // A copy: the tier may free the resident bytes when the access ends.
+  with_resident(p, [&] { w = fetch_resident(p).detach().clone(); });
+  return w;
 }
 
 at::Tensor Session::fetch_resident(Param& p) {

@@ -277,7 +277,10 @@ void Session::build(const PluginRegistry& base_registry) {
     }
     PluginInstance& s = strategies_.back();
     s.ctx->role = role;
-    check(s.plugin->strategy()->create(host_api(), s.ctx.get(), &s.state), s, "create");
+    const tf_status st = s.plugin->strategy()->create(host_api(), s.ctx.get(), &s.state);
+    // A strategy that refuses its keys is a recipe error at its table.
+    if (st == TF_ERR_INVALID_ARGUMENT) throw RecipeError(recipe_.where(*t->get("plugin")) + ": " + s.ctx->plugin_error);
+    check(st, s, "create");
   }
   // A strategy that cannot accept the recipe (no matching target, a bad
   // combination) is a recipe error at its [[strategy]] table.
@@ -625,7 +628,8 @@ int32_t Session::snapshot_take(bool with_optimizer) {
   at::NoGradGuard no_grad;
   CategoryScope scope(TF_MEM_TRANSIENT);
   std::map<std::string, at::Tensor> snap;
-  for (Param* p : store_.trainable()) snap["param:" + p->name] = p->value.detach().clone();
+  for (Param* p : store_.trainable())
+    with_resident(*p, [&] { snap["param:" + p->name] = p->value.detach().clone(); });
   if (with_optimizer)
     for (auto& [k, t] : optimizer_->state()) snap["opt:" + k] = t.clone();
   const int32_t id = next_snapshot_++;
@@ -638,8 +642,10 @@ void Session::snapshot_restore(int32_t id) {
   if (it == snapshots_.end()) throw std::out_of_range("no snapshot " + std::to_string(id));
   at::NoGradGuard no_grad;
   for (auto& [k, t] : it->second) {
-    if (k.rfind("param:", 0) == 0)
-      store_.get(k.substr(6)).value.copy_(t);
+    if (k.rfind("param:", 0) == 0) {
+      Param& p = store_.get(k.substr(6));
+      with_resident(p, [&] { p.value.copy_(t); });
+    }
     else
       optimizer_->state()[k.substr(4)].copy_(t);
   }
@@ -655,7 +661,7 @@ void Session::perturb_params(uint64_t seed, double scale) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   for (Param* p : store_.trainable()) {
     at::Tensor z = at::empty(p->value.sizes(), at::kFloat).normal_(0, 1, gen);
-    p->value.add_(z.to(p->value.device(), p->value.scalar_type()), scale);
+    with_resident(*p, [&] { p->value.add_(z.to(p->value.device(), p->value.scalar_type()), scale); });
   }
 }
 

@@ -130,7 +130,12 @@ class Session {
   int32_t pack_activation(int32_t stage, const at::Tensor& x, uint64_t* key);
   at::Tensor unpack_activation(int32_t strategy, int32_t stage, uint64_t key);
   at::Tensor fetch_weight(const std::string& name);
-  at::Tensor fetch_resident(Param& p);  // fetch_weight once the weight is in the device tier
+  at::Tensor fetch_resident(Param& p);
+  // Runs fn with p in the device tier: a parameter a strategy keeps in
+  // another tier is brought in around fn (TF_PHASE_ACCESS) unless its stage
+  // is in use already.
+  void with_resident(Param& p, const std::function<void()>& fn);
+  bool stage_in_use(int32_t stage) const;  // fetch_weight once the weight is in the device tier
   at::Tensor linear(const at::Tensor& x, const std::string& weight, const std::string& bias);
 
   // --- training services ---

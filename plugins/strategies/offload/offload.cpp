@@ -31,8 +31,15 @@
 // recomputed stage keeps until backward (activation_store.hpp): written
 // behind the forward pass, read back one stage ahead in backward.
 //
-// Not built yet: trainable weights in a tier (only frozen ones move).
+// `trainable = true` moves trained block weights too (ZeRO-Infinity style):
+// such a parameter stays the same autograd leaf and only its bytes come and
+// go (free_bytes / fill_leaf), so gradients land on it and tensors autograd
+// saved in forward see the same, unmodified tensor in backward. Its update
+// runs in optimizer_step_param (hence optimizer = "disk" | "host"), bringing
+// the bytes in when its stage is not running and writing them back.
 #include <condition_variable>
+#include <cstring>
+#include <exception>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
@@ -60,7 +67,29 @@ struct Offloaded {
   at::ScalarType dtype;
   tf_param_format format;
   int32_t stage;
+  // A trained weight keeps its autograd leaf (gradients land on it); only
+  // the leaf's bytes come and go. `version` is the leaf's at swap-in: a
+  // change means it was updated in place and goes back to the tier.
+  bool trainable = false;
+  at::Tensor leaf;
+  int64_t version = -1;
 };
+
+// The bytes of a tensor's storage, freed or allocated again, while the
+// tensor (shape, autograd identity, version) stays as it is — as FSDP frees
+// sharded parameters between uses.
+void free_bytes(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(c10::DataPtr(nullptr, t.device()));
+  s->set_nbytes(0);
+}
+bool has_bytes(const at::Tensor& t) { return t.storage().nbytes() > 0; }
+void allocate_bytes(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t n = static_cast<size_t>(t.numel()) * t.element_size();
+  s->set_data_ptr_noswap(s->allocator()->allocate(n));
+  s->set_nbytes(n);
+}
 
 struct Offload {
   explicit Offload(tf_sdk::Host h) : host(h) {}
@@ -69,6 +98,7 @@ struct Offload {
   bool cuda = false;
   int64_t prefetch = 1;
   bool offload_params = true;
+  bool offload_trainable = false;  // trained block weights too
   bool disk = true;                               // params tier: files, or host memory
   std::map<std::string, at::Tensor> host_copies;  // params = "host": the tier itself
   std::map<int32_t, offload::Upload> uploads;     // CUDA: stages being copied on a side stream
@@ -190,8 +220,12 @@ struct Offload {
     }
     if (upload.done) offload::use_on_current_stream(upload, at::Device(device));
     for (const auto& name : by_stage[stage]) {
-      const Offloaded& w = weights.at(name);
+      Offloaded& w = weights.at(name);
       at::Tensor t = loaded.at(name);
+      if (w.trainable) {
+        if (!has_bytes(w.leaf)) fill_leaf(w, t);
+        continue;
+      }
       if (t.device() != at::Device(device)) t = t.to(at::Device(device), /*non_blocking=*/cuda);
       host.check(host.api()->param_set_storage(host.ctx(), name.c_str(),
                                                reinterpret_cast<tf_tensor>(&t), w.format, tier()));
@@ -201,7 +235,14 @@ struct Offload {
   // Empty placeholders back into the store; the loaded copies go.
   void swap_out(int32_t stage) {
     for (const auto& name : by_stage[stage]) {
-      const Offloaded& w = weights.at(name);
+      Offloaded& w = weights.at(name);
+      if (w.trainable) {
+        if (has_bytes(w.leaf)) {
+          if (w.leaf._version() != w.version) store_back(name, w);
+          free_bytes(w.leaf);
+        }
+        continue;
+      }
       at::Tensor placeholder = at::empty({0}, at::TensorOptions().dtype(w.dtype));
       host.check(host.api()->param_set_storage(
           host.ctx(), name.c_str(), reinterpret_cast<tf_tensor>(&placeholder), w.format, tier()));
@@ -219,8 +260,8 @@ struct Offload {
     const std::vector<std::string> names = host.param_names();
     for (size_t i = 0; i < names.size(); ++i) {
       const tf_param_info info = host.param_info(names[i]);
-      if (info.trainable || info.stage < 0 || (stage >= 0 && info.stage != stage) ||
-          info.residency != TF_TIER_DEVICE || info.stored_bytes == 0 ||
+      if ((info.trainable && (!offload_trainable || info.format != TF_FORMAT_DENSE)) || info.stage < 0 ||
+          (stage >= 0 && info.stage != stage) || info.residency != TF_TIER_DEVICE || info.stored_bytes == 0 ||
           host.stage_info(info.stage).kind != TF_STAGE_BLOCK)
         continue;
       tf_tensor stored = nullptr;
@@ -243,6 +284,22 @@ struct Offload {
       }
       offloaded_bytes += w.numel() * static_cast<int64_t>(w.element_size());
       by_stage[info.stage].push_back(names[i]);
+      if (info.trainable) {
+        // The parameter stays the same tensor; it is marked as living in the
+        // tier and its bytes are freed until its stage runs.
+        tf_tensor current = nullptr;
+        host.check(api->param_storage(ctx, names[i].c_str(), &current));
+        at::Tensor same = tf_sdk::take(current);
+        host.check(api->param_set_storage(ctx, names[i].c_str(), reinterpret_cast<tf_tensor>(&same),
+                                          TF_FORMAT_DENSE, tier()));
+        tf_tensor leaf = nullptr;
+        host.check(api->param_storage(ctx, names[i].c_str(), &leaf));
+        o.trainable = true;
+        o.leaf = tf_sdk::take(leaf);
+        free_bytes(o.leaf);
+        weights[names[i]] = std::move(o);
+        continue;
+      }
       weights[names[i]] = std::move(o);
       at::Tensor placeholder = at::empty({0}, at::TensorOptions().dtype(w.scalar_type()));
       host.check(api->param_set_storage(
@@ -251,6 +308,41 @@ struct Offload {
   }
 
   tf_residency tier() const { return disk ? TF_TIER_DISK : TF_TIER_HOST; }
+
+  // Gives a trained weight's leaf its bytes again from `src` (its tier's
+  // copy), without touching its autograd version: tensors autograd saved in
+  // forward are the same tensor and must still count as unmodified.
+  void fill_leaf(Offloaded& w, const at::Tensor& src) {
+    host.check(host.api()->memory_push_category(host.ctx(), TF_MEM_WEIGHTS));
+    try {
+      allocate_bytes(w.leaf);
+    } catch (...) {
+      host.api()->memory_pop_category(host.ctx());
+      throw;
+    }
+    host.api()->memory_pop_category(host.ctx());
+    if (w.leaf.device().is_cpu())
+      std::memcpy(w.leaf.data_ptr(), src.data_ptr(), static_cast<size_t>(src.numel()) * src.element_size());
+    else
+      w.leaf.variable_data().copy_(src, /*non_blocking=*/cuda);
+    w.version = w.leaf._version();
+  }
+
+  // Writes an updated trained weight back to its tier; stale read-ahead
+  // copies of its stage are dropped.
+  void store_back(const std::string& name, const Offloaded& w) {
+    const at::Tensor value = w.leaf.detach().cpu().contiguous();
+    if (disk) {
+      std::ofstream out(w.path, std::ios::binary | std::ios::trunc);
+      out.write(static_cast<const char*>(value.data_ptr()),
+                static_cast<std::streamsize>(value.numel() * value.element_size()));
+      if (!out) throw std::runtime_error("offload: cannot write " + w.path + " (disk full? set offload.dir)");
+    } else {
+      host_copies.at(name).copy_(value);
+    }
+    std::lock_guard<std::mutex> lock(m);
+    resident.erase(w.stage);
+  }
 };
 
 tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
@@ -260,6 +352,11 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     s->cuda = s->device.rfind("cuda", 0) == 0;
     const std::string params = s->host.get_string("params");
     s->offload_params = params != "none";
+    s->offload_trainable = s->offload_params && s->host.get_bool("trainable");
+    if (s->offload_trainable && s->host.get_string("optimizer") == "none")
+      throw std::invalid_argument(
+          "offload: trainable = true needs optimizer = \"disk\" or \"host\": a trained weight kept in a tier "
+          "is updated where it is brought in, with its optimizer state");
     s->disk = params == "disk";
     if (params == "host" && !s->cuda)
       s->host.log(
@@ -420,6 +517,23 @@ tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* na
     at::NoGradGuard no_grad;
     const at::Tensor& param = tf_sdk::borrow(param_h);
     const at::Tensor& grad = tf_sdk::borrow(grad_h);
+    // A trained weight in the tier whose stage is not running: bring its
+    // bytes in for the update, then write it back and free them again.
+    Offloaded* away = nullptr;
+    if (auto w = s->weights.find(name); w != s->weights.end() && w->second.trainable && !has_bytes(w->second.leaf)) {
+      away = &w->second;
+      s->fill_leaf(*away, s->read(name, *away));
+    }
+    struct PutBack {
+      Offload* s;
+      const char* name;
+      Offloaded* w;
+      ~PutBack() noexcept(false) {
+        if (!w) return;
+        if (!std::uncaught_exceptions()) s->store_back(name, *w);
+        free_bytes(w->leaf);
+      }
+    } put_back{s, name, away};
     const bool here = param.device().is_cpu();
     s->host.check(api->memory_push_category(ctx, TF_MEM_TRANSIENT));
     struct Pop {
@@ -521,6 +635,8 @@ const tf_config_key kKeys[] = {
     tf_sdk::key("activations", TF_VALUE_STRING, "\"none\"",
                 "tier for the inputs checkpointed stages keep until backward (needs checkpoint)", 1,
                 0, "none|host|disk"),
+    tf_sdk::key("trainable", TF_VALUE_BOOL, "false",
+                "params tier also for trained block weights (needs optimizer = disk|host)"),
     tf_sdk::key("prefetch", TF_VALUE_INT, "1", "stages read ahead on a background thread", 0, 64),
     tf_sdk::key("dir", TF_VALUE_STRING, "\"\"", "disk tier folder; empty = <run folder>/offload"),
 };
