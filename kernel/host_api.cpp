@@ -292,8 +292,9 @@ tf_status h_param_add(tf_host_context* ctx, const char* name, tf_tensor delta, d
     require(delta, "delta");
     at::NoGradGuard no_grad;
     Param& p = ctx->session->store().get(name);
-    ctx->session->with_resident(
-        p, [&] { p.value.add_(as_tensor(delta).to(p.value.device(), p.value.scalar_type()), alpha); });
+    ctx->session->with_resident(p, [&] {
+      p.value.add_(as_tensor(delta).to(p.value.device(), p.value.scalar_type()), alpha);
+    });
   });
 }
 

@@ -279,7 +279,8 @@ void Session::build(const PluginRegistry& base_registry) {
     s.ctx->role = role;
     const tf_status st = s.plugin->strategy()->create(host_api(), s.ctx.get(), &s.state);
     // A strategy that refuses its keys is a recipe error at its table.
-    if (st == TF_ERR_INVALID_ARGUMENT) throw RecipeError(recipe_.where(*t->get("plugin")) + ": " + s.ctx->plugin_error);
+    if (st == TF_ERR_INVALID_ARGUMENT)
+      throw RecipeError(recipe_.where(*t->get("plugin")) + ": " + s.ctx->plugin_error);
     check(st, s, "create");
   }
   // A strategy that cannot accept the recipe (no matching target, a bad
@@ -645,8 +646,7 @@ void Session::snapshot_restore(int32_t id) {
     if (k.rfind("param:", 0) == 0) {
       Param& p = store_.get(k.substr(6));
       with_resident(p, [&] { p.value.copy_(t); });
-    }
-    else
+    } else
       optimizer_->state()[k.substr(4)].copy_(t);
   }
 }
@@ -661,7 +661,8 @@ void Session::perturb_params(uint64_t seed, double scale) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   for (Param* p : store_.trainable()) {
     at::Tensor z = at::empty(p->value.sizes(), at::kFloat).normal_(0, 1, gen);
-    with_resident(*p, [&] { p->value.add_(z.to(p->value.device(), p->value.scalar_type()), scale); });
+    with_resident(*p,
+                  [&] { p->value.add_(z.to(p->value.device(), p->value.scalar_type()), scale); });
   }
 }
 

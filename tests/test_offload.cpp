@@ -231,8 +231,9 @@ TEST_F(OffloadOptimizerTest, SameWeightsAsTheKernelsOptimizerInAnyStack) {
 // same autograd leaf while its bytes come and go; updates run where the
 // state is. Bitwise the plain run's weights, in any stack, and resumable.
 TEST_F(OffloadOptimizerTest, TrainedWeightsOnDiskGiveTheSameWeights) {
-  const std::string all = "[[strategy]]\nplugin = \"offload\"\nparams = \"disk\"\ntrainable = true\n"
-                          "optimizer = \"disk\"\nprefetch = 1\n";
+  const std::string all =
+      "[[strategy]]\nplugin = \"offload\"\nparams = \"disk\"\ntrainable = true\n"
+      "optimizer = \"disk\"\nprefetch = 1\n";
   const std::string ckpt = "[[strategy]]\nplugin = \"checkpoint\"\n";
   const std::string fused = "[[strategy]]\nplugin = \"fused_update\"\nclip = \"none\"\n";
   auto plain = test::make_session(recipe("", dir.str() + "/plain"));
@@ -248,7 +249,8 @@ TEST_F(OffloadOptimizerTest, TrainedWeightsOnDiskGiveTheSameWeights) {
     s->train();
     EXPECT_EQ(s->store().get("transformer.h.1.mlp.c_fc.weight").value.storage().nbytes(), 0u);
     const auto got = weights(*s);  // (a snapshot brings each weight in)
-    for (const auto& [name, t] : expected) EXPECT_TRUE(at::equal(got.at(name), t)) << name << " with\n" << stack;
+    for (const auto& [name, t] : expected)
+      EXPECT_TRUE(at::equal(got.at(name), t)) << name << " with\n" << stack;
   }
   // Interrupted and resumed: the same losses.
   auto run = [&](const std::string& out, bool resume, int64_t stop) {
@@ -262,7 +264,8 @@ TEST_F(OffloadOptimizerTest, TrainedWeightsOnDiskGiveTheSameWeights) {
   const TrainSummary rest = run(dir.str() + "/b", true, -1);
   ASSERT_EQ(rest.losses.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(rest.losses[i], full.losses[3 + i]) << "step " << 3 + i;
-  EXPECT_THROW(test::make_session(recipe("[[strategy]]\nplugin = \"offload\"\ntrainable = true\n", dir.str() + "/c")),
+  EXPECT_THROW(test::make_session(recipe("[[strategy]]\nplugin = \"offload\"\ntrainable = true\n",
+                                         dir.str() + "/c")),
                RecipeError);
 }
 

@@ -79,7 +79,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
 tf_status save_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Accumulate*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    s->host.check(s->host.api()->state_put_double(ctx, "skipped", static_cast<double>(s->skipped)));
+    tf_sdk::save_skipped(s->host, s->skipped);
     return TF_OK;
   });
 }
@@ -87,9 +87,7 @@ tf_status save_state(void* state, tf_host_context* ctx) {
 tf_status load_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Accumulate*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    double v = 0;
-    s->host.check(s->host.api()->state_get_double(ctx, "skipped", &v));
-    s->skipped = static_cast<int64_t>(v);
+    s->skipped = tf_sdk::load_skipped(s->host);
     return TF_OK;
   });
 }

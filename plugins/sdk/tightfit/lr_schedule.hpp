@@ -69,4 +69,15 @@ inline void step_or_skip(const Host& host, int64_t step, int64_t& skipped) {
   host.api()->log_metric(host.ctx(), "skipped_steps", static_cast<double>(skipped));
 }
 
+// A schedule's count of skipped steps in checkpoints (inside save_state /
+// load_state).
+inline void save_skipped(const Host& host, int64_t skipped) {
+  host.check(host.api()->state_put_double(host.ctx(), "skipped", static_cast<double>(skipped)));
+}
+inline int64_t load_skipped(const Host& host) {
+  double v = 0;
+  host.check(host.api()->state_get_double(host.ctx(), "skipped", &v));
+  return static_cast<int64_t>(v);
+}
+
 }  // namespace tf_sdk

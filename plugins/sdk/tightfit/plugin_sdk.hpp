@@ -160,6 +160,21 @@ class Host {
   tf_host_context* ctx_;
 };
 
+// Attributes the allocations this thread makes to `category` while it lives
+// (a strategy's own buffers, working copies).
+class MemoryCategory {
+ public:
+  MemoryCategory(const Host& host, tf_mem_category category) : host_(host) {
+    host_.check(host_.api()->memory_push_category(host_.ctx(), category));
+  }
+  ~MemoryCategory() { host_.api()->memory_pop_category(host_.ctx()); }
+  MemoryCategory(const MemoryCategory&) = delete;
+  MemoryCategory& operator=(const MemoryCategory&) = delete;
+
+ private:
+  Host host_;
+};
+
 // Runs plugin code, turning any exception into a status plus set_error.
 template <class F>
 tf_status guard(const tf_host_api* api, tf_host_context* ctx, F&& body) noexcept {

@@ -38,10 +38,10 @@
 // runs in optimizer_step_param (hence optimizer = "disk" | "host"), bringing
 // the bytes in when its stage is not running and writing them back.
 #include <condition_variable>
-#include <cstring>
-#include <exception>
 #include <cstdio>
+#include <cstring>
 #include <deque>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -83,7 +83,9 @@ void free_bytes(const at::Tensor& t) {
   s->set_data_ptr_noswap(c10::DataPtr(nullptr, t.device()));
   s->set_nbytes(0);
 }
-bool has_bytes(const at::Tensor& t) { return t.storage().nbytes() > 0; }
+bool has_bytes(const at::Tensor& t) {
+  return t.storage().nbytes() > 0;
+}
 void allocate_bytes(const at::Tensor& t) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
   const size_t n = static_cast<size_t>(t.numel()) * t.element_size();
@@ -98,7 +100,7 @@ struct Offload {
   bool cuda = false;
   int64_t prefetch = 1;
   bool offload_params = true;
-  bool offload_trainable = false;  // trained block weights too
+  bool offload_trainable = false;                 // trained block weights too
   bool disk = true;                               // params tier: files, or host memory
   std::map<std::string, at::Tensor> host_copies;  // params = "host": the tier itself
   std::map<int32_t, offload::Upload> uploads;     // CUDA: stages being copied on a side stream
@@ -143,15 +145,9 @@ struct Offload {
 
   // Reads a stage's weights (any thread); counted as weights.
   std::map<std::string, at::Tensor> read_stage(int32_t stage) {
-    host.api()->memory_push_category(host.ctx(), TF_MEM_WEIGHTS);
+    const tf_sdk::MemoryCategory weights_scope(host, TF_MEM_WEIGHTS);
     std::map<std::string, at::Tensor> out;
-    try {
-      for (const auto& name : by_stage[stage]) out[name] = read(name, weights.at(name));
-    } catch (...) {
-      host.api()->memory_pop_category(host.ctx());
-      throw;
-    }
-    host.api()->memory_pop_category(host.ctx());
+    for (const auto& name : by_stage[stage]) out[name] = read(name, weights.at(name));
     return out;
   }
 
@@ -260,8 +256,9 @@ struct Offload {
     const std::vector<std::string> names = host.param_names();
     for (size_t i = 0; i < names.size(); ++i) {
       const tf_param_info info = host.param_info(names[i]);
-      if ((info.trainable && (!offload_trainable || info.format != TF_FORMAT_DENSE)) || info.stage < 0 ||
-          (stage >= 0 && info.stage != stage) || info.residency != TF_TIER_DEVICE || info.stored_bytes == 0 ||
+      if ((info.trainable && (!offload_trainable || info.format != TF_FORMAT_DENSE)) ||
+          info.stage < 0 || (stage >= 0 && info.stage != stage) ||
+          info.residency != TF_TIER_DEVICE || info.stored_bytes == 0 ||
           host.stage_info(info.stage).kind != TF_STAGE_BLOCK)
         continue;
       tf_tensor stored = nullptr;
@@ -313,16 +310,13 @@ struct Offload {
   // copy), without touching its autograd version: tensors autograd saved in
   // forward are the same tensor and must still count as unmodified.
   void fill_leaf(Offloaded& w, const at::Tensor& src) {
-    host.check(host.api()->memory_push_category(host.ctx(), TF_MEM_WEIGHTS));
-    try {
+    {
+      const tf_sdk::MemoryCategory weights_scope(host, TF_MEM_WEIGHTS);
       allocate_bytes(w.leaf);
-    } catch (...) {
-      host.api()->memory_pop_category(host.ctx());
-      throw;
     }
-    host.api()->memory_pop_category(host.ctx());
     if (w.leaf.device().is_cpu())
-      std::memcpy(w.leaf.data_ptr(), src.data_ptr(), static_cast<size_t>(src.numel()) * src.element_size());
+      std::memcpy(w.leaf.data_ptr(), src.data_ptr(),
+                  static_cast<size_t>(src.numel()) * src.element_size());
     else
       w.leaf.variable_data().copy_(src, /*non_blocking=*/cuda);
     w.version = w.leaf._version();
@@ -336,7 +330,9 @@ struct Offload {
       std::ofstream out(w.path, std::ios::binary | std::ios::trunc);
       out.write(static_cast<const char*>(value.data_ptr()),
                 static_cast<std::streamsize>(value.numel() * value.element_size()));
-      if (!out) throw std::runtime_error("offload: cannot write " + w.path + " (disk full? set offload.dir)");
+      if (!out)
+        throw std::runtime_error("offload: cannot write " + w.path +
+                                 " (disk full? set offload.dir)");
     } else {
       host_copies.at(name).copy_(value);
     }
@@ -355,7 +351,8 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     s->offload_trainable = s->offload_params && s->host.get_bool("trainable");
     if (s->offload_trainable && s->host.get_string("optimizer") == "none")
       throw std::invalid_argument(
-          "offload: trainable = true needs optimizer = \"disk\" or \"host\": a trained weight kept in a tier "
+          "offload: trainable = true needs optimizer = \"disk\" or \"host\": a trained weight kept "
+          "in a tier "
           "is updated where it is brought in, with its optimizer state");
     s->disk = params == "disk";
     if (params == "host" && !s->cuda)
@@ -520,7 +517,8 @@ tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* na
     // A trained weight in the tier whose stage is not running: bring its
     // bytes in for the update, then write it back and free them again.
     Offloaded* away = nullptr;
-    if (auto w = s->weights.find(name); w != s->weights.end() && w->second.trainable && !has_bytes(w->second.leaf)) {
+    if (auto w = s->weights.find(name);
+        w != s->weights.end() && w->second.trainable && !has_bytes(w->second.leaf)) {
       away = &w->second;
       s->fill_leaf(*away, s->read(name, *away));
     }
@@ -535,12 +533,7 @@ tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* na
       }
     } put_back{s, name, away};
     const bool here = param.device().is_cpu();
-    s->host.check(api->memory_push_category(ctx, TF_MEM_TRANSIENT));
-    struct Pop {
-      const tf_host_api* api;
-      tf_host_context* ctx;
-      ~Pop() { api->memory_pop_category(ctx); }
-    } pop{api, ctx};
+    const tf_sdk::MemoryCategory transient(s->host, TF_MEM_TRANSIENT);
     // On an accelerator, the update runs on host copies (CPU Adam, as ZeRO-Offload does).
     at::Tensor p = here ? param.detach() : param.detach().to(at::kCPU);
     at::Tensor g = here ? grad : grad.to(at::kCPU);

@@ -181,12 +181,7 @@ tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* na
     const tf_param_info info = s->host.param_info(name);
     at::NoGradGuard no_grad;
     // Working fp32 copies are transient; only the int8 codes are state.
-    s->host.check(api->memory_push_category(ctx, TF_MEM_TRANSIENT));
-    struct Pop {
-      const tf_host_api* api;
-      tf_host_context* ctx;
-      ~Pop() { api->memory_pop_category(ctx); }
-    } pop{api, ctx};
+    const tf_sdk::MemoryCategory transient(s->host, TF_MEM_TRANSIENT);
     const at::Tensor& param = tf_sdk::borrow(param_h);
     if (!param.is_contiguous())
       throw std::invalid_argument("quantize: 8-bit AdamW needs contiguous parameters");
@@ -284,20 +279,17 @@ int64_t quantize_stage(Quantize* s, int32_t stage) {
     q.shape = {info.shape[0], info.shape[1]};
     q.dtype = tf_sdk::scalar_type(info.dtype);
     // Working tensors are transient; only the codes and scales are weights.
-    s->host.check(api->memory_push_category(ctx, TF_MEM_TRANSIENT));
     at::Tensor codes;
-    try {
+    {
+      const tf_sdk::MemoryCategory transient(s->host, TF_MEM_TRANSIENT);
       codes = s->format == "int8" ? quantize_int8(w, q) : quantize_nf4(*s, w, q);
-    } catch (...) {
-      api->memory_pop_category(ctx);
-      throw;
     }
-    s->host.check(api->memory_pop_category(ctx));
-    s->host.check(api->memory_push_category(ctx, TF_MEM_WEIGHTS));
-    codes = codes.clone();
-    for (at::Tensor* t : {&q.scale, &q.scale_scale, &q.scale_mean})
-      if (t->defined()) *t = t->clone();
-    s->host.check(api->memory_pop_category(ctx));
+    {
+      const tf_sdk::MemoryCategory weights_scope(s->host, TF_MEM_WEIGHTS);
+      codes = codes.clone();
+      for (at::Tensor* t : {&q.scale, &q.scale_scale, &q.scale_mean})
+        if (t->defined()) *t = t->clone();
+    }
     s->dense_bytes += w.numel() * 4;
     s->compact_bytes += codes.numel() * codes.element_size() +
                         q.scale.numel() * q.scale.element_size() +
