@@ -257,19 +257,10 @@ tf_status hf_config_json(void* state, tf_host_context*, const char** out) {
 const tf_model_vtable kVtable = {sizeof(tf_model_vtable), create,         destroy,
                                  stage_forward,           hf_config_json, {}};
 
-const tf_plugin_descriptor kDescriptor = {
-    sizeof(tf_plugin_descriptor),
-    TF_ABI_VERSION,
-    TF_PLUGIN_MODEL,
-    "gpt2",
-    "1.0.0",
-    "GPT-2 with Hugging Face parameter names; presets tiny, 124M, 350M, 774M, 1.5B",
-    TORCH_VERSION,
-    0,
-    kKeys,
-    sizeof(kKeys) / sizeof(kKeys[0]),
-    &kVtable,
-    {}};
+const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
+    TF_PLUGIN_MODEL, "gpt2", "1.0.0",
+    "GPT-2 with Hugging Face parameter names; presets tiny, 124M, 350M, 774M, 1.5B", kKeys,
+    &kVtable);
 
 }  // namespace
 

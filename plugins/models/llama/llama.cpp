@@ -376,19 +376,11 @@ tf_status hf_config_json(void* state, tf_host_context*, const char** out) {
 const tf_model_vtable kVtable = {sizeof(tf_model_vtable), create,         destroy,
                                  stage_forward,           hf_config_json, {}};
 
-const tf_plugin_descriptor kDescriptor = {sizeof(tf_plugin_descriptor),
-                                          TF_ABI_VERSION,
-                                          TF_PLUGIN_MODEL,
-                                          "llama",
-                                          "1.0.0",
-                                          "LLaMA 1/2/3: RMSNorm, rotary (linear/llama3 scaling), "
-                                          "SwiGLU, grouped-query attention; Hugging Face names",
-                                          TORCH_VERSION,
-                                          0,
-                                          kKeys,
-                                          sizeof(kKeys) / sizeof(kKeys[0]),
-                                          &kVtable,
-                                          {}};
+const tf_plugin_descriptor kDescriptor =
+    tf_sdk::describe(TF_PLUGIN_MODEL, "llama", "1.0.0",
+                     "LLaMA 1/2/3: RMSNorm, rotary (linear/llama3 scaling), "
+                     "SwiGLU, grouped-query attention; Hugging Face names",
+                     kKeys, &kVtable);
 
 }  // namespace
 

@@ -350,19 +350,11 @@ const tf_config_key kKeys[] = {
 const tf_model_vtable kVtable = {sizeof(tf_model_vtable), create, destroy,       stage_forward,
                                  hf_config_json,          decode, release_cache, {}};
 
-const tf_plugin_descriptor kDescriptor = {sizeof(tf_plugin_descriptor),
-                                          TF_ABI_VERSION,
-                                          TF_PLUGIN_MODEL,
-                                          "rwkv",
-                                          "1.0.0",
-                                          "RWKV-4 as transformers' RwkvForCausalLM: time mixing "
-                                          "with chunked, stabilized WKV; channel mixing",
-                                          TORCH_VERSION,
-                                          0,
-                                          kKeys,
-                                          sizeof(kKeys) / sizeof(kKeys[0]),
-                                          &kVtable,
-                                          {}};
+const tf_plugin_descriptor kDescriptor =
+    tf_sdk::describe(TF_PLUGIN_MODEL, "rwkv", "1.0.0",
+                     "RWKV-4 as transformers' RwkvForCausalLM: time mixing "
+                     "with chunked, stabilized WKV; channel mixing",
+                     kKeys, &kVtable);
 
 }  // namespace
 

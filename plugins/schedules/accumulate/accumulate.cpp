@@ -110,19 +110,10 @@ tf_schedule_vtable make_vtable() {
 }
 const tf_schedule_vtable kVtable = make_vtable();
 
-const tf_plugin_descriptor kDescriptor = {
-    sizeof(tf_plugin_descriptor),
-    TF_ABI_VERSION,
-    TF_PLUGIN_SCHEDULE,
-    "accumulate",
-    "1.0.0",
+const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
+    TF_PLUGIN_SCHEDULE, "accumulate", "1.0.0",
     "gradient accumulation over micro_batches batches per update; warmup then cosine/linear decay",
-    TORCH_VERSION,
-    0,
-    kKeys.data(),
-    static_cast<uint32_t>(kKeys.size()),
-    &kVtable,
-    {}};
+    kKeys, &kVtable);
 
 }  // namespace
 

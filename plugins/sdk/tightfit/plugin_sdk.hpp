@@ -219,6 +219,35 @@ inline tf_config_key key(const char* name, tf_value_type type, const char* defau
       sizeof(tf_config_key), name, type, default_value, doc, min_value, max_value, choices};
 }
 
+// A plugin's descriptor for this ABI and the LibTorch it is built against.
+inline tf_plugin_descriptor describe(tf_plugin_kind kind, const char* name, const char* version,
+                                     const char* description, const tf_config_key* keys,
+                                     size_t n_keys, const void* vtable) {
+  tf_plugin_descriptor d{};
+  d.struct_size = sizeof d;
+  d.abi_version = TF_ABI_VERSION;
+  d.kind = kind;
+  d.name = name;
+  d.version = version;
+  d.description = description;
+  d.libtorch_version = TORCH_VERSION;
+  d.config_keys = keys;
+  d.n_config_keys = static_cast<uint32_t>(n_keys);
+  d.vtable = vtable;
+  return d;
+}
+template <size_t N>
+tf_plugin_descriptor describe(tf_plugin_kind kind, const char* name, const char* version,
+                              const char* description, const tf_config_key (&keys)[N],
+                              const void* vtable) {
+  return describe(kind, name, version, description, keys, N, vtable);
+}
+inline tf_plugin_descriptor describe(tf_plugin_kind kind, const char* name, const char* version,
+                                     const char* description,
+                                     const std::vector<tf_config_key>& keys, const void* vtable) {
+  return describe(kind, name, version, description, keys.data(), keys.size(), vtable);
+}
+
 }  // namespace tf_sdk
 
 // Defines the entry symbol returning `descriptor` (a static tf_plugin_descriptor).

@@ -85,19 +85,9 @@ tf_strategy_vtable make_vtable() {
 }
 const tf_strategy_vtable kVtable = make_vtable();
 
-const tf_plugin_descriptor kDescriptor = {
-    sizeof(tf_plugin_descriptor),
-    TF_ABI_VERSION,
-    TF_PLUGIN_STRATEGY,
-    "checkpoint",
-    "1.0.0",
-    "activation checkpointing: recompute every N-th block in backward",
-    TORCH_VERSION,
-    0,
-    kKeys,
-    sizeof(kKeys) / sizeof(kKeys[0]),
-    &kVtable,
-    {}};
+const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
+    TF_PLUGIN_STRATEGY, "checkpoint", "1.0.0",
+    "activation checkpointing: recompute every N-th block in backward", kKeys, &kVtable);
 
 }  // namespace
 

@@ -122,19 +122,11 @@ tf_strategy_vtable make_vtable() {
 }
 const tf_strategy_vtable kVtable = make_vtable();
 
-const tf_plugin_descriptor kDescriptor = {sizeof(tf_plugin_descriptor),
-                                          TF_ABI_VERSION,
-                                          TF_PLUGIN_STRATEGY,
-                                          "fused_update",
-                                          "1.0.0",
-                                          "optimizer-in-backward: update each stage's parameters "
-                                          "when its backward ends, free their gradients",
-                                          TORCH_VERSION,
-                                          0,
-                                          kKeys,
-                                          sizeof(kKeys) / sizeof(kKeys[0]),
-                                          &kVtable,
-                                          {}};
+const tf_plugin_descriptor kDescriptor =
+    tf_sdk::describe(TF_PLUGIN_STRATEGY, "fused_update", "1.0.0",
+                     "optimizer-in-backward: update each stage's parameters "
+                     "when its backward ends, free their gradients",
+                     kKeys, &kVtable);
 
 }  // namespace
 

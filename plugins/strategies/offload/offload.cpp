@@ -522,16 +522,6 @@ tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* na
       away = &w->second;
       s->fill_leaf(*away, s->read(name, *away));
     }
-    struct PutBack {
-      Offload* s;
-      const char* name;
-      Offloaded* w;
-      ~PutBack() noexcept(false) {
-        if (!w) return;
-        if (!std::uncaught_exceptions()) s->store_back(name, *w);
-        free_bytes(w->leaf);
-      }
-    } put_back{s, name, away};
     const bool here = param.device().is_cpu();
     const tf_sdk::MemoryCategory transient(s->host, TF_MEM_TRANSIENT);
     // On an accelerator, the update runs on host copies (CPU Adam, as ZeRO-Offload does).
@@ -544,6 +534,10 @@ tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* na
                                           reinterpret_cast<tf_tensor>(&g), n, handles.data()));
     });
     if (!here) param.detach().copy_(p);
+    if (away) {  // (after a failure the run stops; the bytes may stay until then)
+      s->store_back(name, *away);
+      free_bytes(away->leaf);
+    }
     return TF_OK;
   });
 }
@@ -652,20 +646,11 @@ tf_strategy_vtable make_vtable() {
 }
 const tf_strategy_vtable kVtable = make_vtable();
 
-const tf_plugin_descriptor kDescriptor = {
-    sizeof(tf_plugin_descriptor),
-    TF_ABI_VERSION,
-    TF_PLUGIN_STRATEGY,
-    "offload",
-    "0.2.0",
+const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
+    TF_PLUGIN_STRATEGY, "offload", "0.2.0",
     "frozen block weights on a disk tier streamed with prefetch; optimizer state on a host/disk "
     "tier, updated there",
-    TORCH_VERSION,
-    0,
-    kKeys,
-    sizeof(kKeys) / sizeof(kKeys[0]),
-    &kVtable,
-    {}};
+    kKeys, &kVtable);
 
 }  // namespace
 

@@ -205,20 +205,11 @@ tf_strategy_vtable make_vtable() {
 }
 const tf_strategy_vtable kVtable = make_vtable();
 
-const tf_plugin_descriptor kDescriptor = {
-    sizeof(tf_plugin_descriptor),
-    TF_ABI_VERSION,
-    TF_PLUGIN_STRATEGY,
-    "precision",
-    "1.0.0",
+const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
+    TF_PLUGIN_STRATEGY, "precision", "1.0.0",
     "bf16/fp16 autocast with fp32 master weights (fp16: dynamic loss scaling), or bf16 weights "
     "with fp32 optimizer state",
-    TORCH_VERSION,
-    0,
-    kKeys,
-    sizeof(kKeys) / sizeof(kKeys[0]),
-    &kVtable,
-    {}};
+    kKeys, &kVtable);
 
 }  // namespace
 

@@ -442,19 +442,11 @@ tf_strategy_vtable make_vtable() {
 }
 const tf_strategy_vtable kVtable = make_vtable();
 
-const tf_plugin_descriptor kDescriptor = {sizeof(tf_plugin_descriptor),
-                                          TF_ABI_VERSION,
-                                          TF_PLUGIN_STRATEGY,
-                                          "quantize",
-                                          "1.0.0",
-                                          "frozen block weights as int8 (per channel) or NF4 "
-                                          "(double-quantized), dequantized just in time",
-                                          TORCH_VERSION,
-                                          0,
-                                          kKeys,
-                                          sizeof(kKeys) / sizeof(kKeys[0]),
-                                          &kVtable,
-                                          {}};
+const tf_plugin_descriptor kDescriptor =
+    tf_sdk::describe(TF_PLUGIN_STRATEGY, "quantize", "1.0.0",
+                     "frozen block weights as int8 (per channel) or NF4 "
+                     "(double-quantized), dequantized just in time",
+                     kKeys, &kVtable);
 
 }  // namespace
 
