@@ -56,14 +56,50 @@ void write_manifest(const fs::path& dir, const std::vector<std::string>& names) 
 
 }  // namespace
 
+// In a multi-process run every rank takes part: rank 0 writes the model,
+// optimizer and trainer files; each rank writes its plugins' state (sharded
+// optimizer state, for one) to its own file in the same folder, which rank 0
+// then moves into place. Ranks share the run folder (one machine, or a
+// shared filesystem).
 std::string Session::save_checkpoint(int64_t step) {
   const fs::path dir = checkpoint_dir();
-  fs::create_directories(dir);
   const std::string name = step_name(step);
   const fs::path final_path = dir / name;
-  const fs::path tmp = dir / (name + ".tmp-" + std::to_string(::getpid()));
-  remove_tree(tmp.string());
-  fs::create_directories(tmp);
+  const int rank = run_info_.rank;
+  const fs::path tmp =
+      dir / (name + ".tmp-" + (pg_ ? std::string("ranks") : std::to_string(::getpid())));
+  if (rank == 0) {
+    fs::create_directories(dir);
+    remove_tree(tmp.string());
+    fs::create_directories(tmp);
+  }
+  if (pg_) pg_->barrier();
+
+  std::map<std::string, at::Tensor> state;
+  auto save_plugin = [&](PluginInstance& inst, const std::string& prefix, auto save_fn) {
+    if (!save_fn) return;
+    inst.ctx->state_out = &state;
+    inst.ctx->state_prefix = prefix;
+    const tf_status st = save_fn(inst.state, inst.ctx.get());
+    inst.ctx->state_out = nullptr;
+    check(st, inst, "save_state");
+  };
+  auto save_plugins = [&] {
+    for (size_t i = 0; i < strategies_.size(); ++i)
+      save_plugin(strategies_[i],
+                  "strategy." + std::to_string(i) + "." + strategies_[i].plugin->name + ".",
+                  strategies_[i].plugin->strategy()->save_state);
+    save_plugin(schedule_, "schedule." + schedule_.plugin->name + ".",
+                schedule_.plugin->schedule()->save_state);
+  };
+  if (rank != 0) {
+    save_plugins();
+    write_safetensors((tmp / ("state.rank-" + std::to_string(rank) + ".safetensors")).string(),
+                      state);
+    pg_->barrier();  // this rank's file is complete
+    pg_->barrier();  // rank 0 moved the folder into place and listed it in the manifest
+    return (dir / name).string();
+  }
 
   std::map<std::string, at::Tensor> model;
   // Trained parameters kept in another tier are saved from it; frozen ones
@@ -81,33 +117,21 @@ std::string Session::save_checkpoint(int64_t step) {
   write_safetensors((tmp / "optimizer.safetensors").string(), optimizer_->state(),
                     {{"optimizer", optimizer_->config().name}});
 
-  std::map<std::string, at::Tensor> state;
   {
     at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
     std::lock_guard<std::mutex> lock(gen.mutex());
     state["kernel.rng.cpu"] = gen.get_state();
   }
-  auto save_plugin = [&](PluginInstance& inst, const std::string& prefix, auto save_fn) {
-    if (!save_fn) return;
-    inst.ctx->state_out = &state;
-    inst.ctx->state_prefix = prefix;
-    const tf_status st = save_fn(inst.state, inst.ctx.get());
-    inst.ctx->state_out = nullptr;
-    check(st, inst, "save_state");
-  };
-  for (size_t i = 0; i < strategies_.size(); ++i)
-    save_plugin(strategies_[i],
-                "strategy." + std::to_string(i) + "." + strategies_[i].plugin->name + ".",
-                strategies_[i].plugin->strategy()->save_state);
-  save_plugin(schedule_, "schedule." + schedule_.plugin->name + ".",
-              schedule_.plugin->schedule()->save_state);
+  save_plugins();
   write_safetensors((tmp / "state.safetensors").string(), state);
+  if (pg_) pg_->barrier();  // the other ranks' state files are complete
 
   nlohmann::json trainer = {{"format", kFormatVersion},
                             {"step", step},
                             {"optimizer_steps", optimizer_->steps()},
                             {"lr", optimizer_->lr()},
                             {"data_position", batcher_->position()},
+                            {"world_size", run_info_.world_size},
                             {"model_plugin", model_.plugin->name},
                             {"abi", abi_version_string(TF_ABI_VERSION)},
                             {"recipe", recipe_.source()}};
@@ -138,6 +162,7 @@ std::string Session::save_checkpoint(int64_t step) {
   }
   write_manifest(dir, names);
   for (const auto& r : rotated) remove_tree((dir / r).string());
+  if (pg_) pg_->barrier();
   log(TF_LOG_INFO, "saved checkpoint " + final_path.string());
   return final_path.string();
 }
@@ -157,6 +182,16 @@ bool Session::load_latest_checkpoint() {
       SafetensorsFile model = read_safetensors((cp / "model.safetensors").string());
       SafetensorsFile opt = read_safetensors((cp / "optimizer.safetensors").string());
       SafetensorsFile state = read_safetensors((cp / "state.safetensors").string());
+      // Sharded plugin state from every rank of the run that saved it (any
+      // number of ranks may load it: plugins re-slice by the saved world size).
+      for (int r = 1; r < trainer.value("world_size", 1); ++r) {
+        const fs::path f = cp / ("state.rank-" + std::to_string(r) + ".safetensors");
+        if (!fs::exists(f))
+          throw std::runtime_error(f.string() + " is missing: the checkpoint was saved by " +
+                                   std::to_string(trainer.value("world_size", 1)) +
+                                   " ranks and needs every rank's state file");
+        for (auto& [k, t] : read_safetensors(f.string()).tensors) state.tensors.emplace(k, t);
+      }
       for (const Param& p : store_.all()) {
         auto m = model.tensors.find(p.name);
         if (m == model.tensors.end())

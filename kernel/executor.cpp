@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
+#include <optional>
 
 #include "session.hpp"
 
@@ -105,7 +106,8 @@ struct CompactLinear : public torch::autograd::Function<CompactLinear> {
     auto* session = reinterpret_cast<Session*>(ctx->saved_data["session"].toInt());
     CategoryScope scope(TF_MEM_TRANSIENT);
     const at::Tensor w = session->fetch_weight(ctx->saved_data["weight"].toStringRef());
-    return {grads[0].matmul(w.to(grads[0].scalar_type())), at::Tensor(), at::Tensor()};
+    return {grads[0].matmul(w.to(grads[0].device(), grads[0].scalar_type())), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -153,6 +155,13 @@ void Session::raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin) 
 at::Tensor Session::run_stage(int32_t stage, const at::Tensor& input, bool training,
                               bool recompute) {
   tf_stage_call call{sizeof(tf_stage_call), stage, training ? 1 : 0, recompute ? 1 : 0, step_};
+  // Weights the stage fetches come to its device (a tied weight of another stage's).
+  struct ComputeDevice {
+    std::optional<at::Device>& slot;
+    std::optional<at::Device> saved;
+    ~ComputeDevice() { slot = saved; }
+  } restore{compute_device_, compute_device_};
+  compute_device_ = at::Device(stages_[static_cast<size_t>(stage)].device);
   tf_tensor out = nullptr;
   const tf_model_vtable* vt = model_.plugin->model();
   const tf_status st =
@@ -223,6 +232,12 @@ PassResult Session::run_pass(const at::Tensor& tokens_in, const at::Tensor& targ
                                   targets.reshape({-1}));
   }
   r.loss = loss.item<double>();
+  if (pg_) {
+    // Every rank reports (and its schedule decides on) the global batch's loss.
+    at::Tensor l = at::full({1}, r.loss, at::TensorOptions().dtype(at::kDouble).device(device_));
+    pg_->all_reduce(l, ReduceOp::Avg);
+    r.loss = l.item<double>();
+  }
   r.n_tokens = tokens.numel();
   r.finite = std::isfinite(r.loss);
   if (!backward) return r;
@@ -297,10 +312,12 @@ void Session::with_resident(Param& p, const std::function<void()>& fn) {
 
 at::Tensor Session::fetch_weight(const std::string& name) {
   Param& p = store_.get(name);
-  if (p.residency == TF_TIER_DEVICE || stage_in_use(p.stage)) return fetch_resident(p);
   at::Tensor w;
-  // A copy: the tier may free the resident bytes when the access ends.
-  with_resident(p, [&] { w = fetch_resident(p).detach().clone(); });
+  if (p.residency == TF_TIER_DEVICE || stage_in_use(p.stage))
+    w = fetch_resident(p);
+  else  // a copy: the tier may free the resident bytes when the access ends
+    with_resident(p, [&] { w = fetch_resident(p).detach().clone(); });
+  if (compute_device_ && w.device() != *compute_device_) w = w.to(*compute_device_);
   return w;
 }
 

@@ -390,7 +390,7 @@ tf_status h_memory_pop_category(tf_host_context* ctx) {
 tf_status h_next_batch(tf_host_context* ctx, tf_batch* out) {
   return serve(ctx, [&] {
     check_size(out, "tf_batch");
-    auto b = ctx->session->batcher().next();
+    auto b = ctx->session->next_batch();
     tf_batch batch{};
     batch.n_tokens = b.tokens.numel();
     batch.tokens = give(std::move(b.tokens));
@@ -633,6 +633,70 @@ tf_status h_optimizer_update(tf_host_context* ctx, const char* name, tf_tensor p
   });
 }
 
+ReduceOp to_reduce_op(tf_reduce_op op) {
+  switch (op) {
+    case TF_REDUCE_SUM:
+      return ReduceOp::Sum;
+    case TF_REDUCE_AVG:
+      return ReduceOp::Avg;
+    case TF_REDUCE_MAX:
+      return ReduceOp::Max;
+    case TF_REDUCE_MIN:
+      return ReduceOp::Min;
+  }
+  throw std::invalid_argument("unknown reduce op " + std::to_string(static_cast<int>(op)));
+}
+
+// Collectives run on the process group; a single process is its own group.
+tf_status h_dist_all_reduce(tf_host_context* ctx, tf_tensor t, tf_reduce_op op) {
+  return serve(ctx, [&] {
+    require(t, "t");
+    const ReduceOp r = to_reduce_op(op);
+    if (ProcessGroup* pg = ctx->session->process_group()) pg->all_reduce(as_tensor(t), r);
+  });
+}
+tf_status h_dist_reduce_scatter(tf_host_context* ctx, tf_tensor out, tf_tensor in,
+                                tf_reduce_op op) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    require(in, "in");
+    const ReduceOp r = to_reduce_op(op);
+    at::Tensor& o = as_tensor(out);
+    if (ProcessGroup* pg = ctx->session->process_group())
+      pg->reduce_scatter(o, as_tensor(in), r);
+    else if (o.numel() != as_tensor(in).numel())
+      throw std::invalid_argument("reduce_scatter: in and out differ in size (one rank)");
+    else
+      o.copy_(as_tensor(in).view_as(o));
+  });
+}
+tf_status h_dist_all_gather(tf_host_context* ctx, tf_tensor out, tf_tensor in) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    require(in, "in");
+    at::Tensor& o = as_tensor(out);
+    if (ProcessGroup* pg = ctx->session->process_group())
+      pg->all_gather(o, as_tensor(in));
+    else if (o.numel() != as_tensor(in).numel())
+      throw std::invalid_argument("all_gather: in and out differ in size (one rank)");
+    else
+      o.copy_(as_tensor(in).view_as(o));
+  });
+}
+tf_status h_dist_broadcast(tf_host_context* ctx, tf_tensor t, int32_t root) {
+  return serve(ctx, [&] {
+    require(t, "t");
+    if (root < 0 || root >= ctx->session->run_info().world_size)
+      throw std::invalid_argument("broadcast root " + std::to_string(root) + " is not a rank");
+    if (ProcessGroup* pg = ctx->session->process_group()) pg->broadcast(as_tensor(t), root);
+  });
+}
+tf_status h_dist_barrier(tf_host_context* ctx) {
+  return serve(ctx, [&] {
+    if (ProcessGroup* pg = ctx->session->process_group()) pg->barrier();
+  });
+}
+
 tf_host_api make_table() {
   tf_host_api t{};
   t.struct_size = sizeof(tf_host_api);
@@ -695,6 +759,11 @@ tf_host_api make_table() {
   t.tensors_save = h_tensors_save;
   t.tensors_load = h_tensors_load;
   t.optimizer_update = h_optimizer_update;
+  t.dist_all_reduce = h_dist_all_reduce;
+  t.dist_reduce_scatter = h_dist_reduce_scatter;
+  t.dist_all_gather = h_dist_all_gather;
+  t.dist_broadcast = h_dist_broadcast;
+  t.dist_barrier = h_dist_barrier;
   return t;
 }
 

@@ -19,14 +19,16 @@ double Optimizer::grad_norm(const std::vector<Param*>& params) {
   return std::sqrt(sq);
 }
 
-double Optimizer::clip(const std::vector<Param*>& params) {
-  const double norm = grad_norm(params);
-  if (cfg_.grad_clip > 0 && std::isfinite(norm) && norm > cfg_.grad_clip) {
-    const double scale = cfg_.grad_clip / (norm + 1e-6);
+Optimizer::Clip Optimizer::clip(const std::vector<Param*>& params, double held_norm_sq) {
+  const double kept = grad_norm(params);
+  Clip c;
+  c.norm = std::sqrt(kept * kept + held_norm_sq);
+  if (cfg_.grad_clip > 0 && std::isfinite(c.norm) && c.norm > cfg_.grad_clip) {
+    c.scale = cfg_.grad_clip / (c.norm + 1e-6);
     for (Param* p : params)
-      if (p->value.grad().defined()) p->value.mutable_grad().mul_(scale);
+      if (p->value.grad().defined()) p->value.mutable_grad().mul_(c.scale);
   }
-  return norm;
+  return c;
 }
 
 std::vector<std::string> Optimizer::slot_names() const {

@@ -33,8 +33,14 @@ class Optimizer {
 
   // Global L2 norm of the gradients; NaN/Inf when any is not finite.
   static double grad_norm(const std::vector<Param*>& params);
-  // Scales gradients so their norm is at most grad_clip; returns the norm before.
-  double clip(const std::vector<Param*>& params);
+  // Scales gradients so that their norm, together with gradients strategies
+  // hold themselves (held_norm_sq, their squared norm), is at most
+  // grad_clip. Returns the norm before and the factor applied.
+  struct Clip {
+    double norm = 0;
+    double scale = 1;
+  };
+  Clip clip(const std::vector<Param*>& params, double held_norm_sq = 0);
 
   // Begins a step (bias corrections use the incremented count).
   void begin_step() { ++steps_; }

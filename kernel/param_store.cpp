@@ -89,7 +89,7 @@ void ParamStore::adopt(Param p) {
   materialized_ = true;
 }
 
-void ParamStore::materialize(uint64_t seed, const at::Device& device,
+void ParamStore::materialize(uint64_t seed, const std::function<at::Device(const Param&)>& place,
                              const std::function<void(size_t, size_t)>& after_group) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   size_t group_start = 0;
@@ -119,6 +119,7 @@ void ParamStore::materialize(uint64_t seed, const at::Device& device,
         default:
           throw std::invalid_argument("parameter \"" + p.name + "\" has an unknown init kind");
       }
+      const at::Device device = place(p);
       if (p.dtype != at::kFloat || device != t.device()) t = t.to(device, p.dtype);
       p.value = t.set_requires_grad(p.trainable && at::isFloatingType(p.dtype));
     }

@@ -45,11 +45,11 @@ class ParamStore {
   void adopt(Param p);
 
   // Allocates and initializes every parameter deterministically from `seed`
-  // (declaration order), on `device`. After each run of consecutive
-  // parameters of one stage, calls after_group(first, last) with their index
-  // range, so the caller can load and convert them before the next run is
-  // allocated (a model larger than memory is never whole).
-  void materialize(uint64_t seed, const at::Device& device,
+  // (declaration order), on the device place(param) names. After each run of
+  // consecutive parameters of one stage, calls after_group(first, last) with
+  // their index range, so the caller can load and convert them before the
+  // next run is allocated (a model larger than memory is never whole).
+  void materialize(uint64_t seed, const std::function<at::Device(const Param&)>& place,
                    const std::function<void(size_t first, size_t last)>& after_group = {});
   bool materialized() const { return materialized_; }
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include "cuda_memory.hpp"
 #include "hf_weights.hpp"
@@ -45,6 +46,10 @@ const std::vector<KeySpec>& run_keys() {
       key("sample_prompt", TF_VALUE_STRING, "\"\\n\"", "prompt for the sample"),
       key("sample_top_k", TF_VALUE_INT, "40", "top-k for the sample; 1 = greedy", 1, 1e9),
       key("eval_batches", TF_VALUE_INT, "8", "validation batches for the final eval loss", 0, 1e6),
+      key("dist_timeout", TF_VALUE_FLOAT, "300",
+          "seconds a rank waits for the others (joining, and in each collective) before the "
+          "run stops with an error naming it",
+          1, 1e6),
       key("plugin_paths", TF_VALUE_STRING_LIST, "[]",
           "extra plugin files or folders (relative to the recipe)"),
   };
@@ -176,6 +181,24 @@ void Session::build(const PluginRegistry& base_registry) {
   if (device_.is_cuda() && !at::hasCUDA())
     throw RecipeError(recipe_.source() + ": [run].device is \"" + device_str_ +
                       "\" but no CUDA device is available here; use device = \"cpu\"");
+  // More than one process: join the group before anything is allocated, so
+  // that a rank that cannot start stops the others at once.
+  std::optional<DistEnv> dist;
+  try {
+    dist = dist_env_from_environment();
+  } catch (const std::invalid_argument& e) {
+    throw RecipeError(std::string("distributed launch: ") + e.what());
+  }
+  if (dist && device_.is_cuda() && !device_.has_index())
+    device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(dist->local_rank));
+  if (dist && device_.is_cuda()) device_str_ = device_.str();
+  if (dist && !options_.dry_run) {
+    const auto timeout = std::chrono::milliseconds(
+        static_cast<int64_t>(run_cfg_.get_double("dist_timeout") * 1000.0));
+    pg_ = std::make_unique<ProcessGroup>(*dist, device_, timeout);
+    log(TF_LOG_DEBUG, "rank " + std::to_string(dist->rank) + " of " +
+                          std::to_string(dist->world_size) + " joined (" + pg_->backend() + ")");
+  }
   if (device_.is_cuda()) {
     // The budget is the device's: the caching allocator's memory fraction.
     const int idx = device_.has_index() ? device_.index() : 0;
@@ -204,8 +227,10 @@ void Session::build(const PluginRegistry& base_registry) {
       CategoryScope scope(TF_MEM_OTHER);
       at::Tensor tokens = at::tensor(ids, at::kLong);
       unigram_entropy_ = unigram_entropy(tokens, tokenizer_->vocab_size());
+      // Ranks sample the global batch and each keeps its own rows (next_batch).
+      const int64_t world = dist ? dist->world_size : 1;
       batcher_ = std::make_unique<TokenBatcher>(
-          tokens, data_cfg_.get_int("seq_len"), data_cfg_.get_int("batch_size"),
+          tokens, data_cfg_.get_int("seq_len"), data_cfg_.get_int("batch_size") * world,
           static_cast<uint64_t>(run_cfg_.get_int("seed")), data_cfg_.get_double("val_fraction"));
     }
   } catch (const std::invalid_argument& e) {
@@ -228,9 +253,9 @@ void Session::build(const PluginRegistry& base_registry) {
   run_info_ = tf_run_info{};
   run_info_.struct_size = sizeof run_info_;
   run_info_.device = device_str_.c_str();
-  run_info_.rank = 0;
-  run_info_.world_size = 1;
-  run_info_.local_rank = 0;
+  run_info_.rank = dist ? dist->rank : 0;
+  run_info_.world_size = dist ? dist->world_size : 1;
+  run_info_.local_rank = dist ? dist->local_rank : 0;
   run_info_.vocab_size = tokenizer_->vocab_size();
   run_info_.seq_len = data_cfg_.get_int("seq_len");
   run_info_.batch_size = data_cfg_.get_int("batch_size");
@@ -325,7 +350,13 @@ void Session::build(const PluginRegistry& base_registry) {
       weights_error(e);
     }
   }
-  store_.materialize(run_info_.seed, device_, [&](size_t first, size_t last) {
+  // A parameter lives on its stage's device (shard's layers mode places
+  // stages); shared ones (tied embeddings) on the first stage's.
+  auto place = [&](const Param& p) {
+    const size_t stage = p.stage >= 0 ? static_cast<size_t>(p.stage) : 0;
+    return stage < stages_.size() ? at::Device(stages_[stage].device) : device_;
+  };
+  store_.materialize(run_info_.seed, place, [&](size_t first, size_t last) {
     auto& params = store_.all();
     if (weights) {
       try {
@@ -383,6 +414,17 @@ void Session::build(const PluginRegistry& base_registry) {
 
   if (options_.resume && !load_latest_checkpoint() && !options_.skip_data)
     log(TF_LOG_WARN, "--resume: no checkpoint in " + checkpoint_dir() + "; starting from step 0");
+  if (pg_) pg_->barrier();  // every rank composed the same run
+}
+
+TokenBatcher::Batch Session::next_batch() {
+  TokenBatcher::Batch b = batcher_->next();
+  if (run_info_.world_size > 1) {
+    const int64_t rows = b.tokens.size(0) / run_info_.world_size;
+    b.tokens = b.tokens.narrow(0, run_info_.rank * rows, rows).contiguous();
+    b.targets = b.targets.narrow(0, run_info_.rank * rows, rows).contiguous();
+  }
+  return b;
 }
 
 std::string Session::export_hf(const std::string& dir, bool merge) {
@@ -486,6 +528,11 @@ void Session::update_param(Param& p, const at::Tensor& grad, int64_t step) {
 void Session::zero_grad() {
   for (Param& p : store_.all())
     if (p.value.defined() && p.value.grad().defined()) p.value.mutable_grad() = at::Tensor();
+  for (auto& s : strategies_) {
+    const tf_strategy_vtable* vt = s.plugin->strategy();
+    if (TF_HAS(vt, tf_strategy_vtable, drop_held_grads))
+      check(vt->drop_held_grads(s.state, s.ctx.get()), s, "drop_held_grads");
+  }
 }
 
 void Session::set_micro_batch(int32_t index, int32_t count) {
@@ -528,7 +575,16 @@ tf_status Session::optimizer_step() {
   }
   const bool scaled = applied_loss_scale_ != 1.0;
   applied_loss_scale_ = 1.0;
-  const double norm = optimizer_->clip(params);
+  // Gradients strategies hold themselves (ZeRO's reduce-scattered parts)
+  // count in the norm, are clipped by the same factor and updated after.
+  double held_sq = 0;
+  for (auto& s : strategies_) {
+    const tf_strategy_vtable* vt = s.plugin->strategy();
+    if (TF_HAS(vt, tf_strategy_vtable, grad_norm_sq))
+      check(vt->grad_norm_sq(s.state, s.ctx.get(), &held_sq), s, "grad_norm_sq");
+  }
+  const Optimizer::Clip clip = optimizer_->clip(params, held_sq);
+  const double norm = clip.norm;
   step_metrics_["grad_norm"] = norm;
   if (!std::isfinite(norm)) {
     zero_grad();
@@ -546,6 +602,11 @@ tf_status Session::optimizer_step() {
   for (Param* p : params) {
     const at::Tensor& g = p->value.grad();
     if (g.defined()) update_param(*p, g, optimizer_->steps());
+  }
+  for (auto& s : strategies_) {
+    const tf_strategy_vtable* vt = s.plugin->strategy();
+    if (TF_HAS(vt, tf_strategy_vtable, apply_held_grads))
+      check(vt->apply_held_grads(s.state, s.ctx.get(), clip.scale), s, "apply_held_grads");
   }
   return TF_OK;
 }
@@ -679,8 +740,10 @@ TrainSummary Session::train() {
   sum.unigram_entropy = unigram_entropy_;
   sum.first_step = step_;
   sum.total_steps = run_info_.total_steps;
-  metrics_ = MetricsWriter((fs::path(run_dir_) / "metrics.jsonl").string());
-  sum.metrics_path = metrics_.path();
+  // Rank 0 writes the metrics (its losses are the global batch's).
+  const std::string metrics_path = (fs::path(run_dir_) / "metrics.jsonl").string();
+  if (is_rank0()) metrics_ = MetricsWriter(metrics_path);
+  sum.metrics_path = metrics_path;
   auto& acct = MemoryAccounting::instance();
   acct.reset_peaks();
   if (device_.is_cuda()) cuda_reset_peak(device_.has_index() ? device_.index() : 0);
@@ -706,7 +769,7 @@ TrainSummary Session::train() {
       for (auto& s : strategies_)
         if (s.plugin->strategy()->step_end)
           check(s.plugin->strategy()->step_end(s.state, s.ctx.get(), step_, r.loss), s, "step_end");
-      tokens += r.n_tokens;
+      tokens += r.n_tokens * run_info_.world_size;
       sum.backward_passes += r.backward_passes;
       sum.losses.push_back(r.loss);
       const double elapsed =
@@ -750,8 +813,9 @@ TrainSummary Session::train() {
     // An interrupted run always saves, so that --resume can continue it.
     if ((save_cfg_.get_bool("final") || step_ < total) && step_ > sum.first_step)
       save_checkpoint(step_);
-    if (save_cfg_.get_bool("hf")) export_hf((fs::path(run_dir_) / "hf").string());
-    if (save_cfg_.get_bool("adapter")) export_adapter((fs::path(run_dir_) / "adapter").string());
+    if (is_rank0() && save_cfg_.get_bool("hf")) export_hf((fs::path(run_dir_) / "hf").string());
+    if (is_rank0() && save_cfg_.get_bool("adapter"))
+      export_adapter((fs::path(run_dir_) / "adapter").string());
     sum.steps_run = step_ - sum.first_step;
     sum.tokens_per_s = sum.wall_s > 0 ? static_cast<double>(tokens) / sum.wall_s : 0;
     sum.final_loss = sum.losses.empty() ? std::nan("") : sum.losses.back();

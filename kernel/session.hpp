@@ -8,11 +8,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "data.hpp"
+#include "distributed.hpp"
 #include "memory_accounting.hpp"
 #include "metrics.hpp"
 #include "optimizer.hpp"
@@ -193,6 +195,12 @@ class Session {
   ParamStore& store() { return store_; }
   Optimizer& optimizer() { return *optimizer_; }
   TokenBatcher& batcher() { return *batcher_; }
+  // This rank's rows of the next global batch (batch_size each; world_size
+  // times that in all, the same rows a single process with the whole batch sees).
+  TokenBatcher::Batch next_batch();
+  // The process group of a multi-process run; nullptr in a single process.
+  ProcessGroup* process_group() { return pg_.get(); }
+  bool is_rank0() const { return run_info_.rank == 0; }
   Tokenizer& tokenizer() { return *tokenizer_; }
   std::vector<StageState>& stages() { return stages_; }
   PluginInstance& model() { return model_; }
@@ -236,6 +244,7 @@ class Session {
   std::unique_ptr<Tokenizer> tokenizer_;
   std::unique_ptr<TokenBatcher> batcher_;
   double unigram_entropy_ = 0;
+  std::unique_ptr<ProcessGroup> pg_;
 
   PluginInstance model_;
   std::vector<PluginInstance> strategies_;
@@ -252,6 +261,7 @@ class Session {
   double applied_loss_scale_ = 1.0;     // the loss scale of this step's backward passes
   std::vector<int> active_events_;      // per stage: stage events begun and not yet ended
   std::vector<bool> grads_dispatched_;  // per backward: grad_ready already called
+  std::optional<at::Device> compute_device_;  // the running stage's, while one runs
   at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward
 };
 

@@ -4,11 +4,13 @@
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
 
 #include "commands.hpp"
+#include "launch.hpp"
 #include "logging.hpp"
 #include "session.hpp"
 
@@ -77,6 +79,9 @@ int run_command(const std::vector<std::string>& args) {
       "stop-after", po::value<int64_t>(),
       "stop (and save a checkpoint) after N steps of this invocation")(
       "dry-run", "validate the recipe and compose its plugins without allocating the model")(
+      "nproc", po::value<int>(),
+      "start N local ranks of this run (as torchrun --nproc-per-node N would); without it, "
+      "RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the environment are used when set")(
       "quiet,q", "no progress line")("log-level", po::value<std::string>()->default_value("info"),
                                      "debug, info, warn, error");
   po::variables_map vm;
@@ -90,8 +95,46 @@ int run_command(const std::vector<std::string>& args) {
   set_log_level(vm["log-level"].as<std::string>());
   const std::string recipe_path =
       vm.count("recipe") ? vm["recipe"].as<std::string>() : default_recipe();
-  const bool quiet = vm.count("quiet") > 0;
+  // In a multi-process run only rank 0 shows progress and the summary.
+  const char* rank_env = std::getenv("RANK");
+  const bool rank0 = rank_env == nullptr || std::string(rank_env) == "0";
+  const bool quiet = vm.count("quiet") > 0 || !rank0;
   const bool tty = ::isatty(STDERR_FILENO) != 0;
+  const std::string who = rank0 ? "tightfit: " : "tightfit (rank " + std::string(rank_env) + "): ";
+
+  if (vm.count("nproc")) {
+    const int nproc = vm["nproc"].as<int>();
+    if (nproc < 1 || nproc > 1024) {
+      std::cerr << "tightfit run: --nproc must be between 1 and 1024\n";
+      return kUsage;
+    }
+    if (std::getenv("WORLD_SIZE") != nullptr) {
+      std::cerr << "tightfit run: --nproc with WORLD_SIZE already set (under torchrun or "
+                   "Slurm); use one launcher\n";
+      return kUsage;
+    }
+    if (nproc > 1) {
+      std::vector<std::string> child{"run"};
+      for (size_t i = 0; i < args.size(); ++i) {
+        if (args[i] == "--nproc") {
+          ++i;
+          continue;
+        }
+        if (args[i].rfind("--nproc=", 0) == 0) continue;
+        child.push_back(args[i]);
+      }
+      // The others notice a failed rank within [run].dist_timeout; then they are ended.
+      double timeout = 300;
+      try {
+        Recipe recipe = Recipe::load(recipe_path);
+        if (const toml::table* run = recipe.table("run"))
+          timeout = (*run)["dist_timeout"].value_or(timeout);
+      } catch (const std::exception&) {
+        // every rank reports the recipe's problem itself
+      }
+      return launch_local_ranks(nproc, child, timeout + 10);
+    }
+  }
 
   try {
     Recipe recipe = Recipe::load(recipe_path);
@@ -125,8 +168,9 @@ int run_command(const std::vector<std::string>& args) {
                 << " stages, " << session.strategies().size() << " strategies\n";
       return kOk;
     }
-    std::cerr << "tightfit: " << recipe.source() << " -> " << session.run_dir() << "\n";
+    if (rank0) std::cerr << "tightfit: " << recipe.source() << " -> " << session.run_dir() << "\n";
     TrainSummary s = session.train();
+    if (!rank0) return kOk;
 
     std::cout << "\n== summary: " << recipe.source() << " ==\n";
     std::cout << "steps         " << s.first_step << " -> " << s.first_step + s.steps_run << " of "
@@ -148,19 +192,19 @@ int run_command(const std::vector<std::string>& args) {
     std::cerr << "tightfit: recipe error: " << e.what() << "\n";
     return kUsage;
   } catch (const OutOfBudgetError& e) {
-    std::cerr << "\ntightfit: " << e.what() << "\n";
+    std::cerr << "\n" << who << e.what() << "\n";
     return kOutOfBudget;
   } catch (const PluginLoadError& e) {
-    std::cerr << "tightfit: " << e.what() << "\n";
+    std::cerr << who << e.what() << "\n";
     return kPluginError;
   } catch (const PluginCallError& e) {
-    std::cerr << "tightfit: " << e.what() << "\n";
+    std::cerr << who << e.what() << "\n";
     return kPluginError;
   } catch (const c10::Error& e) {
-    std::cerr << "tightfit: " << e.what_without_backtrace() << "\n";
+    std::cerr << who << e.what_without_backtrace() << "\n";
     return kFailure;
   } catch (const std::exception& e) {
-    std::cerr << "tightfit: " << e.what() << "\n";
+    std::cerr << who << e.what() << "\n";
     return kFailure;
   }
 }

@@ -339,6 +339,14 @@ typedef struct tf_optimizer_info {
   int32_t n_state;
 } tf_optimizer_info;
 
+/* Reductions of the cross-rank collectives (added in 1.0's tail). */
+typedef enum tf_reduce_op {
+  TF_REDUCE_SUM = 1,
+  TF_REDUCE_AVG = 2,
+  TF_REDUCE_MAX = 3,
+  TF_REDUCE_MIN = 4
+} tf_reduce_op;
+
 /* Hook event around a stage. */
 typedef enum tf_pass_phase {
   TF_PHASE_FORWARD = 1,
@@ -555,7 +563,23 @@ typedef struct tf_host_api {
   tf_status (*optimizer_update)(tf_host_context* ctx, const char* name, tf_tensor param,
                                 tf_tensor grad, int32_t n_state, const tf_tensor* state);
 
-  void* reserved[17];
+  /* --- collectives across ranks (torch.distributed c10d: Gloo on CPU, NCCL on
+   * CUDA; the kernel owns the process group). Every rank must make the same
+   * calls in the same order, with tensors of the same shape and dtype, on the
+   * run's device, contiguous. In a single-process run they are identities
+   * (reduce_scatter and all_gather copy). A peer that dies or stays away past
+   * [run].dist_timeout fails the call with a message naming this rank. --- */
+  /* In place. */
+  tf_status (*dist_all_reduce)(tf_host_context* ctx, tf_tensor t, tf_reduce_op op);
+  /* `in` holds world_size equal parts; this rank's reduced part goes to `out`. */
+  tf_status (*dist_reduce_scatter)(tf_host_context* ctx, tf_tensor out, tf_tensor in,
+                                   tf_reduce_op op);
+  /* `out` (world_size x in's elements) receives every rank's `in`, in rank order. */
+  tf_status (*dist_all_gather)(tf_host_context* ctx, tf_tensor out, tf_tensor in);
+  tf_status (*dist_broadcast)(tf_host_context* ctx, tf_tensor t, int32_t root);
+  tf_status (*dist_barrier)(tf_host_context* ctx);
+
+  void* reserved[12];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */
@@ -691,7 +715,19 @@ typedef struct tf_strategy_vtable {
   tf_status (*unpack_activation)(void* state, tf_host_context* ctx, int32_t stage, uint64_t key,
                                  tf_tensor* out);
 
-  void* reserved[9];
+  /* Gradients a strategy holds itself after consuming them in grad_ready
+   * (ZeRO-2/3 keep only this rank's reduce-scattered part). In optimizer_step,
+   * before clipping: grad_norm_sq adds the squared L2 norm of everything it
+   * holds, over all ranks, to *sum_sq (clipping and the finiteness check
+   * cover held gradients too). Then, when the step goes ahead,
+   * apply_held_grads updates the parameters from them multiplied by
+   * grad_scale (the clipping factor) and drops them; when the step is skipped
+   * (non-finite) and on zero_grad, drop_held_grads drops them. */
+  tf_status (*grad_norm_sq)(void* state, tf_host_context* ctx, double* sum_sq);
+  tf_status (*apply_held_grads)(void* state, tf_host_context* ctx, double grad_scale);
+  tf_status (*drop_held_grads)(void* state, tf_host_context* ctx);
+
+  void* reserved[6];
 } tf_strategy_vtable;
 
 /* A trainer schedule: decides what each step does using training services. */

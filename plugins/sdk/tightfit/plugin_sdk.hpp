@@ -75,6 +75,44 @@ class Host {
     return v ? v : "";
   }
   bool has(const char* key) const { return api_->config_has(ctx_, key) != 0; }
+  // A list key's elements (STRING_LIST; INT_LIST / SIZE_LIST with get_int_list).
+  std::vector<std::string> get_string_list(const char* key) const {
+    std::vector<std::string> out;
+    for (int32_t i = 0;; ++i) {
+      const char* v = nullptr;
+      const tf_status st = api_->config_get_list_string(ctx_, key, i, &v);
+      if (st == TF_ERR_NOT_FOUND) return out;
+      check(st);
+      out.emplace_back(v ? v : "");
+    }
+  }
+  std::vector<int64_t> get_int_list(const char* key) const {
+    std::vector<int64_t> out;
+    for (int32_t i = 0;; ++i) {
+      int64_t v = 0;
+      const tf_status st = api_->config_get_list_int(ctx_, key, i, &v);
+      if (st == TF_ERR_NOT_FOUND) return out;
+      check(st);
+      out.push_back(v);
+    }
+  }
+
+  // Collectives across ranks (identities in a single process). A host from
+  // before they were added refuses with a clear message.
+  void all_reduce(at::Tensor& t, tf_reduce_op op) const {
+    check(need_dist(TF_HAS(api_, tf_host_api, dist_all_reduce))
+              ->dist_all_reduce(ctx_, reinterpret_cast<tf_tensor>(&t), op));
+  }
+  void reduce_scatter(at::Tensor& out, const at::Tensor& in, tf_reduce_op op) const {
+    check(need_dist(TF_HAS(api_, tf_host_api, dist_reduce_scatter))
+              ->dist_reduce_scatter(ctx_, reinterpret_cast<tf_tensor>(&out),
+                                    reinterpret_cast<tf_tensor>(const_cast<at::Tensor*>(&in)), op));
+  }
+  void all_gather(at::Tensor& out, const at::Tensor& in) const {
+    check(need_dist(TF_HAS(api_, tf_host_api, dist_all_gather))
+              ->dist_all_gather(ctx_, reinterpret_cast<tf_tensor>(&out),
+                                reinterpret_cast<tf_tensor>(const_cast<at::Tensor*>(&in))));
+  }
 
   tf_run_info run_info() const {
     tf_run_info info{};
@@ -156,6 +194,12 @@ class Host {
   }
 
  private:
+  const tf_host_api* need_dist(bool present) const {
+    if (!present)
+      throw HostError(TF_ERR_UNSUPPORTED,
+                      "this tightfit host has no collectives (dist_* services); update it");
+    return api_;
+  }
   const tf_host_api* api_;
   tf_host_context* ctx_;
 };

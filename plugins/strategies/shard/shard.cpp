@@ -1,0 +1,420 @@
+// shard: one model over several devices or ranks, on torch.distributed's
+// c10d (the kernel owns the process group and lends its collectives).
+//
+// mode = "layers": pipeline placement in one process. Stages go to devices
+// (`devices`, `split` = blocks per device; embed with the first, head with
+// the last); the kernel keeps each stage's parameters on its device and moves
+// activations at the boundaries.
+//
+// mode = "data": data parallel. Each rank runs its rows of the global batch;
+// every gradient is averaged over ranks (all-reduce) as soon as its stage's
+// backward ends, so communication overlaps the rest of backward.
+//
+// mode = "zero": ZeRO (Rajbhandari et al.). Parameters and gradients are
+// flattened and split into world_size equal parts (partition.hpp).
+//   stage 1: gradients all-reduced as in data mode; each rank keeps the
+//            optimizer state of its part only, updates its part and the
+//            parts are all-gathered back into the parameter.
+//   stage 2: gradients are reduce-scattered instead: each rank keeps the
+//            averaged gradient of its part only (the full gradient is freed
+//            at once), and global-norm clipping sums the parts over ranks.
+// Optimizer state is checkpointed per rank and re-split on load, so a run
+// saved by N ranks resumes on any number.
+#include <cmath>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "partition.hpp"
+#include "tightfit/plugin_sdk.hpp"
+
+namespace {
+
+struct Shard {
+  explicit Shard(tf_sdk::Host h) : host(h) {}
+  tf_sdk::Host host;
+  std::string mode;
+  int64_t zero_stage = 1;
+  int rank = 0, world = 1;
+  // zero: optimizer state and (stage 2) the reduced gradient of this rank's
+  // part of each parameter, by name.
+  std::map<std::string, std::vector<at::Tensor>> state;
+  std::map<std::string, at::Tensor> held;
+  std::vector<std::string> held_order;  // the order gradients arrived: the same on every rank
+
+  shard::Part part(const at::Tensor& t) const { return shard::part_of(t.numel(), rank, world); }
+
+  int32_t n_state() const {
+    tf_optimizer_info o{};
+    o.struct_size = sizeof o;
+    host.check(host.api()->optimizer_info(host.ctx(), &o));
+    return o.n_state;
+  }
+
+  bool last_micro_batch() const {
+    int32_t index = 0, count = 1;
+    host.check(host.api()->micro_batch(host.ctx(), &index, &count));
+    return index + 1 == count;
+  }
+
+  // The optimizer state of a parameter's part, zero before its first update.
+  std::vector<at::Tensor>& state_of(const std::string& name, int64_t len,
+                                    const at::Device& device) {
+    auto& slots = state[name];
+    if (slots.empty()) {
+      const tf_sdk::MemoryCategory scope(host, TF_MEM_OPTIMIZER);
+      for (int32_t i = 0; i < n_state(); ++i)
+        slots.push_back(at::zeros({len}, at::TensorOptions().dtype(at::kFloat).device(device)));
+    }
+    return slots;
+  }
+
+  // Updates this rank's part of `param` from `grad_part` (its part of the
+  // averaged gradient), then all-gathers the parts into the whole parameter.
+  void update_part(const std::string& name, const at::Tensor& param, const at::Tensor& grad_part) {
+    at::NoGradGuard no_grad;
+    const shard::Part pt = part(param);
+    at::Tensor flat = param.detach().view({-1});
+    if (pt.len > 0) {
+      auto& slots = state_of(name, pt.len, param.device());
+      at::Tensor p = flat.narrow(0, pt.lo, pt.len);
+      at::Tensor g = grad_part.narrow(0, 0, pt.len);
+      std::vector<tf_tensor> handles;
+      for (auto& t : slots) handles.push_back(reinterpret_cast<tf_tensor>(&t));
+      host.check(host.api()->optimizer_update(
+          host.ctx(), name.c_str(), reinterpret_cast<tf_tensor>(&p),
+          reinterpret_cast<tf_tensor>(&g), static_cast<int32_t>(handles.size()), handles.data()));
+    }
+    if (world == 1) return;
+    const tf_sdk::MemoryCategory scope(host, TF_MEM_TRANSIENT);
+    at::Tensor mine = at::zeros({pt.chunk}, flat.options());
+    if (pt.len > 0) mine.narrow(0, 0, pt.len).copy_(flat.narrow(0, pt.lo, pt.len));
+    at::Tensor all = at::empty({pt.chunk * world}, flat.options());
+    host.all_gather(all, mine);
+    flat.copy_(all.narrow(0, 0, pt.numel));
+  }
+};
+
+tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
+  return tf_sdk::guard(api, ctx, [&] {
+    auto s = std::make_unique<Shard>(tf_sdk::Host(api, ctx));
+    s->mode = s->host.get_string("mode");
+    s->zero_stage = s->host.get_int("stage");
+    const tf_run_info info = s->host.run_info();
+    s->rank = info.rank;
+    s->world = info.world_size;
+    if (s->mode != "zero" && s->host.has("stage"))
+      throw std::invalid_argument("shard: `stage` is for mode = \"zero\" (this is mode = \"" +
+                                  s->mode + "\")");
+    if (s->mode != "layers" && (s->host.has("devices") || s->host.has("split")))
+      throw std::invalid_argument("shard: `devices` and `split` are for mode = \"layers\"");
+    if (s->mode == "zero" && s->zero_stage == 3)
+      throw std::invalid_argument(
+          "shard: ZeRO stage 3 (parameters partitioned) is not built yet; stage 1 (optimizer "
+          "state) and 2 (+ gradients) are");
+    if (s->mode != "layers" &&
+        (!TF_HAS(api, tf_host_api, dist_all_reduce) || !TF_HAS(api, tf_host_api, micro_batch)))
+      throw std::invalid_argument("shard: this tightfit host has no collectives; update it");
+    if (s->mode == "layers" && s->world > 1)
+      s->host.log(TF_LOG_WARN,
+                  "shard: mode = \"layers\" splits the model inside each process; with " +
+                      std::to_string(s->world) + " ranks every rank holds the whole model");
+    *out = s.release();
+    return TF_OK;
+  });
+}
+
+void destroy(void* state) {
+  delete static_cast<Shard*>(state);
+}
+
+// layers: a device per stage. `split` gives blocks per device; without it the
+// blocks are spread evenly.
+tf_status configure(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<Shard*>(state);
+  if (s->mode != "layers") return TF_OK;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    const tf_host_api* api = s->host.api();
+    std::vector<int32_t> blocks;
+    const int32_t n_stages = s->host.stage_count();
+    for (int32_t i = 0; i < n_stages; ++i)
+      if (s->host.stage_info(i).kind == TF_STAGE_BLOCK) blocks.push_back(i);
+    std::vector<std::string> devices = s->host.get_string_list("devices");
+    std::vector<int64_t> split = s->host.get_int_list("split");
+    if (devices.empty()) {
+      if (split.empty())
+        throw std::invalid_argument("shard: mode = \"layers\" needs `devices` or `split`");
+      const std::string base = s->host.run_info().device;
+      for (size_t d = 0; d < split.size(); ++d)
+        devices.push_back(base.rfind("cuda", 0) == 0 ? "cuda:" + std::to_string(d) : base);
+    }
+    if (split.empty()) {
+      const auto n = static_cast<int64_t>(devices.size());
+      for (int64_t d = 0; d < n; ++d)
+        split.push_back(static_cast<int64_t>(blocks.size()) * (d + 1) / n -
+                        static_cast<int64_t>(blocks.size()) * d / n);
+    }
+    if (split.size() != devices.size())
+      throw std::invalid_argument("shard: `split` has " + std::to_string(split.size()) +
+                                  " entries but `devices` " + std::to_string(devices.size()));
+    int64_t total = 0;
+    for (int64_t k : split) total += k;
+    if (total != static_cast<int64_t>(blocks.size()))
+      throw std::invalid_argument("shard: `split` assigns " + std::to_string(total) +
+                                  " blocks but the model has " + std::to_string(blocks.size()));
+    for (const auto& d : devices) {
+      std::optional<at::Device> dev;
+      try {
+        dev = at::Device(d);
+      } catch (const c10::Error&) {
+        throw std::invalid_argument("shard: \"" + d + "\" is not a device (cpu, cuda:N)");
+      }
+      if (dev->is_cuda() && !at::hasCUDA())
+        throw std::invalid_argument("shard: device \"" + d +
+                                    "\" but this machine has no CUDA device");
+      if (dev->is_cuda() && dev->has_index() &&
+          static_cast<size_t>(dev->index()) >= at::getNumGPUs())
+        throw std::invalid_argument("shard: device \"" + d + "\" but this machine has " +
+                                    std::to_string(at::getNumGPUs()) + " CUDA devices");
+    }
+    size_t b = 0;
+    for (size_t d = 0; d < devices.size(); ++d)
+      for (int64_t k = 0; k < split[d]; ++k)
+        s->host.check(api->stage_set_device(ctx, blocks[b++], devices[d].c_str()));
+    for (int32_t i = 0; i < n_stages; ++i) {
+      const tf_stage_kind kind = s->host.stage_info(i).kind;
+      if (kind == TF_STAGE_EMBED)
+        s->host.check(api->stage_set_device(ctx, i, devices.front().c_str()));
+      if (kind == TF_STAGE_HEAD)
+        s->host.check(api->stage_set_device(ctx, i, devices.back().c_str()));
+    }
+    return TF_OK;
+  });
+}
+
+// data, zero 1: average the gradient over ranks. zero 2: keep this rank's
+// part of the average and free the rest.
+tf_status grad_ready(void* state, tf_host_context* ctx, const char* name, tf_tensor grad_h) {
+  auto* s = static_cast<Shard*>(state);
+  if (s->mode == "layers") return TF_NOT_HANDLED;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    const at::Tensor& grad = tf_sdk::borrow(grad_h);
+    at::NoGradGuard no_grad;
+    if (s->mode == "zero" && s->zero_stage >= 2) {
+      const shard::Part pt = s->part(grad);
+      at::Tensor flat = grad.detach().reshape({-1});
+      at::Tensor padded;
+      {
+        const tf_sdk::MemoryCategory scope(s->host, TF_MEM_TRANSIENT);
+        padded = flat;
+        if (pt.chunk * s->world != pt.numel) {
+          padded = at::zeros({pt.chunk * s->world}, flat.options());
+          padded.narrow(0, 0, pt.numel).copy_(flat);
+        }
+      }
+      at::Tensor mine;
+      {
+        const tf_sdk::MemoryCategory scope(s->host, TF_MEM_GRADS);
+        mine = at::empty({pt.chunk}, flat.options());
+      }
+      s->host.reduce_scatter(mine, padded.contiguous(), TF_REDUCE_AVG);
+      auto it = s->held.find(name);
+      if (it == s->held.end()) {
+        s->held.emplace(name, mine);
+        s->held_order.emplace_back(name);
+      } else {
+        it->second.add_(mine);  // accumulation: the micro-batches' parts add up
+      }
+      return TF_OK;  // consumed: the kernel frees the full gradient
+    }
+    if (!s->last_micro_batch()) return TF_NOT_HANDLED;  // reduce once, when complete
+    at::Tensor g = grad.detach();
+    if (g.is_contiguous()) {
+      s->host.all_reduce(g, TF_REDUCE_AVG);
+    } else {
+      at::Tensor c = g.contiguous();
+      s->host.all_reduce(c, TF_REDUCE_AVG);
+      g.copy_(c);
+    }
+    return TF_NOT_HANDLED;  // the kernel (or a later strategy) uses the averaged gradient
+  });
+}
+
+// zero 1: update this rank's part, then gather the parameter.
+tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* name,
+                               tf_tensor param_h, tf_tensor grad_h, double) {
+  auto* s = static_cast<Shard*>(state);
+  if (s->mode != "zero") return TF_NOT_HANDLED;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    const at::Tensor& param = tf_sdk::borrow(param_h);
+    const at::Tensor& grad = tf_sdk::borrow(grad_h);
+    if (!param.is_contiguous())
+      throw std::runtime_error(std::string("shard: parameter ") + name + " is not contiguous");
+    const shard::Part pt = s->part(param);
+    s->update_part(name, param, grad.detach().reshape({-1}).narrow(0, pt.lo, pt.len));
+    return TF_OK;
+  });
+}
+
+// zero 2: the held parts count in the global norm (summed over ranks) ...
+tf_status grad_norm_sq(void* state, tf_host_context* ctx, double* sum_sq) {
+  auto* s = static_cast<Shard*>(state);
+  if (s->mode != "zero" || s->zero_stage < 2) return TF_OK;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    at::Tensor sq = at::zeros({1}, at::TensorOptions().dtype(at::kDouble));
+    for (const auto& name : s->held_order) {
+      const at::Tensor& g = s->held.at(name);
+      sq += g.to(at::kDouble).square().sum().cpu();
+    }
+    const at::Device device(s->host.run_info().device);
+    at::Tensor t = sq.to(device);
+    s->host.all_reduce(t, TF_REDUCE_SUM);
+    *sum_sq += t.item<double>();
+    return TF_OK;
+  });
+}
+
+// ... and are applied, clipped by the kernel's factor, part by part.
+tf_status apply_held_grads(void* state, tf_host_context* ctx, double grad_scale) {
+  auto* s = static_cast<Shard*>(state);
+  if (s->held_order.empty()) return TF_OK;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    for (const auto& name : s->held_order) {
+      at::Tensor g = s->held.at(name);
+      if (grad_scale != 1.0) g.mul_(grad_scale);
+      tf_tensor stored = nullptr;
+      s->host.check(s->host.api()->param_storage(ctx, name.c_str(), &stored));
+      const at::Tensor param = tf_sdk::take(stored);
+      s->update_part(name, param, g);
+      s->held.erase(name);  // its memory goes as soon as it is applied
+    }
+    s->held_order.clear();
+    return TF_OK;
+  });
+}
+
+tf_status drop_held_grads(void* state, tf_host_context*) {
+  auto* s = static_cast<Shard*>(state);
+  s->held.clear();
+  s->held_order.clear();
+  return TF_OK;
+}
+
+// Each rank saves its parts under keys with its rank; load stitches the
+// parts of the saving run (any number of ranks) and takes this rank's.
+tf_status save_state(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<Shard*>(state);
+  if (s->mode != "zero") return TF_OK;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    const tf_host_api* api = s->host.api();
+    s->host.check(api->state_put_double(ctx, "world_size", s->world));
+    for (auto& [name, slots] : s->state)
+      for (size_t i = 0; i < slots.size(); ++i) {
+        const std::string key =
+            name + ".state" + std::to_string(i) + ".rank" + std::to_string(s->rank);
+        s->host.check(
+            api->state_put_tensor(ctx, key.c_str(), reinterpret_cast<tf_tensor>(&slots[i])));
+      }
+    return TF_OK;
+  });
+}
+
+tf_status load_state(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<Shard*>(state);
+  if (s->mode != "zero") return TF_OK;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    const tf_host_api* api = s->host.api();
+    double saved_world = 0;
+    if (api->state_get_double(ctx, "world_size", &saved_world) != TF_OK) return TF_OK;
+    const int n_state = s->n_state();
+    s->state.clear();
+    const tf_sdk::MemoryCategory scope(s->host, TF_MEM_OPTIMIZER);
+    for (const auto& name : s->host.param_names()) {
+      const tf_param_info info = s->host.param_info(name);
+      std::vector<at::Tensor> slots;
+      for (int i = 0; i < n_state; ++i) {
+        std::vector<at::Tensor> parts;
+        for (int r = 0; r < static_cast<int>(saved_world); ++r) {
+          const std::string key = name + ".state" + std::to_string(i) + ".rank" + std::to_string(r);
+          tf_tensor t = nullptr;
+          const tf_status st = api->state_get_tensor(ctx, key.c_str(), &t);
+          if (st == TF_ERR_NOT_FOUND) break;
+          s->host.check(st);
+          parts.push_back(tf_sdk::take(t).reshape({-1}));
+        }
+        if (parts.empty()) break;  // not updated yet when saved
+        const at::Tensor whole = at::cat(parts);
+        if (whole.numel() != info.numel)
+          throw std::runtime_error("shard: the checkpoint's optimizer state of " + name + " has " +
+                                   std::to_string(whole.numel()) + " elements, the parameter " +
+                                   std::to_string(info.numel));
+        const shard::Part pt = shard::part_of(info.numel, s->rank, s->world);
+        slots.push_back(whole.narrow(0, pt.lo, pt.len).to(at::kFloat).clone());
+      }
+      if (static_cast<int>(slots.size()) == n_state && n_state > 0) {
+        for (auto& t : slots) t = t.to(at::Device(s->host.run_info().device));
+        s->state[name] = std::move(slots);
+      }
+    }
+    return TF_OK;
+  });
+}
+
+// zero: optimizer state (stage 1) and gradients (stage 2) shrink to 1/world.
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model,
+                          tf_memory_estimate* out) {
+  auto* s = static_cast<Shard*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    out->time_factor = 1.0;
+    if (s->mode != "zero" || s->world <= 1) return TF_OK;
+    const double keep = 1.0 / s->world;
+    const int64_t opt = 4 * static_cast<int64_t>(s->n_state()) * model->n_trainable;
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] = -static_cast<int64_t>(opt * (1 - keep));
+    if (s->zero_stage >= 2)
+      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_GRADS] =
+          -static_cast<int64_t>(4 * model->n_trainable * (1 - keep));
+    return TF_OK;
+  });
+}
+
+const tf_config_key kKeys[] = {
+    tf_sdk::key("mode", TF_VALUE_STRING, "\"data\"",
+                "layers: stages on devices in one process; data: data parallel (gradient "
+                "all-reduce); zero: ZeRO partitioning across ranks",
+                1, 0, "layers|data|zero"),
+    tf_sdk::key("stage", TF_VALUE_INT, "1",
+                "zero: 1 partitions optimizer state, 2 also gradients (reduce-scatter)", 1, 3),
+    tf_sdk::key("devices", TF_VALUE_STRING_LIST, "[]",
+                "layers: a device per part, e.g. [\"cuda:0\", \"cuda:1\"] or [\"cpu\", \"cpu\"]"),
+    tf_sdk::key("split", TF_VALUE_INT_LIST, "[]",
+                "layers: blocks per device, e.g. [12, 12]; default: even"),
+};
+
+tf_strategy_vtable make_vtable() {
+  tf_strategy_vtable v{};
+  v.struct_size = sizeof v;
+  v.create = create;
+  v.destroy = destroy;
+  v.configure = configure;
+  v.grad_ready = grad_ready;
+  v.optimizer_step_param = optimizer_step_param;
+  v.estimate_memory = estimate_memory;
+  v.save_state = save_state;
+  v.load_state = load_state;
+  v.grad_norm_sq = grad_norm_sq;
+  v.apply_held_grads = apply_held_grads;
+  v.drop_held_grads = drop_held_grads;
+  return v;
+}
+const tf_strategy_vtable kVtable = make_vtable();
+
+const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
+    TF_PLUGIN_STRATEGY, "shard", "1.0.0",
+    "one model over several devices (layers) or ranks (data parallel, ZeRO 1/2) on c10d", kKeys,
+    &kVtable);
+
+}  // namespace
+
+TF_DEFINE_PLUGIN_ENTRY(kDescriptor)
