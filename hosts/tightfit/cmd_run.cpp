@@ -132,7 +132,7 @@ int run_command(const std::vector<std::string>& args) {
       } catch (const std::exception&) {
         // every rank reports the recipe's problem itself
       }
-      return launch_local_ranks(nproc, child, timeout + 10);
+      return launch_local_ranks(nproc, child, timeout + 5);
     }
   }
 

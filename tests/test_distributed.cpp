@@ -1,0 +1,344 @@
+// Multi-process runs: 2 ranks on Gloo (this machine's CPU) through the real
+// launchers (`tightfit run --nproc 2`, torchrun), checked against a single
+// process on the same global batch; ZeRO's memory, resume on another number
+// of ranks, and what happens when a rank dies or hangs.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "safetensors.hpp"
+#include "test_support.hpp"
+
+namespace tightfit {
+namespace {
+
+namespace fs = std::filesystem;
+using test::TempDir;
+
+// A tiny GPT-2 run; `batch` rows per rank, `strategy` appended.
+std::string recipe(const TempDir& dir, const std::string& corpus, const std::string& name,
+                   int64_t batch, const std::string& strategy, const std::string& optimizer,
+                   int64_t steps = 4, double timeout = 60) {
+  std::ostringstream os;
+  os << "[run]\nname = \"" << name << "\"\nseed = 7\nsteps = " << steps << "\nout_dir = \""
+     << (dir.path() / "runs").string()
+     << "\"\nsample_tokens = 0\neval_batches = 1\nlog_every = 1000\nthreads = 1\n"
+     << "dist_timeout = " << timeout << "\n\n"
+     << "[model]\nplugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 2\n"
+     << "n_positions = 64\n\n"
+     << "[data]\ncorpus = \"" << corpus << "\"\nseq_len = 32\nbatch_size = " << batch << "\n\n"
+     << "[optimizer]\n"
+     << optimizer << "\n\n"
+     << "[schedule]\nplugin = \"standard\"\nwarmup_steps = 2\n\n"
+     << "[save]\nfinal = true\n\n"
+     << strategy;
+  return test::write_file(dir, name + ".toml", os.str());
+}
+
+const char* kSgd = "name = \"sgd\"\nlr = 0.1\nmomentum = 0.9";
+const char* kAdamW = "name = \"adamw\"\nlr = 1e-3";
+// Without clipping ZeRO's updates are bitwise those of data parallel (with it,
+// the norm is summed in another order: equal to ~1e-7).
+const char* kAdamWNoClip = "name = \"adamw\"\nlr = 1e-3\ngrad_clip = 0";
+
+std::string shard(const std::string& mode) {
+  return "[[strategy]]\nplugin = \"shard\"\n" + mode + "\n";
+}
+
+fs::path final_checkpoint(const TempDir& dir, const std::string& name, int64_t step = 4) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+  return dir.path() / "runs" / name / "checkpoints" / buf;
+}
+
+// The largest per-tensor relative difference ||a - b|| / ||b|| of two models.
+double max_relative_difference(const fs::path& a, const fs::path& b) {
+  const auto ma = read_safetensors((a / "model.safetensors").string());
+  const auto mb = read_safetensors((b / "model.safetensors").string());
+  double worst = 0;
+  for (const auto& [k, t] : mb.tensors) {
+    const at::Tensor& u = ma.tensors.at(k);
+    worst = std::max(worst, (u - t).norm().item<double>() / (t.norm().item<double>() + 1e-12));
+  }
+  return worst;
+}
+
+std::vector<nlohmann::json> metrics(const TempDir& dir, const std::string& name) {
+  std::ifstream in(dir.path() / "runs" / name / "metrics.jsonl");
+  std::vector<nlohmann::json> out;
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+void run_ok(const std::string& args) {
+  std::string out;
+  const int rc = test::run_tightfit(args, &out);
+  ASSERT_EQ(rc, 0) << out;
+}
+
+class Distributed : public ::testing::Test {
+ protected:
+  TempDir dir;
+  std::string corpus = test::write_corpus(dir);
+};
+
+// Data parallel and ZeRO 1/2 with 2 ranks of 2 rows = one process with 4 rows.
+TEST_F(Distributed, TwoRanksEqualOneProcessOnTheGlobalBatch) {
+  run_ok("run -q " + recipe(dir, corpus, "single", 4, "", kSgd));
+  for (const auto& [name, mode] :
+       std::vector<std::pair<std::string, std::string>>{{"data", "mode = \"data\""},
+                                                        {"zero1", "mode = \"zero\"\nstage = 1"},
+                                                        {"zero2", "mode = \"zero\"\nstage = 2"}}) {
+    SCOPED_TRACE(name);
+    run_ok("run -q --nproc 2 " + recipe(dir, corpus, name, 2, shard(mode), kSgd));
+    EXPECT_LE(max_relative_difference(final_checkpoint(dir, name), final_checkpoint(dir, "single")),
+              1e-5);
+    // Rank 0 reports the global batch's loss.
+    const auto a = metrics(dir, name), b = metrics(dir, "single");
+    ASSERT_EQ(a.size(), 4u);
+    ASSERT_EQ(b.size(), 4u);
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_NEAR(a[i]["loss"].get<double>(), b[i]["loss"].get<double>(), 1e-5);
+  }
+}
+
+// ZeRO's AdamW on parts = AdamW on whole tensors (both on the all-reduced
+// gradients), with half the optimizer state (and, stage 2, fewer gradients)
+// per rank; the gradient norm covers the parts ranks hold.
+TEST_F(Distributed, ZeroPartitionsOptimizerStateAndGradients) {
+  run_ok("run -q --nproc 2 " +
+         recipe(dir, corpus, "data", 2, shard("mode = \"data\""), kAdamWNoClip));
+  const auto base = metrics(dir, "data");
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE(stage);
+    const std::string name = "zero" + std::to_string(stage);
+    run_ok("run -q --nproc 2 " + recipe(dir, corpus, name, 2,
+                                        shard("mode = \"zero\"\nstage = " + std::to_string(stage)),
+                                        kAdamWNoClip));
+    EXPECT_EQ(max_relative_difference(final_checkpoint(dir, name), final_checkpoint(dir, "data")),
+              0.0);
+    const auto m = metrics(dir, name);
+    ASSERT_EQ(m.size(), base.size());
+    for (size_t i = 0; i < m.size(); ++i)
+      EXPECT_NEAR(m[i]["grad_norm"].get<double>() / base[i]["grad_norm"].get<double>(), 1.0, 1e-6);
+    const double ratio =
+        m.back()["peak_optimizer"].get<double>() / base.back()["peak_optimizer"].get<double>();
+    EXPECT_GT(ratio, 0.45);
+    EXPECT_LT(ratio, 0.56);
+    if (stage == 2) {
+      EXPECT_LT(m.back()["peak_grads"].get<double>(), base.back()["peak_grads"].get<double>());
+    }
+  }
+}
+
+// A run saved by 2 ranks (ZeRO-2: optimizer state split in two files)
+// continues on 1 rank with the same global batch as if uninterrupted.
+TEST_F(Distributed, SavedByTwoRanksResumesOnOne) {
+  const std::string zero = shard("mode = \"zero\"\nstage = 2");
+  run_ok("run -q --nproc 2 " + recipe(dir, corpus, "whole", 2, zero, kAdamW));
+  const std::string two = recipe(dir, corpus, "split", 2, zero, kAdamW);
+  run_ok("run -q --nproc 2 --stop-after 2 " + two);
+  const fs::path cp = final_checkpoint(dir, "split", 2);
+  ASSERT_TRUE(fs::exists(cp / "state.rank-1.safetensors"));
+  // The same run folder, one process with both ranks' rows.
+  const std::string one = recipe(dir, corpus, "split", 4, zero, kAdamW);
+  run_ok("run -q --resume " + one);
+  EXPECT_LE(max_relative_difference(final_checkpoint(dir, "split"), final_checkpoint(dir, "whole")),
+            1e-5);
+  const auto a = metrics(dir, "split"), b = metrics(dir, "whole");
+  ASSERT_EQ(a.size(), 4u);
+  for (size_t i = 2; i < 4; ++i)
+    EXPECT_NEAR(a[i]["loss"].get<double>(), b[i]["loss"].get<double>(), 1e-5);
+}
+
+// The torchrun launch: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from it.
+TEST_F(Distributed, RunsUnderTorchrun) {
+  const fs::path torchrun = fs::path(TIGHTFIT_SOURCE_DIR) / ".venv/bin/torchrun";
+  if (!fs::exists(torchrun)) GTEST_SKIP() << "no torchrun in .venv (run scripts/setup)";
+  run_ok("run -q --nproc 2 " + recipe(dir, corpus, "launcher", 2, shard("mode = \"data\""), kSgd));
+  const std::string r = recipe(dir, corpus, "torchrun", 2, shard("mode = \"data\""), kSgd);
+  const std::string cmd = torchrun.string() +
+                          " --no-python --standalone --nproc-per-node 2 " TIGHTFIT_BINARY
+                          " run -q " +
+                          r + " > " + (dir.path() / "torchrun.log").string() + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  EXPECT_EQ(
+      max_relative_difference(final_checkpoint(dir, "torchrun"), final_checkpoint(dir, "launcher")),
+      0.0);
+}
+
+// The rank of a run started by --nproc whose environment says RANK=`rank`.
+pid_t find_rank(const std::string& recipe_path, int rank) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream cmd(e.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
+    if (cmdline.find(recipe_path) == std::string::npos) continue;
+    std::ifstream env(e.path() / "environ");
+    std::string environ((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
+    if (environ.find(std::string("RANK=") + std::to_string(rank) + '\0') == 0 ||
+        environ.find(std::string("\0RANK=", 6) + std::to_string(rank) + '\0') != std::string::npos)
+      return static_cast<pid_t>(std::stol(pid));
+  }
+  return -1;
+}
+
+struct Launched {
+  pid_t pid;
+  std::string log;
+};
+
+Launched launch(const TempDir& dir, const std::string& recipe_path) {
+  const std::string log = (dir.path() / "launch.log").string();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    ::execl(TIGHTFIT_BINARY, TIGHTFIT_BINARY, "run", "-q", "--nproc", "2", recipe_path.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return {pid, log};
+}
+
+// Waits for the launcher; returns its exit status and the seconds it took.
+std::pair<int, double> wait_for(pid_t pid, double limit_s) {
+  const auto t0 = std::chrono::steady_clock::now();
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > limit_s) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return {-1, s};
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+pid_t wait_for_rank(const std::string& recipe_path, int rank) {
+  for (int i = 0; i < 600; ++i) {
+    if (pid_t p = find_rank(recipe_path, rank); p > 0) return p;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return -1;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// A rank killed mid-run: the launcher names it and the other stops at once.
+TEST_F(Distributed, KilledRankStopsTheOthers) {
+  const std::string r =
+      recipe(dir, corpus, "killed", 2, shard("mode = \"data\""), kSgd, 100000, 30);
+  const Launched l = launch(dir, r);
+  const pid_t victim = wait_for_rank(r, 1);
+  ASSERT_GT(victim, 0);
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // training
+  ::kill(victim, SIGKILL);
+  const auto [rc, seconds] = wait_for(l.pid, 60);
+  const std::string log = read_text(l.log);
+  EXPECT_NE(rc, 0) << log;
+  EXPECT_NE(rc, -1) << "the launcher did not stop: " << log;
+  EXPECT_LT(seconds, 30) << log;  // well inside dist_timeout: a dead peer is noticed at once
+  EXPECT_NE(log.find("rank 1 of 2 was killed by signal 9"), std::string::npos) << log;
+  EXPECT_EQ(find_rank(r, 0), -1) << "rank 0 still running";
+}
+
+// A rank that hangs (stopped): the others give up after dist_timeout with a
+// message naming themselves and the timeout; the launcher ends the hung one.
+TEST_F(Distributed, HungRankTimesOut) {
+  const std::string r = recipe(dir, corpus, "hung", 2, shard("mode = \"data\""), kSgd, 100000, 4);
+  const Launched l = launch(dir, r);
+  const pid_t victim = wait_for_rank(r, 1);
+  ASSERT_GT(victim, 0);
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  ::kill(victim, SIGSTOP);
+  const auto [rc, seconds] = wait_for(l.pid, 60);
+  const std::string log = read_text(l.log);
+  EXPECT_NE(rc, 0) << log;
+  EXPECT_NE(rc, -1) << "the launcher did not stop: " << log;
+  EXPECT_LT(seconds, 4 + 5 + 10) << log;  // timeout, the launcher's grace, slack
+  EXPECT_NE(log.find("rank 0 of 2: "), std::string::npos) << log;
+  EXPECT_NE(log.find("dist_timeout"), std::string::npos) << log;
+  EXPECT_EQ(find_rank(r, 1), -1) << "the hung rank was left behind";
+}
+
+std::map<std::string, at::Tensor> train_in_process(const std::string& text, int steps) {
+  auto s = test::make_session(text);
+  for (int i = 0; i < steps; ++i) {
+    s->zero_grad();
+    auto b = s->next_batch();
+    s->run_pass(b.tokens, b.targets, true, 1.0);
+    EXPECT_EQ(s->optimizer_step(), TF_OK);
+  }
+  std::map<std::string, at::Tensor> out;
+  for (const Param& p : s->store().all()) out[p.name] = p.value.detach().cpu().clone();
+  return out;
+}
+
+// Pipeline placement on ["cpu", "cpu"] computes exactly what the unsplit
+// model does; a single process with ZeRO (collectives are identities) the
+// same up to the order the clipping norm is summed in.
+TEST_F(Distributed, LayersOnTwoDevicesAndOneRankZeroEqualThePlainRun) {
+  const std::string out = (dir.path() / "runs").string();
+  const auto plain = train_in_process(test::tiny_recipe(corpus, out), 3);
+  const std::vector<std::pair<std::string, double>> stacks = {
+      {"[[strategy]]\nplugin = \"shard\"\nmode = \"layers\"\ndevices = [\"cpu\", \"cpu\"]\n"
+       "split = [1, 1]\n",
+       0.0},
+      {"[[strategy]]\nplugin = \"shard\"\nmode = \"layers\"\nsplit = [1, 1]\n"
+       "[[strategy]]\nplugin = \"checkpoint\"\n",
+       0.0},
+      {"[[strategy]]\nplugin = \"shard\"\nmode = \"zero\"\nstage = 2\n", 1e-5}};
+  for (const auto& [stack, tolerance] : stacks) {
+    SCOPED_TRACE(stack);
+    const auto got = train_in_process(test::tiny_recipe(corpus, out, "", stack), 3);
+    for (const auto& [name, w] : plain)
+      EXPECT_LE((got.at(name) - w).norm().item<double>() / (w.norm().item<double>() + 1e-12),
+                tolerance)
+          << name;
+  }
+}
+
+TEST_F(Distributed, LayersSplitMustCoverTheBlocks) {
+  const std::string out = (dir.path() / "runs").string();
+  for (const char* bad : {"mode = \"layers\"\nsplit = [1, 3]\n", "mode = \"layers\"\n",
+                          "mode = \"layers\"\ndevices = [\"cpu\"]\nsplit = [1, 1]\n",
+                          "mode = \"layers\"\ndevices = [\"cuda:7\", \"cpu\"]\n",
+                          "mode = \"data\"\nsplit = [1, 1]\n", "mode = \"data\"\nstage = 2\n"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THROW(test::make_session(test::tiny_recipe(
+                     corpus, out, "", std::string("[[strategy]]\nplugin = \"shard\"\n") + bad)),
+                 RecipeError);
+  }
+}
+
+// Bad launch environments are named.
+TEST_F(Distributed, BadEnvironmentIsAClearError) {
+  std::string out;
+  const std::string r = recipe(dir, corpus, "env", 2, "", kSgd);
+  const int rc = std::system(("WORLD_SIZE=2 RANK=5 " TIGHTFIT_BINARY " run -q " + r + " > " +
+                              (dir.path() / "env.log").string() + " 2>&1")
+                                 .c_str());
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(read_text((dir.path() / "env.log").string()).find("RANK=\"5\""), std::string::npos);
+  EXPECT_EQ(test::run_tightfit("run -q --nproc 0 " + r, &out), 2) << out;
+}
+
+}  // namespace
+}  // namespace tightfit
