@@ -348,6 +348,12 @@ tf_status h_stage_set_skip(tf_host_context* ctx, int32_t stage, int32_t skip) {
     if (skip && s.kind != TF_STAGE_BLOCK)
       throw std::invalid_argument("only block stages can be skipped; \"" + s.name +
                                   "\" is not a block");
+    if (!skip && s.skip)
+      for (const auto& p : ctx->session->store().all())
+        if (p.stage == stage && p.absent)
+          throw std::invalid_argument("stage \"" + s.name +
+                                      "\" was skipped when the model was built; its weights "
+                                      "were never loaded, so it cannot run now");
     s.skip = skip != 0;
   });
 }

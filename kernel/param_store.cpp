@@ -89,7 +89,8 @@ void ParamStore::adopt(Param p) {
   materialized_ = true;
 }
 
-void ParamStore::materialize(uint64_t seed, const std::function<at::Device(const Param&)>& place,
+void ParamStore::materialize(uint64_t seed,
+                             const std::function<std::optional<at::Device>(const Param&)>& place,
                              const std::function<void(size_t, size_t)>& after_group) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   size_t group_start = 0;
@@ -119,9 +120,15 @@ void ParamStore::materialize(uint64_t seed, const std::function<at::Device(const
         default:
           throw std::invalid_argument("parameter \"" + p.name + "\" has an unknown init kind");
       }
-      const at::Device device = place(p);
-      if (p.dtype != at::kFloat || device != t.device()) t = t.to(device, p.dtype);
-      p.value = t.set_requires_grad(p.trainable && at::isFloatingType(p.dtype));
+      const std::optional<at::Device> device = place(p);
+      if (!device) {
+        p.absent = true;
+        p.trainable = false;
+        p.value = at::empty({0}, at::TensorOptions().dtype(p.dtype));
+      } else {
+        if (p.dtype != at::kFloat || *device != t.device()) t = t.to(*device, p.dtype);
+        p.value = t.set_requires_grad(p.trainable && at::isFloatingType(p.dtype));
+      }
     }
     const bool group_ends = i + 1 == params_.size() || params_[i + 1].stage != p.stage;
     if (group_ends && after_group) after_group(group_start, i + 1);
@@ -152,6 +159,10 @@ std::vector<Param*> ParamStore::trainable() {
 }
 
 void ParamStore::set_trainable(Param& p, bool on) {
+  if (on && p.absent)
+    throw std::invalid_argument("parameter \"" + p.name +
+                                "\" belongs to a skipped stage and was never materialized; it "
+                                "cannot be trained");
   p.trainable = on;
   if (p.value.defined() && at::isFloatingType(p.value.scalar_type()) && p.value.is_leaf())
     p.value.requires_grad_(on);

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -28,6 +29,9 @@ struct Param {
   // The stored tensor. For dense parameters on the device it is the autograd
   // leaf the model computes with; its .grad() is the parameter's gradient.
   at::Tensor value;
+  // Never materialized: its stage is skipped (sparse), so it has no bytes, is
+  // not trained and is not loaded; `value` is an empty placeholder.
+  bool absent = false;
 
   int64_t numel() const;
   bool decays() const { return !(flags & TF_PARAM_NO_WEIGHT_DECAY) && shape.size() >= 2; }
@@ -45,11 +49,14 @@ class ParamStore {
   void adopt(Param p);
 
   // Allocates and initializes every parameter deterministically from `seed`
-  // (declaration order), on the device place(param) names. After each run of
+  // (declaration order), on the device place(param) names; where it names
+  // none, the parameter stays absent (its initial values are drawn and
+  // dropped, so the others get the numbers they would have). After each run of
   // consecutive parameters of one stage, calls after_group(first, last) with
   // their index range, so the caller can load and convert them before the
   // next run is allocated (a model larger than memory is never whole).
-  void materialize(uint64_t seed, const std::function<at::Device(const Param&)>& place,
+  void materialize(uint64_t seed,
+                   const std::function<std::optional<at::Device>(const Param&)>& place,
                    const std::function<void(size_t first, size_t last)>& after_group = {});
   bool materialized() const { return materialized_; }
 

@@ -352,22 +352,26 @@ void Session::build(const PluginRegistry& base_registry) {
   }
   // A parameter lives on its stage's device (shard's layers mode places
   // stages); shared ones (tied embeddings) on the first stage's.
-  auto place = [&](const Param& p) {
+  // Parameters of skipped stages (sparse) are never allocated or loaded.
+  auto place = [&](const Param& p) -> std::optional<at::Device> {
     const size_t stage = p.stage >= 0 ? static_cast<size_t>(p.stage) : 0;
-    return stage < stages_.size() ? at::Device(stages_[stage].device) : device_;
+    if (stage >= stages_.size()) return device_;
+    if (p.stage >= 0 && stages_[stage].skip) return std::nullopt;
+    return at::Device(stages_[stage].device);
   };
   store_.materialize(run_info_.seed, place, [&](size_t first, size_t last) {
     auto& params = store_.all();
     if (weights) {
       try {
         for (size_t k = first; k < last; ++k)
-          if (!(params[k].flags & TF_PARAM_ADAPTER))
+          if (!(params[k].flags & TF_PARAM_ADAPTER) && !params[k].absent)
             weights->load(params[k]);  // adapters load on their own
       } catch (const std::runtime_error& e) {
         weights_error(e);
       }
     }
     const int32_t stage = params[first].stage;
+    if (params[first].absent) return;  // a skipped stage: nothing to convert
     for (size_t i = 0; i < strategies_.size(); ++i) {
       const tf_strategy_vtable* vt = strategies_[i].plugin->strategy();
       if (TF_HAS(vt, tf_strategy_vtable, stage_params_ready))
@@ -440,6 +444,12 @@ std::string Session::export_hf(const std::string& dir, bool merge) {
   ParamStore merged;
   for (const Param& p : store_.all()) {
     if (p.flags & TF_PARAM_ADAPTER) continue;
+    if (p.absent)
+      throw std::runtime_error(
+          "parameter " + p.name +
+          " belongs to a block this recipe skips (sparse middle = \"skip\"); it was never "
+          "loaded, so there is no whole model to export. Export the adapters alone (--adapter), "
+          "or train with middle = \"frozen\"");
     Param q = p;
     q.value = fetch_weight(p.name).detach();  // dense, brought in from any tier
     q.format = TF_FORMAT_DENSE;
@@ -727,6 +737,12 @@ void Session::perturb_params(uint64_t seed, double scale) {
   }
 }
 
+void Session::step_begin(int64_t step) {
+  for (auto& s : strategies_)
+    if (s.plugin->strategy()->step_begin)
+      check(s.plugin->strategy()->step_begin(s.state, s.ctx.get(), step), s, "step_begin");
+}
+
 void Session::emit_progress(const ProgressInfo& p) {
   if (options_.on_progress) options_.on_progress(p);
 }
@@ -758,9 +774,7 @@ TrainSummary Session::train() {
         options_.stop_after_steps >= 0 ? std::min(total, step_ + options_.stop_after_steps) : total;
     for (; step_ < stop_at; ++step_) {
       step_metrics_.clear();
-      for (auto& s : strategies_)
-        if (s.plugin->strategy()->step_begin)
-          check(s.plugin->strategy()->step_begin(s.state, s.ctx.get(), step_), s, "step_begin");
+      step_begin(step_);
       tf_step_result r{};
       r.struct_size = sizeof r;
       check(schedule_.plugin->schedule()->run_step(schedule_.state, schedule_.ctx.get(), step_,

@@ -120,6 +120,9 @@ class Session {
   // as [save] says; then evaluates and samples. Throws OutOfBudgetError,
   // PluginCallError, std::runtime_error.
   TrainSummary train();
+  // The strategies' step_begin hooks (train() calls it before each step;
+  // tests that drive passes themselves call it too).
+  void step_begin(int64_t step);
 
   // --- executor (executor.cpp) ---
   at::Tensor forward_logits(const at::Tensor& tokens, bool training);
@@ -258,9 +261,9 @@ class Session {
   MetricsWriter metrics_;
   int32_t micro_index_ = 0, micro_count_ = 1;
   bool in_optimizer_step_ = false;
-  double applied_loss_scale_ = 1.0;     // the loss scale of this step's backward passes
-  std::vector<int> active_events_;      // per stage: stage events begun and not yet ended
-  std::vector<bool> grads_dispatched_;  // per backward: grad_ready already called
+  double applied_loss_scale_ = 1.0;           // the loss scale of this step's backward passes
+  std::vector<int> active_events_;            // per stage: stage events begun and not yet ended
+  std::vector<bool> grads_dispatched_;        // per backward: grad_ready already called
   std::optional<at::Device> compute_device_;  // the running stage's, while one runs
   at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward
 };

@@ -76,7 +76,8 @@ tf_status configure(void* state, tf_host_context* ctx) {
       linear_weights += (linear_weights.empty() ? "" : ", ") + name;
       bool hit = false;
       for (const auto& p : patterns) hit |= name.find(p) != std::string::npos;
-      if (!hit) continue;
+      // A block that sparse skips (strategy before this one) gets no adapter.
+      if (!hit || s->host.stage_info(info.stage).skip) continue;
       const std::string module = name.substr(0, name.size() - 7);
       const int64_t out_f = info.shape[0], in_f = info.shape[1];
       Adapter ad{module + ".lora_A.weight", module + ".lora_B.weight"};
