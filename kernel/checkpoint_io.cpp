@@ -105,8 +105,12 @@ std::string Session::save_checkpoint(int64_t step) {
   // Trained parameters kept in another tier are saved from it; frozen ones
   // there are saved as their placeholders (they are recreated from the
   // recipe's init or weights).
+  // Parameters split across ranks are saved by the strategy that split them,
+  // part by part; here they are placeholders.
   for (Param& p : store_.all()) {
-    if (p.trainable && p.residency != TF_TIER_DEVICE)
+    if (p.residency == TF_TIER_SHARDED)
+      model[p.name] = at::empty({0}, at::TensorOptions().dtype(p.value.scalar_type()));
+    else if (p.trainable && p.residency != TF_TIER_DEVICE)
       with_resident(p, [&] { model[p.name] = p.value.detach().clone(); });
     else
       model[p.name] = p.value;
@@ -197,7 +201,7 @@ bool Session::load_latest_checkpoint() {
         if (m == model.tensors.end())
           throw std::runtime_error("model.safetensors has no parameter \"" + p.name +
                                    "\" (was it saved from another model or preset?)");
-        if (m->second.sizes() != p.value.sizes())
+        if (p.residency != TF_TIER_SHARDED && m->second.sizes() != p.value.sizes())
           throw std::runtime_error("parameter \"" + p.name + "\" has shape " +
                                    c10::str(m->second.sizes()) + " in the checkpoint but " +
                                    c10::str(p.value.sizes()) + " in this recipe");
@@ -205,6 +209,7 @@ bool Session::load_latest_checkpoint() {
       {
         at::NoGradGuard no_grad;
         for (Param& p : store_.all()) {
+          if (p.residency == TF_TIER_SHARDED) continue;  // its strategy's load_state
           if (p.trainable && p.residency != TF_TIER_DEVICE)
             with_resident(p, [&] { p.value.copy_(model.tensors.at(p.name)); });
           else

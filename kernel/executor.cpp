@@ -335,11 +335,13 @@ at::Tensor Session::fetch_resident(Param& p) {
   if (p.format != TF_FORMAT_DENSE)
     throw PluginCallError("parameter \"" + name +
                           "\" is stored in a compact format but no strategy served fetch_weight");
-  if (p.value.numel() != p.numel())
-    throw PluginCallError(
-        "parameter \"" + name + "\" lives in the " +
-        (p.residency == TF_TIER_DISK ? "disk" : "host") +
-        " tier and the strategy that put it there did not bring it in for its stage");
+  if (p.value.numel() != p.numel() || (p.numel() > 0 && p.value.storage().nbytes() == 0))
+    throw PluginCallError("parameter \"" + name + "\" lives in the " +
+                          (p.residency == TF_TIER_DISK      ? "disk"
+                           : p.residency == TF_TIER_SHARDED ? "sharded"
+                                                            : "host") +
+                          " tier and the strategy that put it there did not bring it in for its "
+                          "stage");
   return p.value;
 }
 

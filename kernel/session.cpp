@@ -432,6 +432,10 @@ TokenBatcher::Batch Session::next_batch() {
 }
 
 std::string Session::export_hf(const std::string& dir, bool merge) {
+  // Gathering parameters split across ranks takes every rank; rank 0 writes.
+  const bool sharded = std::any_of(store_.all().begin(), store_.all().end(),
+                                   [](const Param& p) { return p.residency == TF_TIER_SHARDED; });
+  if (!is_rank0() && !sharded) return dir;
   const tf_model_vtable* vt = model_.plugin->model();
   const char* config = nullptr;
   if (TF_HAS(vt, tf_model_vtable, hf_config_json))
@@ -468,7 +472,7 @@ std::string Session::export_hf(const std::string& dir, bool merge) {
     }
     merged.adopt(std::move(q));
   }
-  save_hf_model(merged, dir, config ? config : "", tokenizer_->source_file());
+  if (is_rank0()) save_hf_model(merged, dir, config ? config : "", tokenizer_->source_file());
   return dir;
 }
 
@@ -827,7 +831,7 @@ TrainSummary Session::train() {
     // An interrupted run always saves, so that --resume can continue it.
     if ((save_cfg_.get_bool("final") || step_ < total) && step_ > sum.first_step)
       save_checkpoint(step_);
-    if (is_rank0() && save_cfg_.get_bool("hf")) export_hf((fs::path(run_dir_) / "hf").string());
+    if (save_cfg_.get_bool("hf")) export_hf((fs::path(run_dir_) / "hf").string());
     if (is_rank0() && save_cfg_.get_bool("adapter"))
       export_adapter((fs::path(run_dir_) / "adapter").string());
     sum.steps_run = step_ - sum.first_step;

@@ -32,13 +32,13 @@ std::string recipe(const TempDir& dir, const std::string& corpus, const std::str
      << (dir.path() / "runs").string()
      << "\"\nsample_tokens = 0\neval_batches = 1\nlog_every = 1000\nthreads = 1\n"
      << "dist_timeout = " << timeout << "\n\n"
-     << "[model]\nplugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 2\n"
+     << "[model]\nplugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 4\nn_embd = 32\nn_head = 2\n"
      << "n_positions = 64\n\n"
      << "[data]\ncorpus = \"" << corpus << "\"\nseq_len = 32\nbatch_size = " << batch << "\n\n"
      << "[optimizer]\n"
      << optimizer << "\n\n"
      << "[schedule]\nplugin = \"standard\"\nwarmup_steps = 2\n\n"
-     << "[save]\nfinal = true\n\n"
+     << "[save]\nfinal = true\nhf = true\n\n"
      << strategy;
   return test::write_file(dir, name + ".toml", os.str());
 }
@@ -51,6 +51,12 @@ const char* kAdamWNoClip = "name = \"adamw\"\nlr = 1e-3\ngrad_clip = 0";
 
 std::string shard(const std::string& mode) {
   return "[[strategy]]\nplugin = \"shard\"\n" + mode + "\n";
+}
+
+// The trained model, whole (the Hugging Face folder the run exports at its
+// end: ZeRO-3 checkpoints hold parameters in parts).
+fs::path trained(const TempDir& dir, const std::string& name) {
+  return dir.path() / "runs" / name / "hf";
 }
 
 fs::path final_checkpoint(const TempDir& dir, const std::string& name, int64_t step = 4) {
@@ -93,14 +99,16 @@ class Distributed : public ::testing::Test {
 // Data parallel and ZeRO 1/2 with 2 ranks of 2 rows = one process with 4 rows.
 TEST_F(Distributed, TwoRanksEqualOneProcessOnTheGlobalBatch) {
   run_ok("run -q " + recipe(dir, corpus, "single", 4, "", kSgd));
-  for (const auto& [name, mode] :
-       std::vector<std::pair<std::string, std::string>>{{"data", "mode = \"data\""},
-                                                        {"zero1", "mode = \"zero\"\nstage = 1"},
-                                                        {"zero2", "mode = \"zero\"\nstage = 2"}}) {
+  for (const auto& [name, mode] : std::vector<std::pair<std::string, std::string>>{
+           {"data", "mode = \"data\""},
+           {"zero1", "mode = \"zero\"\nstage = 1"},
+           {"zero2", "mode = \"zero\"\nstage = 2"},
+           {"zero3", "mode = \"zero\"\nstage = 3"},
+           {"zero3-checkpoint",
+            "mode = \"zero\"\nstage = 3\n[[strategy]]\nplugin = \"checkpoint\""}}) {
     SCOPED_TRACE(name);
     run_ok("run -q --nproc 2 " + recipe(dir, corpus, name, 2, shard(mode), kSgd));
-    EXPECT_LE(max_relative_difference(final_checkpoint(dir, name), final_checkpoint(dir, "single")),
-              1e-5);
+    EXPECT_LE(max_relative_difference(trained(dir, name), trained(dir, "single")), 1e-5);
     // Rank 0 reports the global batch's loss.
     const auto a = metrics(dir, name), b = metrics(dir, "single");
     ASSERT_EQ(a.size(), 4u);
@@ -117,14 +125,13 @@ TEST_F(Distributed, ZeroPartitionsOptimizerStateAndGradients) {
   run_ok("run -q --nproc 2 " +
          recipe(dir, corpus, "data", 2, shard("mode = \"data\""), kAdamWNoClip));
   const auto base = metrics(dir, "data");
-  for (int stage : {1, 2}) {
+  for (int stage : {1, 2, 3}) {
     SCOPED_TRACE(stage);
     const std::string name = "zero" + std::to_string(stage);
     run_ok("run -q --nproc 2 " + recipe(dir, corpus, name, 2,
                                         shard("mode = \"zero\"\nstage = " + std::to_string(stage)),
                                         kAdamWNoClip));
-    EXPECT_EQ(max_relative_difference(final_checkpoint(dir, name), final_checkpoint(dir, "data")),
-              0.0);
+    EXPECT_EQ(max_relative_difference(trained(dir, name), trained(dir, "data")), 0.0);
     const auto m = metrics(dir, name);
     ASSERT_EQ(m.size(), base.size());
     for (size_t i = 0; i < m.size(); ++i)
@@ -133,30 +140,40 @@ TEST_F(Distributed, ZeroPartitionsOptimizerStateAndGradients) {
         m.back()["peak_optimizer"].get<double>() / base.back()["peak_optimizer"].get<double>();
     EXPECT_GT(ratio, 0.45);
     EXPECT_LT(ratio, 0.56);
-    if (stage == 2) {
+    if (stage >= 2) {
       EXPECT_LT(m.back()["peak_grads"].get<double>(), base.back()["peak_grads"].get<double>());
     }
+    // Stage 3: half the weights of each block per rank, plus the stage in use
+    // and the (whole) tied embedding.
+    const double weights =
+        m.back()["peak_weights"].get<double>() / base.back()["peak_weights"].get<double>();
+    if (stage == 3)
+      EXPECT_LT(weights, 0.85);
+    else
+      EXPECT_EQ(weights, 1.0);
   }
 }
 
-// A run saved by 2 ranks (ZeRO-2: optimizer state split in two files)
-// continues on 1 rank with the same global batch as if uninterrupted.
+// A run saved by 2 ranks (ZeRO-2: optimizer state in two files; ZeRO-3:
+// parameters too) continues on 1 rank with the same global batch as if
+// uninterrupted.
 TEST_F(Distributed, SavedByTwoRanksResumesOnOne) {
-  const std::string zero = shard("mode = \"zero\"\nstage = 2");
-  run_ok("run -q --nproc 2 " + recipe(dir, corpus, "whole", 2, zero, kAdamW));
-  const std::string two = recipe(dir, corpus, "split", 2, zero, kAdamW);
-  run_ok("run -q --nproc 2 --stop-after 2 " + two);
-  const fs::path cp = final_checkpoint(dir, "split", 2);
-  ASSERT_TRUE(fs::exists(cp / "state.rank-1.safetensors"));
-  // The same run folder, one process with both ranks' rows.
-  const std::string one = recipe(dir, corpus, "split", 4, zero, kAdamW);
-  run_ok("run -q --resume " + one);
-  EXPECT_LE(max_relative_difference(final_checkpoint(dir, "split"), final_checkpoint(dir, "whole")),
-            1e-5);
-  const auto a = metrics(dir, "split"), b = metrics(dir, "whole");
-  ASSERT_EQ(a.size(), 4u);
-  for (size_t i = 2; i < 4; ++i)
-    EXPECT_NEAR(a[i]["loss"].get<double>(), b[i]["loss"].get<double>(), 1e-5);
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE(stage);
+    const std::string zero = shard("mode = \"zero\"\nstage = " + std::to_string(stage));
+    const std::string whole = "whole" + std::to_string(stage),
+                      split = "split" + std::to_string(stage);
+    run_ok("run -q --nproc 2 " + recipe(dir, corpus, whole, 2, zero, kAdamW));
+    run_ok("run -q --nproc 2 --stop-after 2 " + recipe(dir, corpus, split, 2, zero, kAdamW));
+    ASSERT_TRUE(fs::exists(final_checkpoint(dir, split, 2) / "state.rank-1.safetensors"));
+    // The same run folder, one process with both ranks' rows.
+    run_ok("run -q --resume " + recipe(dir, corpus, split, 4, zero, kAdamW));
+    EXPECT_LE(max_relative_difference(trained(dir, split), trained(dir, whole)), 1e-5);
+    const auto a = metrics(dir, split), b = metrics(dir, whole);
+    ASSERT_EQ(a.size(), 4u);
+    for (size_t i = 2; i < 4; ++i)
+      EXPECT_NEAR(a[i]["loss"].get<double>(), b[i]["loss"].get<double>(), 1e-5);
+  }
 }
 
 // The torchrun launch: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from it.
@@ -287,12 +304,14 @@ std::map<std::string, at::Tensor> train_in_process(const std::string& text, int 
     EXPECT_EQ(s->optimizer_step(), TF_OK);
   }
   std::map<std::string, at::Tensor> out;
-  for (const Param& p : s->store().all()) out[p.name] = p.value.detach().cpu().clone();
+  for (Param& p : s->store().all())  // (ZeRO-3's parameters are whole only when brought in)
+    s->with_resident(p, [&] { out[p.name] = p.value.detach().cpu().clone(); });
   return out;
 }
 
 // Pipeline placement on ["cpu", "cpu"] computes exactly what the unsplit
-// model does; a single process with ZeRO (collectives are identities) the
+// model does; a single process with ZeRO (collectives are identities; stage
+// 3 still frees and gathers each stage's weights, around recompute too) the
 // same up to the order the clipping norm is summed in.
 TEST_F(Distributed, LayersOnTwoDevicesAndOneRankZeroEqualThePlainRun) {
   const std::string out = (dir.path() / "runs").string();
@@ -304,7 +323,11 @@ TEST_F(Distributed, LayersOnTwoDevicesAndOneRankZeroEqualThePlainRun) {
       {"[[strategy]]\nplugin = \"shard\"\nmode = \"layers\"\nsplit = [1, 1]\n"
        "[[strategy]]\nplugin = \"checkpoint\"\n",
        0.0},
-      {"[[strategy]]\nplugin = \"shard\"\nmode = \"zero\"\nstage = 2\n", 1e-5}};
+      {"[[strategy]]\nplugin = \"shard\"\nmode = \"zero\"\nstage = 2\n", 1e-5},
+      {"[[strategy]]\nplugin = \"shard\"\nmode = \"zero\"\nstage = 3\n", 1e-5},
+      {"[[strategy]]\nplugin = \"shard\"\nmode = \"zero\"\nstage = 3\n"
+       "[[strategy]]\nplugin = \"checkpoint\"\n",
+       1e-5}};
   for (const auto& [stack, tolerance] : stacks) {
     SCOPED_TRACE(stack);
     const auto got = train_in_process(test::tiny_recipe(corpus, out, "", stack), 3);

@@ -142,7 +142,11 @@ typedef enum tf_residency {
   TF_TIER_DEVICE = 0, /* the compute device (the run's `device`) */
   TF_TIER_HOST = 1,   /* host RAM (pinned on CUDA) */
   TF_TIER_DISK = 2,   /* files under the run folder, memory-mapped */
-  TF_TIER_COUNT = 4   /* array size; slot 3 is reserved */
+  /* Split across ranks, each holding a part (ZeRO-3); the strategy that
+   * split it gathers it for its stage's events and checkpoints the parts
+   * (the kernel saves a placeholder). Added in 1.0's reserved slot. */
+  TF_TIER_SHARDED = 3,
+  TF_TIER_COUNT = 4 /* array size */
 } tf_residency;
 
 /* How a parameter is stored. The dense formats are what `weight` returns;

@@ -56,6 +56,7 @@
 #include "device_upload.hpp"
 #include "state_tier.hpp"
 #include "tightfit/plugin_sdk.hpp"
+#include "tightfit/storage_bytes.hpp"
 
 namespace {
 
@@ -75,23 +76,9 @@ struct Offloaded {
   int64_t version = -1;
 };
 
-// The bytes of a tensor's storage, freed or allocated again, while the
-// tensor (shape, autograd identity, version) stays as it is — as FSDP frees
-// sharded parameters between uses.
-void free_bytes(const at::Tensor& t) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(c10::DataPtr(nullptr, t.device()));
-  s->set_nbytes(0);
-}
-bool has_bytes(const at::Tensor& t) {
-  return t.storage().nbytes() > 0;
-}
-void allocate_bytes(const at::Tensor& t) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  const size_t n = static_cast<size_t>(t.numel()) * t.element_size();
-  s->set_data_ptr_noswap(s->allocator()->allocate(n));
-  s->set_nbytes(n);
-}
+using tf_sdk::allocate_bytes;
+using tf_sdk::free_bytes;
+using tf_sdk::has_bytes;
 
 struct Offload {
   explicit Offload(tf_sdk::Host h) : host(h) {}

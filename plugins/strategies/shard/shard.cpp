@@ -18,8 +18,14 @@
 //   stage 2: gradients are reduce-scattered instead: each rank keeps the
 //            averaged gradient of its part only (the full gradient is freed
 //            at once), and global-norm clipping sums the parts over ranks.
-// Optimizer state is checkpointed per rank and re-split on load, so a run
-// saved by N ranks resumes on any number.
+//   stage 3: parameters too: each rank keeps its part of every dense weight
+//            of the model's stages (tied weights shared by several stages
+//            stay whole); a stage's weights are all-gathered when its
+//            forward, recompute or backward begins and their bytes freed
+//            when it ends (the tensor stays the same autograd leaf, as FSDP
+//            does), and each rank updates its part in place.
+// Optimizer state (and stage 3's parameter parts) is checkpointed per rank
+// and re-split on load, so a run saved by N ranks resumes on any number.
 #include <cmath>
 #include <map>
 #include <memory>
@@ -29,8 +35,16 @@
 
 #include "partition.hpp"
 #include "tightfit/plugin_sdk.hpp"
+#include "tightfit/storage_bytes.hpp"
 
 namespace {
+
+// A parameter split across ranks (stage 3).
+struct Sharded {
+  at::Tensor leaf;       // the parameter: shape and autograd identity stay, bytes come and go
+  at::Tensor own;        // this rank's part, padded to the chunk: the master copy
+  int64_t version = -1;  // the leaf's at gather; a change means it was written to
+};
 
 struct Shard {
   explicit Shard(tf_sdk::Host h) : host(h) {}
@@ -43,6 +57,85 @@ struct Shard {
   std::map<std::string, std::vector<at::Tensor>> state;
   std::map<std::string, at::Tensor> held;
   std::vector<std::string> held_order;  // the order gradients arrived: the same on every rank
+  // stage 3
+  std::map<std::string, Sharded> sharded;
+  std::map<int32_t, std::vector<std::string>> by_stage;
+  std::map<int32_t, int> in_use;  // stage events begun and not yet ended
+
+  bool params_split() const { return mode == "zero" && zero_stage >= 3; }
+
+  // Keeps this rank's part of each dense weight of `stage` (all stages when
+  // < 0) and frees the rest of its bytes.
+  void split_stage(int32_t stage) {
+    const tf_host_api* api = host.api();
+    for (const auto& name : host.param_names()) {
+      const tf_param_info info = host.param_info(name);
+      if (info.stage < 0 || (stage >= 0 && info.stage != stage) || sharded.count(name) ||
+          info.format != TF_FORMAT_DENSE || info.residency != TF_TIER_DEVICE ||
+          info.stored_bytes == 0 || !at::isFloatingType(tf_sdk::scalar_type(info.dtype)))
+        continue;
+      tf_tensor stored = nullptr;
+      host.check(api->param_storage(host.ctx(), name.c_str(), &stored));
+      at::Tensor value = tf_sdk::take(stored);
+      if (!value.is_contiguous()) continue;
+      const shard::Part pt = part(value);
+      Sharded w;
+      {
+        const tf_sdk::MemoryCategory scope(host, TF_MEM_WEIGHTS);
+        w.own = at::zeros({pt.chunk}, value.options().requires_grad(false));
+      }
+      if (pt.len > 0)
+        w.own.narrow(0, 0, pt.len).copy_(value.detach().view({-1}).narrow(0, pt.lo, pt.len));
+      host.check(api->param_set_storage(host.ctx(), name.c_str(),
+                                        reinterpret_cast<tf_tensor>(&value), TF_FORMAT_DENSE,
+                                        TF_TIER_SHARDED));
+      tf_tensor leaf = nullptr;
+      host.check(api->param_storage(host.ctx(), name.c_str(), &leaf));
+      w.leaf = tf_sdk::take(leaf);
+      tf_sdk::free_bytes(w.leaf);
+      by_stage[info.stage].push_back(name);
+      sharded.emplace(name, std::move(w));
+    }
+  }
+
+  // All ranks' parts into the leaves of `stage`.
+  void gather(int32_t stage) {
+    for (const auto& name : by_stage[stage]) {
+      Sharded& w = sharded.at(name);
+      if (tf_sdk::has_bytes(w.leaf)) continue;
+      {
+        const tf_sdk::MemoryCategory scope(host, TF_MEM_WEIGHTS);
+        tf_sdk::allocate_bytes(w.leaf);
+      }
+      // Written through variable_data(): tensors autograd saved are this
+      // leaf and must still count as unmodified.
+      at::Tensor dst = w.leaf.variable_data().view({-1});
+      if (dst.numel() == w.own.numel() * world) {
+        host.all_gather(dst, w.own);
+      } else {
+        const tf_sdk::MemoryCategory scope(host, TF_MEM_TRANSIENT);
+        at::Tensor all = at::empty({w.own.numel() * world}, w.own.options());
+        host.all_gather(all, w.own);
+        dst.copy_(all.narrow(0, 0, dst.numel()));
+      }
+      w.version = w.leaf._version();
+    }
+  }
+
+  // Frees the leaves of `stage`; a leaf written to in place (a snapshot
+  // restored, a perturbation) first gives this rank's part back.
+  void release(int32_t stage) {
+    for (const auto& name : by_stage[stage]) {
+      Sharded& w = sharded.at(name);
+      if (!tf_sdk::has_bytes(w.leaf)) continue;
+      if (w.leaf._version() != w.version) {
+        const shard::Part pt = part(w.leaf);
+        if (pt.len > 0)
+          w.own.narrow(0, 0, pt.len).copy_(w.leaf.detach().view({-1}).narrow(0, pt.lo, pt.len));
+      }
+      tf_sdk::free_bytes(w.leaf);
+    }
+  }
 
   shard::Part part(const at::Tensor& t) const { return shard::part_of(t.numel(), rank, world); }
 
@@ -71,22 +164,26 @@ struct Shard {
     return slots;
   }
 
+  // The run's optimizer on this rank's part of a parameter: `p` (a view,
+  // updated in place) from `g`, with the part's own state.
+  void update_slice(const std::string& name, at::Tensor p, at::Tensor g) {
+    at::NoGradGuard no_grad;
+    auto& slots = state_of(name, p.numel(), p.device());
+    std::vector<tf_tensor> handles;
+    for (auto& t : slots) handles.push_back(reinterpret_cast<tf_tensor>(&t));
+    host.check(host.api()->optimizer_update(
+        host.ctx(), name.c_str(), reinterpret_cast<tf_tensor>(&p), reinterpret_cast<tf_tensor>(&g),
+        static_cast<int32_t>(handles.size()), handles.data()));
+  }
+
   // Updates this rank's part of `param` from `grad_part` (its part of the
   // averaged gradient), then all-gathers the parts into the whole parameter.
   void update_part(const std::string& name, const at::Tensor& param, const at::Tensor& grad_part) {
     at::NoGradGuard no_grad;
     const shard::Part pt = part(param);
     at::Tensor flat = param.detach().view({-1});
-    if (pt.len > 0) {
-      auto& slots = state_of(name, pt.len, param.device());
-      at::Tensor p = flat.narrow(0, pt.lo, pt.len);
-      at::Tensor g = grad_part.narrow(0, 0, pt.len);
-      std::vector<tf_tensor> handles;
-      for (auto& t : slots) handles.push_back(reinterpret_cast<tf_tensor>(&t));
-      host.check(host.api()->optimizer_update(
-          host.ctx(), name.c_str(), reinterpret_cast<tf_tensor>(&p),
-          reinterpret_cast<tf_tensor>(&g), static_cast<int32_t>(handles.size()), handles.data()));
-    }
+    if (pt.len > 0)
+      update_slice(name, flat.narrow(0, pt.lo, pt.len), grad_part.narrow(0, 0, pt.len));
     if (world == 1) return;
     const tf_sdk::MemoryCategory scope(host, TF_MEM_TRANSIENT);
     at::Tensor mine = at::zeros({pt.chunk}, flat.options());
@@ -110,10 +207,6 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
                                   s->mode + "\")");
     if (s->mode != "layers" && (s->host.has("devices") || s->host.has("split")))
       throw std::invalid_argument("shard: `devices` and `split` are for mode = \"layers\"");
-    if (s->mode == "zero" && s->zero_stage == 3)
-      throw std::invalid_argument(
-          "shard: ZeRO stage 3 (parameters partitioned) is not built yet; stage 1 (optimizer "
-          "state) and 2 (+ gradients) are");
     if (s->mode != "layers" &&
         (!TF_HAS(api, tf_host_api, dist_all_reduce) || !TF_HAS(api, tf_host_api, micro_batch)))
       throw std::invalid_argument("shard: this tightfit host has no collectives; update it");
@@ -242,6 +335,41 @@ tf_status grad_ready(void* state, tf_host_context* ctx, const char* name, tf_ten
   });
 }
 
+// zero 3: split each stage's weights as soon as they exist (a model loaded
+// stage by stage is never whole on a rank), and whatever is left at the end.
+tf_status stage_params_ready(void* state, tf_host_context* ctx, int32_t stage) {
+  auto* s = static_cast<Shard*>(state);
+  if (!s->params_split()) return TF_OK;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    s->split_stage(stage);
+    return TF_OK;
+  });
+}
+
+tf_status params_ready(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<Shard*>(state);
+  if (!s->params_split()) return TF_OK;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    s->split_stage(-1);
+    return TF_OK;
+  });
+}
+
+// zero 3: a stage's weights are whole only between its events' begin and end.
+tf_status stage_event(void* state, tf_host_context* ctx, const tf_stage_event* ev) {
+  auto* s = static_cast<Shard*>(state);
+  if (!s->params_split() || !s->by_stage.count(ev->stage)) return TF_OK;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    int& n = s->in_use[ev->stage];
+    if (ev->begin) {
+      if (n++ == 0) s->gather(ev->stage);
+    } else if (n > 0 && --n == 0) {  // (an end without its begin is ignored)
+      s->release(ev->stage);
+    }
+    return TF_OK;
+  });
+}
+
 // zero 1: update this rank's part, then gather the parameter.
 tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* name,
                                tf_tensor param_h, tf_tensor grad_h, double) {
@@ -284,10 +412,17 @@ tf_status apply_held_grads(void* state, tf_host_context* ctx, double grad_scale)
     for (const auto& name : s->held_order) {
       at::Tensor g = s->held.at(name);
       if (grad_scale != 1.0) g.mul_(grad_scale);
-      tf_tensor stored = nullptr;
-      s->host.check(s->host.api()->param_storage(ctx, name.c_str(), &stored));
-      const at::Tensor param = tf_sdk::take(stored);
-      s->update_part(name, param, g);
+      if (auto w = s->sharded.find(name); w != s->sharded.end()) {
+        // Stage 3: the part is the parameter here; the next use gathers it.
+        const shard::Part pt = s->part(w->second.leaf);
+        if (pt.len > 0)
+          s->update_slice(name, w->second.own.narrow(0, 0, pt.len), g.narrow(0, 0, pt.len));
+      } else {
+        tf_tensor stored = nullptr;
+        s->host.check(s->host.api()->param_storage(ctx, name.c_str(), &stored));
+        const at::Tensor param = tf_sdk::take(stored);
+        s->update_part(name, param, g);
+      }
       s->held.erase(name);  // its memory goes as soon as it is applied
     }
     s->held_order.clear();
@@ -310,6 +445,11 @@ tf_status save_state(void* state, tf_host_context* ctx) {
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const tf_host_api* api = s->host.api();
     s->host.check(api->state_put_double(ctx, "world_size", s->world));
+    for (auto& [name, w] : s->sharded) {
+      at::Tensor mine = w.own.narrow(0, 0, s->part(w.leaf).len);
+      const std::string key = name + ".part.rank" + std::to_string(s->rank);
+      s->host.check(api->state_put_tensor(ctx, key.c_str(), reinterpret_cast<tf_tensor>(&mine)));
+    }
     for (auto& [name, slots] : s->state)
       for (size_t i = 0; i < slots.size(); ++i) {
         const std::string key =
@@ -321,13 +461,49 @@ tf_status save_state(void* state, tf_host_context* ctx) {
   });
 }
 
+// The saving run's parts of one tensor under `key` + ".rank<r>", stitched
+// whole; undefined when the checkpoint has none.
+at::Tensor stitch(const Shard& s, const std::string& key, int saved_world, int64_t numel) {
+  std::vector<at::Tensor> parts;
+  for (int r = 0; r < saved_world; ++r) {
+    const std::string k = key + ".rank" + std::to_string(r);
+    tf_tensor t = nullptr;
+    const tf_status st = s.host.api()->state_get_tensor(s.host.ctx(), k.c_str(), &t);
+    if (st == TF_ERR_NOT_FOUND) return at::Tensor();
+    s.host.check(st);
+    parts.push_back(tf_sdk::take(t).reshape({-1}));
+  }
+  at::Tensor whole = at::cat(parts);
+  if (whole.numel() != numel)
+    throw std::runtime_error("shard: the checkpoint's " + key + " has " +
+                             std::to_string(whole.numel()) + " elements, the parameter " +
+                             std::to_string(numel));
+  return whole;
+}
+
 tf_status load_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Shard*>(state);
   if (s->mode != "zero") return TF_OK;
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const tf_host_api* api = s->host.api();
-    double saved_world = 0;
-    if (api->state_get_double(ctx, "world_size", &saved_world) != TF_OK) return TF_OK;
+    double saved = 0;
+    if (api->state_get_double(ctx, "world_size", &saved) != TF_OK) {
+      if (!s->sharded.empty())
+        throw std::runtime_error(
+            "shard: this checkpoint was not saved by ZeRO (no per-rank state), so the weights "
+            "stage 3 splits cannot be restored from it; resume it without stage = 3");
+      return TF_OK;
+    }
+    const int saved_world = static_cast<int>(saved);
+    for (auto& [name, w] : s->sharded) {
+      const at::Tensor whole = stitch(*s, name + ".part", saved_world, w.leaf.numel());
+      if (!whole.defined())
+        throw std::runtime_error("shard: the checkpoint has no parts of " + name +
+                                 " (saved without stage = 3?)");
+      const shard::Part pt = s->part(w.leaf);
+      at::NoGradGuard no_grad;
+      if (pt.len > 0) w.own.narrow(0, 0, pt.len).copy_(whole.narrow(0, pt.lo, pt.len));
+    }
     const int n_state = s->n_state();
     s->state.clear();
     const tf_sdk::MemoryCategory scope(s->host, TF_MEM_OPTIMIZER);
@@ -335,21 +511,9 @@ tf_status load_state(void* state, tf_host_context* ctx) {
       const tf_param_info info = s->host.param_info(name);
       std::vector<at::Tensor> slots;
       for (int i = 0; i < n_state; ++i) {
-        std::vector<at::Tensor> parts;
-        for (int r = 0; r < static_cast<int>(saved_world); ++r) {
-          const std::string key = name + ".state" + std::to_string(i) + ".rank" + std::to_string(r);
-          tf_tensor t = nullptr;
-          const tf_status st = api->state_get_tensor(ctx, key.c_str(), &t);
-          if (st == TF_ERR_NOT_FOUND) break;
-          s->host.check(st);
-          parts.push_back(tf_sdk::take(t).reshape({-1}));
-        }
-        if (parts.empty()) break;  // not updated yet when saved
-        const at::Tensor whole = at::cat(parts);
-        if (whole.numel() != info.numel)
-          throw std::runtime_error("shard: the checkpoint's optimizer state of " + name + " has " +
-                                   std::to_string(whole.numel()) + " elements, the parameter " +
-                                   std::to_string(info.numel));
+        const at::Tensor whole =
+            stitch(*s, name + ".state" + std::to_string(i), saved_world, info.numel);
+        if (!whole.defined()) break;  // not updated yet when saved
         const shard::Part pt = shard::part_of(info.numel, s->rank, s->world);
         slots.push_back(whole.narrow(0, pt.lo, pt.len).to(at::kFloat).clone());
       }
@@ -375,6 +539,9 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
     if (s->zero_stage >= 2)
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_GRADS] =
           -static_cast<int64_t>(4 * model->n_trainable * (1 - keep));
+    if (s->zero_stage >= 3)  // less the stage being computed, which is whole
+      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] =
+          -static_cast<int64_t>(static_cast<double>(model->param_bytes) * (1 - keep));
     return TF_OK;
   });
 }
@@ -385,7 +552,9 @@ const tf_config_key kKeys[] = {
                 "all-reduce); zero: ZeRO partitioning across ranks",
                 1, 0, "layers|data|zero"),
     tf_sdk::key("stage", TF_VALUE_INT, "1",
-                "zero: 1 partitions optimizer state, 2 also gradients (reduce-scatter)", 1, 3),
+                "zero: 1 partitions optimizer state, 2 also gradients (reduce-scatter), 3 also "
+                "parameters (gathered per stage)",
+                1, 3),
     tf_sdk::key("devices", TF_VALUE_STRING_LIST, "[]",
                 "layers: a device per part, e.g. [\"cuda:0\", \"cuda:1\"] or [\"cpu\", \"cpu\"]"),
     tf_sdk::key("split", TF_VALUE_INT_LIST, "[]",
@@ -404,6 +573,9 @@ tf_strategy_vtable make_vtable() {
   v.save_state = save_state;
   v.load_state = load_state;
   v.grad_norm_sq = grad_norm_sq;
+  v.stage_params_ready = stage_params_ready;
+  v.params_ready = params_ready;
+  v.stage_event = stage_event;
   v.apply_held_grads = apply_held_grads;
   v.drop_held_grads = drop_held_grads;
   return v;
@@ -412,7 +584,7 @@ const tf_strategy_vtable kVtable = make_vtable();
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_STRATEGY, "shard", "1.0.0",
-    "one model over several devices (layers) or ranks (data parallel, ZeRO 1/2) on c10d", kKeys,
+    "one model over several devices (layers) or ranks (data parallel, ZeRO 1/2/3) on c10d", kKeys,
     &kVtable);
 
 }  // namespace
