@@ -32,7 +32,9 @@ tf_status configure(void* state, tf_host_context* ctx) {
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     int64_t block = 0, marked = 0;
     for (int32_t i = 0, n = s->host.stage_count(); i < n; ++i) {
-      if (s->host.stage_info(i).kind != TF_STAGE_BLOCK) continue;
+      const tf_stage_info info = s->host.stage_info(i);
+      // Blocks that run: a block skipped (sparse, before this strategy) has nothing to keep.
+      if (info.kind != TF_STAGE_BLOCK || info.skip) continue;
       if (block++ % s->every == 0) {
         s->host.check(s->host.api()->stage_set_recompute(ctx, i, 1));
         ++marked;
