@@ -75,6 +75,9 @@ std::optional<DistEnv> dist_env_from_environment() {
     e.local_rank = e.rank;
   if (auto a = env("MASTER_ADDR")) e.master_addr = *a;
   if (auto p = env("MASTER_PORT")) e.master_port = env_int("MASTER_PORT", *p, 1, 65535);
+  if (auto a = env("TORCHELASTIC_USE_AGENT_STORE")) e.agent_store = *a == "True" || *a == "1";
+  if (auto c = env("TORCHELASTIC_RESTART_COUNT"))
+    e.attempt = env_int("TORCHELASTIC_RESTART_COUNT", *c, 0, 1 << 30);
   return e;
 }
 
@@ -93,12 +96,15 @@ ProcessGroup::ProcessGroup(const DistEnv& env, const at::Device& device,
   try {
     c10d::TCPStoreOptions so;
     so.port = static_cast<std::uint16_t>(env.master_port);
-    so.isServer = env.rank == 0;
+    so.isServer = env.rank == 0 && !env.agent_store;
     so.numWorkers = static_cast<size_t>(env.world_size);
     so.waitWorkers = true;
     so.timeout = timeout;
     auto tcp = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
-    impl_->store = c10::make_intrusive<c10d::PrefixStore>("tightfit", tcp);
+    // A fresh prefix per attempt: keys a failed attempt left (its ranks'
+    // addresses) must not be read by the next.
+    impl_->store = c10::make_intrusive<c10d::PrefixStore>(
+        "/worker/attempt_" + std::to_string(env.attempt) + "/tightfit", tcp);
     if (device.is_cuda()) {
       impl_->backend = make_nccl_backend(impl_->store, env.rank, env.world_size, timeout);
       impl_->name = "nccl";

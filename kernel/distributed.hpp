@@ -21,6 +21,11 @@ struct DistEnv {
   int local_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // Under torchrun the agent hosts the store (TORCHELASTIC_USE_AGENT_STORE)
+  // and lives across restarts: each attempt (TORCHELASTIC_RESTART_COUNT)
+  // rendezvous under its own prefix, as torch.distributed does.
+  bool agent_store = false;
+  int attempt = 0;
 };
 
 // Reads RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (SLURM_PROCID

@@ -661,32 +661,32 @@ tf_status h_dist_all_reduce(tf_host_context* ctx, tf_tensor t, tf_reduce_op op) 
     if (ProcessGroup* pg = ctx->session->process_group()) pg->all_reduce(as_tensor(t), r);
   });
 }
+// A group of one: reduce_scatter and all_gather are copies of the same size.
+void copy_as_one_rank(at::Tensor& out, const at::Tensor& in, const char* what) {
+  if (out.numel() != in.numel())
+    throw std::invalid_argument(std::string(what) + ": in and out differ in size (one rank)");
+  out.copy_(in.view_as(out));
+}
 tf_status h_dist_reduce_scatter(tf_host_context* ctx, tf_tensor out, tf_tensor in,
                                 tf_reduce_op op) {
   return serve(ctx, [&] {
     require(out, "out");
     require(in, "in");
     const ReduceOp r = to_reduce_op(op);
-    at::Tensor& o = as_tensor(out);
     if (ProcessGroup* pg = ctx->session->process_group())
-      pg->reduce_scatter(o, as_tensor(in), r);
-    else if (o.numel() != as_tensor(in).numel())
-      throw std::invalid_argument("reduce_scatter: in and out differ in size (one rank)");
+      pg->reduce_scatter(as_tensor(out), as_tensor(in), r);
     else
-      o.copy_(as_tensor(in).view_as(o));
+      copy_as_one_rank(as_tensor(out), as_tensor(in), "reduce_scatter");
   });
 }
 tf_status h_dist_all_gather(tf_host_context* ctx, tf_tensor out, tf_tensor in) {
   return serve(ctx, [&] {
     require(out, "out");
     require(in, "in");
-    at::Tensor& o = as_tensor(out);
     if (ProcessGroup* pg = ctx->session->process_group())
-      pg->all_gather(o, as_tensor(in));
-    else if (o.numel() != as_tensor(in).numel())
-      throw std::invalid_argument("all_gather: in and out differ in size (one rank)");
+      pg->all_gather(as_tensor(out), as_tensor(in));
     else
-      o.copy_(as_tensor(in).view_as(o));
+      copy_as_one_rank(as_tensor(out), as_tensor(in), "all_gather");
   });
 }
 tf_status h_dist_broadcast(tf_host_context* ctx, tf_tensor t, int32_t root) {

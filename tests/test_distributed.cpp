@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include "safetensors.hpp"
@@ -156,7 +157,7 @@ TEST_F(Distributed, ZeroPartitionsOptimizerStateAndGradients) {
 
 // A run saved by 2 ranks (ZeRO-2: optimizer state in two files; ZeRO-3:
 // parameters too) continues on 1 rank with the same global batch as if
-// uninterrupted.
+// uninterrupted, and one saved by 1 process continues on 2 ranks.
 TEST_F(Distributed, SavedByTwoRanksResumesOnOne) {
   for (int stage : {2, 3}) {
     SCOPED_TRACE(stage);
@@ -168,11 +169,23 @@ TEST_F(Distributed, SavedByTwoRanksResumesOnOne) {
     ASSERT_TRUE(fs::exists(final_checkpoint(dir, split, 2) / "state.rank-1.safetensors"));
     // The same run folder, one process with both ranks' rows.
     run_ok("run -q --resume " + recipe(dir, corpus, split, 4, zero, kAdamW));
-    EXPECT_LE(max_relative_difference(trained(dir, split), trained(dir, whole)), 1e-5);
+    // (AdamW normalizes each element by its own gradient history, so the
+    // ~1e-7 differences between a 4-row mean and the mean of two 2-row means
+    // grow to ~1e-5 in the weights whose gradients are near zero.)
+    EXPECT_LE(max_relative_difference(trained(dir, split), trained(dir, whole)), 1e-4);
     const auto a = metrics(dir, split), b = metrics(dir, whole);
     ASSERT_EQ(a.size(), 4u);
     for (size_t i = 2; i < 4; ++i)
       EXPECT_NEAR(a[i]["loss"].get<double>(), b[i]["loss"].get<double>(), 1e-5);
+    // And the other way: saved by 1 process, resumed by 2 ranks.
+    const std::string grown = "grown" + std::to_string(stage);
+    run_ok("run -q --stop-after 2 " + recipe(dir, corpus, grown, 4, zero, kAdamW));
+    run_ok("run -q --nproc 2 --resume " + recipe(dir, corpus, grown, 2, zero, kAdamW));
+    EXPECT_LE(max_relative_difference(trained(dir, grown), trained(dir, whole)), 1e-4);
+    const auto g = metrics(dir, grown);
+    ASSERT_EQ(g.size(), 4u);
+    for (size_t i = 2; i < 4; ++i)
+      EXPECT_NEAR(g[i]["loss"].get<double>(), b[i]["loss"].get<double>(), 1e-5);
   }
 }
 
@@ -214,18 +227,25 @@ struct Launched {
   std::string log;
 };
 
-Launched launch(const TempDir& dir, const std::string& recipe_path) {
-  const std::string log = (dir.path() / "launch.log").string();
+// Starts `argv` with its output in dir/`log_name`.
+Launched start(const TempDir& dir, const std::string& log_name, std::vector<std::string> argv) {
+  const std::string log = (dir.path() / log_name).string();
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
   const pid_t pid = ::fork();
   if (pid == 0) {
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
-    ::execl(TIGHTFIT_BINARY, TIGHTFIT_BINARY, "run", "-q", "--nproc", "2", recipe_path.c_str(),
-            static_cast<char*>(nullptr));
+    ::execv(args[0], args.data());
     ::_exit(127);
   }
   return {pid, log};
+}
+
+Launched launch(const TempDir& dir, const std::string& recipe_path) {
+  return start(dir, "launch.log", {TIGHTFIT_BINARY, "run", "-q", "--nproc", "2", recipe_path});
 }
 
 // Waits for the launcher; returns its exit status and the seconds it took.
@@ -338,6 +358,25 @@ TEST_F(Distributed, LayersOnTwoDevicesAndOneRankZeroEqualThePlainRun) {
   }
 }
 
+// ZeRO composes with precision (autocast) and with activation offload.
+TEST_F(Distributed, ZeroComposesWithPrecisionAndOffload) {
+  const std::string out = (dir.path() / "runs").string();
+  const std::string zero3 = "[[strategy]]\nplugin = \"shard\"\nmode = \"zero\"\nstage = 3\n";
+  const std::string autocast = "[[strategy]]\nplugin = \"precision\"\n";
+  const std::string offload =
+      "[[strategy]]\nplugin = \"checkpoint\"\n[[strategy]]\nplugin = \"offload\"\nparams = "
+      "\"none\"\nactivations = \"disk\"\n";
+  for (const auto& [reference, stack] : std::vector<std::pair<std::string, std::string>>{
+           {autocast, zero3 + autocast}, {"", zero3 + offload}}) {
+    SCOPED_TRACE(stack);
+    const auto want = train_in_process(test::tiny_recipe(corpus, out, "", reference), 3);
+    const auto got = train_in_process(test::tiny_recipe(corpus, out, "", stack), 3);
+    for (const auto& [name, w] : want)
+      EXPECT_LE((got.at(name) - w).norm().item<double>() / (w.norm().item<double>() + 1e-12), 1e-5)
+          << name;
+  }
+}
+
 TEST_F(Distributed, LayersSplitMustCoverTheBlocks) {
   const std::string out = (dir.path() / "runs").string();
   for (const char* bad : {"mode = \"layers\"\nsplit = [1, 3]\n", "mode = \"layers\"\n",
@@ -349,6 +388,47 @@ TEST_F(Distributed, LayersSplitMustCoverTheBlocks) {
                      corpus, out, "", std::string("[[strategy]]\nplugin = \"shard\"\n") + bad)),
                  RecipeError);
   }
+}
+
+// Killed mid-run under torchrun --max-restarts: the restarted group resumes
+// from the last complete checkpoint and finishes the run.
+TEST_F(Distributed, TorchrunRestartResumesFromTheLastCheckpoint) {
+  const fs::path torchrun = fs::path(TIGHTFIT_SOURCE_DIR) / ".venv/bin/torchrun";
+  if (!fs::exists(torchrun)) GTEST_SKIP() << "no torchrun in .venv (run scripts/setup)";
+  std::string r = recipe(dir, corpus, "restart", 4, shard("mode = \"data\""), kSgd, 150, 30);
+  {  // slower steps (a wider model), a checkpoint every 5
+    std::string text = read_text(r);
+    text.replace(text.find("n_embd = 32"), 11, "n_embd = 256");
+    text.replace(text.find("[save]\n"), 7, "[save]\nevery = 5\n");
+    std::ofstream(r) << text;
+  }
+  const auto [pid, log] =
+      start(dir, "restart.log",
+            {torchrun.string(), "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+             "--no-python", TIGHTFIT_BINARY, "run", "-q", "--resume", r});
+  const fs::path metrics_file = dir.path() / "runs" / "restart" / "metrics.jsonl";
+  auto lines = [&] {
+    std::ifstream in(metrics_file);
+    return std::count(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>(), '\n');
+  };
+  pid_t victim = -1;
+  for (int i = 0; i < 1200 && victim < 0; ++i) {
+    if (lines() >= 20) victim = find_rank(r, 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GT(victim, 0) << read_text(log);
+  ::kill(victim, SIGKILL);
+  const auto [rc, seconds] = wait_for(pid, 240);
+  const std::string out = read_text(log);
+  ASSERT_EQ(rc, 0) << out;
+  const auto m = metrics(dir, "restart");
+  ASSERT_FALSE(m.empty());
+  EXPECT_EQ(m.back()["step"].get<int64_t>(), 150) << out;
+  // The restart picked up a checkpoint (not step 0): no step is missing.
+  EXPECT_NE(out.find("resumed from"), std::string::npos) << out;
+  std::set<int64_t> steps;
+  for (const auto& rec : m) steps.insert(rec["step"].get<int64_t>());
+  EXPECT_EQ(steps.size(), 150u);
 }
 
 // Bad launch environments are named.

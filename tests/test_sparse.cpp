@@ -131,14 +131,16 @@ TEST_F(SparseTest, LisaTrainsKDrawnBlocksPerInterval) {
   EXPECT_GE(drawn.size(), 2u);
 }
 
-// QLoRA on the first and last blocks of a model loaded from Hugging Face
-// weights: the middle ones are never read from the file, get no adapters.
+// QLoRA with the NF4 base offloaded to disk, on the first and last blocks of
+// a model loaded from Hugging Face weights: the middle ones are never read
+// from the file and get no adapters.
 TEST_F(SparseTest, ComposesWithQloraAndSkipsLoadingTheMiddle) {
   const std::string hf = (dir.path() / "hf").string();
   test::make_session(recipe(""), {.skip_data = true})->export_hf(hf);
   const std::string stack = sparse("first = 1\nlast = 1\nmiddle = \"skip\"") +
                             "[[strategy]]\nplugin = \"lora\"\ntargets = [\"q\", \"v\"]\nrank = 4\n"
-                            "[[strategy]]\nplugin = \"quantize\"\nformat = \"nf4\"\n";
+                            "[[strategy]]\nplugin = \"quantize\"\nformat = \"nf4\"\n"
+      "[[strategy]]\nplugin = \"offload\"\nparams = \"disk\"\n";
   auto s = test::make_session(recipe(stack, "weights = \"" + hf + "\"\n"));
   for (const Param& p : s->store().all()) {
     const bool middle = in_block(p.name, 1) || in_block(p.name, 2);
@@ -149,7 +151,9 @@ TEST_F(SparseTest, ComposesWithQloraAndSkipsLoadingTheMiddle) {
   }
   EXPECT_NE(s->store().find("model.layers.0.self_attn.q_proj.lora_A.weight"), nullptr);
   EXPECT_NE(s->store().find("model.layers.3.self_attn.q_proj.lora_A.weight"), nullptr);
-  EXPECT_EQ(s->store().get("model.layers.0.self_attn.k_proj.weight").format, TF_FORMAT_NF4);
+  const Param& k0 = s->store().get("model.layers.0.self_attn.k_proj.weight");
+  EXPECT_EQ(k0.format, TF_FORMAT_NF4);
+  EXPECT_EQ(k0.residency, TF_TIER_DISK);
   std::vector<double> losses;
   for (int i = 0; i < 6; ++i) {
     s->zero_grad();
