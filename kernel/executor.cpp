@@ -92,6 +92,15 @@ struct StageRecompute : public torch::autograd::Function<StageRecompute> {
   }
 };
 
+// The weight's dtype is the one a projection computes in (bf16 weights, a
+// base dequantized to fp32): an input of another float type follows it, as
+// PEFT and bitsandbytes cast to their compute dtype. Autocast casts anyway.
+at::Tensor in_dtype_of(const at::Tensor& x, const at::Tensor& w) {
+  if (x.scalar_type() == w.scalar_type() || !x.is_floating_point() || !w.is_floating_point())
+    return x;
+  return x.to(w.scalar_type());
+}
+
 // y = x W^T for a frozen weight stored compact: the dequantized W is fetched
 // again in backward instead of being kept by autograd.
 struct CompactLinear : public torch::autograd::Function<CompactLinear> {
@@ -99,7 +108,8 @@ struct CompactLinear : public torch::autograd::Function<CompactLinear> {
                             Session* session, const std::string& weight) {
     ctx->saved_data["session"] = reinterpret_cast<int64_t>(session);
     ctx->saved_data["weight"] = weight;
-    return at::linear(x, session->fetch_weight(weight));
+    const at::Tensor w = session->fetch_weight(weight);
+    return at::linear(in_dtype_of(x, w), w);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -356,7 +366,8 @@ at::Tensor Session::linear(const at::Tensor& x, const std::string& weight,
     y = CompactLinear::apply(x, this, weight);
     if (b.defined()) y = y + b;
   } else {
-    y = at::linear(x, fetch_weight(weight), b);
+    const at::Tensor w = fetch_weight(weight);
+    y = at::linear(in_dtype_of(x, w), w, b.defined() ? in_dtype_of(b, w) : b);
   }
   for (auto& s : strategies_) {
     const tf_strategy_vtable* vt = s.plugin->strategy();

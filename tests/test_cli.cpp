@@ -71,7 +71,15 @@ TEST(Configs, EveryShippedRecipeValidates) {
     std::string out;
     // The fine-tune recipe needs the folder llama-tiny.toml writes; check it with a stand-in shape.
     const bool needs_folder = e.path().filename() == "llama-finetune.toml";
-    const std::string extra = needs_folder ? " --set model.config= --set model.preset=tiny" : "";
+    std::string extra = needs_folder ? " --set model.config= --set model.preset=tiny" : "";
+    // GPU recipes are checked on this machine's CPU when it has no GPU.
+    const Recipe recipe = Recipe::load(e.path().string());
+    if (!at::hasCUDA() &&
+        (*recipe.table("run"))["device"].value_or(std::string("cpu")).rfind("cuda", 0) == 0) {
+      extra += " --set run.device=cpu";
+      for (const toml::table* t : recipe.array_tables("strategy"))
+        if (t->contains("devices")) extra += " --set 'strategy.shard.devices=[\"cpu\",\"cpu\"]'";
+    }
     if (needs_folder) {
       Recipe r = Recipe::load(e.path().string());
       EXPECT_NE(r.table("model")->get("weights"), nullptr);

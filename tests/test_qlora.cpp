@@ -198,6 +198,22 @@ TEST_F(QloraTest, QloraTrainsAndResumesExactly) {
     EXPECT_EQ(rest.losses[i], full.losses[17 + i]) << "step " << 17 + i;
 }
 
+// bf16 adapters (precision's bf16 weights) over the fp32 dequantized NF4
+// base: the low-rank term is computed in the adapters' dtype, as PEFT does,
+// and the run trains.
+TEST_F(QloraTest, Bf16AdaptersOverAnNf4BaseTrain) {
+  std::string r =
+      recipe(lora() + quant("nf4") + "[[strategy]]\nplugin = \"precision\"\nmode = \"bf16\"\n");
+  r.replace(r.find("steps = 4"), 9, "steps = 30");
+  r.replace(r.find("lr = 1e-3"), 9, "lr = 2e-2");
+  auto s = test::make_session(r);
+  EXPECT_EQ(s->store().get("model.layers.0.self_attn.q_proj.lora_A.weight").value.scalar_type(),
+            at::kBFloat16);
+  const TrainSummary sum = s->train();
+  ASSERT_EQ(sum.losses.size(), 30u);
+  EXPECT_LT(sum.losses.back(), sum.losses.front() - 0.2);
+}
+
 TEST_F(QloraTest, BadCombinationsAreRecipeErrors) {
   try {
     test::make_session(recipe(quant("nf4")), {}, "q.toml");

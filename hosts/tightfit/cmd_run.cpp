@@ -46,8 +46,10 @@ std::string rate(double tok_s) {
     std::snprintf(buf, sizeof buf, "%.2fM", tok_s / 1e6);
   else if (tok_s >= 1e3)
     std::snprintf(buf, sizeof buf, "%.1fk", tok_s / 1e3);
-  else
+  else if (tok_s >= 10)
     std::snprintf(buf, sizeof buf, "%.0f", tok_s);
+  else  // a big model on a CPU: under one token a second
+    std::snprintf(buf, sizeof buf, "%.2f", tok_s);
   return buf;
 }
 

@@ -112,7 +112,12 @@ tf_status linear_extend(void* state, tf_host_context* ctx, const char* weight, t
     at::Tensor x = tf_sdk::borrow(x_h);
     if (s->dropout > 0 && at::GradMode::is_enabled()) x = at::dropout(x, s->dropout, true);
     const at::Tensor a = s->host.weight(it->second.a), b = s->host.weight(it->second.b);
-    *out = tf_sdk::give(tf_sdk::borrow(y_h) + at::linear(at::linear(x, a), b) * s->scale);
+    // The adapters may be stored in another dtype than the base computes in
+    // (precision's bf16 weights over an fp32 dequantized base): like PEFT,
+    // compute the low-rank term in the adapters' dtype and add it in y's.
+    const at::Tensor& y = tf_sdk::borrow(y_h);
+    const at::Tensor term = at::linear(at::linear(x.to(a.scalar_type()), a), b) * s->scale;
+    *out = tf_sdk::give(y + term.to(y.scalar_type()));
     return TF_OK;
   });
 }
