@@ -45,7 +45,11 @@ const std::vector<KeySpec>& run_keys() {
           0, 1e6),
       key("sample_prompt", TF_VALUE_STRING, "\"\\n\"", "prompt for the sample"),
       key("sample_top_k", TF_VALUE_INT, "40", "top-k for the sample; 1 = greedy", 1, 1e9),
-      key("eval_batches", TF_VALUE_INT, "8", "validation batches for the final eval loss", 0, 1e6),
+      key("eval_batches", TF_VALUE_INT, "8", "validation batches for each eval loss", 0, 1e6),
+      key("eval_interval", TF_VALUE_INT, "0",
+          "steps between eval losses on the held-out split (metrics' eval_loss); 0 = at the end "
+          "only",
+          0, 1e12),
       key("dist_timeout", TF_VALUE_FLOAT, "300",
           "seconds a rank waits for the others (joining, and in each collective) before the "
           "run stops with an error naming it",
@@ -771,6 +775,7 @@ TrainSummary Session::train() {
   const int64_t total = run_info_.total_steps;
   const int64_t log_every = run_cfg_.get_int("log_every");
   const int64_t save_every = save_cfg_.get_int("every");
+  const int64_t eval_interval = run_cfg_.get_int("eval_interval");
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
   try {
@@ -806,6 +811,12 @@ TrainSummary Session::train() {
       if (device_.is_cuda()) rec["peak_device"] = mem.device_peak;
       for (const auto& [k, v] : step_metrics_)
         rec[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+      // Held-out loss every eval_interval steps (and after the last).
+      if (eval_interval > 0 && ((step_ + 1) % eval_interval == 0 || step_ + 1 == stop_at)) {
+        const double val = eval_loss(run_cfg_.get_int("eval_batches"));
+        rec["eval_loss"] = std::isfinite(val) ? nlohmann::json(val) : nlohmann::json(nullptr);
+        if (std::isfinite(val) && !(val >= sum.best_val_loss)) sum.best_val_loss = val;
+      }
       metrics_.write(rec);
       const int64_t done = step_ + 1;
       if (done % log_every == 0 || done == stop_at) {
@@ -838,6 +849,8 @@ TrainSummary Session::train() {
     sum.tokens_per_s = sum.wall_s > 0 ? static_cast<double>(tokens) / sum.wall_s : 0;
     sum.final_loss = sum.losses.empty() ? std::nan("") : sum.losses.back();
     sum.val_loss = eval_loss(run_cfg_.get_int("eval_batches"));
+    if (std::isfinite(sum.val_loss) && !(sum.val_loss >= sum.best_val_loss))
+      sum.best_val_loss = sum.val_loss;
     if (const int64_t n = run_cfg_.get_int("sample_tokens"); n > 0)
       sum.sample = generate(run_cfg_.get_string("sample_prompt"), n,
                             run_cfg_.get_int("sample_top_k"), 0.8, run_info_.seed);

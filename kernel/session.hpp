@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -89,6 +90,7 @@ struct ProgressInfo {
 struct TrainSummary {
   int64_t first_step = 0, steps_run = 0, total_steps = 0;
   double final_loss = 0, val_loss = 0, unigram_entropy = 0, tokens_per_s = 0, wall_s = 0;
+  double best_val_loss = std::numeric_limits<double>::quiet_NaN();  // over eval_interval evals
   int64_t backward_passes = 0;
   std::vector<double> losses;
   MemorySnapshot memory;  // peaks over the run

@@ -28,5 +28,6 @@ int run_command(const std::vector<std::string>& args);
 int plugins_command(const std::vector<std::string>& args);
 int generate_command(const std::vector<std::string>& args);
 int export_command(const std::vector<std::string>& args);
+int ab_command(const std::vector<std::string>& args);
 
 }  // namespace tightfit::host

@@ -14,4 +14,8 @@ namespace tightfit::host {
 // them. Returns the first failing rank's exit code, 0 when all succeed.
 int launch_local_ranks(int nproc, const std::vector<std::string>& args, double grace_s);
 
+// Runs this executable with `args`, its output to the file `log`, and waits;
+// returns its exit code (128 + signal when killed).
+int run_self(const std::vector<std::string>& args, const std::string& log);
+
 }  // namespace tightfit::host

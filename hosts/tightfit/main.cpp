@@ -19,6 +19,8 @@ void usage(std::ostream& os) {
         "  export RECIPE --out DIR            write a run's latest checkpoint as a Hugging Face "
         "model folder\n"
         "                                     (--adapter: only the adapters, as PEFT writes them)\n"
+        "  ab A.toml B.toml [--seeds N]       compare recipes on the same seeds, data and steps\n"
+        "  ab BASE.toml --vary KEY=V1,V2      ... or one recipe with a key varied\n"
         "  plugins list                       installed plugins: kind, versions, origin, path\n"
         "  plugins info NAME                  a plugin's recipe keys with types, defaults, docs\n\n"
         "`tightfit <command> --help` shows a command's options.\n";
@@ -39,6 +41,7 @@ int main(int argc, char** argv) {
   if (cmd == "plugins") return tightfit::host::plugins_command(args);
   if (cmd == "generate") return tightfit::host::generate_command(args);
   if (cmd == "export") return tightfit::host::export_command(args);
+  if (cmd == "ab") return tightfit::host::ab_command(args);
   std::cerr << "tightfit: unknown command \"" << cmd << "\"\n\n";
   usage(std::cerr);
   return tightfit::host::kUsage;

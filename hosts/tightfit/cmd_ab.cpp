@@ -1,0 +1,353 @@
+// `tightfit ab`: runs recipes — or one recipe with a key varied — on the same
+// seeds (so the same initial weights and data order) for the same number of
+// steps, one after another, each in its own process (its own memory peaks),
+// and compares them: memory by category, speed, held-out loss and its gap to
+// the first variant with a 95% interval over seeds, divergences and backward
+// passes skipped. Writes the table, ab.json and each run's folder under --out.
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "ab_stats.hpp"
+#include "commands.hpp"
+#include "file_util.hpp"
+#include "launch.hpp"
+#include "recipe.hpp"
+
+namespace tightfit::host {
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct Variant {
+  std::string name;    // in the table and the run folders
+  std::string recipe;  // path
+  std::vector<std::string> sets;
+};
+
+const char* kCategories[] = {"weights",  "grads",     "optimizer", "activations",
+                             "adapters", "transient", "other"};
+
+// One run's figures, from its metrics.jsonl.
+json summarize(const fs::path& metrics, int64_t steps) {
+  std::ifstream in(metrics);
+  if (!in) throw std::runtime_error("no metrics at " + metrics.string());
+  json last, out;
+  std::vector<double> losses, evals, eval_steps, elapsed, peak_total;
+  int64_t tokens = 0, backward = 0, diverged = 0;
+  double divergence_metric = 0;
+  for (std::string line; std::getline(in, line);) {
+    const json r = json::parse(line);
+    const bool finite = r["loss"].is_number() && std::isfinite(r["loss"].get<double>());
+    if (!finite) ++diverged;
+    losses.push_back(finite ? r["loss"].get<double>() : std::nan(""));
+    elapsed.push_back(r.value("elapsed_s", 0.0));
+    peak_total.push_back(r.value("peak_total", 0.0));
+    tokens += r.value("tokens", int64_t{0});
+    backward += r.value("backward_passes", int64_t{0});
+    if (r.contains("eval_loss") && r["eval_loss"].is_number()) {
+      evals.push_back(r["eval_loss"].get<double>());
+      eval_steps.push_back(r["step"].get<double>());
+    }
+    for (const auto& [k, v] : r.items())  // a schedule's own count (hybrid's rollbacks)
+      if (k.size() > 12 && k.compare(k.size() - 12, 12, ".divergences") == 0 && v.is_number())
+        divergence_metric = std::max(divergence_metric, v.get<double>());
+    last = r;
+  }
+  if (last.is_null()) throw std::runtime_error(metrics.string() + " is empty");
+  out["steps"] = losses.size();
+  out["wall_s"] = last.value("elapsed_s", 0.0);
+  out["tokens_per_s"] = out["wall_s"].get<double>() > 0 ? tokens / out["wall_s"].get<double>() : 0;
+  out["final_train_loss"] = losses.back();
+  out["final_eval_loss"] = evals.empty() ? json(nullptr) : json(evals.back());
+  double best = std::nan("");
+  for (double e : evals)
+    if (!(e >= best)) best = e;
+  out["best_eval_loss"] = evals.empty() ? json(nullptr) : json(best);
+  out["divergences"] = std::max<double>(static_cast<double>(diverged), divergence_metric);
+  out["backward_passes"] = backward;
+  out["backward_skipped"] =
+      steps > 0 ? 1.0 - static_cast<double>(backward) / static_cast<double>(losses.size()) : 0.0;
+  json peaks;
+  for (const char* c : kCategories) peaks[c] = last.value(std::string("peak_") + c, 0.0);
+  peaks["total"] = last.value("peak_total", 0.0);
+  out["peak_bytes"] = peaks;
+  out["curve"] = {{"loss", losses},
+                  {"elapsed_s", elapsed},
+                  {"peak_total", peak_total},
+                  {"eval_step", eval_steps},
+                  {"eval_loss", evals}};
+  return out;
+}
+
+std::string fixed(double v, int digits) {
+  if (!std::isfinite(v)) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+std::string stem(const std::string& path) {
+  return fs::path(path).stem().string();
+}
+
+// Bytes as MiB, with a decimal for small ones.
+std::string mib(double bytes) {
+  const double m = bytes / (1024.0 * 1024.0);
+  return fixed(m, m < 10 ? 1 : 0);
+}
+
+// --vary strategy=a,b: each value is a [[strategy]] appended ("none": none);
+// --vary KEY=a,b: each value is --set KEY=value.
+std::vector<Variant> varied(const std::string& recipe, const std::string& spec,
+                            const fs::path& out) {
+  const auto eq = spec.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+    throw std::invalid_argument("--vary wants KEY=V1,V2,... (e.g. strategy=none,checkpoint)");
+  const std::string key = spec.substr(0, eq);
+  std::vector<std::string> values;
+  std::stringstream ss(spec.substr(eq + 1));
+  for (std::string v; std::getline(ss, v, ',');)
+    if (!v.empty()) values.push_back(v);
+  std::vector<Variant> out_variants;
+  for (const auto& v : values) {
+    Variant var{key + "=" + v, recipe, {}};
+    if (key == "strategy") {
+      if (v != "none") {
+        // A copy of the recipe with the strategy appended (--set cannot add a table).
+        std::ifstream in(recipe);
+        std::stringstream text;
+        text << in.rdbuf() << "\n[[strategy]]\nplugin = \"" << v << "\"\n";
+        const fs::path copy = out / ("recipe-" + v + ".toml");
+        std::ofstream(copy) << text.str();
+        var.recipe = copy.string();
+      }
+    } else {
+      var.sets.push_back(key + "=" + v);
+    }
+    out_variants.push_back(var);
+  }
+  if (out_variants.size() < 2)
+    throw std::invalid_argument("--vary needs at least two values to compare");
+  return out_variants;
+}
+
+}  // namespace
+
+int ab_command(const std::vector<std::string>& args) {
+  po::options_description opts(
+      "tightfit ab A.toml B.toml [...] | tightfit ab BASE.toml --vary KEY=V1,V2,...");
+  opts.add_options()("help,h", "show this help")("seeds", po::value<int>()->default_value(1),
+                                                 "seeds per variant (run.seed, +1, ...)")(
+      "steps", po::value<int64_t>(), "steps per run (default: the first recipe's run.steps)")(
+      "eval-interval", po::value<int64_t>(),
+      "steps between held-out losses (default: a tenth of the steps)")(
+      "vary", po::value<std::string>(),
+      "one recipe, one key varied: strategy=none,checkpoint,... appends each strategy; any other "
+      "KEY=V1,V2 sets it")("out,o", po::value<std::string>()->default_value("runs/ab"),
+                           "folder for the runs, ab.json and the logs")(
+      "set", po::value<std::vector<std::string>>()->composing(), "override a key in every variant")(
+      "no-html", "skip the HTML report with plots");
+  po::options_description hidden;
+  hidden.add_options()("recipes", po::value<std::vector<std::string>>());
+  po::positional_options_description pos;
+  pos.add("recipes", -1);
+  po::options_description all;
+  all.add(opts).add(hidden);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(all).positional(pos).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    std::cerr << "tightfit ab: " << e.what() << "\n\n" << opts;
+    return kUsage;
+  }
+  const auto recipes = vm.count("recipes") ? vm["recipes"].as<std::vector<std::string>>()
+                                           : std::vector<std::string>{};
+  if (vm.count("help") || recipes.empty()) {
+    (vm.count("help") ? std::cout : std::cerr)
+        << opts
+        << "\nRuns every variant on the same seeds and step count, one after another, and prints "
+           "peak memory by category, tokens/s, wall time, final and best held-out loss, the gap "
+           "to the first variant (mean and 95% interval over seeds), divergences and backward "
+           "passes skipped. ab.json in --out has every run's curves.\n";
+    return vm.count("help") ? kOk : kUsage;
+  }
+  try {
+    const fs::path out = vm["out"].as<std::string>();
+    fs::create_directories(out / "logs");
+    std::vector<Variant> variants;
+    if (vm.count("vary")) {
+      if (recipes.size() != 1) {
+        std::cerr << "tightfit ab: --vary takes one recipe\n";
+        return kUsage;
+      }
+      variants = varied(recipes[0], vm["vary"].as<std::string>(), out);
+    } else {
+      if (recipes.size() < 2) {
+        std::cerr << "tightfit ab: give two recipes or more, or one with --vary\n";
+        return kUsage;
+      }
+      for (const auto& r : recipes) variants.push_back({stem(r), r, {}});
+    }
+    for (const auto& var : variants) Recipe::load(var.recipe);  // a missing or broken one: now
+    const Recipe first = Recipe::load(recipes[0]);
+    const toml::table* run = first.table("run");
+    const int64_t steps = vm.count("steps") ? vm["steps"].as<int64_t>()
+                                            : (run ? (*run)["steps"].value_or(int64_t{200}) : 200);
+    const int64_t seed0 = run ? (*run)["seed"].value_or(int64_t{1234}) : 1234;
+    const int seeds = vm["seeds"].as<int>();
+    const int64_t eval_interval = vm.count("eval-interval") ? vm["eval-interval"].as<int64_t>()
+                                                            : std::max<int64_t>(1, steps / 10);
+    if (steps < 1 || seeds < 1 || eval_interval < 1) {
+      std::cerr << "tightfit ab: --steps, --seeds and --eval-interval must be at least 1\n";
+      return kUsage;
+    }
+    const auto user_sets =
+        vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
+
+    json report = {{"steps", steps}, {"seeds", json::array()}, {"variants", json::array()}};
+    for (int k = 0; k < seeds; ++k) report["seeds"].push_back(seed0 + k);
+    for (size_t v = 0; v < variants.size(); ++v) {
+      const Variant& var = variants[v];
+      json jv = {{"name", var.name}, {"recipe", var.recipe}, {"runs", json::array()}};
+      for (int k = 0; k < seeds; ++k) {
+        const std::string name = "v" + std::to_string(v) + "-seed" + std::to_string(seed0 + k);
+        std::vector<std::string> a = {"run", var.recipe, "-q"};
+        for (const std::string& s :
+             {"run.seed=" + std::to_string(seed0 + k), "run.steps=" + std::to_string(steps),
+              "run.out_dir=" + (out / "runs").string(), "run.name=" + name,
+              std::string("run.sample_tokens=0"),
+              "run.eval_interval=" + std::to_string(eval_interval), std::string("save.every=0"),
+              std::string("save.final=false")}) {
+          a.push_back("--set");
+          a.push_back(s);
+        }
+        for (const auto& s : user_sets) a.insert(a.end(), {"--set", s});
+        for (const auto& s : var.sets) a.insert(a.end(), {"--set", s});
+        const fs::path run_dir = out / "runs" / name;
+        remove_tree(run_dir.string());  // an earlier ab's run of the same name
+        const std::string log = (out / "logs" / (name + ".log")).string();
+        std::cerr << "ab: " << var.name << ", seed " << seed0 + k << " ..." << std::flush;
+        const int rc = run_self(a, log);
+        json r;
+        if (rc != 0) {
+          std::cerr << " failed (exit " << rc << "; " << log << ")\n";
+          r = {{"failed", true}, {"exit_code", rc}, {"log", log}};
+        } else {
+          r = summarize(run_dir / "metrics.jsonl", steps);
+          std::cerr << " " << fixed(r["wall_s"].get<double>(), 1) << " s\n";
+        }
+        r["seed"] = seed0 + k;
+        r["run_dir"] = run_dir.string();
+        jv["runs"].push_back(r);
+      }
+      report["variants"].push_back(jv);
+    }
+
+    // Means over seeds and the paired gap of the held-out loss to variant 0.
+    auto values = [](const json& runs, const char* key) {
+      std::vector<double> v;
+      for (const auto& r : runs)
+        if (!r.contains("failed") && r[key].is_number()) v.push_back(r[key].get<double>());
+      return v;
+    };
+    for (auto& jv : report["variants"]) {
+      json m;
+      for (const char* key : {"wall_s", "tokens_per_s", "final_eval_loss", "best_eval_loss",
+                              "divergences", "backward_skipped", "final_train_loss"})
+        m[key] = mean(values(jv["runs"], key));
+      json peaks;
+      for (const char* c : kCategories) {
+        std::vector<double> p;
+        for (const auto& r : jv["runs"])
+          if (!r.contains("failed")) p.push_back(r["peak_bytes"][c].get<double>());
+        peaks[c] = mean(p);
+      }
+      std::vector<double> totals;
+      for (const auto& r : jv["runs"])
+        if (!r.contains("failed")) totals.push_back(r["peak_bytes"]["total"].get<double>());
+      peaks["total"] = mean(totals);
+      m["peak_bytes"] = peaks;
+      std::vector<double> gaps;
+      const json& base = report["variants"][0]["runs"];
+      for (size_t k = 0; k < jv["runs"].size(); ++k) {
+        const json& r = jv["runs"][k];
+        if (r.contains("failed") || base[k].contains("failed") ||
+            !r["final_eval_loss"].is_number() || !base[k]["final_eval_loss"].is_number())
+          continue;
+        gaps.push_back(r["final_eval_loss"].get<double>() -
+                       base[k]["final_eval_loss"].get<double>());
+      }
+      m["eval_gap"] = mean(gaps);
+      m["eval_gap_ci95"] = ci95(gaps);
+      jv["mean"] = m;
+    }
+    std::ofstream(out / "ab.json") << report.dump(2);
+
+    // The table.
+    std::ostringstream t;
+    t << "\n== tightfit ab: " << variants.size() << " variants, " << seeds << " seed(s), " << steps
+      << " steps each ==\n";
+    char line[512];
+    std::snprintf(line, sizeof line, "%-28s %9s %8s %7s %7s %7s %9s %8s %8s %8s %17s %5s %6s\n",
+                  "variant", "peak MiB", "weights", "grads", "optim", "activ", "tok/s", "wall s",
+                  "eval", "best", "gap (95% CI)", "div", "bwd-");
+    t << line;
+    for (const auto& jv : report["variants"]) {
+      const json& m = jv["mean"];
+      const json& p = m["peak_bytes"];
+      auto num = [](const json& j) { return j.is_number() ? j.get<double>() : std::nan(""); };
+      std::string gap = fixed(num(m["eval_gap"]), 4);
+      if (std::isfinite(num(m["eval_gap_ci95"]))) gap += " ±" + fixed(num(m["eval_gap_ci95"]), 4);
+      std::snprintf(line, sizeof line, "%-28s %9s %8s %7s %7s %7s %9s %8s %8s %8s %17s %5s %6s\n",
+                    jv["name"].get<std::string>().substr(0, 28).c_str(),
+                    mib(num(p["total"])).c_str(), mib(num(p["weights"])).c_str(),
+                    mib(num(p["grads"])).c_str(), mib(num(p["optimizer"])).c_str(),
+                    mib(num(p["activations"])).c_str(), fixed(num(m["tokens_per_s"]), 0).c_str(),
+                    fixed(num(m["wall_s"]), 1).c_str(), fixed(num(m["final_eval_loss"]), 4).c_str(),
+                    fixed(num(m["best_eval_loss"]), 4).c_str(), gap.c_str(),
+                    fixed(num(m["divergences"]), 0).c_str(),
+                    (fixed(100 * num(m["backward_skipped"]), 0) + "%").c_str());
+      t << line;
+    }
+    t << "(means over seeds; gap: held-out loss minus the first variant's, paired by seed; div: "
+         "divergences; bwd-: backward passes skipped)\n"
+      << "runs, logs and ab.json: " << out.string() << "\n";
+    std::cout << t.str();
+    std::ofstream(out / "ab.txt") << t.str();
+    if (!vm.count("no-html")) {
+      // The plots come from matplotlib in the project's environment.
+      const fs::path src = TIGHTFIT_SOURCE_DIR;
+      const fs::path python = src / ".venv/bin/python", script = src / "scripts/ab_report.py";
+      const std::string cmd = "'" + python.string() + "' '" + script.string() + "' '" +
+                              (out / "ab.json").string() + "' > '" +
+                              (out / "logs" / "report.log").string() + "' 2>&1";
+      if (fs::exists(python) && fs::exists(script) && std::system(cmd.c_str()) == 0)
+        std::cout << "report        " << (out / "report.html").string() << "\n";
+      else
+        std::cerr << "tightfit ab: no HTML report (it needs " << python.string()
+                  << " with matplotlib: run scripts/setup); see "
+                  << (out / "logs" / "report.log").string() << "\n";
+    }
+    for (const auto& jv : report["variants"])
+      for (const auto& r : jv["runs"])
+        if (r.contains("failed")) return kFailure;
+    return kOk;
+  } catch (const RecipeError& e) {
+    std::cerr << "tightfit ab: recipe error: " << e.what() << "\n";
+    return kUsage;
+  } catch (const std::exception& e) {
+    std::cerr << "tightfit ab: " << e.what() << "\n";
+    return kUsage;
+  }
+}
+
+}  // namespace tightfit::host

@@ -1,0 +1,103 @@
+// `tightfit ab`: variants run on the same seeds (same initial weights and data
+// order), the files it writes, and a table whose numbers are the runs' own.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_support.hpp"
+
+namespace tightfit {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::vector<json> read_metrics(const fs::path& run_dir) {
+  std::ifstream in(run_dir / "metrics.jsonl");
+  std::vector<json> out;
+  for (std::string line; std::getline(in, line);) out.push_back(json::parse(line));
+  return out;
+}
+
+TEST(Ab, ComparesVariantsOnTheSameSeedsWithTheRunsOwnNumbers) {
+  test::TempDir dir;
+  const std::string corpus = test::write_corpus(dir);
+  const std::string base =
+      test::write_file(dir, "plain.toml", test::tiny_recipe(corpus, dir.str()));
+  const fs::path out = dir.path() / "ab";
+  std::string log;
+  ASSERT_EQ(test::run_tightfit("ab " + base +
+                                   " --vary strategy=none,checkpoint,fused_update --seeds 2 "
+                                   "--steps 6 --eval-interval 2 --out " +
+                                   out.string(),
+                               &log),
+            0)
+      << log;
+  ASSERT_TRUE(fs::exists(out / "ab.json")) << log;
+  ASSERT_TRUE(fs::exists(out / "ab.txt"));
+  const json report = json::parse(std::ifstream(out / "ab.json"));
+  ASSERT_EQ(report["variants"].size(), 3u);
+  EXPECT_EQ(report["seeds"], json::array({7, 8}));
+  for (const auto& v : report["variants"]) {
+    ASSERT_EQ(v["runs"].size(), 2u);
+    for (const auto& r : v["runs"]) {
+      const auto m = read_metrics(r["run_dir"].get<std::string>());
+      ASSERT_EQ(m.size(), 6u);
+      EXPECT_EQ(r["final_train_loss"].get<double>(), m.back()["loss"].get<double>());
+      EXPECT_EQ(r["wall_s"].get<double>(), m.back()["elapsed_s"].get<double>());
+      EXPECT_EQ(r["peak_bytes"]["weights"].get<double>(), m.back()["peak_weights"].get<double>());
+      // Held-out loss at steps 2, 4, 6.
+      std::vector<double> evals;
+      for (const auto& rec : m)
+        if (rec.contains("eval_loss")) evals.push_back(rec["eval_loss"].get<double>());
+      ASSERT_EQ(evals.size(), 3u);
+      EXPECT_EQ(r["final_eval_loss"].get<double>(), evals.back());
+      EXPECT_EQ(r["best_eval_loss"].get<double>(), *std::min_element(evals.begin(), evals.end()));
+      EXPECT_EQ(r["backward_skipped"].get<double>(), 0.0);
+    }
+  }
+  // Same seed, same start and data: checkpointing (exact) gives the plain
+  // losses, so its gap is 0; another seed gives other losses.
+  const auto& plain = report["variants"][0]["runs"];
+  const auto& ckpt = report["variants"][1]["runs"];
+  for (size_t k = 0; k < 2; ++k)
+    EXPECT_EQ(read_metrics(plain[k]["run_dir"].get<std::string>()).front()["loss"],
+              read_metrics(ckpt[k]["run_dir"].get<std::string>()).front()["loss"]);
+  EXPECT_NE(read_metrics(plain[0]["run_dir"].get<std::string>()).front()["loss"],
+            read_metrics(plain[1]["run_dir"].get<std::string>()).front()["loss"]);
+  EXPECT_EQ(report["variants"][1]["mean"]["eval_gap"].get<double>(), 0.0);
+  // The table shows the means.
+  const double fused_eval = report["variants"][2]["mean"]["final_eval_loss"].get<double>();
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4f", fused_eval);
+  EXPECT_NE(log.find("strategy=fused_update"), std::string::npos) << log;
+  EXPECT_NE(log.find(buf), std::string::npos) << log;
+  // The HTML report with its four plots, where matplotlib is installed.
+  if (fs::exists(fs::path(TIGHTFIT_SOURCE_DIR) / ".venv/bin/python")) {
+    std::ifstream in(out / "report.html");
+    const std::string html((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    size_t images = 0;
+    for (size_t p = html.find("data:image/png;base64,"); p != std::string::npos;
+         p = html.find("data:image/png;base64,", p + 1))
+      ++images;
+    EXPECT_EQ(images, 4u) << log;
+  }
+}
+
+TEST(Ab, BadArgumentsAreUsageErrors) {
+  test::TempDir dir;
+  const std::string corpus = test::write_corpus(dir);
+  const std::string base =
+      test::write_file(dir, "plain.toml", test::tiny_recipe(corpus, dir.str()));
+  std::string log;
+  EXPECT_EQ(test::run_tightfit("ab " + base, &log), 2) << log;  // one variant
+  EXPECT_EQ(test::run_tightfit("ab " + base + " --vary strategy", &log), 2) << log;
+  EXPECT_EQ(test::run_tightfit("ab " + base + " " + base + " --vary steps=1,2", &log), 2) << log;
+  EXPECT_EQ(test::run_tightfit("ab " + base + " " + base + " --seeds 0", &log), 2) << log;
+  EXPECT_EQ(test::run_tightfit("ab " + base + " missing.toml --steps 2", &log), 2) << log;
+  EXPECT_NE(log.find("missing.toml"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace tightfit
