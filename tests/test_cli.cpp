@@ -65,8 +65,8 @@ namespace {
 // Every shipped recipe is valid: tables, keys, plugins and their configuration.
 TEST(Configs, EveryShippedRecipeValidates) {
   int checked = 0;
-  for (const auto& e :
-       std::filesystem::directory_iterator(std::string(TIGHTFIT_SOURCE_DIR) + "/configs")) {
+  for (const auto& e : std::filesystem::recursive_directory_iterator(
+           std::string(TIGHTFIT_SOURCE_DIR) + "/configs")) {
     if (e.path().extension() != ".toml") continue;
     std::string out;
     // The fine-tune recipe needs the folder llama-tiny.toml writes; check it with a stand-in shape.

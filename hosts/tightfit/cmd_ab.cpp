@@ -154,7 +154,8 @@ int ab_command(const std::vector<std::string>& args) {
       "KEY=V1,V2 sets it")("out,o", po::value<std::string>()->default_value("runs/ab"),
                            "folder for the runs, ab.json and the logs")(
       "set", po::value<std::vector<std::string>>()->composing(), "override a key in every variant")(
-      "no-html", "skip the HTML report with plots");
+      "no-html", "skip the HTML report with plots")(
+      "nproc", po::value<int>(), "run every variant on N local ranks (tightfit run --nproc N)");
   po::options_description hidden;
   hidden.add_options()("recipes", po::value<std::vector<std::string>>());
   po::positional_options_description pos;
@@ -221,6 +222,8 @@ int ab_command(const std::vector<std::string>& args) {
       for (int k = 0; k < seeds; ++k) {
         const std::string name = "v" + std::to_string(v) + "-seed" + std::to_string(seed0 + k);
         std::vector<std::string> a = {"run", var.recipe, "-q"};
+        if (vm.count("nproc"))
+          a.insert(a.end(), {"--nproc", std::to_string(vm["nproc"].as<int>())});
         for (const std::string& s :
              {"run.seed=" + std::to_string(seed0 + k), "run.steps=" + std::to_string(steps),
               "run.out_dir=" + (out / "runs").string(), "run.name=" + name,
