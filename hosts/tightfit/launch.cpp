@@ -51,6 +51,17 @@ std::string describe(int status) {
   return "stopped";
 }
 
+// In a forked child: becomes this executable with `args`.
+[[noreturn]] void exec_self(const std::string& exe, const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  argv.push_back(const_cast<char*>(exe.c_str()));
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execv(exe.c_str(), argv.data());
+  std::cerr << "tightfit: cannot start " << exe << ": " << std::strerror(errno) << "\n";
+  ::_exit(127);
+}
+
 int exit_code(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
@@ -72,13 +83,7 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args, double g
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", port.c_str(), 1);
-      std::vector<char*> argv;
-      argv.push_back(const_cast<char*>(exe.c_str()));
-      for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(exe.c_str(), argv.data());
-      std::cerr << "tightfit: cannot start rank " << r << ": " << std::strerror(errno) << "\n";
-      ::_exit(127);
+      exec_self(exe, args);
     }
     ranks[pid] = r;
   }
@@ -127,12 +132,7 @@ int run_self(const std::vector<std::string>& args, const std::string& log) {
       ::dup2(fd, 1);
       ::dup2(fd, 2);
     }
-    std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(exe.c_str()));
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(exe.c_str(), argv.data());
-    ::_exit(127);
+    exec_self(exe, args);
   }
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {

@@ -76,22 +76,6 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   });
 }
 
-tf_status save_state(void* state, tf_host_context* ctx) {
-  auto* s = static_cast<Accumulate*>(state);
-  return tf_sdk::guard(s->host.api(), ctx, [&] {
-    tf_sdk::save_skipped(s->host, s->skipped);
-    return TF_OK;
-  });
-}
-
-tf_status load_state(void* state, tf_host_context* ctx) {
-  auto* s = static_cast<Accumulate*>(state);
-  return tf_sdk::guard(s->host.api(), ctx, [&] {
-    s->skipped = tf_sdk::load_skipped(s->host);
-    return TF_OK;
-  });
-}
-
 const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
     tf_sdk::key("micro_batches", TF_VALUE_INT, "4",
                 "batches of data.batch_size whose gradients are summed into one update", 1, 1e6),
@@ -104,8 +88,8 @@ tf_schedule_vtable make_vtable() {
   v.destroy = destroy;
   v.run_step = run_step;
   v.estimate_memory = estimate_memory;
-  v.save_state = save_state;
-  v.load_state = load_state;
+  v.save_state = tf_sdk::save_skipped_state<Accumulate>;
+  v.load_state = tf_sdk::load_skipped_state<Accumulate>;
   return v;
 }
 const tf_schedule_vtable kVtable = make_vtable();

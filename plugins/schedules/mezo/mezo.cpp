@@ -95,22 +95,6 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
   });
 }
 
-tf_status save_state(void* state, tf_host_context* ctx) {
-  auto* s = static_cast<Mezo*>(state);
-  return tf_sdk::guard(s->host.api(), ctx, [&] {
-    tf_sdk::save_skipped(s->host, s->skipped);
-    return TF_OK;
-  });
-}
-
-tf_status load_state(void* state, tf_host_context* ctx) {
-  auto* s = static_cast<Mezo*>(state);
-  return tf_sdk::guard(s->host.api(), ctx, [&] {
-    s->skipped = tf_sdk::load_skipped(s->host);
-    return TF_OK;
-  });
-}
-
 // No gradients, no optimizer state, no activations kept for backward.
 tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model,
                           tf_memory_estimate* out) {
@@ -135,8 +119,8 @@ tf_schedule_vtable make_vtable() {
   v.destroy = destroy;
   v.run_step = run_step;
   v.estimate_memory = estimate_memory;
-  v.save_state = save_state;
-  v.load_state = load_state;
+  v.save_state = tf_sdk::save_skipped_state<Mezo>;
+  v.load_state = tf_sdk::load_skipped_state<Mezo>;
   return v;
 }
 const tf_schedule_vtable kVtable = make_vtable();

@@ -51,22 +51,6 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
   });
 }
 
-tf_status save_state(void* state, tf_host_context* ctx) {
-  auto* s = static_cast<Standard*>(state);
-  return tf_sdk::guard(s->host.api(), ctx, [&] {
-    tf_sdk::save_skipped(s->host, s->skipped);
-    return TF_OK;
-  });
-}
-
-tf_status load_state(void* state, tf_host_context* ctx) {
-  auto* s = static_cast<Standard*>(state);
-  return tf_sdk::guard(s->host.api(), ctx, [&] {
-    s->skipped = tf_sdk::load_skipped(s->host);
-    return TF_OK;
-  });
-}
-
 const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({});
 
 tf_schedule_vtable make_vtable() {
@@ -75,8 +59,8 @@ tf_schedule_vtable make_vtable() {
   v.create = create;
   v.destroy = destroy;
   v.run_step = run_step;
-  v.save_state = save_state;
-  v.load_state = load_state;
+  v.save_state = tf_sdk::save_skipped_state<Standard>;
+  v.load_state = tf_sdk::load_skipped_state<Standard>;
   return v;
 }
 const tf_schedule_vtable kVtable = make_vtable();

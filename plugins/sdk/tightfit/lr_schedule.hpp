@@ -69,15 +69,25 @@ inline void step_or_skip(const Host& host, int64_t step, int64_t& skipped) {
   host.api()->log_metric(host.ctx(), "skipped_steps", static_cast<double>(skipped));
 }
 
-// A schedule's count of skipped steps in checkpoints (inside save_state /
-// load_state).
-inline void save_skipped(const Host& host, int64_t skipped) {
-  host.check(host.api()->state_put_double(host.ctx(), "skipped", static_cast<double>(skipped)));
+// save_state / load_state hooks for a schedule whose checkpointed state is
+// its count of skipped steps: S has `Host host` and `int64_t skipped`.
+template <class S>
+tf_status save_skipped_state(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<S*>(state);
+  return guard(s->host.api(), ctx, [&] {
+    s->host.check(s->host.api()->state_put_double(ctx, "skipped", static_cast<double>(s->skipped)));
+    return TF_OK;
+  });
 }
-inline int64_t load_skipped(const Host& host) {
-  double v = 0;
-  host.check(host.api()->state_get_double(host.ctx(), "skipped", &v));
-  return static_cast<int64_t>(v);
+template <class S>
+tf_status load_skipped_state(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<S*>(state);
+  return guard(s->host.api(), ctx, [&] {
+    double v = 0;
+    s->host.check(s->host.api()->state_get_double(ctx, "skipped", &v));
+    s->skipped = static_cast<int64_t>(v);
+    return TF_OK;
+  });
 }
 
 }  // namespace tf_sdk
