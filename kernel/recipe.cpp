@@ -289,6 +289,16 @@ ConfigTable Recipe::validate(const toml::table* t, const std::string& where_name
   return ConfigTable(t, keys, where_name);
 }
 
+void Recipe::add_strategy(const std::string& plugin) {
+  if (plugin.empty()) throw RecipeError("--add-strategy needs a plugin name, e.g. checkpoint");
+  if (root_.use_count() > 1) root_ = std::make_shared<toml::table>(*root_);
+  toml::node* n = root_->get("strategy");
+  if (n && !n->is_array())
+    throw RecipeError(source_ + ": `strategy` is not an array of [[strategy]] tables");
+  if (!n) n = root_->insert("strategy", toml::array{}).first->second.as_array();
+  n->as_array()->push_back(toml::table{{"plugin", plugin}});
+}
+
 void Recipe::apply_override(const std::string& assignment) {
   const auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)

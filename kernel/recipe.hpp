@@ -67,6 +67,9 @@ class Recipe {
   // Applies "a.b=v" (v a TOML literal, else a string). Array tables are
   // addressed by index or by their plugin name: strategy.0.every, strategy.checkpoint.every.
   void apply_override(const std::string& assignment);
+  // Appends a [[strategy]] table with plugin = `plugin` (`tightfit run
+  // --add-strategy`); its keys can then be --set by the plugin's name.
+  void add_strategy(const std::string& plugin);
 
   const std::string& source() const { return source_; }
   const toml::table& root() const { return *root_; }

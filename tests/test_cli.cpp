@@ -50,6 +50,23 @@ TEST_F(CliTest, PluginsListAndInfo) {
   EXPECT_EQ(test::run_tightfit("plugins info nothing", &out), 4) << out;
 }
 
+// --add-strategy appends a [[strategy]] whose keys --set then reaches by name.
+TEST_F(CliTest, AddStrategyAppendsATable) {
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("run " + recipe +
+                                   " --dry-run --add-strategy checkpoint --set "
+                                   "strategy.checkpoint.every=2 --add-strategy fused_update",
+                               &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("2 strategies"), std::string::npos) << out;
+  EXPECT_NE(out.find("recomputing 1 of 2 blocks"), std::string::npos) << out;
+  EXPECT_EQ(test::run_tightfit("run " + recipe + " --dry-run --add-strategy no_such_plugin", &out),
+            2)
+      << out;
+  EXPECT_NE(out.find("no_such_plugin"), std::string::npos) << out;
+}
+
 TEST_F(CliTest, UnknownCommandIsAUsageError) {
   std::string out;
   EXPECT_EQ(test::run_tightfit("frobnicate", &out), 2) << out;

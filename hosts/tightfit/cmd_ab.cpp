@@ -30,6 +30,7 @@ struct Variant {
   std::string name;    // in the table and the run folders
   std::string recipe;  // path
   std::vector<std::string> sets;
+  std::string add_strategy;  // --vary strategy=NAME
 };
 
 const char* kCategories[] = {"weights",  "grads",     "optimizer", "activations",
@@ -104,10 +105,10 @@ std::string mib(double bytes) {
   return fixed(m, m < 10 ? 1 : 0);
 }
 
-// --vary strategy=a,b: each value is a [[strategy]] appended ("none": none);
+// --vary strategy=a,b: each value is a [[strategy]] appended to the recipe
+// (tightfit run --add-strategy; "none": none);
 // --vary KEY=a,b: each value is --set KEY=value.
-std::vector<Variant> varied(const std::string& recipe, const std::string& spec,
-                            const fs::path& out) {
+std::vector<Variant> varied(const std::string& recipe, const std::string& spec) {
   const auto eq = spec.find('=');
   if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
     throw std::invalid_argument("--vary wants KEY=V1,V2,... (e.g. strategy=none,checkpoint)");
@@ -120,15 +121,7 @@ std::vector<Variant> varied(const std::string& recipe, const std::string& spec,
   for (const auto& v : values) {
     Variant var{key + "=" + v, recipe, {}};
     if (key == "strategy") {
-      if (v != "none") {
-        // A copy of the recipe with the strategy appended (--set cannot add a table).
-        std::ifstream in(recipe);
-        std::stringstream text;
-        text << in.rdbuf() << "\n[[strategy]]\nplugin = \"" << v << "\"\n";
-        const fs::path copy = out / ("recipe-" + v + ".toml");
-        std::ofstream(copy) << text.str();
-        var.recipe = copy.string();
-      }
+      if (v != "none") var.add_strategy = v;
     } else {
       var.sets.push_back(key + "=" + v);
     }
@@ -190,7 +183,7 @@ int ab_command(const std::vector<std::string>& args) {
         std::cerr << "tightfit ab: --vary takes one recipe\n";
         return kUsage;
       }
-      variants = varied(recipes[0], vm["vary"].as<std::string>(), out);
+      variants = varied(recipes[0], vm["vary"].as<std::string>());
     } else {
       if (recipes.size() < 2) {
         std::cerr << "tightfit ab: give two recipes or more, or one with --vary\n";
@@ -224,6 +217,7 @@ int ab_command(const std::vector<std::string>& args) {
         std::vector<std::string> a = {"run", var.recipe, "-q"};
         if (vm.count("nproc"))
           a.insert(a.end(), {"--nproc", std::to_string(vm["nproc"].as<int>())});
+        if (!var.add_strategy.empty()) a.insert(a.end(), {"--add-strategy", var.add_strategy});
         for (const std::string& s :
              {"run.seed=" + std::to_string(seed0 + k), "run.steps=" + std::to_string(steps),
               "run.out_dir=" + (out / "runs").string(), "run.name=" + name,

@@ -77,7 +77,9 @@ int run_command(const std::vector<std::string>& args) {
   opts.add_options()("help,h", "show this help")(
       "set", po::value<std::vector<std::string>>()->composing(),
       "override a recipe key, e.g. --set run.steps=100 --set strategy.checkpoint.every=2")(
-      "resume", "continue from the latest checkpoint in the run folder")(
+      "add-strategy", po::value<std::vector<std::string>>()->composing(),
+      "append a [[strategy]] with this plugin (before --set, which can then set its keys as "
+      "strategy.NAME.key)")("resume", "continue from the latest checkpoint in the run folder")(
       "stop-after", po::value<int64_t>(),
       "stop (and save a checkpoint) after N steps of this invocation")(
       "dry-run", "validate the recipe and compose its plugins without allocating the model")(
@@ -140,6 +142,9 @@ int run_command(const std::vector<std::string>& args) {
 
   try {
     Recipe recipe = Recipe::load(recipe_path);
+    if (vm.count("add-strategy"))
+      for (const auto& p : vm["add-strategy"].as<std::vector<std::string>>())
+        recipe.add_strategy(p);
     if (vm.count("set"))
       for (const auto& s : vm["set"].as<std::vector<std::string>>()) recipe.apply_override(s);
     PluginRegistry registry = PluginRegistry::discover();
