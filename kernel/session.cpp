@@ -420,6 +420,14 @@ void Session::build(const PluginRegistry& base_registry) {
 
   recompute_anchor_ = at::empty({0}, at::TensorOptions().device(device_)).requires_grad_(true);
 
+  // Found now rather than after the training: [save] hf needs every weight.
+  if (save_cfg_.get_bool("hf"))
+    for (const Param& p : store_.all())
+      if (p.absent)
+        throw RecipeError(recipe_.source() + ": [save] hf = true, but " + p.name +
+                          " belongs to a block the recipe skips (sparse middle = \"skip\"), so "
+                          "there is no whole model to export; set hf = false (and adapter = true "
+                          "for LoRA) or use middle = \"frozen\"");
   if (options_.resume && !load_latest_checkpoint() && !options_.skip_data)
     log(TF_LOG_WARN, "--resume: no checkpoint in " + checkpoint_dir() + "; starting from step 0");
   if (pg_) pg_->barrier();  // every rank composed the same run

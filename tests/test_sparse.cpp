@@ -140,7 +140,7 @@ TEST_F(SparseTest, ComposesWithQloraAndSkipsLoadingTheMiddle) {
   const std::string stack = sparse("first = 1\nlast = 1\nmiddle = \"skip\"") +
                             "[[strategy]]\nplugin = \"lora\"\ntargets = [\"q\", \"v\"]\nrank = 4\n"
                             "[[strategy]]\nplugin = \"quantize\"\nformat = \"nf4\"\n"
-      "[[strategy]]\nplugin = \"offload\"\nparams = \"disk\"\n";
+                            "[[strategy]]\nplugin = \"offload\"\nparams = \"disk\"\n";
   auto s = test::make_session(recipe(stack, "weights = \"" + hf + "\"\n"));
   for (const Param& p : s->store().all()) {
     const bool middle = in_block(p.name, 1) || in_block(p.name, 2);
@@ -162,6 +162,14 @@ TEST_F(SparseTest, ComposesWithQloraAndSkipsLoadingTheMiddle) {
     ASSERT_EQ(s->optimizer_step(), TF_OK);
   }
   EXPECT_TRUE(std::isfinite(losses.back()));
+}
+
+TEST_F(SparseTest, ExportingSkippedBlocksIsRefusedBeforeTraining) {
+  EXPECT_THROW(test::make_session(recipe(sparse("first = 1\nlast = 1\nmiddle = \"skip\"") +
+                                         "[save]\nhf = true\n")),
+               RecipeError);
+  EXPECT_NO_THROW(test::make_session(
+      recipe(sparse("first = 1\nlast = 1\nmiddle = \"frozen\"") + "[save]\nhf = true\n")));
 }
 
 TEST_F(SparseTest, BadKeysAreRecipeErrors) {
