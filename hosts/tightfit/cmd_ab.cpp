@@ -37,7 +37,7 @@ const char* kCategories[] = {"weights",  "grads",     "optimizer", "activations"
                              "adapters", "transient", "other"};
 
 // One run's figures, from its metrics.jsonl.
-json summarize(const fs::path& metrics, int64_t steps) {
+json summarize(const fs::path& metrics) {
   std::ifstream in(metrics);
   if (!in) throw std::runtime_error("no metrics at " + metrics.string());
   json last, out;
@@ -75,7 +75,7 @@ json summarize(const fs::path& metrics, int64_t steps) {
   out["divergences"] = std::max<double>(static_cast<double>(diverged), divergence_metric);
   out["backward_passes"] = backward;
   out["backward_skipped"] =
-      steps > 0 ? 1.0 - static_cast<double>(backward) / static_cast<double>(losses.size()) : 0.0;
+      1.0 - static_cast<double>(backward) / static_cast<double>(losses.size());
   json peaks;
   for (const char* c : kCategories) peaks[c] = last.value(std::string("peak_") + c, 0.0);
   peaks["total"] = last.value("peak_total", 0.0);
@@ -103,6 +103,42 @@ std::string stem(const std::string& path) {
 std::string mib(double bytes) {
   const double m = bytes / (1024.0 * 1024.0);
   return fixed(m, m < 10 ? 1 : 0);
+}
+
+// The numbers at `pointer` (e.g. "/peak_bytes/weights") of the runs that finished.
+std::vector<double> values(const json& runs, const std::string& pointer) {
+  const json::json_pointer ptr(pointer);
+  std::vector<double> v;
+  for (const auto& r : runs)
+    if (!r.contains("failed") && r.contains(ptr) && r.at(ptr).is_number())
+      v.push_back(r.at(ptr).get<double>());
+  return v;
+}
+
+// Each variant's means over seeds, and the gap of its held-out loss to the
+// first variant's, paired by seed, with a 95% interval.
+void add_means(json& report) {
+  const json& base = report["variants"][0]["runs"];
+  for (auto& jv : report["variants"]) {
+    json m;
+    for (const char* key : {"wall_s", "tokens_per_s", "final_eval_loss", "best_eval_loss",
+                            "divergences", "backward_skipped", "final_train_loss"})
+      m[key] = mean(values(jv["runs"], std::string("/") + key));
+    for (const char* c : kCategories)
+      m["peak_bytes"][c] = mean(values(jv["runs"], std::string("/peak_bytes/") + c));
+    m["peak_bytes"]["total"] = mean(values(jv["runs"], "/peak_bytes/total"));
+    std::vector<double> gaps;
+    for (size_t k = 0; k < jv["runs"].size(); ++k) {
+      const json& r = jv["runs"][k];
+      if (r.contains("failed") || base[k].contains("failed") || !r["final_eval_loss"].is_number() ||
+          !base[k]["final_eval_loss"].is_number())
+        continue;
+      gaps.push_back(r["final_eval_loss"].get<double>() - base[k]["final_eval_loss"].get<double>());
+    }
+    m["eval_gap"] = mean(gaps);
+    m["eval_gap_ci95"] = ci95(gaps);
+    jv["mean"] = m;
+  }
 }
 
 // --vary strategy=a,b: each value is a [[strategy]] appended to the recipe
@@ -239,7 +275,7 @@ int ab_command(const std::vector<std::string>& args) {
           std::cerr << " failed (exit " << rc << "; " << log << ")\n";
           r = {{"failed", true}, {"exit_code", rc}, {"log", log}};
         } else {
-          r = summarize(run_dir / "metrics.jsonl", steps);
+          r = summarize(run_dir / "metrics.jsonl");
           std::cerr << " " << fixed(r["wall_s"].get<double>(), 1) << " s\n";
         }
         r["seed"] = seed0 + k;
@@ -249,44 +285,7 @@ int ab_command(const std::vector<std::string>& args) {
       report["variants"].push_back(jv);
     }
 
-    // Means over seeds and the paired gap of the held-out loss to variant 0.
-    auto values = [](const json& runs, const char* key) {
-      std::vector<double> v;
-      for (const auto& r : runs)
-        if (!r.contains("failed") && r[key].is_number()) v.push_back(r[key].get<double>());
-      return v;
-    };
-    for (auto& jv : report["variants"]) {
-      json m;
-      for (const char* key : {"wall_s", "tokens_per_s", "final_eval_loss", "best_eval_loss",
-                              "divergences", "backward_skipped", "final_train_loss"})
-        m[key] = mean(values(jv["runs"], key));
-      json peaks;
-      for (const char* c : kCategories) {
-        std::vector<double> p;
-        for (const auto& r : jv["runs"])
-          if (!r.contains("failed")) p.push_back(r["peak_bytes"][c].get<double>());
-        peaks[c] = mean(p);
-      }
-      std::vector<double> totals;
-      for (const auto& r : jv["runs"])
-        if (!r.contains("failed")) totals.push_back(r["peak_bytes"]["total"].get<double>());
-      peaks["total"] = mean(totals);
-      m["peak_bytes"] = peaks;
-      std::vector<double> gaps;
-      const json& base = report["variants"][0]["runs"];
-      for (size_t k = 0; k < jv["runs"].size(); ++k) {
-        const json& r = jv["runs"][k];
-        if (r.contains("failed") || base[k].contains("failed") ||
-            !r["final_eval_loss"].is_number() || !base[k]["final_eval_loss"].is_number())
-          continue;
-        gaps.push_back(r["final_eval_loss"].get<double>() -
-                       base[k]["final_eval_loss"].get<double>());
-      }
-      m["eval_gap"] = mean(gaps);
-      m["eval_gap_ci95"] = ci95(gaps);
-      jv["mean"] = m;
-    }
+    add_means(report);
     std::ofstream(out / "ab.json") << report.dump(2);
 
     // The table.

@@ -52,6 +52,7 @@ struct Shard {
   std::string mode;
   int64_t zero_stage = 1;
   int rank = 0, world = 1;
+  at::Device device{at::kCPU};  // the run's
   // zero: optimizer state and (stage 2) the reduced gradient of this rank's
   // part of each parameter, by name.
   std::map<std::string, std::vector<at::Tensor>> state;
@@ -98,6 +99,20 @@ struct Shard {
     }
   }
 
+  // Every rank's `part` (its share, padded to the chunk) into `dst`, the
+  // whole tensor flattened: straight into it when the parts fill it exactly.
+  // (The backend's own buffers count as transient too.)
+  void all_gather_into(at::Tensor& dst, const at::Tensor& part) {
+    const tf_sdk::MemoryCategory scope(host, TF_MEM_TRANSIENT);
+    if (dst.numel() == part.numel() * world) {
+      host.all_gather(dst, part);
+      return;
+    }
+    at::Tensor all = at::empty({part.numel() * world}, part.options());
+    host.all_gather(all, part);
+    dst.copy_(all.narrow(0, 0, dst.numel()));
+  }
+
   // All ranks' parts into the leaves of `stage`.
   void gather(int32_t stage) {
     for (const auto& name : by_stage[stage]) {
@@ -110,14 +125,7 @@ struct Shard {
       // Written through variable_data(): tensors autograd saved are this
       // leaf and must still count as unmodified.
       at::Tensor dst = w.leaf.variable_data().view({-1});
-      if (dst.numel() == w.own.numel() * world) {
-        host.all_gather(dst, w.own);
-      } else {
-        const tf_sdk::MemoryCategory scope(host, TF_MEM_TRANSIENT);
-        at::Tensor all = at::empty({w.own.numel() * world}, w.own.options());
-        host.all_gather(all, w.own);
-        dst.copy_(all.narrow(0, 0, dst.numel()));
-      }
+      all_gather_into(dst, w.own);
       w.version = w.leaf._version();
     }
   }
@@ -185,12 +193,13 @@ struct Shard {
     if (pt.len > 0)
       update_slice(name, flat.narrow(0, pt.lo, pt.len), grad_part.narrow(0, 0, pt.len));
     if (world == 1) return;
-    const tf_sdk::MemoryCategory scope(host, TF_MEM_TRANSIENT);
-    at::Tensor mine = at::zeros({pt.chunk}, flat.options());
+    at::Tensor mine;
+    {
+      const tf_sdk::MemoryCategory scope(host, TF_MEM_TRANSIENT);
+      mine = at::zeros({pt.chunk}, flat.options());
+    }
     if (pt.len > 0) mine.narrow(0, 0, pt.len).copy_(flat.narrow(0, pt.lo, pt.len));
-    at::Tensor all = at::empty({pt.chunk * world}, flat.options());
-    host.all_gather(all, mine);
-    flat.copy_(all.narrow(0, 0, pt.numel));
+    all_gather_into(flat, mine);
   }
 };
 
@@ -201,6 +210,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     s->zero_stage = s->host.get_int("stage");
     const tf_run_info info = s->host.run_info();
     s->rank = info.rank;
+    s->device = at::Device(info.device);
     s->world = info.world_size;
     if (s->mode != "zero" && s->host.has("stage"))
       throw std::invalid_argument("shard: `stage` is for mode = \"zero\" (this is mode = \"" +
@@ -239,9 +249,8 @@ tf_status configure(void* state, tf_host_context* ctx) {
     if (devices.empty()) {
       if (split.empty())
         throw std::invalid_argument("shard: mode = \"layers\" needs `devices` or `split`");
-      const std::string base = s->host.run_info().device;
       for (size_t d = 0; d < split.size(); ++d)
-        devices.push_back(base.rfind("cuda", 0) == 0 ? "cuda:" + std::to_string(d) : base);
+        devices.push_back(s->device.is_cuda() ? "cuda:" + std::to_string(d) : s->device.str());
     }
     if (split.empty()) {
       const auto n = static_cast<int64_t>(devices.size());
@@ -396,8 +405,7 @@ tf_status grad_norm_sq(void* state, tf_host_context* ctx, double* sum_sq) {
       const at::Tensor& g = s->held.at(name);
       sq += g.to(at::kDouble).square().sum().cpu();
     }
-    const at::Device device(s->host.run_info().device);
-    at::Tensor t = sq.to(device);
+    at::Tensor t = sq.to(s->device);
     s->host.all_reduce(t, TF_REDUCE_SUM);
     *sum_sq += t.item<double>();
     return TF_OK;
@@ -518,7 +526,7 @@ tf_status load_state(void* state, tf_host_context* ctx) {
         slots.push_back(whole.narrow(0, pt.lo, pt.len).to(at::kFloat).clone());
       }
       if (static_cast<int>(slots.size()) == n_state && n_state > 0) {
-        for (auto& t : slots) t = t.to(at::Device(s->host.run_info().device));
+        for (auto& t : slots) t = t.to(s->device);
         s->state[name] = std::move(slots);
       }
     }
