@@ -331,6 +331,23 @@ void Session::build(const PluginRegistry& base_registry) {
                      "configure");
   declaring_ = false;
 
+  // The schedule too, so a dry run (`plan`) can ask it for its estimate.
+  const toml::table* sched_table = recipe_.table("schedule");
+  const std::string sched_name = sched_table && sched_table->contains("plugin")
+                                     ? recipe_.required_string(sched_table, "schedule", "plugin")
+                                     : "standard";
+  try {
+    schedule_ =
+        make_instance(registry.find(sched_name, TF_PLUGIN_SCHEDULE), sched_table, "schedule");
+  } catch (const PluginLoadError& e) {
+    throw RecipeError((sched_table && sched_table->get("plugin")
+                           ? recipe_.where(*sched_table->get("plugin"))
+                           : recipe_.source()) +
+                      ": " + e.what());
+  }
+  check(schedule_.plugin->schedule()->create(host_api(), schedule_.ctx.get(), &schedule_.state),
+        schedule_, "create");
+
   if (options_.dry_run) return;
 
   // Dropout and other ops draw from the global generators; seed them per run.
@@ -401,22 +418,6 @@ void Session::build(const PluginRegistry& base_registry) {
   oc.momentum = opt_cfg_.get_double("momentum");
   oc.grad_clip = opt_cfg_.get_double("grad_clip");
   optimizer_ = std::make_unique<Optimizer>(oc);
-
-  const toml::table* sched_table = recipe_.table("schedule");
-  const std::string sched_name = sched_table && sched_table->contains("plugin")
-                                     ? recipe_.required_string(sched_table, "schedule", "plugin")
-                                     : "standard";
-  try {
-    schedule_ =
-        make_instance(registry.find(sched_name, TF_PLUGIN_SCHEDULE), sched_table, "schedule");
-  } catch (const PluginLoadError& e) {
-    throw RecipeError((sched_table && sched_table->get("plugin")
-                           ? recipe_.where(*sched_table->get("plugin"))
-                           : recipe_.source()) +
-                      ": " + e.what());
-  }
-  check(schedule_.plugin->schedule()->create(host_api(), schedule_.ctx.get(), &schedule_.state),
-        schedule_, "create");
 
   recompute_anchor_ = at::empty({0}, at::TensorOptions().device(device_)).requires_grad_(true);
 

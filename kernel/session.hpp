@@ -199,6 +199,7 @@ class Session {
   const Recipe& recipe() const { return recipe_; }
   ParamStore& store() { return store_; }
   Optimizer& optimizer() { return *optimizer_; }
+  const ConfigTable& optimizer_config() const { return opt_cfg_; }
   TokenBatcher& batcher() { return *batcher_; }
   // This rank's rows of the next global batch (batch_size each; world_size
   // times that in all, the same rows a single process with the whole batch sees).

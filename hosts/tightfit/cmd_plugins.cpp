@@ -1,4 +1,5 @@
 // `tightfit plugins list|info NAME`: what is installed and its recipe keys.
+#include <algorithm>
 #include <iomanip>
 #include <iostream>
 
@@ -10,9 +11,12 @@ namespace tightfit::host {
 namespace {
 
 void print_keys(const std::vector<KeySpec>& keys) {
+  // The name column fits the longest name, so no name runs into its type.
+  size_t width = 15;
+  for (const auto& k : keys) width = std::max(width, k.name.size());
   for (const auto& k : keys) {
-    std::cout << "  " << std::left << std::setw(16) << k.name << std::setw(17)
-              << value_type_name(k.type)
+    std::cout << "  " << std::left << std::setw(static_cast<int>(width + 1)) << k.name
+              << std::setw(17) << value_type_name(k.type)
               << (k.default_value ? "default " + *k.default_value : std::string("required"))
               << "\n";
     std::cout << "      " << k.doc;

@@ -1,17 +1,20 @@
 // `tightfit run`: compose a recipe, train with a progress line, summarize.
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "commands.hpp"
 #include "launch.hpp"
 #include "logging.hpp"
+#include "memory_plan.hpp"
 #include "session.hpp"
 
 namespace tightfit::host {
@@ -176,6 +179,17 @@ int run_command(const std::vector<std::string>& args) {
       return kOk;
     }
     if (rank0) std::cerr << "tightfit: " << recipe.source() << " -> " << session.run_dir() << "\n";
+    // The planner's prediction, from the recipe alone (as `tightfit plan`),
+    // checked against what the run measures.
+    std::optional<MemoryPlan> plan;
+    if (rank0) try {
+        SessionOptions dry;
+        dry.dry_run = true;
+        Session planned(recipe, registry, dry);
+        plan = plan_memory(planned);
+      } catch (const std::exception& e) {
+        std::cerr << "tightfit: no memory plan for this recipe: " << e.what() << "\n";
+      }
     TrainSummary s = session.train();
     if (!rank0) return kOk;
 
@@ -191,6 +205,15 @@ int run_command(const std::vector<std::string>& args) {
     std::cout << "throughput    " << rate(s.tokens_per_s) << " tokens/s\n";
     std::cout << "peak memory   " << format_bytes(s.memory.total_peak) << " total; "
               << memory_line(s.memory, true) << "\n";
+    if (plan) {
+      const int64_t measured =
+          s.memory.device_peak > 0 ? s.memory.device_peak : s.memory.total_peak;
+      std::snprintf(buf, sizeof buf, "%+.1f%%",
+                    100.0 * static_cast<double>(plan->device_peak - measured) /
+                        static_cast<double>(std::max<int64_t>(measured, 1)));
+      std::cout << "planned peak  " << format_bytes(plan->device_peak) << " (tightfit plan; " << buf
+                << " against the measured peak)\n";
+    }
     std::cout << "metrics       " << s.metrics_path << "\n";
     std::cout << "checkpoints   " << s.checkpoint_dir << "\n";
     if (!s.sample.empty()) std::cout << "sample        ----\n" << s.sample << "\n----\n";

@@ -29,5 +29,6 @@ int plugins_command(const std::vector<std::string>& args);
 int generate_command(const std::vector<std::string>& args);
 int export_command(const std::vector<std::string>& args);
 int ab_command(const std::vector<std::string>& args);
+int plan_command(const std::vector<std::string>& args);
 
 }  // namespace tightfit::host

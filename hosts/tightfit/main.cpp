@@ -21,6 +21,8 @@ void usage(std::ostream& os) {
         "                                     (--adapter: only the adapters, as PEFT writes them)\n"
         "  ab A.toml B.toml [--seeds N]       compare recipes on the same seeds, data and steps\n"
         "  ab BASE.toml --vary KEY=V1,V2      ... or one recipe with a key varied\n"
+        "  plan RECIPE [--budget 8GiB]        predicted peak memory by category and tier, before "
+        "running\n"
         "  plugins list                       installed plugins: kind, versions, origin, path\n"
         "  plugins info NAME                  a plugin's recipe keys with types, defaults, docs\n\n"
         "`tightfit <command> --help` shows a command's options.\n";
@@ -42,6 +44,7 @@ int main(int argc, char** argv) {
   if (cmd == "generate") return tightfit::host::generate_command(args);
   if (cmd == "export") return tightfit::host::export_command(args);
   if (cmd == "ab") return tightfit::host::ab_command(args);
+  if (cmd == "plan") return tightfit::host::plan_command(args);
   std::cerr << "tightfit: unknown command \"" << cmd << "\"\n\n";
   usage(std::cerr);
   return tightfit::host::kUsage;

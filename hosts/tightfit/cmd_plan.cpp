@@ -1,0 +1,149 @@
+// `tightfit plan recipe.toml [--budget 16GiB] [--json]`: the memory a
+// recipe's training step will hold, by category and tier, before anything is
+// allocated (the recipe is composed as `run --dry-run` does).
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "commands.hpp"
+#include "logging.hpp"
+#include "memory_plan.hpp"
+#include "plugin_loader.hpp"
+#include "recipe.hpp"
+#include "session.hpp"
+
+namespace po = boost::program_options;
+
+namespace tightfit::host {
+
+namespace {
+
+constexpr tf_mem_category kOrder[] = {TF_MEM_WEIGHTS,     TF_MEM_GRADS,    TF_MEM_OPTIMIZER,
+                                      TF_MEM_ACTIVATIONS, TF_MEM_ADAPTERS, TF_MEM_TRANSIENT};
+constexpr const char* kTierNames[] = {"device", "host", "disk", "sharded"};
+
+nlohmann::json plan_json(const MemoryPlan& p) {
+  nlohmann::json j;
+  j["device_peak"] = p.device_peak;
+  j["peak_moment"] = p.peak_moment;
+  j["host_bytes"] = p.host_bytes;
+  j["disk_bytes"] = p.disk_bytes;
+  j["time_factor"] = p.time_factor;
+  j["n_params"] = p.n_params;
+  j["n_trainable"] = p.n_trainable;
+  for (int t = 0; t < TF_TIER_COUNT; ++t)
+    for (tf_mem_category c : kOrder)
+      j["at_peak"][kTierNames[t]][category_name(c)] = p.at_peak[static_cast<size_t>(t)][c];
+  for (tf_mem_category c : kOrder)
+    j["category_peaks"][category_name(c)] = p.device_peak_by_category[c];
+  j["unestimated"] = p.unestimated;
+  for (const auto& c : p.contributions) {
+    nlohmann::json e{
+        {"plugin", c.plugin}, {"estimated", c.estimated}, {"time_factor", c.time_factor}};
+    for (int t = 0; t < TF_TIER_COUNT; ++t)
+      for (tf_mem_category k : kOrder)
+        if (c.delta[static_cast<size_t>(t)][k] != 0)
+          e["delta"][kTierNames[t]][category_name(k)] = c.delta[static_cast<size_t>(t)][k];
+    j["contributions"].push_back(e);
+  }
+  return j;
+}
+
+void print_plan(const std::string& source, const MemoryPlan& p, int64_t budget) {
+  std::cout << "== plan: " << source << " ==\n";
+  std::cout << "model         " << p.n_params << " parameters (" << p.n_trainable
+            << " trainable), batch " << p.batch_size << " x " << p.seq_len << " tokens\n";
+  std::cout << "device peak   " << format_bytes(p.device_peak) << " (at the " << p.peak_moment
+            << ")\n";
+  std::cout << "at the peak   ";
+  bool first = true;
+  for (tf_mem_category c : kOrder) {
+    const int64_t v = p.at_peak[TF_TIER_DEVICE][c];
+    if (v <= 0) continue;
+    std::cout << (first ? "" : ", ") << category_name(c) << " " << format_bytes(v);
+    first = false;
+  }
+  std::cout << "\n";
+  if (p.host_bytes > 0) std::cout << "host tier     " << format_bytes(p.host_bytes) << "\n";
+  if (p.disk_bytes > 0) std::cout << "disk tier     " << format_bytes(p.disk_bytes) << "\n";
+  for (const auto& c : p.contributions) {
+    if (!c.estimated) continue;
+    std::ostringstream os;
+    for (int t = 0; t < TF_TIER_COUNT; ++t)
+      for (tf_mem_category k : kOrder) {
+        const int64_t v = c.delta[static_cast<size_t>(t)][k];
+        if (v == 0) continue;
+        os << " " << category_name(k) << (t == 0 ? "" : std::string("@") + kTierNames[t]) << " "
+           << (v > 0 ? "+" : "-") << format_bytes(v > 0 ? v : -v);
+      }
+    if (c.time_factor > 0) os << " time x" << c.time_factor;
+    std::cout << "  " << c.plugin << ":" << (os.str().empty() ? " no change" : os.str()) << "\n";
+  }
+  for (const auto& name : p.unestimated)
+    std::cout << "  " << name
+              << ": has no estimate_memory hook; its effect is NOT in this plan (ask its author)\n";
+  if (p.time_factor != 1)
+    std::cout << "step time     x" << p.time_factor << " of the plain recipe\n";
+  if (budget > 0) {
+    const int64_t room = budget - p.device_peak;
+    std::cout << "budget        " << format_bytes(budget) << ": "
+              << (room >= 0 ? "fits, " + format_bytes(room) + " to spare"
+                            : "does NOT fit, " + format_bytes(-room) + " over")
+              << "\n";
+  }
+}
+
+}  // namespace
+
+int plan_command(const std::vector<std::string>& args) {
+  po::options_description opts("tightfit plan recipe.toml [options]");
+  opts.add_options()("help,h", "show this help")(
+      "set", po::value<std::vector<std::string>>()->composing(), "override a recipe key")(
+      "budget", po::value<std::string>(), "a memory budget to check the plan against, e.g. 8GiB")(
+      "json", "print the plan as JSON");
+  po::variables_map vm;
+  if (!parse_command_line(args, opts, "recipe", "plan", vm)) return kUsage;
+  if (vm.count("help") || !vm.count("recipe")) {
+    std::cout << opts;
+    return vm.count("help") ? kOk : kUsage;
+  }
+  set_log_level("warn");
+  try {
+    Recipe recipe = Recipe::load(vm["recipe"].as<std::string>());
+    if (vm.count("set"))
+      for (const auto& s : vm["set"].as<std::vector<std::string>>()) recipe.apply_override(s);
+    int64_t budget = 0;
+    if (vm.count("budget")) {
+      try {
+        budget = parse_byte_size(vm["budget"].as<std::string>());
+      } catch (const std::invalid_argument& e) {
+        std::cerr << "tightfit plan: --budget: " << e.what() << "\n";
+        return kUsage;
+      }
+    }
+    PluginRegistry registry = PluginRegistry::discover();
+    SessionOptions so;
+    so.dry_run = true;
+    Session session(recipe, registry, so);
+    const MemoryPlan plan = plan_memory(session);
+    if (vm.count("json"))
+      std::cout << plan_json(plan).dump(2) << "\n";
+    else
+      print_plan(recipe.source(), plan, budget);
+    return budget > 0 && plan.device_peak > budget ? kOutOfBudget : kOk;
+  } catch (const RecipeError& e) {
+    std::cerr << "tightfit: recipe error: " << e.what() << "\n";
+    return kUsage;
+  } catch (const PluginLoadError& e) {
+    std::cerr << "tightfit: " << e.what() << "\n";
+    return kPluginError;
+  } catch (const PluginCallError& e) {
+    std::cerr << "tightfit: " << e.what() << "\n";
+    return kPluginError;
+  } catch (const std::exception& e) {
+    std::cerr << "tightfit: " << e.what() << "\n";
+    return kFailure;
+  }
+}
+
+}  // namespace tightfit::host

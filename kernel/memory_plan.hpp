@@ -1,0 +1,61 @@
+// The memory planner: what a recipe's training step will hold, by category
+// and tier, computed before anything is allocated (`tightfit plan`, and the
+// prediction `tightfit run` prints next to what it measured).
+//
+// The kernel's baseline comes from what the recipe declared once every
+// strategy has configured it: each parameter's shape, dtype, trainability and
+// stage (adapters, frozen and skipped stages included), the stages' declared
+// activation bytes per token, the optimizer's state per trainable value and
+// the batch. Strategies and the schedule then add what the declarations do
+// not show through their estimate_memory hooks (quantized formats, tiers,
+// recomputation, gradients freed in backward, sharding). A strategy without
+// the hook is named in the plan as unestimated rather than guessed at.
+//
+// The peak is the largest of the step's three moments, each the sum of the
+// categories alive then:
+//   end of forward      weights + optimizer + activations + the loss's logits
+//   start of backward   weights + optimizer + activations + logits' gradient
+//                       + the head's gradients
+//   optimizer update    weights + optimizer + gradients + the update's workspace
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "memory_accounting.hpp"
+#include "tightfit/plugin_api.h"
+
+namespace tightfit {
+
+class Session;
+
+using TierCounts = std::array<CategoryCounts, TF_TIER_COUNT>;
+
+struct PlanContribution {
+  std::string plugin;  // "checkpoint", "schedule hybrid", ...
+  bool estimated = true;
+  TierCounts delta{};
+  double time_factor = 0;  // 0 = the plugin does not say
+};
+
+struct MemoryPlan {
+  // What the step holds at its peak, per tier and category (the device tier
+  // is the run's device; on a CPU run host-tier bytes are in the same RAM).
+  TierCounts at_peak{};
+  CategoryCounts device_peak_by_category{};  // each category's own peak on the device
+  int64_t device_peak = 0;                   // the tracked device peak the run reports
+  int64_t host_bytes = 0, disk_bytes = 0;
+  const char* peak_moment = "";  // "forward", "backward", "update"
+  double time_factor = 1;        // predicted step time relative to the plain recipe
+  std::vector<PlanContribution> contributions;
+  std::vector<std::string> unestimated;  // plugins with no estimate hook
+  int64_t n_params = 0, n_trainable = 0;
+  int64_t batch_size = 0, seq_len = 0;
+};
+
+// The plan of a session composed with SessionOptions::dry_run (or a live one).
+MemoryPlan plan_memory(Session& session);
+
+}  // namespace tightfit
