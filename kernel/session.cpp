@@ -331,7 +331,18 @@ void Session::build(const PluginRegistry& base_registry) {
                      "configure");
   declaring_ = false;
 
-  // The schedule too, so a dry run (`plan`) can ask it for its estimate.
+  // The optimizer (it holds no state yet) and the schedule too, so a dry
+  // run (`plan`) can ask strategies and the schedule for their estimates.
+  OptimizerConfig oc;
+  oc.name = opt_cfg_.get_string("name");
+  oc.lr = opt_cfg_.get_double("lr");
+  oc.weight_decay = opt_cfg_.get_double("weight_decay");
+  oc.beta1 = opt_cfg_.get_double("beta1");
+  oc.beta2 = opt_cfg_.get_double("beta2");
+  oc.eps = opt_cfg_.get_double("eps");
+  oc.momentum = opt_cfg_.get_double("momentum");
+  oc.grad_clip = opt_cfg_.get_double("grad_clip");
+  optimizer_ = std::make_unique<Optimizer>(oc);
   const toml::table* sched_table = recipe_.table("schedule");
   const std::string sched_name = sched_table && sched_table->contains("plugin")
                                      ? recipe_.required_string(sched_table, "schedule", "plugin")
@@ -408,16 +419,6 @@ void Session::build(const PluginRegistry& base_registry) {
                                                                      strategies_[i].ctx.get()),
                      "params_ready");
 
-  OptimizerConfig oc;
-  oc.name = opt_cfg_.get_string("name");
-  oc.lr = opt_cfg_.get_double("lr");
-  oc.weight_decay = opt_cfg_.get_double("weight_decay");
-  oc.beta1 = opt_cfg_.get_double("beta1");
-  oc.beta2 = opt_cfg_.get_double("beta2");
-  oc.eps = opt_cfg_.get_double("eps");
-  oc.momentum = opt_cfg_.get_double("momentum");
-  oc.grad_clip = opt_cfg_.get_double("grad_clip");
-  optimizer_ = std::make_unique<Optimizer>(oc);
 
   recompute_anchor_ = at::empty({0}, at::TensorOptions().device(device_)).requires_grad_(true);
 
