@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "tightfit/activation_bytes.hpp"
 #include "tightfit/hf_config.hpp"
 #include "tightfit/plugin_sdk.hpp"
 
@@ -159,14 +160,22 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(L));
     const uint32_t no_decay = TF_PARAM_NO_WEIGHT_DECAY;
 
-    const int32_t embed = m->host.declare_stage("embed", TF_STAGE_EMBED, 2 * C * elt, 0);
+    // Activation bytes per token autograd keeps (for `plan`). A block keeps
+    // 16 C values: LN inputs and outputs (4 C), qkv (3 C), attention output
+    // (C), MLP input (C) and hidden before and after gelu (8 C) — c_proj's
+    // input is a view of the attention output — plus fp32 LN statistics and
+    // the attention's log-sum-exp. Dropout adds its masks (1 byte a value)
+    // and, in attention, the materialized probabilities and their mask.
+    const int64_t H = m->s.n_head, T = host.run_info().seq_len;
+    const bool dropping = m->dropout > 0;
+    const int64_t block_bytes = 16 * C * elt + 16 + tf_sdk::attention_lse_bytes(H) +
+                                (dropping ? 2 * C + H * T * (2 * elt + 1) : 0);
+    const int32_t embed = m->host.declare_stage("embed", TF_STAGE_EMBED, dropping ? C : 0, 0);
     declare(*m, "transformer.wte.weight", {V, C}, -1, TF_INIT_NORMAL, 0.02, 0);
     declare(*m, "transformer.wpe.weight", {P, C}, embed, TF_INIT_NORMAL, 0.01, 0);
     for (int64_t l = 0; l < L; ++l) {
-      // Saved for backward per token: LN inputs/outputs, qkv, attention output,
-      // projections, MLP hidden before and after gelu: ~18 C values.
       const int32_t st = m->host.declare_stage("block." + std::to_string(l), TF_STAGE_BLOCK,
-                                               18 * C * elt, 24 * C * C);
+                                               block_bytes, 24 * C * C);
       const uint32_t t = TF_PARAM_HF_TRANSPOSED;
       declare(*m, m->block(l, "ln_1.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
       declare(*m, m->block(l, "ln_1.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
@@ -181,8 +190,9 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       declare(*m, m->block(l, "mlp.c_proj.weight"), {C, 4 * C}, st, TF_INIT_NORMAL, proj_std, t);
       declare(*m, m->block(l, "mlp.c_proj.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
     }
-    const int32_t head =
-        m->host.declare_stage("head", TF_STAGE_HEAD, (2 * C + 2 * V) * elt, 2 * C * V);
+    // ln_f's input and output, then the loss's logits.
+    const int32_t head = m->host.declare_stage(
+        "head", TF_STAGE_HEAD, 2 * C * elt + 8 + tf_sdk::loss_activation_bytes(V, elt), 2 * C * V);
     declare(*m, "transformer.ln_f.weight", {C}, head, TF_INIT_ONES, 0, no_decay);
     declare(*m, "transformer.ln_f.bias", {C}, head, TF_INIT_ZEROS, 0, no_decay);
     m->hf_config =

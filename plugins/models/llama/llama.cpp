@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "tightfit/activation_bytes.hpp"
 #include "tightfit/hf_config.hpp"
 #include "tightfit/plugin_sdk.hpp"
 
@@ -257,15 +258,22 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     const uint32_t no_decay = TF_PARAM_NO_WEIGHT_DECAY;
     const double std = 0.02, proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(L));
 
-    m->host.declare_stage("embed", TF_STAGE_EMBED, C * elt, 0);
+    // Activation bytes per token autograd keeps (for `plan`). RMSNorm keeps
+    // its fp32 input (a copy unless the activations are fp32), the normalized
+    // value and the scaled output (the projections' input); attention keeps
+    // rotated q, k and v as attention sees them (repeated for grouped
+    // heads: C each) and its output; the MLP its input's gate, up, silu(gate)
+    // and their product (4 I). Small fp32 statistics round it off.
+    const int64_t rms_norm_bytes = 4 * C + 2 * elt * C;
+    const int64_t block_bytes =
+        2 * rms_norm_bytes + 4 * elt * C + 4 * elt * I + 72 + tf_sdk::attention_lse_bytes(s.n_head);
+    m->host.declare_stage("embed", TF_STAGE_EMBED, 0, 0);
     declare(*m, "model.embed_tokens.weight", {V, C}, s.tie_embeddings ? -1 : 0, TF_INIT_NORMAL, std,
             0);
     for (int64_t l = 0; l < L; ++l) {
-      // Saved per token: norms' inputs and outputs, q k v (rotated), attention
-      // output, gate, up, silu(gate)*up, residuals: about 6 C + 2 KV + 4 I values.
-      const int32_t st = m->host.declare_stage("block." + std::to_string(l), TF_STAGE_BLOCK,
-                                               (6 * C + 2 * KV + 4 * I) * elt,
-                                               2 * (2 * C * C + 2 * C * KV + 3 * C * I));
+      const int32_t st =
+          m->host.declare_stage("block." + std::to_string(l), TF_STAGE_BLOCK, block_bytes,
+                                2 * (2 * C * C + 2 * C * KV + 3 * C * I));
       declare(*m, m->layer(l, "input_layernorm.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
       declare(*m, m->layer(l, "self_attn.q_proj.weight"), {C, C}, st, TF_INIT_NORMAL, std, 0);
       declare(*m, m->layer(l, "self_attn.k_proj.weight"), {KV, C}, st, TF_INIT_NORMAL, std, 0);
@@ -277,8 +285,8 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       declare(*m, m->layer(l, "mlp.up_proj.weight"), {I, C}, st, TF_INIT_NORMAL, std, 0);
       declare(*m, m->layer(l, "mlp.down_proj.weight"), {C, I}, st, TF_INIT_NORMAL, proj_std, 0);
     }
-    const int32_t head =
-        m->host.declare_stage("head", TF_STAGE_HEAD, (2 * C + 2 * V) * elt, 2 * C * V);
+    const int32_t head = m->host.declare_stage(
+        "head", TF_STAGE_HEAD, rms_norm_bytes + tf_sdk::loss_activation_bytes(V, elt), 2 * C * V);
     declare(*m, "model.norm.weight", {C}, head, TF_INIT_ONES, 0, no_decay);
     if (!s.tie_embeddings) declare(*m, "lm_head.weight", {V, C}, head, TF_INIT_NORMAL, std, 0);
     nlohmann::json cfg = {

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "tightfit/activation_bytes.hpp"
 #include "tightfit/hf_config.hpp"
 #include "tightfit/plugin_sdk.hpp"
 
@@ -225,13 +226,18 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       host.declare_param(name, std::move(shape), dtype, stage, init, std, flags);
     };
 
-    host.declare_stage("embed", TF_STAGE_EMBED, C * elt, 0);
+    // Activation bytes per token autograd keeps (for `plan`), measured on
+    // LibTorch's kernels: the WKV recurrence runs in fp32 and keeps its
+    // [chunk x chunk] exponent tables and its inputs (chunk + 6 values per
+    // attention channel); the LayerNorms, token shifts, mixes and
+    // projections keep 16 C values and the channel mix 2 I, in the
+    // activations' dtype. The embedding's output is block 0's pre-LN input.
+    const int64_t block_bytes = (m->chunk + 6) * A * 4 + (16 * C + 2 * I) * elt;
+    host.declare_stage("embed", TF_STAGE_EMBED, C * elt + 16, 0);
     declare("rwkv.embeddings.weight", {V, C}, s.tie_embeddings ? -1 : 0, TF_INIT_UNIFORM, 1e-4, 0);
     for (int64_t l = 0; l < L; ++l) {
-      // WKV keeps [chunk x chunk] exponent tables per channel; the rest as a transformer block.
       const int32_t st = host.declare_stage("block." + std::to_string(l), TF_STAGE_BLOCK,
-                                            (12 * C + 3 * I + 4 * m->chunk * A) * elt,
-                                            2 * (4 * C * A + 2 * C * I + C * C));
+                                            block_bytes, 2 * (4 * C * A + 2 * C * I + C * C));
       if (l == 0) {
         declare(m->block(0, "pre_ln.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
         declare(m->block(0, "pre_ln.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
@@ -257,8 +263,8 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       declare(m->block(l, "feed_forward.receptance.weight"), {C, C}, st, TF_INIT_ZEROS, 0, 0);
       declare(m->block(l, "feed_forward.value.weight"), {C, I}, st, TF_INIT_ZEROS, 0, 0);
     }
-    const int32_t head =
-        host.declare_stage("head", TF_STAGE_HEAD, (2 * C + 2 * V) * elt, 2 * C * V);
+    const int32_t head = host.declare_stage(
+        "head", TF_STAGE_HEAD, 2 * C * elt + tf_sdk::loss_activation_bytes(V, elt), 2 * C * V);
     declare("rwkv.ln_out.weight", {C}, head, TF_INIT_ONES, 0, no_decay);
     declare("rwkv.ln_out.bias", {C}, head, TF_INIT_ZEROS, 0, no_decay);
     if (!s.tie_embeddings) declare("head.weight", {V, C}, head, TF_INIT_NORMAL, 0.02, 0);
