@@ -19,11 +19,19 @@ int64_t optimizer_slots(const ConfigTable& opt) {
   return opt.get_double("momentum") != 0 ? 1 : 0;
 }
 
-// The kernel's baseline: what the declarations show.
+// The kernel's baseline: what the declarations show, stage by stage.
+struct StagePlan {
+  int64_t kept = 0;       // activations kept from its forward to its backward
+  int64_t live = 0;       // activations alive while its backward runs
+  int64_t grads = 0;      // gradients its backward produces
+  int64_t temporary = 0;  // its backward's own workspace
+  int64_t computing = 0;  // what its forward holds at once without autograd (no backward)
+  bool backward = false;  // gradients flow through it
+};
+
 struct Baseline {
   CategoryCounts bytes{};
-  int64_t head_grads = 0;     // gradients of the head stage's parameters (born first in backward)
-  int64_t logits = 0;         // fp32 logits of one batch
+  std::vector<StagePlan> stages;
   int64_t largest_param = 0;  // the update's workspace is per parameter
   int64_t n_params = 0, n_trainable = 0;
 };
@@ -34,24 +42,64 @@ Baseline baseline(Session& s) {
   const int64_t tokens = run.batch_size * run.seq_len;
   const int64_t slots = optimizer_slots(s.optimizer_config());
   const auto& stages = s.stages();
+  const size_t n = stages.size();
+  b.stages.resize(n);
+  std::vector<bool> own_trainable(n, false), any_trainable(n, false);
+  auto stage_of = [&](const Param& p) -> size_t {
+    // Shared parameters (tied embeddings) count where their gradient is born: the head.
+    return p.stage >= 0 && static_cast<size_t>(p.stage) < n ? static_cast<size_t>(p.stage) : n - 1;
+  };
   for (const Param& p : s.store().all()) {
-    if (p.absent) continue;
-    const int64_t n = p.numel();
-    const int64_t bytes = n * element_bytes(p.dtype);
-    b.n_params += n;
-    b.bytes[(p.flags & TF_PARAM_ADAPTER) ? TF_MEM_ADAPTERS : TF_MEM_WEIGHTS] += bytes;
+    const size_t st = stage_of(p);
+    if (p.absent || (p.stage >= 0 && stages[st].skip)) continue;  // never allocated
+    const int64_t count = p.numel();
+    const int64_t bytes = count * element_bytes(p.dtype);
+    b.n_params += count;
+    const bool adapter = (p.flags & TF_PARAM_ADAPTER) != 0;
+    b.bytes[adapter ? TF_MEM_ADAPTERS : TF_MEM_WEIGHTS] += bytes;
     if (!p.trainable) continue;
-    b.n_trainable += n;
+    b.n_trainable += count;
     b.bytes[TF_MEM_GRADS] += bytes;
-    b.bytes[TF_MEM_OPTIMIZER] += 4 * slots * n;
-    b.largest_param = std::max(b.largest_param, n);
-    if (p.stage >= 0 && static_cast<size_t>(p.stage) < stages.size() &&
-        stages[static_cast<size_t>(p.stage)].kind == TF_STAGE_HEAD)
-      b.head_grads += bytes;
+    b.bytes[TF_MEM_OPTIMIZER] += 4 * slots * count;
+    b.largest_param = std::max(b.largest_param, count);
+    b.stages[st].grads += bytes;
+    any_trainable[p.stage >= 0 ? st : 0] = true;
+    if (!adapter) {
+      own_trainable[st] = true;
+      if (p.stage < 0) own_trainable[0] = true;  // the embedding uses it too
+    }
   }
-  for (const StageState& st : stages)
-    if (!st.skip) b.bytes[TF_MEM_ACTIVATIONS] += st.activation_bytes_per_token * tokens;
-  b.logits = 4 * tokens * run.vocab_size;
+  // Autograd keeps a stage's activations only when a gradient flows back
+  // through it: a trainable parameter at or before it.
+  bool flows = false;
+  int64_t previous_output = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const StageState& st = stages[i];
+    StagePlan& sp = b.stages[i];
+    if (st.skip) continue;
+    flows = flows || any_trainable[i];
+    const int64_t full = st.activation_bytes_per_token * tokens;
+    const int64_t frozen = st.frozen_activation_bytes_per_token > 0
+                               ? st.frozen_activation_bytes_per_token * tokens
+                               : full;
+    const int64_t output =
+        st.output_bytes_per_token > 0 ? st.output_bytes_per_token * tokens : full / 16;
+    sp.backward = flows;
+    if (flows) {
+      sp.live = own_trainable[i] ? full : frozen;
+      // A recomputed stage keeps only its input until its backward reruns it.
+      sp.kept = st.recompute ? previous_output : sp.live;
+      if (st.recompute) sp.live += previous_output;
+      // The gradient of its output and of its input; the head's is the logits'.
+      sp.temporary =
+          st.kind == TF_STAGE_HEAD ? 2 * 4 * tokens * run.vocab_size : output + previous_output;
+    }
+    // Without autograd a stage's intermediates go as soon as they are used:
+    // measured, about 0.6 of what it keeps for backward is alive at once.
+    sp.computing = full * 6 / 10 + (st.kind == TF_STAGE_HEAD ? 2 * 4 * tokens * run.vocab_size : 0);
+    previous_output = output;
+    b.bytes[TF_MEM_ACTIVATIONS] += sp.kept;
+  }
   return b;
 }
 
@@ -84,6 +132,7 @@ PlanContribution ask(Session& s, PluginInstance& inst, const std::string& label,
   for (int t = 0; t < TF_TIER_COUNT; ++t)
     for (int k = 0; k < TF_MEM_CATEGORY_COUNT; ++k) c.delta[t][k] = e.delta_bytes[t][k];
   c.time_factor = e.time_factor;
+  c.grads_in_forward = e.grads_in_forward != 0;
   return c;
 }
 
@@ -99,6 +148,7 @@ MemoryPlan plan_memory(Session& s) {
   plan.seq_len = s.run_info().seq_len;
 
   TierCounts held{};
+  bool grads_in_forward = false;
   held[TF_TIER_DEVICE] = b.bytes;
   for (PluginInstance& inst : s.strategies())
     plan.contributions.push_back(
@@ -114,39 +164,66 @@ MemoryPlan plan_memory(Session& s) {
     for (int t = 0; t < TF_TIER_COUNT; ++t)
       for (int k = 0; k < TF_MEM_CATEGORY_COUNT; ++k) held[t][k] += c.delta[t][k];
     if (c.time_factor > 0) plan.time_factor *= c.time_factor;
+    grads_in_forward = grads_in_forward || c.grads_in_forward;
   }
   for (auto& tier : held)
     for (auto& v : tier) v = std::max<int64_t>(v, 0);
 
-  // The step's three moments on the device.
+  // Strategies' effects on the categories the timeline is made of, as
+  // factors on the baseline's per-stage numbers.
   const CategoryCounts& d = held[TF_TIER_DEVICE];
-  const int64_t resident = d[TF_MEM_WEIGHTS] + d[TF_MEM_ADAPTERS] + d[TF_MEM_OPTIMIZER];
-  const bool backward = d[TF_MEM_GRADS] > 0;
-  const int64_t forward_end = resident + d[TF_MEM_ACTIVATIONS] + b.logits;
-  const int64_t backward_start =
-      backward ? resident + d[TF_MEM_ACTIVATIONS] + 2 * b.logits + b.head_grads : 0;
-  const int64_t update =
-      backward ? resident + d[TF_MEM_GRADS] + d[TF_MEM_TRANSIENT] + 4 * b.largest_param : 0;
-  plan.device_peak = std::max({forward_end, backward_start, update});
-  plan.peak_moment = plan.device_peak == update           ? "update"
-                     : plan.device_peak == backward_start ? "backward"
-                                                          : "forward";
-  plan.at_peak = held;
-  CategoryCounts& at = plan.at_peak[TF_TIER_DEVICE];
-  if (plan.device_peak == update) {
-    at[TF_MEM_ACTIVATIONS] = 0;
-    at[TF_MEM_TRANSIENT] += 4 * b.largest_param;
-  } else {
-    at[TF_MEM_GRADS] = plan.device_peak == backward_start ? b.head_grads : 0;
-    at[TF_MEM_TRANSIENT] = (plan.device_peak == backward_start ? 2 : 1) * b.logits;
+  auto factor = [&](tf_mem_category c) {
+    return b.bytes[c] > 0 ? static_cast<double>(d[c]) / static_cast<double>(b.bytes[c]) : 0.0;
+  };
+  const double act = factor(TF_MEM_ACTIVATIONS), grad = factor(TF_MEM_GRADS);
+  auto scaled = [](int64_t v, double f) {
+    return static_cast<int64_t>(static_cast<double>(v) * f);
+  };
+  const int64_t resident =
+      d[TF_MEM_WEIGHTS] + d[TF_MEM_ADAPTERS] + d[TF_MEM_OPTIMIZER] + d[TF_MEM_TRANSIENT];
+  const int64_t all_grads = d[TF_MEM_GRADS];
+
+  // The step's moments: the end of forward, each stage's backward (last to
+  // first), the update.
+  int64_t kept = 0;
+  for (const StagePlan& sp : b.stages) kept += scaled(sp.kept, act);
+  const int64_t earlier_grads = grads_in_forward ? all_grads : 0;
+  int64_t best = resident + kept + earlier_grads;
+  plan.peak_moment = "forward";
+  int64_t later_grads = 0;  // of the stages whose backward is done
+  for (size_t i = b.stages.size(); i-- > 0;) {
+    const StagePlan& sp = b.stages[i];
+    kept -= scaled(sp.kept, act);
+    if (!sp.backward) continue;
+    const int64_t own = scaled(sp.grads, grad);
+    const int64_t now = resident + kept + scaled(sp.live, act) + sp.temporary +
+                        (grads_in_forward ? all_grads + own : later_grads + own);
+    if (now > best) {
+      best = now;
+      plan.peak_moment = "backward";
+    }
+    later_grads += own;
   }
+  if (all_grads == 0) {  // forward passes only (MeZO, evaluation): one stage at a time
+    best = resident;
+    plan.peak_moment = "forward";
+    for (const StagePlan& sp : b.stages) best = std::max(best, resident + sp.computing);
+  } else {
+    const int64_t update = resident + all_grads + 4 * b.largest_param;
+    if (update > best) {
+      best = update;
+      plan.peak_moment = "update";
+    }
+  }
+  plan.device_peak = best;
+  plan.at_peak = held;
   plan.device_peak_by_category = d;
-  plan.device_peak_by_category[TF_MEM_TRANSIENT] =
-      std::max(d[TF_MEM_TRANSIENT] + 4 * b.largest_param, 2 * b.logits);
   for (int k = 0; k < TF_MEM_CATEGORY_COUNT; ++k) {
     plan.host_bytes += held[TF_TIER_HOST][k];
     plan.disk_bytes += held[TF_TIER_DISK][k];
   }
+  // On a CPU run the host tier is the same memory the run counts.
+  plan.tracked_peak = plan.device_peak + (s.device().is_cpu() ? plan.host_bytes : 0);
   return plan;
 }
 

@@ -11,12 +11,12 @@
 // recomputation, gradients freed in backward, sharding). A strategy without
 // the hook is named in the plan as unestimated rather than guessed at.
 //
-// The peak is the largest of the step's three moments, each the sum of the
-// categories alive then:
-//   end of forward      weights + optimizer + activations + the loss's logits
-//   start of backward   weights + optimizer + activations + logits' gradient
-//                       + the head's gradients
-//   optimizer update    weights + optimizer + gradients + the update's workspace
+// The peak is the largest of the step's moments, each the sum of what is
+// alive then: weights, adapters and optimizer state throughout; at the end
+// of forward the activations every stage keeps; while a stage's backward
+// runs, the activations of the stages before it, its own (recomputed ones
+// rerun), its backward's workspace and the gradients of the stages done;
+// at the update all gradients and the update's workspace.
 #pragma once
 
 #include <array>
@@ -38,6 +38,7 @@ struct PlanContribution {
   bool estimated = true;
   TierCounts delta{};
   double time_factor = 0;  // 0 = the plugin does not say
+  bool grads_in_forward = false;
 };
 
 struct MemoryPlan {
@@ -45,7 +46,8 @@ struct MemoryPlan {
   // is the run's device; on a CPU run host-tier bytes are in the same RAM).
   TierCounts at_peak{};
   CategoryCounts device_peak_by_category{};  // each category's own peak on the device
-  int64_t device_peak = 0;                   // the tracked device peak the run reports
+  int64_t device_peak = 0;                   // the device tier's peak
+  int64_t tracked_peak = 0;  // what the run measures: on a CPU run the host tier is the same RAM
   int64_t host_bytes = 0, disk_bytes = 0;
   const char* peak_moment = "";  // "forward", "backward", "update"
   double time_factor = 1;        // predicted step time relative to the plain recipe

@@ -66,6 +66,8 @@ struct StageState {
   std::string device;
   int64_t activation_bytes_per_token = 0;
   int64_t flops_per_token = 0;
+  int64_t frozen_activation_bytes_per_token = 0;  // 0 = unknown
+  int64_t output_bytes_per_token = 0;             // 0 = unknown
 };
 
 struct PluginInstance {

@@ -25,6 +25,7 @@ constexpr const char* kTierNames[] = {"device", "host", "disk", "sharded"};
 nlohmann::json plan_json(const MemoryPlan& p) {
   nlohmann::json j;
   j["device_peak"] = p.device_peak;
+  j["tracked_peak"] = p.tracked_peak;
   j["peak_moment"] = p.peak_moment;
   j["host_bytes"] = p.host_bytes;
   j["disk_bytes"] = p.disk_bytes;
@@ -53,9 +54,9 @@ void print_plan(const std::string& source, const MemoryPlan& p, int64_t budget) 
   std::cout << "== plan: " << source << " ==\n";
   std::cout << "model         " << p.n_params << " parameters (" << p.n_trainable
             << " trainable), batch " << p.batch_size << " x " << p.seq_len << " tokens\n";
-  std::cout << "device peak   " << format_bytes(p.device_peak) << " (at the " << p.peak_moment
-            << ")\n";
-  std::cout << "at the peak   ";
+  std::cout << "device peak   " << format_bytes(p.device_peak) << " (in the " << p.peak_moment
+            << "; the corpus and batches are not in it)\n";
+  std::cout << "by category   ";
   bool first = true;
   for (tf_mem_category c : kOrder) {
     const int64_t v = p.at_peak[TF_TIER_DEVICE][c];

@@ -206,13 +206,16 @@ int run_command(const std::vector<std::string>& args) {
     std::cout << "peak memory   " << format_bytes(s.memory.total_peak) << " total; "
               << memory_line(s.memory, true) << "\n";
     if (plan) {
-      const int64_t measured =
-          s.memory.device_peak > 0 ? s.memory.device_peak : s.memory.total_peak;
+      // The plan leaves the data out; so does this comparison.
+      const int64_t measured = s.memory.device_peak > 0
+                                   ? s.memory.device_peak
+                                   : s.memory.total_peak - s.memory.peak[TF_MEM_OTHER];
       std::snprintf(buf, sizeof buf, "%+.1f%%",
-                    100.0 * static_cast<double>(plan->device_peak - measured) /
+                    100.0 * static_cast<double>(plan->tracked_peak - measured) /
                         static_cast<double>(std::max<int64_t>(measured, 1)));
-      std::cout << "planned peak  " << format_bytes(plan->device_peak) << " (tightfit plan; " << buf
-                << " against the measured peak)\n";
+      std::cout << "planned peak  " << format_bytes(plan->tracked_peak) << " (tightfit plan), "
+                << buf << " against the measured " << format_bytes(measured)
+                << " (data left out)\n";
     }
     std::cout << "metrics       " << s.metrics_path << "\n";
     std::cout << "checkpoints   " << s.checkpoint_dir << "\n";

@@ -238,6 +238,13 @@ typedef struct tf_stage_spec {
   int64_t activation_bytes_per_token;
   /* Forward FLOPs per token (for cost models); 0 = unknown. */
   int64_t flops_per_token;
+  /* Added in 1.0's tail (0 = unknown; plan then assumes the values above):
+   * the bytes per token the stage keeps when none of its own weights needs a
+   * gradient (frozen, or only LoRA adapters train: a linear with a frozen
+   * weight keeps no input for the weight's gradient), and the bytes per token
+   * of its output (what a recomputed next stage keeps as its input). */
+  int64_t frozen_activation_bytes_per_token;
+  int64_t output_bytes_per_token;
 } tf_stage_spec;
 
 /* What a stage forward call is asked to do. */
@@ -382,11 +389,20 @@ typedef struct tf_model_summary {
 } tf_model_summary;
 
 /* A strategy's or schedule's effect on memory: signed byte deltas per
- * (tier, category) against the plain recipe, plus a step-time factor. */
+ * (tier, category) against the kernel's baseline, plus a step-time factor.
+ * The baseline already follows every declaration made by the end of
+ * configure: parameters' dtypes and trainability, adapters, skipped, frozen
+ * and recomputed stages (with the model's declared activation bytes). A
+ * strategy estimates what those do not show: formats it will convert
+ * weights to, tiers, dtypes it changes later, gradients it frees early,
+ * partitioning, its own buffers. */
 typedef struct tf_memory_estimate {
   uint32_t struct_size;
   int64_t delta_bytes[TF_TIER_COUNT][TF_MEM_CATEGORY_COUNT];
   double time_factor; /* predicted step time relative to plain; 1.0 = same, 0 = unknown */
+  /* Added in 1.0's tail: 1 when gradients of earlier passes are alive during
+   * a forward pass (gradient accumulation), so the planner counts them then. */
+  int32_t grads_in_forward;
 } tf_memory_estimate;
 
 /* ------------------------------------------------------------------------- */

@@ -168,14 +168,19 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     // and, in attention, the materialized probabilities and their mask.
     const int64_t H = m->s.n_head, T = host.run_info().seq_len;
     const bool dropping = m->dropout > 0;
-    const int64_t block_bytes = 16 * C * elt + 16 + tf_sdk::attention_lse_bytes(H) +
-                                (dropping ? 2 * C + H * T * (2 * elt + 1) : 0);
-    const int32_t embed = m->host.declare_stage("embed", TF_STAGE_EMBED, dropping ? C : 0, 0);
+    // With the block's weights frozen the linears keep no input: LN outputs
+    // and gelu's output go (6 C), the rest stays.
+    const int64_t extra =
+        16 + tf_sdk::attention_lse_bytes(H) + (dropping ? 2 * C + H * T * (2 * elt + 1) : 0);
+    const int64_t block_bytes = 16 * C * elt + extra, frozen_block_bytes = 10 * C * elt + extra;
+    const int32_t embed = m->host.declare_stage("embed", TF_STAGE_EMBED, dropping ? C : 0, 0,
+                                                dropping ? C : 0, C * elt);
     declare(*m, "transformer.wte.weight", {V, C}, -1, TF_INIT_NORMAL, 0.02, 0);
     declare(*m, "transformer.wpe.weight", {P, C}, embed, TF_INIT_NORMAL, 0.01, 0);
     for (int64_t l = 0; l < L; ++l) {
-      const int32_t st = m->host.declare_stage("block." + std::to_string(l), TF_STAGE_BLOCK,
-                                               block_bytes, 24 * C * C);
+      const int32_t st =
+          m->host.declare_stage("block." + std::to_string(l), TF_STAGE_BLOCK, block_bytes,
+                                24 * C * C, frozen_block_bytes, C * elt);
       const uint32_t t = TF_PARAM_HF_TRANSPOSED;
       declare(*m, m->block(l, "ln_1.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
       declare(*m, m->block(l, "ln_1.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
@@ -190,9 +195,11 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       declare(*m, m->block(l, "mlp.c_proj.weight"), {C, 4 * C}, st, TF_INIT_NORMAL, proj_std, t);
       declare(*m, m->block(l, "mlp.c_proj.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
     }
-    // ln_f's input and output, then the loss's logits.
-    const int32_t head = m->host.declare_stage(
-        "head", TF_STAGE_HEAD, 2 * C * elt + 8 + tf_sdk::loss_activation_bytes(V, elt), 2 * C * V);
+    // ln_f's input and output (its output only for the tied head's weight
+    // gradient), then the loss's logits.
+    const int64_t loss = tf_sdk::loss_activation_bytes(V, elt);
+    const int32_t head = m->host.declare_stage("head", TF_STAGE_HEAD, 2 * C * elt + 8 + loss,
+                                               2 * C * V, C * elt + 8 + loss, V * elt);
     declare(*m, "transformer.ln_f.weight", {C}, head, TF_INIT_ONES, 0, no_decay);
     declare(*m, "transformer.ln_f.bias", {C}, head, TF_INIT_ZEROS, 0, no_decay);
     m->hf_config =

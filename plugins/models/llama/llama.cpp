@@ -264,16 +264,19 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     // rotated q, k and v as attention sees them (repeated for grouped
     // heads: C each) and its output; the MLP its input's gate, up, silu(gate)
     // and their product (4 I). Small fp32 statistics round it off.
-    const int64_t rms_norm_bytes = 4 * C + 2 * elt * C;
-    const int64_t block_bytes =
-        2 * rms_norm_bytes + 4 * elt * C + 4 * elt * I + 72 + tf_sdk::attention_lse_bytes(s.n_head);
-    m->host.declare_stage("embed", TF_STAGE_EMBED, 0, 0);
+    // Frozen, a norm keeps only its fp32 input and the MLP gate's input, silu
+    // of it and up (3 I): the linears' inputs and the norms' outputs go.
+    const int64_t rms_norm_bytes = 4 * C + 2 * elt * C, frozen_norm_bytes = 4 * C;
+    const int64_t extra = 72 + tf_sdk::attention_lse_bytes(s.n_head);
+    const int64_t block_bytes = 2 * rms_norm_bytes + 4 * elt * C + 4 * elt * I + extra;
+    const int64_t frozen_block_bytes = 2 * frozen_norm_bytes + 4 * elt * C + 3 * elt * I + extra;
+    m->host.declare_stage("embed", TF_STAGE_EMBED, 0, 0, 0, C * elt);
     declare(*m, "model.embed_tokens.weight", {V, C}, s.tie_embeddings ? -1 : 0, TF_INIT_NORMAL, std,
             0);
     for (int64_t l = 0; l < L; ++l) {
-      const int32_t st =
-          m->host.declare_stage("block." + std::to_string(l), TF_STAGE_BLOCK, block_bytes,
-                                2 * (2 * C * C + 2 * C * KV + 3 * C * I));
+      const int32_t st = m->host.declare_stage(
+          "block." + std::to_string(l), TF_STAGE_BLOCK, block_bytes,
+          2 * (2 * C * C + 2 * C * KV + 3 * C * I), frozen_block_bytes, C * elt);
       declare(*m, m->layer(l, "input_layernorm.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
       declare(*m, m->layer(l, "self_attn.q_proj.weight"), {C, C}, st, TF_INIT_NORMAL, std, 0);
       declare(*m, m->layer(l, "self_attn.k_proj.weight"), {KV, C}, st, TF_INIT_NORMAL, std, 0);
@@ -285,8 +288,9 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       declare(*m, m->layer(l, "mlp.up_proj.weight"), {I, C}, st, TF_INIT_NORMAL, std, 0);
       declare(*m, m->layer(l, "mlp.down_proj.weight"), {C, I}, st, TF_INIT_NORMAL, proj_std, 0);
     }
-    const int32_t head = m->host.declare_stage(
-        "head", TF_STAGE_HEAD, rms_norm_bytes + tf_sdk::loss_activation_bytes(V, elt), 2 * C * V);
+    const int64_t loss = tf_sdk::loss_activation_bytes(V, elt);
+    const int32_t head = m->host.declare_stage("head", TF_STAGE_HEAD, rms_norm_bytes + loss,
+                                               2 * C * V, frozen_norm_bytes + loss, V * elt);
     declare(*m, "model.norm.weight", {C}, head, TF_INIT_ONES, 0, no_decay);
     if (!s.tie_embeddings) declare(*m, "lm_head.weight", {V, C}, head, TF_INIT_NORMAL, std, 0);
     nlohmann::json cfg = {

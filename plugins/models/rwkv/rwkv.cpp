@@ -232,12 +232,17 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     // attention channel); the LayerNorms, token shifts, mixes and
     // projections keep 16 C values and the channel mix 2 I, in the
     // activations' dtype. The embedding's output is block 0's pre-LN input.
-    const int64_t block_bytes = (m->chunk + 6) * A * 4 + (16 * C + 2 * I) * elt;
-    host.declare_stage("embed", TF_STAGE_EMBED, C * elt + 16, 0);
+    // Frozen, the projections keep no input: the time mix's k, v, r and output
+    // inputs, the channel mix's key and receptance inputs (6 C) and value's (I).
+    const int64_t wkv_bytes = (m->chunk + 6) * A * 4;
+    const int64_t block_bytes = wkv_bytes + (16 * C + 2 * I) * elt;
+    const int64_t frozen_block_bytes = wkv_bytes + (10 * C + I) * elt;
+    host.declare_stage("embed", TF_STAGE_EMBED, C * elt + 16, 0, C * elt + 16, C * elt);
     declare("rwkv.embeddings.weight", {V, C}, s.tie_embeddings ? -1 : 0, TF_INIT_UNIFORM, 1e-4, 0);
     for (int64_t l = 0; l < L; ++l) {
-      const int32_t st = host.declare_stage("block." + std::to_string(l), TF_STAGE_BLOCK,
-                                            block_bytes, 2 * (4 * C * A + 2 * C * I + C * C));
+      const int32_t st =
+          host.declare_stage("block." + std::to_string(l), TF_STAGE_BLOCK, block_bytes,
+                             2 * (4 * C * A + 2 * C * I + C * C), frozen_block_bytes, C * elt);
       if (l == 0) {
         declare(m->block(0, "pre_ln.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
         declare(m->block(0, "pre_ln.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
@@ -263,8 +268,9 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       declare(m->block(l, "feed_forward.receptance.weight"), {C, C}, st, TF_INIT_ZEROS, 0, 0);
       declare(m->block(l, "feed_forward.value.weight"), {C, I}, st, TF_INIT_ZEROS, 0, 0);
     }
-    const int32_t head = host.declare_stage(
-        "head", TF_STAGE_HEAD, 2 * C * elt + tf_sdk::loss_activation_bytes(V, elt), 2 * C * V);
+    const int64_t loss = tf_sdk::loss_activation_bytes(V, elt);
+    const int32_t head = host.declare_stage("head", TF_STAGE_HEAD, 2 * C * elt + loss, 2 * C * V,
+                                            C * elt + loss, V * elt);
     declare("rwkv.ln_out.weight", {C}, head, TF_INIT_ONES, 0, no_decay);
     declare("rwkv.ln_out.bias", {C}, head, TF_INIT_ZEROS, 0, no_decay);
     if (!s.tie_embeddings) declare("head.weight", {V, C}, head, TF_INIT_NORMAL, 0.02, 0);

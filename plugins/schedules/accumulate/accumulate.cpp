@@ -4,6 +4,7 @@
 // micro-batch; the update is that of one batch micro_batches times as large
 // (the effective batch is batch_size x micro_batches, as in torchtune and
 // Hugging Face's gradient_accumulation_steps).
+#include <cstddef>
 #include <memory>
 
 #include "tightfit/lr_schedule.hpp"
@@ -66,12 +67,17 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
   });
 }
 
-// Same memory as one micro-batch of the plain recipe; micro_batches times the work per step.
+// The memory of one micro-batch, except that the gradients of the earlier
+// micro-batches are alive while the later ones run forward; micro_batches
+// times the work per step.
 tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary*,
                           tf_memory_estimate* out) {
   auto* s = static_cast<Accumulate*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     out->time_factor = s->micro_batches;
+    if (s->micro_batches > 1 && out->struct_size >= offsetof(tf_memory_estimate, grads_in_forward) +
+                                                        sizeof(out->grads_in_forward))
+      out->grads_in_forward = 1;
     return TF_OK;
   });
 }

@@ -150,10 +150,16 @@ class Host {
     spec.flags = flags;
     check(api_->declare_param(ctx_, &spec));
   }
+  // Activation bytes per token (all, and with the stage's own weights frozen)
+  // and output bytes per token, for `plan`; 0 = unknown.
   int32_t declare_stage(const std::string& name, tf_stage_kind kind,
-                        int64_t activation_bytes_per_token, int64_t flops_per_token) const {
-    tf_stage_spec spec{sizeof(tf_stage_spec), name.c_str(), kind, activation_bytes_per_token,
-                       flops_per_token};
+                        int64_t activation_bytes_per_token, int64_t flops_per_token,
+                        int64_t frozen_activation_bytes_per_token = 0,
+                        int64_t output_bytes_per_token = 0) const {
+    tf_stage_spec spec{
+        sizeof(tf_stage_spec),      name.c_str(),    kind,
+        activation_bytes_per_token, flops_per_token, frozen_activation_bytes_per_token,
+        output_bytes_per_token};
     int32_t index = -1;
     check(api_->declare_stage(ctx_, &spec, &index));
     return index;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -159,19 +160,26 @@ tf_status export_adapter(void* state, tf_host_context* ctx, const char* dir) {
 
 // Adapters add 2 r (in + out) values per target, trained: weights, grads and
 // two AdamW moments; the frozen base needs no gradients or optimizer state.
+// The kernel's plan counts the adapters, their gradients and optimizer
+// state and the frozen bases (declared in configure). What LoRA adds is
+// activations: an adapter keeps its input (the frozen linear would not) —
+// once per stage and input width, as projections of one block that share a
+// width mostly share their input (q, k, v) — and its rank-r middle.
 tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model,
                           tf_memory_estimate* out) {
   auto* s = static_cast<Lora*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    int64_t adapter_params = 0;
+    const int64_t tokens = model->batch_size * model->seq_len;
+    std::set<std::pair<int32_t, int64_t>> inputs;  // (stage, width)
+    int64_t per_token = 0;
     for (const auto& [name, ad] : s->adapters) {
       const tf_param_info info = s->host.param_info(name);
-      adapter_params += s->rank * (info.shape[0] + info.shape[1]);
+      const int64_t elt = info.dtype == TF_DTYPE_F32 ? 4 : 2;
+      if (info.stage >= 0 && s->host.stage_info(info.stage).skip) continue;
+      if (inputs.insert({info.stage, info.shape[1]}).second) per_token += info.shape[1] * elt;
+      per_token += s->rank * elt;
     }
-    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ADAPTERS] = 4 * adapter_params;
-    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_GRADS] = 4 * adapter_params - 4 * model->n_trainable;
-    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] =
-        8 * adapter_params - 8 * model->n_trainable;
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] = per_token * tokens;
     out->time_factor = 0;
     return TF_OK;
   });

@@ -166,11 +166,15 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
                           tf_memory_estimate* out) {
   auto* s = static_cast<Precision*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    if (s->autocast)
-      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] = -model->activation_bytes / 2;
-    else {
+    // The models declare fp32 activations; what 16-bit compute keeps
+    // instead, measured on the built-in models (norms, softmax statistics
+    // and WKV stay fp32): autocast 0.78-0.86 of it, bf16 weights 0.51-0.74.
+    if (s->autocast) {
+      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] = -model->activation_bytes / 5;
+    } else {
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] = -model->param_bytes / 2;
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_GRADS] = -2 * model->n_trainable;
+      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] = -model->activation_bytes * 2 / 5;
     }
     out->time_factor = 0;
     return TF_OK;

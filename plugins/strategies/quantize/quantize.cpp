@@ -9,6 +9,7 @@
 //
 // The kernel's linear keeps only the compact form for backward (it fetches the
 // weight again there), so a dequantized copy lives only while a projection runs.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <map>
@@ -427,6 +428,41 @@ const tf_config_key kKeys[] = {
     tf_sdk::key("double_quant", TF_VALUE_BOOL, "true", "nf4: store block absmaxes as int8 (QLoRA)"),
 };
 
+// The frozen dense block weights this recipe will store compactly (those
+// quantize_stage converts), the dense copy of the largest one while a linear
+// computes with it, and 8-bit AdamW state in place of fp32 moments.
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary*,
+                          tf_memory_estimate* out) {
+  auto* s = static_cast<Quantize*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    int64_t dense = 0, compact = 0, largest = 0, trainable = 0;
+    for (const std::string& name : s->host.param_names()) {
+      const tf_param_info info = s->host.param_info(name);
+      if (info.trainable && !(info.flags & TF_PARAM_ADAPTER)) trainable += info.numel;
+      if (!s->quantize_weights || info.ndim != 2 || info.stage < 0 ||
+          (info.flags & TF_PARAM_ADAPTER) || info.trainable || info.format != TF_FORMAT_DENSE ||
+          s->host.stage_info(info.stage).kind != TF_STAGE_BLOCK ||
+          s->host.stage_info(info.stage).skip)
+        continue;
+      const int64_t n = info.numel, elt = info.dtype == TF_DTYPE_F32 ? 4 : 2;
+      dense += n * elt;
+      largest = std::max(largest, n * elt);
+      if (s->format == "int8")
+        compact += n + 4 * info.shape[0];
+      else  // 4-bit codes, one absmax per block (int8 with double quantization)
+        compact +=
+            n / 2 + (n / s->block) * (s->double_quant ? 1 : 4) + 8 * (n / s->block / 256 + 1);
+    }
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] = compact - dense;
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT] = largest;
+    if (s->adam8)  // two int8 moments and their fp32 block scales instead of two fp32 moments
+      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] =
+          -8 * trainable + 2 * trainable + 2 * 4 * (trainable / s->state_block + 1);
+    out->time_factor = 0;
+    return TF_OK;
+  });
+}
+
 tf_strategy_vtable make_vtable() {
   tf_strategy_vtable v{};
   v.struct_size = sizeof v;
@@ -438,6 +474,7 @@ tf_strategy_vtable make_vtable() {
   v.optimizer_step_param = optimizer_step_param;
   v.save_state = save_state;
   v.load_state = load_state;
+  v.estimate_memory = estimate_memory;
   return v;
 }
 const tf_strategy_vtable kVtable = make_vtable();

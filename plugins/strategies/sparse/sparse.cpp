@@ -129,29 +129,27 @@ tf_status step_begin(void* state, tf_host_context* ctx, int64_t step) {
   });
 }
 
-// Middle blocks lose their gradients and optimizer state (frozen, all but k
-// for lisa) or their weights as well (skip).
+// The kernel's plan follows the skipped and frozen stages set in configure;
+// LISA then trains k middle blocks at a time: their gradients and optimizer
+// state (fp32 AdamW's two moments) come on top, as much as k average blocks.
 tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary*,
                           tf_memory_estimate* out) {
   auto* s = static_cast<Sparse*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    int64_t weights = 0, trained = 0;
+    out->time_factor = 0;  // depends on the share of blocks run
+    if (s->middle != "lisa" || s->middle_stages.empty()) return TF_OK;
+    int64_t middle = 0;
     for (const auto& name : s->host.param_names()) {
       const tf_param_info info = s->host.param_info(name);
-      if (std::find(s->middle_stages.begin(), s->middle_stages.end(), info.stage) ==
+      if (std::find(s->middle_stages.begin(), s->middle_stages.end(), info.stage) !=
           s->middle_stages.end())
-        continue;
-      weights += info.stored_bytes;
-      if (info.trainable || s->middle != "skip") trained += info.numel;
+        middle += info.numel;
     }
-    double share = 1.0;
-    if (s->middle == "lisa" && !s->middle_stages.empty())
-      share = 1.0 - static_cast<double>(s->k) / static_cast<double>(s->middle_stages.size());
-    const auto freed = static_cast<int64_t>(static_cast<double>(trained) * share);
-    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_GRADS] = -4 * freed;
-    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] = -8 * freed;
-    if (s->middle == "skip") out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] = -weights;
-    out->time_factor = 0;  // depends on the share of blocks run
+    const auto trained =
+        static_cast<int64_t>(static_cast<double>(middle) * static_cast<double>(s->k) /
+                             static_cast<double>(s->middle_stages.size()));
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_GRADS] = 4 * trained;
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] = 8 * trained;
     return TF_OK;
   });
 }
