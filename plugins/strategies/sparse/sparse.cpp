@@ -58,6 +58,24 @@ void destroy(void* state) {
 
 // Which blocks are in the middle; "skip" takes them out before anything is
 // allocated.
+void set_block(Sparse& s, size_t block, bool on) {
+  for (const auto& name : s.trainable[block])
+    s.host.check(s.host.api()->param_set_trainable(s.host.ctx(), name.c_str(), on ? 1 : 0));
+}
+
+// Records the middle blocks' trainable parameters (LISA turns exactly these
+// back on) and freezes them.
+void freeze_middle(Sparse& s) {
+  s.trainable.resize(s.middle_stages.size());
+  for (const auto& name : s.host.param_names()) {
+    const tf_param_info info = s.host.param_info(name);
+    auto it = std::find(s.middle_stages.begin(), s.middle_stages.end(), info.stage);
+    if (it == s.middle_stages.end() || !info.trainable) continue;
+    s.trainable[static_cast<size_t>(it - s.middle_stages.begin())].push_back(name);
+  }
+  for (size_t b = 0; b < s.trainable.size(); ++b) set_block(s, b, false);
+}
+
 tf_status configure(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Sparse*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
@@ -76,28 +94,19 @@ tf_status configure(void* state, tf_host_context* ctx) {
     if (s->middle == "skip")
       for (int32_t stage : s->middle_stages)
         s->host.check(s->host.api()->stage_set_skip(ctx, stage, 1));
+    else
+      freeze_middle(*s);  // now, so that `plan` sees it
     return TF_OK;
   });
 }
 
-void set_block(Sparse& s, size_t block, bool on) {
-  for (const auto& name : s.trainable[block])
-    s.host.check(s.host.api()->param_set_trainable(s.host.ctx(), name.c_str(), on ? 1 : 0));
-}
-
-// frozen / lisa: freeze the middle blocks (adapters a strategy added included).
+// frozen / lisa: freeze the middle blocks' trainable parameters, those
+// declared after configure (adapters of a later strategy) included.
 tf_status params_ready(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Sparse*>(state);
   if (s->middle == "skip") return TF_OK;
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    s->trainable.assign(s->middle_stages.size(), {});
-    for (const auto& name : s->host.param_names()) {
-      const tf_param_info info = s->host.param_info(name);
-      auto it = std::find(s->middle_stages.begin(), s->middle_stages.end(), info.stage);
-      if (it == s->middle_stages.end() || !info.trainable) continue;
-      s->trainable[static_cast<size_t>(it - s->middle_stages.begin())].push_back(name);
-    }
-    for (size_t b = 0; b < s->trainable.size(); ++b) set_block(*s, b, false);
+    freeze_middle(*s);
     return TF_OK;
   });
 }
