@@ -21,8 +21,9 @@ int64_t optimizer_slots(const ConfigTable& opt) {
 
 // The kernel's baseline: what the declarations show, stage by stage.
 struct StagePlan {
-  int64_t kept = 0;       // activations kept from its forward to its backward
-  int64_t live = 0;       // activations alive while its backward runs
+  int64_t live = 0;   // activations it keeps for backward (as the model declares)
+  int64_t input = 0;  // the input a recomputed stage keeps instead
+  bool recomputed = false;
   int64_t grads = 0;      // gradients its backward produces
   int64_t temporary = 0;  // its backward's own workspace
   int64_t computing = 0;  // what its forward holds at once without autograd (no backward)
@@ -33,6 +34,7 @@ struct Baseline {
   CategoryCounts bytes{};
   std::vector<StagePlan> stages;
   int64_t largest_param = 0;  // the update's workspace is per parameter
+  int64_t live_total = 0;     // all stages' activations were none recomputed
   int64_t n_params = 0, n_trainable = 0;
 };
 
@@ -88,8 +90,10 @@ Baseline baseline(Session& s) {
     if (flows) {
       sp.live = own_trainable[i] ? full : frozen;
       // A recomputed stage keeps only its input until its backward reruns it.
-      sp.kept = st.recompute ? previous_output : sp.live;
-      if (st.recompute) sp.live += previous_output;
+      sp.recomputed = st.recompute;
+      sp.input = previous_output;
+      b.live_total += sp.live;
+      b.bytes[TF_MEM_ACTIVATIONS] += st.recompute ? sp.input : sp.live;
       // The gradient of its output and of its input; the head's is the logits'.
       sp.temporary =
           st.kind == TF_STAGE_HEAD ? 2 * 4 * tokens * run.vocab_size : output + previous_output;
@@ -98,7 +102,6 @@ Baseline baseline(Session& s) {
     // measured, about 0.6 of what it keeps for backward is alive at once.
     sp.computing = full * 6 / 10 + (st.kind == TF_STAGE_HEAD ? 2 * 4 * tokens * run.vocab_size : 0);
     previous_output = output;
-    b.bytes[TF_MEM_ACTIVATIONS] += sp.kept;
   }
   return b;
 }
@@ -112,7 +115,7 @@ tf_model_summary summary(Session& s, const Baseline& b) {
   m.n_stages = static_cast<int32_t>(s.stages().size());
   m.batch_size = s.run_info().batch_size;
   m.seq_len = s.run_info().seq_len;
-  m.activation_bytes = b.bytes[TF_MEM_ACTIVATIONS];
+  m.activation_bytes = b.live_total;  // strategies' activation deltas are against this
   return m;
 }
 
@@ -175,7 +178,14 @@ MemoryPlan plan_memory(Session& s) {
   auto factor = [&](tf_mem_category c) {
     return b.bytes[c] > 0 ? static_cast<double>(d[c]) / static_cast<double>(b.bytes[c]) : 0.0;
   };
-  const double act = factor(TF_MEM_ACTIVATIONS), grad = factor(TF_MEM_GRADS);
+  const double grad = factor(TF_MEM_GRADS);
+  // Activation deltas (autocast, adapters' inputs, MeZO's none) are against
+  // the stages' own activations, recomputed or not.
+  const double act = b.live_total > 0
+                         ? std::max(0.0, static_cast<double>(b.live_total + d[TF_MEM_ACTIVATIONS] -
+                                                             b.bytes[TF_MEM_ACTIVATIONS]) /
+                                             static_cast<double>(b.live_total))
+                         : 0.0;
   auto scaled = [](int64_t v, double f) {
     return static_cast<int64_t>(static_cast<double>(v) * f);
   };
@@ -185,19 +195,23 @@ MemoryPlan plan_memory(Session& s) {
 
   // The step's moments: the end of forward, each stage's backward (last to
   // first), the update.
+  auto kept_by = [&](const StagePlan& sp) {
+    return sp.recomputed ? sp.input : scaled(sp.live, act);
+  };
   int64_t kept = 0;
-  for (const StagePlan& sp : b.stages) kept += scaled(sp.kept, act);
+  for (const StagePlan& sp : b.stages) kept += kept_by(sp);
+  held[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] = kept;
   const int64_t earlier_grads = grads_in_forward ? all_grads : 0;
   int64_t best = resident + kept + earlier_grads;
   plan.peak_moment = "forward";
   int64_t later_grads = 0;  // of the stages whose backward is done
   for (size_t i = b.stages.size(); i-- > 0;) {
     const StagePlan& sp = b.stages[i];
-    kept -= scaled(sp.kept, act);
+    kept -= kept_by(sp);
     if (!sp.backward) continue;
     const int64_t own = scaled(sp.grads, grad);
-    const int64_t now = resident + kept + scaled(sp.live, act) + sp.temporary +
-                        (grads_in_forward ? all_grads + own : later_grads + own);
+    const int64_t now = resident + kept + scaled(sp.live, act) + (sp.recomputed ? sp.input : 0) +
+                        sp.temporary + (grads_in_forward ? all_grads + own : later_grads + own);
     if (now > best) {
       best = now;
       plan.peak_moment = "backward";

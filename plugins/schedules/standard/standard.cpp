@@ -51,6 +51,16 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
   });
 }
 
+// The plain step the plan's baseline already is.
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary*,
+                          tf_memory_estimate* out) {
+  auto* s = static_cast<Standard*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    out->time_factor = 1.0;
+    return TF_OK;
+  });
+}
+
 const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({});
 
 tf_schedule_vtable make_vtable() {
@@ -59,6 +69,7 @@ tf_schedule_vtable make_vtable() {
   v.create = create;
   v.destroy = destroy;
   v.run_step = run_step;
+  v.estimate_memory = estimate_memory;
   v.save_state = tf_sdk::save_skipped_state<Standard>;
   v.load_state = tf_sdk::load_skipped_state<Standard>;
   return v;

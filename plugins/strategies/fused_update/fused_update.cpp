@@ -16,6 +16,7 @@
 // micro-batch's backward, from the accumulated gradient. The full gradients
 // then exist between micro-batches (accumulation needs them) but never all at
 // once during the last backward and the update.
+#include <algorithm>
 #include <cmath>
 #include <memory>
 
@@ -89,14 +90,21 @@ tf_status load_state(void* state, tf_host_context* ctx) {
   });
 }
 
-// Gradients of one stage at a time instead of all of them.
-tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model,
+// A gradient lives only until its parameter is updated: at most about the
+// largest one at a time (measured), instead of all of them.
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary*,
                           tf_memory_estimate* out) {
   auto* s = static_cast<FusedUpdate*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    const int64_t grads = 4 * model->n_trainable;
-    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_GRADS] =
-        -(grads - grads / std::max(1, model->n_stages - 2));
+    int64_t all = 0, largest = 0;
+    for (const std::string& name : s->host.param_names()) {
+      const tf_param_info info = s->host.param_info(name);
+      if (!info.trainable) continue;
+      const int64_t bytes = info.numel * (info.dtype == TF_DTYPE_F32 ? 4 : 2);
+      all += bytes;
+      largest = std::max(largest, bytes);
+    }
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_GRADS] = largest - all;
     out->time_factor = 1.0;
     return TF_OK;
   });

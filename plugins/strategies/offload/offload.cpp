@@ -582,13 +582,37 @@ tf_status load_state(void* state, tf_host_context* ctx) {
   });
 }
 
-// Frozen block weights and/or the optimizer state leave the device tier.
+// Frozen block weights and/or the optimizer state leave the device tier; a
+// stage's weights come back while it computes, with `prefetch` more stages
+// on their way. Before the weights are offloaded (a plan made from the
+// recipe) the same selection is made from the declarations, at their
+// declared (dense) size.
 tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model,
                           tf_memory_estimate* out) {
   auto* s = static_cast<Offload*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] -= s->offloaded_bytes;
-    out->delta_bytes[s->tier()][TF_MEM_WEIGHTS] += s->offloaded_bytes;
+    std::map<int32_t, int64_t> stage_bytes;
+    if (s->offload_params) {
+      for (const std::string& name : s->host.param_names()) {
+        const tf_param_info info = s->host.param_info(name);
+        if ((info.trainable && (!s->offload_trainable || info.format != TF_FORMAT_DENSE)) ||
+            info.stage < 0 || s->host.stage_info(info.stage).kind != TF_STAGE_BLOCK ||
+            s->host.stage_info(info.stage).skip)
+          continue;
+        // Not allocated yet in a plan: its declared dense size.
+        stage_bytes[info.stage] += info.stored_bytes > 0
+                                       ? info.stored_bytes
+                                       : info.numel * (info.dtype == TF_DTYPE_F32 ? 4 : 2);
+      }
+    }
+    int64_t moved = s->offloaded_bytes, largest = 0;
+    for (const auto& [stage, bytes] : stage_bytes) {
+      if (s->offloaded_bytes == 0) moved += bytes;
+      largest = std::max(largest, bytes);
+    }
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] -= moved;
+    out->delta_bytes[s->tier()][TF_MEM_WEIGHTS] += moved;
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT] += (1 + s->prefetch) * largest;
     if (s->optimizer_tier != "none") {
       const int64_t bytes = 4 * state_slots(*s) * model->n_trainable;
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] -= bytes;

@@ -175,6 +175,13 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] = -model->param_bytes / 2;
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_GRADS] = -2 * model->n_trainable;
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] = -model->activation_bytes * 2 / 5;
+      // The update works on an fp32 copy of one parameter at a time.
+      int64_t largest = 0;
+      for (const std::string& name : s->host.param_names()) {
+        const tf_param_info info = s->host.param_info(name);
+        if (info.trainable) largest = std::max(largest, info.numel);
+      }
+      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] = 4 * largest;
     }
     out->time_factor = 0;
     return TF_OK;
