@@ -170,6 +170,25 @@ int run_command(const std::vector<std::string>& args) {
                   << std::flush;
       };
     so.dry_run = vm.count("dry-run") > 0;
+    // The planner's prediction, from the recipe alone (as `tightfit plan`),
+    // checked against what the run measures. Its plugins' messages are the
+    // run's own, so the dry composition keeps quiet.
+    std::optional<MemoryPlan> plan;
+    if (rank0 && !so.dry_run) try {
+        set_log_level("error");
+        SessionOptions dry;
+        dry.dry_run = true;
+        Session planned(recipe, registry, dry);
+        plan = plan_memory(planned);
+        set_log_level(vm["log-level"].as<std::string>());
+      } catch (const RecipeError&) {
+        set_log_level(vm["log-level"].as<std::string>());  // the run itself reports it
+      } catch (const PluginLoadError&) {
+        set_log_level(vm["log-level"].as<std::string>());
+      } catch (const std::exception& e) {
+        set_log_level(vm["log-level"].as<std::string>());
+        std::cerr << "tightfit: no memory plan for this recipe: " << e.what() << "\n";
+      }
     Session session(recipe, registry, so);
     if (so.dry_run) {
       std::cout << recipe.source() << ": valid; model " << session.model().plugin->name << ", "
@@ -179,17 +198,6 @@ int run_command(const std::vector<std::string>& args) {
       return kOk;
     }
     if (rank0) std::cerr << "tightfit: " << recipe.source() << " -> " << session.run_dir() << "\n";
-    // The planner's prediction, from the recipe alone (as `tightfit plan`),
-    // checked against what the run measures.
-    std::optional<MemoryPlan> plan;
-    if (rank0) try {
-        SessionOptions dry;
-        dry.dry_run = true;
-        Session planned(recipe, registry, dry);
-        plan = plan_memory(planned);
-      } catch (const std::exception& e) {
-        std::cerr << "tightfit: no memory plan for this recipe: " << e.what() << "\n";
-      }
     TrainSummary s = session.train();
     if (!rank0) return kOk;
 

@@ -262,6 +262,15 @@ inline at::ScalarType scalar_type(tf_dtype d) {
   return d == TF_DTYPE_BF16 ? at::kBFloat16 : d == TF_DTYPE_F16 ? at::kHalf : at::kFloat;
 }
 
+// Bytes per value of a parameter dtype, and a parameter's bytes in its
+// declared dense form (what it takes before any strategy converts it).
+inline int64_t element_bytes(tf_dtype d) {
+  return d == TF_DTYPE_F32 ? 4 : 2;
+}
+inline int64_t dense_bytes(const tf_param_info& info) {
+  return info.numel * element_bytes(info.dtype);
+}
+
 inline tf_config_key key(const char* name, tf_value_type type, const char* default_value,
                          const char* doc, double min_value = 1, double max_value = 0,
                          const char* choices = nullptr) {

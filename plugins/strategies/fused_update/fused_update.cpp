@@ -100,7 +100,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
     for (const std::string& name : s->host.param_names()) {
       const tf_param_info info = s->host.param_info(name);
       if (!info.trainable) continue;
-      const int64_t bytes = info.numel * (info.dtype == TF_DTYPE_F32 ? 4 : 2);
+      const int64_t bytes = tf_sdk::dense_bytes(info);
       all += bytes;
       largest = std::max(largest, bytes);
     }

@@ -174,7 +174,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
     int64_t per_token = 0;
     for (const auto& [name, ad] : s->adapters) {
       const tf_param_info info = s->host.param_info(name);
-      const int64_t elt = info.dtype == TF_DTYPE_F32 ? 4 : 2;
+      const int64_t elt = tf_sdk::element_bytes(info.dtype);
       if (info.stage >= 0 && s->host.stage_info(info.stage).skip) continue;
       if (inputs.insert({info.stage, info.shape[1]}).second) per_token += info.shape[1] * elt;
       per_token += s->rank * elt;

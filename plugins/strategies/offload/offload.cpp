@@ -600,9 +600,8 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
             s->host.stage_info(info.stage).skip)
           continue;
         // Not allocated yet in a plan: its declared dense size.
-        stage_bytes[info.stage] += info.stored_bytes > 0
-                                       ? info.stored_bytes
-                                       : info.numel * (info.dtype == TF_DTYPE_F32 ? 4 : 2);
+        stage_bytes[info.stage] +=
+            info.stored_bytes > 0 ? info.stored_bytes : tf_sdk::dense_bytes(info);
       }
     }
     int64_t moved = s->offloaded_bytes, largest = 0;

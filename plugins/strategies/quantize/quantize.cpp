@@ -444,7 +444,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
           s->host.stage_info(info.stage).kind != TF_STAGE_BLOCK ||
           s->host.stage_info(info.stage).skip)
         continue;
-      const int64_t n = info.numel, elt = info.dtype == TF_DTYPE_F32 ? 4 : 2;
+      const int64_t n = info.numel, elt = tf_sdk::element_bytes(info.dtype);
       dense += n * elt;
       largest = std::max(largest, n * elt);
       if (s->format == "int8")
