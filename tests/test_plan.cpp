@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <sstream>
 
 #include "memory_plan.hpp"
 #include "test_support.hpp"
@@ -173,6 +174,37 @@ TEST(Plan, SaysWhetherABudgetFits) {
   EXPECT_EQ(test::run_tightfit("plan " + path + " --budget lots", &out), 2) << out;
   EXPECT_NE(out.find("--budget"), std::string::npos) << out;
   EXPECT_EQ(test::run_tightfit("plan " + (dir.path() / "missing.toml").string(), &out), 2) << out;
+}
+
+// The fit table: its largest batch is the largest whose plan fits the card.
+TEST(Plan, GpuTableGivesTheLargestBatchThatFits) {
+  test::TempDir dir;
+  const std::string path = test::write_file(dir, "r.toml", recipe(dir.str(), kGpt2, kStandard, ""));
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("plan " + path + " --gpus 3070", &out), 0) << out;
+  const size_t row = out.find("RTX 3070 8GB");
+  ASSERT_NE(row, std::string::npos) << out;
+  std::istringstream fields(out.substr(row + std::string("RTX 3070 8GB").size()));
+  std::string usable, fits, headroom;
+  int64_t batch = 0;
+  fields >> usable >> fits >> headroom >> batch;
+  EXPECT_EQ(fits, "yes") << out;
+  ASSERT_GT(batch, 8) << out;
+  const int64_t card = static_cast<int64_t>((8 * 0.95 - 0.5) * 1024 * 1024 * 1024);
+  auto peak_at = [&](int64_t b) {
+    std::string json;
+    EXPECT_EQ(test::run_tightfit("plan " + path + " --json --set data.batch_size=" +
+                                     std::to_string(b) + " 2>/dev/null",
+                                 &json),
+              0)
+        << json;
+    const size_t at = json.find("\"device_peak\": ");
+    return std::stoll(json.substr(at + 15));
+  };
+  EXPECT_LE(peak_at(batch), card);
+  EXPECT_GT(peak_at(batch + 1), card);
+  EXPECT_EQ(test::run_tightfit("plan " + path + " --gpus 9090", &out), 2);
+  EXPECT_NE(out.find("unknown GPU \"9090\"; known: 3060"), std::string::npos) << out;
 }
 
 TEST(Plan, RunPrintsThePlanNextToTheMeasuredPeak) {

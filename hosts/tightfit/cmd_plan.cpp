@@ -1,11 +1,13 @@
 // `tightfit plan recipe.toml [--budget 16GiB] [--json]`: the memory a
 // recipe's training step will hold, by category and tier, before anything is
 // allocated (the recipe is composed as `run --dry-run` does).
+#include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "commands.hpp"
+#include "gpu_table.hpp"
 #include "logging.hpp"
 #include "memory_plan.hpp"
 #include "plugin_loader.hpp"
@@ -86,11 +88,84 @@ void print_plan(const std::string& source, const MemoryPlan& p, int64_t budget) 
   if (p.time_factor != 1)
     std::cout << "step time     x" << p.time_factor << " of the plain recipe\n";
   if (budget > 0) {
-    const int64_t room = budget - p.device_peak;
+    const int64_t room = budget - p.tracked_peak;
     std::cout << "budget        " << format_bytes(budget) << ": "
               << (room >= 0 ? "fits, " + format_bytes(room) + " to spare"
                             : "does NOT fit, " + format_bytes(-room) + " over")
               << "\n";
+  }
+}
+
+// --gpus NAMES: the named models (all for "all"); false, with the known
+// names printed, for a name it does not know.
+bool select_gpus(const std::string& list, std::vector<GpuModel>& out) {
+  if (list == "all") {
+    out = gpu_models();
+    return true;
+  }
+  std::stringstream ss(list);
+  for (std::string name; std::getline(ss, name, ',');) {
+    bool found = false;
+    for (const GpuModel& g : gpu_models())
+      if (name == g.name) {
+        out.push_back(g);
+        found = true;
+      }
+    if (!found) {
+      std::cerr << "tightfit plan: --gpus: unknown GPU \"" << name << "\"; known:";
+      for (const GpuModel& g : gpu_models()) std::cerr << " " << g.name;
+      std::cerr << " (or all)\n";
+      return false;
+    }
+  }
+  return true;
+}
+
+// The device peak with data.batch_size = batch (the recipe planned again).
+int64_t peak_at_batch(const Recipe& base, const PluginRegistry& registry, int64_t batch) {
+  Recipe r = base;
+  r.apply_override("data.batch_size=" + std::to_string(batch));
+  SessionOptions so;
+  so.dry_run = true;
+  Session session(r, registry, so);
+  return plan_memory(session).device_peak;
+}
+
+// The largest batch size whose plan fits `bytes` (0 when not even 1 does):
+// doubling, then bisection, planning the recipe again at each size.
+int64_t largest_batch(const Recipe& recipe, const PluginRegistry& registry, int64_t bytes) {
+  if (peak_at_batch(recipe, registry, 1) > bytes) return 0;
+  int64_t fits = 1, fails = 2;
+  while (fails <= (1 << 16) && peak_at_batch(recipe, registry, fails) <= bytes) {
+    fits = fails;
+    fails *= 2;
+  }
+  if (fails > (1 << 16)) return fits;
+  while (fails - fits > 1) {
+    const int64_t mid = (fits + fails) / 2;
+    (peak_at_batch(recipe, registry, mid) <= bytes ? fits : fails) = mid;
+  }
+  return fits;
+}
+
+void print_gpu_table(const Recipe& recipe, const PluginRegistry& registry, const MemoryPlan& plan,
+                     const std::vector<GpuModel>& gpus) {
+  std::cout << "\nGPU fit (device tier; usable = memory less 5% and 0.5 GiB for the CUDA context "
+               "and allocator):\n";
+  char line[160];
+  std::snprintf(line, sizeof line, "  %-15s %10s %6s %12s %12s\n", "GPU", "usable", "fits",
+                "headroom", "max batch");
+  std::cout << line;
+  for (const GpuModel& g : gpus) {
+    const int64_t usable = usable_bytes(g);
+    const int64_t room = usable - plan.device_peak;
+    const int64_t batch = largest_batch(recipe, registry, usable);
+    const std::string headroom = (room >= 0 ? "+" : "-") + format_bytes(room >= 0 ? room : -room);
+    const std::string max_batch = batch > 0 ? std::to_string(batch) : "none";
+    std::snprintf(line, sizeof line, "  %-15s %10s %6s %12s %12s\n", g.label,
+                  format_bytes(usable).c_str(), room >= 0 ? "yes" : "no", headroom.c_str(),
+                  max_batch.c_str());
+    std::cout << line;
   }
 }
 
@@ -101,7 +176,10 @@ int plan_command(const std::vector<std::string>& args) {
   opts.add_options()("help,h", "show this help")(
       "set", po::value<std::vector<std::string>>()->composing(), "override a recipe key")(
       "budget", po::value<std::string>(), "a memory budget to check the plan against, e.g. 8GiB")(
-      "json", "print the plan as JSON");
+      "json", "print the plan as JSON")(
+      "gpus", po::value<std::string>()->implicit_value("all"),
+      "the fit table for GPUs: all, or a comma list of 3060, 3070, 3080, 4070, 4080, 4090, 5080, "
+      "a100-40, a100-80, h100 (fits, headroom, largest batch that fits)");
   po::variables_map vm;
   if (!parse_command_line(args, opts, "recipe", "plan", vm)) return kUsage;
   if (vm.count("help") || !vm.count("recipe")) {
@@ -127,11 +205,18 @@ int plan_command(const std::vector<std::string>& args) {
     so.dry_run = true;
     Session session(recipe, registry, so);
     const MemoryPlan plan = plan_memory(session);
+    if (vm.count("gpus")) {
+      std::vector<GpuModel> gpus;
+      if (!select_gpus(vm["gpus"].as<std::string>(), gpus)) return kUsage;
+      print_plan(recipe.source(), plan, budget);
+      print_gpu_table(recipe, registry, plan, gpus);
+      return kOk;
+    }
     if (vm.count("json"))
       std::cout << plan_json(plan).dump(2) << "\n";
     else
       print_plan(recipe.source(), plan, budget);
-    return budget > 0 && plan.device_peak > budget ? kOutOfBudget : kOk;
+    return budget > 0 && plan.tracked_peak > budget ? kOutOfBudget : kOk;
   } catch (const RecipeError& e) {
     std::cerr << "tightfit: recipe error: " << e.what() << "\n";
     return kUsage;
