@@ -705,6 +705,34 @@ tf_status h_dist_barrier(tf_host_context* ctx) {
   });
 }
 
+std::map<std::string, tf_param_plan>::iterator planned(tf_host_context* ctx, const char* name) {
+  require(name, "name");
+  if (!ctx->session->planning())
+    throw std::logic_error("the planned parameter table is only open inside estimate_memory");
+  auto& table = ctx->session->param_plan();
+  auto it = table.find(name);
+  if (it == table.end())
+    throw std::out_of_range(std::string("no planned parameter \"") + name +
+                            "\" (absent, in a skipped stage, or not declared)");
+  return it;
+}
+tf_status h_plan_param_get(tf_host_context* ctx, const char* name, tf_param_plan* out) {
+  return serve(ctx, [&] {
+    check_size(out, "tf_param_plan");
+    write_struct(out, planned(ctx, name)->second);
+  });
+}
+tf_status h_plan_param_set(tf_host_context* ctx, const char* name, const tf_param_plan* in) {
+  return serve(ctx, [&] {
+    require(in, "in");
+    tf_param_plan p = read_struct(in);
+    if (p.bytes < 0) throw std::invalid_argument("planned bytes must not be negative");
+    if (p.tier < 0 || p.tier >= TF_TIER_COUNT) throw std::invalid_argument("no such tier");
+    p.struct_size = sizeof p;
+    planned(ctx, name)->second = p;
+  });
+}
+
 tf_host_api make_table() {
   tf_host_api t{};
   t.struct_size = sizeof(tf_host_api);
@@ -772,6 +800,8 @@ tf_host_api make_table() {
   t.dist_all_gather = h_dist_all_gather;
   t.dist_broadcast = h_dist_broadcast;
   t.dist_barrier = h_dist_barrier;
+  t.plan_param_get = h_plan_param_get;
+  t.plan_param_set = h_plan_param_set;
   return t;
 }
 

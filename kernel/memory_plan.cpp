@@ -153,12 +153,37 @@ MemoryPlan plan_memory(Session& s) {
   TierCounts held{};
   bool grads_in_forward = false;
   held[TF_TIER_DEVICE] = b.bytes;
+  // The planned parameter table: declared, dense, on the device; strategies
+  // that convert or move parameters edit it while they are asked.
+  auto& table = s.param_plan();
+  table.clear();
+  const auto& stages = s.stages();
+  for (const Param& p : s.store().all()) {
+    if (p.absent || (p.stage >= 0 && static_cast<size_t>(p.stage) < stages.size() &&
+                     stages[static_cast<size_t>(p.stage)].skip))
+      continue;
+    table[p.name] = tf_param_plan{sizeof(tf_param_plan), p.numel() * element_bytes(p.dtype),
+                                  TF_FORMAT_DENSE, TF_TIER_DEVICE};
+  }
+  s.set_planning(true);
+  struct EndPlanning {
+    Session& s;
+    ~EndPlanning() { s.set_planning(false); }
+  } end_planning{s};
   for (PluginInstance& inst : s.strategies())
     plan.contributions.push_back(
         ask(s, inst, inst.plugin->name, inst.plugin->strategy()->estimate_memory, model));
   if (s.schedule().plugin)
     plan.contributions.push_back(ask(s, s.schedule(), "schedule " + s.schedule().plugin->name,
                                      s.schedule().plugin->schedule()->estimate_memory, model));
+  s.set_planning(false);
+  // Weights and adapters per tier from the table.
+  held[TF_TIER_DEVICE][TF_MEM_WEIGHTS] = held[TF_TIER_DEVICE][TF_MEM_ADAPTERS] = 0;
+  for (const auto& [name, planned] : table) {
+    const bool adapter = (s.store().get(name).flags & TF_PARAM_ADAPTER) != 0;
+    held[static_cast<size_t>(planned.tier)][adapter ? TF_MEM_ADAPTERS : TF_MEM_WEIGHTS] +=
+        planned.bytes;
+  }
   for (const PlanContribution& c : plan.contributions) {
     if (!c.estimated) {
       plan.unestimated.push_back(c.plugin);

@@ -419,7 +419,6 @@ void Session::build(const PluginRegistry& base_registry) {
                                                                      strategies_[i].ctx.get()),
                      "params_ready");
 
-
   recompute_anchor_ = at::empty({0}, at::TensorOptions().device(device_)).requires_grad_(true);
 
   // Found now rather than after the training: [save] hf needs every weight.

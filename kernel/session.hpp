@@ -224,6 +224,11 @@ class Session {
   std::string checkpoint_dir() const;
   // Counted CPU bytes by category, plus the CUDA allocator's totals on a CUDA run.
   MemorySnapshot memory_snapshot() const;
+  // The planned parameter table `plan` fills and strategies' estimates edit
+  // (memory_plan.cpp); `planning` while the estimates are asked.
+  std::map<std::string, tf_param_plan>& param_plan() { return param_plan_; }
+  bool planning() const { return planning_; }
+  void set_planning(bool on) { planning_ = on; }
 
  private:
   void build(const PluginRegistry& registry);
@@ -261,6 +266,8 @@ class Session {
 
   int64_t step_ = 0;
   std::map<std::string, double> step_metrics_;
+  std::map<std::string, tf_param_plan> param_plan_;
+  bool planning_ = false;
   std::map<int32_t, std::map<std::string, at::Tensor>> snapshots_;
   int32_t next_snapshot_ = 1;
   MetricsWriter metrics_;

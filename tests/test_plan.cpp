@@ -130,6 +130,13 @@ INSTANTIATE_TEST_SUITE_P(
                  "[[strategy]]\nplugin = \"lora\"\n[[strategy]]\nplugin = \"offload\"\n"
                  "params = \"disk\"\nprefetch = 2\n",
                  false},
+        PeakCase{"llama_qlora_offload_disk", kLlama, kStandard,
+                 "[[strategy]]\nplugin = \"quantize\"\n[[strategy]]\nplugin = \"lora\"\n"
+                 "[[strategy]]\nplugin = \"offload\"\nparams = \"disk\"\n",
+                 false},
+        PeakCase{"llama_qlora_bf16", kLlama, kStandard,
+                 "[[strategy]]\nplugin = \"quantize\"\n[[strategy]]\nplugin = \"lora\"\n"
+                 "[[strategy]]\nplugin = \"precision\"\nmode = \"bf16\"\n"},
         PeakCase{"gpt2_offload_optimizer", kGpt2, kStandard,
                  "[[strategy]]\nplugin = \"offload\"\nparams = \"none\"\noptimizer = \"host\"\n"},
         PeakCase{"gpt2_fused_update", kGpt2, kStandard,

@@ -274,6 +274,14 @@ typedef struct tf_run_info {
   const char* run_dir; /* folder for this run's metrics, checkpoints, disk tier */
 } tf_run_info;
 
+/* A parameter as `plan` expects it to be stored (plan_param_get/set). */
+typedef struct tf_param_plan {
+  uint32_t struct_size;
+  int64_t bytes; /* stored bytes in its planned format */
+  tf_param_format format;
+  tf_residency tier;
+} tf_param_plan;
+
 typedef struct tf_param_info {
   uint32_t struct_size;
   const char* name;
@@ -599,7 +607,18 @@ typedef struct tf_host_api {
   tf_status (*dist_broadcast)(tf_host_context* ctx, tf_tensor t, int32_t root);
   tf_status (*dist_barrier)(tf_host_context* ctx);
 
-  void* reserved[12];
+  /* --- the planned parameter table (inside estimate_memory only) ---
+   * While `plan` asks for estimates it keeps, per parameter, the bytes, format
+   * and tier the recipe's strategies will give it, starting from the
+   * declaration (dense, declared dtype, device). A strategy that converts or
+   * moves parameters reads what earlier strategies planned and records its
+   * own change here, instead of a weights delta, so that conversions stack
+   * (4-bit weights then offloaded: the 4-bit bytes move). The plan's weights
+   * and adapters per tier are summed from this table. */
+  tf_status (*plan_param_get)(tf_host_context* ctx, const char* name, tf_param_plan* out);
+  tf_status (*plan_param_set)(tf_host_context* ctx, const char* name, const tf_param_plan* in);
+
+  void* reserved[10];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */

@@ -183,6 +183,21 @@ class Host {
     return names;
   }
 
+  // The planned parameter table (inside estimate_memory; hosts since the
+  // 1.0 tail): what earlier strategies planned for a parameter, and a change.
+  bool has_param_plan() const { return TF_HAS(api_, tf_host_api, plan_param_set); }
+  tf_param_plan planned(const std::string& name) const {
+    tf_param_plan p{};
+    p.struct_size = sizeof p;
+    check(api_->plan_param_get(ctx_, name.c_str(), &p));
+    return p;
+  }
+  void plan(const std::string& name, int64_t bytes, tf_param_format format,
+            tf_residency tier) const {
+    const tf_param_plan p{sizeof(tf_param_plan), bytes, format, tier};
+    check(api_->plan_param_set(ctx_, name.c_str(), &p));
+  }
+
   int32_t stage_count() const {
     int32_t n = 0;
     check(api_->stage_count(ctx_, &n));

@@ -599,7 +599,15 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
             info.stage < 0 || s->host.stage_info(info.stage).kind != TF_STAGE_BLOCK ||
             s->host.stage_info(info.stage).skip)
           continue;
-        // Not allocated yet in a plan: its declared dense size.
+        // In a plan: what earlier strategies planned for it (4-bit after
+        // quantize), moved to this tier in the table.
+        if (s->host.has_param_plan() && s->offloaded_bytes == 0) {
+          const tf_param_plan p = s->host.planned(name);
+          if (p.tier != TF_TIER_DEVICE) continue;
+          stage_bytes[info.stage] += p.bytes;
+          s->host.plan(name, p.bytes, p.format, s->tier());
+          continue;
+        }
         stage_bytes[info.stage] +=
             info.stored_bytes > 0 ? info.stored_bytes : tf_sdk::dense_bytes(info);
       }
@@ -609,8 +617,10 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
       if (s->offloaded_bytes == 0) moved += bytes;
       largest = std::max(largest, bytes);
     }
-    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] -= moved;
-    out->delta_bytes[s->tier()][TF_MEM_WEIGHTS] += moved;
+    if (!s->host.has_param_plan() || s->offloaded_bytes > 0) {  // as a weights delta
+      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] -= moved;
+      out->delta_bytes[s->tier()][TF_MEM_WEIGHTS] += moved;
+    }
     out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT] += (1 + s->prefetch) * largest;
     if (s->optimizer_tier != "none") {
       const int64_t bytes = 4 * state_slots(*s) * model->n_trainable;

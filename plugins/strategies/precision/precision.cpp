@@ -172,9 +172,33 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
     if (s->autocast) {
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] = -model->activation_bytes / 5;
     } else {
-      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] = -model->param_bytes / 2;
+      // fp32 weights still dense become bf16 (quantized ones stay as they
+      // are, and so does the dtype blocks compute in with them: the 16-bit
+      // activation ratio applies to the share of block weights converted).
+      double converted_share = 1.0;
+      if (s->host.has_param_plan()) {
+        int64_t block = 0, converted = 0;
+        for (const std::string& name : s->host.param_names()) {
+          const tf_param_info info = s->host.param_info(name);
+          if ((info.flags & TF_PARAM_ADAPTER) ||
+              (info.stage >= 0 && s->host.stage_info(info.stage).skip))
+            continue;
+          const bool in_block =
+              info.stage >= 0 && s->host.stage_info(info.stage).kind == TF_STAGE_BLOCK;
+          if (in_block) block += info.numel;
+          const tf_param_plan p = s->host.planned(name);
+          if (info.dtype != TF_DTYPE_F32 || p.format != TF_FORMAT_DENSE) continue;
+          s->host.plan(name, 2 * info.numel, p.format, p.tier);
+          if (in_block) converted += info.numel;
+        }
+        if (block > 0)
+          converted_share = static_cast<double>(converted) / static_cast<double>(block);
+      } else {
+        out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] = -model->param_bytes / 2;
+      }
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_GRADS] = -2 * model->n_trainable;
-      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] = -model->activation_bytes * 2 / 5;
+      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] = static_cast<int64_t>(
+          -0.4 * converted_share * static_cast<double>(model->activation_bytes));
       // The update works on an fp32 copy of one parameter at a time.
       int64_t largest = 0;
       for (const std::string& name : s->host.param_names()) {

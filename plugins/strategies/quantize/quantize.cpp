@@ -445,15 +445,20 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
           s->host.stage_info(info.stage).skip)
         continue;
       const int64_t n = info.numel, elt = tf_sdk::element_bytes(info.dtype);
+      const int64_t bytes =
+          s->format == "int8"
+              ? n + 4 * info.shape[0]
+              // 4-bit codes, one absmax per block (int8 with double quantization)
+              : n / 2 + (n / s->block) * (s->double_quant ? 1 : 4) + 8 * (n / s->block / 256 + 1);
       dense += n * elt;
+      compact += bytes;
       largest = std::max(largest, n * elt);
-      if (s->format == "int8")
-        compact += n + 4 * info.shape[0];
-      else  // 4-bit codes, one absmax per block (int8 with double quantization)
-        compact +=
-            n / 2 + (n / s->block) * (s->double_quant ? 1 : 4) + 8 * (n / s->block / 256 + 1);
+      if (s->host.has_param_plan())
+        s->host.plan(name, bytes, s->format == "int8" ? TF_FORMAT_INT8 : TF_FORMAT_NF4,
+                     s->host.planned(name).tier);
     }
-    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] = compact - dense;
+    if (!s->host.has_param_plan())  // an older host: as a weights delta
+      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] = compact - dense;
     out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT] = largest;
     if (s->adam8)  // two int8 moments and their fp32 block scales instead of two fp32 moments
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] =
