@@ -243,7 +243,10 @@ MemoryPlan plan_memory(Session& s) {
     }
     later_grads += own;
   }
-  if (all_grads == 0) {  // forward passes only (MeZO, evaluation): one stage at a time
+  // Forward passes only (MeZO) when neither gradients nor kept activations
+  // remain: one stage at a time. (Gradients alone can plan to nothing when
+  // strategies that each shrink them stack, as bf16 with the fused update.)
+  if (all_grads == 0 && act == 0) {
     best = resident;
     plan.peak_moment = "forward";
     for (const StagePlan& sp : b.stages) best = std::max(best, resident + sp.computing);

@@ -299,6 +299,38 @@ void Recipe::add_strategy(const std::string& plugin) {
   n->as_array()->push_back(toml::table{{"plugin", plugin}});
 }
 
+void Recipe::add_strategy(const std::string& plugin, const toml::table& keys) {
+  add_strategy(plugin);
+  toml::table* t = root_->get_as<toml::array>("strategy")->back().as_table();
+  for (const auto& [k, v] : keys)
+    if (k.str() != "plugin") t->insert_or_assign(k, v);
+}
+
+const toml::table* Recipe::strategy_table(const std::string& plugin) const {
+  for (const toml::table* t : array_tables("strategy"))
+    if ((*t)["plugin"].value_or(std::string()) == plugin) return t;
+  return nullptr;
+}
+
+void Recipe::remove_strategies(const std::vector<std::string>& plugins) {
+  if (root_.use_count() > 1) root_ = std::make_shared<toml::table>(*root_);
+  toml::array* a = root_->get_as<toml::array>("strategy");
+  if (!a) return;
+  for (size_t i = a->size(); i-- > 0;) {
+    const toml::table* t = (*a)[i].as_table();
+    const std::string name = t ? (*t)["plugin"].value_or(std::string()) : std::string();
+    if (std::find(plugins.begin(), plugins.end(), name) != plugins.end())
+      a->erase(a->begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  if (a->empty()) root_->erase("strategy");
+}
+
+std::string Recipe::to_toml() const {
+  std::ostringstream os;
+  os << *root_;
+  return os.str();
+}
+
 void Recipe::apply_override(const std::string& assignment) {
   const auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)

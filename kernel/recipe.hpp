@@ -70,6 +70,15 @@ class Recipe {
   // Appends a [[strategy]] table with plugin = `plugin` (`tightfit run
   // --add-strategy`); its keys can then be --set by the plugin's name.
   void add_strategy(const std::string& plugin);
+  // ... with `keys` (a table without `plugin`) as its recipe keys.
+  void add_strategy(const std::string& plugin, const toml::table& keys);
+  // The first [[strategy]] table of `plugin`, or nullptr.
+  const toml::table* strategy_table(const std::string& plugin) const;
+  // Drops the [[strategy]] tables whose plugin is one of `plugins` (`fit`
+  // replaces the strategies it searches over).
+  void remove_strategies(const std::vector<std::string>& plugins);
+  // The recipe as TOML text (comments are not kept).
+  std::string to_toml() const;
 
   const std::string& source() const { return source_; }
   const toml::table& root() const { return *root_; }

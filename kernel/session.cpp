@@ -259,6 +259,8 @@ void Session::build(const PluginRegistry& base_registry) {
   run_info_.device = device_str_.c_str();
   run_info_.rank = dist ? dist->rank : 0;
   run_info_.world_size = dist ? dist->world_size : 1;
+  if (options_.dry_run && options_.plan_world_size > 0)
+    run_info_.world_size = options_.plan_world_size;
   run_info_.local_rank = dist ? dist->local_rank : 0;
   run_info_.vocab_size = tokenizer_->vocab_size();
   run_info_.seq_len = data_cfg_.get_int("seq_len");

@@ -109,6 +109,9 @@ struct SessionOptions {
   // Validate the recipe and compose the plugins, but allocate no parameters
   // (`tightfit run --dry-run`); nothing else may be called.
   bool dry_run = false;
+  // A dry run planned for this many ranks (`plan --ranks`, `fit --ranks`);
+  // 0 = the launch environment's world size.
+  int plan_world_size = 0;
   std::function<void(const ProgressInfo&)> on_progress;
   std::function<void(const std::string&)> on_log;  // kernel and plugin log lines
 };

@@ -30,5 +30,6 @@ int generate_command(const std::vector<std::string>& args);
 int export_command(const std::vector<std::string>& args);
 int ab_command(const std::vector<std::string>& args);
 int plan_command(const std::vector<std::string>& args);
+int fit_command(const std::vector<std::string>& args);
 
 }  // namespace tightfit::host

@@ -23,6 +23,8 @@ void usage(std::ostream& os) {
         "  ab BASE.toml --vary KEY=V1,V2      ... or one recipe with a key varied\n"
         "  plan RECIPE [--budget 8GiB]        predicted peak memory by category and tier, before "
         "running\n"
+        "  fit RECIPE --budget 8GiB           the fastest stack of strategies that fits, written "
+        "as a recipe\n"
         "  plugins list                       installed plugins: kind, versions, origin, path\n"
         "  plugins info NAME                  a plugin's recipe keys with types, defaults, docs\n\n"
         "`tightfit <command> --help` shows a command's options.\n";
@@ -45,6 +47,7 @@ int main(int argc, char** argv) {
   if (cmd == "export") return tightfit::host::export_command(args);
   if (cmd == "ab") return tightfit::host::ab_command(args);
   if (cmd == "plan") return tightfit::host::plan_command(args);
+  if (cmd == "fit") return tightfit::host::fit_command(args);
   std::cerr << "tightfit: unknown command \"" << cmd << "\"\n\n";
   usage(std::cerr);
   return tightfit::host::kUsage;

@@ -180,7 +180,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     for (int64_t l = 0; l < L; ++l) {
       const int32_t st =
           m->host.declare_stage("block." + std::to_string(l), TF_STAGE_BLOCK, block_bytes,
-                                24 * C * C, frozen_block_bytes, C * elt);
+                                24 * C * C + 2 * T * C, frozen_block_bytes, C * elt);
       const uint32_t t = TF_PARAM_HF_TRANSPOSED;
       declare(*m, m->block(l, "ln_1.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
       declare(*m, m->block(l, "ln_1.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);

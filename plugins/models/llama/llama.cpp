@@ -254,7 +254,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     m->inv_freq = rope_inv_freq(s, m->head_dim()).to(at::Device(info.device));
 
     const int64_t L = s.n_layer, C = s.n_embd, V = s.vocab, D = m->head_dim(), I = s.intermediate;
-    const int64_t KV = s.n_kv_head * D, elt = m->dtype == at::kFloat ? 4 : 2;
+    const int64_t KV = s.n_kv_head * D, elt = m->dtype == at::kFloat ? 4 : 2, T = info.seq_len;
     const uint32_t no_decay = TF_PARAM_NO_WEIGHT_DECAY;
     const double std = 0.02, proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(L));
 
@@ -276,7 +276,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     for (int64_t l = 0; l < L; ++l) {
       const int32_t st = m->host.declare_stage(
           "block." + std::to_string(l), TF_STAGE_BLOCK, block_bytes,
-          2 * (2 * C * C + 2 * C * KV + 3 * C * I), frozen_block_bytes, C * elt);
+          2 * (2 * C * C + 2 * C * KV + 3 * C * I) + 2 * T * C, frozen_block_bytes, C * elt);
       declare(*m, m->layer(l, "input_layernorm.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
       declare(*m, m->layer(l, "self_attn.q_proj.weight"), {C, C}, st, TF_INIT_NORMAL, std, 0);
       declare(*m, m->layer(l, "self_attn.k_proj.weight"), {KV, C}, st, TF_INIT_NORMAL, std, 0);

@@ -240,9 +240,9 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     host.declare_stage("embed", TF_STAGE_EMBED, C * elt + 16, 0, C * elt + 16, C * elt);
     declare("rwkv.embeddings.weight", {V, C}, s.tie_embeddings ? -1 : 0, TF_INIT_UNIFORM, 1e-4, 0);
     for (int64_t l = 0; l < L; ++l) {
-      const int32_t st =
-          host.declare_stage("block." + std::to_string(l), TF_STAGE_BLOCK, block_bytes,
-                             2 * (4 * C * A + 2 * C * I + C * C), frozen_block_bytes, C * elt);
+      const int32_t st = host.declare_stage(
+          "block." + std::to_string(l), TF_STAGE_BLOCK, block_bytes,
+          2 * (4 * C * A + 2 * C * I + C * C) + 4 * m->chunk * A, frozen_block_bytes, C * elt);
       if (l == 0) {
         declare(m->block(0, "pre_ln.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
         declare(m->block(0, "pre_ln.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);

@@ -1,0 +1,169 @@
+#include "step_cost.hpp"
+
+#include <algorithm>
+#include <set>
+#include <vector>
+
+#include "session.hpp"
+
+namespace tightfit {
+
+namespace {
+
+// Plugins whose effect on time this model computes itself; any other
+// plugin's own time_factor (a third-party strategy, hybrid, MeZO) multiplies.
+const std::set<std::string> kModeled = {
+    "checkpoint", "quantize",     "offload",           "precision",
+    "lora",       "fused_update", "schedule standard", "schedule accumulate"};
+
+// The forward's share of a stage's elementwise work (backward about twice).
+constexpr double kForwardShare = 1.0 / 3;
+// AdamW touches per trainable value: the weight read and written, the
+// gradient read, two fp32 moments read and written.
+constexpr double kUpdateBytesPerValue = 4 * 2 + 4 + 8 * 2;
+
+struct StageWork {
+  double flops = 0;           // forward matmul FLOPs of one micro-batch
+  double adapter_values = 0;  // LoRA parameters in the stage
+  bool dense_trainable = false;
+  bool flows = false;  // a gradient flows back through it
+  bool recomputed = false;
+  bool bf16 = false;
+  double activation_bytes = 0;
+  double compact_values = 0;              // quantized weights dequantized at each use
+  double fp32_dense_values = 0;           // weights autocast casts at each use
+  double host_bytes = 0, disk_bytes = 0;  // offloaded weights fetched at each use
+};
+
+}  // namespace
+
+StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRates& rates,
+                           const CostOptions& options) {
+  StepCost cost;
+  const tf_run_info& run = s.run_info();
+  const double tokens = static_cast<double>(run.batch_size * run.seq_len);
+  const auto& stages = s.stages();
+  const size_t n = stages.size();
+  std::vector<StageWork> work(n);
+  auto stage_of = [&](const Param& p) {
+    return p.stage >= 0 && static_cast<size_t>(p.stage) < n ? static_cast<size_t>(p.stage) : n - 1;
+  };
+  double trainable_values = 0;
+  std::vector<bool> any_trainable(n, false);
+  const auto& table = s.param_plan();
+  for (const Param& p : s.store().all()) {
+    const auto it = table.find(p.name);
+    if (it == table.end()) continue;  // absent or skipped: never touched
+    StageWork& w = work[stage_of(p)];
+    const double values = static_cast<double>(p.numel());
+    const tf_param_plan& planned = it->second;
+    const bool adapter = (p.flags & TF_PARAM_ADAPTER) != 0;
+    if (p.trainable) {
+      trainable_values += values;
+      any_trainable[p.stage >= 0 ? stage_of(p) : 0] = true;
+      if (adapter)
+        w.adapter_values += values;
+      else
+        w.dense_trainable = true;
+    }
+    if (planned.format != TF_FORMAT_DENSE) {
+      w.compact_values += values;
+    } else {
+      const double bytes_per_value = static_cast<double>(planned.bytes) / std::max(1.0, values);
+      if (bytes_per_value <= 2 && p.shape.size() >= 2) w.bf16 = true;  // bf16 weights
+      if (bytes_per_value == 4 && p.shape.size() >= 2 && !adapter) w.fp32_dense_values += values;
+    }
+    if (planned.tier == TF_TIER_HOST) w.host_bytes += static_cast<double>(planned.bytes);
+    if (planned.tier == TF_TIER_DISK) w.disk_bytes += static_cast<double>(planned.bytes);
+  }
+  // A tier larger than what the page cache can hold is read cold every step.
+  const bool disk_cold = plan.disk_bytes > 0 &&
+                         static_cast<double>(plan.disk_bytes) >
+                             0.8 * static_cast<double>(std::max<int64_t>(rates.ram_available, 1));
+  const double disk_read = disk_cold ? rates.disk_read_cold : rates.disk_read_warm;
+  // On a CPU run the host tier is the same RAM: nothing crosses a link.
+  const double host_read = s.device().is_cpu() ? 0 : rates.host_link_bytes_per_s;
+
+  bool flows = false;
+  double per_micro_matmul = 0, per_micro_recompute = 0, per_micro_memory = 0, per_micro_dequant = 0,
+         per_micro_transfer = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const StageState& st = stages[i];
+    if (st.skip) continue;
+    StageWork& w = work[i];
+    flows = flows || any_trainable[i];
+    w.flows = flows;
+    w.recomputed = st.recompute && flows;
+    w.bf16 = w.bf16 || options.low_precision_compute;
+    w.flops = static_cast<double>(st.flops_per_token) * tokens;
+    const int64_t kept = w.dense_trainable || st.frozen_activation_bytes_per_token == 0
+                             ? st.activation_bytes_per_token
+                             : st.frozen_activation_bytes_per_token;
+    w.activation_bytes = static_cast<double>(kept) * tokens;
+
+    const double rate = std::max(1.0, rates.matmul_flops(run.batch_size * run.seq_len, w.bf16));
+    // Forward once; backward: the input's gradient (where a gradient flows)
+    // and the weights' (where they train); adapters 2 FLOPs a value a token
+    // per product, three products (forward, two gradients).
+    const double adapter_flops = 2 * w.adapter_values * tokens;
+    const double forward = (w.flops + adapter_flops) / rate;
+    const double backward =
+        w.flows ? ((w.dense_trainable ? 2 : 1) * w.flops + 2 * adapter_flops) / rate : 0;
+    per_micro_matmul += forward + backward;
+    if (w.recomputed) per_micro_recompute += forward;
+
+    const double uses = 1 + (w.recomputed ? 1 : 0) + (w.flows ? 1 : 0);
+    // The elementwise work scales with what autograd keeps: forward and
+    // backward at the measured rate; a recompute runs the forward's share
+    // again; without a backward only the forward's.
+    const double act_rate = std::max(
+        1.0, w.bf16 ? rates.activation_bf16_bytes_per_s : rates.activation_fp32_bytes_per_s);
+    const double act_passes = w.flows ? 1 + (w.recomputed ? kForwardShare : 0) : kForwardShare;
+    per_micro_memory += act_passes * w.activation_bytes / act_rate;
+    if (options.low_precision_compute)  // fp32 read, bf16 written, per forward (cast cached)
+      per_micro_memory +=
+          (1 + (w.recomputed ? 1 : 0)) * 6 * w.fp32_dense_values / rates.memory_bytes_per_s;
+    per_micro_dequant += uses * w.compact_values / std::max(1.0, rates.dequant_values_per_s);
+
+    // Offloaded weights are fetched for the forward (and recompute) and the
+    // backward; prefetch overlaps a fetch with the compute of the stages
+    // before it, up to `prefetch` stages of it.
+    double fetch = 0;
+    if (w.disk_bytes > 0) fetch += w.disk_bytes / std::max(1.0, disk_read);
+    if (w.host_bytes > 0 && host_read > 0) fetch += w.host_bytes / host_read;
+    const double fetches = 1 + (w.flows ? 1 : 0);
+    const double hidden = std::min(2, options.prefetch) * (forward + backward) / fetches;
+    per_micro_transfer += fetches * std::max(0.0, fetch - hidden);
+  }
+  const double m = static_cast<double>(std::max<int64_t>(1, options.micro_batches));
+  cost.matmul = m * per_micro_matmul;
+  cost.recompute = m * per_micro_recompute;
+  cost.memory = m * per_micro_memory;
+  cost.dequant = m * per_micro_dequant;
+  cost.transfer = m * per_micro_transfer;
+
+  // The update: AdamW's traffic over the trainable values, gradients summed
+  // across micro-batches, compact (8-bit) state decoded and encoded, and the
+  // state's tier traffic.
+  const double bw = rates.memory_bytes_per_s;
+  cost.update = trainable_values * kUpdateBytesPerValue / bw + (m - 1) * trainable_values * 12 / bw;
+  double state_device = 0, state_host = 0, state_disk = 0;
+  for (int t = 0; t < TF_TIER_COUNT; ++t) {
+    const double b = static_cast<double>(plan.at_peak[static_cast<size_t>(t)][TF_MEM_OPTIMIZER]);
+    (t == TF_TIER_HOST ? state_host : t == TF_TIER_DISK ? state_disk : state_device) += b;
+  }
+  const double state_total = state_device + state_host + state_disk;
+  if (trainable_values > 0 && state_total < 6 * trainable_values)  // compact moments
+    cost.update += 4 * trainable_values / std::max(1.0, rates.dequant_values_per_s);
+  if (state_host > 0 && host_read > 0)  // gradients down, weights back up
+    cost.update += 2 * 4 * trainable_values / host_read;
+  if (state_disk > 0)
+    cost.update +=
+        state_disk / std::max(1.0, disk_read) + state_disk / std::max(1.0, rates.disk_write);
+
+  for (const PlanContribution& c : plan.contributions)
+    if (c.time_factor > 0 && !kModeled.count(c.plugin)) cost.other *= c.time_factor;
+  return cost;
+}
+
+}  // namespace tightfit

@@ -1,0 +1,44 @@
+// The step-time cost model `tightfit fit` ranks strategy stacks with: from a
+// planned session (plan_memory has filled its parameter table) and the
+// machine's measured rates, the seconds one optimizer step should take, in
+// parts: matmuls (forward, backward, recomputation) at the measured FLOP/s
+// of their dtype and micro-batch, memory-bound work on the activations,
+// dequantizing compact weights each time they are used, moving offloaded
+// weights and optimizer state between tiers (what prefetch cannot hide), and
+// the update.
+#pragma once
+
+#include <string>
+
+#include "machine_rates.hpp"
+#include "memory_plan.hpp"
+
+namespace tightfit {
+
+class Session;
+
+// What the cost model needs to know that the plan does not show.
+struct CostOptions {
+  bool low_precision_compute = false;  // bf16/fp16 autocast
+  int prefetch = 0;                    // stages an offloaded tier is read ahead
+  int64_t micro_batches = 1;           // passes of data.batch_size per update
+};
+
+struct StepCost {
+  double matmul = 0;     // forward and backward matmuls
+  double recompute = 0;  // checkpointed stages' forward again
+  double memory = 0;     // memory-bound work on the activations (and autocast's casts)
+  double dequant = 0;    // compact weights made dense at each use
+  double transfer = 0;   // tier traffic prefetch does not hide
+  double update = 0;     // the optimizer step, with its state's tier traffic
+  double other = 1;      // factor from plugins' own time estimates (third-party strategies)
+  double total() const {
+    return (matmul + recompute + memory + dequant + transfer + update) * other;
+  }
+};
+
+// Seconds per optimizer step. `plan` must be plan_memory(session).
+StepCost predict_step_cost(Session& session, const MemoryPlan& plan, const MachineRates& rates,
+                           const CostOptions& options);
+
+}  // namespace tightfit

@@ -1,0 +1,246 @@
+// `tightfit fit` and the step-time cost model: the model's parts move the
+// way the strategies change the work (recompute, frozen weights, tiers,
+// micro-batches), and the command finds stacks that fit, writes a recipe
+// that plans within the budget, prefers exact stacks for quality, says so
+// when nothing fits, and --verify runs what it chose.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "file_util.hpp"
+#include "memory_plan.hpp"
+#include "recipe.hpp"
+#include "session.hpp"
+#include "step_cost.hpp"
+#include "test_support.hpp"
+
+namespace tightfit {
+namespace {
+
+const char* kGpt2 =
+    "plugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 4\nn_embd = 256\nn_head = 4\n"
+    "n_positions = 128\n";
+
+std::string recipe(const std::string& out, const std::string& strategies, int64_t batch_size = 8,
+                   const std::string& schedule = "") {
+  return "[run]\nname = \"f\"\nseed = 1\nsteps = 3\nlog_every = 1000\nsample_tokens = 0\n"
+         "eval_batches = 1\nout_dir = \"" +
+         out + "\"\n[model]\n" + kGpt2 +
+         "[data]\ncorpus = \"builtin:fortunes\"\ntokenizer = \"byte\"\nseq_len = 128\n"
+         "batch_size = " +
+         std::to_string(batch_size) + "\n[optimizer]\nname = \"adamw\"\nlr = 1e-3\n[schedule]\n" +
+         (schedule.empty() ? "plugin = \"standard\"\nwarmup_steps = 1\n" : schedule) + strategies;
+}
+
+// Round numbers, so that each part of the cost can be checked by hand.
+MachineRates fixed_rates() {
+  MachineRates r;
+  r.fp32_flops[1024] = 1e11;
+  r.bf16_flops[1024] = 4e11;
+  r.memory_bytes_per_s = 4e10;
+  r.host_link_bytes_per_s = 2e10;
+  r.activation_fp32_bytes_per_s = r.activation_bf16_bytes_per_s = 2e9;
+  r.dequant_values_per_s = 1e9;
+  r.disk_read_warm = 1e9;
+  r.disk_read_cold = 1e8;
+  r.disk_write = 1e8;
+  r.ram_available = int64_t{1} << 40;
+  return r;
+}
+
+StepCost cost_of(const std::string& text, const CostOptions& options = {}) {
+  SessionOptions dry;
+  dry.dry_run = true;
+  auto s = test::make_session(text, dry);
+  const MemoryPlan plan = plan_memory(*s);
+  return predict_step_cost(*s, plan, fixed_rates(), options);
+}
+
+TEST(StepCost, CheckpointingAddsTheForwardOfTheRecomputedBlocks) {
+  test::TempDir dir;
+  const StepCost plain = cost_of(recipe(dir.str(), ""));
+  const StepCost ckpt =
+      cost_of(recipe(dir.str(), "[[strategy]]\nplugin = \"checkpoint\"\nevery = 1\n"));
+  EXPECT_EQ(plain.recompute, 0);
+  // Forward, input gradient and weight gradient are three equal matmul
+  // passes; recomputing every block adds the blocks' forward: just under a
+  // third of the matmuls (embedding and head are not recomputed).
+  EXPECT_GT(ckpt.recompute, 0.2 * plain.matmul);
+  EXPECT_LT(ckpt.recompute, 1.0 / 3 * plain.matmul);
+  EXPECT_DOUBLE_EQ(ckpt.matmul, plain.matmul);
+  EXPECT_GT(ckpt.total(), plain.total());
+}
+
+TEST(StepCost, FrozenWeightsSkipTheirWeightGradientAndPayForDequantizing) {
+  test::TempDir dir;
+  const StepCost plain = cost_of(recipe(dir.str(), ""));
+  const std::string lora = "[[strategy]]\nplugin = \"lora\"\nrank = 8\n";
+  const StepCost adapters = cost_of(recipe(dir.str(), lora));
+  // No weight gradients for the frozen blocks: about two thirds of the
+  // matmul work (the head's tied embedding still trains).
+  EXPECT_LT(adapters.matmul, 0.8 * plain.matmul);
+  EXPECT_GT(adapters.matmul, 0.6 * plain.matmul);
+  EXPECT_LT(adapters.update, plain.update);
+  const StepCost qlora =
+      cost_of(recipe(dir.str(), lora + "[[strategy]]\nplugin = \"quantize\"\nformat = \"nf4\"\n"));
+  EXPECT_EQ(adapters.dequant, 0);
+  // Each block's 12 C^2 weights dequantized in forward and backward.
+  const double values = 4 * 12.0 * 256 * 256;
+  EXPECT_NEAR(qlora.dequant, 2 * values / 1e9, 0.05 * 2 * values / 1e9);
+}
+
+TEST(StepCost, PrefetchHidesDiskReadsBehindCompute) {
+  test::TempDir dir;
+  const std::string base =
+      "[[strategy]]\nplugin = \"lora\"\nrank = 8\n[[strategy]]\nplugin = \"offload\"\n"
+      "params = \"disk\"\n";
+  CostOptions none;
+  const StepCost exposed = cost_of(recipe(dir.str(), base + "prefetch = 0\n"), none);
+  // Every block's fp32 weights read twice (forward, backward) at 1 GB/s.
+  const double bytes = 4 * 12.0 * 256 * 256 * 4;
+  EXPECT_NEAR(exposed.transfer, 2 * bytes / 1e9, 0.05 * 2 * bytes / 1e9);
+  CostOptions two;
+  two.prefetch = 2;
+  const StepCost hidden = cost_of(recipe(dir.str(), base + "prefetch = 2\n"), two);
+  EXPECT_LT(hidden.transfer, exposed.transfer);
+}
+
+TEST(StepCost, MicroBatchesRepeatTheWorkOfASmallerBatch) {
+  test::TempDir dir;
+  const StepCost whole = cost_of(recipe(dir.str(), "", 8));
+  CostOptions four;
+  four.micro_batches = 4;
+  const StepCost micro = cost_of(
+      recipe(dir.str(), "", 2, "plugin = \"accumulate\"\nmicro_batches = 4\nwarmup_steps = 1\n"),
+      four);
+  // The same tokens' matmuls (the fixed rates do not depend on the rows),
+  // plus the gradients summed three more times.
+  EXPECT_NEAR(micro.matmul, whole.matmul, 1e-9 * whole.matmul);
+  EXPECT_GT(micro.update, whole.update);
+}
+
+TEST(Recipe, StrategiesAreReplacedAndWrittenBack) {
+  test::TempDir dir;
+  Recipe r = Recipe::parse(recipe(dir.str(),
+                                  "[[strategy]]\nplugin = \"checkpoint\"\n[[strategy]]\n"
+                                  "plugin = \"lora\"\nrank = 4\ntargets = [\"c_attn\"]\n"),
+                           "r.toml");
+  ASSERT_NE(r.strategy_table("lora"), nullptr);
+  toml::table keys = *r.strategy_table("lora");
+  keys.insert_or_assign("rank", int64_t{16});
+  r.remove_strategies({"lora", "checkpoint"});
+  EXPECT_EQ(r.strategy_table("checkpoint"), nullptr);
+  r.add_strategy("lora", keys);
+  const Recipe back = Recipe::parse(r.to_toml(), "back.toml");
+  const toml::table* lora = back.strategy_table("lora");
+  ASSERT_NE(lora, nullptr);
+  EXPECT_EQ((*lora)["rank"].value_or(int64_t{0}), 16);
+  EXPECT_EQ((*lora)["targets"][0].value_or(std::string()), "c_attn");
+  EXPECT_EQ(back.array_tables("strategy").size(), 1u);
+}
+
+// The planned peak (bytes) of a recipe file, from `plan --json`.
+int64_t planned_peak(const std::string& path) {
+  std::string json;
+  EXPECT_EQ(test::run_tightfit("plan " + path + " --json 2>/dev/null", &json), 0) << json;
+  const size_t at = json.find("\"tracked_peak\": ");
+  EXPECT_NE(at, std::string::npos) << json;
+  return std::stoll(json.substr(at + 16));
+}
+
+TEST(Fit, WritesARecipeThatFitsTheBudget) {
+  test::TempDir dir;
+  const std::string path = test::write_file(dir, "r.toml", recipe(dir.str(), ""));
+  const int64_t plain = planned_peak(path);
+  const int64_t budget = plain / 2;
+  const std::string out = (dir.path() / "fit.toml").string();
+  std::string log;
+  ASSERT_EQ(test::run_tightfit(
+                "fit " + path + " --budget " + std::to_string(budget) + " --out " + out, &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("(does not fit)"), std::string::npos) << log;  // the plain recipe
+  EXPECT_NE(log.find("written       " + out), std::string::npos) << log;
+  const int64_t fitted = planned_peak(out);
+  EXPECT_LE(fitted, budget);
+  EXPECT_GT(fitted, 0);
+  // It still trains all weights: a full fine-tune fits half the plain peak.
+  EXPECT_EQ(Recipe::load(out).strategy_table("lora"), nullptr) << read_file_text(out);
+}
+
+TEST(Fit, QualityKeepsThePlainRecipeWhenItFits) {
+  test::TempDir dir;
+  const std::string path = test::write_file(dir, "r.toml", recipe(dir.str(), ""));
+  const std::string out = (dir.path() / "fit.toml").string();
+  std::string log;
+  ASSERT_EQ(
+      test::run_tightfit("fit " + path + " --budget 64GiB --objective quality --out " + out, &log),
+      0)
+      << log;
+  EXPECT_NE(log.find("written       " + out + " (plain)"), std::string::npos) << log;
+  EXPECT_TRUE(Recipe::load(out).array_tables("strategy").empty());
+}
+
+TEST(Fit, TrainsAdaptersOnlyWhenNoFullFineTuneFits) {
+  test::TempDir dir;
+  const std::string path = test::write_file(dir, "r.toml", recipe(dir.str(), ""));
+  const std::string out = (dir.path() / "fit.toml").string();
+  std::string log;
+  // Below what any full fine-tune plans (the weights alone are 3.5 MiB of
+  // embedding and 12 MiB of blocks, bf16 halves them).
+  ASSERT_EQ(test::run_tightfit("fit " + path + " --budget 6MiB --out " + out, &log), 0) << log;
+  EXPECT_NE(log.find("LoRA adapters train instead"), std::string::npos) << log;
+  EXPECT_NE(Recipe::load(out).strategy_table("lora"), nullptr);
+  EXPECT_LE(planned_peak(out), 6 << 20);
+  EXPECT_EQ(test::run_tightfit("fit " + path + " --budget 6MiB --without lora --out " + out, &log),
+            3)
+      << log;
+  EXPECT_NE(log.find("no stack of the installed strategies fits 6.0MiB; the smallest is"),
+            std::string::npos)
+      << log;
+}
+
+TEST(Fit, RefusesBadInput) {
+  test::TempDir dir;
+  const std::string path = test::write_file(dir, "r.toml", recipe(dir.str(), ""));
+  std::string log;
+  EXPECT_EQ(test::run_tightfit("fit " + path, &log), 2) << log;
+  EXPECT_NE(log.find("--budget is required"), std::string::npos) << log;
+  EXPECT_EQ(test::run_tightfit("fit " + path + " --budget 1GiB --objective cheap", &log), 2);
+  EXPECT_NE(log.find("--objective is speed or quality"), std::string::npos) << log;
+  EXPECT_EQ(test::run_tightfit("fit " + path + " --budget 1MiB", &log), 3) << log;
+  EXPECT_EQ(test::run_tightfit("fit " + path + " --budget 1GiB --keep nosuch", &log), 2) << log;
+  EXPECT_NE(log.find("no plugin named \"nosuch\""), std::string::npos) << log;
+}
+
+TEST(Fit, VerifyRunsTheTopStacksAndComparesThem) {
+  test::TempDir dir;
+  const std::string path = test::write_file(dir, "r.toml", recipe(dir.str(), ""));
+  const int64_t budget = planned_peak(path) * 3 / 5;
+  std::string log;
+  ASSERT_EQ(test::run_tightfit("fit " + path + " --budget " + std::to_string(budget) + " --out " +
+                                   (dir.path() / "fit.toml").string() +
+                                   " --verify --verify-top 2 --verify-steps 3",
+                               &log),
+            0)
+      << log;
+  EXPECT_EQ(log.find("the run failed"), std::string::npos) << log;
+  EXPECT_NE(log.find("rank correlation of predicted and measured step time"), std::string::npos)
+      << log;
+  // Each verified row: planned, measured and their error within 15%.
+  std::istringstream lines(log.substr(log.find("verify: ")));
+  int rows = 0;
+  for (std::string line; std::getline(lines, line);) {
+    const size_t pct = line.find('%');
+    if (line.rfind("  1 ", 0) != 0 && line.rfind("  2 ", 0) != 0) continue;
+    ++rows;
+    const size_t start = line.rfind(' ', pct) + 1;
+    EXPECT_LE(std::abs(std::strtod(line.substr(start, pct - start).c_str(), nullptr)), 15.0)
+        << line;
+  }
+  EXPECT_EQ(rows, 2) << log;
+}
+
+}  // namespace
+}  // namespace tightfit
