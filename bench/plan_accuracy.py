@@ -23,10 +23,15 @@ GPT2_124M = 'plugin = "gpt2"\npreset = "124M"'
 LLAMA = ('plugin = "llama"\npreset = "custom"\nn_layer = 4\nn_embd = 256\nn_head = 4\n'
          'n_kv_head = 2\nintermediate_size = 688\nmax_positions = 256')
 RWKV = 'plugin = "rwkv"\npreset = "custom"\nn_layer = 4\nn_embd = 256'
+LLAMA_BIG_VOCAB = ('plugin = "llama"\npreset = "custom"\nn_layer = 2\nn_embd = 256\nn_head = 4\n'
+                   'n_kv_head = 2\nintermediate_size = 688\nmax_positions = 128\n'
+                   'vocab_size = 32000\ntie_embeddings = true')
 STD = 'plugin = "standard"\nwarmup_steps = 1'
 
 
 def strategy(name, keys=""):
+    if keys and not keys.endswith("\n"):
+        keys += "\n"
     return f'[[strategy]]\nplugin = "{name}"\n{keys}'
 
 
@@ -37,6 +42,9 @@ CASES = [
     ("rwkv", RWKV, STD, "", 8, 128),
     ("gpt2 checkpoint", GPT2, STD, strategy("checkpoint"), 8, 128),
     ("llama checkpoint", LLAMA, STD, strategy("checkpoint"), 8, 128),
+    ("llama vocab 32k tied", LLAMA_BIG_VOCAB, STD, "", 8, 128),
+    ("llama vocab 32k lora autocast", LLAMA_BIG_VOCAB, STD,
+     strategy("lora") + strategy("precision"), 8, 128),
     ("rwkv checkpoint", RWKV, STD, strategy("checkpoint"), 8, 128),
     ("gpt2 lora", GPT2, STD, strategy("lora", 'targets = ["c_attn"]'), 8, 128),
     ("rwkv lora", RWKV, STD, strategy("lora", 'targets = ["key", "value", "receptance"]'), 8, 128),
@@ -66,6 +74,11 @@ CASES = [
     ("gpt2-124M", GPT2_124M, STD, "", 4, 128),
     ("gpt2-124M checkpoint", GPT2_124M, STD, strategy("checkpoint"), 4, 128),
     ("gpt2-124M lora", GPT2_124M, STD, strategy("lora", 'targets = ["c_attn"]'), 4, 128),
+    # The notes' QLoRA stack on the LLaMA-3.2-1B shape (128,256-word tied
+    # vocabulary), at a batch this CPU runs in seconds.
+    ("llama-1B qlora autocast ckpt", 'plugin = "llama"\npreset = "1B"', STD,
+     strategy("lora", 'targets = ["q", "k", "v", "o", "gate", "up", "down"]\nrank = 32') +
+     strategy("quantize") + strategy("precision") + strategy("checkpoint"), 2, 256),
 ]
 QUICK = {"gpt2", "llama", "rwkv", "gpt2 checkpoint", "llama qlora"}
 
@@ -119,6 +132,44 @@ def measure(name, model, schedule, strategies, batch, seq, work):
     }
 
 
+def accelerate_reference(rows):
+    """What `accelerate estimate-memory` prints for the same models, by its
+    own functions (the command itself only takes Hub names; nothing may be
+    downloaded here): the model's size and "Training using Adam" — weights,
+    gradients and optimizer state, no activations, no batch."""
+    import transformers
+    from accelerate import init_empty_weights
+    from accelerate.commands.estimate import estimate_training_usage
+    from accelerate.utils import calculate_maximum_sizes
+
+    configs = {
+        "gpt2-124M": transformers.GPT2Config(),
+        "llama-1B qlora autocast ckpt": transformers.LlamaConfig(
+            vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+            num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True),
+    }
+    measured = {r["recipe"]: r for r in rows}
+    out = []
+    print("\naccelerate estimate-memory on the same configurations (its functions):")
+    print(f"{'recipe':30s} {'fp32 size':>10s} {'int4 size':>10s} {'Adam fp32':>10s} "
+          f"{'tightfit plan':>14s} {'measured':>9s}  MiB")
+    for name, cfg in configs.items():
+        with init_empty_weights():
+            model = transformers.AutoModelForCausalLM.from_config(cfg)
+        total, _ = calculate_maximum_sizes(model)
+        adam = max(estimate_training_usage(total, "float32").values())
+        r = measured.get(name)
+        row = {"recipe": name, "accelerate_fp32_bytes": total, "accelerate_int4_bytes": total / 8,
+               "accelerate_training_adam_fp32_bytes": adam}
+        if r:
+            row.update(planned_bytes=r["planned_bytes"], measured_bytes=r["measured_bytes"])
+        out.append(row)
+        plan = f"{r['planned_bytes'] / 2**20:14.1f} {r['measured_bytes'] / 2**20:9.1f}" if r else ""
+        print(f"{name:30s} {total / 2**20:10.1f} {total / 8 / 2**20:10.1f} {adam / 2**20:10.1f} "
+              f"{plan}")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the results here")
@@ -141,10 +192,12 @@ def main():
     median = errors[len(errors) // 2] if errors else 0
     print(f"\n{within} of {len(rows)} within ±10%; median |error| {100 * median:.1f}%, "
           f"largest {100 * (errors[-1] if errors else 0):.1f}%")
+    reference = accelerate_reference(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"recipes": rows, "within_10pct": within, "count": len(rows),
-                       "median_abs_error": median}, f, indent=2)
+                       "median_abs_error": median, "accelerate_reference": reference}, f,
+                      indent=2)
     return 0
 
 

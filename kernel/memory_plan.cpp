@@ -26,6 +26,7 @@ struct StagePlan {
   bool recomputed = false;
   int64_t grads = 0;      // gradients its backward produces
   int64_t temporary = 0;  // its backward's own workspace
+  int64_t dropped = 0;    // kept at the end of forward, gone before its backward (the logits)
   int64_t computing = 0;  // what its forward holds at once without autograd (no backward)
   bool backward = false;  // gradients flow through it
 };
@@ -71,6 +72,14 @@ Baseline baseline(Session& s) {
       if (p.stage < 0) own_trainable[0] = true;  // the embedding uses it too
     }
   }
+  // The head's vocabulary: the output rows of its weight (its own, or the
+  // tied embedding counted there) — the model's, which may be larger than
+  // the tokenizer's.
+  int64_t vocab = run.vocab_size;
+  for (const Param& p : s.store().all())
+    if (p.shape.size() == 2 && (p.stage < 0 || static_cast<size_t>(p.stage) == n - 1))
+      vocab = std::max(vocab, p.shape[0]);
+  const int64_t logit_grads = 2 * 4 * tokens * vocab;  // fp32: of the log-softmax and its input
   // Autograd keeps a stage's activations only when a gradient flows back
   // through it: a trainable parameter at or before it.
   bool flows = false;
@@ -95,12 +104,14 @@ Baseline baseline(Session& s) {
       b.live_total += sp.live;
       b.bytes[TF_MEM_ACTIVATIONS] += st.recompute ? sp.input : sp.live;
       // The gradient of its output and of its input; the head's is the logits'.
-      sp.temporary =
-          st.kind == TF_STAGE_HEAD ? 2 * 4 * tokens * run.vocab_size : output + previous_output;
+      sp.temporary = st.kind == TF_STAGE_HEAD ? logit_grads : output + previous_output;
+      // The logits themselves are held for the loss, not by autograd: the
+      // loss's backward starts after they are let go.
+      if (st.kind == TF_STAGE_HEAD) sp.dropped = std::min(output, sp.live);
     }
     // Without autograd a stage's intermediates go as soon as they are used:
     // measured, about 0.6 of what it keeps for backward is alive at once.
-    sp.computing = full * 6 / 10 + (st.kind == TF_STAGE_HEAD ? 2 * 4 * tokens * run.vocab_size : 0);
+    sp.computing = full * 6 / 10 + (st.kind == TF_STAGE_HEAD ? logit_grads : 0);
     previous_output = output;
   }
   return b;
@@ -235,8 +246,9 @@ MemoryPlan plan_memory(Session& s) {
     kept -= kept_by(sp);
     if (!sp.backward) continue;
     const int64_t own = scaled(sp.grads, grad);
-    const int64_t now = resident + kept + scaled(sp.live, act) + (sp.recomputed ? sp.input : 0) +
-                        sp.temporary + (grads_in_forward ? all_grads + own : later_grads + own);
+    const int64_t now = resident + kept + scaled(sp.live - sp.dropped, act) +
+                        (sp.recomputed ? sp.input : 0) + sp.temporary +
+                        (grads_in_forward ? all_grads + own : later_grads + own);
     if (now > best) {
       best = now;
       plan.peak_moment = "backward";

@@ -20,6 +20,12 @@ const char* kLlama =
     "plugin = \"llama\"\npreset = \"custom\"\nn_layer = 4\nn_embd = 256\nn_head = 4\n"
     "n_kv_head = 2\nintermediate_size = 688\nmax_positions = 128\n";
 const char* kRwkv = "plugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 4\nn_embd = 192\n";
+// A vocabulary far larger than the byte tokenizer's, tied: the head's
+// logits and their gradients dominate.
+const char* kLlamaBigVocab =
+    "plugin = \"llama\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 256\nn_head = 4\n"
+    "n_kv_head = 2\nintermediate_size = 688\nmax_positions = 128\nvocab_size = 32000\n"
+    "tie_embeddings = true\n";
 
 std::string recipe(const std::string& out, const std::string& model, const std::string& schedule,
                    const std::string& strategies) {
@@ -117,6 +123,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         PeakCase{"gpt2", kGpt2, kStandard, ""}, PeakCase{"llama", kLlama, kStandard, ""},
         PeakCase{"rwkv", kRwkv, kStandard, ""},
+        PeakCase{"llama_big_vocab", kLlamaBigVocab, kStandard, ""},
+        PeakCase{"llama_big_vocab_lora_autocast", kLlamaBigVocab, kStandard,
+                 "[[strategy]]\nplugin = \"lora\"\n[[strategy]]\nplugin = \"precision\"\n"},
         PeakCase{"gpt2_checkpoint", kGpt2, kStandard, "[[strategy]]\nplugin = \"checkpoint\"\n"},
         PeakCase{"llama_checkpoint", kLlama, kStandard, "[[strategy]]\nplugin = \"checkpoint\"\n"},
         PeakCase{"rwkv_checkpoint", kRwkv, kStandard, "[[strategy]]\nplugin = \"checkpoint\"\n"},

@@ -171,6 +171,20 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
     // and WKV stay fp32): autocast 0.78-0.86 of it, bf16 weights 0.51-0.74.
     if (s->autocast) {
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] = -model->activation_bytes / 5;
+      // The head's matrix (its own, or the tied embedding) is cast to 16
+      // bits for the logits and the cast is kept for the input's gradient:
+      // vocabulary x width, which the ratio above (measured on small
+      // vocabularies) does not hold. It lives from the head's forward to
+      // its backward, where the plan's peak is.
+      const int32_t head = model->n_stages - 1;
+      for (const std::string& name : s->host.param_names()) {
+        const tf_param_info info = s->host.param_info(name);
+        if (info.ndim != 2 || info.dtype != TF_DTYPE_F32 || (info.flags & TF_PARAM_ADAPTER) ||
+            (info.stage >= 0 && info.stage != head))
+          continue;
+        if (s->host.has_param_plan() && s->host.planned(name).format != TF_FORMAT_DENSE) continue;
+        out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT] += 2 * info.numel;
+      }
     } else {
       // fp32 weights still dense become bf16 (quantized ones stay as they
       // are, and so does the dtype blocks compute in with them: the 16-bit
