@@ -39,4 +39,7 @@ struct MachineRates {
 MachineRates measure_machine_rates(const at::Device& device, const std::vector<int64_t>& rows,
                                    int64_t k, int64_t n, const std::string& scratch_dir);
 
+// MemAvailable now (bytes): what the page cache could hold.
+int64_t available_ram();
+
 }  // namespace tightfit

@@ -182,7 +182,9 @@ void Session::build(const PluginRegistry& base_registry) {
     throw RecipeError(recipe_.source() + ": [run].device \"" + device_str_ +
                       "\" is not a device (use cpu, cuda or cuda:N)");
   }
-  if (device_.is_cuda() && !at::hasCUDA())
+  // A dry run plans a GPU recipe on a machine without one (nothing is
+  // allocated); a real run needs the device.
+  if (device_.is_cuda() && !at::hasCUDA() && !options_.dry_run)
     throw RecipeError(recipe_.source() + ": [run].device is \"" + device_str_ +
                       "\" but no CUDA device is available here; use device = \"cpu\"");
   // More than one process: join the group before anything is allocated, so
@@ -259,6 +261,7 @@ void Session::build(const PluginRegistry& base_registry) {
   run_info_.device = device_str_.c_str();
   run_info_.rank = dist ? dist->rank : 0;
   run_info_.world_size = dist ? dist->world_size : 1;
+  run_info_.dry_run = options_.dry_run ? 1 : 0;
   if (options_.dry_run && options_.plan_world_size > 0)
     run_info_.world_size = options_.plan_world_size;
   run_info_.local_rank = dist ? dist->local_rank : 0;

@@ -14,7 +14,8 @@ namespace {
 // plugin's own time_factor (a third-party strategy, hybrid, MeZO) multiplies.
 const std::set<std::string> kModeled = {
     "checkpoint", "quantize",     "offload",           "precision",
-    "lora",       "fused_update", "schedule standard", "schedule accumulate"};
+    "lora",       "fused_update", "schedule standard", "schedule accumulate",
+    "shard"};
 
 // The forward's share of a stage's elementwise work (backward about twice).
 constexpr double kForwardShare = 1.0 / 3;
@@ -161,6 +162,25 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
     cost.update +=
         state_disk / std::max(1.0, disk_read) + state_disk / std::max(1.0, rates.disk_write);
 
+  // Ranks: a ring all-reduce (or reduce-scatter + all-gather, ZeRO 1-2)
+  // moves 2 (r-1)/r of the gradients through each rank; ZeRO-3 gathers the
+  // weights again for forward and backward. ZeRO's partitioned update
+  // touches 1/r of the state.
+  const double world = static_cast<double>(std::max(1, run.world_size));
+  if (options.zero_stage >= 0 && world > 1) {
+    const double link = std::max(1.0, rates.host_link_bytes_per_s);
+    const double share = (world - 1) / world;
+    double grad_bytes = 0, weight_bytes = 0;
+    for (const Param& p : s.store().all()) {
+      const auto it = table.find(p.name);
+      if (it == table.end()) continue;
+      if (p.trainable) grad_bytes += static_cast<double>(p.numel()) * 4;
+      weight_bytes += static_cast<double>(it->second.bytes);
+    }
+    cost.collective = 2 * share * grad_bytes / link;
+    if (options.zero_stage == 3) cost.collective += 2 * share * weight_bytes / link;
+    if (options.zero_stage >= 1) cost.update /= world;
+  }
   for (const PlanContribution& c : plan.contributions)
     if (c.time_factor > 0 && !kModeled.count(c.plugin)) cost.other *= c.time_factor;
   return cost;

@@ -149,8 +149,35 @@ int64_t planned_peak(const std::string& path) {
   return std::stoll(json.substr(at + 16));
 }
 
+// Each test keeps its measured rates in its own folder.
+void private_rates_cache(const test::TempDir& dir) {
+  ::setenv("TIGHTFIT_CACHE_DIR", dir.str().c_str(), 1);
+}
+
+TEST(Fit, KeepsTheMeasuredRatesForTheNextFit) {
+  test::TempDir dir;
+  private_rates_cache(dir);
+  const std::string path = test::write_file(dir, "r.toml", recipe(dir.str(), ""));
+  const std::string fit =
+      "fit " + path + " --budget 1GiB --out " + (dir.path() / "f.toml").string();
+  std::string log;
+  ASSERT_EQ(test::run_tightfit(fit, &log), 0) << log;
+  EXPECT_NE(log.find("measured now, kept in " + (dir.path() / "rates.json").string()),
+            std::string::npos)
+      << log;
+  ASSERT_EQ(test::run_tightfit(fit, &log), 0) << log;
+  EXPECT_NE(log.find("; --measure to redo"), std::string::npos) << log;
+  EXPECT_EQ(log.find("measuring this machine"), std::string::npos) << log;
+  write_file_synced((dir.path() / "rates.json").string(), "{ not json");  // damaged: measured again
+  ASSERT_EQ(test::run_tightfit(fit, &log), 0) << log;
+  EXPECT_NE(log.find("measured now"), std::string::npos) << log;
+  ASSERT_EQ(test::run_tightfit(fit + " --measure", &log), 0) << log;
+  EXPECT_NE(log.find("measuring this machine"), std::string::npos) << log;
+}
+
 TEST(Fit, WritesARecipeThatFitsTheBudget) {
   test::TempDir dir;
+  private_rates_cache(dir);
   const std::string path = test::write_file(dir, "r.toml", recipe(dir.str(), ""));
   const int64_t plain = planned_peak(path);
   const int64_t budget = plain / 2;
@@ -171,6 +198,7 @@ TEST(Fit, WritesARecipeThatFitsTheBudget) {
 
 TEST(Fit, QualityKeepsThePlainRecipeWhenItFits) {
   test::TempDir dir;
+  private_rates_cache(dir);
   const std::string path = test::write_file(dir, "r.toml", recipe(dir.str(), ""));
   const std::string out = (dir.path() / "fit.toml").string();
   std::string log;
@@ -184,6 +212,7 @@ TEST(Fit, QualityKeepsThePlainRecipeWhenItFits) {
 
 TEST(Fit, TrainsAdaptersOnlyWhenNoFullFineTuneFits) {
   test::TempDir dir;
+  private_rates_cache(dir);
   const std::string path = test::write_file(dir, "r.toml", recipe(dir.str(), ""));
   const std::string out = (dir.path() / "fit.toml").string();
   std::string log;
@@ -201,8 +230,37 @@ TEST(Fit, TrainsAdaptersOnlyWhenNoFullFineTuneFits) {
       << log;
 }
 
+// With ranks, ZeRO stages are a knob: a budget below what data parallel
+// plans per rank is met by partitioning, and the plan per rank agrees.
+TEST(Fit, PartitionsAcrossRanksWhenThereAreRanks) {
+  test::TempDir dir;
+  private_rates_cache(dir);
+  const std::string path = test::write_file(dir, "r.toml", recipe(dir.str(), ""));
+  const std::string out = (dir.path() / "fit.toml").string();
+  std::string log;
+  const int64_t plain = planned_peak(path);
+  const int64_t budget = plain * 3 / 4;
+  ASSERT_EQ(
+      test::run_tightfit("fit " + path +
+                             " --ranks 4 --objective quality --without "
+                             "lora,quantize,precision,checkpoint,offload,fused_update,accumulate"
+                             " --budget " +
+                             std::to_string(budget) + " --out " + out,
+                         &log),
+      0)
+      << log;
+  const Recipe fitted = Recipe::load(out);
+  const toml::table* shard = fitted.strategy_table("shard");
+  ASSERT_NE(shard, nullptr) << read_file_text(out);
+  EXPECT_EQ((*shard)["mode"].value_or(std::string()), "zero");
+  std::string json;
+  ASSERT_EQ(test::run_tightfit("plan " + out + " --ranks 4 --json 2>/dev/null", &json), 0);
+  EXPECT_LE(std::stoll(json.substr(json.find("\"tracked_peak\": ") + 16)), budget) << json;
+}
+
 TEST(Fit, RefusesBadInput) {
   test::TempDir dir;
+  private_rates_cache(dir);
   const std::string path = test::write_file(dir, "r.toml", recipe(dir.str(), ""));
   std::string log;
   EXPECT_EQ(test::run_tightfit("fit " + path, &log), 2) << log;
@@ -216,6 +274,7 @@ TEST(Fit, RefusesBadInput) {
 
 TEST(Fit, VerifyRunsTheTopStacksAndComparesThem) {
   test::TempDir dir;
+  private_rates_cache(dir);
   const std::string path = test::write_file(dir, "r.toml", recipe(dir.str(), ""));
   const int64_t budget = planned_peak(path) * 3 / 5;
   std::string log;

@@ -4,9 +4,13 @@
 // from this machine's measured rates (or by how little they change the
 // maths, then time), prints the best and writes the winner as a recipe.
 // `--verify` runs a few steps of the top stacks and compares.
+#include <ATen/Parallel.h>
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -56,6 +60,11 @@ CostOptions cost_options(const Recipe& r) {
     o.low_precision_compute = (*p)["mode"].value_or(std::string("autocast")) == "autocast";
   if (const toml::table* off = r.strategy_table("offload"))
     o.prefetch = static_cast<int>((*off)["prefetch"].value_or(int64_t{1}));
+  if (const toml::table* sh = r.strategy_table("shard")) {
+    const std::string mode = (*sh)["mode"].value_or(std::string("data"));
+    if (mode == "data") o.zero_stage = 0;
+    if (mode == "zero") o.zero_stage = static_cast<int>((*sh)["stage"].value_or(int64_t{1}));
+  }
   const toml::table* sched = r.table("schedule");
   if (sched && (*sched)["plugin"].value_or(std::string()) == "accumulate")
     o.micro_batches = (*sched)["micro_batches"].value_or(int64_t{4});
@@ -136,6 +145,104 @@ std::pair<int64_t, double> measured(const fs::path& metrics) {
   return {peak, steps[steps.size() / 2]};
 }
 
+json rates_json(const MachineRates& r) {
+  json j = {{"device", r.device},
+            {"threads", r.threads},
+            {"memory_bytes_per_s", r.memory_bytes_per_s},
+            {"activation_fp32_bytes_per_s", r.activation_fp32_bytes_per_s},
+            {"activation_bf16_bytes_per_s", r.activation_bf16_bytes_per_s},
+            {"host_link_bytes_per_s", r.host_link_bytes_per_s},
+            {"disk_read_warm", r.disk_read_warm},
+            {"disk_read_cold", r.disk_read_cold},
+            {"disk_write", r.disk_write},
+            {"dequant_values_per_s", r.dequant_values_per_s}};
+  for (const auto& [rows, f] : r.fp32_flops) j["fp32_flops"][std::to_string(rows)] = f;
+  for (const auto& [rows, f] : r.bf16_flops) j["bf16_flops"][std::to_string(rows)] = f;
+  return j;
+}
+
+MachineRates rates_from_json(const json& j) {
+  MachineRates r;
+  r.device = j.at("device").get<std::string>();
+  r.threads = j.at("threads").get<int>();
+  r.memory_bytes_per_s = j.at("memory_bytes_per_s").get<double>();
+  r.activation_fp32_bytes_per_s = j.at("activation_fp32_bytes_per_s").get<double>();
+  r.activation_bf16_bytes_per_s = j.at("activation_bf16_bytes_per_s").get<double>();
+  r.host_link_bytes_per_s = j.at("host_link_bytes_per_s").get<double>();
+  r.disk_read_warm = j.at("disk_read_warm").get<double>();
+  r.disk_read_cold = j.at("disk_read_cold").get<double>();
+  r.disk_write = j.at("disk_write").get<double>();
+  r.dequant_values_per_s = j.at("dequant_values_per_s").get<double>();
+  for (const auto& [rows, f] : j.at("fp32_flops").items()) r.fp32_flops[std::stoll(rows)] = f;
+  for (const auto& [rows, f] : j.at("bf16_flops").items()) r.bf16_flops[std::stoll(rows)] = f;
+  return r;
+}
+
+// Where measured rates are kept between calls: $TIGHTFIT_CACHE_DIR, else
+// $XDG_CACHE_HOME/tightfit, else ~/.cache/tightfit ("" when none is known).
+fs::path rates_cache_file() {
+  if (const char* d = std::getenv("TIGHTFIT_CACHE_DIR"); d && *d) return fs::path(d) / "rates.json";
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d)
+    return fs::path(d) / "tightfit" / "rates.json";
+  if (const char* h = std::getenv("HOME"); h && *h)
+    return fs::path(h) / ".cache" / "tightfit" / "rates.json";
+  return {};
+}
+
+// This machine's rates for these shapes: from the cache when measured
+// before (the same device, threads, shapes and disk), else measured now and
+// kept — the same numbers for every fit, so rankings do not move with
+// timing noise. `remeasure` measures again.
+MachineRates machine_rates(const std::string& device, const std::vector<int64_t>& rows, int64_t k,
+                           int64_t n, const std::string& scratch, bool remeasure,
+                           std::string& source) {
+  struct stat st {};
+  ::stat(scratch.c_str(), &st);
+  std::ostringstream key;
+  key << device << "|threads " << at::get_num_threads() << "|k " << k << "|n " << n << "|disk "
+      << st.st_dev << "|rows";
+  for (int64_t r : rows) key << " " << r;
+  const fs::path file = rates_cache_file();
+  json cache = json::object();
+  if (!file.empty() && fs::exists(file)) {
+    try {
+      cache = json::parse(read_file_text(file.string()));
+    } catch (const std::exception&) {
+      cache = json::object();  // a damaged cache is measured again and rewritten
+    }
+  }
+  if (!remeasure && cache.contains(key.str())) {
+    try {
+      MachineRates r = rates_from_json(cache[key.str()]["rates"]);
+      r.ram_available = available_ram();
+      source = "measured " + cache[key.str()].value("when", std::string("earlier")) + ", " +
+               file.string() + "; --measure to redo";
+      return r;
+    } catch (const std::exception&) {
+    }
+  }
+  std::cerr << "fit: measuring this machine (matmul, memory, disk) ..." << std::flush;
+  MachineRates r = measure_machine_rates(at::Device(device), rows, k, n, scratch);
+  std::cerr << " done\n";
+  source = "measured now";
+  if (!file.empty()) {
+    char when[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(when, sizeof when, "%Y-%m-%d %H:%M", std::localtime(&now));
+    cache[key.str()] = {{"when", when}, {"rates", rates_json(r)}};
+    try {
+      fs::create_directories(file.parent_path());
+      const std::string tmp = file.string() + ".tmp";
+      write_file_synced(tmp, cache.dump(2));
+      fs::rename(tmp, file);
+      source += ", kept in " + file.string();
+    } catch (const std::exception&) {
+      source += " (the cache " + file.string() + " could not be written)";
+    }
+  }
+  return r;
+}
+
 json choice_json(const Planned& p, double plain_s) {
   return {{"stack", p.choice.describe()},
           {"planned_peak", p.plan.tracked_peak},
@@ -173,6 +280,7 @@ int fit_command(const std::vector<std::string>& args) {
       "training all weights)")("set", po::value<std::vector<std::string>>()->composing(),
                                "override a recipe key before the search")(
       "json", "print the result as JSON")(
+      "measure", "measure this machine's rates again instead of using the cached ones")(
       "verify", "run the top stacks for a few steps and compare predicted with measured")(
       "verify-top", po::value<int>()->default_value(3), "stacks --verify runs")(
       "verify-spread",
@@ -225,7 +333,7 @@ int fit_command(const std::vector<std::string>& args) {
         std::cerr << "tightfit fit: --keep: no plugin named \"" << name << "\" is installed\n";
         return kUsage;
       }
-    FitSpace space = fit_space(base, registry, keep, without, lora_ranks, false);
+    FitSpace space = fit_space(base, registry, keep, without, lora_ranks, false, ranks);
     Recipe stripped = base;
     stripped.remove_strategies(without);
 
@@ -254,9 +362,9 @@ int fit_command(const std::vector<std::string>& args) {
     const toml::table* run = base.table("run");
     const std::string out_dir = run ? (*run)["out_dir"].value_or(std::string("runs")) : "runs";
     fs::create_directories(out_dir);
-    std::cerr << "fit: measuring this machine (matmul, memory, disk) ..." << std::flush;
-    const MachineRates rates = measure_machine_rates(at::Device(device), rows, k, n, out_dir);
-    std::cerr << " done\n";
+    std::string rates_source;
+    const MachineRates rates =
+        machine_rates(device, rows, k, n, out_dir, vm.count("measure") > 0, rates_source);
 
     // The search: the most memory-saving stacks first, so that one that does
     // not fit rules out every stack saving no more on any knob.
@@ -293,7 +401,7 @@ int fit_command(const std::vector<std::string>& args) {
     const bool searchable_lora =
         std::find(space.searched.begin(), space.searched.end(), "lora") != space.searched.end();
     if (fitting.empty() && space.allow_full && searchable_lora) {
-      space = fit_space(base, registry, keep, without, lora_ranks, true);
+      space = fit_space(base, registry, keep, without, lora_ranks, true, ranks);
       search(space);
     }
     std::cerr << "fit: " << n_choices << " stacks: " << planned << " planned, " << pruned
@@ -382,6 +490,7 @@ int fit_command(const std::vector<std::string>& args) {
                     rates.memory_bytes_per_s / 1e9, rates.disk_read_warm / 1e9,
                     rates.disk_read_cold / 1e9);
       std::cout << line;
+      std::cout << "              (" << rates_source << ")\n";
       std::cout << "plain         " << plain_choice.describe() << ": "
                 << format_bytes(plain.plan.tracked_peak) << " planned, " << seconds(plain_s)
                 << " s/step predicted"

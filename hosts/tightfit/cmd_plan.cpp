@@ -177,6 +177,8 @@ int plan_command(const std::vector<std::string>& args) {
       "set", po::value<std::vector<std::string>>()->composing(), "override a recipe key")(
       "budget", po::value<std::string>(), "a memory budget to check the plan against, e.g. 8GiB")(
       "json", "print the plan as JSON")(
+      "ranks", po::value<int>()->default_value(0),
+      "plan one rank of this many (default: the launch environment's world size)")(
       "gpus", po::value<std::string>()->implicit_value("all"),
       "the fit table for GPUs: all, or a comma list of 3060, 3070, 3080, 4070, 4080, 4090, 5080, "
       "a100-40, a100-80, h100 (fits, headroom, largest batch that fits)");
@@ -203,6 +205,7 @@ int plan_command(const std::vector<std::string>& args) {
     PluginRegistry registry = PluginRegistry::discover();
     SessionOptions so;
     so.dry_run = true;
+    so.plan_world_size = vm["ranks"].as<int>();
     Session session(recipe, registry, so);
     const MemoryPlan plan = plan_memory(session);
     if (vm.count("gpus")) {

@@ -37,6 +37,7 @@ std::string FitChoice::describe() const {
     parts.push_back("weights@" + params_tier + " prefetch " + std::to_string(prefetch));
   if (fused) parts.push_back("fused update");
   if (micro > 1) parts.push_back("micro x" + std::to_string(micro));
+  if (zero_stage > 0) parts.push_back("zero " + std::to_string(zero_stage));
   if (parts.empty()) return "plain";
   std::string out = parts[0];
   for (size_t i = 1; i < parts.size(); ++i) out += " + " + parts[i];
@@ -86,17 +87,18 @@ int FitChoice::strategies() const {
 FitChoice FitChoice::plain() const {
   FitChoice c;
   c.lora_rank = lora_rank;
+  c.zero_stage = zero_stage < 0 ? -1 : 0;  // data parallel: what ranks do without ZeRO
   c.saving[kTrain] = saving[kTrain];
   return c;
 }
 
 FitSpace fit_space(const Recipe& base, const PluginRegistry& registry,
                    const std::vector<std::string>& keep, const std::vector<std::string>& without,
-                   std::vector<int> lora_ranks, bool adapters_instead) {
+                   std::vector<int> lora_ranks, bool adapters_instead, int ranks) {
   FitSpace sp;
   auto installed = [&](const std::string& name) { return registry.find_any(name) != nullptr; };
-  for (const char* name :
-       {"lora", "quantize", "precision", "checkpoint", "offload", "fused_update", "accumulate"})
+  for (const char* name : {"lora", "quantize", "precision", "checkpoint", "offload", "fused_update",
+                           "accumulate", "shard"})
     if (installed(name) && !has(keep, name) && !has(without, name)) sp.searched.push_back(name);
   auto searched = [&](const char* name) { return has(sp.searched, name); };
   const toml::table* run = base.table("run");
@@ -139,6 +141,17 @@ FitSpace fit_space(const Recipe& base, const PluginRegistry& registry,
     sp.prefetch = {2, 1};  // more read ahead holds more
   }
   sp.fused = searched("fused_update");
+  sp.zero = {-1};
+  // ZeRO stages are a knob only with ranks; layer sharding (one process,
+  // several devices) stays as the recipe has it.
+  const toml::table* shard = base.strategy_table("shard");
+  const bool layers = shard && (*shard)["mode"].value_or(std::string("data")) == "layers";
+  if (searched("shard") && ranks > 1 && !layers) {
+    sp.zero = {0, 1, 2, 3};
+  } else if (searched("shard")) {
+    sp.searched.erase(std::find(sp.searched.begin(), sp.searched.end(), "shard"));
+    if (layers) sp.notes.push_back("shard mode = \"layers\" kept as the recipe sets it");
+  }
   sp.micro = {1};
   const toml::table* sched = base.table("schedule");
   const std::string schedule = sched ? (*sched)["plugin"].value_or(std::string()) : "standard";
@@ -167,33 +180,36 @@ std::vector<FitChoice> enumerate_choices(const FitSpace& sp) {
             for (const auto& tier : sp.params_tier)
               for (int pf : tier == "none" ? std::vector<int>{0} : sp.prefetch)
                 for (int fused = 0; fused <= (sp.fused ? 1 : 0); ++fused)
-                  for (int m : sp.micro) {
-                    const bool frozen_base = trains[ti] != 0;
-                    if (!frozen_base && (w != "dense" || tier != "none")) continue;
-                    if (fused && m > 1) continue;  // the update happens once per batch
-                    if (fused && (opt == "host" || opt == "disk")) continue;  // updated there
-                    FitChoice c;
-                    c.lora_rank = trains[ti];
-                    c.weights = w;
-                    c.precision = pr;
-                    c.optimizer = opt;
-                    c.checkpoint_every = ck;
-                    c.params_tier = tier;
-                    c.prefetch = pf;
-                    c.fused = fused != 0;
-                    c.micro = m;
-                    c.saving = {static_cast<int>(ti),
-                                index_of(sp.weights, w),
-                                index_of(sp.precision, pr),
-                                index_of(sp.optimizer, opt),
-                                index_of(sp.checkpoint_every, ck),
-                                tier == "none"
-                                    ? 0
-                                    : index_of(sp.params_tier, tier) + index_of(sp.prefetch, pf),
-                                fused,
-                                index_of(sp.micro, m)};
-                    out.push_back(c);
-                  }
+                  for (int m : sp.micro)
+                    for (int z : sp.zero) {
+                      const bool frozen_base = trains[ti] != 0;
+                      if (!frozen_base && (w != "dense" || tier != "none")) continue;
+                      if (fused && m > 1) continue;  // the update happens once per batch
+                      if (fused && (opt == "host" || opt == "disk")) continue;  // updated there
+                      FitChoice c;
+                      c.lora_rank = trains[ti];
+                      c.weights = w;
+                      c.precision = pr;
+                      c.optimizer = opt;
+                      c.checkpoint_every = ck;
+                      c.params_tier = tier;
+                      c.prefetch = pf;
+                      c.fused = fused != 0;
+                      c.micro = m;
+                      c.zero_stage = z;
+                      c.saving = {static_cast<int>(ti),
+                                  index_of(sp.weights, w),
+                                  index_of(sp.precision, pr),
+                                  index_of(sp.optimizer, opt),
+                                  index_of(sp.checkpoint_every, ck),
+                                  tier == "none"
+                                      ? 0
+                                      : index_of(sp.params_tier, tier) + index_of(sp.prefetch, pf),
+                                  fused,
+                                  index_of(sp.micro, m),
+                                  index_of(sp.zero, z)};
+                      out.push_back(c);
+                    }
   std::stable_sort(out.begin(), out.end(), [](const FitChoice& a, const FitChoice& b) {
     int sa = 0, sb = 0;
     for (int k = 0; k < kKnobCount; ++k) {
@@ -240,6 +256,12 @@ Recipe apply_choice(const Recipe& base, const FitSpace& sp, const FitChoice& c) 
   }
   if (searched("fused_update") && c.fused)
     r.add_strategy("fused_update", user_keys(base, "fused_update"));
+  if (searched("shard") && c.zero_stage >= 0) {
+    toml::table t = user_keys(base, "shard");
+    t.insert_or_assign("mode", std::string(c.zero_stage == 0 ? "data" : "zero"));
+    if (c.zero_stage > 0) t.insert_or_assign("stage", int64_t{c.zero_stage});
+    r.add_strategy("shard", t);
+  }
   if (c.micro > 1) {
     r.apply_override("schedule.plugin=\"accumulate\"");
     r.apply_override("schedule.micro_batches=" + std::to_string(c.micro));

@@ -23,6 +23,7 @@ enum FitKnob : int {
   kParams,      // frozen block weights on the device, host or disk (offload)
   kFused,       // the update in backward (fused_update)
   kMicro,       // micro-batches per update (accumulate), same effective batch
+  kZero,        // with ranks > 1: data parallel, ZeRO stage 1, 2 or 3 (shard)
   kKnobCount
 };
 
@@ -36,6 +37,7 @@ struct FitChoice {
   int prefetch = 0;
   bool fused = false;
   int micro = 1;
+  int zero_stage = -1;  // -1: one rank (no shard table); 0: data parallel; 1-3: ZeRO stage
   // Per knob, the option's place in that knob's memory-saving order.
   std::array<int, kKnobCount> saving{};
 
@@ -62,6 +64,7 @@ struct FitSpace {
   std::vector<int> checkpoint_every, micro;
   bool fused = false;
   std::vector<int> prefetch;       // for the params tier
+  std::vector<int> zero;           // {-1} with one rank; else data parallel (0) and ZeRO stages
   int64_t batch_size = 1;          // the recipe's (the effective batch with micro-batches)
   std::vector<std::string> notes;  // why a knob is fixed
 };
@@ -73,7 +76,7 @@ struct FitSpace {
 // trains all weights (when no stack that does fits).
 FitSpace fit_space(const Recipe& base, const PluginRegistry& registry,
                    const std::vector<std::string>& keep, const std::vector<std::string>& without,
-                   std::vector<int> lora_ranks, bool adapters_instead);
+                   std::vector<int> lora_ranks, bool adapters_instead, int ranks);
 
 // Every consistent choice (NF4/int8 only for frozen weights, fused update
 // only with one micro-batch, ...), the most memory-saving first.

@@ -272,6 +272,11 @@ typedef struct tf_run_info {
   int64_t total_steps;
   uint64_t seed;
   const char* run_dir; /* folder for this run's metrics, checkpoints, disk tier */
+  /* Added in 1.0's tail (read it when struct_size covers it): 1 when the run
+   * is only planned (`plan`, `fit`, `run --dry-run`): nothing is allocated
+   * and `device` may not exist on this machine (a GPU recipe planned on a
+   * laptop), so create/configure must not touch it. */
+  int32_t dry_run;
 } tf_run_info;
 
 /* A parameter as `plan` expects it to be stored (plan_param_get/set). */

@@ -251,7 +251,8 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       throw std::invalid_argument("[data] seq_len exceeds max_positions = " +
                                   std::to_string(s.max_positions));
     m->dtype = tf_sdk::scalar_type(tf_sdk::parse_dtype(host.get_string("dtype")));
-    m->inv_freq = rope_inv_freq(s, m->head_dim()).to(at::Device(info.device));
+    m->inv_freq = rope_inv_freq(s, m->head_dim());
+    if (!tf_sdk::planning_only(info)) m->inv_freq = m->inv_freq.to(at::Device(info.device));
 
     const int64_t L = s.n_layer, C = s.n_embd, V = s.vocab, D = m->head_dim(), I = s.intermediate;
     const int64_t KV = s.n_kv_head * D, elt = m->dtype == at::kFloat ? 4 : 2, T = info.seq_len;

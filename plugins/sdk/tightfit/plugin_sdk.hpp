@@ -267,6 +267,13 @@ tf_status guard(const tf_host_api* api, tf_host_context* ctx, F&& body) noexcept
 }
 
 // "fp32" | "bf16" | "fp16" as a recipe writes them.
+// Whether the run is only planned (`plan`, `fit`, `run --dry-run`): then
+// the device may not exist here and nothing may be allocated on it. A host
+// older than the field leaves it zero (the SDK zero-fills the struct).
+inline bool planning_only(const tf_run_info& info) {
+  return info.dry_run != 0;
+}
+
 inline tf_dtype parse_dtype(const std::string& d) {
   if (d == "bf16") return TF_DTYPE_BF16;
   if (d == "fp16") return TF_DTYPE_F16;

@@ -273,6 +273,7 @@ tf_status configure(void* state, tf_host_context* ctx) {
       } catch (const c10::Error&) {
         throw std::invalid_argument("shard: \"" + d + "\" is not a device (cpu, cuda:N)");
       }
+      if (tf_sdk::planning_only(s->host.run_info())) continue;  // planned for other machines
       if (dev->is_cuda() && !at::hasCUDA())
         throw std::invalid_argument("shard: device \"" + d +
                                     "\" but this machine has no CUDA device");
