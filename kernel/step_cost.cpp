@@ -82,6 +82,7 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
                          static_cast<double>(plan.disk_bytes) >
                              0.8 * static_cast<double>(std::max<int64_t>(rates.ram_available, 1));
   const double disk_read = disk_cold ? rates.disk_read_cold : rates.disk_read_warm;
+  const double disk_write = disk_cold ? rates.disk_write : rates.disk_write_warm;
   // On a CPU run the host tier is the same RAM: nothing crosses a link.
   const double host_read = s.device().is_cpu() ? 0 : rates.host_link_bytes_per_s;
 
@@ -102,7 +103,15 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
                              : st.frozen_activation_bytes_per_token;
     w.activation_bytes = static_cast<double>(kept) * tokens;
 
-    const double rate = std::max(1.0, rates.matmul_flops(run.batch_size * run.seq_len, w.bf16));
+    // On a CPU, 16-bit matmuls measured alone run several times faster than
+    // fp32 (AMX), but whole 16-bit training steps measured here do not
+    // (`fit --verify`: bf16 and autocast steps as slow as fp32 or slower),
+    // so a CPU step is costed at fp32 rates per value whatever its dtype.
+    const bool fast16 = w.bf16 && !s.device().is_cpu();
+    const int64_t rows = run.batch_size * run.seq_len;
+    const double rate = std::max(1.0, w.bf16 && !fast16 ? std::min(rates.matmul_flops(rows, false),
+                                                                   rates.matmul_flops(rows, true))
+                                                        : rates.matmul_flops(rows, w.bf16));
     // Forward once; backward: the input's gradient (where a gradient flows)
     // and the weights' (where they train); adapters 2 FLOPs a value a token
     // per product, three products (forward, two gradients).
@@ -117,8 +126,10 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
     // The elementwise work scales with what autograd keeps: forward and
     // backward at the measured rate; a recompute runs the forward's share
     // again; without a backward only the forward's.
+    // The declared bytes are in the model's dtype; where 16-bit compute is
+    // fast (GPUs) the values move at the 16-bit rate, on a CPU at fp32's.
     const double act_rate = std::max(
-        1.0, w.bf16 ? rates.activation_bf16_bytes_per_s : rates.activation_fp32_bytes_per_s);
+        1.0, fast16 ? 2 * rates.activation_bf16_bytes_per_s : rates.activation_fp32_bytes_per_s);
     const double act_passes = w.flows ? 1 + (w.recomputed ? kForwardShare : 0) : kForwardShare;
     per_micro_memory += act_passes * w.activation_bytes / act_rate;
     if (options.low_precision_compute)  // fp32 read, bf16 written, per forward (cast cached)
@@ -159,8 +170,7 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
   if (state_host > 0 && host_read > 0)  // gradients down, weights back up
     cost.update += 2 * 4 * trainable_values / host_read;
   if (state_disk > 0)
-    cost.update +=
-        state_disk / std::max(1.0, disk_read) + state_disk / std::max(1.0, rates.disk_write);
+    cost.update += state_disk / std::max(1.0, disk_read) + state_disk / std::max(1.0, disk_write);
 
   // Ranks: a ring all-reduce (or reduce-scatter + all-gather, ZeRO 1-2)
   // moves 2 (r-1)/r of the gradients through each rank; ZeRO-3 gathers the
