@@ -50,6 +50,7 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
     return p.stage >= 0 && static_cast<size_t>(p.stage) < n ? static_cast<size_t>(p.stage) : n - 1;
   };
   double trainable_values = 0;
+  double trained_on_tier = 0, trained_on_disk = 0;  // bytes written back after the update
   std::vector<bool> any_trainable(n, false);
   const auto& table = s.param_plan();
   for (const Param& p : s.store().all()) {
@@ -76,6 +77,10 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
     }
     if (planned.tier == TF_TIER_HOST) w.host_bytes += static_cast<double>(planned.bytes);
     if (planned.tier == TF_TIER_DISK) w.disk_bytes += static_cast<double>(planned.bytes);
+    if (p.trainable && planned.tier == TF_TIER_HOST)
+      trained_on_tier += static_cast<double>(planned.bytes);
+    if (p.trainable && planned.tier == TF_TIER_DISK)
+      trained_on_disk += static_cast<double>(planned.bytes);
   }
   // A tier larger than what the page cache can hold is read cold every step.
   const bool disk_cold = plan.disk_bytes > 0 &&
@@ -169,6 +174,9 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
     cost.update += 4 * trainable_values / std::max(1.0, rates.dequant_values_per_s);
   if (state_host > 0 && host_read > 0)  // gradients down, weights back up
     cost.update += 2 * 4 * trainable_values / host_read;
+  // Trained weights kept on a tier are written back there after each update.
+  if (trained_on_tier > 0 && host_read > 0) cost.update += trained_on_tier / host_read;
+  if (trained_on_disk > 0) cost.update += trained_on_disk / std::max(1.0, disk_write);
   if (state_disk > 0)
     cost.update += state_disk / std::max(1.0, disk_read) + state_disk / std::max(1.0, disk_write);
 

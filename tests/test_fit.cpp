@@ -230,6 +230,31 @@ TEST(Fit, TrainsAdaptersOnlyWhenNoFullFineTuneFits) {
       << log;
 }
 
+// A full fine-tune whose weights, gradients and state do not fit keeps its
+// trained weights on disk with their optimizer state (offload trainable).
+TEST(Fit, PutsTrainedWeightsOnDiskWithTheirState) {
+  test::TempDir dir;
+  private_rates_cache(dir);
+  // One short sequence: the weights (12.4 MiB), their gradients and state
+  // are nearly all of the 50.7 MiB.
+  std::string text = recipe(dir.str(), "", 1);
+  text.replace(text.find("seq_len = 128"), 13, "seq_len = 16");
+  const std::string path = test::write_file(dir, "r.toml", text);
+  const std::string out = (dir.path() / "fit.toml").string();
+  std::string log;
+  ASSERT_EQ(test::run_tightfit(
+                "fit " + path + " --budget 20MiB --without lora,precision --out " + out, &log),
+            0)
+      << log;
+  const Recipe fitted = Recipe::load(out);
+  const toml::table* offload = fitted.strategy_table("offload");
+  ASSERT_NE(offload, nullptr) << read_file_text(out);
+  EXPECT_EQ((*offload)["params"].value_or(std::string()), "disk");
+  EXPECT_EQ((*offload)["optimizer"].value_or(std::string()), "disk");
+  EXPECT_TRUE((*offload)["trainable"].value_or(false));
+  EXPECT_LE(planned_peak(out), 20 << 20);
+}
+
 // With ranks, ZeRO stages are a knob: a budget below what data parallel
 // plans per rank is met by partitioning, and the plan per rank agrees.
 TEST(Fit, PartitionsAcrossRanksWhenThereAreRanks) {

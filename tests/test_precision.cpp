@@ -147,5 +147,20 @@ TEST_F(PrecisionTest, Fp16RefusesWhatCannotWork) {
   }
 }
 
+// bf16 weights cannot be made of weights another strategy keeps on disk:
+// a clear refusal naming the weight and the ways out, not a crash.
+TEST_F(PrecisionTest, Bf16RefusesWeightsKeptOnATier) {
+  try {
+    test::make_session(recipe(
+        "[[strategy]]\nplugin = \"precision\"\nmode = \"bf16\"\n[[strategy]]\n"
+        "plugin = \"offload\"\nparams = \"disk\"\noptimizer = \"disk\"\ntrainable = true\n"));
+    ADD_FAILURE() << "bf16 weights on the disk tier were accepted";
+  } catch (const std::exception& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("is kept on the disk tier by another strategy"), std::string::npos) << m;
+    EXPECT_NE(m.find("mode = \"autocast\""), std::string::npos) << m;
+  }
+}
+
 }  // namespace
 }  // namespace tightfit

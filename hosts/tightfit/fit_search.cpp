@@ -183,7 +183,14 @@ std::vector<FitChoice> enumerate_choices(const FitSpace& sp) {
                   for (int m : sp.micro)
                     for (int z : sp.zero) {
                       const bool frozen_base = trains[ti] != 0;
-                      if (!frozen_base && (w != "dense" || tier != "none")) continue;
+                      // A full fine-tune stores its weights dense; it may put
+                      // them on a tier only with the optimizer state there too
+                      // (the update runs where the state is).
+                      if (!frozen_base && w != "dense") continue;
+                      if (!frozen_base && tier != "none" && opt != "host" && opt != "disk")
+                        continue;
+                      // bf16 weights are converted on the device only.
+                      if (pr == "bf16" && w == "dense" && tier != "none") continue;
                       if (fused && m > 1) continue;  // the update happens once per batch
                       if (fused && (opt == "host" || opt == "disk")) continue;  // updated there
                       FitChoice c;
@@ -252,6 +259,7 @@ Recipe apply_choice(const Recipe& base, const FitSpace& sp, const FitChoice& c) 
     t.insert_or_assign("params", c.params_tier);
     t.insert_or_assign("optimizer", std::string(opt_tier ? c.optimizer : "none"));
     if (c.params_tier != "none") t.insert_or_assign("prefetch", int64_t{c.prefetch});
+    if (c.params_tier != "none" && c.lora_rank == 0) t.insert_or_assign("trainable", true);
     r.add_strategy("offload", t);
   }
   if (searched("fused_update") && c.fused)

@@ -75,6 +75,14 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
       const char* name = name_s.c_str();
       const tf_param_info info = s->host.param_info(name_s);
       if (info.format != TF_FORMAT_DENSE || info.dtype != TF_DTYPE_F32) continue;
+      // A weight another strategy keeps on a host or disk tier is fetched
+      // from there as it is stored: it cannot be converted here.
+      if (info.residency != TF_TIER_DEVICE)
+        throw std::invalid_argument(
+            "precision: mode = \"bf16\" stores weights in 16 bits on the device, but \"" + name_s +
+            "\" is kept on the " + (info.residency == TF_TIER_DISK ? "disk" : "host") +
+            " tier by another strategy (offload params); use mode = \"autocast\", quantize "
+            "those weights, or leave them on the device");
       tf_tensor stored = nullptr;
       s->host.check(api->param_storage(ctx, name, &stored));
       s->host.check(api->memory_push_category(
