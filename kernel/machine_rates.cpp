@@ -196,7 +196,6 @@ MachineRates measure_machine_rates(const at::Device& device, const std::vector<i
       bool ok = true;
       for (int64_t done = 0; done < bytes && ok; done += static_cast<int64_t>(buf.size()))
         ok = ::write(fd, buf.data(), buf.size()) == static_cast<ssize_t>(buf.size());
-      r.disk_write_warm = static_cast<double>(bytes) / seconds_since(t0);
       ok = ok && ::fsync(fd) == 0;
       const double s = seconds_since(t0);
       ::close(fd);

@@ -23,11 +23,12 @@ struct MachineRates {
   // keeps (norm, activation function, softmax: forward and backward), fp32
   // and bf16.
   double activation_fp32_bytes_per_s = 0, activation_bf16_bytes_per_s = 0;
-  double host_link_bytes_per_s = 0;               // device <-> host; on a CPU run, the copy rate
-  double disk_read_warm = 0, disk_read_cold = 0;  // bytes/s
-  double disk_write_warm = 0, disk_write = 0;     // into the page cache; through to the disk
-  double dequant_values_per_s = 0;                // 4-bit table lookup and block scale, values out
-  int64_t ram_available = 0;                      // MemAvailable: what the page cache can hold
+  double host_link_bytes_per_s = 0;  // device <-> host; on a CPU run, the copy rate
+  // The disk tier is memory-mapped: warm, it reads (and is written) at page-
+  // cache speed; cold, at the disk's. Bytes/s.
+  double disk_read_warm = 0, disk_read_cold = 0, disk_write = 0;
+  double dequant_values_per_s = 0;  // 4-bit table lookup and block scale, values out
+  int64_t ram_available = 0;        // MemAvailable: what the page cache can hold
 
   // The matmul rate at `rows` (the nearest measured row count) for fp32 or bf16.
   double matmul_flops(int64_t rows, bool bf16) const;

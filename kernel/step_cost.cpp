@@ -87,7 +87,9 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
                          static_cast<double>(plan.disk_bytes) >
                              0.8 * static_cast<double>(std::max<int64_t>(rates.ram_available, 1));
   const double disk_read = disk_cold ? rates.disk_read_cold : rates.disk_read_warm;
-  const double disk_write = disk_cold ? rates.disk_write : rates.disk_write_warm;
+  // The tier is memory-mapped: while it fits the page cache, writes are
+  // copies into it (the kernel flushes them in the background).
+  const double disk_write = disk_cold ? rates.disk_write : rates.disk_read_warm;
   // On a CPU run the host tier is the same RAM: nothing crosses a link.
   const double host_read = s.device().is_cpu() ? 0 : rates.host_link_bytes_per_s;
 

@@ -155,7 +155,6 @@ json rates_json(const MachineRates& r) {
             {"disk_read_warm", r.disk_read_warm},
             {"disk_read_cold", r.disk_read_cold},
             {"disk_write", r.disk_write},
-            {"disk_write_warm", r.disk_write_warm},
             {"dequant_values_per_s", r.dequant_values_per_s}};
   for (const auto& [rows, f] : r.fp32_flops) j["fp32_flops"][std::to_string(rows)] = f;
   for (const auto& [rows, f] : r.bf16_flops) j["bf16_flops"][std::to_string(rows)] = f;
@@ -173,7 +172,6 @@ MachineRates rates_from_json(const json& j) {
   r.disk_read_warm = j.at("disk_read_warm").get<double>();
   r.disk_read_cold = j.at("disk_read_cold").get<double>();
   r.disk_write = j.at("disk_write").get<double>();
-  r.disk_write_warm = j.at("disk_write_warm").get<double>();
   r.dequant_values_per_s = j.at("dequant_values_per_s").get<double>();
   for (const auto& [rows, f] : j.at("fp32_flops").items()) r.fp32_flops[std::stoll(rows)] = f;
   for (const auto& [rows, f] : j.at("bf16_flops").items()) r.bf16_flops[std::stoll(rows)] = f;
