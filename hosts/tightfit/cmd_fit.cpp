@@ -587,18 +587,8 @@ int fit_command(const std::vector<std::string>& args) {
     }
     if (vm.count("json")) std::cout << result.dump(2) << "\n";
     return kOk;
-  } catch (const RecipeError& e) {
-    std::cerr << "tightfit: recipe error: " << e.what() << "\n";
-    return kUsage;
-  } catch (const PluginLoadError& e) {
-    std::cerr << "tightfit: " << e.what() << "\n";
-    return kPluginError;
-  } catch (const PluginCallError& e) {
-    std::cerr << "tightfit: " << e.what() << "\n";
-    return kPluginError;
-  } catch (const std::exception& e) {
-    std::cerr << "tightfit: " << e.what() << "\n";
-    return kFailure;
+  } catch (const std::exception&) {
+    return report_current_error();
   }
 }
 

@@ -220,18 +220,8 @@ int plan_command(const std::vector<std::string>& args) {
     else
       print_plan(recipe.source(), plan, budget);
     return budget > 0 && plan.tracked_peak > budget ? kOutOfBudget : kOk;
-  } catch (const RecipeError& e) {
-    std::cerr << "tightfit: recipe error: " << e.what() << "\n";
-    return kUsage;
-  } catch (const PluginLoadError& e) {
-    std::cerr << "tightfit: " << e.what() << "\n";
-    return kPluginError;
-  } catch (const PluginCallError& e) {
-    std::cerr << "tightfit: " << e.what() << "\n";
-    return kPluginError;
-  } catch (const std::exception& e) {
-    std::cerr << "tightfit: " << e.what() << "\n";
-    return kFailure;
+  } catch (const std::exception&) {
+    return report_current_error();
   }
 }
 

@@ -1,6 +1,9 @@
 #include <iostream>
 
 #include "commands.hpp"
+#include "plugin_loader.hpp"
+#include "recipe.hpp"
+#include "session.hpp"
 
 namespace tightfit::host {
 namespace po = boost::program_options;
@@ -20,6 +23,24 @@ bool parse_command_line(const std::vector<std::string>& args, const po::options_
   } catch (const po::error& e) {
     std::cerr << "tightfit " << command << ": " << e.what() << "\n\n" << opts;
     return false;
+  }
+}
+
+int report_current_error() {
+  try {
+    throw;
+  } catch (const RecipeError& e) {
+    std::cerr << "tightfit: recipe error: " << e.what() << "\n";
+    return kUsage;
+  } catch (const PluginLoadError& e) {
+    std::cerr << "tightfit: " << e.what() << "\n";
+    return kPluginError;
+  } catch (const PluginCallError& e) {
+    std::cerr << "tightfit: " << e.what() << "\n";
+    return kPluginError;
+  } catch (const std::exception& e) {
+    std::cerr << "tightfit: " << e.what() << "\n";
+    return kFailure;
   }
 }
 

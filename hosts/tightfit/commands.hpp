@@ -24,6 +24,11 @@ bool parse_command_line(const std::vector<std::string>& args,
                         const char* positional, const char* command,
                         boost::program_options::variables_map& vm);
 
+// Inside a catch block: prints the exception being handled as the plan and
+// fit commands report it and returns its exit code (recipe errors kUsage,
+// plugin errors kPluginError, anything else kFailure).
+int report_current_error();
+
 int run_command(const std::vector<std::string>& args);
 int plugins_command(const std::vector<std::string>& args);
 int generate_command(const std::vector<std::string>& args);
