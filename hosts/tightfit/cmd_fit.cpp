@@ -27,6 +27,7 @@
 #include "memory_plan.hpp"
 #include "plugin_loader.hpp"
 #include "recipe.hpp"
+#include "run_summary.hpp"
 #include "session.hpp"
 #include "step_cost.hpp"
 
@@ -125,19 +126,13 @@ std::string quality_text(const FitChoice& c) {
   return out;
 }
 
-// A run's measured peak (data left out) and median seconds per step after
-// the first, from its metrics.jsonl.
+// A run's measured peak (data left out, as `run` compares it) and median
+// seconds per step after the first.
 std::pair<int64_t, double> measured(const fs::path& metrics) {
-  std::ifstream in(metrics);
-  if (!in) throw std::runtime_error("no metrics at " + metrics.string());
-  int64_t peak = 0;
-  std::vector<double> elapsed;
-  for (std::string line; std::getline(in, line);) {
-    const json r = json::parse(line);
-    // Peaks are running maxima: the last line's, less the data (as `run` does).
-    peak = r.value("peak_total", int64_t{0}) - r.value("peak_other", int64_t{0});
-    elapsed.push_back(r.value("elapsed_s", 0.0));
-  }
+  const json r = summarize(metrics);
+  const int64_t peak = static_cast<int64_t>(r["peak_bytes"]["total"].get<double>() -
+                                            r["peak_bytes"]["other"].get<double>());
+  const auto elapsed = r["curve"]["elapsed_s"].get<std::vector<double>>();
   std::vector<double> steps;
   for (size_t i = 1; i < elapsed.size(); ++i) steps.push_back(elapsed[i] - elapsed[i - 1]);
   if (steps.empty()) return {peak, std::nan("")};
