@@ -29,6 +29,7 @@ struct StagePlan {
   int64_t dropped = 0;    // kept at the end of forward, gone before its backward (the logits)
   int64_t computing = 0;  // what its forward holds at once without autograd (no backward)
   bool backward = false;  // gradients flow through it
+  StageFlow flow;         // what the plan reports of it
 };
 
 struct Baseline {
@@ -96,6 +97,7 @@ Baseline baseline(Session& s) {
     const int64_t output =
         st.output_bytes_per_token > 0 ? st.output_bytes_per_token * tokens : full / 16;
     sp.backward = flows;
+    sp.flow = {flows, flows && st.recompute, own_trainable[i], own_trainable[i] ? full : frozen};
     if (flows) {
       sp.live = own_trainable[i] ? full : frozen;
       // A recomputed stage keeps only its input until its backward reruns it.
@@ -270,6 +272,7 @@ MemoryPlan plan_memory(Session& s) {
     }
   }
   plan.device_peak = best;
+  for (const StagePlan& sp : b.stages) plan.stages.push_back(sp.flow);
   plan.at_peak = held;
   plan.device_peak_by_category = d;
   for (int k = 0; k < TF_MEM_CATEGORY_COUNT; ++k) {

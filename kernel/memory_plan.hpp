@@ -41,6 +41,15 @@ struct PlanContribution {
   bool grads_in_forward = false;
 };
 
+// What the timeline assumed of a declared stage (the step-time cost model
+// reads the same).
+struct StageFlow {
+  bool backward = false;       // a gradient flows back through it
+  bool recomputed = false;     // checkpointed: its forward runs again in its backward
+  bool weights_train = false;  // weights of its own (not adapters) are trained
+  int64_t kept_bytes = 0;      // activations it keeps for backward, as declared
+};
+
 struct MemoryPlan {
   // What the step holds at its peak, per tier and category (the device tier
   // is the run's device; on a CPU run host-tier bytes are in the same RAM).
@@ -53,6 +62,7 @@ struct MemoryPlan {
   double time_factor = 1;        // predicted step time relative to the plain recipe
   std::vector<PlanContribution> contributions;
   std::vector<std::string> unestimated;  // plugins with no estimate hook
+  std::vector<StageFlow> stages;         // per declared stage (skipped ones: all off)
   int64_t n_params = 0, n_trainable = 0;
   int64_t batch_size = 0, seq_len = 0;
 };

@@ -26,11 +26,7 @@ constexpr double kUpdateBytesPerValue = 4 * 2 + 4 + 8 * 2;
 struct StageWork {
   double flops = 0;           // forward matmul FLOPs of one micro-batch
   double adapter_values = 0;  // LoRA parameters in the stage
-  bool dense_trainable = false;
-  bool flows = false;  // a gradient flows back through it
-  bool recomputed = false;
   bool bf16 = false;
-  double activation_bytes = 0;
   double compact_values = 0;              // quantized weights dequantized at each use
   double fp32_dense_values = 0;           // weights autocast casts at each use
   double host_bytes = 0, disk_bytes = 0;  // offloaded weights fetched at each use
@@ -51,7 +47,6 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
   };
   double trainable_values = 0;
   double trained_on_tier = 0, trained_on_disk = 0;  // bytes written back after the update
-  std::vector<bool> any_trainable(n, false);
   const auto& table = s.param_plan();
   for (const Param& p : s.store().all()) {
     const auto it = table.find(p.name);
@@ -62,11 +57,7 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
     const bool adapter = (p.flags & TF_PARAM_ADAPTER) != 0;
     if (p.trainable) {
       trainable_values += values;
-      any_trainable[p.stage >= 0 ? stage_of(p) : 0] = true;
-      if (adapter)
-        w.adapter_values += values;
-      else
-        w.dense_trainable = true;
+      if (adapter) w.adapter_values += values;
     }
     if (planned.format != TF_FORMAT_DENSE) {
       w.compact_values += values;
@@ -93,22 +84,18 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
   // On a CPU run the host tier is the same RAM: nothing crosses a link.
   const double host_read = s.device().is_cpu() ? 0 : rates.host_link_bytes_per_s;
 
-  bool flows = false;
   double per_micro_matmul = 0, per_micro_recompute = 0, per_micro_memory = 0, per_micro_dequant = 0,
          per_micro_transfer = 0;
   for (size_t i = 0; i < n; ++i) {
     const StageState& st = stages[i];
     if (st.skip) continue;
     StageWork& w = work[i];
-    flows = flows || any_trainable[i];
-    w.flows = flows;
-    w.recomputed = st.recompute && flows;
+    // Whether a gradient flows, recomputation, what trains and what is kept:
+    // as the plan's timeline has it.
+    const StageFlow& f = plan.stages[i];
     w.bf16 = w.bf16 || options.low_precision_compute;
-    w.flops = static_cast<double>(st.flops_per_token) * tokens;
-    const int64_t kept = w.dense_trainable || st.frozen_activation_bytes_per_token == 0
-                             ? st.activation_bytes_per_token
-                             : st.frozen_activation_bytes_per_token;
-    w.activation_bytes = static_cast<double>(kept) * tokens;
+    const double flops = static_cast<double>(st.flops_per_token) * tokens;
+    const double activation_bytes = static_cast<double>(f.kept_bytes);
 
     // On a CPU, 16-bit matmuls measured alone run several times faster than
     // fp32 (AMX), but whole 16-bit training steps measured here do not
@@ -123,13 +110,13 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
     // and the weights' (where they train); adapters 2 FLOPs a value a token
     // per product, three products (forward, two gradients).
     const double adapter_flops = 2 * w.adapter_values * tokens;
-    const double forward = (w.flops + adapter_flops) / rate;
+    const double forward = (flops + adapter_flops) / rate;
     const double backward =
-        w.flows ? ((w.dense_trainable ? 2 : 1) * w.flops + 2 * adapter_flops) / rate : 0;
+        f.backward ? ((f.weights_train ? 2 : 1) * flops + 2 * adapter_flops) / rate : 0;
     per_micro_matmul += forward + backward;
-    if (w.recomputed) per_micro_recompute += forward;
+    if (f.recomputed) per_micro_recompute += forward;
 
-    const double uses = 1 + (w.recomputed ? 1 : 0) + (w.flows ? 1 : 0);
+    const double uses = 1 + (f.recomputed ? 1 : 0) + (f.backward ? 1 : 0);
     // The elementwise work scales with what autograd keeps: forward and
     // backward at the measured rate; a recompute runs the forward's share
     // again; without a backward only the forward's.
@@ -137,11 +124,11 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
     // fast (GPUs) the values move at the 16-bit rate, on a CPU at fp32's.
     const double act_rate = std::max(
         1.0, fast16 ? 2 * rates.activation_bf16_bytes_per_s : rates.activation_fp32_bytes_per_s);
-    const double act_passes = w.flows ? 1 + (w.recomputed ? kForwardShare : 0) : kForwardShare;
-    per_micro_memory += act_passes * w.activation_bytes / act_rate;
+    const double act_passes = f.backward ? 1 + (f.recomputed ? kForwardShare : 0) : kForwardShare;
+    per_micro_memory += act_passes * activation_bytes / act_rate;
     if (options.low_precision_compute)  // fp32 read, bf16 written, per forward (cast cached)
       per_micro_memory +=
-          (1 + (w.recomputed ? 1 : 0)) * 6 * w.fp32_dense_values / rates.memory_bytes_per_s;
+          (1 + (f.recomputed ? 1 : 0)) * 6 * w.fp32_dense_values / rates.memory_bytes_per_s;
     per_micro_dequant += uses * w.compact_values / std::max(1.0, rates.dequant_values_per_s);
 
     // Offloaded weights are fetched for the forward (and recompute) and the
@@ -150,7 +137,7 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
     double fetch = 0;
     if (w.disk_bytes > 0) fetch += w.disk_bytes / std::max(1.0, disk_read);
     if (w.host_bytes > 0 && host_read > 0) fetch += w.host_bytes / host_read;
-    const double fetches = 1 + (w.flows ? 1 : 0);
+    const double fetches = 1 + (f.backward ? 1 : 0);
     const double hidden = std::min(2, options.prefetch) * (forward + backward) / fetches;
     per_micro_transfer += fetches * std::max(0.0, fetch - hidden);
   }
