@@ -193,6 +193,8 @@ tf_status h_declare_stage(tf_host_context* ctx, const tf_stage_spec* spec, int32
     st.flops_per_token = s.flops_per_token;
     st.frozen_activation_bytes_per_token = s.frozen_activation_bytes_per_token;
     st.output_bytes_per_token = s.output_bytes_per_token;
+    st.backward_bytes_per_token = s.backward_bytes_per_token;
+    st.frozen_backward_bytes_per_token = s.frozen_backward_bytes_per_token;
     auto& stages = ctx->session->stages();
     stages.push_back(st);
     if (out_index) *out_index = static_cast<int32_t>(stages.size() - 1);

@@ -182,15 +182,25 @@ bool MemoryAccounting::would_exceed(int64_t bytes) const {
   return b > 0 && total_current_.load(std::memory_order_relaxed) + bytes > b;
 }
 
-static void raise_peak(std::atomic<int64_t>& peak, int64_t value) {
+// True when `value` became the new peak.
+static bool raise_peak(std::atomic<int64_t>& peak, int64_t value) {
   int64_t p = peak.load(std::memory_order_relaxed);
-  while (value > p && !peak.compare_exchange_weak(p, value, std::memory_order_relaxed)) {
-  }
+  while (value > p)
+    if (peak.compare_exchange_weak(p, value, std::memory_order_relaxed)) return true;
+  return false;
+}
+
+// Racy across threads by design: a diagnostic of what the peak was made of,
+// not a counter anything depends on.
+void MemoryAccounting::record_at_peak() {
+  for (int c = 0; c < TF_MEM_CATEGORY_COUNT; ++c)
+    at_peak_[c].store(current_[c].load(std::memory_order_relaxed), std::memory_order_relaxed);
 }
 
 void MemoryAccounting::on_alloc(tf_mem_category c, int64_t bytes) {
   raise_peak(peak_[c], current_[c].fetch_add(bytes, std::memory_order_relaxed) + bytes);
-  raise_peak(total_peak_, total_current_.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  if (raise_peak(total_peak_, total_current_.fetch_add(bytes, std::memory_order_relaxed) + bytes))
+    record_at_peak();
 }
 
 void MemoryAccounting::on_free(tf_mem_category c, int64_t bytes) {
@@ -203,6 +213,7 @@ MemorySnapshot MemoryAccounting::snapshot() const {
   for (int c = 0; c < TF_MEM_CATEGORY_COUNT; ++c) {
     s.current[c] = current_[c].load();
     s.peak[c] = peak_[c].load();
+    s.at_peak[c] = at_peak_[c].load();
   }
   s.total_current = total_current_.load();
   s.total_peak = total_peak_.load();
@@ -213,6 +224,7 @@ MemorySnapshot MemoryAccounting::snapshot() const {
 void MemoryAccounting::reset_peaks() {
   for (int c = 0; c < TF_MEM_CATEGORY_COUNT; ++c) peak_[c].store(current_[c].load());
   total_peak_.store(total_current_.load());
+  record_at_peak();
 }
 
 void MemoryAccounting::retag(const at::Tensor& t, tf_mem_category to) {

@@ -27,6 +27,8 @@ struct MemorySnapshot {
   CategoryCounts peak{};
   int64_t total_current = 0;
   int64_t total_peak = 0;
+  // The categories at the moment the total peaked: what made the peak.
+  CategoryCounts at_peak{};
   int64_t budget = 0;
   // On a CUDA run: the caching allocator's allocated bytes (0 on CPU).
   int64_t device_current = 0;
@@ -71,7 +73,9 @@ class MemoryAccounting {
   std::array<std::atomic<int64_t>, TF_MEM_CATEGORY_COUNT> peak_{};
   std::atomic<int64_t> total_current_{0};
   std::atomic<int64_t> total_peak_{0};
+  std::array<std::atomic<int64_t>, TF_MEM_CATEGORY_COUNT> at_peak_{};
   std::atomic<int64_t> budget_{0};
+  void record_at_peak();
 };
 
 // The calling thread's current category.

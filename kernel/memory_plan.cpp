@@ -105,8 +105,14 @@ Baseline baseline(Session& s) {
       sp.input = previous_output;
       b.live_total += sp.live;
       b.bytes[TF_MEM_ACTIVATIONS] += st.recompute ? sp.input : sp.live;
-      // The gradient of its output and of its input; the head's is the logits'.
-      sp.temporary = st.kind == TF_STAGE_HEAD ? logit_grads : output + previous_output;
+      // The gradients alive at once in its backward, as the model declares
+      // them; else those of its output and of its input. The head's are the
+      // logits'.
+      const int64_t declared =
+          own_trainable[i] ? st.backward_bytes_per_token : st.frozen_backward_bytes_per_token;
+      sp.temporary = st.kind == TF_STAGE_HEAD ? logit_grads
+                     : declared > 0           ? declared * tokens
+                                              : output + previous_output;
       // The logits themselves are held for the loss, not by autograd: the
       // loss's backward starts after they are let go.
       if (st.kind == TF_STAGE_HEAD) sp.dropped = std::min(output, sp.live);
@@ -149,6 +155,7 @@ PlanContribution ask(Session& s, PluginInstance& inst, const std::string& label,
     for (int k = 0; k < TF_MEM_CATEGORY_COUNT; ++k) c.delta[t][k] = e.delta_bytes[t][k];
   c.time_factor = e.time_factor;
   c.grads_in_forward = e.grads_in_forward != 0;
+  c.update_bytes = std::max<int64_t>(0, e.update_bytes);
   return c;
 }
 
@@ -165,6 +172,7 @@ MemoryPlan plan_memory(Session& s) {
 
   TierCounts held{};
   bool grads_in_forward = false;
+  int64_t update_bytes = 0;
   held[TF_TIER_DEVICE] = b.bytes;
   // The planned parameter table: declared, dense, on the device; strategies
   // that convert or move parameters edit it while they are asked.
@@ -206,6 +214,7 @@ MemoryPlan plan_memory(Session& s) {
       for (int k = 0; k < TF_MEM_CATEGORY_COUNT; ++k) held[t][k] += c.delta[t][k];
     if (c.time_factor > 0) plan.time_factor *= c.time_factor;
     grads_in_forward = grads_in_forward || c.grads_in_forward;
+    update_bytes += c.update_bytes;
   }
   for (auto& tier : held)
     for (auto& v : tier) v = std::max<int64_t>(v, 0);
@@ -265,7 +274,7 @@ MemoryPlan plan_memory(Session& s) {
     plan.peak_moment = "forward";
     for (const StagePlan& sp : b.stages) best = std::max(best, resident + sp.computing);
   } else {
-    const int64_t update = resident + all_grads + 4 * b.largest_param;
+    const int64_t update = resident + all_grads + 4 * b.largest_param + update_bytes;
     if (update > best) {
       best = update;
       plan.peak_moment = "update";

@@ -39,6 +39,7 @@ struct PlanContribution {
   TierCounts delta{};
   double time_factor = 0;  // 0 = the plugin does not say
   bool grads_in_forward = false;
+  int64_t update_bytes = 0;  // alive only during the update
 };
 
 // What the timeline assumed of a declared stage (the step-time cost model

@@ -822,6 +822,10 @@ TrainSummary Session::train() {
       for (int c = 0; c < TF_MEM_CATEGORY_COUNT - 1; ++c)
         rec["peak_" + std::string(category_name(static_cast<tf_mem_category>(c)))] = mem.peak[c];
       rec["peak_total"] = mem.total_peak;
+      nlohmann::json at_peak = nlohmann::json::object();
+      for (int c = 0; c < TF_MEM_CATEGORY_COUNT; ++c)
+        at_peak[category_name(static_cast<tf_mem_category>(c))] = mem.at_peak[c];
+      rec["at_peak"] = std::move(at_peak);
       if (device_.is_cuda()) rec["peak_device"] = mem.device_peak;
       for (const auto& [k, v] : step_metrics_)
         rec[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);

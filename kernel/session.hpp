@@ -68,6 +68,8 @@ struct StageState {
   int64_t flops_per_token = 0;
   int64_t frozen_activation_bytes_per_token = 0;  // 0 = unknown
   int64_t output_bytes_per_token = 0;             // 0 = unknown
+  int64_t backward_bytes_per_token = 0;           // 0 = unknown
+  int64_t frozen_backward_bytes_per_token = 0;    // 0 = unknown
 };
 
 struct PluginInstance {

@@ -135,6 +135,16 @@ INSTANTIATE_TEST_SUITE_P(
                  "[[strategy]]\nplugin = \"lora\"\ntargets = [\"key\", \"value\"]\n"},
         PeakCase{"llama_qlora", kLlama, kStandard,
                  "[[strategy]]\nplugin = \"quantize\"\n[[strategy]]\nplugin = \"lora\"\n"},
+        // Frozen blocks recomputed: their backward's gradients (declared) make the peak.
+        PeakCase{"llama_qlora_checkpoint", kLlama, kStandard,
+                 "[[strategy]]\nplugin = \"quantize\"\n[[strategy]]\nplugin = \"lora\"\n"
+                 "[[strategy]]\nplugin = \"checkpoint\"\n"},
+        PeakCase{"gpt2_lora_checkpoint", kGpt2, kStandard,
+                 "[[strategy]]\nplugin = \"lora\"\ntargets = [\"c_attn\"]\n"
+                 "[[strategy]]\nplugin = \"checkpoint\"\n"},
+        PeakCase{"rwkv_lora_checkpoint", kRwkv, kStandard,
+                 "[[strategy]]\nplugin = \"lora\"\ntargets = [\"key\", \"value\"]\n"
+                 "[[strategy]]\nplugin = \"checkpoint\"\n"},
         PeakCase{"llama_lora_offload_disk", kLlama, kStandard,
                  "[[strategy]]\nplugin = \"lora\"\n[[strategy]]\nplugin = \"offload\"\n"
                  "params = \"disk\"\nprefetch = 2\n",
@@ -160,7 +170,10 @@ INSTANTIATE_TEST_SUITE_P(
                  "k = 1\n"},
         PeakCase{"gpt2_accumulate", kGpt2,
                  "plugin = \"accumulate\"\nmicro_batches = 2\nwarmup_steps = 1\n", ""},
-        PeakCase{"gpt2_mezo", kGpt2, "plugin = \"mezo\"\nwarmup_steps = 1\n", ""}),
+        PeakCase{"gpt2_mezo", kGpt2, "plugin = \"mezo\"\nwarmup_steps = 1\n", ""},
+        // The predictor's copy of the weights from before a step lives only in the update.
+        PeakCase{"gpt2_hybrid", kGpt2,
+                 "plugin = \"hybrid\"\nwarmup_full_steps = 0\nfull_steps = 1\n", ""}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Plan, NamesAPluginWithNoEstimateInsteadOfGuessing) {

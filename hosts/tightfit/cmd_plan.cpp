@@ -43,6 +43,7 @@ nlohmann::json plan_json(const MemoryPlan& p) {
   for (const auto& c : p.contributions) {
     nlohmann::json e{
         {"plugin", c.plugin}, {"estimated", c.estimated}, {"time_factor", c.time_factor}};
+    if (c.update_bytes > 0) e["update_bytes"] = c.update_bytes;
     for (int t = 0; t < TF_TIER_COUNT; ++t)
       for (tf_mem_category k : kOrder)
         if (c.delta[static_cast<size_t>(t)][k] != 0)
@@ -79,6 +80,7 @@ void print_plan(const std::string& source, const MemoryPlan& p, int64_t budget) 
         os << " " << category_name(k) << (t == 0 ? "" : std::string("@") + kTierNames[t]) << " "
            << (v > 0 ? "+" : "-") << format_bytes(v > 0 ? v : -v);
       }
+    if (c.update_bytes > 0) os << " during the update +" << format_bytes(c.update_bytes);
     if (c.time_factor > 0) os << " time x" << c.time_factor;
     std::cout << "  " << c.plugin << ":" << (os.str().empty() ? " no change" : os.str()) << "\n";
   }

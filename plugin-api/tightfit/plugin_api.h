@@ -245,6 +245,13 @@ typedef struct tf_stage_spec {
    * of its output (what a recomputed next stage keeps as its input). */
   int64_t frozen_activation_bytes_per_token;
   int64_t output_bytes_per_token;
+  /* Also in 1.0's tail (0 = unknown: plan assumes the gradients of the
+   * output and of the input): the bytes per token of gradients alive at once
+   * at the peak of the stage's backward, less the kept activations backward
+   * has already let go by then — with the stage's own weights trained, and
+   * frozen (a frozen linear frees no saved input as its backward runs). */
+  int64_t backward_bytes_per_token;
+  int64_t frozen_backward_bytes_per_token;
 } tf_stage_spec;
 
 /* What a stage forward call is asked to do. */
@@ -416,6 +423,10 @@ typedef struct tf_memory_estimate {
   /* Added in 1.0's tail: 1 when gradients of earlier passes are alive during
    * a forward pass (gradient accumulation), so the planner counts them then. */
   int32_t grads_in_forward;
+  /* Also in 1.0's tail: device bytes alive only while the optimizer update
+   * runs (a copy of the weights from before it), not in forward or backward;
+   * kept out of delta_bytes. */
+  int64_t update_bytes;
 } tf_memory_estimate;
 
 /* ------------------------------------------------------------------------- */

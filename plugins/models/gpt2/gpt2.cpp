@@ -173,14 +173,19 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     const int64_t extra =
         16 + tf_sdk::attention_lse_bytes(H) + (dropping ? 2 * C + H * T * (2 * elt + 1) : 0);
     const int64_t block_bytes = 16 * C * elt + extra, frozen_block_bytes = 10 * C * elt + extra;
+    // Gradients alive at once at the peak of a block's backward, measured:
+    // trained, the output's and input's; frozen, also the MLP hidden's
+    // before and after gelu (the frozen linears free no saved input).
+    const int64_t backward_bytes = 2 * C * elt, frozen_backward_bytes = 9 * C * elt;
     const int32_t embed = m->host.declare_stage("embed", TF_STAGE_EMBED, dropping ? C : 0, 0,
                                                 dropping ? C : 0, C * elt);
     declare(*m, "transformer.wte.weight", {V, C}, -1, TF_INIT_NORMAL, 0.02, 0);
     declare(*m, "transformer.wpe.weight", {P, C}, embed, TF_INIT_NORMAL, 0.01, 0);
     for (int64_t l = 0; l < L; ++l) {
-      const int32_t st =
-          m->host.declare_stage("block." + std::to_string(l), TF_STAGE_BLOCK, block_bytes,
-                                24 * C * C + 2 * T * C, frozen_block_bytes, C * elt);
+      const int32_t st = m->host.declare_stage(
+          "block." + std::to_string(l), TF_STAGE_BLOCK,
+          {block_bytes, frozen_block_bytes, C * elt, backward_bytes, frozen_backward_bytes},
+          24 * C * C + 2 * T * C);
       const uint32_t t = TF_PARAM_HF_TRANSPOSED;
       declare(*m, m->block(l, "ln_1.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
       declare(*m, m->block(l, "ln_1.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);

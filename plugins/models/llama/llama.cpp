@@ -271,13 +271,18 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     const int64_t extra = 72 + tf_sdk::attention_lse_bytes(s.n_head);
     const int64_t block_bytes = 2 * rms_norm_bytes + 4 * elt * C + 4 * elt * I + extra;
     const int64_t frozen_block_bytes = 2 * frozen_norm_bytes + 4 * elt * C + 3 * elt * I + extra;
+    // Gradients alive at once at the peak of a block's backward, measured:
+    // in the MLP, those of h, silu(gate) and up with the residual's; trained,
+    // the saved inputs the weight gradients used are gone by then.
+    const int64_t backward_bytes = (I + 2 * C) * elt, frozen_backward_bytes = (3 * I + C) * elt;
     m->host.declare_stage("embed", TF_STAGE_EMBED, 0, 0, 0, C * elt);
     declare(*m, "model.embed_tokens.weight", {V, C}, s.tie_embeddings ? -1 : 0, TF_INIT_NORMAL, std,
             0);
     for (int64_t l = 0; l < L; ++l) {
       const int32_t st = m->host.declare_stage(
-          "block." + std::to_string(l), TF_STAGE_BLOCK, block_bytes,
-          2 * (2 * C * C + 2 * C * KV + 3 * C * I) + 2 * T * C, frozen_block_bytes, C * elt);
+          "block." + std::to_string(l), TF_STAGE_BLOCK,
+          {block_bytes, frozen_block_bytes, C * elt, backward_bytes, frozen_backward_bytes},
+          2 * (2 * C * C + 2 * C * KV + 3 * C * I) + 2 * T * C);
       declare(*m, m->layer(l, "input_layernorm.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
       declare(*m, m->layer(l, "self_attn.q_proj.weight"), {C, C}, st, TF_INIT_NORMAL, std, 0);
       declare(*m, m->layer(l, "self_attn.k_proj.weight"), {KV, C}, st, TF_INIT_NORMAL, std, 0);

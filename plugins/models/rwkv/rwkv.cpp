@@ -237,12 +237,17 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     const int64_t wkv_bytes = (m->chunk + 6) * A * 4;
     const int64_t block_bytes = wkv_bytes + (16 * C + 2 * I) * elt;
     const int64_t frozen_block_bytes = wkv_bytes + (10 * C + I) * elt;
+    // Gradients alive at once at the peak of a block's backward, measured:
+    // the channel mix's two hidden ones (2 I) with the residual's, in fp32
+    // as the WKV backward runs; frozen, two more C.
+    const int64_t backward_bytes = (2 * I + 2 * C) * 4, frozen_backward_bytes = (2 * I + 4 * C) * 4;
     host.declare_stage("embed", TF_STAGE_EMBED, C * elt + 16, 0, C * elt + 16, C * elt);
     declare("rwkv.embeddings.weight", {V, C}, s.tie_embeddings ? -1 : 0, TF_INIT_UNIFORM, 1e-4, 0);
     for (int64_t l = 0; l < L; ++l) {
       const int32_t st = host.declare_stage(
-          "block." + std::to_string(l), TF_STAGE_BLOCK, block_bytes,
-          2 * (4 * C * A + 2 * C * I + C * C) + 4 * m->chunk * A, frozen_block_bytes, C * elt);
+          "block." + std::to_string(l), TF_STAGE_BLOCK,
+          {block_bytes, frozen_block_bytes, C * elt, backward_bytes, frozen_backward_bytes},
+          2 * (4 * C * A + 2 * C * I + C * C) + 4 * m->chunk * A);
       if (l == 0) {
         declare(m->block(0, "pre_ln.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
         declare(m->block(0, "pre_ln.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);

@@ -433,7 +433,11 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   auto* s = static_cast<Hybrid*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] = 12 * model->n_trainable;
-    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT] = 4 * model->n_trainable;
+    // The weights before the step, to measure its update: only while it runs.
+    if (out->struct_size >= offsetof(tf_memory_estimate, update_bytes) + sizeof(out->update_bytes))
+      out->update_bytes = 4 * model->n_trainable;
+    else
+      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT] = 4 * model->n_trainable;
     const Settings& c = s->cfg;
     const double predicted = static_cast<double>(c.max_predict_steps);
     const double full =

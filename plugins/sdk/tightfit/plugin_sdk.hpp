@@ -150,16 +150,30 @@ class Host {
     spec.flags = flags;
     check(api_->declare_param(ctx_, &spec));
   }
+  // All of a stage's per-token byte counts for `plan` (tf_stage_spec); 0 = unknown.
+  struct StageMemory {
+    int64_t activations = 0;
+    int64_t frozen_activations = 0;
+    int64_t output = 0;
+    int64_t backward = 0;
+    int64_t frozen_backward = 0;
+  };
   // Activation bytes per token (all, and with the stage's own weights frozen)
   // and output bytes per token, for `plan`; 0 = unknown.
   int32_t declare_stage(const std::string& name, tf_stage_kind kind,
                         int64_t activation_bytes_per_token, int64_t flops_per_token,
                         int64_t frozen_activation_bytes_per_token = 0,
                         int64_t output_bytes_per_token = 0) const {
-    tf_stage_spec spec{
-        sizeof(tf_stage_spec),      name.c_str(),    kind,
-        activation_bytes_per_token, flops_per_token, frozen_activation_bytes_per_token,
-        output_bytes_per_token};
+    return declare_stage(name, kind,
+                         StageMemory{activation_bytes_per_token, frozen_activation_bytes_per_token,
+                                     output_bytes_per_token},
+                         flops_per_token);
+  }
+  int32_t declare_stage(const std::string& name, tf_stage_kind kind, const StageMemory& bytes,
+                        int64_t flops_per_token) const {
+    tf_stage_spec spec{sizeof(tf_stage_spec), name.c_str(),    kind,
+                       bytes.activations,     flops_per_token, bytes.frozen_activations,
+                       bytes.output,          bytes.backward,  bytes.frozen_backward};
     int32_t index = -1;
     check(api_->declare_stage(ctx_, &spec, &index));
     return index;
