@@ -208,7 +208,12 @@ void PluginRegistry::add_path(const std::string& dir, const std::string& origin)
   for (const auto& f : files) {
     try {
       auto p = std::make_shared<LoadedPlugin>(load_plugin_file(f, origin));
-      by_name_[p->name] = p;
+      auto [it, added] = by_name_.emplace(p->name, p);
+      if (added || fs::equivalent(it->second->path, p->path, ec)) continue;
+      const std::string message = "two plugins are named \"" + p->name + "\": " + it->second->path +
+                                  " (" + it->second->origin + ") and " + p->path + " (" + origin +
+                                  "); remove one from the plugin folders or rename it";
+      if (conflicts_.emplace(p->name, message).second) problems_.push_back(message);
     } catch (const PluginLoadError& e) {
       problems_.push_back(e.what());
     }
@@ -216,6 +221,7 @@ void PluginRegistry::add_path(const std::string& dir, const std::string& origin)
 }
 
 const LoadedPlugin* PluginRegistry::find_any(const std::string& name) const {
+  if (auto c = conflicts_.find(name); c != conflicts_.end()) throw PluginLoadError(c->second);
   auto it = by_name_.find(name);
   return it == by_name_.end() ? nullptr : it->second.get();
 }

@@ -47,12 +47,14 @@ class PluginRegistry {
   // Scans the built-in folder and TIGHTFIT_PLUGIN_PATH.
   static PluginRegistry discover();
 
-  // Adds every library in `dir` (or the file `dir`). Later additions win over
-  // earlier ones with the same name. Broken libraries found by scanning are
-  // recorded in problems(), not thrown.
+  // Adds every library in `dir` (or the file `dir`). Broken libraries found
+  // by scanning are recorded in problems(), not thrown. A second file with a
+  // name already taken is a conflict: recorded in problems(), and using that
+  // name throws an error naming both files (the same file seen twice is not).
   void add_path(const std::string& dir, const std::string& origin);
 
-  // Throws PluginLoadError listing what is installed.
+  // Throws PluginLoadError listing what is installed, or naming the files of
+  // a conflict.
   const LoadedPlugin& find(const std::string& name, tf_plugin_kind kind) const;
   const LoadedPlugin* find_any(const std::string& name) const;
   std::vector<const LoadedPlugin*> all() const;
@@ -60,6 +62,7 @@ class PluginRegistry {
 
  private:
   std::map<std::string, std::shared_ptr<LoadedPlugin>> by_name_;
+  std::map<std::string, std::string> conflicts_;  // name -> the message
   std::vector<std::string> problems_;
 };
 

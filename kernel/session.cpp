@@ -272,7 +272,8 @@ void Session::build(const PluginRegistry& base_registry) {
   run_info_.seed = static_cast<uint64_t>(run_cfg_.get_int("seed"));
   run_info_.run_dir = run_dir_str_.c_str();
 
-  // Plugins: the recipe's own paths win over the installed ones.
+  // Plugins: the recipe's own paths add to the installed ones (a name taken
+  // twice is a conflict the registry reports when the name is used).
   registry_ = base_registry;
   PluginRegistry& registry = registry_;
   for (const auto& p : run_cfg_.get_string_list("plugin_paths")) {

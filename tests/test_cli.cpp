@@ -50,6 +50,39 @@ TEST_F(CliTest, PluginsListAndInfo) {
   EXPECT_EQ(test::run_tightfit("plugins info nothing", &out), 4) << out;
 }
 
+// `plugins list --recipe` adds the recipe's plugin_paths with their origin;
+// `plugins check` validates one file without running it, and refuses a
+// broken one with the loader's message and exit code 4.
+TEST_F(CliTest, PluginsListWithRecipeAndCheck) {
+  const std::string v10 = std::string(TIGHTFIT_FIXTURE_DIR) + "/abi_v1_0";
+  const std::string with_paths =
+      test::write_file(dir, "paths.toml", "[run]\nplugin_paths = [\"" + v10 + "\"]\n");
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("plugins list --recipe " + with_paths, &out), 0) << out;
+  const size_t row = out.find("abi_v1_0_schedule");
+  ASSERT_NE(row, std::string::npos) << out;
+  const std::string line = out.substr(row, out.find('\n', row) - row);
+  EXPECT_NE(line.find("schedule"), std::string::npos) << line;
+  EXPECT_NE(line.find("1.0 "), std::string::npos) << line;
+  EXPECT_NE(line.find("recipe"), std::string::npos) << line;
+  EXPECT_NE(line.find(v10 + "/abi_v1_0_schedule.so"), std::string::npos) << line;
+  const size_t builtin = out.find("\ngpt2 ");
+  ASSERT_NE(builtin, std::string::npos) << out;
+  EXPECT_NE(out.substr(builtin, out.find('\n', builtin + 1) - builtin).find("built-in"),
+            std::string::npos);
+
+  ASSERT_EQ(test::run_tightfit("plugins check " + v10 + "/abi_v1_0_schedule.so", &out), 0) << out;
+  EXPECT_NE(out.find("ok "), std::string::npos) << out;
+  EXPECT_NE(out.find("ABI 1.0"), std::string::npos) << out;
+  EXPECT_NE(out.find("run_step, estimate_memory"), std::string::npos) << out;
+  EXPECT_EQ(test::run_tightfit(
+                "plugins check " + std::string(TIGHTFIT_FIXTURE_DIR) + "/fixture_wrong_libtorch.so",
+                &out),
+            4)
+      << out;
+  EXPECT_NE(out.find("built against LibTorch 1.0.0"), std::string::npos) << out;
+}
+
 // --add-strategy appends a [[strategy]] whose keys --set then reaches by name.
 TEST_F(CliTest, AddStrategyAppendsATable) {
   std::string out;

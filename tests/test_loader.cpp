@@ -2,6 +2,8 @@
 // names the file and the reason.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "plugin_loader.hpp"
 #include "test_support.hpp"
 
@@ -96,6 +98,32 @@ TEST(Registry, ScanningRecordsBrokenPluginsAndKeepsGoodOnes) {
   EXPECT_NE(reg.find_any("fixture_stable_only"), nullptr);
   EXPECT_EQ(reg.find_any("fixture_abi_major"), nullptr);
   EXPECT_GE(reg.problems().size(), 5u);
+}
+
+// Two files declaring one name: using the name is an error naming both
+// files; the same file reached twice is not a conflict.
+TEST(Registry, TwoPluginsWithOneNameConflict) {
+  test::TempDir dir;
+  const std::string copy = dir.str() + "/fixture_good_copy.so";
+  std::filesystem::copy_file(fixture("fixture_good"), copy);
+  PluginRegistry reg;
+  reg.add_path(fixture("fixture_good"), "TIGHTFIT_PLUGIN_PATH");
+  reg.add_path(fixture("fixture_good"), "recipe");
+  EXPECT_NE(reg.find_any("fixture_good"), nullptr);
+  reg.add_path(dir.str(), "recipe");
+  try {
+    reg.find("fixture_good", TF_PLUGIN_SCHEDULE);
+    FAIL() << "a conflicting name was served";
+  } catch (const PluginLoadError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("two plugins are named \"fixture_good\""), std::string::npos) << msg;
+    EXPECT_NE(msg.find(fixture("fixture_good")), std::string::npos) << msg;
+    EXPECT_NE(msg.find(copy), std::string::npos) << msg;
+  }
+  EXPECT_THROW(reg.find_any("fixture_good"), PluginLoadError);
+  bool reported = false;
+  for (const auto& p : reg.problems()) reported |= p.find(copy) != std::string::npos;
+  EXPECT_TRUE(reported);
 }
 
 TEST(Registry, BuiltInFolderIsFoundWithoutEnvironment) {

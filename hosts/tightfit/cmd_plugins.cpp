@@ -1,14 +1,19 @@
-// `tightfit plugins list|info NAME`: what is installed and its recipe keys.
+// `tightfit plugins list|info NAME|check FILE`: what is installed, its recipe
+// keys, and whether one library would load.
 #include <algorithm>
+#include <cstddef>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 
 #include "commands.hpp"
 #include "plugin_loader.hpp"
+#include "recipe.hpp"
 
 namespace tightfit::host {
 
 namespace {
+namespace fs = std::filesystem;
 
 void print_keys(const std::vector<KeySpec>& keys) {
   // The name column fits the longest name, so no name runs into its type.
@@ -26,54 +31,164 @@ void print_keys(const std::vector<KeySpec>& keys) {
   }
 }
 
+// The registry `tightfit run` would use for `recipe` (empty: the installed
+// plugins): the built-in folder, TIGHTFIT_PLUGIN_PATH, the recipe's plugin_paths.
+PluginRegistry registry_for(const std::string& recipe_path) {
+  PluginRegistry reg = PluginRegistry::discover();
+  if (recipe_path.empty()) return reg;
+  const Recipe recipe = Recipe::load(recipe_path);
+  const toml::table* run = recipe.table("run");
+  const fs::path base = fs::absolute(recipe_path).parent_path();
+  if (const toml::array* paths = run ? run->get_as<toml::array>("plugin_paths") : nullptr)
+    for (const auto& v : *paths)
+      if (const auto* str = v.as_string()) {
+        fs::path path = str->get();
+        reg.add_path((path.is_relative() ? base / path : path).string(), "recipe");
+      }
+  return reg;
+}
+
+void print_list(const PluginRegistry& reg) {
+  std::cout << std::left << std::setw(18) << "NAME" << std::setw(10) << "KIND" << std::setw(9)
+            << "VERSION" << std::setw(5) << "ABI" << std::setw(10) << "LIBTORCH" << std::setw(22)
+            << "ORIGIN"
+            << "PATH\n";
+  for (const LoadedPlugin* p : reg.all())
+    std::cout << std::left << std::setw(18) << p->name << std::setw(10)
+              << plugin_kind_name(p->descriptor.kind) << std::setw(9) << p->version << std::setw(5)
+              << abi_version_string(p->descriptor.abi_version) << std::setw(10)
+              << (p->descriptor.flags & TF_PLUGIN_FLAG_STABLE_ABI_ONLY ? "stable"
+                                                                       : p->libtorch_version)
+              << std::setw(22) << p->origin << p->path << "\n";
+  for (const auto& prob : reg.problems()) std::cerr << "warning: " << prob << "\n";
+}
+
+void print_info(const LoadedPlugin& p) {
+  std::cout << p.name << " " << p.version << " (" << plugin_kind_name(p.descriptor.kind)
+            << " plugin)\n"
+            << "  " << p.description << "\n"
+            << "  ABI " << abi_version_string(p.descriptor.abi_version) << ", LibTorch "
+            << p.libtorch_version
+            << (p.descriptor.flags & TF_PLUGIN_FLAG_STABLE_ABI_ONLY
+                    ? " (stable C subset only: loads with any LibTorch)"
+                    : "")
+            << ", " << p.origin << ": " << p.path << "\n\nrecipe keys:\n";
+  if (p.keys.empty()) std::cout << "  (none)\n";
+  print_keys(p.keys);
+}
+
+// What `plugins check` verifies beyond loading: the hooks a plugin of its
+// kind offers, so an author sees at a glance what the host will call.
+void print_hooks(const LoadedPlugin& p) {
+  std::vector<std::string> hooks;
+  auto add = [&](bool present, const char* name) {
+    if (present) hooks.push_back(name);
+  };
+  if (const tf_strategy_vtable* v = p.strategy()) {
+#define TF_HOOK(field) add(TF_HAS(v, tf_strategy_vtable, field), #field)
+    TF_HOOK(configure);
+    TF_HOOK(params_ready);
+    TF_HOOK(stage_params_ready);
+    TF_HOOK(step_begin);
+    TF_HOOK(step_end);
+    TF_HOOK(stage_event);
+    TF_HOOK(fetch_weight);
+    TF_HOOK(release_weight);
+    TF_HOOK(linear_extend);
+    TF_HOOK(grad_ready);
+    TF_HOOK(optimizer_step_param);
+    TF_HOOK(loss_scale);
+    TF_HOOK(estimate_memory);
+    TF_HOOK(save_state);
+    TF_HOOK(load_state);
+    TF_HOOK(export_weight);
+    TF_HOOK(export_adapter);
+    TF_HOOK(pack_activation);
+    TF_HOOK(grad_norm_sq);
+    TF_HOOK(apply_held_grads);
+#undef TF_HOOK
+  } else if (const tf_model_vtable* v = p.model()) {
+    add(TF_HAS(v, tf_model_vtable, stage_forward), "stage_forward");
+    add(TF_HAS(v, tf_model_vtable, hf_config_json), "hf_config_json");
+    add(TF_HAS(v, tf_model_vtable, decode), "decode");
+  } else if (const tf_schedule_vtable* v = p.schedule()) {
+    add(TF_HAS(v, tf_schedule_vtable, run_step), "run_step");
+    add(TF_HAS(v, tf_schedule_vtable, estimate_memory), "estimate_memory");
+    add(TF_HAS(v, tf_schedule_vtable, save_state), "save_state");
+    add(TF_HAS(v, tf_schedule_vtable, load_state), "load_state");
+  }
+  std::cout << "hooks         ";
+  for (size_t i = 0; i < hooks.size(); ++i) std::cout << (i ? ", " : "") << hooks[i];
+  std::cout << "\n";
+  const bool planned = p.strategy()   ? TF_HAS(p.strategy(), tf_strategy_vtable, estimate_memory)
+                       : p.schedule() ? TF_HAS(p.schedule(), tf_schedule_vtable, estimate_memory)
+                                      : true;
+  if (!planned)
+    std::cout << "warning       no estimate_memory hook: `tightfit plan` and `fit` will say its "
+                 "effect is not in their plans\n";
+}
+
+constexpr const char* kUsageText =
+    "usage: tightfit plugins list [--recipe RECIPE]\n"
+    "       tightfit plugins info NAME [--recipe RECIPE]\n"
+    "       tightfit plugins check FILE\n\n"
+    "Plugins come from the built-in folder, then TIGHTFIT_PLUGIN_PATH (colon-separated "
+    "folders or files), then a recipe's [run] plugin_paths. `check` loads one library the way "
+    "`run` would (ABI and LibTorch versions, descriptor, vtable, recipe keys) without creating "
+    "or running it.\n";
+
 }  // namespace
 
-int plugins_command(const std::vector<std::string>& args) {
+int plugins_command(const std::vector<std::string>& args_in) {
+  std::vector<std::string> args;
+  std::string recipe_path;
+  for (size_t i = 0; i < args_in.size(); ++i) {
+    if (args_in[i] == "--recipe" && i + 1 < args_in.size())
+      recipe_path = args_in[++i];
+    else
+      args.push_back(args_in[i]);
+  }
   const std::string sub = args.empty() ? "list" : args[0];
   if (sub == "--help" || sub == "-h") {
-    std::cout
-        << "usage: tightfit plugins list\n       tightfit plugins info NAME\n\n"
-           "Plugins come from the built-in folder, then TIGHTFIT_PLUGIN_PATH (colon-separated "
-           "folders or files), then a recipe's [run] plugin_paths.\n";
+    std::cout << kUsageText;
     return kOk;
   }
-  PluginRegistry reg = PluginRegistry::discover();
-  if (sub == "list") {
-    std::cout << std::left << std::setw(14) << "NAME" << std::setw(10) << "KIND" << std::setw(9)
-              << "VERSION" << std::setw(5) << "ABI" << std::setw(10) << "LIBTORCH" << std::setw(22)
-              << "ORIGIN"
-              << "PATH\n";
-    for (const LoadedPlugin* p : reg.all())
-      std::cout << std::left << std::setw(14) << p->name << std::setw(10)
-                << plugin_kind_name(p->descriptor.kind) << std::setw(9) << p->version
-                << std::setw(5) << abi_version_string(p->descriptor.abi_version) << std::setw(10)
-                << (p->descriptor.flags & TF_PLUGIN_FLAG_STABLE_ABI_ONLY ? "stable"
-                                                                         : p->libtorch_version)
-                << std::setw(22) << p->origin << p->path << "\n";
-    for (const auto& prob : reg.problems()) std::cerr << "warning: " << prob << "\n";
-    return kOk;
-  }
-  if (sub == "info") {
-    if (args.size() < 2) {
-      std::cerr << "usage: tightfit plugins info NAME\n";
-      return kUsage;
+  try {
+    if (sub == "list") {
+      print_list(registry_for(recipe_path));
+      return kOk;
     }
-    const LoadedPlugin* p = reg.find_any(args[1]);
-    if (!p) {
-      std::cerr << "tightfit: no plugin named \"" << args[1]
-                << "\" (see `tightfit plugins list`)\n";
-      return kPluginError;
+    if (sub == "info") {
+      if (args.size() < 2) {
+        std::cerr << kUsageText;
+        return kUsage;
+      }
+      const PluginRegistry reg = registry_for(recipe_path);
+      const LoadedPlugin* p = reg.find_any(args[1]);
+      if (!p) {
+        std::cerr << "tightfit: no plugin named \"" << args[1]
+                  << "\" (see `tightfit plugins list`)\n";
+        return kPluginError;
+      }
+      print_info(*p);
+      return kOk;
     }
-    std::cout << p->name << " " << p->version << " (" << plugin_kind_name(p->descriptor.kind)
-              << " plugin)\n"
-              << "  " << p->description << "\n"
-              << "  ABI " << abi_version_string(p->descriptor.abi_version) << ", LibTorch "
-              << p->libtorch_version << ", " << p->origin << ": " << p->path
-              << "\n\nrecipe keys:\n";
-    print_keys(p->keys);
-    return kOk;
+    if (sub == "check") {
+      if (args.size() < 2) {
+        std::cerr << kUsageText;
+        return kUsage;
+      }
+      const LoadedPlugin p = load_plugin_file(args[1], "file");
+      std::cout << "ok            " << p.path << "\n";
+      print_info(p);
+      print_hooks(p);
+      return kOk;
+    }
+  } catch (...) {
+    return report_current_error();
   }
-  std::cerr << "tightfit plugins: unknown subcommand \"" << sub << "\" (list, info NAME)\n";
+  std::cerr << "tightfit plugins: unknown subcommand \"" << sub
+            << "\" (list, info NAME, check FILE)\n";
   return kUsage;
 }
 

@@ -1,5 +1,5 @@
 /*
- * tightfit plugin ABI, version 1.0.
+ * tightfit plugin ABI, version 1.1 (1.0 plus the fields marked "Added in 1.1").
  *
  * This header is the whole contract between the tightfit host (the kernel) and
  * a plugin shared library. It is plain C: no C++ type and no exception ever
@@ -50,7 +50,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 0
+#define TF_ABI_VERSION_MINOR 1
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -245,7 +245,7 @@ typedef struct tf_stage_spec {
    * of its output (what a recomputed next stage keeps as its input). */
   int64_t frozen_activation_bytes_per_token;
   int64_t output_bytes_per_token;
-  /* Also in 1.0's tail (0 = unknown: plan assumes the gradients of the
+  /* Added in 1.1 (0 = unknown: plan assumes the gradients of the
    * output and of the input): the bytes per token of gradients alive at once
    * at the peak of the stage's backward, less the kept activations backward
    * has already let go by then — with the stage's own weights trained, and
@@ -423,7 +423,7 @@ typedef struct tf_memory_estimate {
   /* Added in 1.0's tail: 1 when gradients of earlier passes are alive during
    * a forward pass (gradient accumulation), so the planner counts them then. */
   int32_t grads_in_forward;
-  /* Also in 1.0's tail: device bytes alive only while the optimizer update
+  /* Added in 1.1: device bytes alive only while the optimizer update
    * runs (a copy of the weights from before it), not in forward or backward;
    * kept out of delta_bytes. */
   int64_t update_bytes;

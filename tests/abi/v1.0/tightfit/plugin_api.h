@@ -1,0 +1,839 @@
+/*
+ * FROZEN: the plugin ABI 1.0 header exactly as released (commit 5063265).
+ * Never edit it. tests/fixtures/abi_v1_0_schedule.c is compiled against it to
+ * prove that plugins built for 1.0 keep loading and working in later hosts.
+ *
+ * tightfit plugin ABI, version 1.0.
+ *
+ * This header is the whole contract between the tightfit host (the kernel) and
+ * a plugin shared library. It is plain C: no C++ type and no exception ever
+ * crosses it. It grows the way SQLite's extension routine table and Vulkan's
+ * versioned structs grow:
+ *
+ *  - Every struct that crosses the boundary starts with `struct_size` (the
+ *    sizeof the struct as the *writer* compiled it) and, for the top-level
+ *    tables, `abi_version`. A reader checks `struct_size` before it reads a
+ *    field, and treats a field that lies past `struct_size` as absent (zero,
+ *    NULL). Fields are only ever appended; reserved slots are left zero.
+ *  - Major version changes break; minor versions only append. The host loads a
+ *    plugin when plugin.major == host.major and plugin.minor <= host.minor.
+ *  - A function returns a tf_status. On failure the plugin reports the reason
+ *    through the host's `set_error` callback before returning; the host reports
+ *    the reason of its own failures through `last_error`.
+ *
+ * Tensors cross as handles of LibTorch's own stable C interface
+ * (AtenTensorHandle, from torch/csrc/inductor/aoti_torch/c/shim.h). Ownership is
+ * stated per function:
+ *  - "borrowed": valid for the duration of the call; do not release it.
+ *  - "new": the receiver owns it and must release it exactly once, with the
+ *    host's `tensor_release` (or aoti_torch_delete_tensor_object; same thing).
+ * Host and plugins share one LibTorch in one process, so autograd flows through
+ * plugin code: a tensor a plugin computes from handles the host gave it carries
+ * its autograd history back to the host.
+ *
+ * Threading: unless a function says otherwise the host calls a plugin from one
+ * thread at a time, and a plugin calls host services only from inside a call
+ * the host made to it (or from threads it started while such a call is active
+ * for the tensor services `tensor_release` and `log`).
+ *
+ * Lifetime: the host never unloads a plugin library, so deleters, autograd
+ * nodes and tensors a plugin created stay valid for the life of the process.
+ */
+#ifndef TIGHTFIT_PLUGIN_API_H
+#define TIGHTFIT_PLUGIN_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------- */
+/* Versions                                                                   */
+/* ------------------------------------------------------------------------- */
+
+#define TF_ABI_VERSION_MAJOR 1
+#define TF_ABI_VERSION_MINOR 0
+/* A version is packed as (major << 16) | minor. */
+#define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
+#define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
+#define TF_VERSION_MINOR(v) ((uint32_t)(v)&0xffffu)
+#define TF_ABI_VERSION TF_MAKE_VERSION(TF_ABI_VERSION_MAJOR, TF_ABI_VERSION_MINOR)
+
+/* Whether a size-prefixed table `ptr` (of struct type `type`) is long enough
+ * to hold `member` and sets it: members added in later minor versions must be
+ * checked this way before use, e.g. TF_HAS(api, tf_host_api, micro_batch). */
+#define TF_HAS(ptr, type, member) \
+  ((ptr)->struct_size >= offsetof(type, member) + sizeof((ptr)->member) && (ptr)->member != NULL)
+
+/* The one symbol every plugin library exports (see tf_plugin_entry_fn). */
+#define TF_PLUGIN_ENTRY_SYMBOL "tightfit_plugin_entry"
+
+/* Symbol visibility for the entry function. */
+#if defined(_WIN32)
+#define TF_PLUGIN_EXPORT __declspec(dllexport)
+#else
+#define TF_PLUGIN_EXPORT __attribute__((visibility("default")))
+#endif
+
+/* ------------------------------------------------------------------------- */
+/* Basic types                                                                */
+/* ------------------------------------------------------------------------- */
+
+/* LibTorch's stable-ABI tensor handle; identical to the declaration in
+ * torch/csrc/inductor/aoti_torch/c/macros.h, repeated so this header needs no
+ * LibTorch include path. */
+struct AtenTensorOpaque;
+typedef struct AtenTensorOpaque* AtenTensorHandle;
+typedef AtenTensorHandle tf_tensor;
+
+/* Opaque host context. The host gives each plugin instance its own context;
+ * pass it back on every service call. */
+typedef struct tf_host_context tf_host_context;
+
+typedef enum tf_status {
+  TF_OK = 0,
+  /* A hook declines: "not mine, let the next strategy or the kernel do it". */
+  TF_NOT_HANDLED = 1,
+  TF_ERROR = -1,                /* generic failure; message via set_error */
+  TF_ERR_INVALID_ARGUMENT = -2, /* bad argument or configuration value */
+  TF_ERR_NOT_FOUND = -3,        /* no such key, parameter, stage */
+  TF_ERR_OUT_OF_MEMORY = -4,    /* device or memory_budget exhausted */
+  TF_ERR_UNSUPPORTED = -5,      /* valid request this plugin/host cannot serve */
+  TF_ERR_ABI = -6,              /* version or struct-size mismatch */
+  TF_ERR_NON_FINITE = -7        /* NaN/Inf in a loss or gradient */
+} tf_status;
+
+typedef enum tf_plugin_kind {
+  TF_PLUGIN_MODEL = 1,
+  TF_PLUGIN_STRATEGY = 2,
+  TF_PLUGIN_SCHEDULE = 3
+} tf_plugin_kind;
+
+typedef enum tf_log_level {
+  TF_LOG_DEBUG = 0,
+  TF_LOG_INFO = 1,
+  TF_LOG_WARN = 2,
+  TF_LOG_ERROR = 3
+} tf_log_level;
+
+/* Element types, numbered as LibTorch's c10::ScalarType for the ones it has. */
+typedef enum tf_dtype {
+  TF_DTYPE_U8 = 0,
+  TF_DTYPE_I8 = 1,
+  TF_DTYPE_I32 = 3,
+  TF_DTYPE_I64 = 4,
+  TF_DTYPE_F16 = 5,
+  TF_DTYPE_F32 = 6,
+  TF_DTYPE_BF16 = 15
+} tf_dtype;
+
+/* Memory categories: every byte the kernel counts belongs to one. */
+typedef enum tf_mem_category {
+  TF_MEM_WEIGHTS = 0,       /* parameters (any format) */
+  TF_MEM_GRADS = 1,         /* parameter gradients */
+  TF_MEM_OPTIMIZER = 2,     /* optimizer state */
+  TF_MEM_ACTIVATIONS = 3,   /* tensors saved or produced in forward/recompute */
+  TF_MEM_ADAPTERS = 4,      /* adapter parameters (LoRA) and their state */
+  TF_MEM_TRANSIENT = 5,     /* workspace: backward temporaries, dequantized copies */
+  TF_MEM_OTHER = 6,         /* data batches, anything unattributed */
+  TF_MEM_CATEGORY_COUNT = 8 /* array size; slot 7 is reserved */
+} tf_mem_category;
+
+/* Where bytes live. */
+typedef enum tf_residency {
+  TF_TIER_DEVICE = 0, /* the compute device (the run's `device`) */
+  TF_TIER_HOST = 1,   /* host RAM (pinned on CUDA) */
+  TF_TIER_DISK = 2,   /* files under the run folder, memory-mapped */
+  /* Split across ranks, each holding a part (ZeRO-3); the strategy that
+   * split it gathers it for its stage's events and checkpoints the parts
+   * (the kernel saves a placeholder). Added in 1.0's reserved slot. */
+  TF_TIER_SHARDED = 3,
+  TF_TIER_COUNT = 4 /* array size */
+} tf_residency;
+
+/* How a parameter is stored. The dense formats are what `weight` returns;
+ * the compact ones are turned dense by the strategy that set them (fetch_weight). */
+typedef enum tf_param_format {
+  TF_FORMAT_DENSE = 0,   /* in the parameter's dtype */
+  TF_FORMAT_INT8 = 1,    /* per-channel absmax int8 */
+  TF_FORMAT_NF4 = 2,     /* block-wise NormalFloat4 with double-quantized scales */
+  TF_FORMAT_CUSTOM = 100 /* owned by a strategy plugin; opaque to the kernel */
+} tf_param_format;
+
+/* ------------------------------------------------------------------------- */
+/* Recipe keys a plugin declares                                              */
+/* ------------------------------------------------------------------------- */
+
+typedef enum tf_value_type {
+  TF_VALUE_BOOL = 1,
+  TF_VALUE_INT = 2,
+  TF_VALUE_FLOAT = 3, /* accepts integers too */
+  TF_VALUE_STRING = 4,
+  TF_VALUE_STRING_LIST = 5,
+  TF_VALUE_INT_LIST = 6,
+  TF_VALUE_SIZE = 7 /* a byte size: integer or string such as "8GiB", "512MB" */
+} tf_value_type;
+
+/* One key of the plugin's recipe table. The kernel validates the recipe
+ * against these before the plugin sees it: unknown key, wrong type, missing
+ * required key and out-of-range value are errors at file:line:column.
+ * The host walks the plugin's array with each element's `struct_size` as stride. */
+typedef struct tf_config_key {
+  uint32_t struct_size;
+  const char* name; /* key in the plugin's table */
+  tf_value_type type;
+  const char* default_value; /* TOML literal ("2", "\"cosine\"", "true"); NULL = required */
+  const char* doc;           /* one line for `tightfit plugins info` */
+  double min_value;          /* numeric range, inclusive; ignored when min > max */
+  double max_value;
+  const char* choices; /* for strings: allowed values separated by '|', or NULL */
+} tf_config_key;
+
+/* ------------------------------------------------------------------------- */
+/* Model declarations                                                         */
+/* ------------------------------------------------------------------------- */
+
+typedef enum tf_stage_kind {
+  TF_STAGE_EMBED = 1, /* tokens (int64 [B,T]) -> hidden */
+  TF_STAGE_BLOCK = 2, /* hidden -> hidden; residual, so it may be skipped */
+  TF_STAGE_HEAD = 3   /* hidden -> logits [B,T,vocab] */
+} tf_stage_kind;
+
+typedef enum tf_init_kind {
+  TF_INIT_NORMAL = 1, /* N(0, init_std^2) */
+  TF_INIT_ZEROS = 2,
+  TF_INIT_ONES = 3,
+  TF_INIT_UNIFORM = 4, /* U(-init_std, init_std) */
+  TF_INIT_CONSTANT = 5 /* every element = init_std */
+} tf_init_kind;
+
+/* Parameter flags. */
+#define TF_PARAM_NO_WEIGHT_DECAY 0x1u /* exclude from AdamW decay (norms, biases) */
+#define TF_PARAM_FROZEN 0x2u          /* not trainable */
+/* The Hugging Face checkpoint stores this 2-D weight transposed ([in, out], as
+ * GPT-2's Conv1D does); tightfit keeps [out, in] and transposes on import/export. */
+#define TF_PARAM_HF_TRANSPOSED 0x4u
+#define TF_PARAM_ADAPTER 0x8u /* an adapter added by a strategy (counted as ADAPTERS) */
+
+/* A parameter the model (or an adapter strategy) declares. The kernel's
+ * parameter store owns it; model code asks the store for it by name. */
+typedef struct tf_param_spec {
+  uint32_t struct_size;
+  const char* name; /* Hugging Face state-dict name, e.g. "transformer.h.0.attn.c_attn.weight" */
+  int32_t ndim;
+  const int64_t* shape; /* ndim entries; tightfit layout ([out, in] for linear weights) */
+  tf_dtype dtype;       /* storage dtype before any strategy changes it */
+  int32_t stage;        /* index of the stage that uses it; -1 = several (e.g. tied embeddings) */
+  tf_init_kind init;
+  double init_std;
+  uint32_t flags;      /* TF_PARAM_* */
+  const char* tied_to; /* NULL, or the name of a parameter this one shares storage with */
+} tf_param_spec;
+
+/* A stage the model declares, in execution order. */
+typedef struct tf_stage_spec {
+  uint32_t struct_size;
+  const char* name; /* "embed", "block.3", "head" */
+  tf_stage_kind kind;
+  /* Bytes of activations autograd keeps for this stage per token in training
+   * (the model's own formula, for `plan`); 0 = unknown. */
+  int64_t activation_bytes_per_token;
+  /* Forward FLOPs per token (for cost models); 0 = unknown. */
+  int64_t flops_per_token;
+  /* Added in 1.0's tail (0 = unknown; plan then assumes the values above):
+   * the bytes per token the stage keeps when none of its own weights needs a
+   * gradient (frozen, or only LoRA adapters train: a linear with a frozen
+   * weight keeps no input for the weight's gradient), and the bytes per token
+   * of its output (what a recomputed next stage keeps as its input). */
+  int64_t frozen_activation_bytes_per_token;
+  int64_t output_bytes_per_token;
+} tf_stage_spec;
+
+/* What a stage forward call is asked to do. */
+typedef struct tf_stage_call {
+  uint32_t struct_size;
+  int32_t stage;     /* index into the declared stages */
+  int32_t training;  /* 1: training (dropout on); 0: evaluation / generation */
+  int32_t recompute; /* 1: this is a recompute in backward (results must match forward) */
+  int64_t step;      /* current optimizer step */
+} tf_stage_call;
+
+/* ------------------------------------------------------------------------- */
+/* Information the host gives                                                 */
+/* ------------------------------------------------------------------------- */
+
+typedef struct tf_run_info {
+  uint32_t struct_size;
+  const char* device; /* "cpu", "cuda:0" */
+  int32_t rank;       /* torch.distributed rank, 0 when single process */
+  int32_t world_size;
+  int32_t local_rank;
+  int64_t vocab_size; /* the tokenizer's vocabulary */
+  int64_t seq_len;
+  int64_t batch_size;
+  int64_t total_steps;
+  uint64_t seed;
+  const char* run_dir; /* folder for this run's metrics, checkpoints, disk tier */
+  /* Added in 1.0's tail (read it when struct_size covers it): 1 when the run
+   * is only planned (`plan`, `fit`, `run --dry-run`): nothing is allocated
+   * and `device` may not exist on this machine (a GPU recipe planned on a
+   * laptop), so create/configure must not touch it. */
+  int32_t dry_run;
+} tf_run_info;
+
+/* A parameter as `plan` expects it to be stored (plan_param_get/set). */
+typedef struct tf_param_plan {
+  uint32_t struct_size;
+  int64_t bytes; /* stored bytes in its planned format */
+  tf_param_format format;
+  tf_residency tier;
+} tf_param_plan;
+
+typedef struct tf_param_info {
+  uint32_t struct_size;
+  const char* name;
+  int32_t ndim;
+  int64_t shape[8];
+  tf_dtype dtype;
+  int32_t stage;
+  uint32_t flags;
+  int32_t trainable;
+  tf_param_format format;
+  tf_residency residency;
+  int64_t numel;
+  int64_t stored_bytes; /* bytes in its current format */
+} tf_param_info;
+
+typedef struct tf_stage_info {
+  uint32_t struct_size;
+  const char* name;
+  tf_stage_kind kind;
+  int32_t recompute; /* activation checkpointing on */
+  int32_t skip;      /* block skipped (identity) */
+  int32_t trainable; /* gradients wanted for its parameters */
+  const char* device;
+  int64_t activation_bytes_per_token;
+  int64_t flops_per_token;
+  int32_t n_params;
+} tf_stage_info;
+
+typedef struct tf_memory_stats {
+  uint32_t struct_size;
+  int64_t current[TF_MEM_CATEGORY_COUNT];
+  int64_t peak[TF_MEM_CATEGORY_COUNT];
+  int64_t total_current;
+  int64_t total_peak;
+  int64_t budget; /* 0 = none */
+} tf_memory_stats;
+
+/* A training batch. Both handles are new: release with batch_release. */
+typedef struct tf_batch {
+  uint32_t struct_size;
+  tf_tensor tokens;  /* int64 [B, T] */
+  tf_tensor targets; /* int64 [B, T] */
+  int64_t n_tokens;
+} tf_batch;
+
+/* Result of one forward (and backward) the host ran for a schedule. */
+typedef struct tf_pass_result {
+  uint32_t struct_size;
+  double loss; /* mean cross-entropy of the batch */
+  int64_t n_tokens;
+  int32_t finite; /* 0 when loss or a gradient is NaN/Inf */
+} tf_pass_result;
+
+/* What a schedule reports for one step. */
+typedef struct tf_step_result {
+  uint32_t struct_size;
+  double loss;
+  int64_t n_tokens;
+  int32_t backward_passes; /* 0 for a predicted / zeroth-order step */
+  int32_t forward_passes;
+  double lr;
+  const char* phase; /* static string, e.g. "full", "predict"; NULL = "full" */
+} tf_step_result;
+
+/* The run's optimizer. */
+typedef struct tf_optimizer_info {
+  uint32_t struct_size;
+  const char* name; /* "adamw", "sgd" */
+  double lr;        /* current learning rate */
+  double beta1, beta2, eps, weight_decay, momentum;
+  int64_t step; /* 1-based count of the update being applied */
+  /* Added in 1.0's tail: state tensors per parameter that optimizer_update
+   * takes (AdamW 2: exp_avg, exp_avg_sq; SGD with momentum 1; plain SGD 0). */
+  int32_t n_state;
+} tf_optimizer_info;
+
+/* Reductions of the cross-rank collectives (added in 1.0's tail). */
+typedef enum tf_reduce_op {
+  TF_REDUCE_SUM = 1,
+  TF_REDUCE_AVG = 2,
+  TF_REDUCE_MAX = 3,
+  TF_REDUCE_MIN = 4
+} tf_reduce_op;
+
+/* Hook event around a stage. */
+typedef enum tf_pass_phase {
+  TF_PHASE_FORWARD = 1,
+  TF_PHASE_BACKWARD = 2,
+  TF_PHASE_RECOMPUTE = 3, /* forward re-run inside backward for checkpointing */
+  /* A weight of this stage is needed outside a pass (export, decoding) while
+   * a strategy keeps it in another tier: bring it in at begin, drop at end. */
+  TF_PHASE_ACCESS = 4
+} tf_pass_phase;
+
+typedef struct tf_stage_event {
+  uint32_t struct_size;
+  int32_t stage;
+  tf_pass_phase phase;
+  int32_t begin; /* 1 = about to run, 0 = finished */
+  int64_t step;
+} tf_stage_event;
+
+/* A model summary for memory estimates. */
+typedef struct tf_model_summary {
+  uint32_t struct_size;
+  int64_t n_params;
+  int64_t n_trainable;
+  int64_t param_bytes;
+  int32_t n_stages;
+  int64_t batch_size;
+  int64_t seq_len;
+  int64_t activation_bytes; /* sum over stages of activation_bytes_per_token * B * T */
+} tf_model_summary;
+
+/* A strategy's or schedule's effect on memory: signed byte deltas per
+ * (tier, category) against the kernel's baseline, plus a step-time factor.
+ * The baseline already follows every declaration made by the end of
+ * configure: parameters' dtypes and trainability, adapters, skipped, frozen
+ * and recomputed stages (with the model's declared activation bytes). A
+ * strategy estimates what those do not show: formats it will convert
+ * weights to, tiers, dtypes it changes later, gradients it frees early,
+ * partitioning, its own buffers. */
+typedef struct tf_memory_estimate {
+  uint32_t struct_size;
+  int64_t delta_bytes[TF_TIER_COUNT][TF_MEM_CATEGORY_COUNT];
+  double time_factor; /* predicted step time relative to plain; 1.0 = same, 0 = unknown */
+  /* Added in 1.0's tail: 1 when gradients of earlier passes are alive during
+   * a forward pass (gradient accumulation), so the planner counts them then. */
+  int32_t grads_in_forward;
+} tf_memory_estimate;
+
+/* ------------------------------------------------------------------------- */
+/* Host services                                                              */
+/* ------------------------------------------------------------------------- */
+
+/* The table of services the host gives every plugin. A service used outside
+ * the calls it is meant for returns TF_ERR_UNSUPPORTED. String results are
+ * owned by the host and valid until the run ends unless stated otherwise. */
+typedef struct tf_host_api {
+  uint32_t struct_size;
+  uint32_t abi_version;         /* the host's TF_ABI_VERSION */
+  const char* libtorch_version; /* the host's LibTorch, e.g. "2.11.0" */
+
+  /* --- errors and logging --- */
+  /* Records why the plugin's current call fails; the host shows it with the
+   * plugin's name. Call before returning an error status. */
+  void (*set_error)(tf_host_context* ctx, const char* message);
+  /* The message of the host's last failed service call in this context. */
+  const char* (*last_error)(tf_host_context* ctx);
+  void (*log)(tf_host_context* ctx, tf_log_level level, const char* message);
+
+  /* --- the plugin's own recipe table (validated against its tf_config_key) --- */
+  tf_status (*config_get_bool)(tf_host_context* ctx, const char* key, int32_t* out);
+  tf_status (*config_get_int)(tf_host_context* ctx, const char* key, int64_t* out);
+  tf_status (*config_get_double)(tf_host_context* ctx, const char* key, double* out);
+  /* *out is host-owned, valid until the run ends. */
+  tf_status (*config_get_string)(tf_host_context* ctx, const char* key, const char** out);
+  /* Element `index` of a list key; TF_ERR_NOT_FOUND past the end. Integers and
+   * sizes of INT_LIST/SIZE keys are read with config_get_list_int. */
+  tf_status (*config_get_list_string)(tf_host_context* ctx, const char* key, int32_t index,
+                                      const char** out);
+  tf_status (*config_get_list_int)(tf_host_context* ctx, const char* key, int32_t index,
+                                   int64_t* out);
+  /* 1 when the recipe sets the key explicitly (not from its default). */
+  int32_t (*config_has)(tf_host_context* ctx, const char* key);
+
+  tf_status (*run_info)(tf_host_context* ctx, tf_run_info* out);
+
+  /* --- tensors --- */
+  /* Releases a new handle. Safe from any thread. */
+  void (*tensor_release)(tf_tensor t);
+
+  /* --- declarations (model create; strategies' configure for adapters) --- */
+  tf_status (*declare_param)(tf_host_context* ctx, const tf_param_spec* spec);
+  tf_status (*declare_stage)(tf_host_context* ctx, const tf_stage_spec* spec, int32_t* out_index);
+
+  /* --- parameter store: compute access (model stage forwards) --- */
+  /* The dense weight to compute with, differentiable back to the parameter.
+   * Strategies may produce it (dequantize, fetch from host/disk). Out: new. */
+  tf_status (*weight)(tf_host_context* ctx, const char* name, tf_tensor* out);
+  /* y = x W^T + b through the store: the kernel's linear, extended by
+   * strategies (LoRA adds its low-rank term; quantize dequantizes just in time
+   * and keeps only the compact form for backward). `bias` may be NULL.
+   * x: borrowed. Out: new. */
+  tf_status (*linear)(tf_host_context* ctx, tf_tensor x, const char* weight, const char* bias,
+                      tf_tensor* out);
+
+  /* --- parameter store: inspection and control (strategies, schedules) --- */
+  tf_status (*param_count)(tf_host_context* ctx, int32_t* out);
+  tf_status (*param_name)(tf_host_context* ctx, int32_t index, const char** out);
+  tf_status (*param_info)(tf_host_context* ctx, const char* name, tf_param_info* out);
+  /* The stored tensor itself (in its current format and residency). Out: new. */
+  tf_status (*param_storage)(tf_host_context* ctx, const char* name, tf_tensor* out);
+  /* Replaces the stored tensor and records its format and residency. The
+   * strategy that sets a non-dense format must serve fetch_weight for it.
+   * value: borrowed (the store keeps its own reference). */
+  tf_status (*param_set_storage)(tf_host_context* ctx, const char* name, tf_tensor value,
+                                 tf_param_format format, tf_residency residency);
+  tf_status (*param_set_trainable)(tf_host_context* ctx, const char* name, int32_t trainable);
+  /* The parameter's gradient, or an undefined-handle error when it has none. Out: new. */
+  tf_status (*param_grad)(tf_host_context* ctx, const char* name, tf_tensor* out);
+  /* param += alpha * delta, outside autograd (predicted updates, perturbations).
+   * delta: borrowed. */
+  tf_status (*param_add_)(tf_host_context* ctx, const char* name, tf_tensor delta, double alpha);
+
+  /* --- stages --- */
+  tf_status (*stage_count)(tf_host_context* ctx, int32_t* out);
+  tf_status (*stage_info)(tf_host_context* ctx, int32_t stage, tf_stage_info* out);
+  /* Activation checkpointing: run the stage without keeping its activations
+   * and recompute it in backward (the kernel's generic stage Function). */
+  tf_status (*stage_set_recompute)(tf_host_context* ctx, int32_t stage, int32_t on);
+  /* Place a stage on a device; the executor moves activations at boundaries. */
+  tf_status (*stage_set_device)(tf_host_context* ctx, int32_t stage, const char* device);
+  /* Skip a block stage (identity) — sparse layers. */
+  tf_status (*stage_set_skip)(tf_host_context* ctx, int32_t stage, int32_t skip);
+  /* Freeze or unfreeze all parameters of a stage. */
+  tf_status (*stage_set_trainable)(tf_host_context* ctx, int32_t stage, int32_t trainable);
+
+  /* --- memory accounting --- */
+  tf_status (*memory_stats)(tf_host_context* ctx, tf_memory_stats* out);
+  /* Attribute allocations made by this thread to `category` until the matching
+   * pop (strategies' own buffers: offload staging, optimizer state). The
+   * category stack is per thread, so these two may also be called from
+   * threads the plugin started (a prefetch thread). */
+  tf_status (*memory_push_category)(tf_host_context* ctx, tf_mem_category category);
+  tf_status (*memory_pop_category)(tf_host_context* ctx);
+
+  /* --- training services (schedules) --- */
+  /* The next training batch from the recipe's data, deterministic by seed
+   * and position. */
+  tf_status (*next_batch)(tf_host_context* ctx, tf_batch* out);
+  void (*batch_release)(tf_host_context* ctx, tf_batch* batch);
+  /* Forward without gradients (predicted steps, MeZO, evaluation). */
+  tf_status (*forward)(tf_host_context* ctx, const tf_batch* batch, tf_pass_result* out);
+  /* Forward and backward; gradients accumulate into the parameters'
+   * gradients scaled by loss_scale (1/micro_batches for accumulation). */
+  tf_status (*forward_backward)(tf_host_context* ctx, const tf_batch* batch, double loss_scale,
+                                tf_pass_result* out);
+  tf_status (*zero_grad)(tf_host_context* ctx);
+  /* Gradient clipping (recipe's optimizer.grad_clip) then the optimizer update
+   * (strategies' optimizer_step hooks first). Returns TF_ERR_NON_FINITE, and
+   * changes nothing, when a gradient is not finite. */
+  tf_status (*optimizer_step)(tf_host_context* ctx);
+  tf_status (*set_lr)(tf_host_context* ctx, double lr);
+  /* The recipe's optimizer.lr. */
+  tf_status (*base_lr)(tf_host_context* ctx, double* out);
+  /* Copies all trainable parameters (and optimizer state when with_optimizer)
+   * to a snapshot; restore copies them back. */
+  tf_status (*snapshot_take)(tf_host_context* ctx, int32_t with_optimizer, int32_t* out_id);
+  tf_status (*snapshot_restore)(tf_host_context* ctx, int32_t id);
+  tf_status (*snapshot_drop)(tf_host_context* ctx, int32_t id);
+  /* Adds scale * z to every trainable parameter, z ~ N(0,1) drawn from a
+   * generator seeded with `seed` (the same seed gives the same z: MeZO). */
+  tf_status (*perturb_params)(tf_host_context* ctx, uint64_t seed, double scale);
+  /* Appends a key to this step's metrics line. */
+  tf_status (*log_metric)(tf_host_context* ctx, const char* key, double value);
+
+  /* --- plugin state in checkpoints (inside save_state / load_state only) --- */
+  /* value: borrowed; copied by the host. */
+  tf_status (*state_put_tensor)(tf_host_context* ctx, const char* key, tf_tensor value);
+  /* Out: new. TF_ERR_NOT_FOUND when the checkpoint has no such key. */
+  tf_status (*state_get_tensor)(tf_host_context* ctx, const char* key, tf_tensor* out);
+  tf_status (*state_put_double)(tf_host_context* ctx, const char* key, double value);
+  tf_status (*state_get_double)(tf_host_context* ctx, const char* key, double* out);
+
+  /* --- optimizer-in-backward (strategies' grad_ready) --- */
+  /* Applies the run's optimizer (its lr, betas, weight decay and the step now
+   * being taken) to one parameter with grad_scale * grad, at once. grad:
+   * borrowed. The strategy then returns TF_OK from grad_ready so the kernel
+   * frees the gradient. */
+  tf_status (*optimizer_apply)(tf_host_context* ctx, const char* name, tf_tensor grad,
+                               double grad_scale);
+  /* The run's optimizer settings and the step being taken (for strategies
+   * that keep optimizer state themselves, e.g. 8-bit AdamW). */
+  tf_status (*optimizer_info)(tf_host_context* ctx, tf_optimizer_info* out);
+
+  /* --- gradient accumulation (added in 1.0's reserved space) --- */
+  /* A schedule that accumulates declares that the forward_backward calls that
+   * follow are micro-batch `index` (0-based) of `count` in this optimizer step.
+   * optimizer_step resets it to 0 of 1. */
+  tf_status (*set_micro_batch)(tf_host_context* ctx, int32_t index, int32_t count);
+  /* Where the current backward is in its step, for strategies whose
+   * grad_ready must wait for the last micro-batch (fused update). */
+  tf_status (*micro_batch)(tf_host_context* ctx, int32_t* index, int32_t* count);
+
+  /* --- tensor files: plugins' own artifacts, such as adapters --- */
+  /* Writes `n` tensors (borrowed, any device) under `names` to a safetensors
+   * file at `path`: a temporary name, fsync, then rename, so a reader never
+   * sees half a file. `metadata_json` (a JSON object of strings) may be NULL. */
+  tf_status (*tensors_save)(tf_host_context* ctx, const char* path, int32_t n,
+                            const char* const* names, const tf_tensor* tensors,
+                            const char* metadata_json);
+  /* Reads tensor `name` from the safetensors file at `path` (validated as the
+   * kernel's own checkpoints are). Out: new, on CPU. TF_ERR_NOT_FOUND when the
+   * file has no such tensor. The host keeps the last file read for this
+   * plugin instance until another path is read; path NULL releases it. */
+  tf_status (*tensors_load)(tf_host_context* ctx, const char* path, const char* name,
+                            tf_tensor* out);
+
+  /* --- optimizer state kept by a strategy (offload: update where it lives) --- */
+  /* Applies the run's optimizer (lr, betas, weight decay of parameter `name`,
+   * the step being taken) to `param` (borrowed, updated in place; it may be a
+   * host copy of the parameter) from `grad` (borrowed, same device as param),
+   * with state the caller keeps: `state` holds optimizer_info.n_state fp32
+   * tensors shaped like the parameter, all zero before the first update, and
+   * updated in place. Called from optimizer_step_param. */
+  tf_status (*optimizer_update)(tf_host_context* ctx, const char* name, tf_tensor param,
+                                tf_tensor grad, int32_t n_state, const tf_tensor* state);
+
+  /* --- collectives across ranks (torch.distributed c10d: Gloo on CPU, NCCL on
+   * CUDA; the kernel owns the process group). Every rank must make the same
+   * calls in the same order, with tensors of the same shape and dtype, on the
+   * run's device, contiguous. In a single-process run they are identities
+   * (reduce_scatter and all_gather copy). A peer that dies or stays away past
+   * [run].dist_timeout fails the call with a message naming this rank. --- */
+  /* In place. */
+  tf_status (*dist_all_reduce)(tf_host_context* ctx, tf_tensor t, tf_reduce_op op);
+  /* `in` holds world_size equal parts; this rank's reduced part goes to `out`. */
+  tf_status (*dist_reduce_scatter)(tf_host_context* ctx, tf_tensor out, tf_tensor in,
+                                   tf_reduce_op op);
+  /* `out` (world_size x in's elements) receives every rank's `in`, in rank order. */
+  tf_status (*dist_all_gather)(tf_host_context* ctx, tf_tensor out, tf_tensor in);
+  tf_status (*dist_broadcast)(tf_host_context* ctx, tf_tensor t, int32_t root);
+  tf_status (*dist_barrier)(tf_host_context* ctx);
+
+  /* --- the planned parameter table (inside estimate_memory only) ---
+   * While `plan` asks for estimates it keeps, per parameter, the bytes, format
+   * and tier the recipe's strategies will give it, starting from the
+   * declaration (dense, declared dtype, device). A strategy that converts or
+   * moves parameters reads what earlier strategies planned and records its
+   * own change here, instead of a weights delta, so that conversions stack
+   * (4-bit weights then offloaded: the 4-bit bytes move). The plan's weights
+   * and adapters per tier are summed from this table. */
+  tf_status (*plan_param_get)(tf_host_context* ctx, const char* name, tf_param_plan* out);
+  tf_status (*plan_param_set)(tf_host_context* ctx, const char* name, const tf_param_plan* in);
+
+  void* reserved[10];
+} tf_host_api;
+
+/* ------------------------------------------------------------------------- */
+/* Plugin vtables                                                             */
+/* ------------------------------------------------------------------------- */
+
+/* Every vtable begins with these. `create` reads the plugin's recipe table
+ * through the host and returns the instance state; `destroy` frees it. */
+
+/* A model: declares its parameters and stages, and computes each stage. */
+typedef struct tf_model_vtable {
+  uint32_t struct_size;
+  /* Reads the model table, declares every parameter (declare_param) and
+   * stage (declare_stage, in execution order). */
+  tf_status (*create)(const tf_host_api* host, tf_host_context* ctx, void** out_state);
+  void (*destroy)(void* state);
+  /* Computes one stage. `input` is borrowed: int64 tokens [B,T] for the
+   * embed stage, else the previous stage's output. *out is new. The forward
+   * must obtain weights only through host->weight / host->linear. */
+  tf_status (*stage_forward)(void* state, tf_host_context* ctx, const tf_stage_call* call,
+                             tf_tensor input, tf_tensor* out);
+  /* Optional: the model's Hugging Face config.json (a JSON object, with
+   * "model_type" and "architectures"), so exported weights load in
+   * transformers. *out_json is owned by the plugin, valid until the next call. */
+  tf_status (*hf_config_json)(void* state, tf_host_context* ctx, const char** out_json);
+  /* Optional: incremental decoding for generation. *cache is the model's own
+   * state between calls: NULL on the first call (the model creates it), then
+   * handed back unchanged; the host frees it with release_cache. Runs the
+   * model on the next tokens (int64 [B, T_new], borrowed) after everything the
+   * cache has seen and returns their logits [B, T_new, vocab] (new). Recurrent
+   * models (RWKV) carry their state here; attention models may keep keys and
+   * values. Weights still come through host->weight / host->linear. */
+  tf_status (*decode)(void* state, tf_host_context* ctx, void** cache, tf_tensor tokens,
+                      tf_tensor* out_logits);
+  void (*release_cache)(void* state, void* cache);
+  void* reserved[5];
+} tf_model_vtable;
+
+/* A memory strategy: any subset of hooks; NULL means "no effect". Strategies
+ * run in recipe order; a hook returning TF_NOT_HANDLED passes to the next. */
+typedef struct tf_strategy_vtable {
+  uint32_t struct_size;
+  tf_status (*create)(const tf_host_api* host, tf_host_context* ctx, void** out_state);
+  void (*destroy)(void* state);
+
+  /* After the model declared itself and before parameters are materialized:
+   * choose recompute, devices, skipped stages, trainable sets; declare adapter
+   * parameters (LoRA). */
+  tf_status (*configure)(void* state, tf_host_context* ctx);
+  /* After parameters exist (initialized or loaded): convert formats
+   * (quantize), move storage to host or disk tiers (offload). */
+  tf_status (*params_ready)(void* state, tf_host_context* ctx);
+
+  /* Start and end of each optimizer step (sparse: re-pick trainable stages). */
+  tf_status (*step_begin)(void* state, tf_host_context* ctx, int64_t step);
+  tf_status (*step_end)(void* state, tf_host_context* ctx, int64_t step, double loss);
+
+  /* Around each stage in forward, backward and recompute (fetch, prefetch,
+   * evict; all-gather and free for ZeRO-3). */
+  tf_status (*stage_event)(void* state, tf_host_context* ctx, const tf_stage_event* event);
+
+  /* Produce the dense compute weight for a parameter in a format this
+   * strategy owns, or fetched from its tier. stored: borrowed; *out new.
+   * TF_NOT_HANDLED = not this strategy's parameter. */
+  tf_status (*fetch_weight)(void* state, tf_host_context* ctx, const char* name, tf_tensor stored,
+                            tf_tensor* out);
+  /* The stage that used a fetched weight is done with it (evict). */
+  tf_status (*release_weight)(void* state, tf_host_context* ctx, const char* name);
+
+  /* Extend y = linear(x, weight) (LoRA adds its term). x and y borrowed; on
+   * TF_OK *out is the new result (new); TF_NOT_HANDLED leaves y. */
+  tf_status (*linear_extend)(void* state, tf_host_context* ctx, const char* weight, tf_tensor x,
+                             tf_tensor y, tf_tensor* out);
+
+  /* A parameter's gradient is complete for this backward (fused update,
+   * reduce-scatter, offload of gradients). grad: borrowed. TF_OK = consumed
+   * (the kernel drops the gradient), TF_NOT_HANDLED = keep it. */
+  tf_status (*grad_ready)(void* state, tf_host_context* ctx, const char* name, tf_tensor grad);
+
+  /* The optimizer update of one parameter where its state lives. param and
+   * grad borrowed. TF_OK = updated here, TF_NOT_HANDLED = kernel updates it. */
+  tf_status (*optimizer_step_param)(void* state, tf_host_context* ctx, const char* name,
+                                    tf_tensor param, tf_tensor grad, double lr);
+
+  /* Memory this strategy adds or removes against the plain recipe (plan). */
+  tf_status (*estimate_memory)(void* state, tf_host_context* ctx, const tf_model_summary* model,
+                               tf_memory_estimate* out);
+
+  /* Checkpoint the strategy's own state (state_put_* / state_get_*). */
+  tf_status (*save_state)(void* state, tf_host_context* ctx);
+  tf_status (*load_state)(void* state, tf_host_context* ctx);
+
+  /* Export: the value a parameter should have in a standalone model (LoRA
+   * merges W + scale B A). dense: borrowed, the parameter's dense value;
+   * *out new. TF_NOT_HANDLED = export as is. Adapter parameters
+   * (TF_PARAM_ADAPTER) are left out of exports that merge. */
+  tf_status (*export_weight)(void* state, tf_host_context* ctx, const char* name, tf_tensor dense,
+                             tf_tensor* out);
+
+  /* Export: write this strategy's trained adapters on their own into the
+   * existing folder `dir` (LoRA: PEFT's adapter_model.safetensors and
+   * adapter_config.json). TF_NOT_HANDLED = nothing to write. */
+  tf_status (*export_adapter)(void* state, tf_host_context* ctx, const char* dir);
+
+  /* fp16 loss scaling (precision). loss_scale: multiply *scale (1 before
+   * the first strategy) by the factor the loss should be scaled by before the
+   * coming backward; it must not change within an optimizer step. The kernel
+   * divides the gradients by the product of all factors before clipping and
+   * the update, and stops the run if a strategy consumes a still-scaled
+   * gradient in grad_ready. loss_scale_update: after each optimizer step,
+   * whether the unscaled gradients were finite (when not, the update was
+   * skipped) — where a dynamic scaler backs off or grows. */
+  tf_status (*loss_scale)(void* state, tf_host_context* ctx, double* scale);
+  tf_status (*loss_scale_update)(void* state, tf_host_context* ctx, int32_t finite);
+
+  /* Streaming setup: the kernel materializes parameters one stage at a time
+   * (a run of consecutive parameters of one stage, initialized or loaded)
+   * and calls this after each run, before the next is allocated, so a
+   * strategy that converts or moves weights (quantize, offload) can do so
+   * while the model is never whole in memory. May come more than once for a
+   * stage (adapters are declared after the model); convert what is not yet
+   * converted. params_ready still follows once for everything. */
+  tf_status (*stage_params_ready)(void* state, tf_host_context* ctx, int32_t stage);
+
+  /* Activation offload: the input a checkpointed (recomputed) stage keeps
+   * from forward to its recompute in backward. pack_activation takes `x`
+   * (borrowed) in forward and returns a key (any value) under which the
+   * strategy keeps it — TF_NOT_HANDLED leaves it in memory; the first
+   * strategy that packs owns it. unpack_activation gives it back in backward
+   * (*out new, on the device it came from) and forgets it. */
+  tf_status (*pack_activation)(void* state, tf_host_context* ctx, int32_t stage, tf_tensor x,
+                               uint64_t* out_key);
+  tf_status (*unpack_activation)(void* state, tf_host_context* ctx, int32_t stage, uint64_t key,
+                                 tf_tensor* out);
+
+  /* Gradients a strategy holds itself after consuming them in grad_ready
+   * (ZeRO-2/3 keep only this rank's reduce-scattered part). In optimizer_step,
+   * before clipping: grad_norm_sq adds the squared L2 norm of everything it
+   * holds, over all ranks, to *sum_sq (clipping and the finiteness check
+   * cover held gradients too). Then, when the step goes ahead,
+   * apply_held_grads updates the parameters from them multiplied by
+   * grad_scale (the clipping factor) and drops them; when the step is skipped
+   * (non-finite) and on zero_grad, drop_held_grads drops them. */
+  tf_status (*grad_norm_sq)(void* state, tf_host_context* ctx, double* sum_sq);
+  tf_status (*apply_held_grads)(void* state, tf_host_context* ctx, double grad_scale);
+  tf_status (*drop_held_grads)(void* state, tf_host_context* ctx);
+
+  void* reserved[6];
+} tf_strategy_vtable;
+
+/* A trainer schedule: decides what each step does using training services. */
+typedef struct tf_schedule_vtable {
+  uint32_t struct_size;
+  tf_status (*create)(const tf_host_api* host, tf_host_context* ctx, void** out_state);
+  void (*destroy)(void* state);
+  /* Runs optimizer step `step` (0-based) of `total`. */
+  tf_status (*run_step)(void* state, tf_host_context* ctx, int64_t step, int64_t total,
+                        tf_step_result* out);
+  tf_status (*estimate_memory)(void* state, tf_host_context* ctx, const tf_model_summary* model,
+                               tf_memory_estimate* out);
+  tf_status (*save_state)(void* state, tf_host_context* ctx);
+  tf_status (*load_state)(void* state, tf_host_context* ctx);
+  void* reserved[8];
+} tf_schedule_vtable;
+
+/* ------------------------------------------------------------------------- */
+/* Descriptor and entry point                                                 */
+/* ------------------------------------------------------------------------- */
+
+/* The plugin uses only LibTorch's stable C interface (the aoti shim) and so
+ * loads into a host built against another LibTorch version. */
+#define TF_PLUGIN_FLAG_STABLE_ABI_ONLY 0x1u
+
+typedef struct tf_plugin_descriptor {
+  uint32_t struct_size;
+  uint32_t abi_version; /* TF_ABI_VERSION the plugin was compiled against */
+  tf_plugin_kind kind;
+  const char* name;                 /* recipe name: [model] plugin = "gpt2" */
+  const char* version;              /* the plugin's own version */
+  const char* description;          /* one line */
+  const char* libtorch_version;     /* TORCH_VERSION at build, e.g. "2.11.0" */
+  uint32_t flags;                   /* TF_PLUGIN_FLAG_* */
+  const tf_config_key* config_keys; /* array of n_config_keys, stride = element struct_size */
+  uint32_t n_config_keys;
+  /* tf_model_vtable*, tf_strategy_vtable* or tf_schedule_vtable* as `kind` says. */
+  const void* vtable;
+  void* reserved[8];
+} tf_plugin_descriptor;
+
+/* What the host offers when it opens a library. */
+typedef struct tf_host_offer {
+  uint32_t struct_size;
+  uint32_t abi_version;         /* host TF_ABI_VERSION */
+  const char* libtorch_version; /* host LibTorch */
+} tf_host_offer;
+
+/* The entry point, exported as TF_PLUGIN_ENTRY_SYMBOL. The first call the host
+ * makes: the plugin may refuse a host it cannot work with (return TF_ERR_ABI);
+ * otherwise it sets *out to its static descriptor. The host then checks the
+ * descriptor's struct_size before reading it, the ABI versions both ways and
+ * the LibTorch version, and copies it into a zeroed struct of its own. */
+typedef tf_status (*tf_plugin_entry_fn)(const tf_host_offer* host,
+                                        const tf_plugin_descriptor** out);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* TIGHTFIT_PLUGIN_API_H */
