@@ -79,9 +79,8 @@ std::unique_ptr<Session> make_session(const std::string& recipe_text, SessionOpt
                                    std::move(options));
 }
 
-int run_tightfit(const std::string& args, std::string* output) {
-  const std::string cmd = std::string(TIGHTFIT_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = ::popen(cmd.c_str(), "r");
+int run_command(const std::string& command, std::string* output) {
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
   if (!pipe) return -1;
   std::array<char, 4096> buf{};
   std::string out;
@@ -90,6 +89,10 @@ int run_tightfit(const std::string& args, std::string* output) {
   const int status = ::pclose(pipe);
   if (output) *output = out;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+int run_tightfit(const std::string& args, std::string* output) {
+  return run_command(std::string(TIGHTFIT_BINARY) + " " + args, output);
 }
 
 }  // namespace tightfit::test

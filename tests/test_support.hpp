@@ -39,6 +39,9 @@ std::unique_ptr<Session> make_session(const std::string& recipe_text, SessionOpt
 // Writes `text` to dir/name and returns the path.
 std::string write_file(const TempDir& dir, const std::string& name, const std::string& text);
 
+// Runs a shell command; returns its exit code and combined output.
+int run_command(const std::string& command, std::string* output);
+
 // Runs the tightfit binary with `args`; returns the exit code and combined output.
 int run_tightfit(const std::string& args, std::string* output);
 
