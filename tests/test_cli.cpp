@@ -50,6 +50,37 @@ TEST_F(CliTest, PluginsListAndInfo) {
   EXPECT_EQ(test::run_tightfit("plugins info nothing", &out), 4) << out;
 }
 
+// A plugin hook that reports an error mid-training: the run stops with exit
+// code 4, naming the plugin, the hook and its message; the checkpoint saved
+// before stays loadable (the run resumes from it once the plugin stops failing).
+TEST_F(CliTest, PluginErrorMidTrainingStopsCleanlyAndKeepsCheckpoints) {
+  const std::string failing = std::string(TIGHTFIT_FIXTURE_DIR) + "/failing";
+  const std::string text = test::tiny_recipe(test::write_corpus(dir), dir.str() + "/mid") +
+                           "[save]\nevery = 2\n[[strategy]]\nplugin = \"failing_strategy\"\n"
+                           "fail_at_step = 3\n";
+  std::string with_path = text;
+  with_path.replace(with_path.find("[run]\n"), 6, "[run]\nplugin_paths = [\"" + failing + "\"]\n");
+  const std::string path = test::write_file(dir, "mid.toml", with_path);
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("run " + path + " -q --set run.steps=6", &out), 4) << out;
+  EXPECT_NE(
+      out.find("plugin \"failing_strategy\" failed in step_begin: injected failure at step 3"),
+      std::string::npos)
+      << out;
+  const fs::path checkpoints = fs::path(dir.str()) / "mid";
+  bool saved = false;
+  for (const auto& e : fs::recursive_directory_iterator(checkpoints))
+    saved |= e.path().filename() == "step-00000002";
+  EXPECT_TRUE(saved) << "no checkpoint of step 2 under " << checkpoints;
+  ASSERT_EQ(test::run_tightfit("run " + path +
+                                   " -q --resume --set run.steps=6 "
+                                   "--set strategy.failing_strategy.fail_at_step=-1",
+                               &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("steps         2 -> 6 of 6"), std::string::npos) << out;
+}
+
 // `plugins list --recipe` adds the recipe's plugin_paths with their origin;
 // `plugins check` validates one file without running it, and refuses a
 // broken one with the loader's message and exit code 4.
