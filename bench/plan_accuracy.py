@@ -55,6 +55,9 @@ CASES = [
     ("llama qlora", LLAMA, STD, strategy("quantize") + strategy("lora"), 8, 128),
     ("llama qlora checkpoint", LLAMA, STD,
      strategy("quantize") + strategy("lora") + strategy("checkpoint"), 8, 128),
+    ("llama lora ckpt act@disk", LLAMA, STD,
+     strategy("lora") + strategy("checkpoint") +
+     strategy("offload", 'params = "none"\nactivations = "disk"'), 8, 128),
     ("llama lora offload disk", LLAMA, STD,
      strategy("lora") + strategy("offload", 'params = "disk"\nprefetch = 2'), 8, 128),
     ("llama qlora offload disk", LLAMA, STD,

@@ -97,7 +97,8 @@ Baseline baseline(Session& s) {
     const int64_t output =
         st.output_bytes_per_token > 0 ? st.output_bytes_per_token * tokens : full / 16;
     sp.backward = flows;
-    sp.flow = {flows, flows && st.recompute, own_trainable[i], own_trainable[i] ? full : frozen};
+    sp.flow = {flows, flows && st.recompute, own_trainable[i], own_trainable[i] ? full : frozen,
+               flows && st.recompute ? previous_output : 0};
     if (flows) {
       sp.live = own_trainable[i] ? full : frozen;
       // A recomputed stage keeps only its input until its backward reruns it.
@@ -156,6 +157,8 @@ PlanContribution ask(Session& s, PluginInstance& inst, const std::string& label,
   c.time_factor = e.time_factor;
   c.grads_in_forward = e.grads_in_forward != 0;
   c.update_bytes = std::max<int64_t>(0, e.update_bytes);
+  if (e.recompute_inputs_tier == TF_TIER_HOST || e.recompute_inputs_tier == TF_TIER_DISK)
+    c.recompute_inputs_tier = static_cast<tf_residency>(e.recompute_inputs_tier);
   return c;
 }
 
@@ -215,6 +218,8 @@ MemoryPlan plan_memory(Session& s) {
     if (c.time_factor > 0) plan.time_factor *= c.time_factor;
     grads_in_forward = grads_in_forward || c.grads_in_forward;
     update_bytes += c.update_bytes;
+    if (c.recompute_inputs_tier != TF_TIER_DEVICE)
+      plan.recompute_inputs_tier = c.recompute_inputs_tier;
   }
   for (auto& tier : held)
     for (auto& v : tier) v = std::max<int64_t>(v, 0);
@@ -242,12 +247,26 @@ MemoryPlan plan_memory(Session& s) {
 
   // The step's moments: the end of forward, each stage's backward (last to
   // first), the update.
+  // Recomputed stages' inputs a strategy keeps on a tier: there, and on the
+  // device only while their stage reruns (with the next one read ahead).
+  const bool inputs_away = plan.recompute_inputs_tier != TF_TIER_DEVICE;
   auto kept_by = [&](const StagePlan& sp) {
-    return sp.recomputed ? sp.input : scaled(sp.live, act);
+    return sp.recomputed ? (inputs_away ? 0 : sp.input) : scaled(sp.live, act);
   };
   int64_t kept = 0;
-  for (const StagePlan& sp : b.stages) kept += kept_by(sp);
+  for (const StagePlan& sp : b.stages) {
+    kept += kept_by(sp);
+    if (sp.recomputed && inputs_away)
+      held[static_cast<size_t>(plan.recompute_inputs_tier)][TF_MEM_ACTIVATIONS] += sp.input;
+  }
   held[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] = kept;
+  // The input read ahead while stage i reruns: the next recomputed one below it.
+  auto read_ahead = [&](size_t i) -> int64_t {
+    if (!inputs_away) return 0;
+    for (size_t j = i; j-- > 0;)
+      if (b.stages[j].recomputed) return b.stages[j].input;
+    return 0;
+  };
   const int64_t earlier_grads = grads_in_forward ? all_grads : 0;
   int64_t best = resident + kept + earlier_grads;
   plan.peak_moment = "forward";
@@ -258,7 +277,7 @@ MemoryPlan plan_memory(Session& s) {
     if (!sp.backward) continue;
     const int64_t own = scaled(sp.grads, grad);
     const int64_t now = resident + kept + scaled(sp.live - sp.dropped, act) +
-                        (sp.recomputed ? sp.input : 0) + sp.temporary +
+                        (sp.recomputed ? sp.input + read_ahead(i) : 0) + sp.temporary +
                         (grads_in_forward ? all_grads + own : later_grads + own);
     if (now > best) {
       best = now;

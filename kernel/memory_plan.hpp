@@ -40,6 +40,7 @@ struct PlanContribution {
   double time_factor = 0;  // 0 = the plugin does not say
   bool grads_in_forward = false;
   int64_t update_bytes = 0;  // alive only during the update
+  tf_residency recompute_inputs_tier = TF_TIER_DEVICE;
 };
 
 // What the timeline assumed of a declared stage (the step-time cost model
@@ -49,6 +50,7 @@ struct StageFlow {
   bool recomputed = false;     // checkpointed: its forward runs again in its backward
   bool weights_train = false;  // weights of its own (not adapters) are trained
   int64_t kept_bytes = 0;      // activations it keeps for backward, as declared
+  int64_t input_bytes = 0;     // recomputed: the input it keeps instead
 };
 
 struct MemoryPlan {
@@ -64,6 +66,8 @@ struct MemoryPlan {
   std::vector<PlanContribution> contributions;
   std::vector<std::string> unestimated;  // plugins with no estimate hook
   std::vector<StageFlow> stages;         // per declared stage (skipped ones: all off)
+  // Where recomputed stages' inputs wait for backward (a strategy's tier).
+  tf_residency recompute_inputs_tier = TF_TIER_DEVICE;
   int64_t n_params = 0, n_trainable = 0;
   int64_t batch_size = 0, seq_len = 0;
 };

@@ -140,6 +140,19 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
     const double fetches = 1 + (f.backward ? 1 : 0);
     const double hidden = std::min(2, options.prefetch) * (forward + backward) / fetches;
     per_micro_transfer += fetches * std::max(0.0, fetch - hidden);
+
+    // A recomputed stage's input kept on a tier: written behind the forward,
+    // read back ahead of its recompute (while the stage above runs backward).
+    if (f.recomputed && plan.recompute_inputs_tier != TF_TIER_DEVICE) {
+      const bool disk = plan.recompute_inputs_tier == TF_TIER_DISK;
+      const double bytes = static_cast<double>(f.input_bytes);
+      if (disk || host_read > 0) {
+        const double write = bytes / std::max(1.0, disk ? disk_write : host_read);
+        const double read = bytes / std::max(1.0, disk ? disk_read : host_read);
+        per_micro_transfer +=
+            std::max(0.0, write - forward) + std::max(0.0, read - (forward + backward));
+      }
+    }
   }
   const double m = static_cast<double>(std::max<int64_t>(1, options.micro_batches));
   cost.matmul = m * per_micro_matmul;

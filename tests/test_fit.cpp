@@ -255,6 +255,38 @@ TEST(Fit, PutsTrainedWeightsOnDiskWithTheirState) {
   EXPECT_LE(planned_peak(out), 20 << 20);
 }
 
+// Checkpointed blocks' inputs on disk are a knob: a budget that only the
+// stacks moving them there meet gets a recipe that does, and its plan fits.
+TEST(Fit, MovesCheckpointedInputsToDiskWhenOnlyThatFits) {
+  test::TempDir dir;
+  private_rates_cache(dir);
+  const std::string lora = "[[strategy]]\nplugin = \"lora\"\nrank = 8\n";
+  const std::string most = lora +
+                           "[[strategy]]\nplugin = \"checkpoint\"\n[[strategy]]\n"
+                           "plugin = \"offload\"\nparams = \"disk\"\noptimizer = \"disk\"\n"
+                           "prefetch = 1\n";
+  const int64_t with_inputs = planned_peak(
+      test::write_file(dir, "a.toml", recipe(dir.str(), most + "activations = \"disk\"\n")));
+  const int64_t without = planned_peak(test::write_file(dir, "b.toml", recipe(dir.str(), most)));
+  ASSERT_LT(with_inputs, without);
+  const std::string path = test::write_file(dir, "r.toml", recipe(dir.str(), lora));
+  const std::string out = (dir.path() / "fit.toml").string();
+  std::string log;
+  ASSERT_EQ(test::run_tightfit("fit " + path +
+                                   " --keep lora --without quantize,precision,fused_update,"
+                                   "accumulate --budget " +
+                                   std::to_string((with_inputs + without) / 2) + " --out " + out,
+                               &log),
+            0)
+      << log;
+  const Recipe fitted = Recipe::load(out);
+  const toml::table* offload = fitted.strategy_table("offload");
+  ASSERT_NE(offload, nullptr) << read_file_text(out);
+  EXPECT_EQ((*offload)["activations"].value_or(std::string()), "disk") << read_file_text(out);
+  EXPECT_NE(fitted.strategy_table("checkpoint"), nullptr);
+  EXPECT_LE(planned_peak(out), (with_inputs + without) / 2);
+}
+
 // With ranks, ZeRO stages are a knob: a budget below what data parallel
 // plans per rank is met by partitioning, and the plan per rank agrees.
 TEST(Fit, PartitionsAcrossRanksWhenThereAreRanks) {

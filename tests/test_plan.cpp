@@ -139,6 +139,11 @@ INSTANTIATE_TEST_SUITE_P(
         PeakCase{"llama_qlora_checkpoint", kLlama, kStandard,
                  "[[strategy]]\nplugin = \"quantize\"\n[[strategy]]\nplugin = \"lora\"\n"
                  "[[strategy]]\nplugin = \"checkpoint\"\n"},
+        // The inputs recomputed stages keep, on disk until their backward.
+        PeakCase{"llama_lora_checkpoint_activations_disk", kLlama, kStandard,
+                 "[[strategy]]\nplugin = \"lora\"\n[[strategy]]\nplugin = \"checkpoint\"\n"
+                 "[[strategy]]\nplugin = \"offload\"\nparams = \"none\"\n"
+                 "activations = \"disk\"\n"},
         PeakCase{"gpt2_lora_checkpoint", kGpt2, kStandard,
                  "[[strategy]]\nplugin = \"lora\"\ntargets = [\"c_attn\"]\n"
                  "[[strategy]]\nplugin = \"checkpoint\"\n"},

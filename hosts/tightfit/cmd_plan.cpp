@@ -44,6 +44,8 @@ nlohmann::json plan_json(const MemoryPlan& p) {
     nlohmann::json e{
         {"plugin", c.plugin}, {"estimated", c.estimated}, {"time_factor", c.time_factor}};
     if (c.update_bytes > 0) e["update_bytes"] = c.update_bytes;
+    if (c.recompute_inputs_tier != TF_TIER_DEVICE)
+      e["recompute_inputs_tier"] = kTierNames[c.recompute_inputs_tier];
     for (int t = 0; t < TF_TIER_COUNT; ++t)
       for (tf_mem_category k : kOrder)
         if (c.delta[static_cast<size_t>(t)][k] != 0)
@@ -81,6 +83,8 @@ void print_plan(const std::string& source, const MemoryPlan& p, int64_t budget) 
            << (v > 0 ? "+" : "-") << format_bytes(v > 0 ? v : -v);
       }
     if (c.update_bytes > 0) os << " during the update +" << format_bytes(c.update_bytes);
+    if (c.recompute_inputs_tier != TF_TIER_DEVICE)
+      os << " recomputed stages' inputs@" << kTierNames[c.recompute_inputs_tier];
     if (c.time_factor > 0) os << " time x" << c.time_factor;
     std::cout << "  " << c.plugin << ":" << (os.str().empty() ? " no change" : os.str()) << "\n";
   }

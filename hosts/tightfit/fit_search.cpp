@@ -35,6 +35,7 @@ std::string FitChoice::describe() const {
   if (checkpoint_every > 0) parts.push_back("checkpoint " + std::to_string(checkpoint_every));
   if (params_tier != "none")
     parts.push_back("weights@" + params_tier + " prefetch " + std::to_string(prefetch));
+  if (activations_tier != "none") parts.push_back("activations@" + activations_tier);
   if (fused) parts.push_back("fused update");
   if (micro > 1) parts.push_back("micro x" + std::to_string(micro));
   if (zero_stage > 0) parts.push_back("zero " + std::to_string(zero_stage));
@@ -80,8 +81,9 @@ bool FitChoice::saves_no_more_than(const FitChoice& other) const {
 int FitChoice::strategies() const {
   return (weights != "dense" || optimizer == "int8") + (precision != "none") +
          (checkpoint_every > 0) +
-         (optimizer == "host" || optimizer == "disk" || params_tier != "none") + fused +
-         (micro > 1);
+         (optimizer == "host" || optimizer == "disk" || params_tier != "none" ||
+          activations_tier != "none") +
+         fused + (micro > 1);
 }
 
 FitChoice FitChoice::plain() const {
@@ -140,6 +142,11 @@ FitSpace fit_space(const Recipe& base, const PluginRegistry& registry,
     sp.params_tier.push_back("disk");
     sp.prefetch = {2, 1};  // more read ahead holds more
   }
+  sp.activations_tier = {"none"};
+  if (searched("offload") && searched("checkpoint")) {
+    if (cuda) sp.activations_tier.push_back("host");
+    sp.activations_tier.push_back("disk");
+  }
   sp.fused = searched("fused_update");
   sp.zero = {-1};
   // ZeRO stages are a knob only with ranks; layer sharding (one process,
@@ -179,44 +186,49 @@ std::vector<FitChoice> enumerate_choices(const FitSpace& sp) {
           for (int ck : sp.checkpoint_every)
             for (const auto& tier : sp.params_tier)
               for (int pf : tier == "none" ? std::vector<int>{0} : sp.prefetch)
-                for (int fused = 0; fused <= (sp.fused ? 1 : 0); ++fused)
-                  for (int m : sp.micro)
-                    for (int z : sp.zero) {
-                      const bool frozen_base = trains[ti] != 0;
-                      // A full fine-tune stores its weights dense; it may put
-                      // them on a tier only with the optimizer state there too
-                      // (the update runs where the state is).
-                      if (!frozen_base && w != "dense") continue;
-                      if (!frozen_base && tier != "none" && opt != "host" && opt != "disk")
-                        continue;
-                      // bf16 weights are converted on the device only.
-                      if (pr == "bf16" && w == "dense" && tier != "none") continue;
-                      if (fused && m > 1) continue;  // the update happens once per batch
-                      if (fused && (opt == "host" || opt == "disk")) continue;  // updated there
-                      FitChoice c;
-                      c.lora_rank = trains[ti];
-                      c.weights = w;
-                      c.precision = pr;
-                      c.optimizer = opt;
-                      c.checkpoint_every = ck;
-                      c.params_tier = tier;
-                      c.prefetch = pf;
-                      c.fused = fused != 0;
-                      c.micro = m;
-                      c.zero_stage = z;
-                      c.saving = {static_cast<int>(ti),
-                                  index_of(sp.weights, w),
-                                  index_of(sp.precision, pr),
-                                  index_of(sp.optimizer, opt),
-                                  index_of(sp.checkpoint_every, ck),
-                                  tier == "none"
-                                      ? 0
-                                      : index_of(sp.params_tier, tier) + index_of(sp.prefetch, pf),
-                                  fused,
-                                  index_of(sp.micro, m),
-                                  index_of(sp.zero, z)};
-                      out.push_back(c);
-                    }
+                for (const auto& act : sp.activations_tier)
+                  for (int fused = 0; fused <= (sp.fused ? 1 : 0); ++fused)
+                    for (int m : sp.micro)
+                      for (int z : sp.zero) {
+                        // Only checkpointed stages keep an input to move.
+                        if (act != "none" && ck == 0) continue;
+                        const bool frozen_base = trains[ti] != 0;
+                        // A full fine-tune stores its weights dense; it may put
+                        // them on a tier only with the optimizer state there too
+                        // (the update runs where the state is).
+                        if (!frozen_base && w != "dense") continue;
+                        if (!frozen_base && tier != "none" && opt != "host" && opt != "disk")
+                          continue;
+                        // bf16 weights are converted on the device only.
+                        if (pr == "bf16" && w == "dense" && tier != "none") continue;
+                        if (fused && m > 1) continue;  // the update happens once per batch
+                        if (fused && (opt == "host" || opt == "disk")) continue;  // updated there
+                        FitChoice c;
+                        c.lora_rank = trains[ti];
+                        c.weights = w;
+                        c.precision = pr;
+                        c.optimizer = opt;
+                        c.checkpoint_every = ck;
+                        c.params_tier = tier;
+                        c.prefetch = pf;
+                        c.activations_tier = act;
+                        c.fused = fused != 0;
+                        c.micro = m;
+                        c.zero_stage = z;
+                        c.saving = {static_cast<int>(ti),
+                                    index_of(sp.weights, w),
+                                    index_of(sp.precision, pr),
+                                    index_of(sp.optimizer, opt),
+                                    index_of(sp.checkpoint_every, ck),
+                                    tier == "none" ? 0
+                                                   : index_of(sp.params_tier, tier) +
+                                                         index_of(sp.prefetch, pf),
+                                    index_of(sp.activations_tier, act),
+                                    fused,
+                                    index_of(sp.micro, m),
+                                    index_of(sp.zero, z)};
+                        out.push_back(c);
+                      }
   std::stable_sort(out.begin(), out.end(), [](const FitChoice& a, const FitChoice& b) {
     int sa = 0, sb = 0;
     for (int k = 0; k < kKnobCount; ++k) {
@@ -254,10 +266,12 @@ Recipe apply_choice(const Recipe& base, const FitSpace& sp, const FitChoice& c) 
   if (searched("checkpoint") && c.checkpoint_every > 0)
     r.add_strategy("checkpoint", toml::table{{"every", int64_t{c.checkpoint_every}}});
   const bool opt_tier = c.optimizer == "host" || c.optimizer == "disk";
-  if (searched("offload") && (opt_tier || c.params_tier != "none")) {
+  if (searched("offload") &&
+      (opt_tier || c.params_tier != "none" || c.activations_tier != "none")) {
     toml::table t = user_keys(base, "offload");
     t.insert_or_assign("params", c.params_tier);
     t.insert_or_assign("optimizer", std::string(opt_tier ? c.optimizer : "none"));
+    t.insert_or_assign("activations", c.activations_tier);
     if (c.params_tier != "none") t.insert_or_assign("prefetch", int64_t{c.prefetch});
     if (c.params_tier != "none" && c.lora_rank == 0) t.insert_or_assign("trainable", true);
     r.add_strategy("offload", t);

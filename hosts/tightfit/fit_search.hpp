@@ -1,6 +1,7 @@
 // The stacks `tightfit fit` searches: one choice per knob (what trains, how
 // frozen weights are stored, precision, where the optimizer state lives,
-// checkpointing, where frozen weights live, the fused update, micro-batches),
+// checkpointing, where frozen weights and checkpointed inputs live, the fused
+// update, micro-batches),
 // each knob's options listed from the least to the most memory-saving, and
 // the recipe a choice makes from the user's.
 #pragma once
@@ -15,15 +16,16 @@
 namespace tightfit::host {
 
 enum FitKnob : int {
-  kTrain,       // all weights, or LoRA at a rank
-  kWeights,     // frozen weights dense, int8 or NF4 (quantize)
-  kPrecision,   // fp32, bf16 autocast, bf16 weights (precision)
-  kOptimizer,   // AdamW state fp32, int8 (quantize), host or disk (offload)
-  kCheckpoint,  // none, every 2nd block, every block
-  kParams,      // frozen block weights on the device, host or disk (offload)
-  kFused,       // the update in backward (fused_update)
-  kMicro,       // micro-batches per update (accumulate), same effective batch
-  kZero,        // with ranks > 1: data parallel, ZeRO stage 1, 2 or 3 (shard)
+  kTrain,        // all weights, or LoRA at a rank
+  kWeights,      // frozen weights dense, int8 or NF4 (quantize)
+  kPrecision,    // fp32, bf16 autocast, bf16 weights (precision)
+  kOptimizer,    // AdamW state fp32, int8 (quantize), host or disk (offload)
+  kCheckpoint,   // none, every 2nd block, every block
+  kParams,       // frozen block weights on the device, host or disk (offload)
+  kActivations,  // with checkpointing: recomputed stages' inputs on the device, host or disk
+  kFused,        // the update in backward (fused_update)
+  kMicro,        // micro-batches per update (accumulate), same effective batch
+  kZero,         // with ranks > 1: data parallel, ZeRO stage 1, 2 or 3 (shard)
   kKnobCount
 };
 
@@ -35,6 +37,7 @@ struct FitChoice {
   int checkpoint_every = 0;
   std::string params_tier = "none";
   int prefetch = 0;
+  std::string activations_tier = "none";
   bool fused = false;
   int micro = 1;
   int zero_stage = -1;  // -1: one rank (no shard table); 0: data parallel; 1-3: ZeRO stage
@@ -60,7 +63,7 @@ struct FitSpace {
   std::vector<std::string> searched;  // plugins fit manages (their tables are replaced)
   std::vector<int> lora_ranks;        // beside 0 (all weights) when lora is searched
   bool allow_full = true;             // all weights may train
-  std::vector<std::string> weights, precision, optimizer, params_tier;
+  std::vector<std::string> weights, precision, optimizer, params_tier, activations_tier;
   std::vector<int> checkpoint_every, micro;
   bool fused = false;
   std::vector<int> prefetch;       // for the params tier

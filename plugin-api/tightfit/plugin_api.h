@@ -427,6 +427,12 @@ typedef struct tf_memory_estimate {
    * runs (a copy of the weights from before it), not in forward or backward;
    * kept out of delta_bytes. */
   int64_t update_bytes;
+  /* Added in 1.1: the tier (TF_TIER_HOST or TF_TIER_DISK) this strategy keeps
+   * the inputs of recomputed stages in between forward and their recompute
+   * (pack_activation); TF_TIER_DEVICE (0) = it does not. The plan then counts
+   * them there, and on the device only the one being recomputed and the one
+   * read ahead. */
+  int32_t recompute_inputs_tier;
 } tf_memory_estimate;
 
 /* ------------------------------------------------------------------------- */

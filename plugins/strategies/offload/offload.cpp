@@ -628,6 +628,10 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
       out->delta_bytes[s->optimizer_tier == "disk" ? TF_TIER_DISK : TF_TIER_HOST]
                       [TF_MEM_OPTIMIZER] += bytes;
     }
+    if (s->activations_tier != "none" &&
+        out->struct_size >= offsetof(tf_memory_estimate, recompute_inputs_tier) +
+                                sizeof(out->recompute_inputs_tier))
+      out->recompute_inputs_tier = s->activations_tier == "disk" ? TF_TIER_DISK : TF_TIER_HOST;
     out->time_factor = 0;
     return TF_OK;
   });
