@@ -13,6 +13,7 @@
 #include "hf_weights.hpp"
 #include "logging.hpp"
 #include "safetensors.hpp"
+#include "sha256.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
@@ -56,6 +57,12 @@ const std::vector<KeySpec>& run_keys() {
           1, 1e6),
       key("plugin_paths", TF_VALUE_STRING_LIST, "[]",
           "extra plugin files or folders (relative to the recipe)"),
+      key("on_non_finite", TF_VALUE_STRING, "\"skip\"",
+          "a non-finite loss or gradient: skip the update, roll back to the last checkpoint "
+          "(and go on past the batches since), or stop",
+          1, 0, "skip|rollback|stop"),
+      key("debug_nan_at_steps", TF_VALUE_INT_LIST, "[]",
+          "testing aid: make the loss NaN once at these steps (0-based)"),
   };
   return keys;
 }
@@ -156,11 +163,28 @@ PluginInstance Session::make_instance(const LoadedPlugin& plugin, const toml::ta
   inst.ctx->session = this;
   inst.ctx->plugin_name = plugin.name;
   inst.ctx->role = role;
-  // "weights" in [model] is the kernel's: Hugging Face weights to start from.
+  // "weights" in [model] is the kernel's: Hugging Face weights to start from;
+  // "sha256" in any plugin table pins the plugin's file.
   inst.ctx->config =
       recipe_.validate(table, "[" + role + "] (plugin " + plugin.name + ")", plugin.keys,
-                       role == "model" ? std::vector<std::string>{"plugin", "weights"}
-                                       : std::vector<std::string>{"plugin"});
+                       role == "model" ? std::vector<std::string>{"plugin", "weights", "sha256"}
+                                       : std::vector<std::string>{"plugin", "sha256"});
+  if (const toml::node* pin = table ? table->get("sha256") : nullptr) {
+    const std::optional<std::string> want = pin->value<std::string>();
+    if (!want || want->size() != 64 ||
+        want->find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+      throw RecipeError(recipe_.where(*pin) +
+                        ": sha256 must be the 64 hex digits of the plugin file's SHA-256 "
+                        "(`tightfit plugins check FILE` prints it)");
+    const std::string got = sha256_file_hex(plugin.path);
+    std::string lower = *want;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (lower != got)
+      throw RecipeError(recipe_.where(*pin) + ": plugin \"" + plugin.name + "\" at " + plugin.path +
+                        " has SHA-256 " + got + ", not the pinned " + lower +
+                        ". The file changed since it was pinned: if you trust the new build, "
+                        "pin its hash; otherwise restore the pinned file");
+  }
   return inst;
 }
 
@@ -620,6 +644,22 @@ tf_status Session::optimizer_step() {
   const double norm = clip.norm;
   step_metrics_["grad_norm"] = norm;
   if (!std::isfinite(norm)) {
+    // Name the parameters whose gradients went bad before they are dropped.
+    std::vector<std::string> bad;
+    {
+      at::NoGradGuard no_grad;
+      for (Param* p : params)
+        if (p->value.grad().defined() && !p->value.grad().isfinite().all().item<bool>())
+          bad.push_back(p->name);
+    }
+    std::string where;
+    for (size_t i = 0; i < std::min<size_t>(bad.size(), 3); ++i) where += (i ? ", " : "") + bad[i];
+    if (bad.size() > 3) where += " and " + std::to_string(bad.size() - 3) + " more";
+    non_finite_ = "step " + std::to_string(step_) + ": non-finite gradient" +
+                  (bad.empty() ? std::string(" (held by a strategy)")
+                               : " in " + std::to_string(bad.size()) + " of " +
+                                     std::to_string(params.size()) + " parameters: " + where);
+    log(TF_LOG_WARN, non_finite_);
     zero_grad();
     if (scaled) report_loss_scale(false);
     return TF_ERR_NON_FINITE;
@@ -770,6 +810,34 @@ void Session::emit_progress(const ProgressInfo& p) {
   if (options_.on_progress) options_.on_progress(p);
 }
 
+bool Session::handle_non_finite() {
+  const std::string policy = run_cfg_.get_string("on_non_finite");
+  step_metrics_["non_finite"] = 1;
+  if (policy == "skip") return false;  // the schedule skipped the update
+  if (policy == "stop")
+    throw NonFiniteError(non_finite_ +
+                         ". The run stops ([run] on_non_finite = \"stop\"); saved checkpoints "
+                         "are as they were. Lower the learning rate or set optimizer.grad_clip, "
+                         "or choose \"skip\" or \"rollback\"");
+  // Rollback: weights, optimizer and plugin state from the last checkpoint;
+  // the data goes on past the batches since (they would lead here again).
+  if (rollback_step_ != step_) rollbacks_here_ = 0;
+  rollback_step_ = step_;
+  if (++rollbacks_here_ > 3)
+    throw NonFiniteError(non_finite_ + " again after 3 rollbacks; the run stops");
+  const int64_t position = batcher_ ? batcher_->position() : 0;
+  const int64_t bad_step = step_;
+  if (!load_latest_checkpoint())
+    throw NonFiniteError(non_finite_ +
+                         "; on_non_finite = \"rollback\" but there is no checkpoint to roll back "
+                         "to yet (set [save] every = N)");
+  if (batcher_) batcher_->set_position(position);
+  log(TF_LOG_WARN, "rolled back to the checkpoint of step " + std::to_string(step_) +
+                       " after the non-finite step " + std::to_string(bad_step) +
+                       "; training goes on with the batches after it");
+  return true;
+}
+
 TrainSummary Session::train() {
   if (!batcher_)
     throw std::logic_error("this session was built without data (skip_data); it cannot train");
@@ -801,12 +869,25 @@ TrainSummary Session::train() {
       step_begin(step_);
       tf_step_result r{};
       r.struct_size = sizeof r;
+      non_finite_.clear();
       check(schedule_.plugin->schedule()->run_step(schedule_.state, schedule_.ctx.get(), step_,
                                                    total, &r),
             schedule_, "run_step");
       for (auto& s : strategies_)
         if (s.plugin->strategy()->step_end)
           check(s.plugin->strategy()->step_end(s.state, s.ctx.get(), step_, r.loss), s, "step_end");
+      if (!non_finite_.empty()) {
+        const int64_t bad_step = step_;
+        if (handle_non_finite()) {
+          sum.losses.push_back(r.loss);
+          metrics_.write({{"step", bad_step + 1},
+                          {"loss", nullptr},
+                          {"non_finite", 1},
+                          {"rolled_back_to", step_}});
+          --step_;  // the loop's ++ lands on the checkpoint's step
+          continue;
+        }
+      }
       tokens += r.n_tokens * run_info_.world_size;
       sum.backward_passes += r.backward_passes;
       sum.losses.push_back(r.loss);

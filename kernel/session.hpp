@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -49,6 +50,12 @@ namespace tightfit {
 
 // The run went past run.memory_budget.
 struct OutOfBudgetError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A non-finite loss or gradient the recipe says to stop on (or one a
+// rollback could not get past).
+struct NonFiniteError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
@@ -271,6 +278,15 @@ class Session {
 
   int64_t step_ = 0;
   std::map<std::string, double> step_metrics_;
+  // Numeric faults ([run] on_non_finite): what the last non-finite update
+  // found (empty: none this step), the debug injections already fired, and
+  // rollbacks made at the current step without getting past it.
+  std::string non_finite_;
+  std::set<int64_t> nan_injected_;
+  int64_t rollbacks_here_ = 0, rollback_step_ = -1;
+  // After a schedule's step: skip (the update already was), roll back to the
+  // last checkpoint, or stop, as the recipe says. True when it rolled back.
+  bool handle_non_finite();
   std::map<std::string, tf_param_plan> param_plan_;
   bool planning_ = false;
   std::map<int32_t, std::map<std::string, at::Tensor>> snapshots_;

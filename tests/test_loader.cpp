@@ -5,6 +5,8 @@
 #include <filesystem>
 
 #include "plugin_loader.hpp"
+#include "recipe.hpp"
+#include "sha256.hpp"
 #include "test_support.hpp"
 
 namespace tightfit {
@@ -124,6 +126,42 @@ TEST(Registry, TwoPluginsWithOneNameConflict) {
   bool reported = false;
   for (const auto& p : reg.problems()) reported |= p.find(copy) != std::string::npos;
   EXPECT_TRUE(reported);
+}
+
+// A recipe pins a plugin by its file's SHA-256: the right hash composes, a
+// different one is refused at the pin's line with both hashes, a malformed
+// one says what a pin is.
+TEST(Pinning, Sha256InARecipeIsChecked) {
+  test::TempDir dir;
+  const std::string file = std::string(TIGHTFIT_PLUGIN_DIR) + "/libtightfit_checkpoint.so";
+  const std::string good = sha256_file_hex(file);
+  ASSERT_EQ(good.size(), 64u);
+  auto recipe = [&](const std::string& pin) {
+    return test::tiny_recipe(test::write_corpus(dir), dir.str(), "",
+                             "[[strategy]]\nplugin = \"checkpoint\"\nsha256 = \"" + pin + "\"\n");
+  };
+  SessionOptions dry;
+  dry.dry_run = true;
+  std::string upper = good;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  EXPECT_NO_THROW(test::make_session(recipe(upper), dry));
+  std::string other = good;
+  other[0] = other[0] == '0' ? '1' : '0';
+  try {
+    test::make_session(recipe(other), dry);
+    FAIL() << "a plugin whose hash differs from the pin was loaded";
+  } catch (const RecipeError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("recipe.toml:"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("has SHA-256 " + good), std::string::npos) << msg;
+    EXPECT_NE(msg.find("not the pinned " + other), std::string::npos) << msg;
+  }
+  try {
+    test::make_session(recipe("abc"), dry);
+    FAIL() << "a malformed pin was accepted";
+  } catch (const RecipeError& e) {
+    EXPECT_NE(std::string(e.what()).find("64 hex digits"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Registry, BuiltInFolderIsFoundWithoutEnvironment) {

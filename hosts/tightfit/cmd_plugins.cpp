@@ -9,6 +9,7 @@
 #include "commands.hpp"
 #include "plugin_loader.hpp"
 #include "recipe.hpp"
+#include "sha256.hpp"
 
 namespace tightfit::host {
 
@@ -72,7 +73,9 @@ void print_info(const LoadedPlugin& p) {
             << (p.descriptor.flags & TF_PLUGIN_FLAG_STABLE_ABI_ONLY
                     ? " (stable C subset only: loads with any LibTorch)"
                     : "")
-            << ", " << p.origin << ": " << p.path << "\n\nrecipe keys:\n";
+            << ", " << p.origin << ": " << p.path << "\n"
+            << "  sha256 " << sha256_file_hex(p.path)
+            << "  (pin it in a recipe: sha256 = \"...\" in the plugin's table)\n\nrecipe keys:\n";
   if (p.keys.empty()) std::cout << "  (none)\n";
   print_keys(p.keys);
 }

@@ -1,0 +1,115 @@
+// Crash safety: `tightfit run` killed with SIGKILL at random moments after
+// it made progress — most of a step here is the checkpoint save (one after
+// every step) — never
+// leaves a partial checkpoint where a complete one is expected. After every
+// kill the newest checkpoint in the manifest loads, the step never goes
+// back, and `--resume` finishes the run. 10 kills by default;
+// TIGHTFIT_LONG_TESTS=1 makes it 50.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <thread>
+
+#include "test_support.hpp"
+
+namespace tightfit {
+namespace {
+namespace fs = std::filesystem;
+
+// Starts `tightfit run <recipe> --resume -q`, output to `log`.
+pid_t start_run(const std::string& recipe, const std::string& log) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    std::FILE* out = std::freopen(log.c_str(), "a", stdout);
+    if (out) ::dup2(::fileno(stdout), STDERR_FILENO);
+    ::execl(TIGHTFIT_BINARY, TIGHTFIT_BINARY, "run", recipe.c_str(), "--resume", "-q",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// The newest checkpoint the manifest lists (its step), or -1.
+int64_t newest_in_manifest(const fs::path& checkpoints) {
+  std::ifstream in(checkpoints / "manifest.json");
+  if (!in) return -1;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = text.rfind("step-");
+  return at == std::string::npos ? -1 : std::stoll(text.substr(at + 5, 8));
+}
+
+TEST(CrashSafety, KilledRunsAlwaysResumeFromACompleteCheckpoint) {
+  const char* long_mode = std::getenv("TIGHTFIT_LONG_TESTS");
+  const int kills = long_mode && *long_mode && std::string(long_mode) != "0" ? 50 : 10;
+  test::TempDir dir;
+  std::string text = test::tiny_recipe(test::write_corpus(dir), dir.str() + "/runs", "",
+                                       "[save]\nevery = 1\nkeep_last = 2\n");
+  // Enough steps that no run finishes before its kill.
+  const int64_t steps = 60 * kills;
+  text.replace(text.find("steps = 4"), 9, "steps = " + std::to_string(steps));
+  const std::string recipe = test::write_file(dir, "r.toml", text);
+  const std::string log = dir.str() + "/run.log";
+  const fs::path checkpoints = dir.path() / "runs" / "t" / "checkpoints";
+
+  std::mt19937 rng(20261122);
+  std::uniform_int_distribution<int> delay_ms(0, 150);  // a step and its save: ~30 ms
+  int64_t last = -1;
+  int killed_with_progress = 0, interrupted_saves = 0;
+  std::error_code ec;
+  for (int i = 0; i < kills; ++i) {
+    const pid_t pid = start_run(recipe, log);
+    ASSERT_GT(pid, 0);
+    // Once this run has saved something new, at a random moment after:
+    // inside a step, a save, or the rotation of old checkpoints.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (newest_in_manifest(checkpoints) <= last && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms(rng)));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (!WIFSIGNALED(status)) continue;  // it finished first: nothing was interrupted
+
+    // A save cut short leaves its temporary folder behind.
+    for (const auto& e : fs::directory_iterator(checkpoints, ec))
+      if (e.path().filename().string().find(".tmp-") != std::string::npos) {
+        ++interrupted_saves;
+        break;
+      }
+    // The newest complete checkpoint is the manifest's newest, and it loads.
+    const int64_t listed = newest_in_manifest(checkpoints);
+    if (listed < 0) continue;  // killed before its first save
+    SessionOptions o;
+    o.resume = true;
+    o.stop_after_steps = 0;
+    std::unique_ptr<Session> s;
+    ASSERT_NO_THROW(s = test::make_session(text, o, (dir.path() / "r.toml").string()))
+        << "kill " << i;
+    EXPECT_EQ(s->step(), listed) << "kill " << i << ": the newest listed checkpoint did not load";
+    EXPECT_GE(s->step(), last) << "kill " << i << ": a saved step was lost";
+    if (s->step() > last) ++killed_with_progress;
+    last = s->step();
+  }
+  EXPECT_EQ(killed_with_progress, kills) << "every run was killed after it saved something new";
+  std::cout << kills << " kills, " << interrupted_saves << " of them inside a save, "
+            << killed_with_progress << " after progress; no checkpoint lost or corrupt\n";
+  RecordProperty("interrupted_saves", interrupted_saves);
+
+  // Uninterrupted, it finishes from where it was.
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("run " + recipe + " --resume -q", &out), 0) << out;
+  const std::string total = std::to_string(steps);
+  EXPECT_NE(out.find("-> " + total + " of " + total), std::string::npos) << out;
+  EXPECT_EQ(newest_in_manifest(checkpoints), steps);
+}
+
+}  // namespace
+}  // namespace tightfit
