@@ -197,7 +197,10 @@ void Session::build(const PluginRegistry& base_registry) {
 
   if (const int64_t threads = run_cfg_.get_int("threads"); threads > 0)
     at::set_num_threads(static_cast<int>(threads));
-  MemoryAccounting::instance().set_budget(run_cfg_.get_size("memory_budget"));
+  // A dry run allocates nothing: its budget must not refuse what the
+  // process does next (fit measures this machine after planning).
+  MemoryAccounting::instance().set_budget(options_.dry_run ? 0
+                                                           : run_cfg_.get_size("memory_budget"));
 
   device_str_ = run_cfg_.get_string("device");
   try {
@@ -229,7 +232,7 @@ void Session::build(const PluginRegistry& base_registry) {
     log(TF_LOG_DEBUG, "rank " + std::to_string(dist->rank) + " of " +
                           std::to_string(dist->world_size) + " joined (" + pg_->backend() + ")");
   }
-  if (device_.is_cuda()) {
+  if (device_.is_cuda() && !options_.dry_run) {
     // The budget is the device's: the caching allocator's memory fraction.
     const int idx = device_.has_index() ? device_.index() : 0;
     cuda_set_budget(idx, run_cfg_.get_size("memory_budget"));
@@ -255,7 +258,18 @@ void Session::build(const PluginRegistry& base_registry) {
       const std::string text = load_corpus_text(data_cfg_.get_string("corpus"), base_dir);
       std::vector<int64_t> ids = tokenizer_->encode(text);
       CategoryScope scope(TF_MEM_OTHER);
-      at::Tensor tokens = at::tensor(ids, at::kLong);
+      at::Tensor tokens;
+      try {
+        tokens = at::tensor(ids, at::kLong);
+      } catch (const c10::OutOfMemoryError&) {
+        // The budget counts the data too, and this is its first byte.
+        throw OutOfBudgetError(
+            "the corpus alone needs " + format_bytes(static_cast<int64_t>(ids.size()) * 8) + " (" +
+            std::to_string(ids.size()) + " tokens as int64) and run.memory_budget is " +
+            format_bytes(run_cfg_.get_size("memory_budget")) +
+            ": the budget counts the data as well as the model; raise it or use a smaller "
+            "corpus");
+      }
       unigram_entropy_ = unigram_entropy(tokens, tokenizer_->vocab_size());
       // Ranks sample the global batch and each keeps its own rows (next_batch).
       const int64_t world = dist ? dist->world_size : 1;
@@ -265,6 +279,8 @@ void Session::build(const PluginRegistry& base_registry) {
     }
   } catch (const std::invalid_argument& e) {
     throw RecipeError(recipe_.source() + ": [data]: " + e.what());
+  } catch (const OutOfBudgetError&) {
+    throw;
   } catch (const std::runtime_error& e) {
     if (dynamic_cast<const c10::Error*>(&e)) throw;
     throw RecipeError(recipe_.source() + ": [data]: " + e.what());

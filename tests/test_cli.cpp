@@ -81,6 +81,36 @@ TEST_F(CliTest, PluginErrorMidTrainingStopsCleanlyAndKeepsCheckpoints) {
   EXPECT_NE(out.find("steps         2 -> 6 of 6"), std::string::npos) << out;
 }
 
+// Out of budget: the run says what the plan expected and gives the fit
+// command (its budget less what the data holds); that command writes a
+// recipe planned within it.
+TEST_F(CliTest, OutOfBudgetSuggestsAFitThatRuns) {
+  ::setenv("TIGHTFIT_CACHE_DIR", dir.str().c_str(), 1);
+  std::string text = test::tiny_recipe(test::write_corpus(dir), dir.str() + "/oom");
+  text.replace(text.find("n_embd = 32"), 11, "n_embd = 256");
+  text.replace(text.find("[run]\n"), 6, "[run]\nmemory_budget = \"12MiB\"\n");
+  const std::string path = test::write_file(dir, "oom.toml", text);
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("run " + path + " -q", &out), 3) << out;
+  EXPECT_NE(out.find("planned peak"), std::string::npos) << out;
+  const size_t at = out.find("to fit it     tightfit ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const size_t args = at + std::string("to fit it     tightfit ").size();
+  std::string fit = out.substr(args, out.find('\n', args) - args);
+  const std::string fitted = dir.str() + "/fitted.toml";
+  fit.replace(fit.find("fitted.toml"), 11, fitted);
+  std::string fit_log;
+  ASSERT_EQ(test::run_tightfit(fit, &fit_log), 0) << fit << "\n" << fit_log;
+  EXPECT_NE(fit_log.find("written"), std::string::npos) << fit_log;
+  // The written recipe plans within the suggested budget.
+  const int64_t suggested = std::stoll(fit.substr(fit.find("--budget ") + 9));
+  std::string json;
+  ASSERT_EQ(test::run_tightfit("plan " + fitted + " --json 2>/dev/null", &json), 0) << json;
+  const size_t peak = json.find("\"tracked_peak\": ");
+  ASSERT_NE(peak, std::string::npos) << json;
+  EXPECT_LE(std::stoll(json.substr(peak + 16)), suggested);
+}
+
 // `plugins list --recipe` adds the recipe's plugin_paths with their origin;
 // `plugins check` validates one file without running it, and refuses a
 // broken one with the loader's message and exit code 4.

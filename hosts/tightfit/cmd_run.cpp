@@ -143,6 +143,7 @@ int run_command(const std::vector<std::string>& args) {
     }
   }
 
+  std::optional<MemoryPlan> plan;  // the planner's prediction, when there is one
   try {
     Recipe recipe = Recipe::load(recipe_path);
     if (vm.count("add-strategy"))
@@ -173,7 +174,6 @@ int run_command(const std::vector<std::string>& args) {
     // The planner's prediction, from the recipe alone (as `tightfit plan`),
     // checked against what the run measures. Its plugins' messages are the
     // run's own, so the dry composition keeps quiet.
-    std::optional<MemoryPlan> plan;
     if (rank0 && !so.dry_run) try {
         set_log_level("error");
         SessionOptions dry;
@@ -185,6 +185,8 @@ int run_command(const std::vector<std::string>& args) {
         set_log_level(vm["log-level"].as<std::string>());  // the run itself reports it
       } catch (const PluginLoadError&) {
         set_log_level(vm["log-level"].as<std::string>());
+      } catch (const PluginCallError&) {
+        set_log_level(vm["log-level"].as<std::string>());  // the run itself reports it
       } catch (const std::exception& e) {
         set_log_level(vm["log-level"].as<std::string>());
         std::cerr << "tightfit: no memory plan for this recipe: " << e.what() << "\n";
@@ -234,6 +236,29 @@ int run_command(const std::vector<std::string>& args) {
     return kUsage;
   } catch (const OutOfBudgetError& e) {
     std::cerr << "\n" << who << e.what() << "\n";
+    // What the planner saw coming, and the command that searches the
+    // installed strategies for a stack that fits.
+    const int64_t budget = MemoryAccounting::instance().budget();
+    if (plan && rank0) {
+      std::cerr << "planned peak  " << format_bytes(plan->tracked_peak) << " (";
+      bool first = true;
+      for (int c = 0; c < TF_MEM_CATEGORY_COUNT; ++c) {
+        const int64_t v = plan->at_peak[TF_TIER_DEVICE][static_cast<size_t>(c)];
+        if (v <= 0) continue;
+        std::cerr << (first ? "" : ", ") << category_name(static_cast<tf_mem_category>(c)) << " "
+                  << format_bytes(v);
+        first = false;
+      }
+      std::cerr << ")" << (budget > 0 ? " against the budget of " + format_bytes(budget) : "")
+                << "\n";
+    }
+    // The planner's budgets leave the data out; so does the suggestion.
+    const int64_t data = MemoryAccounting::instance().snapshot().peak[TF_MEM_OTHER];
+    if (budget > data && rank0)
+      std::cerr << "to fit it     tightfit fit " << recipe_path << " --budget " << budget - data
+                << " --out fitted.toml\n              (the budget less the " << format_bytes(data)
+                << " the data holds; it plans every stack of the installed strategies and "
+                   "writes the fastest that fits)\n";
     return kOutOfBudget;
   } catch (const PluginLoadError& e) {
     std::cerr << who << e.what() << "\n";
