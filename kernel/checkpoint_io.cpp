@@ -61,7 +61,33 @@ void write_manifest(const fs::path& dir, const std::vector<std::string>& names) 
 // optimizer state, for one) to its own file in the same folder, which rank 0
 // then moves into place. Ranks share the run folder (one machine, or a
 // shared filesystem).
+// A save that fails (a full disk, a file size limit, a permission) leaves
+// every saved checkpoint as it was: the new one never reached the manifest.
+// Its partial folder is removed to give the space back, and the message says
+// which checkpoint a --resume will continue from.
 std::string Session::save_checkpoint(int64_t step) {
+  try {
+    return write_checkpoint(step);
+  } catch (const std::exception& e) {
+    const fs::path dir = checkpoint_dir();
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir, ec))
+      if (entry.path().filename().string().rfind(step_name(step) + ".tmp-", 0) == 0) try {
+          remove_tree(entry.path().string());
+        } catch (const std::exception&) {
+          // best effort: the folder is never taken for a checkpoint anyway
+        }
+    const std::vector<std::string> names = read_manifest(dir / "manifest.json");
+    throw std::runtime_error(
+        "saving the checkpoint of step " + std::to_string(step) + " failed: " + e.what() + ". " +
+        (names.empty() ? std::string("No earlier checkpoint exists")
+                       : "The saved checkpoint " + (dir / names.back()).string() +
+                             " is intact, and `tightfit run --resume` continues from it") +
+        "; free space in " + dir.string() + " (or set [save] dir) first");
+  }
+}
+
+std::string Session::write_checkpoint(int64_t step) {
   const fs::path dir = checkpoint_dir();
   const std::string name = step_name(step);
   const fs::path final_path = dir / name;

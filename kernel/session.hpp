@@ -287,6 +287,8 @@ class Session {
   // After a schedule's step: skip (the update already was), roll back to the
   // last checkpoint, or stop, as the recipe says. True when it rolled back.
   bool handle_non_finite();
+  // save_checkpoint's work; save_checkpoint reports its failures.
+  std::string write_checkpoint(int64_t step);
   std::map<std::string, tf_param_plan> param_plan_;
   bool planning_ = false;
   std::map<int32_t, std::map<std::string, at::Tensor>> snapshots_;

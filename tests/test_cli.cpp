@@ -111,6 +111,33 @@ TEST_F(CliTest, OutOfBudgetSuggestsAFitThatRuns) {
   EXPECT_LE(std::stoll(json.substr(peak + 16)), suggested);
 }
 
+// A save that cannot be written (here a file size limit, as a full disk
+// would) stops the run saying so; the checkpoint before stays listed and
+// loadable, the partial folder is gone, and --resume continues from it.
+TEST_F(CliTest, FailedSaveKeepsThePreviousCheckpoint) {
+  std::string text =
+      test::tiny_recipe(test::write_corpus(dir), dir.str() + "/full", "", "[save]\nevery = 2\n");
+  text.replace(text.find("n_embd = 32"), 11, "n_embd = 128");
+  text.replace(text.find("steps = 4"), 9, "steps = 6");
+  const std::string path = test::write_file(dir, "full.toml", text);
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("run " + path + " -q --stop-after 2", &out), 0) << out;
+  // 500 KiB files at most: the model's file is larger. SIGXFSZ ignored, so
+  // the write fails with EFBIG instead of killing the process.
+  ASSERT_EQ(test::run_command("sh -c \"ulimit -f 1000; trap '' XFSZ; exec " +
+                                  std::string(TIGHTFIT_BINARY) + " run " + path + " -q --resume\"",
+                              &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("saving the checkpoint of step 4 failed"), std::string::npos) << out;
+  EXPECT_NE(out.find("step-00000002 is intact"), std::string::npos) << out;
+  const fs::path checkpoints = fs::path(dir.str()) / "full" / "t" / "checkpoints";
+  for (const auto& e : fs::directory_iterator(checkpoints))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+  ASSERT_EQ(test::run_tightfit("run " + path + " -q --resume", &out), 0) << out;
+  EXPECT_NE(out.find("steps         2 -> 6 of 6"), std::string::npos) << out;
+}
+
 // `plugins list --recipe` adds the recipe's plugin_paths with their origin;
 // `plugins check` validates one file without running it, and refuses a
 // broken one with the loader's message and exit code 4.

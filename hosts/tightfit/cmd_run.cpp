@@ -254,7 +254,7 @@ int run_command(const std::vector<std::string>& args) {
     }
     // The planner's budgets leave the data out; so does the suggestion.
     const int64_t data = MemoryAccounting::instance().snapshot().peak[TF_MEM_OTHER];
-    if (budget > data && rank0)
+    if (data > 0 && budget > data && rank0)  // data 0: it was the data that did not fit
       std::cerr << "to fit it     tightfit fit " << recipe_path << " --budget " << budget - data
                 << " --out fitted.toml\n              (the budget less the " << format_bytes(data)
                 << " the data holds; it plans every stack of the installed strategies and "
