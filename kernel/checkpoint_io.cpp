@@ -222,11 +222,25 @@ bool Session::load_latest_checkpoint() {
                                    " ranks and needs every rank's state file");
         for (auto& [k, t] : read_safetensors(f.string()).tensors) state.tensors.emplace(k, t);
       }
+      // Frozen parameters kept in a host or disk tier are recreated from the
+      // recipe's init or weights, not loaded (the checkpoint may hold their
+      // dense values or their placeholders); their declared shape still has
+      // to match.
+      auto frozen_away = [](const Param& p) {
+        return !p.trainable && (p.residency == TF_TIER_HOST || p.residency == TF_TIER_DISK);
+      };
       for (const Param& p : store_.all()) {
         auto m = model.tensors.find(p.name);
         if (m == model.tensors.end())
           throw std::runtime_error("model.safetensors has no parameter \"" + p.name +
                                    "\" (was it saved from another model or preset?)");
+        if (frozen_away(p)) {
+          if (m->second.numel() > 0 && m->second.numel() != p.numel())
+            throw std::runtime_error(
+                "parameter \"" + p.name + "\" has " + std::to_string(m->second.numel()) +
+                " values in the checkpoint but " + std::to_string(p.numel()) + " in this recipe");
+          continue;
+        }
         if (p.residency != TF_TIER_SHARDED && m->second.sizes() != p.value.sizes())
           throw std::runtime_error("parameter \"" + p.name + "\" has shape " +
                                    c10::str(m->second.sizes()) + " in the checkpoint but " +
@@ -236,6 +250,7 @@ bool Session::load_latest_checkpoint() {
         at::NoGradGuard no_grad;
         for (Param& p : store_.all()) {
           if (p.residency == TF_TIER_SHARDED) continue;  // its strategy's load_state
+          if (frozen_away(p)) continue;
           if (p.trainable && p.residency != TF_TIER_DEVICE)
             with_resident(p, [&] { p.value.copy_(model.tensors.at(p.name)); });
           else

@@ -251,7 +251,7 @@ ConfigTable Recipe::validate(const toml::table* t, const std::string& where_name
         throw RecipeError(position(source_, k.source()) + ": unknown key \"" + key + "\" in " +
                           where_name + ". Valid keys: " + join_keys(keys, extra_allowed));
       if (!type_matches(v, it->type))
-        throw RecipeError(where(v) + ": " + where_name + "." + key + " must be a " +
+        throw RecipeError(where(v) + ": " + where_name + "." + key + " must be of type " +
                           value_type_name(it->type) + " (" + it->doc + ")");
       if (it->min_value <= it->max_value && (v.is_integer() || v.is_floating_point())) {
         const double x =

@@ -39,7 +39,7 @@ TEST_F(RecipeTest, UnknownKeyNamesPositionAndValidKeys) {
   // n_layers sits on line 17 of the tiny recipe, column 1.
   EXPECT_TRUE(std::regex_search(msg, std::regex("^my\\.toml:17:1: unknown key \"n_layers\"")))
       << msg;
-  EXPECT_NE(msg.find("Valid keys: plugin, weights, preset, config, n_layer"), std::string::npos)
+  EXPECT_NE(msg.find("Valid keys: plugin, weights, sha256, preset, config, n_layer"), std::string::npos)
       << msg;
 }
 
@@ -52,7 +52,7 @@ TEST_F(RecipeTest, UnknownKeyInKernelTable) {
 
 TEST_F(RecipeTest, WrongTypeNamesPositionAndType) {
   const std::string msg = recipe_error(base("dropout = \"high\"\n"));
-  EXPECT_TRUE(std::regex_search(msg, std::regex("^my\\.toml:17:11: .*dropout must be a float")))
+  EXPECT_TRUE(std::regex_search(msg, std::regex("^my\\.toml:17:11: .*dropout must be of type float")))
       << msg;
 }
 
@@ -150,7 +150,7 @@ TEST_F(RecipeTest, SetValueOfWrongTypeIsBlamedOnSet) {
     Session s(r, test::registry());
     FAIL();
   } catch (const RecipeError& e) {
-    EXPECT_TRUE(std::regex_search(e.what(), std::regex("^--set: .*n_layer must be a integer")))
+    EXPECT_TRUE(std::regex_search(e.what(), std::regex("^--set: .*n_layer must be of type integer")))
         << e.what();
   }
 }

@@ -56,6 +56,48 @@ TEST_F(ResumeTest, ResumeIsExactWithCheckpointingStrategyToo) {
     EXPECT_EQ(second.losses[i], full.losses[7 + i]) << "step " << 7 + i;
 }
 
+// Every memory strategy, alone and in the stacks people use: stopped after 7
+// steps and resumed, the losses are the uninterrupted run's, bit for bit.
+struct StackCase {
+  const char* name;
+  const char* strategies;
+};
+class ResumeEveryStack : public ResumeTest, public ::testing::WithParamInterface<StackCase> {};
+
+TEST_P(ResumeEveryStack, RepeatsTheUninterruptedLosses) {
+  const std::string st = GetParam().strategies;
+  const TrainSummary full = train(dir.str() + "/a", false, -1, st);
+  train(dir.str() + "/b", false, 7, st);
+  const TrainSummary second = train(dir.str() + "/b", true, -1, st);
+  ASSERT_EQ(second.losses.size(), 13u);
+  for (size_t i = 0; i < 13; ++i)
+    EXPECT_EQ(second.losses[i], full.losses[7 + i]) << GetParam().name << " step " << 7 + i;
+}
+
+#define TF_STRATEGY(name) "[[strategy]]\nplugin = \"" name "\"\n"
+INSTANTIATE_TEST_SUITE_P(
+    Stacks, ResumeEveryStack,
+    ::testing::Values(
+        StackCase{"lora", TF_STRATEGY("lora")},
+        StackCase{"qlora", TF_STRATEGY("lora") TF_STRATEGY("quantize")},
+        StackCase{"adam8", TF_STRATEGY("quantize") "weights = false\noptimizer_state = \"int8\"\n"},
+        StackCase{"autocast", TF_STRATEGY("precision")},
+        StackCase{"bf16", TF_STRATEGY("precision") "mode = \"bf16\"\n"},
+        StackCase{"fused_update", TF_STRATEGY("fused_update")},
+        StackCase{"lisa", TF_STRATEGY("sparse") "first = 0\nlast = 1\nmiddle = \"lisa\"\nk = 1\n"},
+        StackCase{"offload_optimizer",
+                  TF_STRATEGY("offload") "params = \"none\"\noptimizer = \"disk\"\n"},
+        StackCase{"lora_weights_on_disk",
+                  TF_STRATEGY("lora") TF_STRATEGY("offload") "params = \"disk\"\nprefetch = 1\n"},
+        StackCase{"checkpoint_inputs_on_disk",
+                  TF_STRATEGY("checkpoint") TF_STRATEGY("offload") "params = \"none\"\n"
+                                                                   "activations = \"disk\"\n"},
+        StackCase{"qlora_bf16_checkpoint",
+                  TF_STRATEGY("lora") TF_STRATEGY("quantize")
+                      TF_STRATEGY("precision") "mode = \"bf16\"\n" TF_STRATEGY("checkpoint")}),
+    [](const auto& info) { return std::string(info.param.name); });
+#undef TF_STRATEGY
+
 TEST_F(ResumeTest, FreshRunDoesNotOverwriteSavedCheckpoints) {
   const TrainSummary a = train(dir.str() + "/c", false, 5);
   const TrainSummary b = train(dir.str() + "/c", false, 5);

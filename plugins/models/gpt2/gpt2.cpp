@@ -61,9 +61,11 @@ struct Gpt2 {
     return "transformer.h." + std::to_string(l) + "." + rest;
   }
 
+  // In the input's dtype: with bf16 weights and a base dequantized to fp32
+  // (QLoRA under precision bf16), blocks compute in fp32 and the norms follow.
   at::Tensor layer_norm(const at::Tensor& x, const std::string& prefix) const {
-    return at::layer_norm(x, {s.n_embd}, host.weight(prefix + ".weight"),
-                          host.weight(prefix + ".bias"), 1e-5);
+    return at::layer_norm(x, {s.n_embd}, host.weight(prefix + ".weight").to(x.scalar_type()),
+                          host.weight(prefix + ".bias").to(x.scalar_type()), 1e-5);
   }
 
   at::Tensor drop(const at::Tensor& x, bool training) const {

@@ -134,9 +134,11 @@ struct Rwkv {
   std::string block(int64_t l, const char* rest) const {
     return "rwkv.blocks." + std::to_string(l) + "." + rest;
   }
+  // In the input's dtype: with bf16 weights and a base dequantized to fp32
+  // (QLoRA under precision bf16), blocks compute in fp32 and the norms follow.
   at::Tensor layer_norm(const at::Tensor& x, const std::string& prefix) const {
-    return at::layer_norm(x, {s.n_embd}, host.weight(prefix + ".weight"),
-                          host.weight(prefix + ".bias"), s.ln_eps);
+    return at::layer_norm(x, {s.n_embd}, host.weight(prefix + ".weight").to(x.scalar_type()),
+                          host.weight(prefix + ".bias").to(x.scalar_type()), s.ln_eps);
   }
 
   at::Tensor time_mixing(const at::Tensor& x, int64_t l, LayerState* st) const {
