@@ -192,6 +192,22 @@ std::string Session::write_checkpoint(int64_t step) {
   }
   write_manifest(dir, names);
   for (const auto& r : rotated) remove_tree((dir / r).string());
+  // Folders of saves a crash cut short (never listed, never loaded): this run
+  // owns the folder, so whatever temporary is left is from an earlier process.
+  if (rank == 0) {
+    std::error_code ec;
+    std::vector<fs::path> leftovers;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string f = e.path().filename().string();
+      if (f.find(".tmp-") != std::string::npos || (f.size() > 4 && f.ends_with(".old")))
+        leftovers.push_back(e.path());
+    }
+    for (const auto& l : leftovers) try {
+        remove_tree(l.string());
+      } catch (const std::exception& e) {
+        log(TF_LOG_WARN, std::string("cannot remove the leftover ") + l.string() + ": " + e.what());
+      }
+  }
   if (pg_) pg_->barrier();
   log(TF_LOG_INFO, "saved checkpoint " + final_path.string());
   return final_path.string();

@@ -109,6 +109,9 @@ TEST(CrashSafety, KilledRunsAlwaysResumeFromACompleteCheckpoint) {
   const std::string total = std::to_string(steps);
   EXPECT_NE(out.find("-> " + total + " of " + total), std::string::npos) << out;
   EXPECT_EQ(newest_in_manifest(checkpoints), steps);
+  // The folders of the saves that were cut short are gone after it.
+  for (const auto& e : fs::directory_iterator(checkpoints))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
 }
 
 }  // namespace
