@@ -118,6 +118,13 @@ def main():
     warn = [l for l in p.stderr.splitlines() if "cannot be used" in l]
     rows.append(("damaged newest checkpoint (truncated)", p.returncode,
                  (warn[0] if warn else "(no warning)") + " — and it resumed from the one before"))
+    edited = recipe(work, "manifest")
+    tightfit("run", edited, "-q", "--stop-after", "2")
+    with open(os.path.join(work, "runs", "manifest", "b", "checkpoints", "manifest.json"),
+              "w") as f:
+        f.write('{"format": 1, "checkpoints": ["../../../elsewhere"]}')
+    case("manifest naming a folder outside the checkpoints",
+         tightfit("run", edited, "--resume", "-q"))
     case("the corpus alone over memory_budget",
          tightfit("run", recipe(work, "data", run='memory_budget = "4MiB"')))
     case("out of memory_budget",

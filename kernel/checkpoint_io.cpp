@@ -39,8 +39,18 @@ std::vector<std::string> read_manifest(const fs::path& manifest) {
         manifest.string() +
         " is damaged (not a tightfit manifest); the checkpoint folders beside it are "
         "intact — delete the manifest and list them again, or move the folder away");
-  for (const auto& e : j["checkpoints"])
-    if (e.is_string()) out.push_back(e.get<std::string>());
+  // Only names this code writes: an entry such as "../elsewhere" would make
+  // --resume load, and rotation delete, a folder outside the checkpoints.
+  for (const auto& e : j["checkpoints"]) {
+    const std::string name = e.is_string() ? e.get<std::string>() : std::string();
+    const bool well_formed = name.size() == 13 && name.rfind("step-", 0) == 0 &&
+                             name.find_first_not_of("0123456789", 5) == std::string::npos;
+    if (!well_formed)
+      throw std::runtime_error(manifest.string() + " lists " + e.dump() +
+                               ", which is not a checkpoint name (step-NNNNNNNN); the manifest "
+                               "was edited or damaged — fix that entry or delete the manifest");
+    out.push_back(name);
+  }
   return out;
 }
 

@@ -137,6 +137,26 @@ TEST_F(ResumeTest, LeftoverTemporaryFolderIsNeverTakenForACheckpoint) {
   EXPECT_EQ(test::make_session(recipe(dir.str() + "/e"), o)->step(), 4);
 }
 
+// A manifest entry that is not a checkpoint name (a path out of the folder)
+// is refused: --resume never loads, and rotation never deletes, elsewhere.
+TEST_F(ResumeTest, ManifestEntryOutsideTheFolderIsRefused) {
+  const TrainSummary first = train(dir.str() + "/m", false, 2);
+  const fs::path cps = first.checkpoint_dir;
+  fs::create_directories(dir.path() / "precious");
+  std::ofstream(cps / "manifest.json")
+      << R"({"format": 1, "checkpoints": ["../../../precious", "step-00000002"]})";
+  SessionOptions o;
+  o.resume = true;
+  o.stop_after_steps = 0;
+  try {
+    test::make_session(recipe(dir.str() + "/m"), o);
+    FAIL() << "a manifest naming a folder outside the checkpoints was used";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("not a checkpoint name"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::exists(dir.path() / "precious"));
+}
+
 TEST_F(ResumeTest, CheckpointFromAnotherShapeIsRefusedClearly) {
   train(dir.str() + "/f", false, 3);
   std::string other = recipe(dir.str() + "/f");
