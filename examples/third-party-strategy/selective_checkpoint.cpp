@@ -143,15 +143,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
                           tf_memory_estimate* out) {
   auto* s = static_cast<SelectiveCheckpoint*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    int64_t recompute = 0, total = 0;
-    for (int32_t i = 0, n = s->host.stage_count(); i < n; ++i) {
-      const tf_stage_info info = s->host.stage_info(i);
-      if (info.skip) continue;
-      total += info.flops_per_token;
-      if (info.recompute) recompute += info.flops_per_token;
-    }
-    out->time_factor =
-        total > 0 ? 1.0 + static_cast<double>(recompute) / (3.0 * static_cast<double>(total)) : 0;
+    out->time_factor = tf_sdk::recompute_time_factor(s->host);
     return TF_OK;
   });
 }

@@ -307,6 +307,20 @@ inline int64_t dense_bytes(const tf_param_info& info) {
   return info.numel * element_bytes(info.dtype);
 }
 
+// A checkpointing strategy's step time for `plan`: the stages marked for
+// recomputation run their forward FLOPs once more, against a step's ~3x
+// forward. 0 (unknown) when the model declares no FLOPs.
+inline double recompute_time_factor(const Host& host) {
+  int64_t recompute = 0, total = 0;
+  for (int32_t i = 0, n = host.stage_count(); i < n; ++i) {
+    const tf_stage_info info = host.stage_info(i);
+    if (info.skip) continue;
+    total += info.flops_per_token;
+    if (info.recompute) recompute += info.flops_per_token;
+  }
+  return total > 0 ? 1.0 + static_cast<double>(recompute) / (3.0 * static_cast<double>(total)) : 0;
+}
+
 inline tf_config_key key(const char* name, tf_value_type type, const char* default_value,
                          const char* doc, double min_value = 1, double max_value = 0,
                          const char* choices = nullptr) {

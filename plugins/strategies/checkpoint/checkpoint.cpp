@@ -46,25 +46,14 @@ tf_status configure(void* state, tf_host_context* ctx) {
   });
 }
 
-// Saves the activations of every checkpointed block but its input, and adds
-// one block's recompute to the peak; recompute costs one more forward of those
-// blocks (a forward is about a third of forward + backward).
 // The kernel's plan already follows the stages this strategy marks for
 // recomputation (their inputs kept, each rerun in backward); what it adds is
-// time: the recomputed stages' forward FLOPs again, against a step's ~3x.
+// time: the recomputed stages' forward once more.
 tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary*,
                           tf_memory_estimate* out) {
   auto* s = static_cast<Checkpoint*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    int64_t recompute_flops = 0, total_flops = 0;
-    for (int32_t i = 0, n = s->host.stage_count(); i < n; ++i) {
-      const tf_stage_info info = s->host.stage_info(i);
-      if (info.skip) continue;
-      total_flops += info.flops_per_token;
-      if (info.recompute) recompute_flops += info.flops_per_token;
-    }
-    out->time_factor =
-        total_flops > 0 ? 1.0 + static_cast<double>(recompute_flops) / (3.0 * total_flops) : 0;
+    out->time_factor = tf_sdk::recompute_time_factor(s->host);
     return TF_OK;
   });
 }
