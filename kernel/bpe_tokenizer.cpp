@@ -92,7 +92,17 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& path_in) {
   const std::string src = path.string();
   std::ifstream in(path);
   if (!in) throw std::invalid_argument("cannot read tokenizer " + src);
-  const auto j = nlohmann::json::parse(in, nullptr, false);
+  // A value of the wrong JSON type anywhere below is the file's defect.
+  try {
+    return from_json(nlohmann::json::parse(in, nullptr, false), path, src);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(src + " is not a tokenizer.json this can read: " + e.what());
+  }
+}
+
+std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(const nlohmann::json& j,
+                                                      const std::filesystem::path& path,
+                                                      const std::string& src) {
   if (j.is_discarded() || !j.is_object() || !j.contains("model") || !j["model"].is_object())
     throw std::invalid_argument(src + " is not a Hugging Face tokenizer.json");
   const auto& model = j["model"];
@@ -147,8 +157,24 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& path_in) {
     add_pre(j["pre_tokenizer"], add_pre);
   t->ignore_merges_ = model.value("ignore_merges", false);
 
+  if (!model.contains("vocab") || !model["vocab"].is_object() || !model.contains("merges") ||
+      !model["merges"].is_array())
+    throw std::invalid_argument(src + ": the BPE model needs a vocab object and a merges list");
+  // Ids index the token table: a vocabulary of 16M tokens is far past any
+  // real one, and a larger or negative id is a damaged file.
+  constexpr int64_t kMaxId = int64_t{1} << 24;
+  auto checked_id = [&](const nlohmann::json& v) {
+    // Not get<int64_t> on any number: a float past int64's range converts
+    // with undefined behaviour (fuzz_tokenizer found it).
+    if (!v.is_number_integer())
+      throw std::invalid_argument(src + ": token id " + v.dump() + " is not an integer");
+    const int64_t id = v.get<int64_t>();
+    if (id < 0 || id >= kMaxId)
+      throw std::invalid_argument(src + ": token id " + std::to_string(id) + " is out of range");
+    return id;
+  };
   for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
-    const int64_t id = it.value().get<int64_t>();
+    const int64_t id = checked_id(it.value());
     t->vocab_[it.key()] = id;
     t->vocab_size_ = std::max(t->vocab_size_, id + 1);
   }
@@ -169,7 +195,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& path_in) {
     t->merge_rank_.emplace(std::move(pair), rank++);
   }
   for (const auto& a : j.value("added_tokens", nlohmann::json::array())) {
-    const int64_t id = a.at("id").get<int64_t>();
+    const int64_t id = checked_id(a.at("id"));
     t->added_.emplace_back(a.at("content").get<std::string>(), id);
     t->vocab_size_ = std::max(t->vocab_size_, id + 1);
   }

@@ -4,8 +4,10 @@
 // alphabet, merges applied by rank, ids from the vocabulary.
 #pragma once
 
+#include <filesystem>
 #include <map>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -28,6 +30,9 @@ class BpeTokenizer final : public Tokenizer {
 
  private:
   BpeTokenizer() = default;
+  static std::unique_ptr<BpeTokenizer> from_json(const nlohmann::json& j,
+                                                 const std::filesystem::path& path,
+                                                 const std::string& src);
   void encode_piece(const std::string& piece, std::vector<int64_t>& out) const;
   std::vector<std::string> pre_tokenize(const std::string& text) const;
 

@@ -81,5 +81,31 @@ TEST(BpeTokenizer, RefusesWhatItCannotHandle) {
   EXPECT_THROW(BpeTokenizer::load(d.str() + "/broken.json"), std::invalid_argument);
 }
 
+// Found by fuzz/fuzz_tokenizer: a BPE model without a vocab object (read
+// through a missing key: undefined behaviour), ids that would size the token
+// table past memory or index before it, values of the wrong JSON type — each
+// refused with the file named, before anything is sized by it.
+TEST(BpeTokenizer, RefusesDamagedFilesBeforeSizingAnything) {
+  test::TempDir d;
+  const char* bpe = R"("type": "BPE", "merges": [])";
+  for (const std::string& body :
+       {std::string(R"({"model": {)") + bpe + "}}",
+        std::string(R"({"model": {)") + bpe + R"(, "vocab": {"a": 4611686018427387904}}})",
+        std::string(R"({"model": {)") + bpe + R"(, "vocab": {"a": -3}}})",
+        std::string(R"({"model": {)") + bpe + R"(, "vocab": {"a": "zero"}}})",
+        std::string(R"({"model": {)") + bpe + R"(, "vocab": {"a": 3.3e85}}})",
+        std::string(R"({"model": {"type": "BPE", "vocab": {}, "merges": 7}})"),
+        std::string(R"({"model": {)") + bpe +
+            R"(, "vocab": {}}, "added_tokens": [{"id": 99999999999, "content": "x"}]})"}) {
+    const std::string p = test::write_file(d, "tokenizer.json", body);
+    try {
+      BpeTokenizer::load(p);
+      ADD_FAILURE() << "loaded: " << body;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tightfit
