@@ -138,6 +138,26 @@ TEST_F(CliTest, FailedSaveKeepsThePreviousCheckpoint) {
   EXPECT_NE(out.find("steps         2 -> 6 of 6"), std::string::npos) << out;
 }
 
+// A plugin that crashes the process (abort in a hook) loses nothing saved:
+// the checkpoint before the crash resumes.
+TEST_F(CliTest, PluginCrashLosesNothingSaved) {
+  const std::string failing = std::string(TIGHTFIT_FIXTURE_DIR) + "/failing";
+  std::string text = test::tiny_recipe(test::write_corpus(dir), dir.str() + "/crash") +
+                     "[save]\nevery = 2\n[[strategy]]\nplugin = \"failing_strategy\"\n"
+                     "crash_at_step = 3\n";
+  text.replace(text.find("[run]\n"), 6, "[run]\nplugin_paths = [\"" + failing + "\"]\n");
+  const std::string path = test::write_file(dir, "crash.toml", text);
+  std::string out;
+  EXPECT_NE(test::run_tightfit("run " + path + " -q --set run.steps=6", &out), 0) << out;
+  ASSERT_EQ(test::run_tightfit("run " + path +
+                                   " -q --resume --set run.steps=6 "
+                                   "--set strategy.failing_strategy.crash_at_step=-1",
+                               &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("steps         2 -> 6 of 6"), std::string::npos) << out;
+}
+
 // `plugins list --recipe` adds the recipe's plugin_paths with their origin;
 // `plugins check` validates one file without running it, and refuses a
 // broken one with the loader's message and exit code 4.
