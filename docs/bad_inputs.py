@@ -48,6 +48,15 @@ def recipe(work, name, run="", model="", corpus="builtin:fortunes", seq=32, embd
     return path
 
 
+def bpe_recipe(work, name, corpus, tokenizer):
+    path = recipe(work, name, corpus=corpus, seq=16)
+    with open(path) as f:
+        text = f.read().replace('tokenizer = "byte"', f'tokenizer = "{tokenizer}"')
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
 def tightfit(*args, env=None, shell_prefix=None):
     cmd = [TIGHTFIT, *args]
     if shell_prefix:
@@ -125,6 +134,16 @@ def main():
         f.write('{"format": 1, "checkpoints": ["../../../elsewhere"]}')
     case("manifest naming a folder outside the checkpoints",
          tightfit("run", edited, "--resume", "-q"))
+    only = recipe(work, "trainer")
+    tightfit("run", only, "-q", "--stop-after", "2")
+    tj = os.path.join(work, "runs", "trainer", "b", "checkpoints", "step-00000002",
+                      "trainer.json")
+    with open(tj) as f:
+        text = f.read().replace('"world_size": 1', '"world_size": 99999999')
+    with open(tj, "w") as f:
+        f.write(text)
+    case("edited trainer.json (a value out of range), no older checkpoint",
+         tightfit("run", only, "--resume", "-q"))
     case("the corpus alone over memory_budget",
          tightfit("run", recipe(work, "data", run='memory_budget = "4MiB"')))
     case("out of memory_budget",
@@ -139,6 +158,14 @@ def main():
     rc, msg = tightfit("run", recipe(work, "utf8", corpus=work + "/utf8.txt", seq=16))
     rows.append(("corpus with invalid UTF-8, byte tokenizer", rc,
                  "(trains: the byte tokenizer reads bytes, any bytes are valid)"))
+    # A tokenizer.json (the fuzz seed's, less its first line: the text to encode).
+    with open(os.path.join(ROOT, "fuzz", "corpus", "tokenizer", "gpt2.json")) as f:
+        f.readline()
+        tok = os.path.join(work, "tokenizer.json")
+        with open(tok, "w") as out:
+            out.write(f.read())
+    case("corpus with invalid UTF-8, tokenizer.json",
+         tightfit("run", bpe_recipe(work, "utf8bpe", work + "/utf8.txt", tok)))
 
     print("| bad input | exit | message |")
     print("|---|---|---|")

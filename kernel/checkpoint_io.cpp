@@ -13,58 +13,13 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "checkpoint_manifest.hpp"
 #include "file_util.hpp"
 #include "safetensors.hpp"
 #include "session.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
-
-namespace {
-
-constexpr int kFormatVersion = 1;
-
-std::string step_name(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
-  return buf;
-}
-
-std::vector<std::string> read_manifest(const fs::path& manifest) {
-  std::vector<std::string> out;
-  if (!fs::exists(manifest)) return out;
-  auto j = nlohmann::json::parse(read_file_text(manifest.string()), nullptr, false);
-  if (j.is_discarded() || !j.contains("checkpoints") || !j["checkpoints"].is_array())
-    throw std::runtime_error(
-        manifest.string() +
-        " is damaged (not a tightfit manifest); the checkpoint folders beside it are "
-        "intact — delete the manifest and list them again, or move the folder away");
-  // Only names this code writes: an entry such as "../elsewhere" would make
-  // --resume load, and rotation delete, a folder outside the checkpoints.
-  for (const auto& e : j["checkpoints"]) {
-    const std::string name = e.is_string() ? e.get<std::string>() : std::string();
-    const bool well_formed = name.size() == 13 && name.rfind("step-", 0) == 0 &&
-                             name.find_first_not_of("0123456789", 5) == std::string::npos;
-    if (!well_formed)
-      throw std::runtime_error(manifest.string() + " lists " + e.dump() +
-                               ", which is not a checkpoint name (step-NNNNNNNN); the manifest "
-                               "was edited or damaged — fix that entry or delete the manifest");
-    out.push_back(name);
-  }
-  return out;
-}
-
-void write_manifest(const fs::path& dir, const std::vector<std::string>& names) {
-  nlohmann::json j = {{"format", kFormatVersion},
-                      {"checkpoints", names},
-                      {"latest", names.empty() ? "" : names.back()}};
-  const fs::path tmp = dir / "manifest.json.tmp";
-  write_file_synced(tmp.string(), j.dump(2));
-  fs::rename(tmp, dir / "manifest.json");
-  fsync_path(dir.string());
-}
-
-}  // namespace
 
 // In a multi-process run every rank takes part: rank 0 writes the model,
 // optimizer and trainer files; each rank writes its plugins' state (sharded
@@ -82,12 +37,13 @@ std::string Session::save_checkpoint(int64_t step) {
     const fs::path dir = checkpoint_dir();
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(dir, ec))
-      if (entry.path().filename().string().rfind(step_name(step) + ".tmp-", 0) == 0) try {
+      if (entry.path().filename().string().rfind(checkpoint_step_name(step) + ".tmp-", 0) == 0)
+        try {
           remove_tree(entry.path().string());
         } catch (const std::exception&) {
           // best effort: the folder is never taken for a checkpoint anyway
         }
-    const std::vector<std::string> names = read_manifest(dir / "manifest.json");
+    const std::vector<std::string> names = read_checkpoint_manifest(dir / "manifest.json");
     throw std::runtime_error(
         "saving the checkpoint of step " + std::to_string(step) + " failed: " + e.what() + ". " +
         (names.empty() ? std::string("No earlier checkpoint exists")
@@ -99,7 +55,7 @@ std::string Session::save_checkpoint(int64_t step) {
 
 std::string Session::write_checkpoint(int64_t step) {
   const fs::path dir = checkpoint_dir();
-  const std::string name = step_name(step);
+  const std::string name = checkpoint_step_name(step);
   const fs::path final_path = dir / name;
   const int rank = run_info_.rank;
   const fs::path tmp =
@@ -166,7 +122,7 @@ std::string Session::write_checkpoint(int64_t step) {
   write_safetensors((tmp / "state.safetensors").string(), state);
   if (pg_) pg_->barrier();  // the other ranks' state files are complete
 
-  nlohmann::json trainer = {{"format", kFormatVersion},
+  nlohmann::json trainer = {{"format", kCheckpointFormatVersion},
                             {"step", step},
                             {"optimizer_steps", optimizer_->steps()},
                             {"lr", optimizer_->lr()},
@@ -191,7 +147,7 @@ std::string Session::write_checkpoint(int64_t step) {
   }
   fsync_path(dir.string());
 
-  std::vector<std::string> names = read_manifest(dir / "manifest.json");
+  std::vector<std::string> names = read_checkpoint_manifest(dir / "manifest.json");
   names.erase(std::remove(names.begin(), names.end(), name), names.end());
   names.push_back(name);
   const auto keep = static_cast<size_t>(save_cfg_.get_int("keep_last"));
@@ -200,7 +156,7 @@ std::string Session::write_checkpoint(int64_t step) {
     rotated.push_back(names.front());
     names.erase(names.begin());
   }
-  write_manifest(dir, names);
+  write_checkpoint_manifest(dir, names);
   for (const auto& r : rotated) remove_tree((dir / r).string());
   // Folders of saves a crash cut short (never listed, never loaded): this run
   // owns the folder, so whatever temporary is left is from an earlier process.
@@ -225,26 +181,24 @@ std::string Session::write_checkpoint(int64_t step) {
 
 bool Session::load_latest_checkpoint() {
   const fs::path dir = checkpoint_dir();
-  std::vector<std::string> names = read_manifest(dir / "manifest.json");
+  std::vector<std::string> names = read_checkpoint_manifest(dir / "manifest.json");
   std::string errors;
   for (auto it = names.rbegin(); it != names.rend(); ++it) {
     const fs::path cp = dir / *it;
     try {
-      auto trainer = nlohmann::json::parse(read_file_text((cp / "trainer.json").string()));
-      if (trainer.value("format", 0) != kFormatVersion)
-        throw std::runtime_error("unsupported checkpoint format " +
-                                 std::to_string(trainer.value("format", 0)));
+      const TrainerRecord trainer = parse_trainer_record(
+          read_file_text((cp / "trainer.json").string()), (cp / "trainer.json").string());
       // Read and validate everything before changing any state.
       SafetensorsFile model = read_safetensors((cp / "model.safetensors").string());
       SafetensorsFile opt = read_safetensors((cp / "optimizer.safetensors").string());
       SafetensorsFile state = read_safetensors((cp / "state.safetensors").string());
       // Sharded plugin state from every rank of the run that saved it (any
       // number of ranks may load it: plugins re-slice by the saved world size).
-      for (int r = 1; r < trainer.value("world_size", 1); ++r) {
+      for (int64_t r = 1; r < trainer.world_size; ++r) {
         const fs::path f = cp / ("state.rank-" + std::to_string(r) + ".safetensors");
         if (!fs::exists(f))
           throw std::runtime_error(f.string() + " is missing: the checkpoint was saved by " +
-                                   std::to_string(trainer.value("world_size", 1)) +
+                                   std::to_string(trainer.world_size) +
                                    " ranks and needs every rank's state file");
         for (auto& [k, t] : read_safetensors(f.string()).tensors) state.tensors.emplace(k, t);
       }
@@ -286,9 +240,9 @@ bool Session::load_latest_checkpoint() {
         optimizer_->state().clear();
         for (auto& [k, t] : opt.tensors) optimizer_->state()[k] = t.to(device_);
       }
-      optimizer_->set_steps(trainer.at("optimizer_steps").get<int64_t>());
-      optimizer_->set_lr(trainer.at("lr").get<double>());
-      if (batcher_) batcher_->set_position(trainer.at("data_position").get<int64_t>());
+      optimizer_->set_steps(trainer.optimizer_steps);
+      optimizer_->set_lr(trainer.lr);
+      if (batcher_) batcher_->set_position(trainer.data_position);
       if (auto r = state.tensors.find("kernel.rng.cpu"); r != state.tensors.end()) {
         at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
         std::lock_guard<std::mutex> lock(gen.mutex());
@@ -308,7 +262,7 @@ bool Session::load_latest_checkpoint() {
                     strategies_[i].plugin->strategy()->load_state);
       load_plugin(schedule_, "schedule." + schedule_.plugin->name + ".",
                   schedule_.plugin->schedule()->load_state);
-      step_ = trainer.at("step").get<int64_t>();
+      step_ = trainer.step;
       log(TF_LOG_INFO, "resumed from " + cp.string() + " at step " + std::to_string(step_));
       return true;
     } catch (const std::exception& e) {

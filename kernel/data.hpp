@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tightfit {
@@ -38,6 +39,10 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec,
 // a folder of text files (sorted, recursive) or a JSONL file with a "text"
 // field. Throws std::runtime_error naming the path and the fix.
 std::string load_corpus_text(const std::string& spec, const std::string& base_dir = {});
+
+// Offset of the first byte that is not part of well-formed UTF-8 (overlong
+// forms, surrogates and code points past U+10FFFF included), or npos.
+size_t first_invalid_utf8(std::string_view text);
 
 // Shannon entropy (nats/token) of the unigram distribution: the loss a model
 // that ignores context cannot beat.

@@ -251,13 +251,10 @@ PassResult Session::run_pass(const at::Tensor& tokens_in, const at::Tensor& targ
   }
   r.n_tokens = tokens.numel();
   // Testing aid ([run] debug_nan_at_steps): a NaN loss, once per listed step.
-  if (backward && !nan_injected_.count(step_))
-    for (int64_t at : run_cfg_.get_int_list("debug_nan_at_steps"))
-      if (at == step_) {
-        nan_injected_.insert(step_);
-        loss = loss * std::numeric_limits<double>::quiet_NaN();
-        r.loss = std::numeric_limits<double>::quiet_NaN();
-      }
+  if (backward && nan_steps_pending_.erase(step_)) {
+    loss = loss * std::numeric_limits<double>::quiet_NaN();
+    r.loss = std::numeric_limits<double>::quiet_NaN();
+  }
   r.finite = std::isfinite(r.loss);
   if (!backward) return r;
   grads_dispatched_.assign(store_.all().size(), false);

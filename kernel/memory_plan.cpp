@@ -312,4 +312,15 @@ MemoryPlan plan_memory(Session& s) {
   return plan;
 }
 
+std::string describe_device_peak(const MemoryPlan& plan) {
+  std::string out;
+  for (int c = 0; c < TF_MEM_CATEGORY_COUNT; ++c) {
+    const int64_t v = plan.at_peak[TF_TIER_DEVICE][static_cast<size_t>(c)];
+    if (v <= 0) continue;
+    out += (out.empty() ? "" : ", ") + std::string(category_name(static_cast<tf_mem_category>(c))) +
+           " " + format_bytes(v);
+  }
+  return out;
+}
+
 }  // namespace tightfit

@@ -75,4 +75,8 @@ struct MemoryPlan {
 // The plan of a session composed with SessionOptions::dry_run (or a live one).
 MemoryPlan plan_memory(Session& session);
 
+// "weights 1.0MiB, grads 1.0MiB, ...": what the device holds at the planned
+// peak, by category (those with bytes), as plan and run messages print it.
+std::string describe_device_peak(const MemoryPlan& plan);
+
 }  // namespace tightfit

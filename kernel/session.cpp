@@ -12,6 +12,7 @@
 #include "cuda_memory.hpp"
 #include "hf_weights.hpp"
 #include "logging.hpp"
+#include "op_timer.hpp"
 #include "safetensors.hpp"
 #include "sha256.hpp"
 
@@ -63,6 +64,10 @@ const std::vector<KeySpec>& run_keys() {
           1, 0, "skip|rollback|stop"),
       key("debug_nan_at_steps", TF_VALUE_INT_LIST, "[]",
           "testing aid: make the loss NaN once at these steps (0-based)"),
+      key("profile_ops", TF_VALUE_BOOL, "false",
+          "record each step's time inside LibTorch operators (op_s) and its wall time "
+          "(step_s) in metrics.jsonl; the rest is time outside LibTorch (about 1 us per op "
+          "extra while on)"),
   };
   return keys;
 }
@@ -191,6 +196,7 @@ PluginInstance Session::make_instance(const LoadedPlugin& plugin, const toml::ta
 void Session::build(const PluginRegistry& base_registry) {
   recipe_.check_top_level(kTopLevelTables);
   run_cfg_ = recipe_.validate(recipe_.table("run"), "[run]", run_keys());
+  for (int64_t at : run_cfg_.get_int_list("debug_nan_at_steps")) nan_steps_pending_.insert(at);
   data_cfg_ = recipe_.validate(recipe_.table("data"), "[data]", data_keys());
   opt_cfg_ = recipe_.validate(recipe_.table("optimizer"), "[optimizer]", optimizer_keys());
   save_cfg_ = recipe_.validate(recipe_.table("save"), "[save]", save_keys());
@@ -256,6 +262,18 @@ void Session::build(const PluginRegistry& base_registry) {
     tokenizer_ = make_tokenizer(tok, base_dir);
     if (!options_.skip_data && !options_.dry_run) {
       const std::string text = load_corpus_text(data_cfg_.get_string("corpus"), base_dir);
+      // A tokenizer.json reads text, as Hugging Face's does (it is given a
+      // decoded str): bytes that are not UTF-8 would be split in ways no peer
+      // reproduces. The byte tokenizer reads any bytes.
+      if (tok != "byte")
+        if (const size_t bad = first_invalid_utf8(text); bad != std::string::npos) {
+          const auto line = 1 + std::count(text.begin(), text.begin() + bad, '\n');
+          throw std::runtime_error(
+              "corpus \"" + data_cfg_.get_string("corpus") + "\" is not valid UTF-8 (byte " +
+              std::to_string(bad) + " of its text, line " + std::to_string(line) +
+              "), and tokenizer " + tok +
+              " reads text: convert it (iconv -f latin1 -t utf-8) or use tokenizer = \"byte\"");
+        }
       std::vector<int64_t> ids = tokenizer_->encode(text);
       CategoryScope scope(TF_MEM_OTHER);
       at::Tensor tokens;
@@ -877,11 +895,15 @@ TrainSummary Session::train() {
   const int64_t eval_interval = run_cfg_.get_int("eval_interval");
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
+  std::optional<OpTimer> op_timer;
+  if (run_cfg_.get_bool("profile_ops")) op_timer.emplace();
   try {
     const int64_t stop_at =
         options_.stop_after_steps >= 0 ? std::min(total, step_ + options_.stop_after_steps) : total;
     for (; step_ < stop_at; ++step_) {
       step_metrics_.clear();
+      const auto step_t0 = std::chrono::steady_clock::now();
+      const double op_s0 = op_timer ? op_timer->seconds() : 0;
       step_begin(step_);
       tf_step_result r{};
       r.struct_size = sizeof r;
@@ -927,6 +949,11 @@ TrainSummary Session::train() {
       if (device_.is_cuda()) rec["peak_device"] = mem.device_peak;
       for (const auto& [k, v] : step_metrics_)
         rec[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
+      if (op_timer) {
+        rec["op_s"] = op_timer->seconds() - op_s0;
+        rec["step_s"] =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - step_t0).count();
+      }
       // Held-out loss every eval_interval steps (and after the last).
       if (eval_interval > 0 && ((step_ + 1) % eval_interval == 0 || step_ + 1 == stop_at)) {
         const double val = eval_loss(run_cfg_.get_int("eval_batches"));

@@ -279,10 +279,10 @@ class Session {
   int64_t step_ = 0;
   std::map<std::string, double> step_metrics_;
   // Numeric faults ([run] on_non_finite): what the last non-finite update
-  // found (empty: none this step), the debug injections already fired, and
+  // found (empty: none this step), the debug injections not yet fired, and
   // rollbacks made at the current step without getting past it.
   std::string non_finite_;
-  std::set<int64_t> nan_injected_;
+  std::set<int64_t> nan_steps_pending_;
   int64_t rollbacks_here_ = 0, rollback_step_ = -1;
   // After a schedule's step: skip (the update already was), roll back to the
   // last checkpoint, or stop, as the recipe says. True when it rolled back.

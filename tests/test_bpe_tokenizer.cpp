@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bpe_tokenizer.hpp"
+#include "data.hpp"
 #include "test_support.hpp"
 
 namespace tightfit {
@@ -63,6 +64,43 @@ TEST_F(BpeParity, RecipeUsesTheTokenizerAndItsVocabulary) {
   EXPECT_EQ(s->store().get("transformer.wte.weight").shape[0], 600);
   auto b = s->batcher().next();
   EXPECT_LT(b.tokens.max().item<int64_t>(), 600);
+}
+
+// A corpus that is not UTF-8 is refused for a tokenizer.json (which reads
+// text), naming the byte and line; the byte tokenizer trains on it.
+TEST_F(BpeParity, CorpusWithInvalidUtf8IsRefusedNamingWhere) {
+  test::TempDir d;
+  std::string latin1 = "ok line\n";
+  for (int i = 0; i < 100; ++i) latin1 += "caf\xe9 au lait\n";
+  const std::string corpus = test::write_file(d, "latin1.txt", latin1);
+  std::string r = test::tiny_recipe(corpus, d.str());
+  r.replace(r.find("seq_len = 32"), 12, "seq_len = 4\ntokenizer = \"" + dir_->str() + "/gpt2\"");
+  try {
+    test::make_session(r);
+    FAIL() << "a latin-1 corpus was tokenized";
+  } catch (const std::exception& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("not valid UTF-8 (byte 11 of its text, line 2)"), std::string::npos) << m;
+    EXPECT_NE(m.find("tokenizer = \"byte\""), std::string::npos) << m;
+  }
+  EXPECT_EQ(test::make_session(test::tiny_recipe(corpus, d.str() + "/b"))->run_info().vocab_size,
+            256);
+}
+
+TEST(Utf8, FindsTheFirstMalformedByte) {
+  const std::pair<std::string, size_t> cases[] = {
+      {"plain ascii", std::string::npos},
+      {"caf\xc3\xa9 \xe6\x97\xa5 \xf0\x9f\x99\x82", std::string::npos},  // é 日 🙂
+      {"caf\xe9", 3},                                                    // latin-1 é
+      {"ab\xc3", 2},                                                     // cut sequence
+      {"\xc0\xaf", 0},                                                   // overlong '/'
+      {"x\xe0\x80\xaf", 1},                                              // overlong, 3 bytes
+      {"\xed\xa0\x80", 0},                                               // surrogate U+D800
+      {"\xf4\x90\x80\x80", 0},                                           // past U+10FFFF
+      {"ok \xe6\x97", 3},                                                // cut at the end
+      {"\xe6\x97\x41", 0},                                               // continuation missing
+  };
+  for (const auto& [text, want] : cases) EXPECT_EQ(first_invalid_utf8(text), want) << text;
 }
 
 TEST(BpeTokenizer, RefusesWhatItCannotHandle) {

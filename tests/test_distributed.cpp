@@ -189,6 +189,22 @@ TEST_F(Distributed, SavedByTwoRanksResumesOnOne) {
   }
 }
 
+// Stopped and resumed on the same 2 ranks, sharded state (ZeRO-3: each rank
+// saved its own part of the parameters and optimizer state) gives the
+// uninterrupted run's losses and weights bit for bit.
+TEST_F(Distributed, ShardedStateResumesExactlyOnTheSameRanks) {
+  const std::string zero = shard("mode = \"zero\"\nstage = 3");
+  run_ok("run -q --nproc 2 " + recipe(dir, corpus, "whole", 2, zero, kAdamW));
+  run_ok("run -q --nproc 2 --stop-after 2 " + recipe(dir, corpus, "split", 2, zero, kAdamW));
+  ASSERT_TRUE(fs::exists(final_checkpoint(dir, "split", 2) / "state.rank-1.safetensors"));
+  run_ok("run -q --nproc 2 --resume " + recipe(dir, corpus, "split", 2, zero, kAdamW));
+  EXPECT_EQ(max_relative_difference(trained(dir, "split"), trained(dir, "whole")), 0.0);
+  const auto a = metrics(dir, "split"), b = metrics(dir, "whole");
+  ASSERT_EQ(a.size(), 4u);
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << "step " << i;
+}
+
 // The torchrun launch: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from it.
 TEST_F(Distributed, RunsUnderTorchrun) {
   const fs::path torchrun = fs::path(TIGHTFIT_SOURCE_DIR) / ".venv/bin/torchrun";

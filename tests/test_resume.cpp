@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint_manifest.hpp"
 #include "test_support.hpp"
 
 namespace tightfit {
@@ -16,10 +17,16 @@ class ResumeTest : public ::testing::Test {
  protected:
   test::TempDir dir;
   std::string corpus = test::write_corpus(dir);
+  // The [schedule] table's body; the standard one unless a test sets it.
+  std::string schedule;
   std::string recipe(const std::string& out, const std::string& strategy = "") const {
     std::string r =
         test::tiny_recipe(corpus, out, "dropout = 0.1\n", strategy + "\n[save]\nkeep_last = 3\n");
     r.replace(r.find("steps = 4"), 9, "steps = 20");
+    if (!schedule.empty()) {
+      const std::string standard = "plugin = \"standard\"\nwarmup_steps = 2\n";
+      r.replace(r.find(standard), standard.size(), schedule);
+    }
     return r;
   }
   TrainSummary train(const std::string& out, bool resume, int64_t stop_after,
@@ -51,6 +58,19 @@ TEST_F(ResumeTest, ResumeIsExactWithCheckpointingStrategyToo) {
   const TrainSummary full = train(dir.str() + "/a", false, -1, ck);
   train(dir.str() + "/b", false, 7, ck);
   const TrainSummary second = train(dir.str() + "/b", true, -1, ck);
+  ASSERT_EQ(second.losses.size(), 13u);
+  for (size_t i = 0; i < 13; ++i)
+    EXPECT_EQ(second.losses[i], full.losses[7 + i]) << "step " << 7 + i;
+}
+
+// Gradient accumulation: each saved step is a whole update over its micro
+// batches, and the resumed run reads the next micro batches, not the first.
+TEST_F(ResumeTest, ResumeIsExactWithTheAccumulateSchedule) {
+  schedule = "plugin = \"accumulate\"\nmicro_batches = 3\nwarmup_steps = 2\n";
+  const TrainSummary full = train(dir.str() + "/a", false, -1);
+  train(dir.str() + "/b", false, 7);
+  const TrainSummary second = train(dir.str() + "/b", true, -1);
+  ASSERT_EQ(second.first_step, 7);
   ASSERT_EQ(second.losses.size(), 13u);
   for (size_t i = 0; i < 13; ++i)
     EXPECT_EQ(second.losses[i], full.losses[7 + i]) << "step " << 7 + i;
@@ -123,6 +143,56 @@ TEST_F(ResumeTest, DamagedLatestCheckpointFallsBackToThePreviousOne) {
   EXPECT_EQ(s2->step(), 8);
   // The damaged files are left for the user to inspect.
   EXPECT_TRUE(fs::exists(cps / "step-00000010" / "model.safetensors"));
+}
+
+// An edited or damaged trainer.json (wrong types, values out of range) is
+// refused before any state changes, naming the file and the field, and the
+// checkpoint before it is used.
+TEST(TrainerRecord, RefusesWrongTypesAndRanges) {
+  const std::string good =
+      R"({"format": 1, "step": 4, "optimizer_steps": 4, "lr": 0.001, "data_position": 4, )"
+      R"("world_size": 2})";
+  const TrainerRecord r = parse_trainer_record(good, "t.json");
+  EXPECT_EQ(r.step, 4);
+  EXPECT_EQ(r.world_size, 2);
+  EXPECT_DOUBLE_EQ(r.lr, 0.001);
+  const std::pair<std::string, std::string> bad[] = {
+      {R"("step": 4,)", R"("step": -4,)"},
+      {R"("step": 4,)", R"("step": "4",)"},
+      {R"("world_size": 2)", R"("world_size": 1000000000)"},
+      {R"("world_size": 2)", R"("world_size": 0)"},
+      {R"("data_position": 4,)", R"("data_position": 18446744073709551615,)"},
+      {R"("lr": 0.001,)", R"("lr": null,)"},
+      {R"("format": 1,)", R"("format": 2,)"},
+  };
+  for (const auto& [from, to] : bad) {
+    std::string text = good;
+    text.replace(text.find(from), from.size(), to);
+    try {
+      parse_trainer_record(text, "t.json");
+      ADD_FAILURE() << "accepted " << text;
+    } catch (const std::runtime_error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("t.json", 0), 0u) << e.what();
+    }
+  }
+  EXPECT_THROW(parse_trainer_record("{\"format\": 1", "t.json"), std::runtime_error);
+}
+
+TEST_F(ResumeTest, EditedTrainerRecordFallsBackToThePreviousCheckpoint) {
+  const std::string r = recipe(dir.str() + "/w") + "every = 2\n";  // appended to [save]
+  SessionOptions o;
+  o.stop_after_steps = 4;
+  const fs::path cps = test::make_session(r, o)->train().checkpoint_dir;
+  ASSERT_TRUE(fs::exists(cps / "step-00000002"));
+  std::ifstream in(cps / "step-00000004" / "trainer.json");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  const std::string ws = "\"world_size\": 1";
+  ASSERT_NE(text.find(ws), std::string::npos);
+  text.replace(text.find(ws), ws.size(), "\"world_size\": 99999999");
+  std::ofstream(cps / "step-00000004" / "trainer.json") << text;
+  o.resume = true;
+  o.stop_after_steps = 0;
+  EXPECT_EQ(test::make_session(r, o)->step(), 2);
 }
 
 TEST_F(ResumeTest, LeftoverTemporaryFolderIsNeverTakenForACheckpoint) {

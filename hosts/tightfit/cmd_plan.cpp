@@ -61,15 +61,7 @@ void print_plan(const std::string& source, const MemoryPlan& p, int64_t budget) 
             << " trainable), batch " << p.batch_size << " x " << p.seq_len << " tokens\n";
   std::cout << "device peak   " << format_bytes(p.device_peak) << " (in the " << p.peak_moment
             << "; the corpus and batches are not in it)\n";
-  std::cout << "by category   ";
-  bool first = true;
-  for (tf_mem_category c : kOrder) {
-    const int64_t v = p.at_peak[TF_TIER_DEVICE][c];
-    if (v <= 0) continue;
-    std::cout << (first ? "" : ", ") << category_name(c) << " " << format_bytes(v);
-    first = false;
-  }
-  std::cout << "\n";
+  std::cout << "by category   " << describe_device_peak(p) << "\n";
   if (p.host_bytes > 0) std::cout << "host tier     " << format_bytes(p.host_bytes) << "\n";
   if (p.disk_bytes > 0) std::cout << "disk tier     " << format_bytes(p.disk_bytes) << "\n";
   for (const auto& c : p.contributions) {

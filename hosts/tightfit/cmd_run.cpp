@@ -240,17 +240,9 @@ int run_command(const std::vector<std::string>& args) {
     // installed strategies for a stack that fits.
     const int64_t budget = MemoryAccounting::instance().budget();
     if (plan && rank0) {
-      std::cerr << "planned peak  " << format_bytes(plan->tracked_peak) << " (";
-      bool first = true;
-      for (int c = 0; c < TF_MEM_CATEGORY_COUNT; ++c) {
-        const int64_t v = plan->at_peak[TF_TIER_DEVICE][static_cast<size_t>(c)];
-        if (v <= 0) continue;
-        std::cerr << (first ? "" : ", ") << category_name(static_cast<tf_mem_category>(c)) << " "
-                  << format_bytes(v);
-        first = false;
-      }
-      std::cerr << ")" << (budget > 0 ? " against the budget of " + format_bytes(budget) : "")
-                << "\n";
+      std::cerr << "planned peak  " << format_bytes(plan->tracked_peak) << " ("
+                << describe_device_peak(*plan) << ")"
+                << (budget > 0 ? " against the budget of " + format_bytes(budget) : "") << "\n";
     }
     // The planner's budgets leave the data out; so does the suggestion.
     const int64_t data = MemoryAccounting::instance().snapshot().peak[TF_MEM_OTHER];

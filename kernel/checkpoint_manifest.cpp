@@ -1,0 +1,109 @@
+#include "checkpoint_manifest.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "file_util.hpp"
+
+namespace tightfit {
+namespace fs = std::filesystem;
+
+std::string checkpoint_step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::vector<std::string> parse_checkpoint_manifest(const std::string& text,
+                                                   const std::string& where) {
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("checkpoints") ||
+      !j["checkpoints"].is_array())
+    throw std::runtime_error(
+        where +
+        " is damaged (not a tightfit manifest); the checkpoint folders beside it are "
+        "intact — delete the manifest and list them again, or move the folder away");
+  // Only names this code writes: an entry such as "../elsewhere" would make
+  // --resume load, and rotation delete, a folder outside the checkpoints.
+  std::vector<std::string> out;
+  for (const auto& e : j["checkpoints"]) {
+    const std::string name = e.is_string() ? e.get<std::string>() : std::string();
+    const bool well_formed = name.size() == 13 && name.rfind("step-", 0) == 0 &&
+                             name.find_first_not_of("0123456789", 5) == std::string::npos;
+    if (!well_formed)
+      throw std::runtime_error(where + " lists " + e.dump() +
+                               ", which is not a checkpoint name (step-NNNNNNNN); the manifest "
+                               "was edited or damaged — fix that entry or delete the manifest");
+    out.push_back(name);
+  }
+  return out;
+}
+
+std::vector<std::string> read_checkpoint_manifest(const fs::path& manifest) {
+  if (!fs::exists(manifest)) return {};
+  return parse_checkpoint_manifest(read_file_text(manifest.string()), manifest.string());
+}
+
+void write_checkpoint_manifest(const fs::path& dir, const std::vector<std::string>& names) {
+  const nlohmann::json j = {{"format", kCheckpointFormatVersion},
+                            {"checkpoints", names},
+                            {"latest", names.empty() ? "" : names.back()}};
+  const fs::path tmp = dir / "manifest.json.tmp";
+  write_file_synced(tmp.string(), j.dump(2));
+  fs::rename(tmp, dir / "manifest.json");
+  fsync_path(dir.string());
+}
+
+namespace {
+
+// A whole number in [lo, hi] under `key`, or an error naming the file and key.
+int64_t integer_field(const nlohmann::json& j, const char* key, int64_t lo, int64_t hi,
+                      const std::string& where) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer())
+    throw std::runtime_error(where + " has no whole number \"" + key + "\"");
+  // A non-negative number is stored unsigned and may exceed int64's range:
+  // compare it as the type it is.
+  bool in_range;
+  if (it->is_number_unsigned()) {
+    const auto u = it->get<uint64_t>();
+    in_range = u <= static_cast<uint64_t>(hi) && (lo <= 0 || u >= static_cast<uint64_t>(lo));
+  } else {
+    const auto v = it->get<int64_t>();
+    in_range = v >= lo && v <= hi;
+  }
+  if (!in_range)
+    throw std::runtime_error(where + ": \"" + key + "\" is " + it->dump() + ", outside [" +
+                             std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return it->get<int64_t>();
+}
+
+}  // namespace
+
+TrainerRecord parse_trainer_record(const std::string& text, const std::string& where) {
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    throw std::runtime_error(where + " is not a JSON object (the file is cut or damaged)");
+  const int64_t format = integer_field(j, "format", 0, INT32_MAX, where);
+  if (format != kCheckpointFormatVersion)
+    throw std::runtime_error(where + ": unsupported checkpoint format " + std::to_string(format) +
+                             " (this tightfit reads format " +
+                             std::to_string(kCheckpointFormatVersion) + ")");
+  TrainerRecord r;
+  constexpr int64_t kMax = INT64_MAX / 2;
+  r.step = integer_field(j, "step", 0, kMax, where);
+  r.optimizer_steps = integer_field(j, "optimizer_steps", 0, kMax, where);
+  r.data_position = integer_field(j, "data_position", 0, kMax, where);
+  // Ranks of one run: a bound that keeps a damaged count from meaning a
+  // million missing files.
+  r.world_size = integer_field(j, "world_size", 1, 65536, where);
+  const auto lr = j.find("lr");
+  if (lr == j.end() || !lr->is_number() || !std::isfinite(lr->get<double>()))
+    throw std::runtime_error(where + " has no finite number \"lr\"");
+  r.lr = lr->get<double>();
+  return r;
+}
+
+}  // namespace tightfit

@@ -1,0 +1,30 @@
+// Time spent inside LibTorch operators: the outermost aten op or autograd
+// node on each thread, measured through LibTorch's RecordFunction callbacks.
+// A step's wall time less this is the time outside LibTorch — the host's and
+// plugins' own overhead, and the Python interpreter's for an eager peer
+// (bench/throughput.py measures those the same way with torch.profiler).
+// Costs about a microsecond per op while installed, so it is on only when a
+// recipe asks ([run] profile_ops = true). One at a time per process.
+#pragma once
+
+#include <ATen/record_function.h>
+
+#include <cstdint>
+
+namespace tightfit {
+
+class OpTimer {
+ public:
+  OpTimer();
+  ~OpTimer();
+  OpTimer(const OpTimer&) = delete;
+  OpTimer& operator=(const OpTimer&) = delete;
+
+  // Seconds inside outermost operators (summed over threads) since made.
+  double seconds() const;
+
+ private:
+  at::CallbackHandle handle_;
+};
+
+}  // namespace tightfit
