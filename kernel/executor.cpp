@@ -10,6 +10,7 @@
 #include <limits>
 #include <optional>
 
+#include "cross_entropy.hpp"
 #include "session.hpp"
 
 namespace tightfit {
@@ -239,8 +240,8 @@ PassResult Session::run_pass(const at::Tensor& tokens_in, const at::Tensor& targ
     logits = forward_logits(tokens, /*training=*/true);
     CategoryScope scope(TF_MEM_ACTIVATIONS);
     const at::Tensor targets = targets_in.to(logits.device());
-    loss = at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
-                                  targets.reshape({-1}));
+    loss = cross_entropy_mean(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
+                              targets.reshape({-1}));
   }
   r.loss = loss.item<double>();
   if (pg_) {

@@ -80,7 +80,9 @@ Baseline baseline(Session& s) {
   for (const Param& p : s.store().all())
     if (p.shape.size() == 2 && (p.stage < 0 || static_cast<size_t>(p.stage) == n - 1))
       vocab = std::max(vocab, p.shape[0]);
-  const int64_t logit_grads = 2 * 4 * tokens * vocab;  // fp32: of the log-softmax and its input
+  // fp32: the logits' gradient, which the loss writes over the logits it
+  // kept (cross_entropy.hpp), alive through the head's backward.
+  const int64_t logit_grads = 4 * tokens * vocab;
   // Autograd keeps a stage's activations only when a gradient flows back
   // through it: a trainable parameter at or before it.
   bool flows = false;

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "cross_entropy.hpp"
 #include "cuda_memory.hpp"
 #include "hf_weights.hpp"
 #include "logging.hpp"
@@ -725,8 +726,8 @@ double Session::eval_loss(int64_t batches) {
   for (int64_t i = 0; i < batches; ++i) {
     auto b = batcher_->validation(i);
     at::Tensor logits = forward_logits(b.tokens.to(device_), /*training=*/false);
-    sum += at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
-                                  b.targets.to(logits.device()).reshape({-1}))
+    sum += cross_entropy_mean(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
+                              b.targets.to(logits.device()).reshape({-1}))
                .item<double>();
   }
   return sum / static_cast<double>(batches);

@@ -8,11 +8,12 @@
 
 namespace tf_sdk {
 
-// The loss at the end of the head: the logits in the compute dtype (alive
-// until backward starts), the fp32 log-softmax cross-entropy keeps, and the
-// fp32 copy of low-precision logits the loss is computed from.
+// The loss at the end of the head: the logits in the compute dtype (the
+// kernel's cross-entropy keeps fp32 logits for its backward, which it writes
+// their gradient over) and the fp32 copy of low-precision logits it keeps
+// instead.
 inline int64_t loss_activation_bytes(int64_t vocab, int64_t elt) {
-  return vocab * elt + vocab * 4 + (elt != 4 ? vocab * 4 : 0);
+  return vocab * elt + (elt != 4 ? vocab * 4 : 0);
 }
 
 // Flash-style scaled_dot_product_attention keeps one fp32 log-sum-exp per

@@ -192,6 +192,11 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
           continue;
         if (s->host.has_param_plan() && s->host.planned(name).format != TF_FORMAT_DENSE) continue;
         out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT] += 2 * info.numel;
+        // The 16-bit logits (vocabulary = the matrix's rows) stay alive
+        // beside the fp32 copy the loss keeps, which the model declared and
+        // the 16-bit ratio above must not shrink.
+        const int64_t logits = info.shape[0] * model->batch_size * model->seq_len;
+        out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] += 2 * logits + 4 * logits / 5;
       }
     } else {
       // fp32 weights still dense become bf16 (quantized ones stay as they

@@ -1,0 +1,91 @@
+#include "cross_entropy.hpp"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <string>
+
+namespace tightfit {
+
+int64_t cross_entropy_block_rows(int64_t vocab) {
+  return std::max<int64_t>(1, (int64_t{8} << 20) / (4 * std::max<int64_t>(vocab, 1)));
+}
+
+namespace {
+
+// Whether the logits' storage may be overwritten in backward: only when the
+// op that made them keeps its inputs, not its output, for its own backward
+// (a matmul, a copy), seen through views. Anything else (a tanh soft-cap
+// saves its result) gets a separate gradient tensor.
+bool may_overwrite(const at::Tensor& logits) {
+  const auto* node = logits.grad_fn().get();
+  while (node != nullptr) {
+    const std::string name = node->name();
+    if (name == "torch::autograd::CopySlices") return false;
+    if (name.find("View") != std::string::npos || name.find("Reshape") != std::string::npos ||
+        name.find("Transpose") != std::string::npos) {
+      node = node->next_edges().empty() ? nullptr : node->next_edges()[0].function.get();
+      continue;
+    }
+    return name == "MmBackward0" || name == "AddmmBackward0" || name == "BmmBackward0" ||
+           name == "MatmulBackward0" || name == "LinearBackward0" || name == "ToCopyBackward0" ||
+           name == "CloneBackward0";
+  }
+  return false;  // a leaf (or no grad): the caller's tensor
+}
+
+// log sum_j exp(logits[i, j]) per row, a block of rows at a time.
+at::Tensor row_logsumexp(const at::Tensor& logits) {
+  const int64_t n = logits.size(0), rows = cross_entropy_block_rows(logits.size(1));
+  at::Tensor lse = at::empty({n}, logits.options());
+  for (int64_t i = 0; i < n; i += rows) {
+    const int64_t m = std::min(rows, n - i);
+    lse.narrow(0, i, m).copy_(at::logsumexp(logits.narrow(0, i, m), {1}));
+  }
+  return lse;
+}
+
+at::Tensor mean_loss(const at::Tensor& lse, const at::Tensor& logits, const at::Tensor& targets) {
+  return (lse - logits.gather(1, targets.unsqueeze(1)).squeeze(1)).mean();
+}
+
+struct CrossEntropyMean : public torch::autograd::Function<CrossEntropyMean> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
+                            const at::Tensor& targets) {
+    const at::Tensor lse = row_logsumexp(logits);
+    ctx->save_for_backward({logits, targets, lse});
+    ctx->saved_data["in_place"] = may_overwrite(logits);
+    return mean_loss(lse, logits, targets);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& logits = saved[0];
+    const at::Tensor& targets = saved[1];
+    const at::Tensor& lse = saved[2];
+    at::Tensor g = ctx->saved_data["in_place"].toBool() ? logits : at::empty_like(logits);
+    const int64_t n = logits.size(0), rows = cross_entropy_block_rows(logits.size(1));
+    // d mean / d logits = (softmax - onehot) / N, times the incoming gradient.
+    const at::Tensor scale = grads[0].to(logits.scalar_type()) / static_cast<double>(n);
+    for (int64_t i = 0; i < n; i += rows) {
+      const int64_t m = std::min(rows, n - i);
+      at::Tensor block = g.narrow(0, i, m);
+      at::sub_out(block, logits.narrow(0, i, m), lse.narrow(0, i, m).unsqueeze(1));
+      block.exp_().mul_(scale);
+    }
+    g.scatter_add_(1, targets.unsqueeze(1), (-scale).expand({n, 1}).contiguous());
+    return {g, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor cross_entropy_mean(const at::Tensor& logits, const at::Tensor& targets) {
+  // No backward: the same value, with no state kept.
+  if (!logits.requires_grad() || !at::GradMode::is_enabled())
+    return mean_loss(row_logsumexp(logits), logits, targets);
+  return CrossEntropyMean::apply(logits, targets);
+}
+
+}  // namespace tightfit

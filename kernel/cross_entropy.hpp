@@ -1,0 +1,21 @@
+// The training loss: mean cross-entropy of [N, V] logits against [N] targets,
+// computed without materialising the log-softmax. Forward reads the logits
+// once per block of rows for their log-sum-exp; backward turns the saved
+// logits, in place, into their gradient (softmax - onehot) / N. Against
+// at::cross_entropy_loss that is one [N, V] tensor fewer in forward (the
+// log-probabilities) and one fewer in backward (their gradient), and two
+// passes over them fewer — for a 50k vocabulary over 1,024 tokens, 206 MB
+// each. Same value and gradient up to float rounding.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace tightfit {
+
+// Rows per block: the block's exp temporary stays near 8 MiB.
+int64_t cross_entropy_block_rows(int64_t vocab);
+
+// logits [N, V] float, targets [N] int64.
+at::Tensor cross_entropy_mean(const at::Tensor& logits, const at::Tensor& targets);
+
+}  // namespace tightfit

@@ -1,0 +1,62 @@
+// The kernel's cross-entropy (blocked log-sum-exp, gradient written over the
+// saved logits) against LibTorch's at::cross_entropy_loss: the same loss and
+// the same gradients, whether or not it may overwrite the logits.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include "cross_entropy.hpp"
+
+namespace tightfit {
+namespace {
+
+struct Grads {
+  double loss;
+  at::Tensor dh, dw;
+};
+
+// logits = f(h W^T) for a head matrix W, as a model's head makes them.
+Grads run(bool ours, bool through_tanh, int64_t n, int64_t v) {
+  at::manual_seed(3);
+  const at::Tensor h0 = at::randn({n, 32}), w0 = at::randn({v, 32}) * 0.3;
+  const at::Tensor t = at::randint(0, v, {n}, at::kLong);
+  at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+  at::Tensor logits = at::matmul(h, w.t());
+  if (through_tanh) logits = at::tanh(logits);  // keeps its output for its backward
+  at::Tensor loss = ours ? cross_entropy_mean(logits, t) : at::cross_entropy_loss(logits, t);
+  loss.backward();
+  return {loss.item<double>(), h.grad(), w.grad()};
+}
+
+void expect_same(const Grads& a, const Grads& b) {
+  EXPECT_NEAR(a.loss, b.loss, 1e-6 * std::abs(b.loss));
+  EXPECT_TRUE(at::allclose(a.dh, b.dh, 1e-5, 1e-7)) << (a.dh - b.dh).abs().max();
+  EXPECT_TRUE(at::allclose(a.dw, b.dw, 1e-5, 1e-7)) << (a.dw - b.dw).abs().max();
+}
+
+TEST(CrossEntropy, SameLossAndGradientsAsLibTorch) {
+  expect_same(run(true, false, 64, 1000), run(false, false, 64, 1000));
+}
+
+// More rows than one block holds: the blocks cover every row once.
+TEST(CrossEntropy, BlocksCoverEveryRow) {
+  const int64_t v = 50000;
+  ASSERT_LT(cross_entropy_block_rows(v), 100);
+  expect_same(run(true, false, 100, v), run(false, false, 100, v));
+}
+
+// Logits from an op that keeps its output for backward must not be
+// overwritten: tanh's gradient would read the softmax instead.
+TEST(CrossEntropy, LeavesLogitsAnotherOpKeepsAlone) {
+  expect_same(run(true, true, 64, 1000), run(false, true, 64, 1000));
+}
+
+TEST(CrossEntropy, WithoutGradientsTheSameValue) {
+  at::NoGradGuard no_grad;
+  const at::Tensor logits = at::randn({50, 300}), t = at::randint(0, 300, {50}, at::kLong);
+  EXPECT_NEAR(cross_entropy_mean(logits, t).item<double>(),
+              at::cross_entropy_loss(logits, t).item<double>(), 1e-6);
+}
+
+}  // namespace
+}  // namespace tightfit
