@@ -21,6 +21,13 @@
 namespace tightfit {
 namespace fs = std::filesystem;
 
+// Checkpoint keys of the random generators a run draws from.
+std::vector<std::pair<std::string, at::Device>> Session::rng_devices() const {
+  std::vector<std::pair<std::string, at::Device>> out{{"kernel.rng.cpu", at::Device(at::kCPU)}};
+  if (device_.is_cuda()) out.emplace_back("kernel.rng.cuda", device_);
+  return out;
+}
+
 // In a multi-process run every rank takes part: rank 0 writes the model,
 // optimizer and trainer files; each rank writes its plugins' state (sharded
 // optimizer state, for one) to its own file in the same folder, which rank 0
@@ -113,10 +120,12 @@ std::string Session::write_checkpoint(int64_t step) {
   write_safetensors((tmp / "optimizer.safetensors").string(), optimizer_->state(),
                     {{"optimizer", optimizer_->config().name}});
 
-  {
-    at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
+  // The generators dropout draws from: the CPU's, and the run's CUDA
+  // device's when it trains there.
+  for (const auto& [key, dev] : rng_devices()) {
+    at::Generator gen = at::globalContext().defaultGenerator(dev);
     std::lock_guard<std::mutex> lock(gen.mutex());
-    state["kernel.rng.cpu"] = gen.get_state();
+    state[key] = gen.get_state();
   }
   save_plugins();
   write_safetensors((tmp / "state.safetensors").string(), state);
@@ -243,11 +252,12 @@ bool Session::load_latest_checkpoint() {
       optimizer_->set_steps(trainer.optimizer_steps);
       optimizer_->set_lr(trainer.lr);
       if (batcher_) batcher_->set_position(trainer.data_position);
-      if (auto r = state.tensors.find("kernel.rng.cpu"); r != state.tensors.end()) {
-        at::Generator gen = at::globalContext().defaultGenerator(at::kCPU);
-        std::lock_guard<std::mutex> lock(gen.mutex());
-        gen.set_state(r->second);
-      }
+      for (const auto& [key, dev] : rng_devices())
+        if (auto r = state.tensors.find(key); r != state.tensors.end()) {
+          at::Generator gen = at::globalContext().defaultGenerator(dev);
+          std::lock_guard<std::mutex> lock(gen.mutex());
+          gen.set_state(r->second);
+        }
       auto load_plugin = [&](PluginInstance& inst, const std::string& prefix, auto load_fn) {
         if (!load_fn) return;
         inst.ctx->state_in = &state.tensors;

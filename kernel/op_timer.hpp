@@ -10,6 +10,9 @@
 #include <ATen/record_function.h>
 
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace tightfit {
 
@@ -22,6 +25,9 @@ class OpTimer {
 
   // Seconds inside outermost operators (summed over threads) since made.
   double seconds() const;
+  // The same by operator name (aten::mm, autograd::engine::evaluate_function:
+  // MmBackward0, ...), largest first.
+  std::vector<std::pair<std::string, double>> by_name() const;
 
  private:
   at::CallbackHandle handle_;

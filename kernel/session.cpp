@@ -11,6 +11,7 @@
 
 #include "cross_entropy.hpp"
 #include "cuda_memory.hpp"
+#include "file_util.hpp"
 #include "hf_weights.hpp"
 #include "logging.hpp"
 #include "op_timer.hpp"
@@ -719,6 +720,15 @@ tf_status Session::optimizer_step() {
   return TF_OK;
 }
 
+// profile.json in the run folder: seconds inside each outermost operator
+// over the run, largest first, against the run's wall time.
+void Session::write_op_profile(const OpTimer& timer, double wall_s) const {
+  nlohmann::json ops = nlohmann::json::array();
+  for (const auto& [name, s] : timer.by_name()) ops.push_back({{"op", name}, {"seconds", s}});
+  nlohmann::json j = {{"wall_s", wall_s}, {"inside_ops_s", timer.seconds()}, {"ops", ops}};
+  write_file_synced((fs::path(run_dir_) / "profile.json").string(), j.dump(1));
+}
+
 double Session::eval_loss(int64_t batches) {
   if (batches <= 0) return std::nan("");
   at::NoGradGuard no_grad;
@@ -983,6 +993,7 @@ TrainSummary Session::train() {
     }
     sum.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     sum.memory = memory_snapshot();
+    if (op_timer && is_rank0()) write_op_profile(*op_timer, sum.wall_s);
     // An interrupted run always saves, so that --resume can continue it.
     if ((save_cfg_.get_bool("final") || step_ < total) && step_ > sum.first_step)
       save_checkpoint(step_);

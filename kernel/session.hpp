@@ -27,7 +27,8 @@
 
 namespace tightfit {
 class Session;
-}
+class OpTimer;
+}  // namespace tightfit
 
 // The per-plugin-instance context behind the ABI's opaque tf_host_context.
 struct tf_host_context {
@@ -198,6 +199,8 @@ class Session {
   void perturb_params(uint64_t seed, double scale);
 
   // --- checkpoints (checkpoint_io.cpp) ---
+  std::vector<std::pair<std::string, at::Device>> rng_devices() const;
+  void write_op_profile(const OpTimer& timer, double wall_s) const;
   // Saves the full training state after `step` completed steps, atomically.
   std::string save_checkpoint(int64_t step);
   // Loads the latest complete checkpoint in the run's checkpoint folder;

@@ -42,6 +42,23 @@ TEST(OpTimer, ProfiledRunRecordsOpAndStepTimes) {
     EXPECT_LE(op, step);
   }
   EXPECT_EQ(rows, 4);
+  // profile.json: the same time by operator, largest first; the matmuls of
+  // the forward are among them.
+  std::ifstream pf(sum.run_dir + "/profile.json");
+  ASSERT_TRUE(pf.good());
+  const auto profile = nlohmann::json::parse(pf);
+  double total = 0, previous = 1e30;
+  bool linear = false;
+  for (const auto& op : profile["ops"]) {
+    const double s = op["seconds"].get<double>();
+    EXPECT_LE(s, previous);
+    previous = s;
+    total += s;
+    linear = linear || op["op"].get<std::string>() == "aten::linear";
+  }
+  EXPECT_TRUE(linear) << profile.dump();
+  EXPECT_NEAR(total, profile["inside_ops_s"].get<double>(), 1e-6);
+  EXPECT_LE(total, profile["wall_s"].get<double>());
 }
 
 }  // namespace
