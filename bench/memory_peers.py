@@ -40,6 +40,9 @@ import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from peers.corpus import fortunes_bytes  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIGHTFIT = ROOT / "build" / "bin" / "tightfit"
 MIB = 1 << 20
@@ -47,14 +50,6 @@ MIB = 1 << 20
 LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                 num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True,
                 max_position_embeddings=4096)
-
-
-def corpus() -> torch.Tensor:
-    text = b""
-    for f in sorted(pathlib.Path("/usr/share/games/fortunes").iterdir()):
-        if f.is_file() and not f.suffix:
-            text += f.read_bytes()
-    return torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
 
 
 # --- tightfit --------------------------------------------------------------
@@ -274,7 +269,7 @@ def main() -> int:
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
-    data = corpus()
+    data = fortunes_bytes()
     results, marks = {}, []
     for part in args.parts.split(","):
         results[part], m = PARTS[part](args, data)

@@ -20,6 +20,9 @@ import time
 import torch
 import transformers
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from peers.corpus import fortunes_bytes  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIGHTFIT = ROOT / "build" / "bin" / "tightfit"
 RECIPES = {"gpt2": "default.toml", "llama": "llama-tiny.toml", "rwkv": "rwkv-tiny.toml"}
@@ -38,14 +41,6 @@ def hf_model(family: str) -> torch.nn.Module:
     return transformers.RwkvForCausalLM(transformers.RwkvConfig(
         vocab_size=256, context_length=1024, hidden_size=128, num_hidden_layers=4, attention_hidden_size=128,
         intermediate_size=512, rescale_every=0))
-
-
-def corpus() -> torch.Tensor:
-    text = b""
-    for f in sorted(pathlib.Path("/usr/share/games/fortunes").iterdir()):
-        if f.is_file() and not f.suffix:
-            text += f.read_bytes()
-    return torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
 
 
 def transformers_tokens_per_s(family: str, steps: int, data: torch.Tensor) -> float:
@@ -86,7 +81,7 @@ def main() -> int:
     ap.add_argument("--families", default="gpt2,llama,rwkv")
     ap.add_argument("--json")
     args = ap.parse_args()
-    data = corpus()
+    data = fortunes_bytes()
     results = {}
     print(f"tiny presets, seq {SEQ}, batch {BATCH}, {args.steps} steps, fp32 CPU, {torch.get_num_threads()} threads")
     print(f"{'model':8}{'tightfit tok/s':>16}{'transformers tok/s':>20}{'ratio':>8}")

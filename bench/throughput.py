@@ -44,6 +44,7 @@ import transformers
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from peers.eager_models import Gpt2, Llama  # noqa: E402
+from peers.corpus import fortunes_bytes  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIGHTFIT = ROOT / "build" / "bin" / "tightfit"
@@ -56,14 +57,6 @@ MODELS = {
     "llama-1b": dict(recipe="llama-tiny.toml", family="llama", seq=128, batch=1, mfu_batches=[],
                      optimizer="sgd", shape=dict(vocab=128256, d=2048, n_layer=16, n_head=32, n_kv=8, ffn=8192)),
 }
-
-
-def corpus() -> torch.Tensor:
-    text = b""
-    for f in sorted(pathlib.Path("/usr/share/games/fortunes").iterdir()):
-        if f.is_file() and not f.suffix:
-            text += f.read_bytes()
-    return torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
 
 
 def matmul_peak(dtype: torch.dtype) -> float:
@@ -225,7 +218,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.models, args.steps, args.rounds = "gpt2-124m", 3, 1
-    data = corpus()
+    data = fortunes_bytes()
     peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
     threads = torch.get_num_threads()
     print(f"matmul peak on {threads} threads: fp32 {peak32 / 1e9:.0f} GFLOP/s, bf16 {peak16 / 1e9:.0f} GFLOP/s")
