@@ -29,10 +29,7 @@ import argparse
 import gc
 import json
 import pathlib
-import re
-import subprocess
 import sys
-import tempfile
 import weakref
 
 import torch
@@ -42,9 +39,9 @@ from torch.utils._pytree import tree_flatten
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from peers.corpus import fortunes_bytes  # noqa: E402
+from tightfit_runs import plan as plan_lines, run as tightfit  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-TIGHTFIT = ROOT / "build" / "bin" / "tightfit"
 MIB = 1 << 20
 
 LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
@@ -84,35 +81,6 @@ mode = "autocast"
 """
 
 ADAM8 = '\n[[strategy]]\nplugin = "quantize"\nweights = false\noptimizer_state = "int8"\n'
-
-
-def tightfit(recipe: str, sets: list[str], steps: int = 3, text: str = "") -> dict:
-    """Runs a recipe (a configs/ file, or `text` when given) for a few steps;
-    its last metrics row, with the peak less the data and the median step."""
-    with tempfile.TemporaryDirectory() as out:
-        if text:
-            recipe = str(pathlib.Path(out) / "recipe.toml")
-            pathlib.Path(recipe).write_text(text)
-        args = [str(TIGHTFIT), "run", str(ROOT / "configs" / recipe), "--quiet",
-                "--set", f"run.steps={steps}", "--set", f"run.out_dir={out}", "--set", "run.name=m",
-                "--set", "run.sample_tokens=0", "--set", "run.eval_batches=0", "--set", "run.memory_budget=0",
-                "--set", "save.final=false", "--set", "save.every=0", "--set", "save.hf=false"]
-        for s in sets:
-            args += ["--set", s]
-        subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
-        rows = [json.loads(line) for line in (pathlib.Path(out) / "m" / "metrics.jsonl").open()]
-    last = rows[-1]
-    last["peak_without_data"] = last["peak_total"] - last["at_peak"].get("other", 0)
-    times = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
-    last["step_s"] = sorted(times)[len(times) // 2] if times else last["elapsed_s"]
-    return last
-
-
-def plan_lines(text: str) -> str:
-    with tempfile.TemporaryDirectory() as d:
-        (pathlib.Path(d) / "recipe.toml").write_text(text)
-        return subprocess.run([str(TIGHTFIT), "plan", str(pathlib.Path(d) / "recipe.toml")], check=True,
-                              capture_output=True, text=True).stdout
 
 
 # --- the peers -------------------------------------------------------------

@@ -1,0 +1,43 @@
+"""Running tightfit from the benchmarks: a recipe for a few steps, read back
+from its metrics.jsonl."""
+import json
+import pathlib
+import subprocess
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TIGHTFIT = ROOT / "build" / "bin" / "tightfit"
+
+
+def run(recipe: str, sets: list[str], steps: int = 3, text: str = "") -> dict:
+    """Runs a recipe (a configs/ file, or `text` when given) for a few steps
+    with nothing saved; its last metrics row, plus the peak less the data
+    (`peak_without_data`), the step times after the first (`times`), their
+    median (`step_s`) and fastest (`best_step_s`)."""
+    with tempfile.TemporaryDirectory() as out:
+        if text:
+            recipe = str(pathlib.Path(out) / "recipe.toml")
+            pathlib.Path(recipe).write_text(text)
+        args = [str(TIGHTFIT), "run", str(ROOT / "configs" / recipe), "--quiet",
+                "--set", f"run.steps={steps}", "--set", f"run.out_dir={out}", "--set", "run.name=m",
+                "--set", "run.sample_tokens=0", "--set", "run.eval_batches=0", "--set", "run.memory_budget=0",
+                "--set", "save.final=false", "--set", "save.every=0", "--set", "save.hf=false"]
+        for s in sets:
+            args += ["--set", s]
+        subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+        rows = [json.loads(line) for line in (pathlib.Path(out) / "m" / "metrics.jsonl").open()]
+    last = rows[-1]
+    last["peak_without_data"] = last["peak_total"] - last["at_peak"].get("other", 0)
+    times = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])] or [last["elapsed_s"]]
+    last["times"] = times
+    last["step_s"] = sorted(times)[len(times) // 2]
+    last["best_step_s"] = min(times)
+    return last
+
+
+def plan(text: str) -> str:
+    """`tightfit plan`'s output for a recipe's text."""
+    with tempfile.TemporaryDirectory() as d:
+        (pathlib.Path(d) / "recipe.toml").write_text(text)
+        return subprocess.run([str(TIGHTFIT), "plan", str(pathlib.Path(d) / "recipe.toml")], check=True,
+                              capture_output=True, text=True).stdout
