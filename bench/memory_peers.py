@@ -27,7 +27,6 @@ usage: bench/memory_peers.py [--parts checkpoint,qlora,adam8] [--seq T] [--batch
 """
 import argparse
 import gc
-import json
 import pathlib
 import sys
 import weakref
@@ -39,7 +38,7 @@ from torch.utils._pytree import tree_flatten
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from peers.corpus import fortunes_bytes  # noqa: E402
-from tightfit_runs import plan as plan_lines, run as tightfit  # noqa: E402
+from tightfit_runs import finish, plan as plan_lines, report_marks, run as tightfit  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -243,14 +242,7 @@ def main() -> int:
         results[part], m = PARTS[part](args, data)
         marks += m
     print()
-    failed = False
-    for what, ok, got in marks:
-        print(f"pass mark: {what}: {got} — {'met' if ok else 'MISSED'}")
-        failed |= not ok
-    if args.json:
-        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.json).write_text(json.dumps(results, indent=2, default=str))
-    return 1 if args.check and failed else 0
+    return finish(args, results, report_marks(marks))
 
 
 if __name__ == "__main__":

@@ -25,14 +25,13 @@ Pass mark (--check exits 1 when missed):
 usage: bench/overheads.py [--steps N] [--cold] [--check] [--json OUT]
 """
 import argparse
-import json
 import os
 import pathlib
 import sys
 import threading
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from tightfit_runs import run  # noqa: E402
+from tightfit_runs import finish, report_marks, run  # noqa: E402
 
 BASE = ["data.seq_len=256", "data.batch_size=4", "data.tokenizer=byte"]
 RECIPE = (pathlib.Path(__file__).resolve().parent.parent / "configs" / "gpt2-124m.toml").read_text()
@@ -107,17 +106,10 @@ def main() -> int:
                          "cold_cache": cold}
         shown = name + (" (cold cache)" if cold else "")
         print(f"{shown:46}{r['best_step_s']:8.2f}{ratio:8.3f}  {against or ''}", flush=True)
-    marks = [("disk-offloaded parameters, prefetch 2 <= 1.15 x in memory",
-              results["lora + base on disk, prefetch 2"]["ratio"])]
-    failed = False
-    for what, got in marks:
-        ok = got <= 1.15
-        failed |= not ok
-        print(f"pass mark: {what}: {got:.3f} — {'met' if ok else 'MISSED'}")
-    if args.json:
-        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
-    return 1 if args.check and failed else 0
+    prefetched = results["lora + base on disk, prefetch 2"]["ratio"]
+    met = report_marks([("disk-offloaded parameters, prefetch 2 <= 1.15 x in memory", prefetched <= 1.15,
+                         f"{prefetched:.3f}")])
+    return finish(args, results, met)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ import transformers
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from peers.eager_models import Gpt2, Llama  # noqa: E402
 from peers.corpus import fortunes_bytes  # noqa: E402
+from tightfit_runs import finish, report_marks  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIGHTFIT = ROOT / "build" / "bin" / "tightfit"
@@ -223,7 +224,7 @@ def main() -> int:
     threads = torch.get_num_threads()
     print(f"matmul peak on {threads} threads: fp32 {peak32 / 1e9:.0f} GFLOP/s, bf16 {peak16 / 1e9:.0f} GFLOP/s")
     results = {"threads": threads, "matmul_peak_fp32": peak32, "matmul_peak_bf16": peak16, "models": {}}
-    failed = []
+    all_met = True
     for name in args.models.split(","):
         spec = MODELS[name]
         torch.manual_seed(0)
@@ -278,14 +279,8 @@ def main() -> int:
         if name == "gpt2-124m":
             marks = [("tightfit >= 1.1x eager tokens/s", ratio >= 1.1, f"{ratio:.2f}x"),
                      ("MFU >= 0.50 at the best batch", best_mfu >= 0.5, f"{best_mfu:.2f}")]
-            for what, ok, got in marks:
-                print(f"pass mark: {what}: {got} — {'met' if ok else 'MISSED'}")
-                if not ok:
-                    failed.append(what)
-    if args.json:
-        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
-    return 1 if args.check and failed else 0
+            all_met = report_marks(marks) and all_met
+    return finish(args, results, all_met)
 
 
 if __name__ == "__main__":

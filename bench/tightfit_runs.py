@@ -1,5 +1,5 @@
-"""Running tightfit from the benchmarks: a recipe for a few steps, read back
-from its metrics.jsonl."""
+"""What the benchmarks share: running tightfit for a few steps (read back
+from its metrics.jsonl), printing pass marks, and the --json/--check ending."""
 import json
 import pathlib
 import subprocess
@@ -41,3 +41,18 @@ def plan(text: str) -> str:
         (pathlib.Path(d) / "recipe.toml").write_text(text)
         return subprocess.run([str(TIGHTFIT), "plan", str(pathlib.Path(d) / "recipe.toml")], check=True,
                               capture_output=True, text=True).stdout
+
+
+def report_marks(marks) -> bool:
+    """Prints each pass mark (what, met, the figure as text); True when all are met."""
+    for what, ok, got in marks:
+        print(f"pass mark: {what}: {got} — {'met' if ok else 'MISSED'}")
+    return all(ok for _, ok, _ in marks)
+
+
+def finish(args, results: dict, all_met: bool) -> int:
+    """Writes --json and returns the exit code --check asks for."""
+    if args.json:
+        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+    return 1 if args.check and not all_met else 0

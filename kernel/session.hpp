@@ -178,6 +178,8 @@ class Session {
   int32_t micro_batch_index() const { return micro_index_; }
   int32_t micro_batch_count() const { return micro_count_; }
   double eval_loss(int64_t batches);
+  // profile.json in the run folder ([run] profile_ops).
+  void write_op_profile(const OpTimer& timer, double wall_s) const;
   // Samples n_tokens after the prompt: greedy when top_k == 1 or temperature == 0,
   // else temperature, top-k and nucleus (top_p < 1) sampling. Uses the model's
   // incremental decode when it has one and use_cache, else recomputes the
@@ -199,8 +201,9 @@ class Session {
   void perturb_params(uint64_t seed, double scale);
 
   // --- checkpoints (checkpoint_io.cpp) ---
+  // The random generators a checkpoint saves, by key: the CPU's, and the
+  // run's CUDA device's.
   std::vector<std::pair<std::string, at::Device>> rng_devices() const;
-  void write_op_profile(const OpTimer& timer, double wall_s) const;
   // Saves the full training state after `step` completed steps, atomically.
   std::string save_checkpoint(int64_t step);
   // Loads the latest complete checkpoint in the run's checkpoint folder;
