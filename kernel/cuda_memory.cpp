@@ -11,16 +11,16 @@
 namespace tightfit {
 namespace {
 
-bool usable(int device) {
-  return at::hasCUDA() && device >= 0 && device < static_cast<int>(c10::cuda::device_count());
-}
-
 constexpr size_t kAggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
 
 }  // namespace
 
+bool cuda_device_usable(int device) {
+  return at::hasCUDA() && device >= 0 && device < static_cast<int>(c10::cuda::device_count());
+}
+
 bool cuda_memory(int device, CudaMemory* out) {
-  if (!usable(device)) return false;
+  if (!cuda_device_usable(device)) return false;
   const auto idx = static_cast<c10::DeviceIndex>(device);
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(idx);
   out->allocated = stats.allocated_bytes[kAggregate].current;
@@ -34,7 +34,7 @@ bool cuda_memory(int device, CudaMemory* out) {
 }
 
 void cuda_reset_peak(int device) {
-  if (usable(device))
+  if (cuda_device_usable(device))
     c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
 }
 

@@ -15,6 +15,8 @@ struct CudaMemory {
   int64_t total = 0;           // device capacity
 };
 
+// True when CUDA is available here and `device` is one of its devices.
+bool cuda_device_usable(int device);
 // False when CUDA is unavailable or `device` is out of range.
 bool cuda_memory(int device, CudaMemory* out);
 void cuda_reset_peak(int device);

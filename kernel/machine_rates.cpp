@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "cuda_memory.hpp"
 #include "file_util.hpp"
 
 namespace tightfit {
@@ -88,6 +89,13 @@ double MachineRates::matmul_flops(int64_t rows, bool bf16) const {
 
 MachineRates measure_machine_rates(const at::Device& device, const std::vector<int64_t>& rows,
                                    int64_t k, int64_t n, const std::string& scratch_dir) {
+  // The rates are those of the device the recipe names; a GPU recipe's
+  // cannot be measured on a machine without that GPU.
+  if (device.is_cuda() && !cuda_device_usable(device.has_index() ? device.index() : 0))
+    throw std::runtime_error("the rates of " + device.str() +
+                             " are measured on it, and no such CUDA device is available here: "
+                             "run fit on the machine with the GPU, or check that a stack fits "
+                             "with `tightfit plan RECIPE --budget SIZE` (no rates needed)");
   MachineRates r;
   r.device = device.str();
   r.threads = at::get_num_threads();

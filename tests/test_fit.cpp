@@ -329,6 +329,19 @@ TEST(Fit, RefusesBadInput) {
   EXPECT_NE(log.find("no plugin named \"nosuch\""), std::string::npos) << log;
 }
 
+TEST(Fit, NamesTheFixForAGpuRecipeOnAMachineWithoutOne) {
+  if (at::hasCUDA()) GTEST_SKIP() << "this machine has CUDA";
+  test::TempDir dir;
+  private_rates_cache(dir);
+  const std::string path = test::write_file(dir, "r.toml", recipe(dir.str(), ""));
+  std::string log;
+  EXPECT_EQ(test::run_tightfit("fit " + path + " --set run.device=cuda:0 --budget 1GiB", &log), 1)
+      << log;
+  EXPECT_NE(log.find("no such CUDA device is available here"), std::string::npos) << log;
+  EXPECT_NE(log.find("tightfit plan RECIPE --budget SIZE"), std::string::npos) << log;
+  EXPECT_EQ(log.find("frame #"), std::string::npos) << log;  // no LibTorch backtrace
+}
+
 TEST(Fit, VerifyRunsTheTopStacksAndComparesThem) {
   test::TempDir dir;
   private_rates_cache(dir);

@@ -217,7 +217,13 @@ MachineRates machine_rates(const std::string& device, const std::vector<int64_t>
     }
   }
   std::cerr << "fit: measuring this machine (matmul, memory, disk) ..." << std::flush;
-  MachineRates r = measure_machine_rates(at::Device(device), rows, k, n, scratch);
+  MachineRates r;
+  try {
+    r = measure_machine_rates(at::Device(device), rows, k, n, scratch);
+  } catch (const std::exception&) {
+    std::cerr << " failed\n";
+    throw;
+  }
   std::cerr << " done\n";
   source = "measured now";
   if (!file.empty()) {
