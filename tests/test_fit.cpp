@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "file_util.hpp"
+#include "fit_search.hpp"
 #include "memory_plan.hpp"
 #include "recipe.hpp"
 #include "session.hpp"
@@ -313,6 +314,25 @@ TEST(Fit, PartitionsAcrossRanksWhenThereAreRanks) {
   std::string json;
   ASSERT_EQ(test::run_tightfit("plan " + out + " --ranks 4 --json 2>/dev/null", &json), 0);
   EXPECT_LE(std::stoll(json.substr(json.find("\"tracked_peak\": ") + 16)), budget) << json;
+}
+
+// A stack that does not fit rules out those saving no more on every knob,
+// but bf16 compute can cost memory (weight casts), so it rules out nothing
+// in fp32; bf16 weights and the other knobs do.
+TEST(FitSearch, Bf16ComputeThatDoesNotFitRulesOutNothingInFp32) {
+  using host::FitChoice;
+  FitChoice fp32, autocast, bf16_weights, checkpointed;
+  autocast.precision = "autocast";
+  autocast.saving[host::kPrecision] = 1;
+  bf16_weights.precision = "bf16";
+  bf16_weights.saving[host::kPrecision] = 2;
+  checkpointed.checkpoint_every = 1;
+  checkpointed.saving[host::kCheckpoint] = 2;
+  EXPECT_FALSE(fp32.saves_no_more_than(autocast));
+  EXPECT_TRUE(fp32.saves_no_more_than(bf16_weights));
+  EXPECT_TRUE(autocast.saves_no_more_than(bf16_weights));
+  EXPECT_TRUE(fp32.saves_no_more_than(checkpointed));
+  EXPECT_FALSE(checkpointed.saves_no_more_than(fp32));
 }
 
 TEST(Fit, RefusesBadInput) {

@@ -73,6 +73,11 @@ double FitChoice::quality_penalty() const {
 }
 
 bool FitChoice::saves_no_more_than(const FitChoice& other) const {
+  // bf16 compute is not a saving everywhere: its casts of the weights can
+  // outweigh the halved activations (short sequences, checkpointed blocks),
+  // so a stack with it that does not fit says nothing of the same stack in
+  // fp32.
+  if (precision == "none" && other.precision == "autocast") return false;
   for (int k = 0; k < kKnobCount; ++k)
     if (saving[static_cast<size_t>(k)] > other.saving[static_cast<size_t>(k)]) return false;
   return true;

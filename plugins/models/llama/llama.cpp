@@ -46,19 +46,21 @@ Shape make(int64_t L, int64_t C, int64_t H, int64_t KVH, int64_t I, int64_t V, i
   return s;
 }
 
-const std::array<Preset, 4>& presets() {
-  static const std::array<Preset, 4> p = [] {
+const std::array<Preset, 6>& presets() {
+  static const std::array<Preset, 6> p = [] {
     Shape one_b = make(16, 2048, 32, 8, 8192, 128256, 131072, 500000.0, true);  // Llama-3.2-1B
     one_b.rope_scaling = "llama3";
     one_b.rope_factor = 32.0;
     one_b.rope_low_freq_factor = 1.0;
     one_b.rope_high_freq_factor = 4.0;
     one_b.rope_original_max_positions = 8192;
-    return std::array<Preset, 4>{{
+    return std::array<Preset, 6>{{
         {"tiny", make(4, 128, 4, 2, 352, 0, 512, 10000.0, false)},
         {"1B", one_b},
         {"7B", make(32, 4096, 32, 32, 11008, 32000, 4096, 10000.0, false)},   // Llama-2-7B
         {"13B", make(40, 5120, 40, 40, 13824, 32000, 4096, 10000.0, false)},  // Llama-2-13B
+        {"30B", make(60, 6656, 52, 52, 17920, 32000, 2048, 10000.0, false)},  // LLaMA-30B (33B)
+        {"70B", make(80, 8192, 64, 8, 28672, 32000, 4096, 10000.0, false)},   // Llama-2-70B
     }};
   }();
   return p;
@@ -357,8 +359,8 @@ tf_status stage_forward(void* state, tf_host_context* ctx, const tf_stage_call* 
 const tf_config_key kKeys[] = {
     tf_sdk::key("preset", TF_VALUE_STRING, "\"tiny\"",
                 "model size: tiny (4x128, GQA 4:2), 1B (Llama-3.2-1B), 7B (Llama-2-7B), 13B "
-                "(Llama-2-13B), custom",
-                1, 0, "tiny|1B|7B|13B|custom"),
+                "(Llama-2-13B), 30B (LLaMA-30B), 70B (Llama-2-70B, GQA 64:8), custom",
+                1, 0, "tiny|1B|7B|13B|30B|70B|custom"),
     tf_sdk::key("config", TF_VALUE_STRING, "\"\"",
                 "Hugging Face config.json (or its folder) giving the shape"),
     tf_sdk::key("n_layer", TF_VALUE_INT, "0", "decoder layers (overrides)", 0, 1e4),
