@@ -252,5 +252,25 @@ TEST(Configs, EveryShippedRecipeValidates) {
   EXPECT_GE(checked, 7);
 }
 
+// A shipped recipe that names a memory budget fits it as `tightfit plan`
+// predicts — GPU recipes included, planned here without the GPU.
+TEST(Configs, EveryShippedBudgetIsMetByThePlan) {
+  int checked = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(
+           std::string(TIGHTFIT_SOURCE_DIR) + "/configs")) {
+    if (e.path().extension() != ".toml") continue;
+    const Recipe recipe = Recipe::load(e.path().string());
+    const auto budget = (*recipe.table("run"))["memory_budget"].value<std::string>();
+    if (!budget) continue;
+    std::string out;
+    EXPECT_EQ(test::run_tightfit("plan " + e.path().string() + " --budget " + *budget, &out), 0)
+        << e.path() << "\n"
+        << out;
+    EXPECT_NE(out.find(": fits,"), std::string::npos) << out;
+    ++checked;
+  }
+  EXPECT_GE(checked, 11);
+}
+
 }  // namespace
 }  // namespace tightfit
