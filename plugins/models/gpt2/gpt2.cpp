@@ -78,7 +78,11 @@ struct Gpt2 {
                 " tokens is longer than n_positions = ", s.n_positions,
                 "; raise [model] n_positions or lower [data] seq_len");
     at::Tensor pos = at::arange(T, tokens.options());
-    at::Tensor h = at::embedding(host.weight("transformer.wte.weight"), tokens) +
+    // W_te is also the head, whose dense [V, C] gradient reaches it first:
+    // a sparse gradient from the lookup adds its rows into that one instead
+    // of building a second [V, C] tensor (zero-filled, then summed).
+    at::Tensor h = at::embedding(host.weight("transformer.wte.weight"), tokens, -1, false,
+                                 /*sparse=*/true) +
                    at::embedding(host.weight("transformer.wpe.weight"), pos);
     return drop(h, training);
   }

@@ -179,7 +179,11 @@ struct Llama {
   at::Tensor embed(const at::Tensor& tokens) const {
     TORCH_CHECK(tokens.size(1) <= s.max_positions, "sequence of ", tokens.size(1),
                 " tokens is longer than max_positions = ", s.max_positions);
-    return at::embedding(host.weight("model.embed_tokens.weight"), tokens);
+    // Tied, E is also the head, whose dense gradient reaches it first: the
+    // lookup's sparse gradient adds its rows into it (no second [V, C] tensor).
+    // Untied, the lookup's gradient is E's whole gradient and stays dense.
+    return at::embedding(host.weight("model.embed_tokens.weight"), tokens, -1, false,
+                         /*sparse=*/s.tie_embeddings);
   }
 
   at::Tensor head(const at::Tensor& h) const {
