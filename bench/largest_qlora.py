@@ -1,9 +1,10 @@
 """The largest LLaMA shape whose QLoRA training step fits a memory budget
 (4 GiB by default) on this machine, found by `tightfit fit`: for each shape
-(7B, 13B, 30B, 70B) a QLoRA recipe (NF4 double-quantized base, LoRA r16 on
-q/k/v/o, batch 1 x 256, AdamW) is handed to `fit --keep lora,quantize`,
-which searches the rest (checkpointing, offload tiers and prefetch, bf16
-compute or weights, micro-batches) and plans each stack. Twice: with the
+(7B, 13B, 30B, 70B) a QLoRA recipe (NF4 double-quantized base, bf16
+compute, LoRA r16 on q/k/v/o, batch 1 x 256, AdamW) is handed to
+`fit --keep lora,quantize,precision`, which searches the rest
+(checkpointing, offload tiers and prefetch, micro-batches) and plans each
+stack. Twice: with the
 model's own weights (embedding, head, norms) in fp32 and in bf16
 (`model.dtype`, as QLoRA keeps them). `--run-steps N` then trains the
 largest fitted recipe whose disk tier fits the free disk here for N steps
@@ -60,11 +61,14 @@ alpha = 32.0
 plugin = "quantize"
 format = "nf4"
 double_quant = true
+[[strategy]]
+plugin = "precision"
+mode = "autocast"
 """
 
 
 def fit(recipe, budget, out):
-    cmd = [str(TIGHTFIT), "fit", recipe, "--budget", budget, "--keep", "lora,quantize", "--json",
+    cmd = [str(TIGHTFIT), "fit", recipe, "--budget", budget, "--keep", "lora,quantize,precision", "--json",
            "--out", out]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode == 3:
@@ -110,7 +114,8 @@ def main():
     out = args.out or os.path.join(tmp, "runs")
     os.makedirs(out, exist_ok=True)
     try:
-        print(f"QLoRA (NF4 base, LoRA r16 q/k/v/o, batch 1 x 256) in {args.budget}, by tightfit fit")
+        print(f"QLoRA (NF4 base, bf16 compute, LoRA r16 q/k/v/o, batch 1 x 256) in {args.budget}, "
+              "by tightfit fit")
         print(f"{'shape':5} {'weights':7} {'params':>7} {'peak':>8} {'disk':>8} {'s/step':>8}  stack")
         fitted = []
         for dtype in ("fp32", "bf16"):
@@ -131,14 +136,14 @@ def main():
                     p = plan_json(written)
                     row.update(fits=True, stack=b["stack"], planned_peak=p["tracked_peak"],
                                disk_bytes=p["disk_bytes"], params=p["n_params"],
-                               predicted_step_s=b["predicted_step_s"], recipe=written)
-                    fitted.append(row)
+                               predicted_step_s=b["predicted_step_s"])
+                    fitted.append((row, written))
                     print(f"{shape:5} {dtype:7} {p['n_params'] / 1e9:6.1f}B "
                           f"{p['tracked_peak'] / 2**30:7.2f}G {p['disk_bytes'] / 2**30:7.1f}G "
                           f"{b['predicted_step_s']:8.0f}  {b['stack']}")
                 results["rows"].append(row)
         for dtype in ("fp32", "bf16"):
-            fits = [r for r in fitted if r["weights"] == dtype]
+            fits = [r for r, _ in fitted if r["weights"] == dtype]
             if fits:
                 best = max(fits, key=lambda r: r["params"])
                 results[f"largest_{dtype}"] = best["shape"]
@@ -147,17 +152,18 @@ def main():
                       f"planned, {best['disk_bytes'] / 2**30:.1f} GiB on disk)")
         if args.run_steps > 0:
             free = shutil.disk_usage(out).free
-            runnable = [r for r in fitted if r["disk_bytes"] < 0.9 * free]
+            runnable = [(r, w) for r, w in fitted if r["disk_bytes"] < 0.9 * free]
             if not runnable:
                 sys.exit(f"no fitted recipe's disk tier fits the {free / 2**30:.1f} GiB free in {out}")
-            pick = max(runnable, key=lambda r: (r["params"], r["weights"] == "fp32"))
-            skipped = [r for r in fitted if r["params"] > pick["params"]]
+            # The largest; at one shape, bf16 model weights (as QLoRA keeps them).
+            pick, pick_recipe = max(runnable, key=lambda p: (p[0]["params"], p[0]["weights"] == "bf16"))
+            skipped = [r for r, _ in fitted if r["params"] > pick["params"]]
             for r in skipped:
                 print(f"not run: {r['shape']} ({r['weights']}) needs {r['disk_bytes'] / 2**30:.1f} GiB "
                       f"of disk, {free / 2**30:.1f} GiB is free in {out}")
             print(f"training {pick['shape']} ({pick['weights']} weights, {pick['stack']}) for "
                   f"{args.run_steps} steps ...", flush=True)
-            rows, rss, wall = train(pick["recipe"], args.run_steps, out)
+            rows, rss, wall = train(pick_recipe, args.run_steps, out)
             times = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
             run = {"shape": pick["shape"], "weights": pick["weights"], "stack": pick["stack"],
                    "losses": [r["loss"] for r in rows], "step_s": times,
