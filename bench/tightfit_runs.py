@@ -24,7 +24,9 @@ def run(recipe: str, sets: list[str], steps: int = 3, text: str = "") -> dict:
                 "--set", "save.final=false", "--set", "save.every=0", "--set", "save.hf=false"]
         for s in sets:
             args += ["--set", s]
-        subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+        p = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed:\n{p.stderr[-4000:]}")
         rows = [json.loads(line) for line in (pathlib.Path(out) / "m" / "metrics.jsonl").open()]
     last = rows[-1]
     last["peak_without_data"] = last["peak_total"] - last["at_peak"].get("other", 0)
