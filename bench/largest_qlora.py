@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from tightfit_runs import TIGHTFIT, finish
+from tightfit_runs import QLORA_STRATEGIES, TIGHTFIT, finish
 
 RECIPE = """[run]
 name = "qlora-{shape}-{dtype}"
@@ -52,19 +52,7 @@ decay = "constant"
 [save]
 every = 0
 final = false
-[[strategy]]
-plugin = "lora"
-targets = ["q", "k", "v", "o"]
-rank = 16
-alpha = 32.0
-[[strategy]]
-plugin = "quantize"
-format = "nf4"
-double_quant = true
-[[strategy]]
-plugin = "precision"
-mode = "autocast"
-"""
+""" + QLORA_STRATEGIES
 
 
 def fit(recipe, budget, out):

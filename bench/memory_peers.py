@@ -38,7 +38,7 @@ from torch.utils._pytree import tree_flatten
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from peers.corpus import fortunes_bytes  # noqa: E402
-from tightfit_runs import finish, plan as plan_lines, report_marks, run as tightfit  # noqa: E402
+from tightfit_runs import QLORA_STRATEGIES, finish, plan as plan_lines, report_marks, run as tightfit  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -65,19 +65,7 @@ batch_size = 1
 [optimizer]
 name = "adamw"
 lr = 1e-4
-[[strategy]]
-plugin = "lora"
-targets = ["q", "k", "v", "o"]
-rank = 16
-alpha = 32.0
-[[strategy]]
-plugin = "quantize"
-format = "nf4"
-double_quant = true
-[[strategy]]
-plugin = "precision"
-mode = "autocast"
-"""
+""" + QLORA_STRATEGIES
 
 ADAM8 = '\n[[strategy]]\nplugin = "quantize"\nweights = false\noptimizer_state = "int8"\n'
 

@@ -9,6 +9,24 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIGHTFIT = ROOT / "build" / "bin" / "tightfit"
 
 
+# QLoRA as the field notes set it up and the benches compare it: LoRA r16 on
+# q/k/v/o over an NF4 double-quantized base, bf16 compute.
+QLORA_STRATEGIES = """
+[[strategy]]
+plugin = "lora"
+targets = ["q", "k", "v", "o"]
+rank = 16
+alpha = 32.0
+[[strategy]]
+plugin = "quantize"
+format = "nf4"
+double_quant = true
+[[strategy]]
+plugin = "precision"
+mode = "autocast"
+"""
+
+
 def run(recipe: str, sets: list[str], steps: int = 3, text: str = "") -> dict:
     """Runs a recipe (a configs/ file, or `text` when given) for a few steps
     with nothing saved; its last metrics row, plus the peak less the data
