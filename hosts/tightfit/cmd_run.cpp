@@ -235,7 +235,7 @@ int run_command(const std::vector<std::string>& args) {
     std::cerr << "tightfit: recipe error: " << e.what() << "\n";
     return kUsage;
   } catch (const OutOfBudgetError& e) {
-    std::cerr << "\n" << who << e.what() << "\n";
+    write_stderr_line("\n" + who + e.what());
     // What the planner saw coming, and the command that searches the
     // installed strategies for a stack that fits.
     const int64_t budget = MemoryAccounting::instance().budget();
@@ -253,16 +253,16 @@ int run_command(const std::vector<std::string>& args) {
                    "writes the fastest that fits)\n";
     return kOutOfBudget;
   } catch (const PluginLoadError& e) {
-    std::cerr << who << e.what() << "\n";
+    write_stderr_line(who + e.what());
     return kPluginError;
   } catch (const PluginCallError& e) {
-    std::cerr << who << e.what() << "\n";
+    write_stderr_line(who + e.what());
     return kPluginError;
   } catch (const c10::Error& e) {
-    std::cerr << who << e.what_without_backtrace() << "\n";
+    write_stderr_line(who + e.what_without_backtrace());
     return kFailure;
   } catch (const std::exception& e) {
-    std::cerr << who << e.what() << "\n";
+    write_stderr_line(who + e.what());
     return kFailure;
   }
 }

@@ -1,3 +1,5 @@
+#include <unistd.h>
+
 #include <iostream>
 
 #include "commands.hpp"
@@ -26,20 +28,30 @@ bool parse_command_line(const std::vector<std::string>& args, const po::options_
   }
 }
 
+void write_stderr_line(const std::string& line) {
+  std::cerr.flush();
+  const std::string text = line + "\n";
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(STDERR_FILENO, text.data() + done, text.size() - done);
+    if (n <= 0) break;  // nowhere to report that stderr failed
+    done += static_cast<size_t>(n);
+  }
+}
+
 int report_current_error() {
   try {
     throw;
   } catch (const RecipeError& e) {
-    std::cerr << "tightfit: recipe error: " << e.what() << "\n";
+    write_stderr_line(std::string("tightfit: recipe error: ") + e.what());
     return kUsage;
   } catch (const PluginLoadError& e) {
-    std::cerr << "tightfit: " << e.what() << "\n";
+    write_stderr_line(std::string("tightfit: ") + e.what());
     return kPluginError;
   } catch (const PluginCallError& e) {
-    std::cerr << "tightfit: " << e.what() << "\n";
+    write_stderr_line(std::string("tightfit: ") + e.what());
     return kPluginError;
   } catch (const std::exception& e) {
-    std::cerr << "tightfit: " << e.what() << "\n";
+    write_stderr_line(std::string("tightfit: ") + e.what());
     return kFailure;
   }
 }

@@ -24,6 +24,11 @@ bool parse_command_line(const std::vector<std::string>& args,
                         const char* positional, const char* command,
                         boost::program_options::variables_map& vm);
 
+// Writes `line` and a newline to stderr in one write: the ranks of a run
+// and their launcher share the terminal, and a message written piece by
+// piece interleaves with another process's.
+void write_stderr_line(const std::string& line);
+
 // Inside a catch block: prints the exception being handled as the plan and
 // fit commands report it and returns its exit code (recipe errors kUsage,
 // plugin errors kPluginError, anything else kFailure).

@@ -15,6 +15,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "commands.hpp"
+
 namespace tightfit::host {
 namespace {
 
@@ -97,8 +99,8 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args, double g
     if (pid <= 0) {
       if (std::chrono::steady_clock::now() > deadline) {
         for (const auto& [p, r] : ranks) {
-          std::cerr << "tightfit: rank " << r << " did not stop " << grace_s
-                    << " s after the failure; ending it\n";
+          write_stderr_line("tightfit: rank " + std::to_string(r) + " did not stop " +
+                            std::to_string(grace_s) + " s after the failure; ending it");
           ::kill(p, SIGKILL);
         }
         deadline = std::chrono::steady_clock::time_point::max();
@@ -113,8 +115,8 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args, double g
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
     if (result == 0) {
       result = exit_code(status);
-      std::cerr << "tightfit: rank " << rank << " of " << nproc << " " << describe(status)
-                << "; the other ranks stop too\n";
+      write_stderr_line("tightfit: rank " + std::to_string(rank) + " of " + std::to_string(nproc) +
+                        " " + describe(status) + "; the other ranks stop too");
       deadline = std::chrono::steady_clock::now() +
                  std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000));
     }
