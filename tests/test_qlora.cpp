@@ -127,6 +127,39 @@ TEST_F(QloraTest, Nf4RoundTripMatchesReferenceAndBound) {
                   .item<bool>());
 }
 
+// Dequantization runs a chunk of 2^20 values at a time: a weight of 2.1M
+// values (three chunks, its length no multiple of a block) comes back as the
+// whole-matrix reference gives it, in the model's dtype.
+TEST_F(QloraTest, Nf4DequantizesAcrossChunksAsAWhole) {
+  auto wide = [&](const std::string& strategies, const std::string& dtype) {
+    std::string r = recipe(strategies);
+    r.replace(r.find("n_layer = 2"), 11, "n_layer = 1");
+    r.replace(r.find("n_embd = 64"), 11, "n_embd = 1000");
+    r.replace(r.find("intermediate_size = 128"), 23, "intermediate_size = 2100");
+    return r.replace(r.find("[data]"), 6, "dtype = \"" + dtype + "\"\n[data]");
+  };
+  const std::string name = "model.layers.0.mlp.gate_proj.weight";
+  for (const std::string dtype : {"fp32", "bf16"}) {
+    auto plain = test::make_session(wide("", dtype));
+    const at::Tensor w = plain->store().get(name).value.detach().to(at::kFloat);
+    ASSERT_EQ(w.numel(), 2100 * 1000);
+    const int64_t pad = (64 - w.numel() % 64) % 64;
+    ASSERT_NE(pad, 0);
+    const at::Tensor blocks = at::constant_pad_nd(w.flatten(), {0, pad}).view({-1, 64});
+    const at::Tensor absmax = blocks.abs().amax(1, true).clamp_min(1e-12);
+    const at::Tensor levels = at::tensor(kNf4);
+    const at::Tensor codes = (blocks / absmax).unsqueeze(-1).sub(levels).abs().argmin(-1);
+    const at::Tensor reference = (levels.index_select(0, codes.flatten()).view_as(blocks) * absmax)
+                                     .flatten()
+                                     .slice(0, 0, w.numel())
+                                     .view_as(w);
+    auto s = test::make_session(wide(lora() + quant("nf4", false), dtype));
+    const at::Tensor got = s->fetch_weight(name);
+    EXPECT_EQ(got.scalar_type(), dtype == "fp32" ? at::kFloat : at::kBFloat16);
+    EXPECT_TRUE(at::equal(got, reference.to(got.scalar_type()))) << dtype;
+  }
+}
+
 TEST_F(QloraTest, CompactLinearGivesTheGradientsOfTheDequantizedWeights) {
   // Same adapters over (a) NF4 storage through the kernel's compact linear and
   // (b) dense copies of the dequantized weights through the ordinary linear.
