@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from tightfit_runs import QLORA_STRATEGIES, TIGHTFIT, finish
+from tightfit_runs import QLORA_STRATEGIES, TIGHTFIT, finish, step_times
 
 RECIPE = """[run]
 name = "qlora-{shape}-{dtype}"
@@ -152,7 +152,7 @@ def main():
             print(f"training {pick['shape']} ({pick['weights']} weights, {pick['stack']}) for "
                   f"{args.run_steps} steps ...", flush=True)
             rows, rss, wall = train(pick_recipe, args.run_steps, out)
-            times = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
+            times = step_times(rows)
             run = {"shape": pick["shape"], "weights": pick["weights"], "stack": pick["stack"],
                    "losses": [r["loss"] for r in rows], "step_s": times,
                    "first_step_s": rows[0]["elapsed_s"], "wall_s": wall,

@@ -45,7 +45,7 @@ import transformers
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from peers.eager_models import Gpt2, Llama  # noqa: E402
 from peers.corpus import fortunes_bytes  # noqa: E402
-from tightfit_runs import finish, report_marks  # noqa: E402
+from tightfit_runs import finish, report_marks, step_times  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIGHTFIT = ROOT / "build" / "bin" / "tightfit"
@@ -184,9 +184,11 @@ def tightfit_run(spec: dict, batch: int, steps: int, profile: bool = False) -> d
         args = tightfit_args(spec, batch, steps, out, "t")
         if profile:
             args += ["--set", "run.profile_ops=true"]
-        subprocess.run(args, check=True, stdout=subprocess.DEVNULL)
+        p = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed:\n{p.stderr[-4000:]}")
         rows = [json.loads(line) for line in (pathlib.Path(out) / "t" / "metrics.jsonl").open()]
-    times = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
+    times = step_times(rows)
     r = {"times": times, "step_s": min(times), "tokens_per_s": batch * spec["seq"] / min(times)}
     if profile:
         last = rows[-1]

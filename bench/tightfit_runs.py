@@ -27,6 +27,11 @@ mode = "autocast"
 """
 
 
+def step_times(rows: list[dict]) -> list[float]:
+    """Each step's seconds after the first, from a run's metrics rows."""
+    return [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
+
+
 def run(recipe: str, sets: list[str], steps: int = 3, text: str = "") -> dict:
     """Runs a recipe (a configs/ file, or `text` when given) for a few steps
     with nothing saved; its last metrics row, plus the peak less the data
@@ -48,7 +53,7 @@ def run(recipe: str, sets: list[str], steps: int = 3, text: str = "") -> dict:
         rows = [json.loads(line) for line in (pathlib.Path(out) / "m" / "metrics.jsonl").open()]
     last = rows[-1]
     last["peak_without_data"] = last["peak_total"] - last["at_peak"].get("other", 0)
-    times = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])] or [last["elapsed_s"]]
+    times = step_times(rows) or [last["elapsed_s"]]
     last["times"] = times
     last["step_s"] = sorted(times)[len(times) // 2]
     last["best_step_s"] = min(times)
