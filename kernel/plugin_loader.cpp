@@ -160,6 +160,13 @@ LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin
                (d.kind == TF_PLUGIN_MODEL      ? " or stage_forward"
                 : d.kind == TF_PLUGIN_SCHEDULE ? " or run_step"
                                                : ""));
+  if (d.kind == TF_PLUGIN_MODEL &&
+      vt_size >= offsetof(tf_model_vtable, hf_model_types) + sizeof(const char*)) {
+    const char* types = static_cast<const tf_model_vtable*>(d.vtable)->hf_model_types;
+    std::stringstream list(types ? std::string(types, strnlen(types, 4096)) : std::string());
+    for (std::string t; std::getline(list, t, ',');)
+      if (!t.empty()) out.hf_model_types.push_back(t);
+  }
   try {
     out.keys = key_specs_from_abi(d.config_keys, d.n_config_keys);
   } catch (const std::exception& e) {
@@ -224,6 +231,15 @@ const LoadedPlugin* PluginRegistry::find_any(const std::string& name) const {
   if (auto c = conflicts_.find(name); c != conflicts_.end()) throw PluginLoadError(c->second);
   auto it = by_name_.find(name);
   return it == by_name_.end() ? nullptr : it->second.get();
+}
+
+const LoadedPlugin* PluginRegistry::find_hf_model_type(const std::string& model_type) const {
+  for (const auto& [name, p] : by_name_)
+    if (p->descriptor.kind == TF_PLUGIN_MODEL &&
+        std::find(p->hf_model_types.begin(), p->hf_model_types.end(), model_type) !=
+            p->hf_model_types.end())
+      return p.get();
+  return nullptr;
 }
 
 const LoadedPlugin& PluginRegistry::find(const std::string& name, tf_plugin_kind kind) const {

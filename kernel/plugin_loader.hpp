@@ -24,6 +24,7 @@ struct LoadedPlugin {
   tf_plugin_descriptor descriptor;  // the host's zero-filled copy
   std::string name, version, description, libtorch_version;
   std::vector<KeySpec> keys;
+  std::vector<std::string> hf_model_types;  // a model's Hugging Face model_type values
   const tf_model_vtable* model() const;
   const tf_strategy_vtable* strategy() const;
   const tf_schedule_vtable* schedule() const;
@@ -57,6 +58,9 @@ class PluginRegistry {
   // a conflict.
   const LoadedPlugin& find(const std::string& name, tf_plugin_kind kind) const;
   const LoadedPlugin* find_any(const std::string& name) const;
+  // The model plugin that declares Hugging Face `model_type` (hf_model_types),
+  // or nullptr.
+  const LoadedPlugin* find_hf_model_type(const std::string& model_type) const;
   std::vector<const LoadedPlugin*> all() const;
   const std::vector<std::string>& problems() const { return problems_; }
 

@@ -45,8 +45,11 @@ TEST_F(CliTest, PluginsListAndInfo) {
   for (const char* name : {"gpt2", "llama", "checkpoint", "standard"})
     EXPECT_NE(out.find(name), std::string::npos) << name;
   ASSERT_EQ(test::run_tightfit("plugins info llama", &out), 0) << out;
-  EXPECT_NE(out.find("tiny|1B|7B|13B|30B|70B|custom"), std::string::npos) << out;
+  EXPECT_NE(out.find("tiny|1B|7B|13B|30B|70B|qwen2-1.5B|custom"), std::string::npos) << out;
   EXPECT_NE(out.find("n_kv_head"), std::string::npos) << out;
+  // The plugin names the Hugging Face model types it computes (ABI 1.2).
+  EXPECT_NE(out.find("Hugging Face model types: llama, mistral, qwen2, qwen3"), std::string::npos)
+      << out;
   EXPECT_EQ(test::run_tightfit("plugins info nothing", &out), 4) << out;
 }
 

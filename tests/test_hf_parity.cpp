@@ -68,17 +68,29 @@ TEST_P(HfParity, MatchesTransformersLogitsLossAndGradients) {
 
 INSTANTIATE_TEST_SUITE_P(
     Families, HfParity,
-    ::testing::Values(Family{"gpt2",
-                             "plugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = "
-                             "32\nn_head = 2\nn_positions = 64\n",
-                             2 * 12 + 4},
-                      // Grouped-query attention: 4 query heads share 2 key/value heads.
-                      Family{"llama", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 9 + 3},
-                      // Llama 3 rotary scaling, one key/value head for four queries, tied head.
-                      Family{"llama3", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 9 + 2},
-                      // WKV in chunks of 5 over 16 tokens: the carried state is exercised.
-                      Family{"rwkv", "plugin = \"rwkv\"\nconfig = \"@DIR@\"\nwkv_chunk = 5\n",
-                             2 * 18 + 2 + 4}),
+    ::testing::Values(
+        Family{"gpt2",
+               "plugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = "
+               "32\nn_head = 2\nn_positions = 64\n",
+               2 * 12 + 4},
+        // Grouped-query attention: 4 query heads share 2 key/value heads.
+        Family{"llama", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 9 + 3},
+        // Llama 3 rotary scaling, one key/value head for four queries, tied head.
+        Family{"llama3", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 9 + 2},
+        // n_inner, exact gelu and layer_norm_epsilon from the config.
+        Family{"gpt2_inner", "plugin = \"gpt2\"\nconfig = \"@DIR@\"\n", 2 * 12 + 4},
+        // head_dim 12 (hidden 32, 4 heads), q/k/v/o and MLP biases, YaRN, gelu.
+        Family{"llama_bias", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 16 + 3},
+        // A sliding window of 5 over 16 tokens, dynamic NTK within the context.
+        Family{"mistral", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 9 + 3},
+        // q/k/v biases, untied head, linear rotary scaling.
+        Family{"qwen2", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 12 + 3},
+        // use_sliding_window: the second layer sees 6 keys, the first all.
+        Family{"qwen2_window", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 12 + 2},
+        // Per-head q/k RMSNorm, head_dim 16 != 32 / 4, tied head.
+        Family{"qwen3", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 11 + 2},
+        // WKV in chunks of 5 over 16 tokens: the carried state is exercised.
+        Family{"rwkv", "plugin = \"rwkv\"\nconfig = \"@DIR@\"\nwkv_chunk = 5\n", 2 * 18 + 2 + 4}),
     [](const ::testing::TestParamInfo<Family>& info) { return std::string(info.param.name); });
 
 }  // namespace
@@ -95,7 +107,14 @@ TEST_P(HfRoundTrip, TransformersLoadsWhatTightfitSaved) {
   const Family& f = GetParam();
   test::TempDir dir;
   std::string table = f.model_table;
-  if (const auto at = table.find("config = \"@DIR@\"\n"); at != std::string::npos)
+  if (const auto at = table.find("@PEER@"); at != std::string::npos) {
+    // The peer's config.json (a Qwen2, Qwen3, Mistral ...), trained from tightfit's own init.
+    const std::string peer = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
+                             TIGHTFIT_SOURCE_DIR + "/tests/peers/hf_parity.py " + f.name + " " +
+                             dir.str();
+    ASSERT_EQ(std::system(peer.c_str()), 0);
+    table.replace(at, 6, "config = \"" + dir.str() + "\"\n");
+  } else if (const auto at = table.find("config = \"@DIR@\"\n"); at != std::string::npos)
     table.replace(at, 17,
                   "preset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 4\nn_kv_head = 2\n"
                   "intermediate_size = 80\nmax_positions = 64\n");
@@ -134,6 +153,11 @@ INSTANTIATE_TEST_SUITE_P(
                "2\nn_positions = 64\n",
                0},
         Family{"llama", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 0},
+        Family{"llama_bias", "plugin = \"llama\"\n@PEER@", 0},
+        Family{"mistral", "plugin = \"llama\"\n@PEER@", 0},
+        Family{"qwen2", "plugin = \"llama\"\n@PEER@", 0},
+        Family{"qwen3", "plugin = \"llama\"\n@PEER@", 0},
+        Family{"gpt2_inner", "plugin = \"gpt2\"\n@PEER@", 0},
         Family{"rwkv",
                "plugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nwkv_chunk = 7\n",
                0},

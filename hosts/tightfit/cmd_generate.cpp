@@ -1,11 +1,14 @@
 // `tightfit generate` and `tightfit export`: load a trained model — a recipe's
 // latest checkpoint, or a Hugging Face model folder — and sample text from it
 // or write it as a Hugging Face folder.
+#include <toml++/toml.h>
+
 #include <boost/program_options.hpp>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "commands.hpp"
 #include "logging.hpp"
@@ -17,37 +20,57 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A recipe that builds the model a Hugging Face folder describes.
-Recipe recipe_for_model_folder(const fs::path& folder) {
+// A recipe that builds the model a Hugging Face folder describes, with the
+// model plugin that declares its model_type.
+Recipe recipe_for_model_folder(const fs::path& folder, const PluginRegistry& plugins) {
   std::ifstream in(folder / "config.json");
   const auto cfg = nlohmann::json::parse(in, nullptr, false);
   if (cfg.is_discarded() || !cfg.is_object())
     throw RecipeError((folder / "config.json").string() + ": not a Hugging Face config.json");
-  const std::string type = cfg.value("model_type", std::string());
-  if (type != "gpt2" && type != "llama" && type != "rwkv")
+  const auto type_key = cfg.find("model_type");
+  const std::string type =
+      type_key != cfg.end() && type_key->is_string() ? type_key->get<std::string>() : "";
+  const LoadedPlugin* plugin = plugins.find_hf_model_type(type);
+  if (!plugin) {
+    std::string known;
+    for (const LoadedPlugin* p : plugins.all())
+      for (const auto& t : p->hf_model_types) known += (known.empty() ? "" : ", ") + t;
     throw RecipeError((folder / "config.json").string() + ": model_type \"" + type +
-                      "\" has no tightfit model plugin (gpt2, llama, rwkv)");
-  const int64_t positions =
-      cfg.value("n_positions",
-                cfg.value("max_position_embeddings", cfg.value("context_length", int64_t{1024})));
+                      "\" has no tightfit model plugin (installed: " + known + ")");
+  }
+  auto positive = [&](const char* key) -> int64_t {
+    const auto it = cfg.find(key);
+    return it != cfg.end() && it->is_number_integer() && it->get<int64_t>() > 0 ? it->get<int64_t>()
+                                                                                : 0;
+  };
+  int64_t positions = 1024;
+  for (const char* key : {"n_positions", "max_position_embeddings", "context_length"})
+    if (positive(key)) {
+      positions = positive(key);
+      break;
+    }
+  // The folder's path goes into the recipe as a TOML string value, never pasted as text.
   const std::string f = fs::absolute(folder).string();
-  return Recipe::parse(
-      "[run]\nname = \"generate\"\nsample_tokens = 0\n[model]\nplugin = \"" + type +
-          "\"\nconfig = \"" + f + "\"\nweights = \"" + f +
-          "\"\n[data]\nseq_len = " + std::to_string(std::min<int64_t>(positions, 1024)) + "\n",
-      f + "/config.json");
+  toml::table model{{"plugin", plugin->name}, {"config", f}, {"weights", f}};
+  toml::table doc{{"run", toml::table{{"name", "generate"}, {"sample_tokens", 0}}},
+                  {"model", model},
+                  {"data", toml::table{{"seq_len", std::min<int64_t>(positions, 1024)}}}};
+  std::ostringstream text;
+  text << doc;
+  return Recipe::parse(text.str(), f + "/config.json");
 }
 
 // A session over TARGET (a recipe: its latest checkpoint; or a model folder).
 std::unique_ptr<Session> load_target(const std::string& target,
                                      const std::vector<std::string>& sets) {
   const bool folder = fs::is_directory(target);
-  Recipe recipe = folder ? recipe_for_model_folder(target) : Recipe::load(target);
+  PluginRegistry plugins = PluginRegistry::discover();
+  Recipe recipe = folder ? recipe_for_model_folder(target, plugins) : Recipe::load(target);
   for (const auto& s : sets) recipe.apply_override(s);
   SessionOptions so;
   so.skip_data = true;
   so.resume = !folder;
-  auto session = std::make_unique<Session>(recipe, PluginRegistry::discover(), so);
+  auto session = std::make_unique<Session>(recipe, std::move(plugins), so);
   if (!folder && session->step() == 0)
     std::cerr << "tightfit: no checkpoint for " << target << " in " << session->checkpoint_dir()
               << "; using the freshly initialized model\n";

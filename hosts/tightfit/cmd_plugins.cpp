@@ -64,6 +64,12 @@ void print_list(const PluginRegistry& reg) {
   for (const auto& prob : reg.problems()) std::cerr << "warning: " << prob << "\n";
 }
 
+std::string join(const std::vector<std::string>& items, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
+  return out;
+}
+
 void print_info(const LoadedPlugin& p) {
   std::cout << p.name << " " << p.version << " (" << plugin_kind_name(p.descriptor.kind)
             << " plugin)\n"
@@ -74,6 +80,9 @@ void print_info(const LoadedPlugin& p) {
                     ? " (stable C subset only: loads with any LibTorch)"
                     : "")
             << ", " << p.origin << ": " << p.path << "\n"
+            << (p.hf_model_types.empty()
+                    ? std::string()
+                    : "  Hugging Face model types: " + join(p.hf_model_types, ", ") + "\n")
             << "  sha256 " << sha256_file_hex(p.path)
             << "  (pin it in a recipe: sha256 = \"...\" in the plugin's table)\n\nrecipe keys:\n";
   if (p.keys.empty()) std::cout << "  (none)\n";

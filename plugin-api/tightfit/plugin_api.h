@@ -1,5 +1,6 @@
 /*
- * tightfit plugin ABI, version 1.1 (1.0 plus the fields marked "Added in 1.1").
+ * tightfit plugin ABI, version 1.2 (1.0 plus the fields marked "Added in 1.1"
+ * and "Added in 1.2").
  *
  * This header is the whole contract between the tightfit host (the kernel) and
  * a plugin shared library. It is plain C: no C++ type and no exception ever
@@ -50,7 +51,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 1
+#define TF_ABI_VERSION_MINOR 2
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -676,7 +677,12 @@ typedef struct tf_model_vtable {
   tf_status (*decode)(void* state, tf_host_context* ctx, void** cache, tf_tensor tokens,
                       tf_tensor* out_logits);
   void (*release_cache)(void* state, void* cache);
-  void* reserved[5];
+  /* Added in 1.2 (in the first reserved slot, so 1.0 and 1.1 layouts hold):
+   * the Hugging Face "model_type" values this model computes from a
+   * config.json, comma-separated ("llama,mistral,qwen2,qwen3"), or NULL. The
+   * host picks the plugin for a model folder by it. Static storage. */
+  const char* hf_model_types;
+  void* reserved[4];
 } tf_model_vtable;
 
 /* A memory strategy: any subset of hooks; NULL means "no effect". Strategies

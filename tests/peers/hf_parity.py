@@ -3,7 +3,8 @@ weights. Writes OUT/model.safetensors + OUT/config.json (the weights under
 Hugging Face names, as save_pretrained writes them) and OUT/reference.safetensors
 (tokens, targets, logits, loss, and every parameter's gradient).
 
-usage: hf_parity.py FAMILY OUT_DIR       FAMILY: gpt2 | llama | llama3 | rwkv
+usage: hf_parity.py FAMILY OUT_DIR
+FAMILY: gpt2 | gpt2_inner | llama | llama3 | llama_bias | mistral | qwen2 | qwen2_window | qwen3 | rwkv
 """
 import pathlib
 import sys
@@ -36,6 +37,46 @@ def build(family: str) -> torch.nn.Module:
                                                      "high_freq_factor": 4.0,
                                                      "original_max_position_embeddings": 64})
         return transformers.LlamaForCausalLM(cfg)
+    if family == "gpt2_inner":  # a wider MLP, exact gelu, another epsilon
+        cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=32, n_layer=2, n_head=2,
+                                      n_inner=72, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                      activation_function="gelu", layer_norm_epsilon=1e-6)
+        return transformers.GPT2LMHeadModel(cfg)
+    if family == "llama_bias":  # head_dim != hidden/heads, every bias, YaRN rotary, gelu
+        cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=80,
+                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                       head_dim=12, max_position_embeddings=256, rope_theta=500.0,
+                                       rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=True,
+                                       mlp_bias=True, hidden_act="gelu_pytorch_tanh",
+                                       rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                     "original_max_position_embeddings": 64})
+        return transformers.LlamaForCausalLM(cfg)
+    if family == "mistral":  # a window of 5 over 16 tokens, dynamic NTK within the context
+        cfg = transformers.MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=80,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-5,
+                                         head_dim=8, sliding_window=5, tie_word_embeddings=False,
+                                         rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+        return transformers.MistralForCausalLM(cfg)
+    if family == "qwen2":  # q/k/v biases, untied head, linear rotary scaling
+        cfg = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=80,
+                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                       max_position_embeddings=64, rope_theta=10000.0, rms_norm_eps=1e-6,
+                                       tie_word_embeddings=False,
+                                       rope_scaling={"rope_type": "linear", "factor": 2.0})
+        return transformers.Qwen2ForCausalLM(cfg)
+    if family == "qwen2_window":  # the second layer windowed (max_window_layers = 1)
+        cfg = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=80,
+                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+                                       max_position_embeddings=64, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                                       use_sliding_window=True, sliding_window=6, max_window_layers=1)
+        return transformers.Qwen2ForCausalLM(cfg)
+    if family == "qwen3":  # per-head q/k RMSNorm, head_dim 16 with hidden 32 and 4 heads, tied
+        cfg = transformers.Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=80,
+                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                       head_dim=16, max_position_embeddings=64, rope_theta=1000000.0,
+                                       rms_norm_eps=1e-6, tie_word_embeddings=True)
+        return transformers.Qwen3ForCausalLM(cfg)
     if family == "rwkv":
         cfg = transformers.RwkvConfig(vocab_size=VOCAB, context_length=64, hidden_size=32, num_hidden_layers=2,
                                       attention_hidden_size=32, intermediate_size=128, layer_norm_epsilon=1e-5,

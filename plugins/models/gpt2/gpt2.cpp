@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,14 @@ namespace {
 
 struct Shape {
   int64_t n_layer, n_embd, n_head, n_positions, vocab;
+  int64_t n_inner = 0;  // MLP width; 0 = 4 n_embd
+  double eps = 1e-5;    // layer_norm_epsilon
+  std::string act = "gelu_new";
+  // Dropout probabilities from a config.json (embd, attn, resid); -1 = the recipe's.
+  double embd_pdrop = -1, attn_pdrop = -1, resid_pdrop = -1;
+  nlohmann::json hf_json;  // the config.json read, kept for export
+
+  int64_t inner() const { return n_inner > 0 ? n_inner : 4 * n_embd; }
 };
 
 struct Preset {
@@ -31,7 +40,7 @@ struct Preset {
   Shape shape;  // vocab 0 = the tokenizer's
 };
 
-constexpr std::array<Preset, 5> kPresets = {{
+const std::array<Preset, 5> kPresets = {{
     {"tiny", {4, 128, 4, 256, 0}},
     {"124M", {12, 768, 12, 1024, 50257}},
     {"350M", {24, 1024, 16, 1024, 50257}},
@@ -40,20 +49,44 @@ constexpr std::array<Preset, 5> kPresets = {{
 }};
 
 // The shape from a Hugging Face GPT-2 config.json (file or model folder).
+// Keys that change the maths are honoured, or refused by name.
 Shape shape_from_hf_config(const std::string& path) {
   const tf_sdk::HfConfig c = tf_sdk::read_hf_config(path);
-  const std::string act = c.json.value("activation_function", std::string("gelu_new"));
-  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
-    throw std::invalid_argument(c.source + ": activation_function \"" + act +
-                                "\" is not supported (gelu_new)");
-  return Shape{c.need("n_layer"), c.need("n_embd"), c.need("n_head"), c.need("n_positions"),
-               c.need("vocab_size")};
+  if (c.text("model_type", "gpt2") != "gpt2")
+    throw std::invalid_argument(c.source + ": model_type \"" + c.text("model_type", "") +
+                                "\" is not gpt2; `tightfit plugins list` shows the model plugins");
+  Shape s{c.need("n_layer", 1, 10'000), c.need("n_embd", 1, 1'000'000), c.need("n_head", 1, 10'000),
+          c.need("n_positions", 1, 10'000'000), c.need("vocab_size", 1, 10'000'000)};
+  s.n_inner = c.get("n_inner", 0, 1, 10'000'000);
+  s.eps = c.real("layer_norm_epsilon", 1e-5, 0.0, 1.0);
+  s.act = c.text("activation_function", "gelu_new");
+  if (s.act != "gelu_new" && s.act != "gelu_pytorch_tanh" && s.act != "gelu" && s.act != "relu" &&
+      s.act != "silu")
+    throw std::invalid_argument(
+        c.source + ": activation_function \"" + s.act +
+        "\" is not supported (gelu_new, gelu_pytorch_tanh, gelu, relu, silu)");
+  s.embd_pdrop = c.real("embd_pdrop", 0.1, 0.0, 1.0, false);
+  s.attn_pdrop = c.real("attn_pdrop", 0.1, 0.0, 1.0, false);
+  s.resid_pdrop = c.real("resid_pdrop", 0.1, 0.0, 1.0, false);
+  if (!c.flag("scale_attn_weights", true))
+    throw std::invalid_argument(c.source +
+                                ": \"scale_attn_weights\": false (unscaled attention) is not "
+                                "supported");
+  for (const char* key : {"scale_attn_by_inverse_layer_idx", "add_cross_attention"})
+    if (c.flag(key, false))
+      throw std::invalid_argument(c.source + ": \"" + key + "\": true is not supported");
+  if (c.has("quantization_config"))
+    throw std::invalid_argument(c.source +
+                                ": \"quantization_config\" names a pre-quantized checkpoint, "
+                                "which tightfit does not load: start from the unquantized model");
+  s.hf_json = c.json;
+  return s;
 }
 
 struct Gpt2 {
   tf_sdk::Host host;
   Shape s{};
-  double dropout = 0.0;
+  double embd_drop = 0.0, attn_drop = 0.0, resid_drop = 0.0;
   at::ScalarType dtype = at::kFloat;
   std::string hf_config;  // config.json for export
 
@@ -65,11 +98,11 @@ struct Gpt2 {
   // (QLoRA under precision bf16), blocks compute in fp32 and the norms follow.
   at::Tensor layer_norm(const at::Tensor& x, const std::string& prefix) const {
     return at::layer_norm(x, {s.n_embd}, host.weight(prefix + ".weight").to(x.scalar_type()),
-                          host.weight(prefix + ".bias").to(x.scalar_type()), 1e-5);
+                          host.weight(prefix + ".bias").to(x.scalar_type()), s.eps);
   }
 
-  at::Tensor drop(const at::Tensor& x, bool training) const {
-    return (training && dropout > 0) ? at::dropout(x, dropout, true) : x;
+  static at::Tensor drop(const at::Tensor& x, double p, bool training) {
+    return (training && p > 0) ? at::dropout(x, p, true) : x;
   }
 
   at::Tensor embed(const at::Tensor& tokens, bool training) const {
@@ -84,7 +117,7 @@ struct Gpt2 {
     at::Tensor h = at::embedding(host.weight("transformer.wte.weight"), tokens, -1, false,
                                  /*sparse=*/true) +
                    at::embedding(host.weight("transformer.wpe.weight"), pos);
-    return drop(h, training);
+    return drop(h, embd_drop, training);
   }
 
   at::Tensor attention(const at::Tensor& x, int64_t l, bool training) const {
@@ -94,17 +127,20 @@ struct Gpt2 {
     auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };
     at::Tensor y =
         at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {},
-                                         training ? dropout : 0.0, /*is_causal=*/true);
+                                         training ? attn_drop : 0.0, /*is_causal=*/true);
     y = y.transpose(1, 2).reshape({B, T, C});
     return drop(host.linear(y, block(l, "attn.c_proj.weight"), block(l, "attn.c_proj.bias")),
-                training);
+                resid_drop, training);
   }
 
   at::Tensor mlp(const at::Tensor& x, int64_t l, bool training) const {
     at::Tensor u = host.linear(x, block(l, "mlp.c_fc.weight"), block(l, "mlp.c_fc.bias"));
-    u = at::gelu(u, "tanh");
+    u = s.act == "gelu"   ? at::gelu(u)
+        : s.act == "relu" ? at::relu(u)
+        : s.act == "silu" ? at::silu(u)
+                          : at::gelu(u, "tanh");  // gelu_new, gelu_pytorch_tanh
     return drop(host.linear(u, block(l, "mlp.c_proj.weight"), block(l, "mlp.c_proj.bias")),
-                training);
+                resid_drop, training);
   }
 
   at::Tensor transformer_block(const at::Tensor& h, int64_t l, bool training) const {
@@ -157,10 +193,17 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     if (info.seq_len > m->s.n_positions)
       throw std::invalid_argument("[data] seq_len = " + std::to_string(info.seq_len) +
                                   " exceeds n_positions = " + std::to_string(m->s.n_positions));
-    m->dropout = host.get_double("dropout");
+    // The recipe's dropout wins; else a config.json's probabilities hold.
+    const bool recipe_drop = host.has("dropout") || m->s.resid_pdrop < 0;
+    const double d = host.get_double("dropout");
+    m->embd_drop = recipe_drop ? d : m->s.embd_pdrop;
+    m->attn_drop = recipe_drop ? d : m->s.attn_pdrop;
+    m->resid_drop = recipe_drop ? d : m->s.resid_pdrop;
     m->dtype = tf_sdk::scalar_type(tf_sdk::parse_dtype(host.get_string("dtype")));
 
+    if (host.has("n_inner")) m->s.n_inner = host.get_int("n_inner");
     const int64_t L = m->s.n_layer, C = m->s.n_embd, V = m->s.vocab, P = m->s.n_positions;
+    const int64_t I = m->s.inner();
     const int64_t elt = m->dtype == at::kFloat ? 4 : 2;
     // Residual-projection init scaled by 1/sqrt(2L), as GPT-2 does.
     const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(L));
@@ -173,16 +216,17 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     // the attention's log-sum-exp. Dropout adds its masks (1 byte a value)
     // and, in attention, the materialized probabilities and their mask.
     const int64_t H = m->s.n_head, T = host.run_info().seq_len;
-    const bool dropping = m->dropout > 0;
+    const bool dropping = m->embd_drop > 0 || m->attn_drop > 0 || m->resid_drop > 0;
     // With the block's weights frozen the linears keep no input: LN outputs
     // and gelu's output go (6 C), the rest stays.
     const int64_t extra =
         16 + tf_sdk::attention_lse_bytes(H) + (dropping ? 2 * C + H * T * (2 * elt + 1) : 0);
-    const int64_t block_bytes = 16 * C * elt + extra, frozen_block_bytes = 10 * C * elt + extra;
+    const int64_t block_bytes = (8 * C + 2 * I) * elt + extra,
+                  frozen_block_bytes = (6 * C + I) * elt + extra;
     // Gradients alive at once at the peak of a block's backward, measured:
     // trained, the output's and input's; frozen, also the MLP hidden's
     // before and after gelu (the frozen linears free no saved input).
-    const int64_t backward_bytes = 2 * C * elt, frozen_backward_bytes = 9 * C * elt;
+    const int64_t backward_bytes = 2 * C * elt, frozen_backward_bytes = (C + 2 * I) * elt;
     const int32_t embed = m->host.declare_stage("embed", TF_STAGE_EMBED, dropping ? C : 0, 0,
                                                 dropping ? C : 0, C * elt);
     declare(*m, "transformer.wte.weight", {V, C}, -1, TF_INIT_NORMAL, 0.02, 0);
@@ -191,7 +235,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       const int32_t st = m->host.declare_stage(
           "block." + std::to_string(l), TF_STAGE_BLOCK,
           {block_bytes, frozen_block_bytes, C * elt, backward_bytes, frozen_backward_bytes},
-          24 * C * C + 2 * T * C);
+          8 * C * C + 4 * C * I + 2 * T * C);
       const uint32_t t = TF_PARAM_HF_TRANSPOSED;
       declare(*m, m->block(l, "ln_1.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
       declare(*m, m->block(l, "ln_1.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
@@ -201,9 +245,9 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       declare(*m, m->block(l, "attn.c_proj.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
       declare(*m, m->block(l, "ln_2.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
       declare(*m, m->block(l, "ln_2.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
-      declare(*m, m->block(l, "mlp.c_fc.weight"), {4 * C, C}, st, TF_INIT_NORMAL, 0.02, t);
-      declare(*m, m->block(l, "mlp.c_fc.bias"), {4 * C}, st, TF_INIT_ZEROS, 0, no_decay);
-      declare(*m, m->block(l, "mlp.c_proj.weight"), {C, 4 * C}, st, TF_INIT_NORMAL, proj_std, t);
+      declare(*m, m->block(l, "mlp.c_fc.weight"), {I, C}, st, TF_INIT_NORMAL, 0.02, t);
+      declare(*m, m->block(l, "mlp.c_fc.bias"), {I}, st, TF_INIT_ZEROS, 0, no_decay);
+      declare(*m, m->block(l, "mlp.c_proj.weight"), {C, I}, st, TF_INIT_NORMAL, proj_std, t);
       declare(*m, m->block(l, "mlp.c_proj.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
     }
     // ln_f's input and output (its output only for the tied head's weight
@@ -213,23 +257,24 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
                                                2 * C * V, C * elt + 8 + loss, V * elt);
     declare(*m, "transformer.ln_f.weight", {C}, head, TF_INIT_ONES, 0, no_decay);
     declare(*m, "transformer.ln_f.bias", {C}, head, TF_INIT_ZEROS, 0, no_decay);
-    m->hf_config =
-        nlohmann::json{{"model_type", "gpt2"},
-                       {"architectures", {"GPT2LMHeadModel"}},
-                       {"vocab_size", V},
-                       {"n_positions", P},
-                       {"n_embd", C},
-                       {"n_layer", L},
-                       {"n_head", m->s.n_head},
-                       {"activation_function", "gelu_new"},
-                       {"resid_pdrop", m->dropout},
-                       {"embd_pdrop", m->dropout},
-                       {"attn_pdrop", m->dropout},
-                       {"layer_norm_epsilon", 1e-5},
-                       {"initializer_range", 0.02},
-                       {"tie_word_embeddings", true},
-                       {"torch_dtype", host.get_string("dtype") == "fp32" ? "float32" : "bfloat16"}}
-            .dump(2);
+    nlohmann::json cfg = m->s.hf_json.is_object() ? m->s.hf_json : nlohmann::json::object();
+    cfg.update({{"model_type", "gpt2"},
+                {"architectures", {"GPT2LMHeadModel"}},
+                {"vocab_size", V},
+                {"n_positions", P},
+                {"n_embd", C},
+                {"n_layer", L},
+                {"n_head", m->s.n_head},
+                {"n_inner", m->s.n_inner > 0 ? nlohmann::json(m->s.n_inner) : nlohmann::json()},
+                {"activation_function", m->s.act},
+                {"resid_pdrop", m->resid_drop},
+                {"embd_pdrop", m->embd_drop},
+                {"attn_pdrop", m->attn_drop},
+                {"layer_norm_epsilon", m->s.eps},
+                {"tie_word_embeddings", true},
+                {"torch_dtype", host.get_string("dtype") == "fp32" ? "float32" : "bfloat16"}});
+    if (!cfg.contains("initializer_range")) cfg["initializer_range"] = 0.02;
+    m->hf_config = cfg.dump(2);
     host.log(TF_LOG_INFO,
              "GPT-2 " + preset + ": n_layer=" + std::to_string(L) + " n_embd=" + std::to_string(C) +
                  " n_head=" + std::to_string(m->s.n_head) + " vocab=" + std::to_string(V));
@@ -273,7 +318,10 @@ const tf_config_key kKeys[] = {
                 0, 1e7),
     tf_sdk::key("vocab_size", TF_VALUE_INT, "0",
                 "vocabulary; 0 = the preset's, else the tokenizer's", 0, 1e7),
-    tf_sdk::key("dropout", TF_VALUE_FLOAT, "0.0", "dropout probability in training", 0, 1),
+    tf_sdk::key("n_inner", TF_VALUE_INT, "0", "MLP width; 0 = 4 n_embd (overrides)", 0, 1e7),
+    tf_sdk::key("dropout", TF_VALUE_FLOAT, "0.0",
+                "dropout probability in training (overrides a config.json's embd/attn/resid_pdrop)",
+                0, 1),
     tf_sdk::key("dtype", TF_VALUE_STRING, "\"fp32\"", "parameter dtype", 1, 0, "fp32|bf16|fp16"),
 };
 
@@ -282,8 +330,12 @@ tf_status hf_config_json(void* state, tf_host_context*, const char** out) {
   return TF_OK;
 }
 
-const tf_model_vtable kVtable = {sizeof(tf_model_vtable), create,         destroy,
-                                 stage_forward,           hf_config_json, {}};
+const tf_model_vtable kVtable = {.struct_size = sizeof(tf_model_vtable),
+                                 .create = create,
+                                 .destroy = destroy,
+                                 .stage_forward = stage_forward,
+                                 .hf_config_json = hf_config_json,
+                                 .hf_model_types = "gpt2"};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_MODEL, "gpt2", "1.0.0",

@@ -1,5 +1,6 @@
-// LLaMA (Touvron et al. 2023; LLaMA-2, LLaMA-3) as a tightfit model plugin,
-// with Hugging Face LlamaForCausalLM parameter names.
+// LLaMA-family decoders (Touvron et al. 2023; LLaMA-2, LLaMA-3, Mistral,
+// Qwen2, Qwen3) as one tightfit model plugin, with Hugging Face parameter
+// names (LlamaForCausalLM and its kin).
 //
 //   h_0    = E[x]
 //   a_l    = h_{l-1} + W_o Attn(RoPE(W_q u), RoPE(W_k u), W_v u),   u = RMSNorm_1(h_{l-1})
@@ -8,7 +9,12 @@
 //
 // Grouped-query attention: n_kv_head key/value heads, each shared by
 // n_head / n_kv_head query heads. Rotary embeddings with the theta and the
-// scaling ("linear" or Llama 3's frequency-dependent) a config gives.
+// scaling (linear, dynamic, llama3, yarn) a config gives. The families differ
+// only in small terms, each flagged in the shape:
+//   Qwen2   q, k, v carry biases (b_q, b_k, b_v); untied head
+//   Qwen3   q and k RMS-normalized per head before rotary; head_dim != C/H
+//   Mistral each query sees the sliding_window latest keys
+//   LLaMA   attention_bias (q, k, v, o) and mlp_bias (gate, up, down) when set
 #include <ATen/ATen.h>
 
 #include <array>
@@ -17,115 +23,30 @@
 #include <string>
 #include <vector>
 
+#include "decoder_shape.hpp"
+#include "rope.hpp"
 #include "tightfit/activation_bytes.hpp"
-#include "tightfit/hf_config.hpp"
 #include "tightfit/plugin_sdk.hpp"
 
 namespace {
 
-struct Shape {
-  int64_t n_layer = 0, n_embd = 0, n_head = 0, n_kv_head = 0, intermediate = 0, vocab = 0,
-          max_positions = 0;
-  double rope_theta = 10000.0, rms_eps = 1e-5;
-  bool tie_embeddings = false;
-  std::string rope_scaling = "none";  // none | linear | llama3
-  double rope_factor = 1.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
-  int64_t rope_original_max_positions = 8192;
-};
-
-struct Preset {
-  const char* name;
-  Shape shape;
-};
-
-Shape make(int64_t L, int64_t C, int64_t H, int64_t KVH, int64_t I, int64_t V, int64_t P,
-           double theta, bool tie) {
-  Shape s;
-  s.n_layer = L, s.n_embd = C, s.n_head = H, s.n_kv_head = KVH, s.intermediate = I, s.vocab = V;
-  s.max_positions = P, s.rope_theta = theta, s.tie_embeddings = tie;
-  return s;
-}
-
-const std::array<Preset, 6>& presets() {
-  static const std::array<Preset, 6> p = [] {
-    Shape one_b = make(16, 2048, 32, 8, 8192, 128256, 131072, 500000.0, true);  // Llama-3.2-1B
-    one_b.rope_scaling = "llama3";
-    one_b.rope_factor = 32.0;
-    one_b.rope_low_freq_factor = 1.0;
-    one_b.rope_high_freq_factor = 4.0;
-    one_b.rope_original_max_positions = 8192;
-    return std::array<Preset, 6>{{
-        {"tiny", make(4, 128, 4, 2, 352, 0, 512, 10000.0, false)},
-        {"1B", one_b},
-        {"7B", make(32, 4096, 32, 32, 11008, 32000, 4096, 10000.0, false)},   // Llama-2-7B
-        {"13B", make(40, 5120, 40, 40, 13824, 32000, 4096, 10000.0, false)},  // Llama-2-13B
-        {"30B", make(60, 6656, 52, 52, 17920, 32000, 2048, 10000.0, false)},  // LLaMA-30B (33B)
-        {"70B", make(80, 8192, 64, 8, 28672, 32000, 4096, 10000.0, false)},   // Llama-2-70B
-    }};
-  }();
-  return p;
-}
-
-// Reads the shape from a Hugging Face config.json (file or model folder).
-Shape shape_from_hf_config(const std::string& path) {
-  const tf_sdk::HfConfig c = tf_sdk::read_hf_config(path);
-  const nlohmann::json& j = c.json;
-  Shape s;
-  s.n_layer = c.need("num_hidden_layers");
-  s.n_embd = c.need("hidden_size");
-  s.n_head = c.need("num_attention_heads");
-  s.n_kv_head = c.get("num_key_value_heads", s.n_head);
-  s.intermediate = c.need("intermediate_size");
-  s.vocab = c.need("vocab_size");
-  s.max_positions = c.get("max_position_embeddings", 2048);
-  s.rope_theta = j.value("rope_theta", 10000.0);
-  s.rms_eps = j.value("rms_norm_eps", 1e-6);
-  s.tie_embeddings = j.value("tie_word_embeddings", false);
-  if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
-    const auto& r = j["rope_scaling"];
-    const std::string type = r.value("rope_type", r.value("type", std::string("default")));
-    if (type == "linear" || type == "llama3")
-      s.rope_scaling = type;
-    else if (type != "default")
-      throw std::invalid_argument(c.source + ": rope_scaling type \"" + type +
-                                  "\" is not supported (default, linear, llama3)");
-    s.rope_factor = r.value("factor", 1.0);
-    s.rope_low_freq_factor = r.value("low_freq_factor", 1.0);
-    s.rope_high_freq_factor = r.value("high_freq_factor", 4.0);
-    s.rope_original_max_positions = r.value("original_max_position_embeddings", int64_t{8192});
-  }
-  return s;
-}
-
-// Rotary inverse frequencies, scaled as the config says.
-at::Tensor rope_inv_freq(const Shape& s, int64_t head_dim) {
-  at::Tensor inv =
-      1.0 / at::pow(s.rope_theta, at::arange(0, head_dim, 2, at::kLong).to(at::kFloat) /
-                                      static_cast<double>(head_dim));
-  if (s.rope_scaling == "linear") return inv / s.rope_factor;
-  if (s.rope_scaling != "llama3") return inv;
-  const double old_ctx = static_cast<double>(s.rope_original_max_positions);
-  const double low_wavelen = old_ctx / s.rope_low_freq_factor,
-               high_wavelen = old_ctx / s.rope_high_freq_factor;
-  at::Tensor wavelen = 2.0 * M_PI / inv;
-  at::Tensor scaled = at::where(wavelen > low_wavelen, inv / s.rope_factor, inv);
-  at::Tensor smooth = (old_ctx / wavelen - s.rope_low_freq_factor) /
-                      (s.rope_high_freq_factor - s.rope_low_freq_factor);
-  at::Tensor smoothed = (1 - smooth) * scaled / s.rope_factor + smooth * scaled;
-  at::Tensor medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
-  return at::where(medium, smoothed, scaled);
-}
+using llama::Shape;
 
 struct Llama {
   tf_sdk::Host host;
   Shape s;
   at::ScalarType dtype = at::kFloat;
-  at::Tensor inv_freq;    // [head_dim / 2], fp32
+  llama::Rope rotary;     // inverse frequencies on the run's device, attention scaling
   std::string hf_config;  // config.json for export
 
-  int64_t head_dim() const { return s.n_embd / s.n_head; }
+  int64_t head_dim() const { return s.d_head(); }
   std::string layer(int64_t l, const char* rest) const {
     return "model.layers." + std::to_string(l) + "." + rest;
+  }
+  // A projection y = W x (+ b when the family has that bias).
+  at::Tensor proj(const at::Tensor& x, int64_t l, const char* name, bool biased) const {
+    const std::string w = layer(l, name);
+    return host.linear(x, w + ".weight", biased ? w + ".bias" : std::string());
   }
 
   at::Tensor rms_norm(const at::Tensor& x, const std::string& weight) const {
@@ -135,6 +56,13 @@ struct Llama {
     return host.weight(weight) * xf.to(x.scalar_type());
   }
 
+  at::Tensor act(const at::Tensor& x) const {
+    if (s.act == "silu" || s.act == "swish") return at::silu(x);
+    if (s.act == "gelu") return at::gelu(x);
+    if (s.act == "relu") return at::relu(x);
+    return at::gelu(x, "tanh");  // gelu_new, gelu_pytorch_tanh
+  }
+
   // x: [B, heads, T, D]; rotate pairs (i, i + D/2) by position * inv_freq.
   at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
     const int64_t half = x.size(-1) / 2;
@@ -142,33 +70,51 @@ struct Llama {
     return x * cos + rotated * sin;
   }
 
+  // Causal attention; with a window W, query t sees keys t-W+1 .. t.
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    int64_t l) const {
+    const int64_t T = q.size(2);
+    if (!s.windowed(l) || s.sliding_window >= T)
+      return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+    at::Tensor pos = at::arange(T, at::TensorOptions().dtype(at::kLong).device(q.device()));
+    at::Tensor gap = pos.unsqueeze(1) - pos.unsqueeze(0);  // query - key
+    at::Tensor allowed = gap.ge(0).logical_and(gap.lt(s.sliding_window));
+    return at::scaled_dot_product_attention(q, k, v, allowed, 0.0, /*is_causal=*/false);
+  }
+
   at::Tensor attention(const at::Tensor& u, int64_t l) const {
     const int64_t B = u.size(0), T = u.size(1), H = s.n_head, KVH = s.n_kv_head, D = head_dim();
-    at::Tensor q =
-        host.linear(u, layer(l, "self_attn.q_proj.weight")).view({B, T, H, D}).transpose(1, 2);
-    at::Tensor k =
-        host.linear(u, layer(l, "self_attn.k_proj.weight")).view({B, T, KVH, D}).transpose(1, 2);
-    at::Tensor v =
-        host.linear(u, layer(l, "self_attn.v_proj.weight")).view({B, T, KVH, D}).transpose(1, 2);
-    at::Tensor angles =
-        at::outer(at::arange(T, at::kFloat).to(inv_freq.device()), inv_freq);  // [T, D/2]
+    at::Tensor q = proj(u, l, "self_attn.q_proj", s.qkv_bias).view({B, T, H, D});
+    at::Tensor k = proj(u, l, "self_attn.k_proj", s.qkv_bias).view({B, T, KVH, D});
+    at::Tensor v = proj(u, l, "self_attn.v_proj", s.qkv_bias).view({B, T, KVH, D}).transpose(1, 2);
+    if (s.qk_norm) {  // Qwen3: RMSNorm over each head's D values
+      q = rms_norm(q, layer(l, "self_attn.q_norm.weight"));
+      k = rms_norm(k, layer(l, "self_attn.k_norm.weight"));
+    }
+    q = q.transpose(1, 2);
+    k = k.transpose(1, 2);
+    at::Tensor angles = at::outer(at::arange(T, at::kFloat).to(rotary.inv_freq.device()),
+                                  rotary.inv_freq);  // [T, D/2]
     at::Tensor emb = at::cat({angles, angles}, -1);
-    at::Tensor cos = emb.cos().to(q.scalar_type()), sin = emb.sin().to(q.scalar_type());
+    at::Tensor cos = emb.cos(), sin = emb.sin();
+    if (rotary.attention_scaling != 1.0) {
+      cos = cos * rotary.attention_scaling;
+      sin = sin * rotary.attention_scaling;
+    }
+    cos = cos.to(q.scalar_type()), sin = sin.to(q.scalar_type());
     q = rope(q, cos, sin);
     k = rope(k, cos, sin);
     if (KVH != H) {  // each key/value head serves H / KVH query heads
       k = k.repeat_interleave(H / KVH, 1);
       v = v.repeat_interleave(H / KVH, 1);
     }
-    at::Tensor y = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
-    return host.linear(y.transpose(1, 2).reshape({B, T, H * D}),
-                       layer(l, "self_attn.o_proj.weight"));
+    at::Tensor y = attend(q, k, v, l);
+    return proj(y.transpose(1, 2).reshape({B, T, H * D}), l, "self_attn.o_proj", s.o_bias);
   }
 
   at::Tensor mlp(const at::Tensor& v, int64_t l) const {
-    at::Tensor gate = at::silu(host.linear(v, layer(l, "mlp.gate_proj.weight")));
-    return host.linear(gate * host.linear(v, layer(l, "mlp.up_proj.weight")),
-                       layer(l, "mlp.down_proj.weight"));
+    at::Tensor gate = act(proj(v, l, "mlp.gate_proj", s.mlp_bias));
+    return proj(gate * proj(v, l, "mlp.up_proj", s.mlp_bias), l, "mlp.down_proj", s.mlp_bias);
   }
 
   at::Tensor block(const at::Tensor& h, int64_t l) const {
@@ -205,10 +151,10 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     const std::string preset = host.get_string("preset");
     const std::string config = host.get_string("config");
     if (!config.empty()) {
-      m->s = shape_from_hf_config(config);
+      m->s = llama::shape_from_hf_config(config);
     } else {
       bool found = preset == "custom";
-      for (const auto& p : presets())
+      for (const auto& p : llama::presets())
         if (preset == p.name) {
           m->s = p.shape;
           found = true;
@@ -237,18 +183,13 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       s.rope_low_freq_factor = host.get_double("rope_low_freq_factor");
     if (host.has("rope_high_freq_factor"))
       s.rope_high_freq_factor = host.get_double("rope_high_freq_factor");
+    if (host.has("head_dim")) s.head_dim = host.get_int("head_dim");
     if (s.n_kv_head == 0) s.n_kv_head = s.n_head;
     if (s.vocab == 0) s.vocab = info.vocab_size;
-    if (s.n_layer <= 0 || s.n_embd <= 0 || s.n_head <= 0 || s.intermediate <= 0 ||
-        s.max_positions <= 0)
-      throw std::invalid_argument(
-          "preset \"custom\" needs n_layer, n_embd, n_head, intermediate_size, max_positions");
-    if (s.n_embd % s.n_head != 0 || (s.n_embd / s.n_head) % 2 != 0)
-      throw std::invalid_argument("n_embd / n_head must be an even integer (rotary pairs)");
-    if (s.n_head % s.n_kv_head != 0)
-      throw std::invalid_argument(
-          "n_head = " + std::to_string(s.n_head) +
-          " is not a multiple of n_kv_head = " + std::to_string(s.n_kv_head));
+    if (s.sliding_window > 0)  // an n_layer override keeps the config's pattern
+      s.sliding_layers.resize(static_cast<size_t>(std::max<int64_t>(s.n_layer, 0)),
+                              s.sliding_layers.empty() ? true : s.sliding_layers.back());
+    llama::validate(s, config.empty() ? "[model]" : config);
     if (s.vocab < info.vocab_size)
       throw std::invalid_argument("vocab_size = " + std::to_string(s.vocab) +
                                   " is smaller than the tokenizer's " +
@@ -257,11 +198,13 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       throw std::invalid_argument("[data] seq_len exceeds max_positions = " +
                                   std::to_string(s.max_positions));
     m->dtype = tf_sdk::scalar_type(tf_sdk::parse_dtype(host.get_string("dtype")));
-    m->inv_freq = rope_inv_freq(s, m->head_dim());
-    if (!tf_sdk::planning_only(info)) m->inv_freq = m->inv_freq.to(at::Device(info.device));
+    m->rotary = llama::make_rope(s);
+    if (!tf_sdk::planning_only(info))
+      m->rotary.inv_freq = m->rotary.inv_freq.to(at::Device(info.device));
 
     const int64_t L = s.n_layer, C = s.n_embd, V = s.vocab, D = m->head_dim(), I = s.intermediate;
-    const int64_t KV = s.n_kv_head * D, elt = m->dtype == at::kFloat ? 4 : 2, T = info.seq_len;
+    const int64_t KV = s.n_kv_head * D, Q = s.n_head * D, T = info.seq_len;
+    const int64_t elt = m->dtype == at::kFloat ? 4 : 2;
     const uint32_t no_decay = TF_PARAM_NO_WEIGHT_DECAY;
     const double std = 0.02, proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(L));
 
@@ -269,14 +212,16 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     // its fp32 input (a copy unless the activations are fp32), the normalized
     // value and the scaled output (the projections' input); attention keeps
     // rotated q, k and v as attention sees them (repeated for grouped
-    // heads: C each) and its output; the MLP its input's gate, up, silu(gate)
+    // heads: H D each) and its output (H D), Qwen3's per-head norms their
+    // fp32 inputs; the MLP its input's gate, up, silu(gate)
     // and their product (4 I). Small fp32 statistics round it off.
     // Frozen, a norm keeps only its fp32 input and the MLP gate's input, silu
     // of it and up (3 I): the linears' inputs and the norms' outputs go.
     const int64_t rms_norm_bytes = 4 * C + 2 * elt * C, frozen_norm_bytes = 4 * C;
-    const int64_t extra = 72 + tf_sdk::attention_lse_bytes(s.n_head);
-    const int64_t block_bytes = 2 * rms_norm_bytes + 4 * elt * C + 4 * elt * I + extra;
-    const int64_t frozen_block_bytes = 2 * frozen_norm_bytes + 4 * elt * C + 3 * elt * I + extra;
+    const int64_t extra = 72 + tf_sdk::attention_lse_bytes(s.n_head) +
+                          (s.qk_norm ? 4 * (Q + KV) + 2 * elt * (Q + KV) : 0);
+    const int64_t block_bytes = 2 * rms_norm_bytes + 4 * elt * Q + 4 * elt * I + extra;
+    const int64_t frozen_block_bytes = 2 * frozen_norm_bytes + 4 * elt * Q + 3 * elt * I + extra;
     // Gradients alive at once at the peak of a block's backward, measured:
     // in the MLP, those of h, silu(gate) and up with the residual's; trained,
     // the saved inputs the weight gradients used are gone by then.
@@ -288,55 +233,45 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       const int32_t st = m->host.declare_stage(
           "block." + std::to_string(l), TF_STAGE_BLOCK,
           {block_bytes, frozen_block_bytes, C * elt, backward_bytes, frozen_backward_bytes},
-          2 * (2 * C * C + 2 * C * KV + 3 * C * I) + 2 * T * C);
+          2 * (2 * C * Q + 2 * C * KV + 3 * C * I) + 2 * T * Q);
       declare(*m, m->layer(l, "input_layernorm.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
-      declare(*m, m->layer(l, "self_attn.q_proj.weight"), {C, C}, st, TF_INIT_NORMAL, std, 0);
+      declare(*m, m->layer(l, "self_attn.q_proj.weight"), {Q, C}, st, TF_INIT_NORMAL, std, 0);
       declare(*m, m->layer(l, "self_attn.k_proj.weight"), {KV, C}, st, TF_INIT_NORMAL, std, 0);
       declare(*m, m->layer(l, "self_attn.v_proj.weight"), {KV, C}, st, TF_INIT_NORMAL, std, 0);
-      declare(*m, m->layer(l, "self_attn.o_proj.weight"), {C, C}, st, TF_INIT_NORMAL, proj_std, 0);
+      if (s.qkv_bias) {
+        declare(*m, m->layer(l, "self_attn.q_proj.bias"), {Q}, st, TF_INIT_ZEROS, 0, no_decay);
+        declare(*m, m->layer(l, "self_attn.k_proj.bias"), {KV}, st, TF_INIT_ZEROS, 0, no_decay);
+        declare(*m, m->layer(l, "self_attn.v_proj.bias"), {KV}, st, TF_INIT_ZEROS, 0, no_decay);
+      }
+      if (s.qk_norm) {
+        declare(*m, m->layer(l, "self_attn.q_norm.weight"), {D}, st, TF_INIT_ONES, 0, no_decay);
+        declare(*m, m->layer(l, "self_attn.k_norm.weight"), {D}, st, TF_INIT_ONES, 0, no_decay);
+      }
+      declare(*m, m->layer(l, "self_attn.o_proj.weight"), {C, Q}, st, TF_INIT_NORMAL, proj_std, 0);
+      if (s.o_bias)
+        declare(*m, m->layer(l, "self_attn.o_proj.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
       declare(*m, m->layer(l, "post_attention_layernorm.weight"), {C}, st, TF_INIT_ONES, 0,
               no_decay);
       declare(*m, m->layer(l, "mlp.gate_proj.weight"), {I, C}, st, TF_INIT_NORMAL, std, 0);
       declare(*m, m->layer(l, "mlp.up_proj.weight"), {I, C}, st, TF_INIT_NORMAL, std, 0);
       declare(*m, m->layer(l, "mlp.down_proj.weight"), {C, I}, st, TF_INIT_NORMAL, proj_std, 0);
+      if (s.mlp_bias) {
+        declare(*m, m->layer(l, "mlp.gate_proj.bias"), {I}, st, TF_INIT_ZEROS, 0, no_decay);
+        declare(*m, m->layer(l, "mlp.up_proj.bias"), {I}, st, TF_INIT_ZEROS, 0, no_decay);
+        declare(*m, m->layer(l, "mlp.down_proj.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
+      }
     }
     const int64_t loss = tf_sdk::loss_activation_bytes(V, elt);
     const int32_t head = m->host.declare_stage("head", TF_STAGE_HEAD, rms_norm_bytes + loss,
                                                2 * C * V, frozen_norm_bytes + loss, V * elt);
     declare(*m, "model.norm.weight", {C}, head, TF_INIT_ONES, 0, no_decay);
     if (!s.tie_embeddings) declare(*m, "lm_head.weight", {V, C}, head, TF_INIT_NORMAL, std, 0);
-    nlohmann::json cfg = {
-        {"model_type", "llama"},
-        {"architectures", {"LlamaForCausalLM"}},
-        {"vocab_size", V},
-        {"hidden_size", C},
-        {"intermediate_size", I},
-        {"num_hidden_layers", L},
-        {"num_attention_heads", s.n_head},
-        {"num_key_value_heads", s.n_kv_head},
-        {"head_dim", D},
-        {"max_position_embeddings", s.max_positions},
-        {"rope_theta", s.rope_theta},
-        {"rms_norm_eps", s.rms_eps},
-        {"tie_word_embeddings", s.tie_embeddings},
-        {"hidden_act", "silu"},
-        {"attention_bias", false},
-        {"mlp_bias", false},
-        {"rope_scaling", nullptr},
-        {"torch_dtype", host.get_string("dtype") == "fp32" ? "float32" : "bfloat16"}};
-    if (s.rope_scaling == "linear")
-      cfg["rope_scaling"] = {{"rope_type", "linear"}, {"factor", s.rope_factor}};
-    if (s.rope_scaling == "llama3")
-      cfg["rope_scaling"] = {{"rope_type", "llama3"},
-                             {"factor", s.rope_factor},
-                             {"low_freq_factor", s.rope_low_freq_factor},
-                             {"high_freq_factor", s.rope_high_freq_factor},
-                             {"original_max_position_embeddings", s.rope_original_max_positions}};
+    const nlohmann::json cfg = llama::hf_config_for_export(s, host.get_string("dtype"));
     m->hf_config = cfg.dump(2);
-    host.log(TF_LOG_INFO,
-             "LLaMA " + (config.empty() ? preset : config) + ": n_layer=" + std::to_string(L) +
-                 " n_embd=" + std::to_string(C) + " n_head=" + std::to_string(s.n_head) +
-                 " n_kv_head=" + std::to_string(s.n_kv_head) + " vocab=" + std::to_string(V));
+    host.log(TF_LOG_INFO, s.model_type + " " + (config.empty() ? preset : config) +
+                              ": n_layer=" + std::to_string(L) + " n_embd=" + std::to_string(C) +
+                              " n_head=" + std::to_string(s.n_head) + " n_kv_head=" +
+                              std::to_string(s.n_kv_head) + " vocab=" + std::to_string(V));
     *out = m.release();
     return TF_OK;
   });
@@ -363,13 +298,17 @@ tf_status stage_forward(void* state, tf_host_context* ctx, const tf_stage_call* 
 const tf_config_key kKeys[] = {
     tf_sdk::key("preset", TF_VALUE_STRING, "\"tiny\"",
                 "model size: tiny (4x128, GQA 4:2), 1B (Llama-3.2-1B), 7B (Llama-2-7B), 13B "
-                "(Llama-2-13B), 30B (LLaMA-30B), 70B (Llama-2-70B, GQA 64:8), custom",
-                1, 0, "tiny|1B|7B|13B|30B|70B|custom"),
+                "(Llama-2-13B), 30B (LLaMA-30B), 70B (Llama-2-70B, GQA 64:8), qwen2-1.5B "
+                "(DeepSeek-R1-Distill-Qwen-1.5B's shape), custom",
+                1, 0, "tiny|1B|7B|13B|30B|70B|qwen2-1.5B|custom"),
     tf_sdk::key("config", TF_VALUE_STRING, "\"\"",
-                "Hugging Face config.json (or its folder) giving the shape"),
+                "Hugging Face config.json (or its folder) giving the shape; model_type llama, "
+                "mistral, qwen2 or qwen3"),
     tf_sdk::key("n_layer", TF_VALUE_INT, "0", "decoder layers (overrides)", 0, 1e4),
     tf_sdk::key("n_embd", TF_VALUE_INT, "0", "hidden size (overrides)", 0, 1e6),
     tf_sdk::key("n_head", TF_VALUE_INT, "0", "query heads (overrides)", 0, 1e4),
+    tf_sdk::key("head_dim", TF_VALUE_INT, "0", "per-head size; 0 = n_embd / n_head (overrides)", 0,
+                1e5),
     tf_sdk::key("n_kv_head", TF_VALUE_INT, "0",
                 "key/value heads, grouped-query attention (overrides)", 0, 1e4),
     tf_sdk::key("intermediate_size", TF_VALUE_INT, "0", "SwiGLU hidden size (overrides)", 0, 1e7),
@@ -378,7 +317,7 @@ const tf_config_key kKeys[] = {
     tf_sdk::key("max_positions", TF_VALUE_INT, "0", "longest sequence (overrides)", 0, 1e8),
     tf_sdk::key("rope_theta", TF_VALUE_FLOAT, "10000.0", "rotary base (overrides)", 1, 1e12),
     tf_sdk::key("rope_scaling", TF_VALUE_STRING, "\"none\"", "rotary scaling (overrides)", 1, 0,
-                "none|linear|llama3"),
+                "none|linear|dynamic|llama3|yarn"),
     tf_sdk::key("rope_factor", TF_VALUE_FLOAT, "1.0", "rotary scaling factor", 1e-6, 1e6),
     tf_sdk::key("rope_low_freq_factor", TF_VALUE_FLOAT, "1.0",
                 "llama3 scaling: low-frequency factor", 1e-6, 1e6),
@@ -397,13 +336,18 @@ tf_status hf_config_json(void* state, tf_host_context*, const char** out) {
   return TF_OK;
 }
 
-const tf_model_vtable kVtable = {sizeof(tf_model_vtable), create,         destroy,
-                                 stage_forward,           hf_config_json, {}};
+const tf_model_vtable kVtable = {.struct_size = sizeof(tf_model_vtable),
+                                 .create = create,
+                                 .destroy = destroy,
+                                 .stage_forward = stage_forward,
+                                 .hf_config_json = hf_config_json,
+                                 .hf_model_types = llama::kModelTypes};
 
 const tf_plugin_descriptor kDescriptor =
     tf_sdk::describe(TF_PLUGIN_MODEL, "llama", "1.0.0",
-                     "LLaMA 1/2/3: RMSNorm, rotary (linear/llama3 scaling), "
-                     "SwiGLU, grouped-query attention; Hugging Face names",
+                     "LLaMA 1/2/3, Mistral, Qwen2, Qwen3 decoders: RMSNorm, rotary "
+                     "(linear/dynamic/llama3/yarn), SwiGLU, grouped-query and sliding-window "
+                     "attention; Hugging Face names",
                      kKeys, &kVtable);
 
 }  // namespace

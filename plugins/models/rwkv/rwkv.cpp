@@ -366,8 +366,14 @@ const tf_config_key kKeys[] = {
     tf_sdk::key("dtype", TF_VALUE_STRING, "\"fp32\"", "parameter dtype", 1, 0, "fp32|bf16|fp16"),
 };
 
-const tf_model_vtable kVtable = {sizeof(tf_model_vtable), create, destroy,       stage_forward,
-                                 hf_config_json,          decode, release_cache, {}};
+const tf_model_vtable kVtable = {.struct_size = sizeof(tf_model_vtable),
+                                 .create = create,
+                                 .destroy = destroy,
+                                 .stage_forward = stage_forward,
+                                 .hf_config_json = hf_config_json,
+                                 .decode = decode,
+                                 .release_cache = release_cache,
+                                 .hf_model_types = "rwkv"};
 
 const tf_plugin_descriptor kDescriptor =
     tf_sdk::describe(TF_PLUGIN_MODEL, "rwkv", "1.0.0",

@@ -1,0 +1,300 @@
+#include "decoder_shape.hpp"
+
+#include <stdexcept>
+
+#include "tightfit/hf_config.hpp"
+
+namespace llama {
+namespace {
+
+Shape make(int64_t L, int64_t C, int64_t H, int64_t KVH, int64_t I, int64_t V, int64_t P,
+           double theta, bool tie) {
+  Shape s;
+  s.n_layer = L, s.n_embd = C, s.n_head = H, s.n_kv_head = KVH, s.intermediate = I, s.vocab = V;
+  s.max_positions = P, s.rope_theta = theta, s.tie_embeddings = tie;
+  return s;
+}
+
+Shape llama3(Shape s, double factor) {
+  s.rope_scaling = "llama3";
+  s.rope_factor = factor;
+  s.rope_low_freq_factor = 1.0;
+  s.rope_high_freq_factor = 4.0;
+  s.rope_original_max_positions = 8192;
+  return s;
+}
+
+Shape qwen2(Shape s) {
+  s.model_type = "qwen2";
+  s.qkv_bias = true;
+  s.rms_eps = 1e-6;
+  return s;
+}
+
+// What transformers assumes for a key the config.json leaves out, by model type.
+struct TypeDefaults {
+  const char* type;
+  int64_t max_positions;
+  double rms_eps;
+};
+constexpr TypeDefaults kDefaults[] = {{"llama", 2048, 1e-6},
+                                      {"mistral", 4096 * 32, 1e-6},
+                                      {"qwen2", 32768, 1e-6},
+                                      {"qwen3", 32768, 1e-6}};
+
+const char* const kActivations = "silu, swish, gelu, gelu_new, gelu_pytorch_tanh, relu";
+bool activation_supported(const std::string& act) {
+  for (const char* a : {"silu", "swish", "gelu", "gelu_new", "gelu_pytorch_tanh", "relu"})
+    if (act == a) return true;
+  return false;
+}
+
+void read_rope(const tf_sdk::HfConfig& c, const nlohmann::json& r, Shape& s) {
+  if (!r.is_object())
+    throw std::invalid_argument(c.source + ": \"rope_scaling\" must be an object or null");
+  std::string type = "default";
+  for (const char* k : {"rope_type", "type"})
+    if (r.contains(k) && !r[k].is_null()) {
+      if (!r[k].is_string())
+        throw std::invalid_argument(c.source + ": rope_scaling." + k + " must be a string");
+      type = r[k].get<std::string>();
+      break;
+    }
+  if (type == "default") return;
+  if (type != "linear" && type != "dynamic" && type != "llama3" && type != "yarn")
+    throw std::invalid_argument(c.source + ": rope_scaling type \"" + type +
+                                "\" is not supported (default, linear, dynamic, llama3, yarn)");
+  s.rope_scaling = type;
+  auto num = [&](const char* key, double fallback, double lo, double hi) {
+    return r.contains(key) && !r[key].is_null()
+               ? c.real_of(r[key], std::string("rope_scaling.") + key, lo, hi)
+               : fallback;
+  };
+  if (!r.contains("factor") || r["factor"].is_null())
+    throw std::invalid_argument(c.source + ": rope_scaling type \"" + type +
+                                "\" needs a \"factor\"");
+  s.rope_factor = num("factor", 1.0, 0.0, 1e6);
+  if (type == "llama3") {
+    s.rope_low_freq_factor = num("low_freq_factor", 1.0, 0.0, 1e6);
+    s.rope_high_freq_factor = num("high_freq_factor", 4.0, 0.0, 1e6);
+    if (s.rope_high_freq_factor <= s.rope_low_freq_factor)
+      throw std::invalid_argument(c.source +
+                                  ": rope_scaling.high_freq_factor must exceed low_freq_factor");
+  }
+  if (type == "llama3" || type == "yarn") {
+    const double fallback = type == "yarn" ? static_cast<double>(s.max_positions) : -1;
+    const double orig = num("original_max_position_embeddings", fallback, 0.0, 1e9);
+    if (orig < 0)
+      throw std::invalid_argument(
+          c.source + ": rope_scaling type llama3 needs original_max_position_embeddings");
+    if (orig != static_cast<double>(static_cast<int64_t>(orig)))
+      throw std::invalid_argument(
+          c.source + ": rope_scaling.original_max_position_embeddings must be an integer");
+    s.rope_original_max_positions = static_cast<int64_t>(orig);
+  }
+  if (type == "yarn") {
+    s.yarn_beta_fast = num("beta_fast", 32.0, 0.0, 1e6);
+    s.yarn_beta_slow = num("beta_slow", 1.0, 0.0, 1e6);
+    s.yarn_attention_factor = num("attention_factor", 0.0, 0.0, 1e6);
+    s.yarn_mscale = num("mscale", 0.0, -1.0, 1e6);
+    s.yarn_mscale_all_dim = num("mscale_all_dim", 0.0, -1.0, 1e6);
+    if (r.contains("truncate") && !r["truncate"].is_null()) {
+      if (!r["truncate"].is_boolean())
+        throw std::invalid_argument(c.source + ": rope_scaling.truncate must be true or false");
+      s.yarn_truncate = r["truncate"].get<bool>();
+    }
+  }
+}
+
+void read_sliding_window(const tf_sdk::HfConfig& c, Shape& s) {
+  s.sliding_layers.assign(static_cast<size_t>(s.n_layer), false);
+  const nlohmann::json& j = c.json;
+  if (s.model_type == "mistral") {
+    // Mistral windows every layer; transformers' default is 4096 when the key is absent.
+    s.sliding_window =
+        j.contains("sliding_window") ? c.get("sliding_window", 0, 1, 1'000'000'000) : 4096;
+    s.sliding_layers.assign(static_cast<size_t>(s.n_layer), s.sliding_window > 0);
+    return;
+  }
+  if (s.model_type != "qwen2" && s.model_type != "qwen3") return;  // LLaMA has no window
+  if (!c.flag("use_sliding_window", false)) return;
+  s.sliding_window = c.get("sliding_window", 4096, 1, 1'000'000'000);
+  if (c.has("layer_types")) {
+    const nlohmann::json& types = j["layer_types"];
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != s.n_layer)
+      throw std::invalid_argument(c.source + ": \"layer_types\" must list num_hidden_layers = " +
+                                  std::to_string(s.n_layer) + " entries");
+    for (size_t l = 0; l < types.size(); ++l) {
+      const std::string t = types[l].is_string() ? types[l].get<std::string>() : "";
+      if (t != "sliding_attention" && t != "full_attention")
+        throw std::invalid_argument(c.source + ": layer_types[" + std::to_string(l) +
+                                    "] must be \"full_attention\" or \"sliding_attention\"");
+      s.sliding_layers[l] = t == "sliding_attention";
+    }
+    return;
+  }
+  const int64_t full = c.get("max_window_layers", 28, 0, 1'000'000);
+  for (int64_t l = full; l < s.n_layer; ++l) s.sliding_layers[static_cast<size_t>(l)] = true;
+}
+
+// Keys of other families that change the maths in ways this plugin does not compute.
+void refuse_unsupported(const tf_sdk::HfConfig& c, const Shape& s) {
+  auto refuse = [&](const std::string& key, const std::string& why) {
+    throw std::invalid_argument(c.source + ": \"" + key + "\" " + why);
+  };
+  if (c.has("quantization_config"))
+    refuse("quantization_config",
+           "names a pre-quantized checkpoint, which tightfit does not load: start from the "
+           "unquantized model and add [[strategy]] plugin = \"quantize\"");
+  if (c.has("partial_rotary_factor") && c.real("partial_rotary_factor", 1.0, 0.0, 1.0) != 1.0)
+    refuse("partial_rotary_factor", "below 1 (rotary on part of each head) is not supported");
+  if (c.real("attention_dropout", 0.0, 0.0, 1.0, false) != 0.0)
+    refuse("attention_dropout",
+           "is not supported: training would differ from transformers'; set it to 0.0");
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"})
+    if (c.has(key)) refuse(key, "(logit soft-capping) is not supported");
+  if (s.model_type != "qwen3")
+    for (const char* key : {"use_qk_norm", "qk_layernorm", "qk_norm"})
+      if (c.has(key) && (!c.json[key].is_boolean() || c.json[key].get<bool>()))
+        refuse(key, "(a norm over q and k) is computed for model_type qwen3 only");
+  if (c.has("rope_parameters") && !c.has("rope_scaling"))
+    refuse("rope_parameters",
+           "is the transformers 5 spelling: save the config with transformers 4.x "
+           "(rope_theta and rope_scaling)");
+}
+
+}  // namespace
+
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> p = {
+      {"tiny", make(4, 128, 4, 2, 352, 0, 512, 10000.0, false)},
+      {"1B", llama3(make(16, 2048, 32, 8, 8192, 128256, 131072, 500000.0, true), 32.0)},
+      {"7B", make(32, 4096, 32, 32, 11008, 32000, 4096, 10000.0, false)},   // Llama-2-7B
+      {"13B", make(40, 5120, 40, 40, 13824, 32000, 4096, 10000.0, false)},  // Llama-2-13B
+      {"30B", make(60, 6656, 52, 52, 17920, 32000, 2048, 10000.0, false)},  // LLaMA-30B (33B)
+      {"70B", make(80, 8192, 64, 8, 28672, 32000, 4096, 10000.0, false)},   // Llama-2-70B
+      // DeepSeek-R1-Distill-Qwen-1.5B / Qwen2.5-1.5B: q/k/v biases, untied head.
+      {"qwen2-1.5B", qwen2(make(28, 1536, 12, 2, 8960, 151936, 131072, 10000.0, false))},
+  };
+  return p;
+}
+
+Shape shape_from_hf_config(const std::string& path) {
+  const tf_sdk::HfConfig c = tf_sdk::read_hf_config(path);
+  Shape s;
+  s.hf_json = c.json;
+  s.model_type = c.text("model_type", "llama");
+  const TypeDefaults* d = nullptr;
+  for (const auto& t : kDefaults)
+    if (s.model_type == t.type) d = &t;
+  if (!d)
+    throw std::invalid_argument(c.source + ": model_type \"" + s.model_type +
+                                "\" is not one the llama plugin computes (" + kModelTypes +
+                                "); `tightfit plugins list` shows the model plugins");
+  s.n_layer = c.need("num_hidden_layers", 1, 10'000);
+  s.n_embd = c.need("hidden_size", 1, 1'000'000);
+  s.n_head = c.need("num_attention_heads", 1, 10'000);
+  s.n_kv_head = c.get("num_key_value_heads", s.n_head, 1, s.n_head);
+  s.intermediate = c.need("intermediate_size", 1, 10'000'000);
+  s.vocab = c.need("vocab_size", 1, 10'000'000);
+  s.max_positions = c.get("max_position_embeddings", d->max_positions, 1, 100'000'000);
+  s.head_dim = c.get("head_dim", s.model_type == "qwen3" ? 128 : 0, 2, 100'000);
+  s.rope_theta = c.real("rope_theta", 10000.0, 1.0, 1e12, false);
+  s.rms_eps = c.real("rms_norm_eps", d->rms_eps, 0.0, 1.0);
+  s.tie_embeddings = c.flag("tie_word_embeddings", false);
+  if (s.model_type == "llama" || s.model_type == "qwen3")
+    s.qkv_bias = s.o_bias = c.flag("attention_bias", false);
+  if (s.model_type == "qwen2") s.qkv_bias = true;  // Qwen2 always, and never on o_proj
+  if (s.model_type == "llama") s.mlp_bias = c.flag("mlp_bias", false);
+  s.qk_norm = s.model_type == "qwen3";
+  s.act = c.text("hidden_act", "silu");
+  if (!activation_supported(s.act))
+    throw std::invalid_argument(c.source + ": hidden_act \"" + s.act + "\" is not supported (" +
+                                kActivations + ")");
+  if (c.has("rope_scaling")) read_rope(c, c.json["rope_scaling"], s);
+  read_sliding_window(c, s);
+  refuse_unsupported(c, s);
+  validate(s, c.source);
+  return s;
+}
+
+void validate(const Shape& s, const std::string& where) {
+  auto bad = [&](const std::string& what) { throw std::invalid_argument(where + ": " + what); };
+  if (s.n_layer <= 0 || s.n_embd <= 0 || s.n_head <= 0 || s.intermediate <= 0 ||
+      s.max_positions <= 0)
+    bad("preset \"custom\" needs n_layer, n_embd, n_head, intermediate_size, max_positions");
+  if (s.head_dim == 0 && s.n_embd % s.n_head != 0)
+    bad("hidden size " + std::to_string(s.n_embd) + " is not a multiple of the " +
+        std::to_string(s.n_head) + " heads; give head_dim");
+  if (s.d_head() % 2 != 0)
+    bad("the head dimension " + std::to_string(s.d_head()) + " must be even (rotary pairs)");
+  if (s.n_kv_head <= 0 || s.n_head % s.n_kv_head != 0)
+    bad("n_head = " + std::to_string(s.n_head) +
+        " is not a multiple of n_kv_head = " + std::to_string(s.n_kv_head));
+  if (s.n_head * s.d_head() > 10'000'000) bad("heads x head_dim is past 1e7");
+  if (s.rope_scaling == "yarn" && s.rope_original_max_positions <= 0)
+    bad("yarn scaling needs original_max_position_embeddings");
+  if (static_cast<int64_t>(s.sliding_layers.size()) < s.n_layer && s.sliding_window > 0)
+    bad("the sliding-window layer list is shorter than n_layer");
+}
+
+nlohmann::json hf_config_for_export(const Shape& s, const std::string& dtype) {
+  const int64_t D = s.d_head();
+  nlohmann::json cfg = s.hf_json.is_object() ? s.hf_json : nlohmann::json::object();
+  if (!s.hf_json.is_object()) {
+    cfg["model_type"] = "llama";
+    cfg["architectures"] = {"LlamaForCausalLM"};
+    cfg["hidden_act"] = s.act;
+    cfg["attention_bias"] = s.qkv_bias;
+    cfg["mlp_bias"] = s.mlp_bias;
+  }
+  if (s.model_type == "qwen2" && !s.hf_json.is_object()) {
+    cfg["model_type"] = "qwen2";
+    cfg["architectures"] = {"Qwen2ForCausalLM"};
+    cfg.erase("attention_bias");
+    cfg.erase("mlp_bias");
+  }
+  cfg["vocab_size"] = s.vocab;
+  cfg["hidden_size"] = s.n_embd;
+  cfg["intermediate_size"] = s.intermediate;
+  cfg["num_hidden_layers"] = s.n_layer;
+  cfg["num_attention_heads"] = s.n_head;
+  cfg["num_key_value_heads"] = s.n_kv_head;
+  cfg["head_dim"] = D;
+  cfg["max_position_embeddings"] = s.max_positions;
+  cfg["rope_theta"] = s.rope_theta;
+  cfg["rms_norm_eps"] = s.rms_eps;
+  cfg["tie_word_embeddings"] = s.tie_embeddings;
+  cfg["torch_dtype"] = dtype == "fp32" ? "float32" : dtype == "fp16" ? "float16" : "bfloat16";
+  cfg.erase("dtype");
+  nlohmann::json rope = nullptr;
+  if (s.rope_scaling == "linear" || s.rope_scaling == "dynamic")
+    rope = {{"rope_type", s.rope_scaling}, {"factor", s.rope_factor}};
+  if (s.rope_scaling == "llama3")
+    rope = {{"rope_type", "llama3"},
+            {"factor", s.rope_factor},
+            {"low_freq_factor", s.rope_low_freq_factor},
+            {"high_freq_factor", s.rope_high_freq_factor},
+            {"original_max_position_embeddings", s.rope_original_max_positions}};
+  if (s.rope_scaling == "yarn") {
+    rope = {{"rope_type", "yarn"},
+            {"factor", s.rope_factor},
+            {"original_max_position_embeddings", s.rope_original_max_positions},
+            {"beta_fast", s.yarn_beta_fast},
+            {"beta_slow", s.yarn_beta_slow},
+            {"truncate", s.yarn_truncate}};
+    if (s.yarn_attention_factor > 0) rope["attention_factor"] = s.yarn_attention_factor;
+    if (s.yarn_mscale != 0) rope["mscale"] = s.yarn_mscale;
+    if (s.yarn_mscale_all_dim != 0) rope["mscale_all_dim"] = s.yarn_mscale_all_dim;
+  }
+  cfg["rope_scaling"] = rope;
+  if (cfg.contains("layer_types")) {  // follows an n_layer override
+    nlohmann::json types = nlohmann::json::array();
+    for (int64_t l = 0; l < s.n_layer; ++l)
+      types.push_back(s.windowed(l) ? "sliding_attention" : "full_attention");
+    cfg["layer_types"] = types;
+  }
+  return cfg;
+}
+
+}  // namespace llama

@@ -1,0 +1,67 @@
+// The shape of a LLaMA-family decoder (LLaMA 1/2/3, Mistral, Qwen2, Qwen3):
+// presets, reading it from a Hugging Face config.json, and writing one back
+// for export. Every config.json key that changes the maths is honoured here or
+// refused by name; nothing that matters is skipped silently.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace llama {
+
+// The Hugging Face model types this plugin computes.
+constexpr const char* kModelTypes = "llama,mistral,qwen2,qwen3";
+
+struct Shape {
+  std::string model_type = "llama";
+  int64_t n_layer = 0, n_embd = 0, n_head = 0, n_kv_head = 0, intermediate = 0, vocab = 0,
+          max_positions = 0;
+  int64_t head_dim = 0;  // 0 = n_embd / n_head
+  double rope_theta = 10000.0, rms_eps = 1e-5;
+  bool tie_embeddings = false;
+  bool qkv_bias = false;  // q, k, v projections carry biases (Qwen2; attention_bias)
+  bool o_bias = false;    // the output projection too (LLaMA's attention_bias)
+  bool mlp_bias = false;  // gate, up and down (LLaMA's mlp_bias)
+  bool qk_norm = false;   // RMSNorm over each head of q and k before rotary (Qwen3)
+  std::string act = "silu";
+  // Rotary scaling: none | linear | dynamic | llama3 | yarn.
+  std::string rope_scaling = "none";
+  double rope_factor = 1.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
+  int64_t rope_original_max_positions = 8192;
+  double yarn_beta_fast = 32.0, yarn_beta_slow = 1.0;
+  double yarn_attention_factor = 0.0;  // 0 = from factor (and mscale, mscale_all_dim)
+  double yarn_mscale = 0.0, yarn_mscale_all_dim = 0.0;
+  bool yarn_truncate = true;
+  // Sliding-window attention: a query sees the `sliding_window` latest keys
+  // (itself included) in the layers flagged here; 0 = no window.
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;
+  nlohmann::json hf_json;  // the config.json read, kept for export (null for presets)
+
+  int64_t d_head() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
+  bool windowed(int64_t layer) const {
+    return sliding_window > 0 && layer < static_cast<int64_t>(sliding_layers.size()) &&
+           sliding_layers[static_cast<size_t>(layer)];
+  }
+};
+
+struct Preset {
+  const char* name;
+  Shape shape;
+};
+const std::vector<Preset>& presets();
+
+// Reads and validates a config.json (file or model folder). Throws
+// std::invalid_argument naming the file, the key and the fix.
+Shape shape_from_hf_config(const std::string& path);
+
+// Checks the (possibly overridden) shape hangs together; `where` names its origin.
+void validate(const Shape& s, const std::string& where);
+
+// The config.json transformers needs to load the model back: the one read,
+// with the effective values written over it, or a LLaMA one for presets.
+nlohmann::json hf_config_for_export(const Shape& s, const std::string& dtype);
+
+}  // namespace llama
