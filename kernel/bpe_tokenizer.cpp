@@ -1,88 +1,41 @@
 #include "bpe_tokenizer.hpp"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+
+#include "file_util.hpp"
 
 namespace tightfit {
 namespace {
 
-// The pre-tokenizer regex GPT-2's ByteLevel uses when use_regex is true.
-constexpr const char* kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+using nlohmann::json;
 
-std::string utf8(uint32_t cp) {
-  std::string s;
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return s;
+// Real tokenizer.json files are under 20 MB and nest 6 levels.
+constexpr size_t kMaxFileBytes = size_t{512} << 20;
+constexpr int kMaxDepth = 64;
+
+json parse_bounded(const std::string& text, const std::string& src) {
+  auto depth_guard = [&](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxDepth)
+      throw std::invalid_argument(src + " nests deeper than " + std::to_string(kMaxDepth) +
+                                  " levels: not a tokenizer.json");
+    return true;
+  };
+  json j = json::parse(text, depth_guard, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("model") || !j["model"].is_object())
+    throw std::invalid_argument(src + " is not a Hugging Face tokenizer.json");
+  return j;
 }
 
-// Length of the UTF-8 sequence starting with byte c (1 for invalid bytes).
-size_t utf8_len(unsigned char c) {
-  if (c >= 0xF0) return 4;
-  if (c >= 0xE0) return 3;
-  if (c >= 0xC0) return 2;
-  return 1;
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+bool is_word_byte(unsigned char c) {
+  return std::isalnum(c) || c == '_' || c >= 0x80;
 }
 
 }  // namespace
-
-struct BpeTokenizer::Regex {
-  pcre2_code* code = nullptr;
-  pcre2_match_data* match = nullptr;
-  Regex(const std::string& pattern, const std::string& source) {
-    int err = 0;
-    PCRE2_SIZE offset = 0;
-    code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
-                         PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &offset, nullptr);
-    if (!code) {
-      PCRE2_UCHAR msg[256];
-      pcre2_get_error_message(err, msg, sizeof msg);
-      throw std::invalid_argument(source + ": pre-tokenizer regex does not compile at offset " +
-                                  std::to_string(offset) + ": " + reinterpret_cast<char*>(msg));
-    }
-    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
-    match = pcre2_match_data_create_from_pattern(code, nullptr);
-  }
-  ~Regex() {
-    pcre2_match_data_free(match);
-    pcre2_code_free(code);
-  }
-  // Splits `text` into matches and the gaps between them ("isolated").
-  void split(const std::string& text, std::vector<std::string>& out) const {
-    size_t pos = 0, gap = 0;
-    while (pos <= text.size()) {
-      const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), pos,
-                                 0, match, nullptr);
-      if (rc < 0) break;
-      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(match);
-      const size_t begin = ov[0], end = ov[1];
-      if (end == begin) {  // empty match: step one character
-        pos = begin + (begin < text.size() ? utf8_len(static_cast<unsigned char>(text[begin])) : 1);
-        continue;
-      }
-      if (begin > gap) out.push_back(text.substr(gap, begin - gap));
-      out.push_back(text.substr(begin, end - begin));
-      gap = pos = end;
-    }
-    if (gap < text.size()) out.push_back(text.substr(gap));
-  }
-};
 
 BpeTokenizer::~BpeTokenizer() = default;
 
@@ -90,236 +43,171 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& path_in) {
   std::filesystem::path path = path_in;
   if (std::filesystem::is_directory(path)) path /= "tokenizer.json";
   const std::string src = path.string();
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument("cannot read tokenizer " + src);
+  std::string text;
+  try {
+    text = read_regular_file(src, kMaxFileBytes);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument("cannot read tokenizer " + src + ": " + e.what());
+  }
   // A value of the wrong JSON type anywhere below is the file's defect.
   try {
-    return from_json(nlohmann::json::parse(in, nullptr, false), path, src);
-  } catch (const nlohmann::json::exception& e) {
+    const json j = parse_bounded(text, src);
+    return std::unique_ptr<BpeTokenizer>(
+        new BpeTokenizer(j, std::filesystem::absolute(path).string()));
+  } catch (const json::exception& e) {
     throw std::invalid_argument(src + " is not a tokenizer.json this can read: " + e.what());
   }
 }
 
-std::unique_ptr<BpeTokenizer> BpeTokenizer::from_json(const nlohmann::json& j,
-                                                      const std::filesystem::path& path,
-                                                      const std::string& src) {
-  if (j.is_discarded() || !j.is_object() || !j.contains("model") || !j["model"].is_object())
-    throw std::invalid_argument(src + " is not a Hugging Face tokenizer.json");
-  const auto& model = j["model"];
-  if (model.value("type", std::string()) != "BPE")
-    throw std::invalid_argument(src + ": model type \"" + model.value("type", std::string("?")) +
-                                "\" is not supported (byte-level BPE only)");
-  if (model.value("byte_fallback", false) ||
-      !model.value("continuing_subword_prefix", nlohmann::json()).is_null() ||
-      !model.value("end_of_word_suffix", nlohmann::json()).is_null())
-    throw std::invalid_argument(
-        src +
-        ": byte_fallback, continuing_subword_prefix and end_of_word_suffix are not "
-        "supported (byte-level BPE as GPT-2 and LLaMA-3 use it)");
-  if (j.contains("normalizer") && !j["normalizer"].is_null())
-    throw std::invalid_argument(
-        src + ": normalizers are not supported (GPT-2/LLaMA-3 tokenizers have none)");
+namespace {
+const json& or_null(const json& j, const char* key) {
+  static const json null;
+  return j.contains(key) ? j[key] : null;
+}
+}  // namespace
 
-  std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());
-  t->source_ = std::filesystem::absolute(path).string();
-  // GPT-2's reversible map from bytes to printable code points.
-  {
-    int n = 0;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable =
-          (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-      const uint32_t cp = printable ? static_cast<uint32_t>(b) : static_cast<uint32_t>(256 + n++);
-      t->byte_to_unicode_[b] = utf8(cp);
-      t->unicode_to_byte_[t->byte_to_unicode_[b]] = static_cast<unsigned char>(b);
-    }
+BpeTokenizer::BpeTokenizer(const json& j, const std::string& source)
+    : source_(source),
+      normalizer_(or_null(j, "normalizer"), source),
+      pre_tokenizer_(or_null(j, "pre_tokenizer"), source),
+      model_(
+          [&]() -> const json& {
+            const std::string type = j["model"].value("type", std::string("BPE"));
+            if (type != "BPE")
+              throw std::invalid_argument(
+                  source + ": model type \"" + type +
+                  "\" is not supported (BPE, byte-level or SentencePiece-style)");
+            return j["model"];
+          }(),
+          source),
+      decoder_(or_null(j, "decoder"), source) {
+  auto fail = [&](const std::string& what) { throw std::invalid_argument(source + ": " + what); };
+  vocab_size_ = model_.size();
+  const json& added = or_null(j, "added_tokens");
+  if (!added.is_null() && !added.is_array()) fail("\"added_tokens\" must be a list");
+  for (const auto& a : added.is_array() ? added : json::array()) {
+    AddedToken t;
+    const json& id = a.at("id");
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= (int64_t{1} << 24))
+      fail("added token id " + (id.is_number() ? id.dump() : std::string("?")) +
+           " is out of range");
+    t.id = id.get<int64_t>();
+    t.content = a.at("content").get<std::string>();
+    t.special = a.value("special", false);
+    t.normalized = a.value("normalized", !t.special);
+    t.lstrip = a.value("lstrip", false);
+    t.rstrip = a.value("rstrip", false);
+    t.single_word = a.value("single_word", false);
+    if (t.content.empty()) fail("an added token with empty content");
+    vocab_size_ = std::max(vocab_size_, t.id + 1);
+    added_.push_back(std::move(t));
   }
-  // Pre-tokenizer.
-  auto add_pre = [&](const nlohmann::json& p, auto&& self) -> void {
+  const int64_t entries = static_cast<int64_t>(model_.entries() + added_.size());
+  if (vocab_size_ > 2 * entries + 1024)
+    fail("token ids reach " + std::to_string(vocab_size_ - 1) + " for " + std::to_string(entries) +
+         " tokens: the ids are not dense, the file is damaged");
+  std::stable_sort(added_.begin(), added_.end(), [](const AddedToken& x, const AddedToken& y) {
+    return x.content.size() > y.content.size();
+  });
+  added_by_id_.assign(static_cast<size_t>(vocab_size_), nullptr);
+  for (const AddedToken& t : added_) added_by_id_[static_cast<size_t>(t.id)] = &t;
+
+  // The post-processor: BOS/EOS around a single sequence.
+  auto post = [&](const json& p, auto&& self, int depth) -> void {
+    if (p.is_null()) return;
+    if (depth > 16) fail("post-processor Sequence nested too deep");
     const std::string type = p.value("type", std::string());
     if (type == "Sequence") {
-      for (const auto& q : p.value("pretokenizers", nlohmann::json::array())) self(q, self);
-    } else if (type == "ByteLevel") {
-      t->add_prefix_space_ = p.value("add_prefix_space", false);
-      if (p.value("use_regex", true))
-        t->splits_.push_back(std::make_unique<Regex>(kGpt2Pattern, src));
-    } else if (type == "Split") {
-      if (p.value("behavior", std::string()) != "Isolated" || p.value("invert", false) ||
-          !p.contains("pattern") || !p["pattern"].contains("Regex"))
-        throw std::invalid_argument(
-            src + ": only Split pre-tokenizers with a Regex and behavior Isolated are supported");
-      t->splits_.push_back(std::make_unique<Regex>(p["pattern"]["Regex"].get<std::string>(), src));
-    } else {
-      throw std::invalid_argument(src + ": pre-tokenizer \"" + type +
-                                  "\" is not supported (ByteLevel, Split, Sequence)");
-    }
-  };
-  if (j.contains("pre_tokenizer") && !j["pre_tokenizer"].is_null())
-    add_pre(j["pre_tokenizer"], add_pre);
-  t->ignore_merges_ = model.value("ignore_merges", false);
-
-  if (!model.contains("vocab") || !model["vocab"].is_object() || !model.contains("merges") ||
-      !model["merges"].is_array())
-    throw std::invalid_argument(src + ": the BPE model needs a vocab object and a merges list");
-  // Ids index the token table: a vocabulary of 16M tokens is far past any
-  // real one, and a larger or negative id is a damaged file.
-  constexpr int64_t kMaxId = int64_t{1} << 24;
-  auto checked_id = [&](const nlohmann::json& v) {
-    // Not get<int64_t> on any number: a float past int64's range converts
-    // with undefined behaviour (fuzz_tokenizer found it).
-    if (!v.is_number_integer())
-      throw std::invalid_argument(src + ": token id " + v.dump() + " is not an integer");
-    const int64_t id = v.get<int64_t>();
-    if (id < 0 || id >= kMaxId)
-      throw std::invalid_argument(src + ": token id " + std::to_string(id) + " is out of range");
-    return id;
-  };
-  for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
-    const int64_t id = checked_id(it.value());
-    t->vocab_[it.key()] = id;
-    t->vocab_size_ = std::max(t->vocab_size_, id + 1);
-  }
-  int rank = 0;
-  for (const auto& m : model["merges"]) {
-    std::pair<std::string, std::string> pair;
-    if (m.is_string()) {
-      const std::string s = m.get<std::string>();
-      const auto sp = s.find(' ');
-      if (sp == std::string::npos)
-        throw std::invalid_argument(src + ": malformed merge \"" + s + "\"");
-      pair = {s.substr(0, sp), s.substr(sp + 1)};
-    } else if (m.is_array() && m.size() == 2) {
-      pair = {m[0].get<std::string>(), m[1].get<std::string>()};
-    } else {
-      throw std::invalid_argument(src + ": malformed merge entry");
-    }
-    t->merge_rank_.emplace(std::move(pair), rank++);
-  }
-  for (const auto& a : j.value("added_tokens", nlohmann::json::array())) {
-    const int64_t id = checked_id(a.at("id"));
-    t->added_.emplace_back(a.at("content").get<std::string>(), id);
-    t->vocab_size_ = std::max(t->vocab_size_, id + 1);
-  }
-  for (const auto& [content, id] : t->added_)
-    if (!content.empty()) t->added_first_byte_[static_cast<unsigned char>(content[0])] = true;
-  std::sort(t->added_.begin(), t->added_.end(),
-            [](const auto& x, const auto& y) { return x.first.size() > y.first.size(); });
-  t->id_to_token_.resize(static_cast<size_t>(t->vocab_size_));
-  t->is_added_.assign(static_cast<size_t>(t->vocab_size_), false);
-  for (const auto& [tok, id] : t->vocab_) t->id_to_token_[static_cast<size_t>(id)] = tok;
-  for (const auto& [tok, id] : t->added_) {
-    t->id_to_token_[static_cast<size_t>(id)] = tok;
-    t->is_added_[static_cast<size_t>(id)] = true;
-  }
-  return t;
-}
-
-std::vector<std::string> BpeTokenizer::pre_tokenize(const std::string& text) const {
-  std::vector<std::string> pieces{add_prefix_space_ && !text.empty() && text[0] != ' ' ? " " + text
-                                                                                       : text};
-  for (const auto& re : splits_) {
-    std::vector<std::string> next;
-    for (const auto& p : pieces) re->split(p, next);
-    pieces = std::move(next);
-  }
-  return pieces;
-}
-
-void BpeTokenizer::encode_piece(const std::string& piece, std::vector<int64_t>& out) const {
-  if (auto c = cache_.find(piece); c != cache_.end()) {
-    out.insert(out.end(), c->second.begin(), c->second.end());
-    return;
-  }
-  std::vector<std::string> symbols;
-  std::string whole;
-  for (unsigned char b : piece) {
-    symbols.push_back(byte_to_unicode_[b]);
-    whole += symbols.back();
-  }
-  std::vector<int64_t> ids;
-  if (ignore_merges_ && vocab_.count(whole)) {
-    ids.push_back(vocab_.at(whole));
-  } else {
-    // Merge the lowest-ranked adjacent pair everywhere, until none is known.
-    while (symbols.size() > 1) {
-      int best = std::numeric_limits<int>::max();
-      for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-        auto it = merge_rank_.find({symbols[i], symbols[i + 1]});
-        if (it != merge_rank_.end() && it->second < best) best = it->second;
-      }
-      if (best == std::numeric_limits<int>::max()) break;
-      std::vector<std::string> merged;
-      for (size_t i = 0; i < symbols.size(); ++i) {
-        if (i + 1 < symbols.size()) {
-          auto it = merge_rank_.find({symbols[i], symbols[i + 1]});
-          if (it != merge_rank_.end() && it->second == best) {
-            merged.push_back(symbols[i] + symbols[i + 1]);
-            ++i;
-            continue;
-          }
+      for (const auto& q : p.at("processors")) self(q, self, depth + 1);
+    } else if (type == "TemplateProcessing") {
+      bool seen_sequence = false;
+      for (const auto& item : p.at("single")) {
+        if (item.contains("Sequence")) {
+          seen_sequence = true;
+          continue;
         }
-        merged.push_back(symbols[i]);
+        const std::string name = item.at("SpecialToken").at("id").get<std::string>();
+        const json& spec = p.at("special_tokens").at(name);
+        for (const auto& v : spec.at("ids")) {
+          const int64_t id = v.get<int64_t>();
+          if (id < 0 || id >= vocab_size_) fail("post-processor token id out of range");
+          (seen_sequence ? suffix_ids_ : prefix_ids_).push_back(id);
+        }
       }
-      symbols = std::move(merged);
+    } else if (type != "ByteLevel") {  // ByteLevel only trims offsets
+      fail("post-processor \"" + type +
+           "\" is not supported (TemplateProcessing, ByteLevel, Sequence)");
     }
-    for (const auto& s : symbols) {
-      auto it = vocab_.find(s);
-      if (it == vocab_.end())
-        throw std::runtime_error("tokenizer vocabulary lacks the symbol \"" + s + "\"");
-      ids.push_back(it->second);
-    }
-  }
-  out.insert(out.end(), ids.begin(), ids.end());
-  if (cache_.size() < 200000) cache_.emplace(piece, std::move(ids));
+  };
+  post(or_null(j, "post_processor"), post, 0);
 }
 
-std::vector<int64_t> BpeTokenizer::encode(const std::string& text) const {
-  std::vector<int64_t> out;
+template <typename OnText>
+void BpeTokenizer::split_added(const std::string& text, bool normalized, std::vector<int64_t>& out,
+                               OnText&& on_text) const {
   size_t pos = 0, start = 0;
-  auto flush = [&](size_t end) {
-    if (end > start)
-      for (const auto& piece : pre_tokenize(text.substr(start, end - start)))
-        encode_piece(piece, out);
-  };
-  // Added (special) tokens are matched verbatim before anything else.
-  while (pos < text.size() && !added_.empty()) {
+  while (pos < text.size()) {
     bool hit = false;
-    if (!added_first_byte_[static_cast<unsigned char>(text[pos])]) {
-      ++pos;
-      continue;
-    }
-    for (const auto& [content, id] : added_) {
-      if (!content.empty() && text.compare(pos, content.size(), content) == 0) {
-        flush(pos);
-        out.push_back(id);
-        pos += content.size();
-        start = pos;
-        hit = true;
-        break;
-      }
+    for (const AddedToken& t : added_) {
+      if (t.normalized != normalized || text.compare(pos, t.content.size(), t.content) != 0)
+        continue;
+      size_t b = pos, e = pos + t.content.size();
+      if (t.single_word && ((b > 0 && is_word_byte(static_cast<unsigned char>(text[b - 1]))) ||
+                            (e < text.size() && is_word_byte(static_cast<unsigned char>(text[e])))))
+        continue;
+      if (t.lstrip)
+        while (b > start && is_space(text[b - 1])) --b;
+      if (t.rstrip)
+        while (e < text.size() && is_space(text[e])) ++e;
+      if (b > start) on_text(text.substr(start, b - start), start);
+      out.push_back(t.id);
+      pos = start = e;
+      hit = true;
+      break;
     }
     if (!hit) ++pos;
   }
-  flush(text.size());
+  if (start < text.size()) on_text(text.substr(start), start);
+}
+
+void BpeTokenizer::encode_segment(const std::string& text, bool at_start,
+                                  std::vector<int64_t>& out) const {
+  std::vector<Piece> pieces{Piece{text, at_start}};
+  pre_tokenizer_.apply(pieces);
+  for (const Piece& p : pieces) model_.encode(p.text, out);
+}
+
+std::vector<int64_t> BpeTokenizer::encode(const std::string& text, bool add_special_tokens) const {
+  std::vector<int64_t> out;
+  if (add_special_tokens) out = prefix_ids_;
+  split_added(text, false, out, [&](const std::string& raw, size_t offset) {
+    const std::string norm = normalizer_.apply(raw);
+    split_added(norm, true, out, [&](const std::string& segment, size_t sub) {
+      encode_segment(segment, offset == 0 && sub == 0, out);
+    });
+  });
+  if (add_special_tokens) out.insert(out.end(), suffix_ids_.begin(), suffix_ids_.end());
   return out;
 }
 
-std::string BpeTokenizer::decode(const std::vector<int64_t>& ids) const {
-  std::string out;
+std::string BpeTokenizer::decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const {
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
   for (int64_t id : ids) {
     if (id < 0 || id >= vocab_size_) continue;
-    const std::string& tok = id_to_token_[static_cast<size_t>(id)];
-    if (is_added_[static_cast<size_t>(id)]) {
-      out += tok;
-      continue;
-    }
-    for (size_t i = 0; i < tok.size();) {
-      const size_t n = std::min(utf8_len(static_cast<unsigned char>(tok[i])), tok.size() - i);
-      auto it = unicode_to_byte_.find(tok.substr(i, n));
-      if (it != unicode_to_byte_.end()) out += static_cast<char>(it->second);
-      i += n;
+    if (const AddedToken* t = added_by_id_[static_cast<size_t>(id)]) {
+      if (!(skip_special_tokens && t->special)) tokens.push_back(t->content);
+    } else if (const std::string* s = model_.token_of(id)) {
+      tokens.push_back(*s);
     }
   }
-  return out;
+  return decoder_.apply(std::move(tokens));
+}
+
+std::optional<int64_t> BpeTokenizer::token_to_id(const std::string& token) const {
+  for (const AddedToken& t : added_)
+    if (t.content == token) return t.id;
+  return model_.id_of(token);
 }
 
 }  // namespace tightfit

@@ -1,18 +1,24 @@
-// Byte-level BPE from a Hugging Face tokenizer.json (GPT-2 and LLaMA-3 style):
-// added tokens split out first, then the pre-tokenizer's regex (PCRE2, for
-// \p{L}/\p{N} classes and look-ahead), bytes mapped to GPT-2's printable
-// alphabet, merges applied by rank, ids from the vocabulary.
+// A Hugging Face tokenizer.json with a BPE model, run as the tokenizers
+// library runs it:
+//   added tokens that are not normalized are split out of the raw text;
+//   each remaining segment is normalized (NFC/NFKC, Prepend, Replace, ...);
+//   normalized added tokens are split out of it;
+//   the pre-tokenizer cuts pieces (regex Split, ByteLevel, Metaspace);
+//   the BPE model encodes each piece (byte-level or SentencePiece-style with
+//   byte fallback); the post-processor adds BOS/EOS when asked.
+// That covers GPT-2, LLaMA 2 and 3, Mistral, TinyLlama, Qwen2 and Qwen3.
 #pragma once
 
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
+#include "bpe_model.hpp"
 #include "data.hpp"
+#include "tokenizer_steps.hpp"
 
 namespace tightfit {
 
@@ -24,33 +30,42 @@ class BpeTokenizer final : public Tokenizer {
   ~BpeTokenizer() override;
 
   int64_t vocab_size() const override { return vocab_size_; }
-  std::vector<int64_t> encode(const std::string& text) const override;
-  std::string decode(const std::vector<int64_t>& ids) const override;
+  // Without the post-processor's special tokens (as corpora are encoded).
+  std::vector<int64_t> encode(const std::string& text) const override {
+    return encode(text, false);
+  }
+  // `add_special_tokens`: the post-processor's BOS/EOS around the text, as
+  // tokenizers' Tokenizer.encode(text) does by default.
+  std::vector<int64_t> encode(const std::string& text, bool add_special_tokens) const;
+  std::string decode(const std::vector<int64_t>& ids) const override { return decode(ids, false); }
+  std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const;
   std::string source_file() const override { return source_; }
+  // The id of a token (added tokens included), as token_to_id does.
+  std::optional<int64_t> token_to_id(const std::string& token) const;
 
  private:
-  BpeTokenizer() = default;
-  static std::unique_ptr<BpeTokenizer> from_json(const nlohmann::json& j,
-                                                 const std::filesystem::path& path,
-                                                 const std::string& src);
-  void encode_piece(const std::string& piece, std::vector<int64_t>& out) const;
-  std::vector<std::string> pre_tokenize(const std::string& text) const;
+  BpeTokenizer(const nlohmann::json& j, const std::string& source);
+  struct AddedToken {
+    std::string content;
+    int64_t id = 0;
+    bool special = false, normalized = false, lstrip = false, rstrip = false, single_word = false;
+  };
+  // Splits `text` at the added tokens of one kind (normalized or not):
+  // text segments go to `on_text(segment, offset)`, token ids to `out`.
+  template <typename OnText>
+  void split_added(const std::string& text, bool normalized, std::vector<int64_t>& out,
+                   OnText&& on_text) const;
+  void encode_segment(const std::string& text, bool at_start, std::vector<int64_t>& out) const;
 
-  struct Regex;
-  std::vector<std::unique_ptr<Regex>> splits_;  // applied in order, "isolated" behaviour
   std::string source_;
-  bool add_prefix_space_ = false;
-  bool ignore_merges_ = false;
-  std::unordered_map<std::string, int64_t> vocab_;
-  std::vector<std::string> id_to_token_;
-  std::map<std::pair<std::string, std::string>, int> merge_rank_;
-  std::vector<std::pair<std::string, int64_t>> added_;  // content, id (longest first)
-  std::vector<bool> is_added_;
-  bool added_first_byte_[256] = {};  // bytes an added token can start with
+  Normalizer normalizer_;
+  PreTokenizer pre_tokenizer_;
+  BpeModel model_;
+  Decoder decoder_;
+  std::vector<AddedToken> added_;                 // longest first
+  std::vector<int64_t> prefix_ids_, suffix_ids_;  // the post-processor's, single sequence
   int64_t vocab_size_ = 0;
-  std::string byte_to_unicode_[256];
-  std::unordered_map<std::string, unsigned char> unicode_to_byte_;
-  mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;
+  std::vector<const AddedToken*> added_by_id_;
 };
 
 }  // namespace tightfit

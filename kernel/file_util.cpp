@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <ftw.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -39,6 +40,33 @@ std::string read_file_text(const std::string& path) {
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+std::string read_regular_file(const std::string& path, size_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO for reading must not wait for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw std::runtime_error("cannot stat " + path);
+  if (!S_ISREG(st.st_mode)) throw std::runtime_error(path + " is not a regular file");
+  if (static_cast<uint64_t>(st.st_size) > max_bytes)
+    throw std::runtime_error(path + " is " + std::to_string(st.st_size) + " bytes, over the " +
+                             std::to_string(max_bytes) + " a file of its kind can be");
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // the file shrank: keep what was read
+    done += static_cast<size_t>(n);
+  }
+  text.resize(done);
+  return text;
 }
 
 void write_file_synced(const std::string& path, const std::string& text) {

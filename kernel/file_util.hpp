@@ -5,6 +5,7 @@
 // binds in place of libstdc++'s, and that copy crashes; nftw is plain POSIX.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace tightfit {
@@ -18,6 +19,11 @@ void fsync_path(const std::string& path);
 
 // The whole file as bytes. Throws std::runtime_error naming `path`.
 std::string read_file_text(const std::string& path);
+
+// The whole file as bytes, refusing what is not a regular file (checked on
+// the opened descriptor, which a FIFO cannot stall) or is larger than
+// `max_bytes`. Throws std::runtime_error naming `path` and the reason.
+std::string read_regular_file(const std::string& path, size_t max_bytes);
 
 // Writes `text` to `path` and fsyncs it. Throws std::runtime_error.
 void write_file_synced(const std::string& path, const std::string& text);

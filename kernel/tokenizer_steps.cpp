@@ -1,0 +1,468 @@
+#include "tokenizer_steps.hpp"
+
+#include <utf8proc.h>
+
+#include <algorithm>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+namespace tightfit {
+namespace {
+
+using nlohmann::json;
+
+// A "Sequence" deeper than this is a damaged or hostile file (real ones nest 1).
+constexpr int kMaxSequenceDepth = 16;
+
+std::string utf8(uint32_t cp) {
+  utf8proc_uint8_t buf[4];
+  const auto n = utf8proc_encode_char(static_cast<utf8proc_int32_t>(cp), buf);
+  return std::string(reinterpret_cast<char*>(buf), static_cast<size_t>(n));
+}
+
+std::string type_of(const json& j, const std::string& source, const char* part) {
+  if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
+    throw std::invalid_argument(source + ": a " + part + " without a \"type\"");
+  return j["type"].get<std::string>();
+}
+
+// Calls `each` on every step of `spec`, flattening "Sequence" (under `list_key`).
+template <typename Each>
+void flatten(const json& spec, const std::string& source, const char* part, const char* list_key,
+             Each&& each, int depth = 0) {
+  if (depth > kMaxSequenceDepth)
+    throw std::invalid_argument(source + ": " + part + " Sequence nested deeper than " +
+                                std::to_string(kMaxSequenceDepth) + " levels");
+  const std::string type = type_of(spec, source, part);
+  if (type != "Sequence") return each(type, spec);
+  const json& list = spec.at(list_key);
+  if (!list.is_array())
+    throw std::invalid_argument(source + ": " + part + " Sequence needs a \"" + list_key +
+                                "\" list");
+  for (const auto& s : list) flatten(s, source, part, list_key, each, depth + 1);
+}
+
+// The pattern of a Split/Replace: {"String": "..."} or {"Regex": "..."}.
+std::unique_ptr<Pcre2Regex> pattern_of(const json& step, const std::string& source) {
+  const json& p = step.at("pattern");
+  if (p.contains("String"))
+    return std::make_unique<Pcre2Regex>(p.at("String").get<std::string>(), source, true);
+  if (p.contains("Regex"))
+    return std::make_unique<Pcre2Regex>(p.at("Regex").get<std::string>(), source);
+  throw std::invalid_argument(source + ": a pattern needs \"String\" or \"Regex\"");
+}
+
+std::string replace_all(const std::string& text, const Pcre2Regex& re, const std::string& with) {
+  std::string out;
+  size_t last = 0;
+  for (const auto& [b, e] : re.find_all(text)) {
+    out.append(text, last, b - last);
+    out += with;
+    last = e;
+  }
+  out.append(text, last, std::string::npos);
+  return out;
+}
+
+bool is_whitespace(utf8proc_int32_t cp) {
+  if (cp == '\t' || cp == '\n' || cp == 0x0B || cp == '\f' || cp == '\r' || cp == 0x85) return true;
+  const auto cat = utf8proc_category(cp);
+  return cat == UTF8PROC_CATEGORY_ZS || cat == UTF8PROC_CATEGORY_ZL || cat == UTF8PROC_CATEGORY_ZP;
+}
+
+// Calls f(code point, byte offset, byte length) for each character of `s`.
+template <typename F>
+void for_each_char(const std::string& s, F&& f) {
+  for (size_t i = 0; i < s.size();) {
+    utf8proc_int32_t cp = -1;
+    auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i),
+                              static_cast<utf8proc_ssize_t>(s.size() - i), &cp);
+    if (n <= 0) n = 1, cp = -1;  // a stray byte
+    f(cp, i, static_cast<size_t>(n));
+    i += static_cast<size_t>(n);
+  }
+}
+
+enum class SplitBehavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext, kContiguous };
+
+SplitBehavior behavior_of(const json& step, const std::string& source) {
+  const std::string b = step.value("behavior", std::string("Isolated"));
+  if (b == "Isolated") return SplitBehavior::kIsolated;
+  if (b == "Removed") return SplitBehavior::kRemoved;
+  if (b == "MergedWithPrevious") return SplitBehavior::kMergedWithPrevious;
+  if (b == "MergedWithNext") return SplitBehavior::kMergedWithNext;
+  if (b == "Contiguous") return SplitBehavior::kContiguous;
+  throw std::invalid_argument(source + ": Split behavior \"" + b + "\" is unknown");
+}
+
+// Splits `p` at the matches of `re` as `how` says, appending to `out`.
+void split_piece(const Piece& p, const Pcre2Regex& re, SplitBehavior how, std::vector<Piece>& out) {
+  auto matches = re.find_all(p.text);
+  if (how == SplitBehavior::kContiguous) {  // runs of adjacent matches are one
+    std::vector<std::pair<size_t, size_t>> merged;
+    for (const auto& m : matches)
+      if (!merged.empty() && merged.back().second == m.first)
+        merged.back().second = m.second;
+      else
+        merged.push_back(m);
+    matches = std::move(merged);
+    how = SplitBehavior::kIsolated;
+  }
+  auto push = [&](size_t b, size_t e) {
+    if (e > b) out.push_back(Piece{p.text.substr(b, e - b), p.at_start && b == 0});
+  };
+  size_t last = 0;
+  for (const auto& [b, e] : matches) {
+    switch (how) {
+      case SplitBehavior::kIsolated:
+        push(last, b);
+        push(b, e);
+        last = e;
+        break;
+      case SplitBehavior::kRemoved:
+        push(last, b);
+        last = e;
+        break;
+      case SplitBehavior::kMergedWithPrevious:
+        push(last, e);
+        last = e;
+        break;
+      case SplitBehavior::kMergedWithNext:
+        push(last, b);
+        last = b;
+        break;
+      case SplitBehavior::kContiguous:
+        break;
+    }
+  }
+  push(last, p.text.size());
+}
+
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+enum class Prepend { kAlways, kFirst, kNever };
+
+Prepend prepend_scheme_of(const json& step, const std::string& source) {
+  if (step.contains("prepend_scheme") && !step["prepend_scheme"].is_null()) {
+    const std::string s = step["prepend_scheme"].get<std::string>();
+    if (s == "always") return Prepend::kAlways;
+    if (s == "first") return Prepend::kFirst;
+    if (s == "never") return Prepend::kNever;
+    throw std::invalid_argument(source + ": Metaspace prepend_scheme \"" + s + "\" is unknown");
+  }
+  return step.value("add_prefix_space", true) ? Prepend::kAlways : Prepend::kNever;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+ByteLevelAlphabet::ByteLevelAlphabet() {
+  std::fill(std::begin(byte_of_code_point), std::end(byte_of_code_point), int16_t{-1});
+  int n = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable =
+        (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    const int cp = printable ? b : 256 + n++;
+    byte_to_char[b] = utf8(static_cast<uint32_t>(cp));
+    byte_of_code_point[cp] = static_cast<int16_t>(b);
+  }
+}
+
+std::string ByteLevelAlphabet::encode(const std::string& bytes) const {
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char b : bytes) out += byte_to_char[b];
+  return out;
+}
+
+void ByteLevelAlphabet::decode(const std::string& symbols, std::string& out) const {
+  for_each_char(symbols, [&](utf8proc_int32_t cp, size_t at, size_t n) {
+    if (cp >= 0 && cp < 324 && byte_of_code_point[cp] >= 0)
+      out += static_cast<char>(byte_of_code_point[cp]);
+    else
+      out.append(symbols, at, n);
+  });
+}
+
+// ---------------------------------------------------------------------------
+struct Normalizer::Step {
+  std::string type;
+  std::string text;  // Prepend: the prefix; Replace: the content
+  std::unique_ptr<Pcre2Regex> pattern;
+  bool left = false, right = false;  // Strip
+};
+
+Normalizer::~Normalizer() = default;
+
+Normalizer::Normalizer(const json& spec, const std::string& source) {
+  if (spec.is_null()) return;
+  flatten(spec, source, "normalizer", "normalizers", [&](const std::string& type, const json& j) {
+    auto step = std::make_unique<Step>();
+    step->type = type;
+    if (type == "Prepend") {
+      step->text = j.at("prepend").get<std::string>();
+    } else if (type == "Replace") {
+      step->pattern = pattern_of(j, source);
+      step->text = j.at("content").get<std::string>();
+    } else if (type == "Strip") {
+      step->left = j.value("strip_left", false);
+      step->right = j.value("strip_right", false);
+    } else if (type != "NFC" && type != "NFD" && type != "NFKC" && type != "NFKD" &&
+               type != "Lowercase") {
+      throw std::invalid_argument(source + ": normalizer \"" + type +
+                                  "\" is not supported (NFC, NFD, NFKC, NFKD, Lowercase, "
+                                  "Prepend, Replace, Strip, Sequence)");
+    }
+    steps_.push_back(std::move(step));
+  });
+}
+
+std::string Normalizer::apply(const std::string& in) const {
+  std::string s = in;
+  for (const auto& step : steps_) {
+    const std::string& t = step->type;
+    if (t == "Prepend") {
+      if (!s.empty()) s = step->text + s;
+    } else if (t == "Replace") {
+      s = replace_all(s, *step->pattern, step->text);
+    } else if (t == "Strip") {
+      size_t begin = 0, end = s.size();
+      bool leading = true;
+      for_each_char(s, [&](utf8proc_int32_t cp, size_t at, size_t n) {
+        const bool ws = cp >= 0 && is_whitespace(cp);
+        if (leading && ws && step->left) begin = at + n;
+        if (!ws) leading = false, end = at + n;
+        if (ws && !step->right) end = at + n;
+      });
+      if (begin >= end)
+        s.clear();
+      else
+        s = s.substr(begin, end - begin);
+    } else if (t == "Lowercase") {
+      std::string out;
+      for_each_char(s, [&](utf8proc_int32_t cp, size_t at, size_t n) {
+        if (cp < 0) return void(out.append(s, at, n));
+        out += utf8(static_cast<uint32_t>(utf8proc_tolower(cp)));
+      });
+      s = std::move(out);
+    } else {  // a Unicode normal form
+      int options = UTF8PROC_STABLE;
+      options |= (t == "NFC" || t == "NFKC") ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE;
+      if (t == "NFKC" || t == "NFKD") options |= UTF8PROC_COMPAT;
+      utf8proc_uint8_t* out = nullptr;
+      const auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
+                                  static_cast<utf8proc_ssize_t>(s.size()), &out,
+                                  static_cast<utf8proc_option_t>(options));
+      if (n < 0)
+        throw std::invalid_argument("text is not valid UTF-8 for the " + t + " normalizer");
+      s.assign(reinterpret_cast<char*>(out), static_cast<size_t>(n));
+      free(out);
+    }
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+struct PreTokenizer::Step {
+  std::string type;
+  std::unique_ptr<Pcre2Regex> pattern;  // Split, Digits; ByteLevel's regex when used
+  SplitBehavior behavior = SplitBehavior::kIsolated;
+  bool add_prefix_space = false;  // ByteLevel
+  std::string replacement;        // Metaspace
+  Prepend prepend = Prepend::kAlways;
+  bool split = true;
+  std::unique_ptr<Pcre2Regex> replacement_re;
+  std::unique_ptr<Pcre2Regex> space_re;
+  std::shared_ptr<ByteLevelAlphabet> alphabet;
+};
+
+PreTokenizer::~PreTokenizer() = default;
+
+PreTokenizer::PreTokenizer(const json& spec, const std::string& source) {
+  if (spec.is_null()) return;
+  flatten(
+      spec, source, "pre-tokenizer", "pretokenizers", [&](const std::string& type, const json& j) {
+        auto step = std::make_unique<Step>();
+        step->type = type;
+        if (type == "Split") {
+          if (j.value("invert", false))
+            throw std::invalid_argument(source + ": Split with \"invert\": true is not supported");
+          step->pattern = pattern_of(j, source);
+          step->behavior = behavior_of(j, source);
+        } else if (type == "ByteLevel") {
+          step->add_prefix_space = j.value("add_prefix_space", false);
+          if (j.value("use_regex", true))
+            step->pattern = std::make_unique<Pcre2Regex>(kGpt2Pattern, source);
+          step->alphabet = std::make_shared<ByteLevelAlphabet>();
+          byte_level_ = true;
+        } else if (type == "Metaspace") {
+          step->replacement = j.value("replacement", std::string("\xE2\x96\x81"));
+          step->prepend = prepend_scheme_of(j, source);
+          step->split = j.value("split", true);
+          step->replacement_re = std::make_unique<Pcre2Regex>(step->replacement, source, true);
+          step->space_re = std::make_unique<Pcre2Regex>(" ", source, true);
+        } else if (type == "Digits") {
+          step->pattern = std::make_unique<Pcre2Regex>(R"(\p{N})", source);
+          step->behavior = j.value("individual_digits", false) ? SplitBehavior::kIsolated
+                                                               : SplitBehavior::kContiguous;
+        } else {
+          throw std::invalid_argument(source + ": pre-tokenizer \"" + type +
+                                      "\" is not supported (Split, ByteLevel, Metaspace, Digits, "
+                                      "Sequence)");
+        }
+        steps_.push_back(std::move(step));
+      });
+}
+
+void PreTokenizer::apply(std::vector<Piece>& pieces) const {
+  for (const auto& step : steps_) {
+    std::vector<Piece> next;
+    next.reserve(pieces.size());
+    for (Piece& p : pieces) {
+      if (step->type == "ByteLevel") {
+        if (step->add_prefix_space && (p.text.empty() || p.text[0] != ' ')) p.text = " " + p.text;
+        std::vector<Piece> parts;
+        if (step->pattern)
+          split_piece(p, *step->pattern, SplitBehavior::kIsolated, parts);
+        else
+          parts.push_back(std::move(p));
+        for (Piece& q : parts) next.push_back(Piece{step->alphabet->encode(q.text), q.at_start});
+      } else if (step->type == "Metaspace") {
+        p.text = replace_all(p.text, *step->space_re, step->replacement);
+        const bool starts = p.text.compare(0, step->replacement.size(), step->replacement) == 0;
+        if (!starts &&
+            (step->prepend == Prepend::kAlways || (step->prepend == Prepend::kFirst && p.at_start)))
+          p.text = step->replacement + p.text;
+        if (step->split)
+          split_piece(p, *step->replacement_re, SplitBehavior::kMergedWithNext, next);
+        else if (!p.text.empty())
+          next.push_back(std::move(p));
+      } else {  // Split, Digits
+        split_piece(p, *step->pattern, step->behavior, next);
+      }
+    }
+    pieces = std::move(next);
+  }
+}
+
+// ---------------------------------------------------------------------------
+struct Decoder::Step {
+  std::string type;
+  std::unique_ptr<Pcre2Regex> pattern;  // Replace
+  std::string content;                  // Replace, Strip, Metaspace's replacement
+  int64_t start = 0, stop = 0;          // Strip
+  Prepend prepend = Prepend::kAlways;   // Metaspace
+  std::shared_ptr<ByteLevelAlphabet> alphabet;
+};
+
+Decoder::~Decoder() = default;
+
+Decoder::Decoder(const json& spec, const std::string& source) {
+  if (spec.is_null()) return;
+  present_ = true;
+  flatten(spec, source, "decoder", "decoders", [&](const std::string& type, const json& j) {
+    auto step = std::make_unique<Step>();
+    step->type = type;
+    if (type == "Replace") {
+      step->pattern = pattern_of(j, source);
+      step->content = j.at("content").get<std::string>();
+    } else if (type == "Strip") {
+      step->content = j.at("content").get<std::string>();
+      step->start = j.value("start", int64_t{0});
+      step->stop = j.value("stop", int64_t{0});
+    } else if (type == "Metaspace") {
+      step->content = j.value("replacement", std::string("\xE2\x96\x81"));
+      step->prepend = prepend_scheme_of(j, source);
+    } else if (type == "ByteLevel") {
+      step->alphabet = std::make_shared<ByteLevelAlphabet>();
+    } else if (type != "ByteFallback" && type != "Fuse") {
+      throw std::invalid_argument(source + ": decoder \"" + type +
+                                  "\" is not supported (ByteLevel, Metaspace, Replace, "
+                                  "ByteFallback, Fuse, Strip, Sequence)");
+    }
+    steps_.push_back(std::move(step));
+  });
+}
+
+namespace {
+int byte_token(const std::string& t) {  // <0xAB> -> 0xAB, else -1
+  if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>') return -1;
+  int v = 0;
+  for (int i = 3; i < 5; ++i) {
+    const char c = t[static_cast<size_t>(i)];
+    v = v * 16 + (c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -100);
+  }
+  return v >= 0 ? v : -1;
+}
+}  // namespace
+
+std::string Decoder::apply(std::vector<std::string> tokens) const {
+  if (!present_) {
+    std::string out;
+    for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
+    return out;
+  }
+  for (const auto& step : steps_) {
+    const std::string& t = step->type;
+    if (t == "ByteLevel") {
+      std::string bytes;
+      for (const auto& tok : tokens) step->alphabet->decode(tok, bytes);
+      tokens = {bytes};
+    } else if (t == "Fuse") {
+      std::string all;
+      for (const auto& tok : tokens) all += tok;
+      tokens = {all};
+    } else if (t == "Replace") {
+      for (auto& tok : tokens) tok = replace_all(tok, *step->pattern, step->content);
+    } else if (t == "Strip") {
+      for (auto& tok : tokens) {
+        int64_t n = 0;
+        while (n < step->start && tok.compare(0, step->content.size(), step->content) == 0 &&
+               !step->content.empty())
+          tok.erase(0, step->content.size()), ++n;
+        n = 0;
+        while (n < step->stop && tok.size() >= step->content.size() && !step->content.empty() &&
+               tok.compare(tok.size() - step->content.size(), step->content.size(),
+                           step->content) == 0)
+          tok.erase(tok.size() - step->content.size()), ++n;
+      }
+    } else if (t == "Metaspace") {
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        std::string& tok = tokens[i];
+        std::string out;
+        for (size_t at = 0; at < tok.size();) {
+          if (tok.compare(at, step->content.size(), step->content) == 0 && !step->content.empty()) {
+            out += ' ';
+            at += step->content.size();
+          } else {
+            out += tok[at++];
+          }
+        }
+        if (i == 0 && step->prepend != Prepend::kNever && !out.empty() && out[0] == ' ')
+          out.erase(0, 1);
+        tok = std::move(out);
+      }
+    } else if (t == "ByteFallback") {
+      std::vector<std::string> out;
+      std::string pending;
+      for (const auto& tok : tokens) {
+        const int b = byte_token(tok);
+        if (b >= 0) {
+          pending += static_cast<char>(b);
+          continue;
+        }
+        if (!pending.empty()) out.push_back(std::move(pending)), pending.clear();
+        out.push_back(tok);
+      }
+      if (!pending.empty()) out.push_back(std::move(pending));
+      tokens = std::move(out);
+    }
+  }
+  std::string out;
+  for (const auto& tok : tokens) out += tok;
+  return out;
+}
+
+}  // namespace tightfit

@@ -1,0 +1,80 @@
+// The parts of a Hugging Face tokenizer.json around its model: the
+// normalizer, the pre-tokenizer and the decoder, each a list of steps
+// (a "Sequence" flattened), applied as the tokenizers library applies them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <vector>
+
+#include "pcre_regex.hpp"
+
+namespace tightfit {
+
+// GPT-2's reversible map of bytes to printable code points (ByteLevel).
+struct ByteLevelAlphabet {
+  ByteLevelAlphabet();
+  std::string byte_to_char[256];
+  int16_t byte_of_code_point[324];  // the inverse; -1 outside the alphabet
+  // Appends the bytes `symbols` (a string of mapped code points) stand for;
+  // a code point outside the alphabet is copied as it is.
+  void decode(const std::string& symbols, std::string& out) const;
+  std::string encode(const std::string& bytes) const;
+};
+
+// Text before the model sees it: Unicode normal forms, Prepend, Replace,
+// Strip, Lowercase.
+class Normalizer {
+ public:
+  // `spec` is the tokenizer.json "normalizer" value (null: none).
+  Normalizer(const nlohmann::json& spec, const std::string& source);
+  ~Normalizer();
+  std::string apply(const std::string& text) const;
+  bool empty() const { return steps_.empty(); }
+
+ private:
+  struct Step;
+  std::vector<std::unique_ptr<Step>> steps_;
+};
+
+// One piece of pre-tokenized text. `at_start`: it begins at byte 0 of the
+// original input (Metaspace's prepend_scheme "first" looks at this).
+struct Piece {
+  std::string text;
+  bool at_start = false;
+};
+
+// Splits normalized text into the pieces the model encodes one by one:
+// Split (regex or string), ByteLevel, Metaspace, Digits.
+class PreTokenizer {
+ public:
+  PreTokenizer(const nlohmann::json& spec, const std::string& source);
+  ~PreTokenizer();
+  void apply(std::vector<Piece>& pieces) const;
+  // Whether pieces come out in the byte-level alphabet (a ByteLevel step).
+  bool byte_level() const { return byte_level_; }
+
+ private:
+  struct Step;
+  std::vector<std::unique_ptr<Step>> steps_;
+  bool byte_level_ = false;
+};
+
+// Turns token strings back into text: ByteLevel, Metaspace, Replace,
+// ByteFallback, Fuse, Strip. No decoder: tokens joined by spaces (as the
+// library does).
+class Decoder {
+ public:
+  Decoder(const nlohmann::json& spec, const std::string& source);
+  ~Decoder();
+  std::string apply(std::vector<std::string> tokens) const;
+
+ private:
+  struct Step;
+  std::vector<std::unique_ptr<Step>> steps_;
+  bool present_ = false;
+};
+
+}  // namespace tightfit
