@@ -98,13 +98,18 @@ const std::string* BpeModel::token_of(int64_t id) const {
   return &id_to_token_[static_cast<size_t>(id)];
 }
 
-void BpeModel::symbols_of(const std::string& piece, std::vector<int32_t>& ids) const {
+void BpeModel::symbols_of(const std::string& piece, Symbols& sym) const {
+  auto push = [&](int32_t id, size_t b, size_t e) {
+    sym.ids.push_back(id);
+    sym.begin.push_back(static_cast<uint32_t>(b));
+    sym.end.push_back(static_cast<uint32_t>(e));
+  };
   bool last_unk = false;
   for (size_t i = 0; i < piece.size();) {
     const size_t n =
         std::min(utf8_sequence_length(static_cast<unsigned char>(piece[i])), piece.size() - i);
     if (auto it = vocab_.find(piece.substr(i, n)); it != vocab_.end()) {
-      ids.push_back(it->second);
+      push(it->second, i, i + n);
       last_unk = false;
       i += n;
       continue;
@@ -115,24 +120,32 @@ void BpeModel::symbols_of(const std::string& piece, std::vector<int32_t>& ids) c
         all = all && byte_ids_[static_cast<unsigned char>(piece[i + k])] >= 0;
       if (all) {
         for (size_t k = 0; k < n; ++k)
-          ids.push_back(byte_ids_[static_cast<unsigned char>(piece[i + k])]);
+          push(byte_ids_[static_cast<unsigned char>(piece[i + k])], i + k, i + k + 1);
         last_unk = false;
         i += n;
         continue;
       }
     }
-    if (unk_id_ >= 0 && !(fuse_unk_ && last_unk)) ids.push_back(unk_id_);
+    if (unk_id_ >= 0) {
+      if (fuse_unk_ && last_unk)
+        sym.end.back() = static_cast<uint32_t>(i + n);  // the unknown run grows
+      else
+        push(unk_id_, i, i + n);
+    }
     last_unk = unk_id_ >= 0;  // without an unknown token the character is dropped
     i += n;
   }
 }
 
-void BpeModel::merge(std::vector<int32_t>& ids) const {
+void BpeModel::merge(Symbols& sym) const {
+  std::vector<int32_t>& ids = sym.ids;
   const int n = static_cast<int>(ids.size());
   if (n < 2 || merges_.empty()) return;
   std::vector<int> prev(static_cast<size_t>(n)), next(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i)
-    prev[static_cast<size_t>(i)] = i - 1, next[static_cast<size_t>(i)] = i + 1 < n ? i + 1 : -1;
+  for (int i = 0; i < n; ++i) {
+    prev[static_cast<size_t>(i)] = i - 1;
+    next[static_cast<size_t>(i)] = i + 1 < n ? i + 1 : -1;
+  }
   struct Candidate {
     int32_t rank;
     int pos;
@@ -143,8 +156,9 @@ void BpeModel::merge(std::vector<int32_t>& ids) const {
   };
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
   auto consider = [&](int left) {
+    if (left < 0) return;
     const int right = next[static_cast<size_t>(left)];
-    if (left < 0 || right < 0) return;
+    if (right < 0) return;
     auto it =
         merges_.find(pair_key(ids[static_cast<size_t>(left)], ids[static_cast<size_t>(right)]));
     if (it != merges_.end()) heap.push({it->second.rank, left, it->second.id});
@@ -161,30 +175,46 @@ void BpeModel::merge(std::vector<int32_t>& ids) const {
     auto it = merges_.find(pair_key(ids[pos], ids[static_cast<size_t>(right)]));
     if (it == merges_.end() || it->second.id != c.id || it->second.rank != c.rank) continue;
     ids[pos] = c.id;
+    sym.end[pos] = sym.end[static_cast<size_t>(right)];
     alive[static_cast<size_t>(right)] = 0;
     next[pos] = next[static_cast<size_t>(right)];
     if (next[pos] >= 0) prev[static_cast<size_t>(next[pos])] = c.pos;
-    if (prev[pos] >= 0) consider(prev[pos]);
+    consider(prev[pos]);
     consider(c.pos);
   }
   size_t w = 0;
-  for (int i = 0; i >= 0; i = next[static_cast<size_t>(i)]) ids[w++] = ids[static_cast<size_t>(i)];
+  for (int i = 0; i >= 0; i = next[static_cast<size_t>(i)], ++w) {
+    ids[w] = ids[static_cast<size_t>(i)];
+    sym.begin[w] = sym.begin[static_cast<size_t>(i)];
+    sym.end[w] = sym.end[static_cast<size_t>(i)];
+  }
   ids.resize(w);
+  sym.begin.resize(w);
+  sym.end.resize(w);
 }
 
-void BpeModel::encode(const std::string& piece, std::vector<int64_t>& out) const {
+void BpeModel::encode(const std::string& piece, std::vector<int64_t>& out,
+                      std::vector<std::pair<uint32_t, uint32_t>>* ranges) const {
   if (ignore_merges_)
-    if (auto it = vocab_.find(piece); it != vocab_.end()) return out.push_back(it->second);
+    if (auto it = vocab_.find(piece); it != vocab_.end()) {
+      out.push_back(it->second);
+      if (ranges) ranges->emplace_back(0, static_cast<uint32_t>(piece.size()));
+      return;
+    }
+  auto emit = [&](const Symbols& sym) {
+    out.insert(out.end(), sym.ids.begin(), sym.ids.end());
+    if (ranges)
+      for (size_t k = 0; k < sym.ids.size(); ++k) ranges->emplace_back(sym.begin[k], sym.end[k]);
+  };
   const bool cacheable = piece.size() <= 256;
   if (cacheable)
-    if (auto c = cache_.find(piece); c != cache_.end())
-      return void(out.insert(out.end(), c->second.begin(), c->second.end()));
-  std::vector<int32_t> ids;
-  ids.reserve(piece.size());
-  symbols_of(piece, ids);
-  merge(ids);
-  out.insert(out.end(), ids.begin(), ids.end());
-  if (cacheable && cache_.size() < 200000) cache_.emplace(piece, std::move(ids));
+    if (auto c = cache_.find(piece); c != cache_.end()) return emit(c->second);
+  Symbols sym;
+  sym.ids.reserve(piece.size());
+  symbols_of(piece, sym);
+  merge(sym);
+  emit(sym);
+  if (cacheable && cache_.size() < 200000) cache_.emplace(piece, std::move(sym));
 }
 
 }  // namespace tightfit

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace tightfit {
@@ -22,15 +23,22 @@ class BpeModel {
   // Throws std::invalid_argument for anything malformed or unsupported.
   BpeModel(const nlohmann::json& model, const std::string& source);
 
-  void encode(const std::string& piece, std::vector<int64_t>& out) const;
+  // Appends the piece's ids; with `ranges`, also each token's [begin, end)
+  // bytes in the piece.
+  void encode(const std::string& piece, std::vector<int64_t>& out,
+              std::vector<std::pair<uint32_t, uint32_t>>* ranges = nullptr) const;
   std::optional<int64_t> id_of(const std::string& token) const;
   const std::string* token_of(int64_t id) const;  // nullptr when absent
   int64_t size() const { return static_cast<int64_t>(id_to_token_.size()); }
   size_t entries() const { return vocab_.size(); }
 
  private:
-  void symbols_of(const std::string& piece, std::vector<int32_t>& ids) const;
-  void merge(std::vector<int32_t>& ids) const;
+  struct Symbols {
+    std::vector<int32_t> ids;
+    std::vector<uint32_t> begin, end;  // bytes of the piece each symbol covers
+  };
+  void symbols_of(const std::string& piece, Symbols& sym) const;
+  void merge(Symbols& sym) const;
 
   std::unordered_map<std::string, int32_t> vocab_;
   std::vector<std::string> id_to_token_;
@@ -41,7 +49,7 @@ class BpeModel {
   int32_t unk_id_ = -1;
   bool fuse_unk_ = false, byte_fallback_ = false, ignore_merges_ = false;
   int32_t byte_ids_[256];  // <0xAB> tokens for byte fallback, -1 when absent
-  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+  mutable std::unordered_map<std::string, Symbols> cache_;
 };
 
 }  // namespace tightfit

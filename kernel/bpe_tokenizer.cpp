@@ -142,9 +142,9 @@ BpeTokenizer::BpeTokenizer(const json& j, const std::string& source)
   post(or_null(j, "post_processor"), post, 0);
 }
 
-template <typename OnText>
-void BpeTokenizer::split_added(const std::string& text, bool normalized, std::vector<int64_t>& out,
-                               OnText&& on_text) const {
+template <typename OnText, typename OnToken>
+void BpeTokenizer::split_added(const std::string& text, bool normalized, OnText&& on_text,
+                               OnToken&& on_token) const {
   size_t pos = 0, start = 0;
   while (pos < text.size()) {
     bool hit = false;
@@ -159,34 +159,68 @@ void BpeTokenizer::split_added(const std::string& text, bool normalized, std::ve
         while (b > start && is_space(text[b - 1])) --b;
       if (t.rstrip)
         while (e < text.size() && is_space(text[e])) ++e;
-      if (b > start) on_text(text.substr(start, b - start), start);
-      out.push_back(t.id);
+      if (b > start) on_text(start, b);
+      on_token(t.id, b, e);
       pos = start = e;
       hit = true;
       break;
     }
     if (!hit) ++pos;
   }
-  if (start < text.size()) on_text(text.substr(start), start);
+  if (start < text.size()) on_text(start, text.size());
 }
 
-void BpeTokenizer::encode_segment(const std::string& text, bool at_start,
-                                  std::vector<int64_t>& out) const {
-  std::vector<Piece> pieces{Piece{text, at_start}};
-  pre_tokenizer_.apply(pieces);
-  for (const Piece& p : pieces) model_.encode(p.text, out);
+void BpeTokenizer::encode_impl(const std::string& text, std::vector<int64_t>& out,
+                               std::vector<std::pair<size_t, size_t>>* offsets) const {
+  std::vector<std::pair<uint32_t, uint32_t>> ranges;
+  auto raw_token = [&](int64_t id, size_t b, size_t e) {
+    out.push_back(id);
+    if (offsets) offsets->emplace_back(b, e);
+  };
+  split_added(
+      text, false,
+      [&](size_t raw_b, size_t raw_e) {
+        std::string segment = text.substr(raw_b, raw_e - raw_b);
+        Piece norm = offsets ? Piece::tracked_from(std::move(segment), static_cast<uint32_t>(raw_b),
+                                                   raw_b == 0)
+                             : Piece{std::move(segment), raw_b == 0, {}, {}};
+        normalizer_.apply(norm);
+        auto norm_token = [&](int64_t id, size_t b, size_t e) {
+          out.push_back(id);
+          if (offsets) offsets->emplace_back(norm.begin[b], norm.end[e - 1]);
+        };
+        split_added(
+            norm.text, true,
+            [&](size_t b, size_t e) {
+              std::vector<Piece> pieces{norm.slice(b, e)};
+              pieces[0].at_start = raw_b == 0 && b == 0;
+              pre_tokenizer_.apply(pieces);
+              for (const Piece& p : pieces) {
+                ranges.clear();
+                model_.encode(p.text, out, offsets ? &ranges : nullptr);
+                if (offsets)
+                  for (const auto& [rb, re] : ranges)
+                    offsets->emplace_back(p.begin[rb], p.end[re - 1]);
+              }
+            },
+            norm_token);
+      },
+      raw_token);
 }
 
 std::vector<int64_t> BpeTokenizer::encode(const std::string& text, bool add_special_tokens) const {
   std::vector<int64_t> out;
   if (add_special_tokens) out = prefix_ids_;
-  split_added(text, false, out, [&](const std::string& raw, size_t offset) {
-    const std::string norm = normalizer_.apply(raw);
-    split_added(norm, true, out, [&](const std::string& segment, size_t sub) {
-      encode_segment(segment, offset == 0 && sub == 0, out);
-    });
-  });
+  encode_impl(text, out, nullptr);
   if (add_special_tokens) out.insert(out.end(), suffix_ids_.begin(), suffix_ids_.end());
+  return out;
+}
+
+std::vector<int64_t> BpeTokenizer::encode_with_offsets(
+    const std::string& text, std::vector<std::pair<size_t, size_t>>& offsets) const {
+  std::vector<int64_t> out;
+  offsets.clear();
+  encode_impl(text, out, &offsets);
   return out;
 }
 

@@ -37,6 +37,14 @@ class BpeTokenizer final : public Tokenizer {
   // `add_special_tokens`: the post-processor's BOS/EOS around the text, as
   // tokenizers' Tokenizer.encode(text) does by default.
   std::vector<int64_t> encode(const std::string& text, bool add_special_tokens) const;
+  std::vector<int64_t> encode_with_offsets(
+      const std::string& text, std::vector<std::pair<size_t, size_t>>& offsets) const override;
+  std::vector<int64_t> encode_with_special_tokens(const std::string& text) const override {
+    return encode(text, true);
+  }
+  int64_t token_id(const std::string& token) const override {
+    return token_to_id(token).value_or(-1);
+  }
   std::string decode(const std::vector<int64_t>& ids) const override { return decode(ids, false); }
   std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const;
   std::string source_file() const override { return source_; }
@@ -51,11 +59,14 @@ class BpeTokenizer final : public Tokenizer {
     bool special = false, normalized = false, lstrip = false, rstrip = false, single_word = false;
   };
   // Splits `text` at the added tokens of one kind (normalized or not):
-  // text segments go to `on_text(segment, offset)`, token ids to `out`.
-  template <typename OnText>
-  void split_added(const std::string& text, bool normalized, std::vector<int64_t>& out,
-                   OnText&& on_text) const;
-  void encode_segment(const std::string& text, bool at_start, std::vector<int64_t>& out) const;
+  // [begin, end) runs of text go to on_text(begin, end), tokens to
+  // on_token(id, begin, end).
+  template <typename OnText, typename OnToken>
+  void split_added(const std::string& text, bool normalized, OnText&& on_text,
+                   OnToken&& on_token) const;
+  // `offsets`: null, or where to append each token's bytes of the input.
+  void encode_impl(const std::string& text, std::vector<int64_t>& out,
+                   std::vector<std::pair<size_t, size_t>>* offsets) const;
 
   std::string source_;
   Normalizer normalizer_;

@@ -23,6 +23,13 @@ std::vector<int64_t> ByteTokenizer::encode(const std::string& text) const {
   return ids;
 }
 
+std::vector<int64_t> ByteTokenizer::encode_with_offsets(
+    const std::string& text, std::vector<std::pair<size_t, size_t>>& offsets) const {
+  offsets.resize(text.size());
+  for (size_t i = 0; i < text.size(); ++i) offsets[i] = {i, i + 1};
+  return encode(text);
+}
+
 std::string ByteTokenizer::decode(const std::vector<int64_t>& ids) const {
   std::string s;
   s.reserve(ids.size());

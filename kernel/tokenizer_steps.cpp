@@ -65,6 +65,47 @@ std::string replace_all(const std::string& text, const Pcre2Regex& re, const std
   return out;
 }
 
+// Builds a piece out of parts of another, carrying the offsets along.
+class PieceBuilder {
+ public:
+  explicit PieceBuilder(const Piece& from) : from_(from) { out_.at_start = from.at_start; }
+  // Bytes [b, e) of the source, as they are.
+  void copy(size_t b, size_t e) {
+    out_.text.append(from_.text, b, e - b);
+    if (!from_.begin.empty()) {
+      out_.begin.insert(out_.begin.end(), from_.begin.begin() + static_cast<long>(b),
+                        from_.begin.begin() + static_cast<long>(e));
+      out_.end.insert(out_.end.end(), from_.end.begin() + static_cast<long>(b),
+                      from_.end.begin() + static_cast<long>(e));
+    }
+  }
+  // New bytes standing for source bytes [b, e) (e > b).
+  void put(const std::string& bytes, size_t b, size_t e) {
+    out_.text += bytes;
+    if (!from_.begin.empty()) {
+      out_.begin.insert(out_.begin.end(), bytes.size(), from_.begin[b]);
+      out_.end.insert(out_.end.end(), bytes.size(), from_.end[e - 1]);
+    }
+  }
+  Piece take() { return std::move(out_); }
+
+ private:
+  const Piece& from_;
+  Piece out_;
+};
+
+Piece replace_all(const Piece& p, const Pcre2Regex& re, const std::string& with) {
+  PieceBuilder b(p);
+  size_t last = 0;
+  for (const auto& [mb, me] : re.find_all(p.text)) {
+    b.copy(last, mb);
+    b.put(with, mb, me);
+    last = me;
+  }
+  b.copy(last, p.text.size());
+  return b.take();
+}
+
 bool is_whitespace(utf8proc_int32_t cp) {
   if (cp == '\t' || cp == '\n' || cp == 0x0B || cp == '\f' || cp == '\r' || cp == 0x85) return true;
   const auto cat = utf8proc_category(cp);
@@ -110,7 +151,7 @@ void split_piece(const Piece& p, const Pcre2Regex& re, SplitBehavior how, std::v
     how = SplitBehavior::kIsolated;
   }
   auto push = [&](size_t b, size_t e) {
-    if (e > b) out.push_back(Piece{p.text.substr(b, e - b), p.at_start && b == 0});
+    if (e > b) out.push_back(p.slice(b, e));
   };
   size_t last = 0;
   for (const auto& [b, e] : matches) {
@@ -156,6 +197,31 @@ Prepend prepend_scheme_of(const json& step, const std::string& source) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------
+Piece Piece::tracked_from(std::string text, uint32_t offset, bool at_start) {
+  Piece p;
+  p.at_start = at_start;
+  p.begin.resize(text.size());
+  p.end.resize(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    p.begin[i] = offset + static_cast<uint32_t>(i);
+    p.end[i] = offset + static_cast<uint32_t>(i) + 1;
+  }
+  p.text = std::move(text);
+  return p;
+}
+
+Piece Piece::slice(size_t b, size_t e) const {
+  Piece p;
+  p.text = text.substr(b, e - b);
+  p.at_start = at_start && b == 0;
+  if (!begin.empty()) {
+    p.begin.assign(begin.begin() + static_cast<long>(b), begin.begin() + static_cast<long>(e));
+    p.end.assign(end.begin() + static_cast<long>(b), end.begin() + static_cast<long>(e));
+  }
+  return p;
+}
 
 // ---------------------------------------------------------------------------
 ByteLevelAlphabet::ByteLevelAlphabet() {
@@ -220,48 +286,77 @@ Normalizer::Normalizer(const json& spec, const std::string& source) {
 }
 
 std::string Normalizer::apply(const std::string& in) const {
-  std::string s = in;
+  Piece p;
+  p.text = in;
+  apply(p);
+  return std::move(p.text);
+}
+
+namespace {
+// Applies `map` (text of a run -> new text) to each character, or each run of
+// a character and its combining marks when `clusters` (normal forms compose
+// within such runs), keeping offsets.
+template <typename Map>
+Piece map_chars(const Piece& p, bool clusters, Map&& map) {
+  PieceBuilder b(p);
+  size_t run = 0;
+  for_each_char(p.text, [&](utf8proc_int32_t cp, size_t at, size_t n) {
+    const bool combining = clusters && cp >= 0 && utf8proc_get_property(cp)->combining_class != 0;
+    if (at > run && !combining) {
+      b.put(map(p.text.substr(run, at - run)), run, at);
+      run = at;
+    }
+    (void)n;
+  });
+  if (run < p.text.size()) b.put(map(p.text.substr(run)), run, p.text.size());
+  return b.take();
+}
+}  // namespace
+
+void Normalizer::apply(Piece& p) const {
   for (const auto& step : steps_) {
     const std::string& t = step->type;
     if (t == "Prepend") {
-      if (!s.empty()) s = step->text + s;
+      if (p.text.empty()) continue;
+      PieceBuilder b(p);
+      b.put(step->text, 0, 1);  // the marker stands for the first byte
+      b.copy(0, p.text.size());
+      p = b.take();
     } else if (t == "Replace") {
-      s = replace_all(s, *step->pattern, step->text);
+      p = replace_all(p, *step->pattern, step->text);
     } else if (t == "Strip") {
-      size_t begin = 0, end = s.size();
+      size_t begin = 0, end = p.text.size();
       bool leading = true;
-      for_each_char(s, [&](utf8proc_int32_t cp, size_t at, size_t n) {
+      for_each_char(p.text, [&](utf8proc_int32_t cp, size_t at, size_t n) {
         const bool ws = cp >= 0 && is_whitespace(cp);
         if (leading && ws && step->left) begin = at + n;
         if (!ws) leading = false, end = at + n;
         if (ws && !step->right) end = at + n;
       });
-      if (begin >= end)
-        s.clear();
-      else
-        s = s.substr(begin, end - begin);
+      p = begin >= end ? p.slice(0, 0) : p.slice(begin, end);
     } else if (t == "Lowercase") {
-      std::string out;
-      for_each_char(s, [&](utf8proc_int32_t cp, size_t at, size_t n) {
-        if (cp < 0) return void(out.append(s, at, n));
-        out += utf8(static_cast<uint32_t>(utf8proc_tolower(cp)));
+      p = map_chars(p, false, [](const std::string& ch) {
+        utf8proc_int32_t cp = -1;
+        utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(ch.data()),
+                         static_cast<utf8proc_ssize_t>(ch.size()), &cp);
+        return cp < 0 ? ch : utf8(static_cast<uint32_t>(utf8proc_tolower(cp)));
       });
-      s = std::move(out);
-    } else {  // a Unicode normal form
+    } else {  // a Unicode normal form, a character and its combining marks at a time
       int options = UTF8PROC_STABLE;
       options |= (t == "NFC" || t == "NFKC") ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE;
       if (t == "NFKC" || t == "NFKD") options |= UTF8PROC_COMPAT;
-      utf8proc_uint8_t* out = nullptr;
-      const auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                                  static_cast<utf8proc_ssize_t>(s.size()), &out,
-                                  static_cast<utf8proc_option_t>(options));
-      if (n < 0)
-        throw std::invalid_argument("text is not valid UTF-8 for the " + t + " normalizer");
-      s.assign(reinterpret_cast<char*>(out), static_cast<size_t>(n));
-      free(out);
+      p = map_chars(p, true, [&](const std::string& run) {
+        utf8proc_uint8_t* out = nullptr;
+        const auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(run.data()),
+                                    static_cast<utf8proc_ssize_t>(run.size()), &out,
+                                    static_cast<utf8proc_option_t>(options));
+        if (n < 0) return run;  // a stray byte stays as it is
+        std::string s(reinterpret_cast<char*>(out), static_cast<size_t>(n));
+        free(out);
+        return s;
+      });
     }
   }
-  return s;
 }
 
 // ---------------------------------------------------------------------------
@@ -322,19 +417,34 @@ void PreTokenizer::apply(std::vector<Piece>& pieces) const {
     next.reserve(pieces.size());
     for (Piece& p : pieces) {
       if (step->type == "ByteLevel") {
-        if (step->add_prefix_space && (p.text.empty() || p.text[0] != ' ')) p.text = " " + p.text;
+        if (step->add_prefix_space && !p.text.empty() && p.text[0] != ' ') {
+          PieceBuilder b(p);
+          b.put(" ", 0, 1);
+          b.copy(0, p.text.size());
+          p = b.take();
+        }
         std::vector<Piece> parts;
         if (step->pattern)
           split_piece(p, *step->pattern, SplitBehavior::kIsolated, parts);
         else
           parts.push_back(std::move(p));
-        for (Piece& q : parts) next.push_back(Piece{step->alphabet->encode(q.text), q.at_start});
+        for (Piece& q : parts) {  // every byte becomes a printable character
+          PieceBuilder b(q);
+          for (size_t i = 0; i < q.text.size(); ++i)
+            b.put(step->alphabet->byte_to_char[static_cast<unsigned char>(q.text[i])], i, i + 1);
+          next.push_back(b.take());
+        }
       } else if (step->type == "Metaspace") {
-        p.text = replace_all(p.text, *step->space_re, step->replacement);
+        p = replace_all(p, *step->space_re, step->replacement);
         const bool starts = p.text.compare(0, step->replacement.size(), step->replacement) == 0;
-        if (!starts &&
-            (step->prepend == Prepend::kAlways || (step->prepend == Prepend::kFirst && p.at_start)))
-          p.text = step->replacement + p.text;
+        if (!p.text.empty() && !starts &&
+            (step->prepend == Prepend::kAlways ||
+             (step->prepend == Prepend::kFirst && p.at_start))) {
+          PieceBuilder b(p);
+          b.put(step->replacement, 0, 1);
+          b.copy(0, p.text.size());
+          p = b.take();
+        }
         if (step->split)
           split_piece(p, *step->replacement_re, SplitBehavior::kMergedWithNext, next);
         else if (!p.text.empty())

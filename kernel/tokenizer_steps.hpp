@@ -24,6 +24,23 @@ struct ByteLevelAlphabet {
   std::string encode(const std::string& bytes) const;
 };
 
+// Text on its way to the model. `at_start`: it begins at byte 0 of the
+// original input (Metaspace's prepend_scheme "first" looks at this). When
+// offsets are tracked, `begin[i]`, `end[i]` are the bytes of the original
+// input that byte i of `text` came from (a replacement or a prepended marker
+// maps to the bytes it stands for), as the tokenizers library aligns
+// normalized strings; untracked, both are empty.
+struct Piece {
+  std::string text;
+  bool at_start = false;
+  std::vector<uint32_t> begin, end;
+
+  bool tracked() const { return !begin.empty() || text.empty(); }
+  // A piece of `text` whose bytes come from original bytes offset, offset + 1, ...
+  static Piece tracked_from(std::string text, uint32_t offset, bool at_start);
+  Piece slice(size_t b, size_t e) const;
+};
+
 // Text before the model sees it: Unicode normal forms, Prepend, Replace,
 // Strip, Lowercase.
 class Normalizer {
@@ -32,18 +49,12 @@ class Normalizer {
   Normalizer(const nlohmann::json& spec, const std::string& source);
   ~Normalizer();
   std::string apply(const std::string& text) const;
+  void apply(Piece& piece) const;  // keeps the piece's offsets when tracked
   bool empty() const { return steps_.empty(); }
 
  private:
   struct Step;
   std::vector<std::unique_ptr<Step>> steps_;
-};
-
-// One piece of pre-tokenized text. `at_start`: it begins at byte 0 of the
-// original input (Metaspace's prepend_scheme "first" looks at this).
-struct Piece {
-  std::string text;
-  bool at_start = false;
 };
 
 // Splits normalized text into the pieces the model encodes one by one:

@@ -1,0 +1,333 @@
+#include "chat_data.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+
+#include "file_util.hpp"
+
+namespace tightfit {
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+constexpr size_t kMaxConfigBytes = size_t{64} << 20;
+constexpr size_t kMaxDataFileBytes = size_t{16} << 30;
+constexpr int kMaxJsonDepth = 64;
+
+ojson parse_json(const std::string& text, const std::string& where) {
+  auto guard = [&](int depth, ojson::parse_event_t, ojson&) {
+    if (depth > kMaxJsonDepth)
+      throw std::invalid_argument(where + ": JSON nested deeper than 64 levels");
+    return true;
+  };
+  ojson j = ojson::parse(text, guard, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw std::invalid_argument(where + ": not valid JSON");
+  return j;
+}
+
+// A special token in tokenizer_config.json: "..." or {"content": "...", ...}.
+std::string token_text(const ojson& j, const char* key, const std::string& src) {
+  if (!j.contains(key) || j[key].is_null()) return {};
+  const ojson& v = j[key];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string())
+    return v["content"].get<std::string>();
+  throw std::invalid_argument(src + ": \"" + key + "\" must be a string or {\"content\": ...}");
+}
+
+}  // namespace
+
+TokenizerConfig TokenizerConfig::load(const std::string& path) {
+  TokenizerConfig c;
+  fs::path file = path, folder = fs::path(path).parent_path();
+  if (fs::is_directory(path)) folder = path, file = fs::path(path) / "tokenizer_config.json";
+  c.source = file.string();
+  if (fs::exists(file)) {
+    std::string text;
+    try {
+      text = read_regular_file(file.string(), kMaxConfigBytes);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(e.what());
+    }
+    const ojson j = parse_json(text, c.source);
+    if (!j.is_object()) throw std::invalid_argument(c.source + " is not a JSON object");
+    c.bos_token = token_text(j, "bos_token", c.source);
+    c.eos_token = token_text(j, "eos_token", c.source);
+    c.pad_token = token_text(j, "pad_token", c.source);
+    c.unk_token = token_text(j, "unk_token", c.source);
+    if (j.contains("chat_template") && !j["chat_template"].is_null()) {
+      const ojson& t = j["chat_template"];
+      if (t.is_string()) {
+        c.chat_template = t.get<std::string>();
+      } else if (t.is_array()) {  // [{"name": "default", "template": ...}, ...]
+        for (const auto& e : t)
+          if (e.is_object() && e.value("name", std::string()) == "default" &&
+              e.contains("template") && e["template"].is_string())
+            c.chat_template = e["template"].get<std::string>();
+        if (c.chat_template.empty())
+          throw std::invalid_argument(c.source +
+                                      ": \"chat_template\" lists no \"default\" template");
+      } else {
+        throw std::invalid_argument(c.source + ": \"chat_template\" must be a string or a list");
+      }
+    }
+  }
+  const fs::path jinja = folder / "chat_template.jinja";
+  if (fs::exists(jinja)) {
+    try {
+      c.chat_template = read_regular_file(jinja.string(), kMaxConfigBytes);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(e.what());
+    }
+    c.source = jinja.string();
+  }
+  return c;
+}
+
+ojson TokenizerConfig::template_variables() const {
+  ojson v = ojson::object();
+  for (const auto& [key, value] :
+       {std::pair<const char*, const std::string*>{"bos_token", &bos_token},
+        {"eos_token", &eos_token},
+        {"pad_token", &pad_token},
+        {"unk_token", &unk_token}})
+    if (!value->empty()) v[key] = *value;
+  return v;
+}
+
+std::vector<uint8_t> span_token_mask(const Tokenizer& tokenizer, const std::string& text,
+                                     const std::vector<int64_t>& ids,
+                                     const std::vector<std::pair<size_t, size_t>>& spans) {
+  std::vector<std::pair<size_t, size_t>> offsets;
+  const std::vector<int64_t> again = tokenizer.encode_with_offsets(text, offsets);
+  if (again != ids)
+    throw std::logic_error("span_token_mask: the ids are not the encoding of the text");
+  // The first token whose bytes hold `at`, as transformers' char_to_token.
+  auto token_at = [&](size_t at) -> std::optional<size_t> {
+    for (size_t k = 0; k < offsets.size(); ++k)
+      if (offsets[k].first <= at && at < offsets[k].second) return k;
+    return std::nullopt;
+  };
+  std::vector<uint8_t> mask(ids.size(), 0);
+  for (const auto& [begin, end] : spans) {
+    if (end <= begin) continue;
+    const auto first = token_at(begin);
+    if (!first) break;  // as transformers does
+    const auto last = token_at(end - 1);
+    const size_t stop = last && *last > 0 ? *last + 1 : ids.size();
+    for (size_t k = *first; k < stop; ++k) mask[k] = 1;
+  }
+  return mask;
+}
+
+ChatFormatter::ChatFormatter(const Tokenizer& tokenizer, TokenizerConfig config, TrainOn train_on)
+    : tokenizer_(tokenizer), config_(std::move(config)), train_on_(train_on) {
+  if (!config_.chat_template.empty())
+    template_ = std::make_unique<ChatTemplate>(config_.chat_template, config_.source);
+}
+
+ChatFormatter::~ChatFormatter() = default;
+
+const ChatTemplate& ChatFormatter::chat_template(const std::string& where) const {
+  if (!template_)
+    throw std::invalid_argument(
+        where + ": a conversation needs the model's chat template, and " +
+        (config_.source.empty() ? std::string("the tokenizer") : config_.source) +
+        " has none: give [data] chat_template = \"FILE.jinja\", or use {\"prompt\", "
+        "\"completion\"} rows");
+  return *template_;
+}
+
+ChatRender ChatFormatter::render(const ojson& messages, bool add_generation_prompt,
+                                 const ojson& tools, const std::string& where) const {
+  ojson vars = config_.template_variables();
+  vars["tools"] = tools;
+  try {
+    return chat_template(where).render(messages, add_generation_prompt, vars);
+  } catch (const std::runtime_error& e) {
+    throw std::invalid_argument(where + ": " + e.what());
+  }
+}
+
+namespace {
+
+// Checks a list of messages: objects with a string role and string (or null) content.
+void check_messages(const ojson& messages, const std::string& where, const char* field) {
+  if (!messages.is_array() || messages.empty())
+    throw std::invalid_argument(where + ": \"" + field + "\" must be a non-empty list of messages");
+  for (size_t k = 0; k < messages.size(); ++k) {
+    const ojson& m = messages[k];
+    const std::string at = where + ": \"" + field + "\"[" + std::to_string(k) + "]";
+    if (!m.is_object()) throw std::invalid_argument(at + " must be an object");
+    if (!m.contains("role") || !m["role"].is_string())
+      throw std::invalid_argument(at + ".role must be a string");
+    if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null())
+      throw std::invalid_argument(at + ".content must be a string");
+  }
+}
+
+const std::string& need_string(const ojson& row, const char* key, const std::string& where) {
+  if (!row.contains(key) || !row[key].is_string())
+    throw std::invalid_argument(where + ": \"" + key + "\" must be a string");
+  return row[key].get_ref<const std::string&>();
+}
+
+Example masked(std::vector<int64_t> ids, size_t untrained_prefix) {
+  Example e;
+  e.trained.assign(ids.size(), 1);
+  std::fill_n(e.trained.begin(), std::min(untrained_prefix, ids.size()), uint8_t{0});
+  e.ids = std::move(ids);
+  return e;
+}
+
+}  // namespace
+
+Example ChatFormatter::prompt_completion(const std::string& prompt,
+                                         const std::string& completion_in) const {
+  // TRL: the completion ends with EOS; the prompt's tokens (with the
+  // tokenizer's own BOS) are not trained on.
+  std::string completion = completion_in;
+  const std::string& eos = config_.eos_token;
+  if (!eos.empty() && (completion.size() < eos.size() ||
+                       completion.compare(completion.size() - eos.size(), eos.size(), eos) != 0))
+    completion += eos;
+  const std::vector<int64_t> prompt_ids = tokenizer_.encode_with_special_tokens(prompt);
+  std::vector<int64_t> ids = tokenizer_.encode_with_special_tokens(prompt + completion);
+  return masked(std::move(ids), train_on_ == TrainOn::kAll ? 0 : prompt_ids.size());
+}
+
+Example ChatFormatter::chat_prompt_completion(const ojson& prompt, const ojson& completion,
+                                              const ojson& tools, const std::string& where) const {
+  check_messages(prompt, where, "prompt");
+  check_messages(completion, where, "completion");
+  ojson all = prompt;
+  for (const auto& m : completion) all.push_back(m);
+  const std::vector<int64_t> prompt_ids =
+      tokenizer_.encode(render(prompt, true, tools, where).text);
+  std::vector<int64_t> ids = tokenizer_.encode(render(all, false, tools, where).text);
+  return masked(std::move(ids), train_on_ == TrainOn::kAll ? 0 : prompt_ids.size());
+}
+
+Example ChatFormatter::conversation(const ojson& row, const std::string& where) const {
+  const ojson& messages = row["messages"];
+  check_messages(messages, where, "messages");
+  const ojson tools = row.contains("tools") ? row["tools"] : ojson();
+  const ChatRender full = render(messages, false, tools, where);
+  Example e;
+  e.ids = tokenizer_.encode(full.text);
+  if (train_on_ == TrainOn::kAll) {
+    e.trained.assign(e.ids.size(), 1);
+    return e;
+  }
+  std::vector<std::pair<size_t, size_t>> spans = full.generation_spans;
+  if (!chat_template(where).has_generation_blocks()) {
+    // Each assistant turn: what rendering it adds after the prompt for it.
+    for (size_t k = 0; k < messages.size(); ++k) {
+      if (messages[k]["role"] != "assistant") continue;
+      ojson before = ojson::array();
+      for (size_t i = 0; i < k; ++i) before.push_back(messages[i]);
+      ojson through = before;
+      through.push_back(messages[k]);
+      const std::string prompt = k == 0 ? std::string() : render(before, true, tools, where).text;
+      const std::string turn = render(through, false, tools, where).text;
+      if (turn.compare(0, prompt.size(), prompt) != 0 ||
+          full.text.compare(0, turn.size(), turn) != 0)
+        throw std::invalid_argument(
+            where + ": the chat template of " + config_.source + " renders assistant turn " +
+            std::to_string(k) +
+            " differently once later turns follow (it rewrites earlier turns, as reasoning "
+            "templates drop old thoughts), so its tokens cannot be found: add {% generation %} "
+            "marks to the template, split the conversation into {\"prompt\", \"completion\"} "
+            "rows, or set [data] train_on = \"all\"");
+      spans.emplace_back(prompt.size(), turn.size());
+    }
+  }
+  if (spans.empty())
+    throw std::invalid_argument(where + ": the conversation has no assistant message to train on");
+  e.trained = span_token_mask(tokenizer_, full.text, e.ids, spans);
+  return e;
+}
+
+Example ChatFormatter::format(const ojson& row, const std::string& where) const {
+  if (!row.is_object()) throw std::invalid_argument(where + ": a row must be a JSON object");
+  if (row.contains("messages")) return conversation(row, where);
+  if (row.contains("prompt") || row.contains("completion")) {
+    if (!row.contains("prompt") || !row.contains("completion"))
+      throw std::invalid_argument(where + ": a row with \"prompt\" needs \"completion\" too");
+    if (row["prompt"].is_array() || row["completion"].is_array())
+      return chat_prompt_completion(row["prompt"], row["completion"],
+                                    row.contains("tools") ? row["tools"] : ojson(), where);
+    return prompt_completion(need_string(row, "prompt", where),
+                             need_string(row, "completion", where));
+  }
+  if (row.contains("instruction") || row.contains("output")) {  // Alpaca
+    std::string user = need_string(row, "instruction", where);
+    if (row.contains("input") && !row["input"].is_null()) {
+      const std::string& input = need_string(row, "input", where);
+      if (!input.empty()) user += "\n\n" + input;
+    }
+    const std::string& output = need_string(row, "output", where);
+    if (template_)
+      return chat_prompt_completion(ojson::array({{{"role", "user"}, {"content", user}}}),
+                                    ojson::array({{{"role", "assistant"}, {"content", output}}}),
+                                    ojson(), where);
+    return prompt_completion(user + "\n\n", output);
+  }
+  if (row.contains("text")) {
+    std::string text = need_string(row, "text", where);
+    const std::string& eos = config_.eos_token;
+    if (!eos.empty() &&
+        (text.size() < eos.size() || text.compare(text.size() - eos.size(), eos.size(), eos) != 0))
+      text += eos;
+    return masked(tokenizer_.encode_with_special_tokens(text), 0);
+  }
+  throw std::invalid_argument(where +
+                              ": a row needs \"messages\", \"prompt\" and \"completion\", "
+                              "\"instruction\" and \"output\", or \"text\"");
+}
+
+std::vector<Example> load_examples(const std::string& spec, const ChatFormatter& formatter,
+                                   const std::string& base_dir) {
+  fs::path p = spec;
+  if (p.is_relative() && !base_dir.empty()) p = fs::path(base_dir) / p;
+  std::vector<fs::path> files;
+  std::error_code ec;
+  if (fs::is_directory(p, ec)) {
+    for (auto it = fs::recursive_directory_iterator(p, ec);
+         !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
+      if (it->is_regular_file(ec) && it->path().extension() == ".jsonl")
+        files.push_back(it->path());
+    std::sort(files.begin(), files.end());
+    if (files.empty())
+      throw std::invalid_argument("data folder " + p.string() + " holds no .jsonl file");
+  } else {
+    files.push_back(p);
+  }
+  std::vector<Example> out;
+  for (const fs::path& file : files) {
+    std::string text;
+    try {
+      text = read_regular_file(file.string(), kMaxDataFileBytes);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(std::string("data: ") + e.what());
+    }
+    size_t line = 0, pos = 0;
+    while (pos < text.size()) {
+      ++line;
+      size_t nl = text.find('\n', pos);
+      if (nl == std::string::npos) nl = text.size();
+      const std::string row_text = text.substr(pos, nl - pos);
+      pos = nl + 1;
+      if (row_text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+      const std::string where = file.string() + ":" + std::to_string(line);
+      out.push_back(formatter.format(parse_json(row_text, where), where));
+    }
+  }
+  if (out.empty()) throw std::invalid_argument("data " + p.string() + " holds no rows");
+  return out;
+}
+
+}  // namespace tightfit

@@ -1,0 +1,501 @@
+// Renders a parsed chat template: scopes as Jinja keeps them (a for loop's
+// assignments stay in the loop; namespace() objects are shared), Python's
+// operators, the loop variable, macros, loop controls and generation spans.
+#include "chat_template.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <stdexcept>
+
+#include "jinja_ast.hpp"
+#include "jinja_builtins.hpp"
+#include "jinja_value.hpp"
+
+namespace tightfit {
+namespace {
+
+using jinja::Args;
+using jinja::Body;
+using jinja::Expr;
+using jinja::List;
+using jinja::Node;
+using jinja::Value;
+
+// Bounds on what a hostile template can make the host do.
+constexpr size_t kMaxOutputBytes = size_t{64} << 20;
+constexpr int64_t kMaxIterations = 1'000'000;
+constexpr int kMaxCallDepth = 64;
+
+struct LoopControl {
+  enum Kind { kNone, kBreak, kContinue } kind = kNone;
+};
+
+class Renderer {
+ public:
+  Renderer(const std::string& origin, ChatRender& out) : origin_(origin), out_(out) {
+    scopes_.emplace_back();
+  }
+
+  void set_global(const std::string& name, Value v) { scopes_.front()[name] = std::move(v); }
+
+  void run(const Body& body) {
+    LoopControl lc;
+    render(body, lc);
+  }
+
+ private:
+  [[noreturn]] void fail(const jinja::Where& w, const std::string& what) const {
+    throw std::runtime_error(origin_ + ": chat template " + w.str() + ": " + what);
+  }
+
+  Value lookup(const std::string& name) const {
+    for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it)
+      if (auto f = it->find(name); f != it->end()) return f->second;
+    return jinja::global_function(name);
+  }
+
+  void emit(const std::string& s) {
+    out_.text += s;
+    if (out_.text.size() > kMaxOutputBytes)
+      throw std::runtime_error(origin_ + ": the chat template wrote more than 64 MiB");
+  }
+
+  void render(const Body& body, LoopControl& lc) {
+    for (const auto& n : body) {
+      render(*n, lc);
+      if (lc.kind != LoopControl::kNone) return;
+    }
+  }
+
+  void render(const Node& n, LoopControl& lc) {
+    switch (n.kind) {
+      case Node::kText:
+        return emit(n.text);
+      case Node::kOutput:
+        return emit(eval(*n.expr).str());
+      case Node::kIf:
+        for (size_t k = 0; k < n.conditions.size(); ++k)
+          if (eval(*n.conditions[k]).truthy()) return render(n.bodies[k], lc);
+        return render(n.else_body, lc);
+      case Node::kFor:
+        return render_for(n, lc);
+      case Node::kSet: {
+        Value v = eval(*n.expr);
+        if (!n.attribute.empty()) {
+          Value ns = lookup(n.targets[0]);
+          if (ns.type != Value::kMap) fail(n.where, "'" + n.targets[0] + "' is not a namespace");
+          ns.map->set(n.attribute, std::move(v));
+        } else if (n.targets.size() == 1) {
+          scopes_.back()[n.targets[0]] = std::move(v);
+        } else {
+          unpack(n.targets, v, n.where);
+        }
+        return;
+      }
+      case Node::kSetBlock: {
+        const size_t mark = out_.text.size();
+        render(n.body, lc);
+        scopes_.back()[n.targets[0]] = Value::string(out_.text.substr(mark));
+        out_.text.resize(mark);
+        return;
+      }
+      case Node::kGeneration: {
+        const size_t begin = out_.text.size();
+        render(n.body, lc);
+        out_.generation_spans.emplace_back(begin, out_.text.size());
+        return;
+      }
+      case Node::kBreak:
+        lc.kind = LoopControl::kBreak;
+        return;
+      case Node::kContinue:
+        lc.kind = LoopControl::kContinue;
+        return;
+      case Node::kMacro:
+        scopes_.back()[n.text] = make_macro(n);
+        return;
+    }
+  }
+
+  void unpack(const std::vector<std::string>& targets, const Value& v, const jinja::Where& w) {
+    if (v.type != Value::kList || v.list->size() != targets.size())
+      fail(w, "cannot unpack a " + std::string(v.type_name()) + " into " +
+                  std::to_string(targets.size()) + " names");
+    for (size_t k = 0; k < targets.size(); ++k) scopes_.back()[targets[k]] = (*v.list)[k];
+  }
+
+  void render_for(const Node& n, LoopControl& outer) {
+    Value seq = eval(*n.expr);
+    List items;
+    if (seq.type == Value::kList)
+      items = *seq.list;
+    else if (seq.type == Value::kMap)
+      for (const auto& [k, v] : seq.map->items) items.push_back(Value::string(k));
+    else if (seq.type == Value::kString)
+      for (char c : seq.s) items.push_back(Value::string(std::string(1, c)));
+    else if (seq.defined() && seq.type != Value::kNone)
+      fail(n.where, std::string("cannot loop over a ") + seq.type_name());
+    scopes_.emplace_back();
+    if (n.filter) {  // {% for x in xs if cond %}: the loop sees only the kept items
+      List kept;
+      for (const Value& item : items) {
+        bind(n, item);
+        if (eval(*n.filter).truthy()) kept.push_back(item);
+      }
+      items = std::move(kept);
+    }
+    const int64_t len = static_cast<int64_t>(items.size());
+    for (int64_t k = 0; k < len; ++k) {
+      if (++iterations_ > kMaxIterations) fail(n.where, "more than 1,000,000 loop iterations");
+      bind(n, items[static_cast<size_t>(k)]);
+      Value loop = Value::of_map();
+      loop.map->set("index", Value::integer(k + 1));
+      loop.map->set("index0", Value::integer(k));
+      loop.map->set("revindex", Value::integer(len - k));
+      loop.map->set("revindex0", Value::integer(len - k - 1));
+      loop.map->set("first", Value::boolean(k == 0));
+      loop.map->set("last", Value::boolean(k == len - 1));
+      loop.map->set("length", Value::integer(len));
+      loop.map->set("previtem", k > 0 ? items[static_cast<size_t>(k - 1)] : Value());
+      loop.map->set("nextitem", k + 1 < len ? items[static_cast<size_t>(k + 1)] : Value());
+      scopes_.back()["loop"] = loop;
+      LoopControl lc;
+      render(n.body, lc);
+      if (lc.kind == LoopControl::kBreak) break;
+    }
+    if (len == 0) render(n.else_body, outer);
+    scopes_.pop_back();
+  }
+
+  void bind(const Node& n, const Value& item) {
+    if (n.targets.size() == 1)
+      scopes_.back()[n.targets[0]] = item;
+    else
+      unpack(n.targets, item, n.where);
+  }
+
+  Value make_macro(const Node& n) {
+    const Node* node = &n;
+    return Value::function([this, node](const Args& a) {
+      if (++call_depth_ > kMaxCallDepth) fail(node->where, "macros call each other too deep");
+      scopes_.emplace_back();
+      for (size_t k = 0; k < node->params.size(); ++k) {
+        Value v;
+        if (k < a.positional.size())
+          v = a.positional[k];
+        else if (const Value* kw = a.keyword(node->params[k]))
+          v = *kw;
+        else if (node->defaults[k])
+          v = eval(*node->defaults[k]);
+        scopes_.back()[node->params[k]] = v;
+      }
+      const size_t mark = out_.text.size();
+      LoopControl lc;
+      render(node->body, lc);
+      std::string text = out_.text.substr(mark);
+      out_.text.resize(mark);
+      scopes_.pop_back();
+      --call_depth_;
+      return Value::string(std::move(text));
+    });
+  }
+
+  Args arguments(const Expr& e) {
+    Args a;
+    for (size_t k = 0; k < e.args.size(); ++k) {
+      Value v = eval(*e.args[k]);
+      if (k < e.kwarg_names.size() && !e.kwarg_names[k].empty())
+        a.keywords.emplace_back(e.kwarg_names[k], std::move(v));
+      else
+        a.positional.push_back(std::move(v));
+    }
+    return a;
+  }
+
+  Value subscript(const Value& v, const Value& key, const jinja::Where& w) {
+    if (v.type == Value::kMap) {
+      const Value* x = v.map->find(key.str());
+      return x ? *x : Value();
+    }
+    if ((v.type == Value::kList || v.type == Value::kString) && key.type == Value::kInt) {
+      const int64_t size =
+          static_cast<int64_t>(v.type == Value::kList ? v.list->size() : v.s.size());
+      const int64_t k = key.i < 0 ? key.i + size : key.i;
+      if (k < 0 || k >= size) return Value();
+      return v.type == Value::kList ? (*v.list)[static_cast<size_t>(k)]
+                                    : Value::string(std::string(1, v.s[static_cast<size_t>(k)]));
+    }
+    if (!v.defined()) fail(w, "indexing an undefined value");
+    return Value();
+  }
+
+  Value slice(const Value& v, const Expr& e) {
+    auto bound = [&](const jinja::ExprPtr& p) -> std::optional<int64_t> {
+      if (!p) return std::nullopt;
+      const Value b = eval(*p);
+      if (b.type == Value::kNone) return std::nullopt;
+      if (b.type != Value::kInt) fail(e.where, "slice bounds must be integers");
+      return b.i;
+    };
+    const auto start = bound(e.b), stop = bound(e.c);
+    const auto step_v = e.args.empty() ? std::nullopt : bound(e.args[0]);
+    const int64_t step = step_v.value_or(1);
+    if (step == 0) fail(e.where, "slice step must not be zero");
+    const int64_t n = static_cast<int64_t>(v.type == Value::kList ? v.list->size() : v.s.size());
+    auto clamp = [&](std::optional<int64_t> x, int64_t fallback) {
+      if (!x) return fallback;
+      int64_t k = *x < 0 ? *x + n : *x;
+      return step > 0 ? std::clamp<int64_t>(k, 0, n) : std::clamp<int64_t>(k, -1, n - 1);
+    };
+    const int64_t b = clamp(start, step > 0 ? 0 : n - 1), s = clamp(stop, step > 0 ? n : -1);
+    List out;
+    std::string str;
+    for (int64_t k = b; step > 0 ? k < s : k > s; k += step) {
+      if (v.type == Value::kList)
+        out.push_back((*v.list)[static_cast<size_t>(k)]);
+      else
+        str += v.s[static_cast<size_t>(k)];
+    }
+    if (v.type == Value::kList) return Value::of_list(std::move(out));
+    if (v.type == Value::kString) return Value::string(str);
+    fail(e.where, std::string("cannot slice a ") + v.type_name());
+  }
+
+  Value binary(const Expr& e) {
+    const std::string& op = e.text;
+    if (op == "and") {
+      Value a = eval(*e.a);
+      return a.truthy() ? eval(*e.b) : a;
+    }
+    if (op == "or") {
+      Value a = eval(*e.a);
+      return a.truthy() ? a : eval(*e.b);
+    }
+    const Value a = eval(*e.a), b = eval(*e.b);
+    if (op == "==") return Value::boolean(jinja::equal(a, b));
+    if (op == "!=") return Value::boolean(!jinja::equal(a, b));
+    if (op == "~") return Value::string(a.str() + b.str());
+    if (op == "in" || op == "not in") {
+      bool found = false;
+      if (b.type == Value::kString)
+        found = a.type == Value::kString && b.s.find(a.s) != std::string::npos;
+      else if (b.type == Value::kList)
+        for (const Value& x : *b.list) found = found || jinja::equal(a, x);
+      else if (b.type == Value::kMap)
+        found = b.map->find(a.str()) != nullptr;
+      else if (b.defined())
+        fail(e.where, std::string("'in' a ") + b.type_name());
+      return Value::boolean(found == (op == "in"));
+    }
+    if (op == "<" || op == ">" || op == "<=" || op == ">=") {
+      int cmp;
+      if (a.is_number() && b.is_number())
+        cmp = a.number() < b.number() ? -1 : a.number() > b.number();
+      else if (a.type == Value::kString && b.type == Value::kString)
+        cmp = a.s.compare(b.s);
+      else
+        fail(e.where,
+             "cannot compare a " + std::string(a.type_name()) + " with a " + b.type_name());
+      return Value::boolean(op == "<"    ? cmp < 0
+                            : op == ">"  ? cmp > 0
+                            : op == "<=" ? cmp <= 0
+                                         : cmp >= 0);
+    }
+    if (op == "+" && a.type == Value::kString && b.type == Value::kString)
+      return Value::string(a.s + b.s);
+    if (op == "+" && a.type == Value::kList && b.type == Value::kList) {
+      List l = *a.list;
+      l.insert(l.end(), b.list->begin(), b.list->end());
+      return Value::of_list(std::move(l));
+    }
+    if (op == "*" && a.type == Value::kString && b.type == Value::kInt) {
+      std::string s;
+      for (int64_t k = 0; k < b.i && s.size() < kMaxOutputBytes; ++k) s += a.s;
+      return Value::string(s);
+    }
+    if (!a.is_number() || !b.is_number())
+      fail(e.where,
+           "unsupported operand types for " + op + ": " + a.type_name() + " and " + b.type_name());
+    const bool ints = a.type != Value::kFloat && b.type != Value::kFloat;
+    const double x = a.number(), y = b.number();
+    if (op == "/") {
+      if (y == 0) fail(e.where, "division by zero");
+      return Value::real(x / y);
+    }
+    if (ints) {
+      const int64_t p = a.type == Value::kBool ? a.b : a.i, q = b.type == Value::kBool ? b.b : b.i;
+      if (op == "+") return Value::integer(p + q);
+      if (op == "-") return Value::integer(p - q);
+      if (op == "*") return Value::integer(p * q);
+      if (q == 0) fail(e.where, "division by zero");
+      const int64_t fl = p / q - ((p % q != 0) && ((p < 0) != (q < 0)));  // Python's floor division
+      if (op == "//") return Value::integer(fl);
+      if (op == "%") return Value::integer(p - fl * q);
+    }
+    if (op == "+") return Value::real(x + y);
+    if (op == "-") return Value::real(x - y);
+    if (op == "*") return Value::real(x * y);
+    if (y == 0) fail(e.where, "division by zero");
+    if (op == "//") return Value::real(std::floor(x / y));
+    if (op == "%") return Value::real(x - std::floor(x / y) * y);
+    fail(e.where, "unknown operator " + op);
+  }
+
+  Value eval(const Expr& e) {
+    switch (e.kind) {
+      case Expr::kLiteral:
+        switch (e.literal_kind) {
+          case Expr::kNone:
+            return Value::none();
+          case Expr::kBool:
+            return Value::boolean(!e.text.empty());
+          case Expr::kInt:
+            return Value::integer(std::stoll(e.text));
+          case Expr::kFloat:
+            return Value::real(std::stod(e.text));
+          case Expr::kString:
+            return Value::string(e.text);
+        }
+        return Value();
+      case Expr::kName:
+        return lookup(e.text);
+      case Expr::kList:
+      case Expr::kTuple: {
+        List l;
+        for (const auto& a : e.args) l.push_back(eval(*a));
+        return Value::of_list(std::move(l));
+      }
+      case Expr::kDict: {
+        Value m = Value::of_map();
+        for (size_t k = 0; k + 1 < e.args.size(); k += 2)
+          m.map->set(eval(*e.args[k]).str(), eval(*e.args[k + 1]));
+        return m;
+      }
+      case Expr::kAttribute: {
+        const Value v = eval(*e.a);
+        if (v.type == Value::kMap) {
+          const Value* x = v.map->find(e.text);
+          return x ? *x : Value();
+        }
+        if (!v.defined()) fail(e.where, "'" + e.text + "' of an undefined value");
+        return Value();  // a method, resolved by the call around it
+      }
+      case Expr::kSubscript:
+        return subscript(eval(*e.a), eval(*e.b), e.where);
+      case Expr::kSlice:
+        return slice(eval(*e.a), e);
+      case Expr::kCall: {
+        Args args = arguments(e);
+        if (e.a->kind == Expr::kAttribute) {  // a method: "x".strip(), d.get(k)
+          const Value self = eval(*e.a->a);
+          if (self.type == Value::kMap)
+            if (const Value* f = self.map->find(e.a->text); f && f->type == Value::kFunction)
+              return (*f->fn)(args);
+          try {
+            return jinja::call_method(self, e.a->text, args);
+          } catch (const std::runtime_error& x) {
+            fail(e.where, x.what());
+          }
+        }
+        const Value f = eval(*e.a);
+        if (f.type != Value::kFunction)
+          fail(e.where, e.a->kind == Expr::kName
+                            ? "'" + e.a->text + "' is not a function this host offers"
+                            : std::string("a ") + f.type_name() + " is not callable");
+        try {
+          return (*f.fn)(args);
+        } catch (const std::runtime_error& x) {
+          const std::string what = x.what();
+          if (what.rfind(origin_, 0) == 0) throw;
+          fail(e.where, what);
+        }
+      }
+      case Expr::kFilter: {
+        const Value v = eval(*e.a);
+        const Args args = arguments(e);
+        try {
+          return jinja::apply_filter(e.text, v, args);
+        } catch (const std::runtime_error& x) {
+          fail(e.where, x.what());
+        }
+      }
+      case Expr::kTest: {
+        const Value v = e.text == "defined" || e.text == "undefined" ? eval_soft(*e.a) : eval(*e.a);
+        const Args args = arguments(e);
+        try {
+          return Value::boolean(jinja::apply_test(e.text, v, args) != e.negated);
+        } catch (const std::runtime_error& x) {
+          fail(e.where, x.what());
+        }
+      }
+      case Expr::kUnary: {
+        const Value v = eval(*e.a);
+        if (e.text == "not") return Value::boolean(!v.truthy());
+        if (v.type == Value::kInt) return Value::integer(e.text == "-" ? -v.i : v.i);
+        if (v.type == Value::kFloat) return Value::real(e.text == "-" ? -v.f : v.f);
+        fail(e.where, "unary " + e.text + " of a " + v.type_name());
+      }
+      case Expr::kBinary:
+        return binary(e);
+      case Expr::kTernary:
+        return eval(*e.b).truthy() ? eval(*e.a) : (e.c ? eval(*e.c) : Value());
+    }
+    return Value();
+  }
+
+  // "x.y is defined" asks; it must not fail when x itself is undefined.
+  Value eval_soft(const Expr& e) {
+    try {
+      return eval(e);
+    } catch (const std::runtime_error&) {
+      return Value();
+    }
+  }
+
+  const std::string& origin_;
+  ChatRender& out_;
+  std::vector<std::map<std::string, Value>> scopes_;
+  int64_t iterations_ = 0;
+  int call_depth_ = 0;
+};
+
+bool uses_generation(const Body& body) {
+  for (const auto& n : body) {
+    if (n->kind == Node::kGeneration) return true;
+    if (uses_generation(n->body) || uses_generation(n->else_body)) return true;
+    for (const auto& b : n->bodies)
+      if (uses_generation(b)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+struct ChatTemplate::Tree {
+  Body body;
+};
+
+ChatTemplate::ChatTemplate(const std::string& source, const std::string& origin)
+    : tree_(std::make_unique<Tree>()), origin_(origin) {
+  tree_->body = jinja::parse(source, origin);
+  has_generation_ = uses_generation(tree_->body);
+}
+
+ChatTemplate::~ChatTemplate() = default;
+ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
+
+ChatRender ChatTemplate::render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                                const nlohmann::ordered_json& variables) const {
+  ChatRender out;
+  Renderer r(origin_, out);
+  for (auto it = variables.begin(); it != variables.end(); ++it)
+    r.set_global(it.key(), Value::from_json(it.value()));
+  r.set_global("messages", Value::from_json(messages));
+  r.set_global("add_generation_prompt", Value::boolean(add_generation_prompt));
+  r.run(tree_->body);
+  return out;
+}
+
+}  // namespace tightfit

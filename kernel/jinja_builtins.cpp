@@ -1,0 +1,416 @@
+#include "jinja_builtins.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <ctime>
+#include <stdexcept>
+
+namespace tightfit::jinja {
+namespace {
+
+[[noreturn]] void fail(const std::string& what) {
+  throw std::runtime_error(what);
+}
+
+const Value& arg(const Args& a, size_t k, const char* name, const Value& fallback) {
+  if (k < a.positional.size()) return a.positional[k];
+  if (const Value* v = a.keyword(name)) return *v;
+  return fallback;
+}
+
+const std::string& need_string(const Value& v, const char* what) {
+  if (v.type != Value::kString) fail(std::string(what) + " needs a string, not " + v.type_name());
+  return v.s;
+}
+
+bool is_space(unsigned char c) {
+  return c == ' ' || (c >= '\t' && c <= '\r');
+}
+
+std::string ascii_lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+std::string ascii_upper(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+std::string title_case(std::string s) {
+  bool start = true;
+  for (char& c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    c = static_cast<char>(start ? std::toupper(u) : std::tolower(u));
+    start = !std::isalpha(u);
+  }
+  return s;
+}
+
+Value split(const std::string& s, const Value& sep, int64_t maxsplit) {
+  List out;
+  if (!sep.defined() || sep.type == Value::kNone) {  // runs of whitespace
+    size_t i = 0;
+    while (i < s.size()) {
+      while (i < s.size() && is_space(static_cast<unsigned char>(s[i]))) ++i;
+      if (i >= s.size()) break;
+      if (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit) {
+        std::string rest = s.substr(i);
+        rest.erase(rest.find_last_not_of(" \t\n\r\f\v") + 1);
+        out.push_back(Value::string(rest));
+        break;
+      }
+      size_t j = i;
+      while (j < s.size() && !is_space(static_cast<unsigned char>(s[j]))) ++j;
+      out.push_back(Value::string(s.substr(i, j - i)));
+      i = j;
+    }
+    return Value::of_list(std::move(out));
+  }
+  const std::string& d = need_string(sep, "split");
+  if (d.empty()) fail("split: empty separator");
+  size_t start = 0;
+  for (;;) {
+    const size_t at = s.find(d, start);
+    if (at == std::string::npos ||
+        (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit)) {
+      out.push_back(Value::string(s.substr(start)));
+      break;
+    }
+    out.push_back(Value::string(s.substr(start, at - start)));
+    start = at + d.size();
+  }
+  return Value::of_list(std::move(out));
+}
+
+bool affix(const Value& self, const Value& what, bool prefix) {
+  auto one = [&](const std::string& p) {
+    return self.s.size() >= p.size() &&
+           self.s.compare(prefix ? 0 : self.s.size() - p.size(), p.size(), p) == 0;
+  };
+  if (what.type == Value::kList) {
+    for (const Value& p : *what.list)
+      if (one(need_string(p, "startswith/endswith"))) return true;
+    return false;
+  }
+  return one(need_string(what, "startswith/endswith"));
+}
+
+std::string replace(std::string s, const std::string& from, const std::string& to, int64_t count) {
+  if (from.empty()) return s;
+  std::string out;
+  size_t start = 0;
+  for (int64_t n = 0; count < 0 || n < count; ++n) {
+    const size_t at = s.find(from, start);
+    if (at == std::string::npos) break;
+    out.append(s, start, at - start);
+    out += to;
+    start = at + from.size();
+  }
+  out.append(s, start, std::string::npos);
+  return out;
+}
+
+int64_t length(const Value& v) {
+  switch (v.type) {
+    case Value::kString: {
+      int64_t n = 0;  // characters, not bytes
+      for (unsigned char c : v.s) n += (c & 0xC0) != 0x80;
+      return n;
+    }
+    case Value::kList:
+      return static_cast<int64_t>(v.list->size());
+    case Value::kMap:
+      return static_cast<int64_t>(v.map->items.size());
+    default:
+      fail(std::string("length of a ") + v.type_name());
+  }
+}
+
+Value items(const Value& v) {
+  if (v.type != Value::kMap) fail(std::string("items() of a ") + v.type_name());
+  List out;
+  for (const auto& [k, x] : v.map->items) out.push_back(Value::of_list({Value::string(k), x}));
+  return Value::of_list(std::move(out));
+}
+
+}  // namespace
+
+std::string strip_chars(const std::string& s, const std::string* chars, bool left, bool right) {
+  auto strip_it = [&](unsigned char c) {
+    return chars ? chars->find(static_cast<char>(c)) != std::string::npos : is_space(c);
+  };
+  size_t b = 0, e = s.size();
+  if (left)
+    while (b < e && strip_it(static_cast<unsigned char>(s[b]))) ++b;
+  if (right)
+    while (e > b && strip_it(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+Value apply_filter(const std::string& name, const Value& v, const Args& a) {
+  static const Value none = Value::none();
+  if (name == "trim") {
+    const Value& chars = arg(a, 0, "chars", Value());
+    return Value::string(strip_chars(
+        need_string(v, "trim"), chars.type == Value::kString ? &chars.s : nullptr, true, true));
+  }
+  if (name == "length" || name == "count") return Value::integer(length(v));
+  if (name == "upper") return Value::string(ascii_upper(need_string(v, "upper")));
+  if (name == "lower") return Value::string(ascii_lower(need_string(v, "lower")));
+  if (name == "title") return Value::string(title_case(need_string(v, "title")));
+  if (name == "capitalize") {
+    std::string s = ascii_lower(need_string(v, "capitalize"));
+    if (!s.empty()) s[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(s[0])));
+    return Value::string(s);
+  }
+  if (name == "string") return Value::string(v.str());
+  if (name == "safe" || name == "e" || name == "escape")
+    return v.type == Value::kString ? v : Value::string(v.str());
+  if (name == "tojson") {
+    const Value& indent = arg(a, 0, "indent", none);
+    return Value::string(v.to_json(indent.type == Value::kInt ? static_cast<int>(indent.i) : 0));
+  }
+  if (name == "int") {
+    if (v.type == Value::kString) {
+      try {
+        return Value::integer(std::stoll(v.s));
+      } catch (const std::exception&) {
+        return Value::integer(0);
+      }
+    }
+    return Value::integer(static_cast<int64_t>(v.number()));
+  }
+  if (name == "float")
+    return Value::real(v.type == Value::kString ? std::strtod(v.s.c_str(), nullptr) : v.number());
+  if (name == "abs")
+    return v.type == Value::kInt ? Value::integer(std::llabs(v.i))
+                                 : Value::real(std::abs(v.number()));
+  if (name == "first" || name == "last") {
+    if (v.type == Value::kList)
+      return v.list->empty() ? Value() : (name == "first" ? v.list->front() : v.list->back());
+    if (v.type == Value::kString && !v.s.empty())
+      return Value::string(std::string(1, name == "first" ? v.s.front() : v.s.back()));
+    return Value();
+  }
+  if (name == "list") {
+    if (v.type == Value::kList) return v;
+    if (v.type == Value::kMap) {
+      List keys;
+      for (const auto& [k, x] : v.map->items) keys.push_back(Value::string(k));
+      return Value::of_list(std::move(keys));
+    }
+    List chars;
+    for (char c : need_string(v, "list")) chars.push_back(Value::string(std::string(1, c)));
+    return Value::of_list(std::move(chars));
+  }
+  if (name == "reverse") {
+    if (v.type == Value::kString) return Value::string(std::string(v.s.rbegin(), v.s.rend()));
+    if (v.type != Value::kList) fail(std::string("reverse of a ") + v.type_name());
+    return Value::of_list(List(v.list->rbegin(), v.list->rend()));
+  }
+  if (name == "items") return items(v);
+  if (name == "join") {
+    const Value& sep = arg(a, 0, "d", Value::string(""));
+    const Value& attribute = arg(a, 1, "attribute", Value());
+    if (v.type != Value::kList) fail(std::string("join of a ") + v.type_name());
+    std::string out;
+    for (size_t k = 0; k < v.list->size(); ++k) {
+      const Value& e = (*v.list)[k];
+      const Value* x = &e;
+      if (attribute.type == Value::kString && e.type == Value::kMap) x = e.map->find(attribute.s);
+      out += (k ? sep.str() : "") + (x ? x->str() : "");
+    }
+    return Value::string(out);
+  }
+  if (name == "replace") {
+    const Value& count = arg(a, 2, "count", none);
+    return Value::string(replace(
+        need_string(v, "replace"), need_string(arg(a, 0, "old", none), "replace"),
+        need_string(arg(a, 1, "new", none), "replace"), count.type == Value::kInt ? count.i : -1));
+  }
+  if (name == "default" || name == "d") {
+    const bool boolean = arg(a, 1, "boolean", Value::boolean(false)).truthy();
+    return (boolean ? v.truthy() : v.defined()) ? v : arg(a, 0, "default_value", Value::string(""));
+  }
+  if (name == "indent") {
+    const Value& width = arg(a, 0, "width", Value::integer(4));
+    const bool first = arg(a, 1, "first", Value::boolean(false)).truthy();
+    const std::string pad =
+        width.type == Value::kString
+            ? width.s
+            : std::string(static_cast<size_t>(std::max<int64_t>(0, width.i)), ' ');
+    std::string out, s = need_string(v, "indent");
+    for (size_t k = 0; k < s.size(); ++k) {
+      out += s[k];
+      if (s[k] == '\n' && k + 1 < s.size() && s[k + 1] != '\n') out += pad;
+    }
+    return Value::string((first ? pad : "") + out);
+  }
+  if (name == "map" || name == "selectattr" || name == "rejectattr") {
+    if (v.type != Value::kList) fail(name + " of a " + v.type_name());
+    const Value* attribute = a.keyword("attribute");
+    List out;
+    for (const Value& e : *v.list) {
+      if (name == "map") {
+        if (!attribute) fail("map: only map(attribute='...') is supported");
+        const Value* x = e.type == Value::kMap ? e.map->find(attribute->s) : nullptr;
+        out.push_back(x ? *x : Value());
+        continue;
+      }
+      const std::string& key = need_string(arg(a, 0, "attr", none), name.c_str());
+      const Value* x = e.type == Value::kMap ? e.map->find(key) : nullptr;
+      bool pass = x && x->truthy();
+      if (a.positional.size() > 1) {
+        Args rest;
+        rest.positional.assign(a.positional.begin() + 2, a.positional.end());
+        pass = apply_test(need_string(a.positional[1], name.c_str()), x ? *x : Value(), rest);
+      }
+      if (pass == (name == "selectattr")) out.push_back(e);
+    }
+    return Value::of_list(std::move(out));
+  }
+  fail("the filter '" + name + "' is not supported");
+}
+
+bool apply_test(const std::string& name, const Value& v, const Args& a) {
+  static const Value none = Value::none();
+  if (name == "defined") return v.defined();
+  if (name == "undefined") return !v.defined();
+  if (name == "none") return v.type == Value::kNone;
+  if (name == "string") return v.type == Value::kString;
+  if (name == "number") return v.type == Value::kInt || v.type == Value::kFloat;
+  if (name == "integer") return v.type == Value::kInt;
+  if (name == "float") return v.type == Value::kFloat;
+  if (name == "boolean") return v.type == Value::kBool;
+  if (name == "true") return v.type == Value::kBool && v.b;
+  if (name == "false") return v.type == Value::kBool && !v.b;
+  if (name == "mapping") return v.type == Value::kMap;
+  if (name == "sequence" || name == "iterable")
+    return v.type == Value::kList || v.type == Value::kString || v.type == Value::kMap;
+  if (name == "callable") return v.type == Value::kFunction;
+  if (name == "odd" || name == "even") {
+    if (v.type != Value::kInt) fail(name + " test of a " + v.type_name());
+    return (v.i % 2 != 0) == (name == "odd");
+  }
+  if (name == "divisibleby") {
+    const Value& n = arg(a, 0, "num", none);
+    if (v.type != Value::kInt || n.type != Value::kInt || n.i == 0)
+      fail("divisibleby needs integers");
+    return v.i % n.i == 0;
+  }
+  if (name == "eq" || name == "equalto" || name == "==") return equal(v, arg(a, 0, "other", none));
+  if (name == "ne" || name == "!=") return !equal(v, arg(a, 0, "other", none));
+  if (name == "lower") return v.type == Value::kString && ascii_lower(v.s) == v.s;
+  if (name == "upper") return v.type == Value::kString && ascii_upper(v.s) == v.s;
+  fail("the test '" + name + "' is not supported");
+}
+
+Value call_method(const Value& self, const std::string& name, const Args& a) {
+  static const Value none = Value::none();
+  if (self.type == Value::kString) {
+    const std::string& s = self.s;
+    if (name == "strip" || name == "lstrip" || name == "rstrip") {
+      const Value& chars = arg(a, 0, "chars", none);
+      return Value::string(strip_chars(s, chars.type == Value::kString ? &chars.s : nullptr,
+                                       name != "rstrip", name != "lstrip"));
+    }
+    if (name == "split") {
+      const Value& maxsplit = arg(a, 1, "maxsplit", Value::integer(-1));
+      return split(s, arg(a, 0, "sep", none), maxsplit.type == Value::kInt ? maxsplit.i : -1);
+    }
+    if (name == "startswith") return Value::boolean(affix(self, arg(a, 0, "prefix", none), true));
+    if (name == "endswith") return Value::boolean(affix(self, arg(a, 0, "suffix", none), false));
+    if (name == "upper") return Value::string(ascii_upper(s));
+    if (name == "lower") return Value::string(ascii_lower(s));
+    if (name == "title") return Value::string(title_case(s));
+    if (name == "capitalize") return apply_filter("capitalize", self, a);
+    if (name == "replace") {
+      const Value& count = arg(a, 2, "count", none);
+      return Value::string(replace(s, need_string(arg(a, 0, "old", none), "replace"),
+                                   need_string(arg(a, 1, "new", none), "replace"),
+                                   count.type == Value::kInt ? count.i : -1));
+    }
+    if (name == "find") {
+      const size_t at = s.find(need_string(arg(a, 0, "sub", none), "find"));
+      return Value::integer(at == std::string::npos ? -1 : static_cast<int64_t>(at));
+    }
+    if (name == "count") {
+      const std::string& sub = need_string(arg(a, 0, "sub", none), "count");
+      int64_t n = 0;
+      for (size_t at = sub.empty() ? std::string::npos : s.find(sub); at != std::string::npos;
+           at = s.find(sub, at + sub.size()))
+        ++n;
+      return Value::integer(n);
+    }
+    if (name == "join") {
+      const Value& items_v = arg(a, 0, "iterable", none);
+      if (items_v.type != Value::kList) fail("join needs a list");
+      std::string out;
+      for (size_t k = 0; k < items_v.list->size(); ++k)
+        out += (k ? s : "") + need_string((*items_v.list)[k], "join");
+      return Value::string(out);
+    }
+  }
+  if (self.type == Value::kMap) {
+    if (name == "get") {
+      const Value* v = self.map->find(need_string(arg(a, 0, "key", none), "get"));
+      return v ? *v : arg(a, 1, "default", none);
+    }
+    if (name == "items") return items(self);
+    if (name == "keys" || name == "values") {
+      List out;
+      for (const auto& [k, v] : self.map->items)
+        out.push_back(name == "keys" ? Value::string(k) : v);
+      return Value::of_list(std::move(out));
+    }
+  }
+  fail(std::string("a ") + self.type_name() + " has no method '" + name + "' that is supported");
+}
+
+Value global_function(const std::string& name) {
+  if (name == "range")
+    return Value::function([](const Args& a) {
+      int64_t start = 0, stop = 0, step = 1;
+      auto get = [&](size_t k) {
+        if (a.positional[k].type != Value::kInt) fail("range needs integers");
+        return a.positional[k].i;
+      };
+      if (a.positional.size() == 1)
+        stop = get(0);
+      else if (a.positional.size() >= 2)
+        start = get(0), stop = get(1);
+      if (a.positional.size() == 3) step = get(2);
+      if (step == 0) fail("range step must not be zero");
+      const int64_t n =
+          step > 0 ? (stop - start + step - 1) / step : (start - stop - step - 1) / -step;
+      if (n > 1'000'000) fail("range of more than 1,000,000 items");
+      List out;
+      for (int64_t k = 0; k < n; ++k) out.push_back(Value::integer(start + k * step));
+      return Value::of_list(std::move(out));
+    });
+  if (name == "namespace" || name == "dict")
+    return Value::function([](const Args& a) {
+      Value m = Value::of_map();
+      if (!a.positional.empty() && a.positional[0].type == Value::kMap)
+        for (const auto& [k, v] : a.positional[0].map->items) m.map->set(k, v);
+      for (const auto& [k, v] : a.keywords) m.map->set(k, v);
+      return m;
+    });
+  if (name == "raise_exception")
+    return Value::function([](const Args& a) -> Value {
+      throw std::runtime_error("the chat template raised an error: " +
+                               (a.positional.empty() ? std::string() : a.positional[0].str()));
+    });
+  if (name == "strftime_now")
+    return Value::function([](const Args& a) {
+      const std::time_t now = std::time(nullptr);
+      std::tm tm{};
+      localtime_r(&now, &tm);
+      char buf[256];
+      const std::string& fmt = need_string(arg(a, 0, "format", Value::none()), "strftime_now");
+      const size_t n = std::strftime(buf, sizeof buf, fmt.c_str(), &tm);
+      return Value::string(std::string(buf, n));
+    });
+  return Value();
+}
+
+}  // namespace tightfit::jinja

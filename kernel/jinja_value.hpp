@@ -1,0 +1,92 @@
+// Values of the Jinja subset chat templates use, with Python's semantics for
+// truth, equality, printing and json.dumps (internal to chat_template).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace tightfit::jinja {
+
+struct Value;
+using List = std::vector<Value>;
+struct Map;
+// Arguments of a call: positional, then keyword (name, value).
+struct Args {
+  std::vector<Value> positional;
+  std::vector<std::pair<std::string, Value>> keywords;
+  const Value* keyword(const std::string& name) const;
+};
+using Function = std::function<Value(const Args&)>;
+
+struct Value {
+  enum Type { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kMap, kFunction };
+  Type type = kUndefined;
+  bool b = false;
+  int64_t i = 0;
+  double f = 0;
+  std::string s;
+  std::shared_ptr<List> list;
+  std::shared_ptr<Map> map;  // dicts, and namespace() objects (shared, mutable)
+  std::shared_ptr<Function> fn;
+
+  static Value none() { return with(kNone); }
+  static Value boolean(bool v) {
+    Value x = with(kBool);
+    x.b = v;
+    return x;
+  }
+  static Value integer(int64_t v) {
+    Value x = with(kInt);
+    x.i = v;
+    return x;
+  }
+  static Value real(double v) {
+    Value x = with(kFloat);
+    x.f = v;
+    return x;
+  }
+  static Value string(std::string v) {
+    Value x = with(kString);
+    x.s = std::move(v);
+    return x;
+  }
+  static Value of_list(List v);
+  static Value of_map();
+  static Value function(Function f) {
+    Value x = with(kFunction);
+    x.fn = std::make_shared<Function>(std::move(f));
+    return x;
+  }
+  static Value from_json(const nlohmann::ordered_json& j);
+
+  bool defined() const { return type != kUndefined; }
+  bool truthy() const;
+  bool is_number() const { return type == kInt || type == kFloat || type == kBool; }
+  double number() const { return type == kFloat ? f : type == kInt ? static_cast<double>(i) : b; }
+  std::string str() const;                               // as {{ value }} prints it (Python's str)
+  std::string repr() const;                              // Python's repr, for lists and dicts
+  std::string to_json(int indent, int depth = 0) const;  // json.dumps(ensure_ascii=False)
+  const char* type_name() const;
+
+ private:
+  static Value with(Type t) {
+    Value v;
+    v.type = t;
+    return v;
+  }
+};
+
+struct Map {
+  std::vector<std::pair<std::string, Value>> items;  // insertion order, as Python's dicts
+  const Value* find(const std::string& key) const;
+  void set(const std::string& key, Value v);
+};
+
+bool equal(const Value& a, const Value& b);
+
+}  // namespace tightfit::jinja

@@ -1,0 +1,121 @@
+// Chat templates render as transformers' apply_chat_template renders them:
+// the text, the token ids and the assistant-token mask, for the templates of
+// the families tightfit fine-tunes, over conversations that reach their
+// branches; a template that raises there raises here.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "bpe_tokenizer.hpp"
+#include "chat_data.hpp"
+#include "chat_template.hpp"
+#include "test_support.hpp"
+
+namespace tightfit {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+ojson read_json(const std::string& path) {
+  std::ifstream in(path);
+  return ojson::parse(in);
+}
+
+TEST(ChatTemplate, MatchesTransformersOnTheFamiliesTemplates) {
+  test::TempDir dir;
+  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
+                          TIGHTFIT_SOURCE_DIR + "/tests/peers/chat_template_parity.py " + dir.str();
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "the Python peer failed";
+  const ojson templates = read_json(dir.str() + "/templates.json");
+  const ojson cases = read_json(dir.str() + "/cases.json");
+  const ojson expected = read_json(dir.str() + "/expected.json");
+  auto tok = BpeTokenizer::load(dir.str());
+  std::map<std::string, ChatTemplate> parsed;
+  for (auto it = templates.begin(); it != templates.end(); ++it)
+    parsed.emplace(it.key(), ChatTemplate(it.value().get<std::string>(), it.key()));
+  int texts = 0, ids = 0, masks = 0, raised = 0;
+  for (const ojson& row : expected) {
+    const std::string name = row["template"];
+    const ojson& c = cases[row["case"].get<size_t>()];
+    ojson vars = {{"bos_token", "<s>"}, {"eos_token", "</s>"}};
+    for (auto it = c.begin(); it != c.end(); ++it)
+      if (it.key() != "messages") vars[it.key()] = it.value();
+    if (!vars.contains("tools")) vars["tools"] = nullptr;
+    const std::string what = name + " case " + std::to_string(row["case"].get<int>()) +
+                             (row["add_generation_prompt"].get<bool>() ? " +prompt" : "");
+    if (row.contains("error")) {
+      EXPECT_THROW(parsed.at(name).render(c["messages"], row["add_generation_prompt"], vars),
+                   std::runtime_error)
+          << what;
+      ++raised;
+      continue;
+    }
+    ChatRender r;
+    try {
+      r = parsed.at(name).render(c["messages"], row["add_generation_prompt"], vars);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << what << ": " << e.what();
+      continue;
+    }
+    EXPECT_EQ(r.text, row["text"].get<std::string>()) << what;
+    texts += r.text == row["text"].get<std::string>();
+    const std::vector<int64_t> got = tok->encode(r.text);
+    EXPECT_EQ(got, row["ids"].get<std::vector<int64_t>>()) << what;
+    ids += got == row["ids"].get<std::vector<int64_t>>();
+    if (row.contains("assistant_mask")) {
+      const std::vector<uint8_t> mask = span_token_mask(*tok, r.text, got, r.generation_spans);
+      std::vector<uint8_t> want;
+      for (const auto& v : row["assistant_mask"])
+        want.push_back(static_cast<uint8_t>(v.get<int>()));
+      EXPECT_EQ(mask, want) << what;
+      masks += mask == want;
+    }
+  }
+  RecordProperty("texts_equal", texts);
+  RecordProperty("ids_equal", ids);
+  RecordProperty("masks_equal", masks);
+  RecordProperty("raised_as_transformers", raised);
+  std::cout << "chat templates: " << texts << " texts, " << ids << " id lists, " << masks
+            << " assistant masks equal to transformers'; " << raised << " raised as it does\n";
+  EXPECT_GE(texts, 120);
+}
+
+TEST(ChatTemplate, NamesWhatItCannotEvaluate) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"{% filter upper %}x{% endfilter %}", "the statement {% filter %} is not supported"},
+      {"{{ messages | unique }}", "the filter 'unique' is not supported"},
+      {"{{ messages[0].content.zfill(3) }}", "has no method 'zfill'"},
+      {"{% if x %}unclosed", "{% endif %} is missing"},
+      {"{{ 'a' + 1 }}", "unsupported operand types for +"},
+      {"{{ x", "never closed"},
+  };
+  for (const auto& [source, message] : cases) {
+    try {
+      ChatTemplate t(source, "tokenizer_config.json");
+      t.render(ojson::array({{{"role", "user"}, {"content", "hi"}}}), false);
+      ADD_FAILURE() << "accepted: " << source;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("tokenizer_config.json"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(ChatTemplate, HostileTemplatesAreBounded) {
+  std::string deep;
+  for (int i = 0; i < 5000; ++i) deep += "{% if true %}";
+  EXPECT_THROW(ChatTemplate(deep, "t"), std::invalid_argument);
+  std::string parens = "{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}";
+  EXPECT_THROW(ChatTemplate(parens, "t"), std::invalid_argument);
+  ChatTemplate loop(
+      "{% for i in range(10000) %}{% for j in range(10000) %}{% endfor %}{% endfor %}", "t");
+  EXPECT_THROW(loop.render(ojson::array(), false), std::runtime_error);
+  ChatTemplate big("{% for i in range(10000) %}{{ 'x' * 100000 }}{% endfor %}", "t");
+  EXPECT_THROW(big.render(ojson::array(), false), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace tightfit
