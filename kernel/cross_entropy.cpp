@@ -45,17 +45,31 @@ at::Tensor row_logsumexp(const at::Tensor& logits) {
   return lse;
 }
 
-at::Tensor mean_loss(const at::Tensor& lse, const at::Tensor& logits, const at::Tensor& targets) {
-  return (lse - logits.gather(1, targets.unsqueeze(1)).squeeze(1)).mean();
+at::Tensor mean_loss(const at::Tensor& lse, const at::Tensor& logits, const at::Tensor& targets,
+                     const at::Tensor& counted) {
+  if (!counted.defined()) return (lse - logits.gather(1, targets.unsqueeze(1)).squeeze(1)).mean();
+  // Ignored rows gather a valid index (0) and count nothing.
+  const at::Tensor safe = targets.clamp_min(0);
+  const at::Tensor per_row = (lse - logits.gather(1, safe.unsqueeze(1)).squeeze(1)) * counted;
+  return per_row.sum() / counted.sum().clamp_min(1);
+}
+
+// The rows whose target counts, as a 0/1 tensor of the logits' dtype, or an
+// undefined tensor when every row counts (the plain mean, bit for bit).
+at::Tensor counted_rows(const at::Tensor& logits, const at::Tensor& targets) {
+  const at::Tensor ignored = targets.eq(kIgnoreIndex);
+  if (!ignored.any().item<bool>()) return {};
+  return ignored.logical_not().to(logits.scalar_type());
 }
 
 struct CrossEntropyMean : public torch::autograd::Function<CrossEntropyMean> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
                             const at::Tensor& targets) {
     const at::Tensor lse = row_logsumexp(logits);
-    ctx->save_for_backward({logits, targets, lse});
+    const at::Tensor counted = counted_rows(logits, targets);
+    ctx->save_for_backward({logits, targets, lse, counted});
     ctx->saved_data["in_place"] = may_overwrite(logits);
-    return mean_loss(lse, logits, targets);
+    return mean_loss(lse, logits, targets, counted);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -64,17 +78,27 @@ struct CrossEntropyMean : public torch::autograd::Function<CrossEntropyMean> {
     const at::Tensor& logits = saved[0];
     const at::Tensor& targets = saved[1];
     const at::Tensor& lse = saved[2];
+    const at::Tensor& counted = saved[3];
     at::Tensor g = ctx->saved_data["in_place"].toBool() ? logits : at::empty_like(logits);
     const int64_t n = logits.size(0), rows = cross_entropy_block_rows(logits.size(1));
-    // d mean / d logits = (softmax - onehot) / N, times the incoming gradient.
-    const at::Tensor scale = grads[0].to(logits.scalar_type()) / static_cast<double>(n);
+    // d mean / d logits = (softmax - onehot) / N, times the incoming gradient;
+    // with ignored rows, N counts the others and ignored rows get zero.
+    const double count =
+        counted.defined() ? std::max(1.0, counted.sum().item<double>()) : static_cast<double>(n);
+    const at::Tensor scale = grads[0].to(logits.scalar_type()) / count;
     for (int64_t i = 0; i < n; i += rows) {
       const int64_t m = std::min(rows, n - i);
       at::Tensor block = g.narrow(0, i, m);
       at::sub_out(block, logits.narrow(0, i, m), lse.narrow(0, i, m).unsqueeze(1));
       block.exp_().mul_(scale);
+      if (counted.defined()) block.mul_(counted.narrow(0, i, m).unsqueeze(1));
     }
-    g.scatter_add_(1, targets.unsqueeze(1), (-scale).expand({n, 1}).contiguous());
+    if (!counted.defined()) {
+      g.scatter_add_(1, targets.unsqueeze(1), (-scale).expand({n, 1}).contiguous());
+    } else {
+      g.scatter_add_(1, targets.clamp_min(0).unsqueeze(1),
+                     (-scale * counted).unsqueeze(1).contiguous());
+    }
     return {g, at::Tensor()};
   }
 };
@@ -84,7 +108,7 @@ struct CrossEntropyMean : public torch::autograd::Function<CrossEntropyMean> {
 at::Tensor cross_entropy_mean(const at::Tensor& logits, const at::Tensor& targets) {
   // No backward: the same value, with no state kept.
   if (!logits.requires_grad() || !at::GradMode::is_enabled())
-    return mean_loss(row_logsumexp(logits), logits, targets);
+    return mean_loss(row_logsumexp(logits), logits, targets, counted_rows(logits, targets));
   return CrossEntropyMean::apply(logits, targets);
 }
 

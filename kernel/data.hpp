@@ -65,24 +65,33 @@ size_t first_invalid_utf8(std::string_view text);
 // that ignores context cannot beat.
 double unigram_entropy(const at::Tensor& tokens, int64_t vocab);
 
+// Batches for training and validation, deterministic in (seed, position).
+class Batcher {
+ public:
+  virtual ~Batcher() = default;
+  struct Batch {
+    at::Tensor tokens;   // int64 [B, T]
+    at::Tensor targets;  // int64 [B, T], the next tokens; kIgnoreIndex where not trained
+  };
+  // The batch at the current position; advances the position.
+  virtual Batch next() = 0;
+  // Validation batch i (fixed, independent of position).
+  virtual Batch validation(int64_t i) const = 0;
+  int64_t position() const { return position_; }
+  void set_position(int64_t p) { position_ = p; }
+
+ protected:
+  int64_t position_ = 0;
+};
+
 // Token stream split into train and validation parts, sampled into batches.
-class TokenBatcher {
+class TokenBatcher final : public Batcher {
  public:
   TokenBatcher(at::Tensor tokens, int64_t seq_len, int64_t batch_size, uint64_t seed,
                double val_fraction);
 
-  struct Batch {
-    at::Tensor tokens;   // int64 [B, T]
-    at::Tensor targets;  // int64 [B, T], tokens shifted by one
-  };
-
-  // The batch at the current position; advances the position.
-  Batch next();
-  // Validation batch i (fixed, independent of position).
-  Batch validation(int64_t i) const;
-
-  int64_t position() const { return position_; }
-  void set_position(int64_t p) { position_ = p; }
+  Batch next() override;
+  Batch validation(int64_t i) const override;
   int64_t train_tokens() const { return train_.numel(); }
   const at::Tensor& train_split() const { return train_; }
 
@@ -91,7 +100,6 @@ class TokenBatcher {
   at::Tensor train_, val_;
   int64_t seq_len_, batch_size_;
   uint64_t seed_;
-  int64_t position_ = 0;
 };
 
 }  // namespace tightfit

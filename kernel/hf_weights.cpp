@@ -96,6 +96,16 @@ void save_hf_model(const ParamStore& store, const std::string& dir, const std::s
   if (!tokenizer_json_path.empty()) {
     write_file_synced((fs::path(dir) / "tokenizer.json").string(),
                       read_file_text(tokenizer_json_path));
+    // What transformers reads beside it: special tokens, the chat template,
+    // generation defaults (copied when the tokenizer's folder has them).
+    const fs::path from = fs::path(tokenizer_json_path).parent_path();
+    for (const char* name : {"tokenizer_config.json", "special_tokens_map.json",
+                             "chat_template.jinja", "generation_config.json"}) {
+      std::error_code ec;
+      if (!fs::is_regular_file(from / name, ec)) continue;
+      write_file_synced((fs::path(dir) / name).string(),
+                        read_regular_file((from / name).string(), size_t{64} << 20));
+    }
   }
 }
 

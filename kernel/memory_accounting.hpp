@@ -14,6 +14,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 
 #include "tightfit/plugin_api.h"
@@ -97,5 +98,10 @@ bool pop_category();
 // Parses "8GiB", "512MB", "1.5G", "123" (bytes). Throws std::invalid_argument.
 int64_t parse_byte_size(const std::string& text);
 std::string format_bytes(int64_t bytes);
+
+// The run went past run.memory_budget.
+struct OutOfBudgetError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 }  // namespace tightfit

@@ -11,6 +11,7 @@
 
 #include "cross_entropy.hpp"
 #include "cuda_memory.hpp"
+#include "data_setup.hpp"
 #include "file_util.hpp"
 #include "hf_weights.hpp"
 #include "logging.hpp"
@@ -77,13 +78,24 @@ const std::vector<KeySpec>& run_keys() {
 const std::vector<KeySpec>& data_keys() {
   static const std::vector<KeySpec> keys = {
       key("corpus", TF_VALUE_STRING, "\"builtin:fortunes\"",
-          "builtin:fortunes, a text file, a folder of text files, or a .jsonl with \"text\""),
+          "builtin:fortunes, a text file, a folder of text files, a .jsonl with \"text\", or "
+          "JSONL instruction/chat rows (messages, prompt/completion, instruction/output)"),
       key("tokenizer", TF_VALUE_STRING, "\"auto\"",
           "byte, or a tokenizer.json (or its folder); auto = the [model].weights folder's "
           "tokenizer.json, else byte"),
       key("seq_len", TF_VALUE_INT, "128", "tokens per sequence", 1, 1e7),
       key("batch_size", TF_VALUE_INT, "16", "sequences per batch", 1, 1e6),
-      key("val_fraction", TF_VALUE_FLOAT, "0.05", "tail of the corpus held out for eval", 0, 0.5),
+      key("val_fraction", TF_VALUE_FLOAT, "0.05",
+          "held out for eval: the corpus's tail, or that share of the examples", 0, 0.5),
+      key("train_on", TF_VALUE_STRING, "\"completion\"",
+          "instruction and chat rows: the loss on the answers only (completion) or on every "
+          "token (all)",
+          1, 0, "completion|all"),
+      key("packing", TF_VALUE_BOOL, "false",
+          "instruction and chat rows: several examples to a row (not yet: false pads one "
+          "example per row)"),
+      key("chat_template", TF_VALUE_STRING, "\"\"",
+          "a .jinja chat template to use instead of the tokenizer_config.json's"),
   };
   return keys;
 }
@@ -250,53 +262,28 @@ void Session::build(const PluginRegistry& base_registry) {
   // Data.
   const std::string base_dir = fs::path(recipe_.source()).parent_path().string();
   try {
-    std::string tok = data_cfg_.get_string("tokenizer");
-    if (tok == "auto") {
-      tok = "byte";
-      const toml::table* mt = recipe_.table("model");
-      if (mt && mt->contains("weights")) {
-        fs::path w = (*mt)["weights"].value_or(std::string{});
-        if (w.is_relative() && !fs::exists(w)) w = fs::path(base_dir) / w;
-        if (!fs::is_directory(w)) w = w.parent_path();
-        if (fs::exists(w / "tokenizer.json")) tok = (w / "tokenizer.json").string();
-      }
-    }
-    tokenizer_ = make_tokenizer(tok, base_dir);
-    if (!options_.skip_data && !options_.dry_run) {
-      const std::string text = load_corpus_text(data_cfg_.get_string("corpus"), base_dir);
-      // A tokenizer.json reads text, as Hugging Face's does (it is given a
-      // decoded str): bytes that are not UTF-8 would be split in ways no peer
-      // reproduces. The byte tokenizer reads any bytes.
-      if (tok != "byte")
-        if (const size_t bad = first_invalid_utf8(text); bad != std::string::npos) {
-          const auto line = 1 + std::count(text.begin(), text.begin() + bad, '\n');
-          throw std::runtime_error(
-              "corpus \"" + data_cfg_.get_string("corpus") + "\" is not valid UTF-8 (byte " +
-              std::to_string(bad) + " of its text, line " + std::to_string(line) +
-              "), and tokenizer " + tok +
-              " reads text: convert it (iconv -f latin1 -t utf-8) or use tokenizer = \"byte\"");
-        }
-      std::vector<int64_t> ids = tokenizer_->encode(text);
-      CategoryScope scope(TF_MEM_OTHER);
-      at::Tensor tokens;
-      try {
-        tokens = at::tensor(ids, at::kLong);
-      } catch (const c10::OutOfMemoryError&) {
-        // The budget counts the data too, and this is its first byte.
-        throw OutOfBudgetError(
-            "the corpus alone needs " + format_bytes(static_cast<int64_t>(ids.size()) * 8) + " (" +
-            std::to_string(ids.size()) + " tokens as int64) and run.memory_budget is " +
-            format_bytes(run_cfg_.get_size("memory_budget")) +
-            ": the budget counts the data as well as the model; raise it or use a smaller "
-            "corpus");
-      }
-      unigram_entropy_ = unigram_entropy(tokens, tokenizer_->vocab_size());
-      // Ranks sample the global batch and each keeps its own rows (next_batch).
-      const int64_t world = dist ? dist->world_size : 1;
-      batcher_ = std::make_unique<TokenBatcher>(
-          tokens, data_cfg_.get_int("seq_len"), data_cfg_.get_int("batch_size") * world,
-          static_cast<uint64_t>(run_cfg_.get_int("seed")), data_cfg_.get_double("val_fraction"));
-    }
+    DataRequest req;
+    req.corpus = data_cfg_.get_string("corpus");
+    req.tokenizer = data_cfg_.get_string("tokenizer");
+    req.base_dir = base_dir;
+    if (const toml::table* mt = recipe_.table("model"); mt && mt->contains("weights"))
+      req.weights = (*mt)["weights"].value_or(std::string{});
+    req.chat_template = data_cfg_.get_string("chat_template");
+    req.train_on = data_cfg_.get_string("train_on");
+    req.packing = data_cfg_.get_bool("packing");
+    req.seq_len = data_cfg_.get_int("seq_len");
+    req.batch_size = data_cfg_.get_int("batch_size");
+    req.world_size = dist ? dist->world_size : 1;
+    req.val_fraction = data_cfg_.get_double("val_fraction");
+    req.seed = static_cast<uint64_t>(run_cfg_.get_int("seed"));
+    req.memory_budget = run_cfg_.get_size("memory_budget");
+    req.read_data = !options_.skip_data && !options_.dry_run;
+    DataSetup data = setup_data(req);
+    tokenizer_ = std::move(data.tokenizer);
+    batcher_ = std::move(data.batcher);
+    unigram_entropy_ = data.unigram_entropy;
+    data_description_ = data.description;
+    if (!data_description_.empty()) log(TF_LOG_INFO, "data: " + data_description_);
   } catch (const std::invalid_argument& e) {
     throw RecipeError(recipe_.source() + ": [data]: " + e.what());
   } catch (const OutOfBudgetError&) {
@@ -500,8 +487,8 @@ void Session::build(const PluginRegistry& base_registry) {
   if (pg_) pg_->barrier();  // every rank composed the same run
 }
 
-TokenBatcher::Batch Session::next_batch() {
-  TokenBatcher::Batch b = batcher_->next();
+Batcher::Batch Session::next_batch() {
+  Batcher::Batch b = batcher_->next();
   if (run_info_.world_size > 1) {
     const int64_t rows = b.tokens.size(0) / run_info_.world_size;
     b.tokens = b.tokens.narrow(0, run_info_.rank * rows, rows).contiguous();
@@ -890,6 +877,7 @@ TrainSummary Session::train() {
   sum.run_dir = run_dir_;
   sum.checkpoint_dir = checkpoint_dir();
   sum.unigram_entropy = unigram_entropy_;
+  sum.data = data_description_;
   sum.first_step = step_;
   sum.total_steps = run_info_.total_steps;
   // Rank 0 writes the metrics (its losses are the global batch's).

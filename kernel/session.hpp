@@ -49,11 +49,6 @@ struct tf_host_context {
 
 namespace tightfit {
 
-// The run went past run.memory_budget.
-struct OutOfBudgetError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 // A non-finite loss or gradient the recipe says to stop on (or one a
 // rollback could not get past).
 struct NonFiniteError : std::runtime_error {
@@ -107,6 +102,7 @@ struct TrainSummary {
   std::vector<double> losses;
   MemorySnapshot memory;  // peaks over the run
   std::string run_dir, metrics_path, checkpoint_dir, sample;
+  std::string data;  // instruction/chat examples and what became of them; "" for text
 };
 
 struct SessionOptions {
@@ -220,10 +216,10 @@ class Session {
   ParamStore& store() { return store_; }
   Optimizer& optimizer() { return *optimizer_; }
   const ConfigTable& optimizer_config() const { return opt_cfg_; }
-  TokenBatcher& batcher() { return *batcher_; }
+  Batcher& batcher() { return *batcher_; }
   // This rank's rows of the next global batch (batch_size each; world_size
   // times that in all, the same rows a single process with the whole batch sees).
-  TokenBatcher::Batch next_batch();
+  Batcher::Batch next_batch();
   // The process group of a multi-process run; nullptr in a single process.
   ProcessGroup* process_group() { return pg_.get(); }
   bool is_rank0() const { return run_info_.rank == 0; }
@@ -273,7 +269,8 @@ class Session {
   std::vector<StageState> stages_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<TokenBatcher> batcher_;
+  std::unique_ptr<Batcher> batcher_;
+  std::string data_description_;  // examples and what became of them; "" for a text corpus
   double unigram_entropy_ = 0;
   std::unique_ptr<ProcessGroup> pg_;
 

@@ -16,14 +16,17 @@ struct Grads {
 };
 
 // logits = f(h W^T) for a head matrix W, as a model's head makes them.
-Grads run(bool ours, bool through_tanh, int64_t n, int64_t v) {
+// `ignored`: every how-many-th target is kIgnoreIndex (0 = none).
+Grads run(bool ours, bool through_tanh, int64_t n, int64_t v, int64_t ignored = 0) {
   at::manual_seed(3);
   const at::Tensor h0 = at::randn({n, 32}), w0 = at::randn({v, 32}) * 0.3;
-  const at::Tensor t = at::randint(0, v, {n}, at::kLong);
+  at::Tensor t = at::randint(0, v, {n}, at::kLong);
+  if (ignored > 0) t.index_put_({at::arange(0, n, ignored)}, kIgnoreIndex);
   at::Tensor h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
   at::Tensor logits = at::matmul(h, w.t());
   if (through_tanh) logits = at::tanh(logits);  // keeps its output for its backward
-  at::Tensor loss = ours ? cross_entropy_mean(logits, t) : at::cross_entropy_loss(logits, t);
+  at::Tensor loss = ours ? cross_entropy_mean(logits, t)
+                         : at::cross_entropy_loss(logits, t, {}, at::Reduction::Mean, kIgnoreIndex);
   loss.backward();
   return {loss.item<double>(), h.grad(), w.grad()};
 }
@@ -49,6 +52,20 @@ TEST(CrossEntropy, BlocksCoverEveryRow) {
 // overwritten: tanh's gradient would read the softmax instead.
 TEST(CrossEntropy, LeavesLogitsAnotherOpKeepsAlone) {
   expect_same(run(true, true, 64, 1000), run(false, true, 64, 1000));
+}
+
+// Prompt and padding targets (kIgnoreIndex) count nothing: the mean is over
+// the others, and their rows get no gradient, as ignore_index in LibTorch.
+TEST(CrossEntropy, IgnoredTargetsAsLibTorchIgnoreIndex) {
+  expect_same(run(true, false, 64, 1000, 3), run(false, false, 64, 1000, 3));
+  expect_same(run(true, false, 100, 50000, 2), run(false, false, 100, 50000, 2));
+  expect_same(run(true, true, 64, 1000, 5), run(false, true, 64, 1000, 5));
+  // Nothing counted: a zero loss and zero gradients, not NaN.
+  at::Tensor logits = at::randn({4, 10}).requires_grad_(true);
+  at::Tensor loss = cross_entropy_mean(logits * 1.0, at::full({4}, kIgnoreIndex, at::kLong));
+  loss.backward();
+  EXPECT_EQ(loss.item<double>(), 0.0);
+  EXPECT_EQ(logits.grad().abs().sum().item<double>(), 0.0);
 }
 
 TEST(CrossEntropy, WithoutGradientsTheSameValue) {

@@ -313,7 +313,7 @@ TEST_F(OffloadTest, CheckpointedInputsOnDiskGiveTheSameGradientsWithLessMemory) 
   base.replace(base.find("n_embd = 32"), 11, "n_embd = 64");
   base.replace(base.find("seq_len = 32"), 12, "seq_len = 64");
   auto& acct = MemoryAccounting::instance();
-  auto measure = [&](Session& s, const TokenBatcher::Batch& b) {
+  auto measure = [&](Session& s, const Batcher::Batch& b) {
     s.zero_grad();
     const int64_t before = acct.snapshot().current[TF_MEM_ACTIVATIONS];
     acct.reset_peaks();

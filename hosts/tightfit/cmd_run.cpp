@@ -212,6 +212,7 @@ int run_command(const std::vector<std::string>& args) {
         "loss          %.4f final train, %.4f validation (unigram entropy of the corpus: %.4f)\n",
         s.final_loss, s.val_loss, s.unigram_entropy);
     std::cout << buf;
+    if (!s.data.empty()) std::cout << "data          " << s.data << "\n";
     std::cout << "throughput    " << rate(s.tokens_per_s) << " tokens/s\n";
     std::cout << "peak memory   " << format_bytes(s.memory.total_peak) << " total; "
               << memory_line(s.memory, true) << "\n";

@@ -1,0 +1,142 @@
+#include "data_setup.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "chat_data.hpp"
+#include "example_batcher.hpp"
+#include "file_util.hpp"
+#include "memory_accounting.hpp"
+
+namespace tightfit {
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path resolve(const std::string& spec, const std::string& base_dir) {
+  fs::path p = spec;
+  if (p.is_relative() && !base_dir.empty() && !fs::exists(p)) p = fs::path(base_dir) / p;
+  return p;
+}
+
+// The first .jsonl file of `p` (itself, or the first in a folder, sorted).
+fs::path first_jsonl(const fs::path& p) {
+  std::error_code ec;
+  if (fs::is_regular_file(p, ec)) return p.extension() == ".jsonl" ? p : fs::path();
+  if (!fs::is_directory(p, ec)) return {};
+  std::vector<fs::path> files;
+  for (auto it = fs::recursive_directory_iterator(p, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
+    if (it->is_regular_file(ec) && it->path().extension() == ".jsonl") files.push_back(it->path());
+  if (files.empty()) return {};
+  return *std::min_element(files.begin(), files.end());
+}
+
+DataSetup stream(const DataRequest& r, DataSetup d) {
+  const std::string text = load_corpus_text(r.corpus, r.base_dir);
+  // A tokenizer.json reads text, as Hugging Face's does (it is given a
+  // decoded str): bytes that are not UTF-8 would be split in ways no peer
+  // reproduces. The byte tokenizer reads any bytes.
+  if (d.tokenizer_spec != "byte")
+    if (const size_t bad = first_invalid_utf8(text); bad != std::string::npos) {
+      const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<long>(bad), '\n');
+      throw std::runtime_error("corpus \"" + r.corpus + "\" is not valid UTF-8 (byte " +
+                               std::to_string(bad) + " of its text, line " + std::to_string(line) +
+                               "), and tokenizer " + d.tokenizer_spec +
+                               " reads text: convert it (iconv -f latin1 -t utf-8) or use "
+                               "tokenizer = \"byte\"");
+    }
+  std::vector<int64_t> ids = d.tokenizer->encode(text);
+  CategoryScope scope(TF_MEM_OTHER);
+  at::Tensor tokens;
+  try {
+    tokens = at::tensor(ids, at::kLong);
+  } catch (const c10::OutOfMemoryError&) {
+    // The budget counts the data too, and this is its first byte.
+    throw OutOfBudgetError(
+        "the corpus alone needs " + format_bytes(static_cast<int64_t>(ids.size()) * 8) + " (" +
+        std::to_string(ids.size()) + " tokens as int64) and run.memory_budget is " +
+        format_bytes(r.memory_budget) +
+        ": the budget counts the data as well as the model; raise it or use a "
+        "smaller corpus");
+  }
+  d.unigram_entropy = unigram_entropy(tokens, d.tokenizer->vocab_size());
+  // Ranks sample the global batch and each keeps its own rows (next_batch).
+  d.batcher = std::make_unique<TokenBatcher>(tokens, r.seq_len, r.batch_size * r.world_size, r.seed,
+                                             r.val_fraction);
+  return d;
+}
+
+DataSetup examples(const DataRequest& r, DataSetup d) {
+  if (r.packing)
+    throw std::invalid_argument(
+        "packing = true is not available for instruction and chat rows yet (attention and "
+        "positions would cross example boundaries); set packing = false: one example per row, "
+        "padded");
+  // The tokenizer's folder holds its tokenizer_config.json (special tokens, chat template).
+  TokenizerConfig config;
+  if (d.tokenizer_spec != "byte")
+    config = TokenizerConfig::load(fs::path(d.tokenizer_spec).parent_path().string());
+  if (!r.chat_template.empty()) {
+    const fs::path t = resolve(r.chat_template, r.base_dir);
+    config.chat_template = read_regular_file(t.string(), size_t{64} << 20);
+    config.source = t.string();
+  }
+  const ChatFormatter formatter(*d.tokenizer, config,
+                                r.train_on == "all" ? TrainOn::kAll : TrainOn::kCompletion);
+  std::vector<Example> rows = load_examples(r.corpus, formatter, r.base_dir);
+  int64_t pad = d.tokenizer->token_id(config.pad_token);
+  if (pad < 0) pad = d.tokenizer->token_id(config.eos_token);
+  if (pad < 0) pad = 0;  // padding is never a target, and causal attention never looks ahead to it
+  auto batcher = std::make_unique<ExampleBatcher>(
+      std::move(rows), r.seq_len, r.batch_size * r.world_size, r.seed, r.val_fraction, pad);
+  const ExampleBatcher::Counts& c = batcher->counts();
+  d.unigram_entropy = unigram_entropy(batcher->train_ids(), d.tokenizer->vocab_size());
+  d.description = std::to_string(c.examples) + " examples: " + std::to_string(c.train) +
+                  " train, " + std::to_string(c.validation) + " validation; " +
+                  std::to_string(c.truncated) + " cut to seq_len " + std::to_string(r.seq_len) +
+                  ", " + std::to_string(c.without_answer) +
+                  " left out (no answer token within it); " + std::to_string(c.trained_tokens) +
+                  " tokens trained on (train_on = " + r.train_on + ")";
+  d.batcher = std::move(batcher);
+  return d;
+}
+
+}  // namespace
+
+bool is_example_data(const std::string& spec, const std::string& base_dir) {
+  const fs::path file = first_jsonl(resolve(spec, base_dir));
+  if (file.empty()) return false;
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const auto row = nlohmann::json::parse(line, nullptr, false);
+    if (!row.is_object()) return false;  // load_examples names the defect if it is one
+    for (const char* key : {"messages", "prompt", "completion", "instruction", "output"})
+      if (row.contains(key)) return true;
+    return false;
+  }
+  return false;
+}
+
+DataSetup setup_data(const DataRequest& r) {
+  DataSetup d;
+  d.tokenizer_spec = r.tokenizer;
+  if (d.tokenizer_spec == "auto") {
+    d.tokenizer_spec = "byte";
+    if (!r.weights.empty()) {
+      fs::path w = resolve(r.weights, r.base_dir);
+      if (!fs::is_directory(w)) w = w.parent_path();
+      if (fs::exists(w / "tokenizer.json")) d.tokenizer_spec = (w / "tokenizer.json").string();
+    }
+  }
+  d.tokenizer = make_tokenizer(d.tokenizer_spec, r.base_dir);
+  if (d.tokenizer->source_file().size()) d.tokenizer_spec = d.tokenizer->source_file();
+  if (!r.read_data) return d;
+  return is_example_data(r.corpus, r.base_dir) ? examples(r, std::move(d))
+                                               : stream(r, std::move(d));
+}
+
+}  // namespace tightfit

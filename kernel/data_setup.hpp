@@ -1,0 +1,43 @@
+// A recipe's [data] made real: the tokenizer, and the batches it trains on —
+// a text corpus as one token stream, or instruction/chat rows (JSONL) as
+// examples through the model's chat template with the answers-only loss.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "data.hpp"
+
+namespace tightfit {
+
+struct DataRequest {
+  std::string corpus, tokenizer, base_dir;
+  std::string weights;        // [model].weights (file or folder), "" when none
+  std::string chat_template;  // a .jinja file that replaces the tokenizer's, "" when none
+  std::string train_on = "completion";
+  bool packing = false;
+  int64_t seq_len = 0, batch_size = 0, world_size = 1;
+  double val_fraction = 0;
+  uint64_t seed = 0;
+  int64_t memory_budget = 0;  // named in the message when the data alone is over it
+  bool read_data = true;      // false: the tokenizer only
+};
+
+struct DataSetup {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::string tokenizer_spec;  // "byte" or the tokenizer.json used
+  std::unique_ptr<Batcher> batcher;
+  double unigram_entropy = 0;
+  std::string description;  // examples and what became of them; "" for a text corpus
+};
+
+// Throws std::invalid_argument or std::runtime_error naming the file, line
+// and field, and OutOfBudgetError when the data alone is over the budget.
+DataSetup setup_data(const DataRequest& request);
+
+// Whether `spec` names JSONL rows of instruction or chat data (messages,
+// prompt/completion, instruction/output) rather than plain text.
+bool is_example_data(const std::string& spec, const std::string& base_dir);
+
+}  // namespace tightfit

@@ -1,0 +1,196 @@
+// Instruction and chat rows to token ids and a loss mask, against TRL's
+// SFTTrainer (completion-only loss); malformed rows named by file:line and
+// field; examples into padded batches; a chat fine-tune end to end.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "bpe_tokenizer.hpp"
+#include "chat_data.hpp"
+#include "cross_entropy.hpp"
+#include "example_batcher.hpp"
+#include "test_support.hpp"
+
+namespace tightfit {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+class ChatData : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir();
+    const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
+                            TIGHTFIT_SOURCE_DIR + "/tests/peers/trl_parity.py " + dir_->str() +
+                            " > " + dir_->str() + "/peer.log 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << "the TRL peer failed; scripts/setup installs trl";
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static test::TempDir* dir_;
+};
+test::TempDir* ChatData::dir_ = nullptr;
+
+TEST_F(ChatData, MasksEqualTrlCompletionOnlyLoss) {
+  auto tok = BpeTokenizer::load(dir_->str());
+  const TokenizerConfig config = TokenizerConfig::load(dir_->str());
+  EXPECT_EQ(config.eos_token, "</s>");  // written as {"content": "</s>", ...}
+  EXPECT_FALSE(config.chat_template.empty());
+  const ChatFormatter formatter(*tok, config, TrainOn::kCompletion);
+  const std::vector<Example> got = load_examples(dir_->str() + "/rows.jsonl", formatter);
+  std::ifstream in(dir_->str() + "/expected.json");
+  const ojson expected = ojson::parse(in);
+  ASSERT_EQ(got.size(), expected.size());
+  int equal = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const auto ids = expected[i]["input_ids"].get<std::vector<int64_t>>();
+    std::vector<uint8_t> mask;
+    for (const auto& v : expected[i]["completion_mask"]) mask.push_back(v.get<uint8_t>());
+    EXPECT_EQ(got[i].ids, ids) << "row " << i;
+    EXPECT_EQ(got[i].trained, mask) << "row " << i;
+    equal += got[i].ids == ids && got[i].trained == mask;
+  }
+  RecordProperty("rows_equal_to_trl", equal);
+  std::cout << "TRL completion masks: " << equal << " of " << got.size() << " rows equal\n";
+  // train_on = "all": the same ids, every token trained.
+  const ChatFormatter all(*tok, config, TrainOn::kAll);
+  const std::vector<Example> every = load_examples(dir_->str() + "/rows.jsonl", all);
+  for (size_t i = 0; i < every.size(); ++i) {
+    EXPECT_EQ(every[i].ids, got[i].ids);
+    EXPECT_EQ(std::count(every[i].trained.begin(), every[i].trained.end(), 1),
+              static_cast<long>(every[i].ids.size()));
+  }
+}
+
+TEST_F(ChatData, MalformedRowsNameFileLineAndField) {
+  auto tok = BpeTokenizer::load(dir_->str());
+  const ChatFormatter formatter(*tok, TokenizerConfig::load(dir_->str()), TrainOn::kCompletion);
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"messages": "hi"})", "\"messages\" must be a non-empty list"},
+      {R"({"messages": [{"content": "x"}]})", "\"messages\"[0].role must be a string"},
+      {R"({"messages": [{"role": "user", "content": 3}]})", "\"messages\"[0].content must be"},
+      {R"({"messages": [{"role": "user", "content": "only a question"}]})", "no assistant message"},
+      {R"({"prompt": "p"})", "needs \"completion\" too"},
+      {R"({"prompt": 1, "completion": "c"})", "\"prompt\" must be a string"},
+      {R"({"instruction": "i"})", "\"output\" must be a string"},
+      {R"({"nothing": 1})", "a row needs \"messages\""},
+      {R"({"messages": [)", "not valid JSON"},
+      {R"([1, 2])", "a row must be a JSON object"},
+  };
+  test::TempDir d;
+  for (const auto& [row, message] : cases) {
+    const std::string file =
+        test::write_file(d, "data.jsonl", std::string("{\"text\": \"fine\"}\n\n") + row + "\n");
+    try {
+      load_examples(file, formatter);
+      ADD_FAILURE() << "accepted: " << row;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(file + ":3"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  }
+  // A conversation without a chat template to render it.
+  const ChatFormatter bare(*tok, TokenizerConfig{}, TrainOn::kCompletion);
+  const std::string file =
+      test::write_file(d, "chat.jsonl", R"({"messages": [{"role": "user", "content": "x"}]})");
+  EXPECT_THROW(load_examples(file, bare), std::invalid_argument);
+  // Not a regular file: refused, not read (a FIFO would block).
+  const std::string fifo = d.str() + "/fifo.jsonl";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    load_examples(fifo, formatter);
+    ADD_FAILURE() << "read a FIFO";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+  }
+}
+
+// Rows are one example each, padded; the prompt and the padding are never
+// targets; long examples are cut and counted; the split is by whole examples.
+TEST(ExampleBatcher, PadsMasksTruncatesAndSplits) {
+  std::vector<Example> ex;
+  for (int i = 0; i < 20; ++i) {
+    Example e;
+    const int n = 3 + i;  // 3 .. 22 tokens: the longer ones are cut at seq_len + 1 = 11
+    for (int t = 0; t < n; ++t) e.ids.push_back(100 * i + t);
+    e.trained.assign(static_cast<size_t>(n), 0);
+    for (int t = n / 2; t < n; ++t) e.trained[static_cast<size_t>(t)] = 1;
+    ex.push_back(e);
+  }
+  Example prompt_only;  // no answer within seq_len: left out (as is example 19, answer at 11..21)
+  prompt_only.ids.assign(30, 7);
+  prompt_only.trained.assign(30, 0);
+  prompt_only.trained[25] = 1;
+  ex.push_back(prompt_only);
+  ExampleBatcher b(ex, /*seq_len=*/10, /*batch_size=*/4, /*seed=*/5, /*val_fraction=*/0.25,
+                   /*pad_id=*/-7);
+  EXPECT_EQ(b.counts().examples, 21);
+  EXPECT_EQ(b.counts().without_answer, 2);
+  EXPECT_EQ(b.counts().truncated, 12);  // lengths 12 .. 22, and the prompt-only one
+  EXPECT_EQ(b.counts().validation, 4);  // a quarter of the 19 kept
+  EXPECT_EQ(b.counts().train, 15);
+  for (int step = 0; step < 6; ++step) {
+    const auto batch = b.next();
+    ASSERT_EQ(batch.tokens.sizes(), at::IntArrayRef({4, 10}));
+    for (int64_t r = 0; r < 4; ++r) {
+      const int64_t example = batch.tokens[r][0].item<int64_t>() / 100;
+      const int64_t n = std::min<int64_t>(3 + example, 11);
+      for (int64_t t = 0; t < 10; ++t) {
+        const int64_t tok = batch.tokens[r][t].item<int64_t>(),
+                      tgt = batch.targets[r][t].item<int64_t>();
+        if (t >= n - 1) {  // padding: never a target
+          EXPECT_EQ(tok, -7);
+          EXPECT_EQ(tgt, kIgnoreIndex);
+        } else {
+          EXPECT_EQ(tok, 100 * example + t);
+          const bool trained = t + 1 >= (3 + example) / 2;
+          EXPECT_EQ(tgt, trained ? 100 * example + t + 1 : kIgnoreIndex) << example << " " << t;
+        }
+      }
+    }
+  }
+  // Deterministic in (seed, position): the same batches again.
+  ExampleBatcher again(ex, 10, 4, 5, 0.25, -7);
+  again.set_position(3);
+  b.set_position(3);
+  EXPECT_TRUE(at::equal(again.next().tokens, b.next().tokens));
+  EXPECT_TRUE(at::equal(again.validation(1).targets, b.validation(1).targets));
+}
+
+// A Qwen2-shaped model fine-tuned on chat rows through the folder's chat
+// template: the loss is on the answers, falls, and the summary says what the
+// examples became.
+TEST_F(ChatData, ChatFineTuneTrainsOnAnswers) {
+  test::TempDir d;
+  std::string rows;
+  for (int i = 0; i < 40; ++i)
+    rows += R"({"messages": [{"role": "user", "content": "What is )" + std::to_string(i) +
+            R"( plus one?"}, {"role": "assistant", "content": "It is )" + std::to_string(i + 1) +
+            R"(."}]})" + "\n";
+  const std::string data = test::write_file(d, "chat.jsonl", rows);
+  const std::string recipe =
+      "[run]\nname = \"chat\"\nseed = 3\nsteps = 30\nout_dir = \"" + d.str() +
+      "\"\nsample_tokens = 0\neval_batches = 2\nlog_every = 1000\n\n"
+      "[model]\nplugin = \"llama\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 4\n"
+      "n_kv_head = 2\nintermediate_size = 64\nmax_positions = 128\n\n"
+      "[data]\ncorpus = \"" +
+      data + "\"\ntokenizer = \"" + dir_->str() +
+      "/tokenizer.json\"\nseq_len = 48\nbatch_size = 8\nval_fraction = 0.1\n\n"
+      "[optimizer]\nlr = 3e-3\n\n[schedule]\nplugin = \"standard\"\nwarmup_steps = 2\n";
+  auto s = test::make_session(recipe);
+  const auto batch = s->batcher().next();
+  const int64_t trained = batch.targets.ne(kIgnoreIndex).sum().item<int64_t>();
+  EXPECT_GT(trained, 0);
+  EXPECT_LT(trained, batch.targets.numel() / 2);  // prompts, template and padding are not
+  s->batcher().set_position(0);
+  const TrainSummary sum = s->train();
+  EXPECT_NE(sum.data.find("40 examples: 36 train, 4 validation"), std::string::npos) << sum.data;
+  ASSERT_GE(sum.losses.size(), 30u);
+  EXPECT_LT(sum.losses.back(), sum.losses.front() * 0.7) << "the answers are learnable";
+  EXPECT_TRUE(std::isfinite(sum.val_loss));
+}
+
+}  // namespace
+}  // namespace tightfit
