@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -36,6 +37,7 @@ bool type_matches(const toml::node& n, tf_value_type t) {
     case TF_VALUE_FLOAT:
       return n.is_floating_point() || n.is_integer();
     case TF_VALUE_STRING:
+    case TF_VALUE_PATH:
       return n.is_string();
     case TF_VALUE_SIZE:
       return n.is_string() || n.is_integer();
@@ -75,6 +77,8 @@ const char* value_type_name(tf_value_type t) {
       return "list of integers";
     case TF_VALUE_SIZE:
       return "byte size";
+    case TF_VALUE_PATH:
+      return "path";
   }
   return "?";
 }
@@ -109,8 +113,12 @@ std::vector<KeySpec> key_specs_from_abi(const tf_config_key* keys, uint32_t n) {
 
 // ---------------------------------------------------------------- ConfigTable
 
-ConfigTable::ConfigTable(const toml::table* table, std::vector<KeySpec> keys, std::string where)
-    : table_(table), keys_(std::move(keys)), where_(std::move(where)) {
+ConfigTable::ConfigTable(const toml::table* table, std::vector<KeySpec> keys, std::string where,
+                         std::string base_dir)
+    : table_(table),
+      keys_(std::move(keys)),
+      where_(std::move(where)),
+      base_dir_(std::move(base_dir)) {
   for (const auto& k : keys_)
     defaults_.push_back(k.default_value ? parse_literal(*k.default_value) : toml::table{});
 }
@@ -146,7 +154,15 @@ double ConfigTable::get_double(const std::string& key) const {
   return n.value_or(0.0);
 }
 std::string ConfigTable::get_string(const std::string& key) const {
-  return node(key).value_or(std::string{});
+  std::string v = node(key).value_or(std::string{});
+  if (spec(key).type == TF_VALUE_PATH && !v.empty() && !base_dir_.empty()) {
+    const std::filesystem::path p = v;
+    std::error_code ec;
+    if (p.is_relative() && !std::filesystem::exists(p, ec) &&
+        std::filesystem::exists(std::filesystem::path(base_dir_) / p, ec))
+      return (std::filesystem::path(base_dir_) / p).string();
+  }
+  return v;
 }
 int64_t ConfigTable::get_size(const std::string& key) const {
   auto n = node(key);
@@ -286,7 +302,7 @@ ConfigTable Recipe::validate(const toml::table* t, const std::string& where_name
                         value_type_name(k.type) + ": " + k.doc + ")");
     }
   }
-  return ConfigTable(t, keys, where_name);
+  return ConfigTable(t, keys, where_name, std::filesystem::path(source_).parent_path().string());
 }
 
 void Recipe::add_strategy(const std::string& plugin) {

@@ -36,7 +36,9 @@ struct RecipeError : std::runtime_error {
 class ConfigTable {
  public:
   ConfigTable() = default;
-  ConfigTable(const toml::table* table, std::vector<KeySpec> keys, std::string where);
+  // `base_dir`: the recipe's folder, where relative TF_VALUE_PATH values are also looked for.
+  ConfigTable(const toml::table* table, std::vector<KeySpec> keys, std::string where,
+              std::string base_dir = {});
 
   bool has(const std::string& key) const;  // set explicitly in the recipe
   bool get_bool(const std::string& key) const;
@@ -54,7 +56,7 @@ class ConfigTable {
   toml::node_view<const toml::node> node(const std::string& key) const;
   const toml::table* table_ = nullptr;
   std::vector<KeySpec> keys_;
-  std::string where_;
+  std::string where_, base_dir_;
   std::vector<toml::table> defaults_;  // parsed default literals, one per key
 };
 

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +13,7 @@
 #include "chat_data.hpp"
 #include "cross_entropy.hpp"
 #include "example_batcher.hpp"
+#include "safetensors.hpp"
 #include "test_support.hpp"
 
 namespace tightfit {
@@ -190,6 +192,46 @@ TEST_F(ChatData, ChatFineTuneTrainsOnAnswers) {
   ASSERT_GE(sum.losses.size(), 30u);
   EXPECT_LT(sum.losses.back(), sum.losses.front() * 0.7) << "the answers are learnable";
   EXPECT_TRUE(std::isfinite(sum.val_loss));
+}
+
+// The walkthrough of docs/fine-tune.md on a small folder: a sharded Qwen2
+// save_pretrained wrote, with its tokenizer files and chat template, and chat
+// rows; `tightfit plan` and `tightfit run` (save.hf) from the command line;
+// transformers loads the result, its tokenizer and template, and computes
+// tightfit's logits.
+TEST(FineTuneWalkthrough, HfFolderInChatRowsOutFolderTransformersLoads) {
+  test::TempDir d;
+  const std::string py = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
+                         TIGHTFIT_SOURCE_DIR + "/tests/peers/make_hf_folder.py ";
+  ASSERT_EQ(std::system((py + "make " + d.str() + "/model " + d.str() + "/chat.jsonl").c_str()), 0);
+  const std::string recipe = test::write_file(
+      d, "chat.toml",
+      "[run]\nname = \"qwen2-chat\"\nseed = 1\nsteps = 40\nsample_tokens = 0\nout_dir = \"" +
+          d.str() +
+          "/runs\"\n[model]\nplugin = \"llama\"\nconfig = \"model\"\nweights = \"model\"\n"
+          "[data]\ncorpus = \"chat.jsonl\"\nseq_len = 64\nbatch_size = 8\nval_fraction = 0.1\n"
+          "[optimizer]\nlr = 3e-3\n[save]\nevery = 0\nhf = true\n");
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("plan " + recipe, &out), 0) << out;
+  EXPECT_NE(out.find("device peak"), std::string::npos) << out;
+  ASSERT_EQ(test::run_tightfit("run " + recipe, &out), 0) << out;
+  EXPECT_NE(out.find("48 examples: 44 train, 4 validation"), std::string::npos) << out;
+  const std::string hf = d.str() + "/runs/qwen2-chat/hf";
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json",
+                        "tokenizer_config.json", "chat_template.jinja", "generation_config.json"})
+    EXPECT_TRUE(std::filesystem::exists(hf + "/" + f)) << f;
+  auto s = test::make_session("[run]\nname = \"reload\"\nsample_tokens = 0\nout_dir = \"" +
+                              d.str() + "/reload\"\n[model]\nplugin = \"llama\"\nconfig = \"" + hf +
+                              "\"\nweights = \"" + hf + "\"\n[data]\ncorpus = \"" + d.str() +
+                              "/chat.jsonl\"\ntokenizer = \"" + hf + "\"\nseq_len = 64\n");
+  const at::Tensor tokens = at::randint(0, 256, {2, 20}, at::kLong);  // within any vocabulary here
+  at::Tensor logits;
+  {
+    at::NoGradGuard no_grad;
+    logits = s->forward_logits(tokens, false);
+  }
+  write_safetensors(hf + "/expected.safetensors", {{"tokens", tokens}, {"logits", logits}});
+  EXPECT_EQ(std::system((py + "check " + hf).c_str()), 0);
 }
 
 }  // namespace

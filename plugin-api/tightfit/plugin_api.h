@@ -170,7 +170,11 @@ typedef enum tf_value_type {
   TF_VALUE_STRING = 4,
   TF_VALUE_STRING_LIST = 5,
   TF_VALUE_INT_LIST = 6,
-  TF_VALUE_SIZE = 7 /* a byte size: integer or string such as "8GiB", "512MB" */
+  TF_VALUE_SIZE = 7, /* a byte size: integer or string such as "8GiB", "512MB" */
+  /* Added in 1.2: a file or folder, as a string; the host hands a relative
+   * path back found beside the recipe when it is not found from the working
+   * directory (as [model] weights). */
+  TF_VALUE_PATH = 8
 } tf_value_type;
 
 /* One key of the plugin's recipe table. The kernel validates the recipe

@@ -309,7 +309,7 @@ tf_status stage_forward(void* state, tf_host_context* ctx, const tf_stage_call* 
 const tf_config_key kKeys[] = {
     tf_sdk::key("preset", TF_VALUE_STRING, "\"tiny\"", "model size", 1, 0,
                 "tiny|124M|350M|774M|1.5B|custom"),
-    tf_sdk::key("config", TF_VALUE_STRING, "\"\"",
+    tf_sdk::key("config", TF_VALUE_PATH, "\"\"",
                 "Hugging Face config.json (or its folder) giving the shape"),
     tf_sdk::key("n_layer", TF_VALUE_INT, "0", "transformer blocks (overrides the preset)", 0, 1e4),
     tf_sdk::key("n_embd", TF_VALUE_INT, "0", "hidden size (overrides the preset)", 0, 1e6),

@@ -301,7 +301,7 @@ const tf_config_key kKeys[] = {
                 "(Llama-2-13B), 30B (LLaMA-30B), 70B (Llama-2-70B, GQA 64:8), qwen2-1.5B "
                 "(DeepSeek-R1-Distill-Qwen-1.5B's shape), custom",
                 1, 0, "tiny|1B|7B|13B|30B|70B|qwen2-1.5B|custom"),
-    tf_sdk::key("config", TF_VALUE_STRING, "\"\"",
+    tf_sdk::key("config", TF_VALUE_PATH, "\"\"",
                 "Hugging Face config.json (or its folder) giving the shape; model_type llama, "
                 "mistral, qwen2 or qwen3"),
     tf_sdk::key("n_layer", TF_VALUE_INT, "0", "decoder layers (overrides)", 0, 1e4),

@@ -350,7 +350,7 @@ const tf_config_key kKeys[] = {
     tf_sdk::key("preset", TF_VALUE_STRING, "\"tiny\"",
                 "model size: tiny (4x128), 169M, 430M, 1.5B (RWKV-4 Pile shapes), custom", 1, 0,
                 "tiny|169M|430M|1.5B|custom"),
-    tf_sdk::key("config", TF_VALUE_STRING, "\"\"",
+    tf_sdk::key("config", TF_VALUE_PATH, "\"\"",
                 "Hugging Face config.json (or its folder) giving the shape"),
     tf_sdk::key("n_layer", TF_VALUE_INT, "0", "blocks (overrides)", 0, 1e4),
     tf_sdk::key("n_embd", TF_VALUE_INT, "0", "hidden size (overrides)", 0, 1e6),
