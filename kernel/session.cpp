@@ -731,7 +731,11 @@ double Session::eval_loss(int64_t batches) {
 }
 
 std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64_t top_k,
-                              double temperature, uint64_t seed, double top_p, bool use_cache) {
+                              double temperature, uint64_t seed, double top_p, bool use_cache,
+                              const std::vector<int64_t>& stop_ids) {
+  auto stops = [&](int64_t id) {
+    return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
+  };
   at::NoGradGuard no_grad;
   CategoryScope scope(TF_MEM_TRANSIENT);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -774,6 +778,7 @@ std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64
       at::Tensor logits = std::move(*reinterpret_cast<at::Tensor*>(out));
       delete reinterpret_cast<at::Tensor*>(out);
       ids.push_back(pick(logits[0][-1]));
+      if (stops(ids.back())) break;
       x = at::full({1, 1}, ids.back(), at::TensorOptions().dtype(at::kLong).device(device_));
     }
   } else {
@@ -785,8 +790,10 @@ std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64
       std::vector<int64_t> window(ids.begin() + static_cast<std::ptrdiff_t>(start), ids.end());
       at::Tensor x = at::tensor(window, at::kLong).unsqueeze(0).to(device_);
       ids.push_back(pick(forward_logits(x, /*training=*/false)[0][-1]));
+      if (stops(ids.back())) break;
     }
   }
+  if (ids.size() > prompt_len && stops(ids.back())) ids.pop_back();
   return tokenizer_->decode(
       std::vector<int64_t>(ids.begin() + static_cast<std::ptrdiff_t>(prompt_len), ids.end()));
 }

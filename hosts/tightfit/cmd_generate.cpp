@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "chat_data.hpp"
+#include "chat_template.hpp"
 #include "commands.hpp"
 #include "logging.hpp"
 #include "session.hpp"
@@ -60,6 +62,73 @@ Recipe recipe_for_model_folder(const fs::path& folder, const PluginRegistry& plu
   return Recipe::parse(text.str(), f + "/config.json");
 }
 
+// Prompts in a model's chat template, for --chat and --prompts.
+class ChatPrompter {
+ public:
+  explicit ChatPrompter(Session& session) : tokenizer_(session.tokenizer()) {
+    const std::string source = tokenizer_.source_file();
+    if (!source.empty()) config_ = TokenizerConfig::load(fs::path(source).parent_path().string());
+    if (!config_.chat_template.empty())
+      template_ = std::make_unique<ChatTemplate>(config_.chat_template, config_.source);
+  }
+  // The tokenizer's EOS and generation_config.json's eos_token_id (one or a list).
+  std::vector<int64_t> eos_ids() const {
+    std::vector<int64_t> ids;
+    if (const int64_t eos = tokenizer_.token_id(config_.eos_token); eos >= 0) ids.push_back(eos);
+    const std::string source = tokenizer_.source_file();
+    const fs::path gen = fs::path(source).parent_path() / "generation_config.json";
+    std::ifstream in(gen);
+    const auto j = in ? nlohmann::json::parse(in, nullptr, false) : nlohmann::json();
+    if (j.is_object() && j.contains("eos_token_id")) {
+      const auto& e = j["eos_token_id"];
+      for (const auto& v : e.is_array() ? e : nlohmann::json::array({e}))
+        if (v.is_number_integer()) ids.push_back(v.get<int64_t>());
+    }
+    return ids;
+  }
+  std::string render(const nlohmann::ordered_json& messages) const {
+    if (!template_)
+      throw std::invalid_argument(
+          "the model has no chat template (tokenizer_config.json's chat_template or "
+          "chat_template.jinja beside its tokenizer.json): use --prompt");
+    return template_->render(messages, true, config_.template_variables()).text;
+  }
+  std::string render_user(const std::string& message) const {
+    return render(nlohmann::ordered_json::array({{{"role", "user"}, {"content", message}}}));
+  }
+  // Each line: plain text (continued as it is), or a JSONL row with
+  // "messages" or "prompt" (rendered with the chat template).
+  std::vector<std::pair<std::string, std::vector<int64_t>>> prompts_in(
+      const std::string& file) const {
+    std::ifstream in(file);
+    if (!in) throw std::invalid_argument("cannot read prompts file " + file);
+    std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+    size_t n = 0;
+    for (std::string line; std::getline(in, line);) {
+      ++n;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      const auto row = nlohmann::ordered_json::parse(line, nullptr, false);
+      if (row.is_object() && row.contains("messages"))
+        out.emplace_back(render(row["messages"]), eos_ids());
+      else if (row.is_object() && row.contains("prompt") && row["prompt"].is_string())
+        out.emplace_back(template_ ? render_user(row["prompt"].get<std::string>())
+                                   : row["prompt"].get<std::string>(),
+                         template_ ? eos_ids() : std::vector<int64_t>{});
+      else if (row.is_object())
+        throw std::invalid_argument(file + ":" + std::to_string(n) +
+                                    ": a JSON row needs \"messages\" or \"prompt\"");
+      else
+        out.emplace_back(line, std::vector<int64_t>{});
+    }
+    return out;
+  }
+
+ private:
+  const Tokenizer& tokenizer_;
+  TokenizerConfig config_;
+  std::unique_ptr<ChatTemplate> template_;
+};
+
 // A session over TARGET (a recipe: its latest checkpoint; or a model folder).
 std::unique_ptr<Session> load_target(const std::string& target,
                                      const std::vector<std::string>& sets) {
@@ -107,6 +176,12 @@ int generate_command(const std::vector<std::string>& args) {
       "top-p", po::value<double>()->default_value(1.0),
       "nucleus: the smallest set with this much mass")("greedy", "always the likeliest token")(
       "seed", po::value<uint64_t>()->default_value(1234), "sampling seed")(
+      "chat", po::value<std::string>(),
+      "a user message, rendered with the model's chat template; stops at its EOS")(
+      "prompts", po::value<std::string>(),
+      "a file of prompts, one a line (or JSONL rows with \"prompt\" or \"messages\"); "
+      "each is answered in turn")("no-cache",
+                                  "recompute the context for every token (no key/value cache)")(
       "set", po::value<std::vector<std::string>>()->composing(), "override a recipe key");
   po::variables_map vm;
   if (!parse_command_line(args, opts, "target", "generate", vm)) return kUsage;
@@ -124,13 +199,22 @@ int generate_command(const std::vector<std::string>& args) {
         vm["target"].as<std::string>(),
         vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{});
     const bool greedy = vm.count("greedy") > 0;
-    const std::string prompt = vm["prompt"].as<std::string>();
-    std::cout << prompt
-              << session->generate(prompt, vm["tokens"].as<int64_t>(),
-                                   greedy ? 1 : vm["top-k"].as<int64_t>(),
-                                   greedy ? 0.0 : vm["temperature"].as<double>(),
-                                   vm["seed"].as<uint64_t>(), vm["top-p"].as<double>())
-              << "\n";
+    const ChatPrompter chat(*session);
+    auto answer = [&](const std::string& prompt, const std::vector<int64_t>& stop_ids) {
+      return session->generate(
+          prompt, vm["tokens"].as<int64_t>(), greedy ? 1 : vm["top-k"].as<int64_t>(),
+          greedy ? 0.0 : vm["temperature"].as<double>(), vm["seed"].as<uint64_t>(),
+          vm["top-p"].as<double>(), !vm.count("no-cache"), stop_ids);
+    };
+    if (vm.count("chat")) {
+      std::cout << answer(chat.render_user(vm["chat"].as<std::string>()), chat.eos_ids()) << "\n";
+    } else if (vm.count("prompts")) {
+      for (const auto& [prompt, stop] : chat.prompts_in(vm["prompts"].as<std::string>()))
+        std::cout << "### " << prompt << "\n" << answer(prompt, stop) << "\n\n";
+    } else {
+      const std::string prompt = vm["prompt"].as<std::string>();
+      std::cout << prompt << answer(prompt, {}) << "\n";
+    }
     return kOk;
   } catch (const std::exception& e) {
     return report(e);

@@ -32,7 +32,8 @@ def make(model_dir: pathlib.Path, data_file: pathlib.Path) -> None:
                       tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     model = Qwen2ForCausalLM(cfg)
     model.save_pretrained(str(model_dir), safe_serialization=True, max_shard_size="100KB")
-    GenerationConfig(eos_token_id=tok.eos_token_id, max_new_tokens=32).save_pretrained(str(model_dir))
+    GenerationConfig(eos_token_id=[tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")],
+                     max_new_tokens=32).save_pretrained(str(model_dir))
     with open(data_file, "w") as f:
         for i in range(48):
             f.write(json.dumps({"messages": [

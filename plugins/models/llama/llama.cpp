@@ -32,6 +32,13 @@ namespace {
 
 using llama::Shape;
 
+// Keys and values of every position decoded so far, per layer ([B, KVH, S, D],
+// before grouped heads are repeated), for incremental generation.
+struct KvCache {
+  std::vector<at::Tensor> k, v;
+  int64_t length = 0;
+};
+
 struct Llama {
   tf_sdk::Host host;
   Shape s;
@@ -70,19 +77,26 @@ struct Llama {
     return x * cos + rotated * sin;
   }
 
-  // Causal attention; with a window W, query t sees keys t-W+1 .. t.
-  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    int64_t l) const {
-    const int64_t T = q.size(2);
-    if (!s.windowed(l) || s.sliding_window >= T)
+  // Causal attention of T queries at positions pos0.. over S keys at 0..S-1
+  // (S = pos0 + T); with a window W, the query at t sees keys t-W+1 .. t.
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t l,
+                    int64_t pos0) const {
+    const int64_t T = q.size(2), S = k.size(2);
+    const bool window = s.windowed(l) && s.sliding_window < S;
+    if (pos0 == 0 && !window)
       return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
-    at::Tensor pos = at::arange(T, at::TensorOptions().dtype(at::kLong).device(q.device()));
-    at::Tensor gap = pos.unsqueeze(1) - pos.unsqueeze(0);  // query - key
-    at::Tensor allowed = gap.ge(0).logical_and(gap.lt(s.sliding_window));
+    if (T == 1 && !window)  // one new query sees every key
+      return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/false);
+    const auto opts = at::TensorOptions().dtype(at::kLong).device(q.device());
+    at::Tensor gap = (at::arange(T, opts) + pos0).unsqueeze(1) - at::arange(S, opts).unsqueeze(0);
+    at::Tensor allowed = gap.ge(0);
+    if (window) allowed = allowed.logical_and(gap.lt(s.sliding_window));
     return at::scaled_dot_product_attention(q, k, v, allowed, 0.0, /*is_causal=*/false);
   }
 
-  at::Tensor attention(const at::Tensor& u, int64_t l) const {
+  // `cache`: null in training; in decoding, the keys and values so far
+  // (this call's are appended), the new tokens starting at cache->length.
+  at::Tensor attention(const at::Tensor& u, int64_t l, KvCache* cache = nullptr) const {
     const int64_t B = u.size(0), T = u.size(1), H = s.n_head, KVH = s.n_kv_head, D = head_dim();
     at::Tensor q = proj(u, l, "self_attn.q_proj", s.qkv_bias).view({B, T, H, D});
     at::Tensor k = proj(u, l, "self_attn.k_proj", s.qkv_bias).view({B, T, KVH, D});
@@ -93,8 +107,10 @@ struct Llama {
     }
     q = q.transpose(1, 2);
     k = k.transpose(1, 2);
-    at::Tensor angles = at::outer(at::arange(T, at::kFloat).to(rotary.inv_freq.device()),
-                                  rotary.inv_freq);  // [T, D/2]
+    const int64_t pos0 = cache ? cache->length : 0;
+    at::Tensor angles =
+        at::outer(at::arange(pos0, pos0 + T, at::kFloat).to(rotary.inv_freq.device()),
+                  rotary.inv_freq);  // [T, D/2]
     at::Tensor emb = at::cat({angles, angles}, -1);
     at::Tensor cos = emb.cos(), sin = emb.sin();
     if (rotary.attention_scaling != 1.0) {
@@ -104,11 +120,18 @@ struct Llama {
     cos = cos.to(q.scalar_type()), sin = sin.to(q.scalar_type());
     q = rope(q, cos, sin);
     k = rope(k, cos, sin);
+    if (cache) {
+      auto& ck = cache->k[static_cast<size_t>(l)];
+      auto& cv = cache->v[static_cast<size_t>(l)];
+      ck = ck.defined() ? at::cat({ck, k}, 2) : k;
+      cv = cv.defined() ? at::cat({cv, v}, 2) : v;
+      k = ck, v = cv;
+    }
     if (KVH != H) {  // each key/value head serves H / KVH query heads
       k = k.repeat_interleave(H / KVH, 1);
       v = v.repeat_interleave(H / KVH, 1);
     }
-    at::Tensor y = attend(q, k, v, l);
+    at::Tensor y = attend(q, k, v, l, pos0);
     return proj(y.transpose(1, 2).reshape({B, T, H * D}), l, "self_attn.o_proj", s.o_bias);
   }
 
@@ -117,8 +140,8 @@ struct Llama {
     return proj(gate * proj(v, l, "mlp.up_proj", s.mlp_bias), l, "mlp.down_proj", s.mlp_bias);
   }
 
-  at::Tensor block(const at::Tensor& h, int64_t l) const {
-    at::Tensor a = h + attention(rms_norm(h, layer(l, "input_layernorm.weight")), l);
+  at::Tensor block(const at::Tensor& h, int64_t l, KvCache* cache = nullptr) const {
+    at::Tensor a = h + attention(rms_norm(h, layer(l, "input_layernorm.weight")), l, cache);
     return a + mlp(rms_norm(a, layer(l, "post_attention_layernorm.weight")), l);
   }
 
@@ -295,6 +318,35 @@ tf_status stage_forward(void* state, tf_host_context* ctx, const tf_stage_call* 
   });
 }
 
+// Incremental decoding: the new tokens attend to the cached keys and values.
+tf_status decode(void* state, tf_host_context* ctx, void** cache, tf_tensor tokens,
+                 tf_tensor* out) {
+  auto* m = static_cast<Llama*>(state);
+  return tf_sdk::guard(m->host.api(), ctx, [&] {
+    if (*cache == nullptr) {
+      auto* c = new KvCache();
+      c->k.resize(static_cast<size_t>(m->s.n_layer));
+      c->v.resize(static_cast<size_t>(m->s.n_layer));
+      *cache = c;
+    }
+    auto& c = *static_cast<KvCache*>(*cache);
+    const at::Tensor& x = tf_sdk::borrow(tokens);
+    if (c.length + x.size(1) > m->s.max_positions)
+      throw std::invalid_argument(
+          "generation reached max_positions = " + std::to_string(m->s.max_positions) +
+          " tokens (prompt and new tokens together)");
+    at::Tensor h = at::embedding(m->host.weight("model.embed_tokens.weight"), x);
+    for (int64_t l = 0; l < m->s.n_layer; ++l) h = m->block(h, l, &c);
+    c.length += x.size(1);
+    *out = tf_sdk::give(m->head(h));
+    return TF_OK;
+  });
+}
+
+void release_cache(void*, void* cache) {
+  delete static_cast<KvCache*>(cache);
+}
+
 const tf_config_key kKeys[] = {
     tf_sdk::key("preset", TF_VALUE_STRING, "\"tiny\"",
                 "model size: tiny (4x128, GQA 4:2), 1B (Llama-3.2-1B), 7B (Llama-2-7B), 13B "
@@ -341,6 +393,8 @@ const tf_model_vtable kVtable = {.struct_size = sizeof(tf_model_vtable),
                                  .destroy = destroy,
                                  .stage_forward = stage_forward,
                                  .hf_config_json = hf_config_json,
+                                 .decode = decode,
+                                 .release_cache = release_cache,
                                  .hf_model_types = llama::kModelTypes};
 
 const tf_plugin_descriptor kDescriptor =
