@@ -101,6 +101,11 @@ INSTANTIATE_TEST_SUITE_P(
              "targets = [\"q\", \"o\", \"up\"]\n"},
         // Leaf names pick exactly the adapted modules: a list, as PEFT writes it.
         Case{"llama", kLlamaTable, "targets = [\"q\", \"v\", \"down\"]\n"},
+        // Qwen2 (the field notes' model): adapters on the seven projections, q/k/v with biases.
+        Case{"qwen2",
+             "plugin = \"llama\"\npreset = \"qwen2-1.5B\"\nn_layer = 2\nn_embd = 32\nn_head = 4\n"
+             "n_kv_head = 2\nintermediate_size = 80\nmax_positions = 64\nvocab_size = 256\n",
+             "targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n"},
         // RWKV starts with zero output projections, so "o" is adapted for gradients to reach k and
         // v.
         Case{"rwkv", "plugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\n",
