@@ -2,12 +2,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 
 #include "file_util.hpp"
+#include "hf_shards.hpp"
 #include "memory_accounting.hpp"
 #include "safetensors.hpp"
 
@@ -88,9 +90,15 @@ void load_hf_weights(ParamStore& store, const std::string& path) {
 void save_hf_model(const ParamStore& store, const std::string& dir, const std::string& config_json,
                    const std::string& tokenizer_json_path,
                    const std::function<at::Tensor(const Param&)>& dense) {
+  HfShardWriter writer(dir, std::numeric_limits<int64_t>::max());
+  for (const auto& [name, t] : export_hf_weights(store, dense)) writer.add(name, t);
+  writer.finish();
+  write_hf_side_files(dir, config_json, tokenizer_json_path);
+}
+
+void write_hf_side_files(const std::string& dir, const std::string& config_json,
+                         const std::string& tokenizer_json_path) {
   fs::create_directories(dir);
-  write_safetensors((fs::path(dir) / "model.safetensors").string(), export_hf_weights(store, dense),
-                    {{"format", "pt"}});
   if (!config_json.empty())
     write_file_synced((fs::path(dir) / "config.json").string(), config_json);
   if (!tokenizer_json_path.empty()) {
@@ -109,13 +117,16 @@ void save_hf_model(const ParamStore& store, const std::string& dir, const std::s
   }
 }
 
+at::Tensor hf_layout(const Param& p, at::Tensor t) {
+  return (p.flags & TF_PARAM_HF_TRANSPOSED) && t.dim() == 2 ? t.t().contiguous() : t;
+}
+
 std::map<std::string, at::Tensor> export_hf_weights(
     const ParamStore& store, const std::function<at::Tensor(const Param&)>& dense) {
   std::map<std::string, at::Tensor> out;
   for (const Param& p : store.all()) {
-    at::Tensor t = (p.format != TF_FORMAT_DENSE && dense) ? dense(p).detach() : p.value.detach();
-    if ((p.flags & TF_PARAM_HF_TRANSPOSED) && t.dim() == 2) t = t.t().contiguous();
-    out[p.name] = t;
+    out[p.name] =
+        hf_layout(p, (p.format != TF_FORMAT_DENSE && dense) ? dense(p).detach() : p.value.detach());
   }
   return out;
 }

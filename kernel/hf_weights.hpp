@@ -43,6 +43,15 @@ void save_hf_model(const ParamStore& store, const std::string& dir, const std::s
                    const std::string& tokenizer_json_path,
                    const std::function<at::Tensor(const Param&)>& dense = nullptr);
 
+// Beside the weights: config.json, and tokenizer.json with the files
+// transformers reads next to it (tokenizer_config.json, special_tokens_map.json,
+// chat_template.jinja, generation_config.json) when its folder has them.
+void write_hf_side_files(const std::string& dir, const std::string& config_json,
+                         const std::string& tokenizer_json_path);
+
+// A parameter's value in Hugging Face's layout (transposed when flagged).
+at::Tensor hf_layout(const Param& p, at::Tensor t);
+
 // The store's parameters under Hugging Face names and layouts; `dense` gives
 // the dense value of a parameter stored in a compact format.
 std::map<std::string, at::Tensor> export_hf_weights(

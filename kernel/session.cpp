@@ -13,6 +13,7 @@
 #include "cuda_memory.hpp"
 #include "data_setup.hpp"
 #include "file_util.hpp"
+#include "hf_shards.hpp"
 #include "hf_weights.hpp"
 #include "logging.hpp"
 #include "op_timer.hpp"
@@ -497,7 +498,7 @@ Batcher::Batch Session::next_batch() {
   return b;
 }
 
-std::string Session::export_hf(const std::string& dir, bool merge) {
+std::string Session::export_hf(const std::string& dir, bool merge, int64_t max_shard_bytes) {
   // Gathering parameters split across ranks takes every rank; rank 0 writes.
   const bool sharded = std::any_of(store_.all().begin(), store_.all().end(),
                                    [](const Param& p) { return p.residency == TF_TIER_SHARDED; });
@@ -510,8 +511,11 @@ std::string Session::export_hf(const std::string& dir, bool merge) {
     log(TF_LOG_WARN, "model plugin \"" + model_.plugin->name +
                          "\" gives no config.json; exporting weights only");
   at::NoGradGuard no_grad;
-  // Strategies may rewrite a weight for a standalone model (LoRA merges).
-  ParamStore merged;
+  CategoryScope scope(TF_MEM_TRANSIENT);
+  // One parameter at a time, in stage order: dense from any tier, merged by
+  // the strategies that rewrite it (LoRA), into the current shard.
+  std::optional<HfShardWriter> writer;
+  if (is_rank0()) writer.emplace(dir, max_shard_bytes);
   for (const Param& p : store_.all()) {
     if (p.flags & TF_PARAM_ADAPTER) continue;
     if (p.absent)
@@ -520,25 +524,26 @@ std::string Session::export_hf(const std::string& dir, bool merge) {
           " belongs to a block this recipe skips (sparse middle = \"skip\"); it was never "
           "loaded, so there is no whole model to export. Export the adapters alone (--adapter), "
           "or train with middle = \"frozen\"");
-    Param q = p;
-    q.value = fetch_weight(p.name).detach();  // dense, brought in from any tier
-    q.format = TF_FORMAT_DENSE;
+    at::Tensor value = fetch_weight(p.name).detach();
     for (auto& s : strategies_) {
       const tf_strategy_vtable* svt = s.plugin->strategy();
       if (!merge || !TF_HAS(svt, tf_strategy_vtable, export_weight)) continue;
       tf_tensor out = nullptr;
       const tf_status st = svt->export_weight(s.state, s.ctx.get(), p.name.c_str(),
-                                              reinterpret_cast<tf_tensor>(&q.value), &out);
+                                              reinterpret_cast<tf_tensor>(&value), &out);
       if (st == TF_OK && out) {
-        q.value = std::move(*reinterpret_cast<at::Tensor*>(out));
+        value = std::move(*reinterpret_cast<at::Tensor*>(out));
         delete reinterpret_cast<at::Tensor*>(out);
       } else if (st != TF_NOT_HANDLED) {
         check(st, s, "export_weight");
       }
     }
-    merged.adopt(std::move(q));
+    if (writer) writer->add(p.name, hf_layout(p, value));
   }
-  if (is_rank0()) save_hf_model(merged, dir, config ? config : "", tokenizer_->source_file());
+  if (writer) {
+    writer->finish();
+    write_hf_side_files(dir, config ? config : "", tokenizer_->source_file());
+  }
   return dir;
 }
 

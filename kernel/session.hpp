@@ -188,7 +188,10 @@ class Session {
   // tokenizer.json when the run uses one); returns the folder.
   // merge = false leaves adapters out and writes the bases as they are (the
   // model a PEFT adapter from export_adapter applies to).
-  std::string export_hf(const std::string& dir, bool merge = true);
+  // Weights go in shards of at most max_shard_bytes (5 GB, as transformers),
+  // written as they fill: the peak is about a shard, not the model.
+  std::string export_hf(const std::string& dir, bool merge = true,
+                        int64_t max_shard_bytes = 5'000'000'000);
   // Writes the strategies' adapters on their own (LoRA: a PEFT adapter folder);
   // returns the folder. Throws when no strategy has adapters.
   std::string export_adapter(const std::string& dir);

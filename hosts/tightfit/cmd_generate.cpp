@@ -14,6 +14,7 @@
 #include "chat_template.hpp"
 #include "commands.hpp"
 #include "logging.hpp"
+#include "memory_accounting.hpp"
 #include "session.hpp"
 
 namespace tightfit::host {
@@ -229,7 +230,10 @@ int export_command(const std::vector<std::string>& args) {
       "write only the adapters (LoRA: a PEFT adapter folder for PeftModel.from_pretrained)")(
       "unmerged",
       "write the base model without merging adapters into it (the model a PEFT adapter applies "
-      "to)")("set", po::value<std::vector<std::string>>()->composing(), "override a recipe key");
+      "to)")("max-shard-size", po::value<std::string>()->default_value("5GB"),
+             "weights go in safetensors shards of at most this size, with "
+             "model.safetensors.index.json (as save_pretrained)")(
+      "set", po::value<std::vector<std::string>>()->composing(), "override a recipe key");
   po::variables_map vm;
   if (!parse_command_line(args, opts, "target", "export", vm)) return kUsage;
   if (vm.count("help") || !vm.count("target") || !vm.count("out")) {
@@ -251,9 +255,16 @@ int export_command(const std::vector<std::string>& args) {
         vm["target"].as<std::string>(),
         vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{});
     const std::string out = vm["out"].as<std::string>();
+    int64_t shard = 0;
+    try {
+      shard = parse_byte_size(vm["max-shard-size"].as<std::string>());
+    } catch (const std::invalid_argument& e) {
+      throw RecipeError(std::string("--max-shard-size: ") + e.what());
+    }
+    if (shard <= 0) throw RecipeError("--max-shard-size must be positive");
     std::cout << "wrote "
               << (vm.count("adapter") ? session->export_adapter(out)
-                                      : session->export_hf(out, !vm.count("unmerged")))
+                                      : session->export_hf(out, !vm.count("unmerged"), shard))
               << "\n";
     return kOk;
   } catch (const std::exception& e) {
