@@ -98,29 +98,38 @@ ojson TokenizerConfig::template_variables() const {
   return v;
 }
 
-std::vector<uint8_t> span_token_mask(const Tokenizer& tokenizer, const std::string& text,
-                                     const std::vector<int64_t>& ids,
-                                     const std::vector<std::pair<size_t, size_t>>& spans) {
-  std::vector<std::pair<size_t, size_t>> offsets;
-  const std::vector<int64_t> again = tokenizer.encode_with_offsets(text, offsets);
-  if (again != ids)
-    throw std::logic_error("span_token_mask: the ids are not the encoding of the text");
+namespace {
+
+// 1 for each token whose `offsets` hold a byte of one of `spans`.
+std::vector<uint8_t> offsets_mask(const std::vector<std::pair<size_t, size_t>>& offsets,
+                                  const std::vector<std::pair<size_t, size_t>>& spans) {
   // The first token whose bytes hold `at`, as transformers' char_to_token.
   auto token_at = [&](size_t at) -> std::optional<size_t> {
     for (size_t k = 0; k < offsets.size(); ++k)
       if (offsets[k].first <= at && at < offsets[k].second) return k;
     return std::nullopt;
   };
-  std::vector<uint8_t> mask(ids.size(), 0);
+  std::vector<uint8_t> mask(offsets.size(), 0);
   for (const auto& [begin, end] : spans) {
     if (end <= begin) continue;
     const auto first = token_at(begin);
     if (!first) break;  // as transformers does
     const auto last = token_at(end - 1);
-    const size_t stop = last && *last > 0 ? *last + 1 : ids.size();
+    const size_t stop = last && *last > 0 ? *last + 1 : offsets.size();
     for (size_t k = *first; k < stop; ++k) mask[k] = 1;
   }
   return mask;
+}
+
+}  // namespace
+
+std::vector<uint8_t> span_token_mask(const Tokenizer& tokenizer, const std::string& text,
+                                     const std::vector<int64_t>& ids,
+                                     const std::vector<std::pair<size_t, size_t>>& spans) {
+  std::vector<std::pair<size_t, size_t>> offsets;
+  if (tokenizer.encode_with_offsets(text, offsets) != ids)
+    throw std::logic_error("span_token_mask: the ids are not the encoding of the text");
+  return offsets_mask(offsets, spans);
 }
 
 ChatFormatter::ChatFormatter(const Tokenizer& tokenizer, TokenizerConfig config, TrainOn train_on)
@@ -217,7 +226,9 @@ Example ChatFormatter::conversation(const ojson& row, const std::string& where) 
   const ojson tools = row.contains("tools") ? row["tools"] : ojson();
   const ChatRender full = render(messages, false, tools, where);
   Example e;
-  e.ids = tokenizer_.encode(full.text);
+  std::vector<std::pair<size_t, size_t>> offsets;  // encoded once: ids and where each came from
+  e.ids = train_on_ == TrainOn::kAll ? tokenizer_.encode(full.text)
+                                     : tokenizer_.encode_with_offsets(full.text, offsets);
   if (train_on_ == TrainOn::kAll) {
     e.trained.assign(e.ids.size(), 1);
     return e;
@@ -247,7 +258,7 @@ Example ChatFormatter::conversation(const ojson& row, const std::string& where) 
   }
   if (spans.empty())
     throw std::invalid_argument(where + ": the conversation has no assistant message to train on");
-  e.trained = span_token_mask(tokenizer_, full.text, e.ids, spans);
+  e.trained = offsets_mask(offsets, spans);
   return e;
 }
 

@@ -7,43 +7,11 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "tokenizer_spec.hpp"
+
 namespace tightfit {
-namespace {
+namespace tokenizer_spec {
 
-using nlohmann::json;
-
-// A "Sequence" deeper than this is a damaged or hostile file (real ones nest 1).
-constexpr int kMaxSequenceDepth = 16;
-
-std::string utf8(uint32_t cp) {
-  utf8proc_uint8_t buf[4];
-  const auto n = utf8proc_encode_char(static_cast<utf8proc_int32_t>(cp), buf);
-  return std::string(reinterpret_cast<char*>(buf), static_cast<size_t>(n));
-}
-
-std::string type_of(const json& j, const std::string& source, const char* part) {
-  if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
-    throw std::invalid_argument(source + ": a " + part + " without a \"type\"");
-  return j["type"].get<std::string>();
-}
-
-// Calls `each` on every step of `spec`, flattening "Sequence" (under `list_key`).
-template <typename Each>
-void flatten(const json& spec, const std::string& source, const char* part, const char* list_key,
-             Each&& each, int depth = 0) {
-  if (depth > kMaxSequenceDepth)
-    throw std::invalid_argument(source + ": " + part + " Sequence nested deeper than " +
-                                std::to_string(kMaxSequenceDepth) + " levels");
-  const std::string type = type_of(spec, source, part);
-  if (type != "Sequence") return each(type, spec);
-  const json& list = spec.at(list_key);
-  if (!list.is_array())
-    throw std::invalid_argument(source + ": " + part + " Sequence needs a \"" + list_key +
-                                "\" list");
-  for (const auto& s : list) flatten(s, source, part, list_key, each, depth + 1);
-}
-
-// The pattern of a Split/Replace: {"String": "..."} or {"Regex": "..."}.
 std::unique_ptr<Pcre2Regex> pattern_of(const json& step, const std::string& source) {
   const json& p = step.at("pattern");
   if (p.contains("String"))
@@ -64,6 +32,38 @@ std::string replace_all(const std::string& text, const Pcre2Regex& re, const std
   out.append(text, last, std::string::npos);
   return out;
 }
+
+Prepend prepend_scheme_of(const json& step, const std::string& source) {
+  if (step.contains("prepend_scheme") && !step["prepend_scheme"].is_null()) {
+    const std::string s = step["prepend_scheme"].get<std::string>();
+    if (s == "always") return Prepend::kAlways;
+    if (s == "first") return Prepend::kFirst;
+    if (s == "never") return Prepend::kNever;
+    throw std::invalid_argument(source + ": Metaspace prepend_scheme \"" + s + "\" is unknown");
+  }
+  return step.value("add_prefix_space", true) ? Prepend::kAlways : Prepend::kNever;
+}
+
+}  // namespace tokenizer_spec
+
+using tokenizer_spec::flatten;
+using tokenizer_spec::pattern_of;
+using tokenizer_spec::Prepend;
+using tokenizer_spec::prepend_scheme_of;
+using tokenizer_spec::replace_all;
+
+namespace {
+
+using nlohmann::json;
+
+std::string utf8(uint32_t cp) {
+  utf8proc_uint8_t buf[4];
+  const auto n = utf8proc_encode_char(static_cast<utf8proc_int32_t>(cp), buf);
+  return std::string(reinterpret_cast<char*>(buf), static_cast<size_t>(n));
+}
+
+// Calls `each` on every step of `spec`, flattening "Sequence" (under `list_key`).
+// The pattern of a Split/Replace: {"String": "..."} or {"Regex": "..."}.
 
 // Builds a piece out of parts of another, carrying the offsets along.
 class PieceBuilder {
@@ -182,19 +182,6 @@ void split_piece(const Piece& p, const Pcre2Regex& re, SplitBehavior how, std::v
 
 constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
-enum class Prepend { kAlways, kFirst, kNever };
-
-Prepend prepend_scheme_of(const json& step, const std::string& source) {
-  if (step.contains("prepend_scheme") && !step["prepend_scheme"].is_null()) {
-    const std::string s = step["prepend_scheme"].get<std::string>();
-    if (s == "always") return Prepend::kAlways;
-    if (s == "first") return Prepend::kFirst;
-    if (s == "never") return Prepend::kNever;
-    throw std::invalid_argument(source + ": Metaspace prepend_scheme \"" + s + "\" is unknown");
-  }
-  return step.value("add_prefix_space", true) ? Prepend::kAlways : Prepend::kNever;
-}
 
 }  // namespace
 
@@ -455,124 +442,6 @@ void PreTokenizer::apply(std::vector<Piece>& pieces) const {
     }
     pieces = std::move(next);
   }
-}
-
-// ---------------------------------------------------------------------------
-struct Decoder::Step {
-  std::string type;
-  std::unique_ptr<Pcre2Regex> pattern;  // Replace
-  std::string content;                  // Replace, Strip, Metaspace's replacement
-  int64_t start = 0, stop = 0;          // Strip
-  Prepend prepend = Prepend::kAlways;   // Metaspace
-  std::shared_ptr<ByteLevelAlphabet> alphabet;
-};
-
-Decoder::~Decoder() = default;
-
-Decoder::Decoder(const json& spec, const std::string& source) {
-  if (spec.is_null()) return;
-  present_ = true;
-  flatten(spec, source, "decoder", "decoders", [&](const std::string& type, const json& j) {
-    auto step = std::make_unique<Step>();
-    step->type = type;
-    if (type == "Replace") {
-      step->pattern = pattern_of(j, source);
-      step->content = j.at("content").get<std::string>();
-    } else if (type == "Strip") {
-      step->content = j.at("content").get<std::string>();
-      step->start = j.value("start", int64_t{0});
-      step->stop = j.value("stop", int64_t{0});
-    } else if (type == "Metaspace") {
-      step->content = j.value("replacement", std::string("\xE2\x96\x81"));
-      step->prepend = prepend_scheme_of(j, source);
-    } else if (type == "ByteLevel") {
-      step->alphabet = std::make_shared<ByteLevelAlphabet>();
-    } else if (type != "ByteFallback" && type != "Fuse") {
-      throw std::invalid_argument(source + ": decoder \"" + type +
-                                  "\" is not supported (ByteLevel, Metaspace, Replace, "
-                                  "ByteFallback, Fuse, Strip, Sequence)");
-    }
-    steps_.push_back(std::move(step));
-  });
-}
-
-namespace {
-int byte_token(const std::string& t) {  // <0xAB> -> 0xAB, else -1
-  if (t.size() != 6 || t.compare(0, 3, "<0x") != 0 || t[5] != '>') return -1;
-  int v = 0;
-  for (int i = 3; i < 5; ++i) {
-    const char c = t[static_cast<size_t>(i)];
-    v = v * 16 + (c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -100);
-  }
-  return v >= 0 ? v : -1;
-}
-}  // namespace
-
-std::string Decoder::apply(std::vector<std::string> tokens) const {
-  if (!present_) {
-    std::string out;
-    for (size_t i = 0; i < tokens.size(); ++i) out += (i ? " " : "") + tokens[i];
-    return out;
-  }
-  for (const auto& step : steps_) {
-    const std::string& t = step->type;
-    if (t == "ByteLevel") {
-      std::string bytes;
-      for (const auto& tok : tokens) step->alphabet->decode(tok, bytes);
-      tokens = {bytes};
-    } else if (t == "Fuse") {
-      std::string all;
-      for (const auto& tok : tokens) all += tok;
-      tokens = {all};
-    } else if (t == "Replace") {
-      for (auto& tok : tokens) tok = replace_all(tok, *step->pattern, step->content);
-    } else if (t == "Strip") {
-      for (auto& tok : tokens) {
-        int64_t n = 0;
-        while (n < step->start && tok.compare(0, step->content.size(), step->content) == 0 &&
-               !step->content.empty())
-          tok.erase(0, step->content.size()), ++n;
-        n = 0;
-        while (n < step->stop && tok.size() >= step->content.size() && !step->content.empty() &&
-               tok.compare(tok.size() - step->content.size(), step->content.size(),
-                           step->content) == 0)
-          tok.erase(tok.size() - step->content.size()), ++n;
-      }
-    } else if (t == "Metaspace") {
-      for (size_t i = 0; i < tokens.size(); ++i) {
-        std::string& tok = tokens[i];
-        std::string out;
-        for (size_t at = 0; at < tok.size();) {
-          if (tok.compare(at, step->content.size(), step->content) == 0 && !step->content.empty()) {
-            out += ' ';
-            at += step->content.size();
-          } else {
-            out += tok[at++];
-          }
-        }
-        if (i == 0 && step->prepend != Prepend::kNever && !out.empty() && out[0] == ' ')
-          out.erase(0, 1);
-        tok = std::move(out);
-      }
-    } else if (t == "ByteFallback") {
-      std::vector<std::string> out;
-      std::string pending;
-      for (const auto& tok : tokens) {
-        const int b = byte_token(tok);
-        if (b >= 0) {
-          pending += static_cast<char>(b);
-          continue;
-        }
-        if (!pending.empty()) out.push_back(std::move(pending)), pending.clear();
-        out.push_back(tok);
-      }
-      if (!pending.empty()) out.push_back(std::move(pending));
-      tokens = std::move(out);
-    }
-  }
-  std::string out;
-  for (const auto& tok : tokens) out += tok;
-  return out;
 }
 
 }  // namespace tightfit
