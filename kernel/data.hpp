@@ -72,6 +72,9 @@ class Batcher {
   struct Batch {
     at::Tensor tokens;   // int64 [B, T]
     at::Tensor targets;  // int64 [B, T], the next tokens; kIgnoreIndex where not trained
+    // int64 [B, T] when rows are packed with several examples: each token's
+    // position in its example (restarting at 0). Undefined: 0..T-1 per row.
+    at::Tensor positions;
   };
   // The batch at the current position; advances the position.
   virtual Batch next() = 0;

@@ -1,6 +1,7 @@
 #include "data_setup.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -35,6 +36,10 @@ fs::path first_jsonl(const fs::path& p) {
 }
 
 DataSetup stream(const DataRequest& r, DataSetup d) {
+  if (r.packing)
+    throw std::invalid_argument(
+        "packing = true packs instruction and chat rows, and corpus \"" + r.corpus +
+        "\" is text, which is always one token stream cut into rows: drop packing");
   const std::string text = load_corpus_text(r.corpus, r.base_dir);
   // A tokenizer.json reads text, as Hugging Face's does (it is given a
   // decoded str): bytes that are not UTF-8 would be split in ways no peer
@@ -70,11 +75,6 @@ DataSetup stream(const DataRequest& r, DataSetup d) {
 }
 
 DataSetup examples(const DataRequest& r, DataSetup d) {
-  if (r.packing)
-    throw std::invalid_argument(
-        "packing = true is not available for instruction and chat rows yet (attention and "
-        "positions would cross example boundaries); set packing = false: one example per row, "
-        "padded");
   // The tokenizer's folder holds its tokenizer_config.json (special tokens, chat template).
   TokenizerConfig config;
   if (d.tokenizer_spec != "byte")
@@ -90,8 +90,9 @@ DataSetup examples(const DataRequest& r, DataSetup d) {
   int64_t pad = d.tokenizer->token_id(config.pad_token);
   if (pad < 0) pad = d.tokenizer->token_id(config.eos_token);
   if (pad < 0) pad = 0;  // padding is never a target, and causal attention never looks ahead to it
-  auto batcher = std::make_unique<ExampleBatcher>(
-      std::move(rows), r.seq_len, r.batch_size * r.world_size, r.seed, r.val_fraction, pad);
+  auto batcher =
+      std::make_unique<ExampleBatcher>(std::move(rows), r.seq_len, r.batch_size * r.world_size,
+                                       r.seed, r.val_fraction, pad, r.packing);
   const ExampleBatcher::Counts& c = batcher->counts();
   d.unigram_entropy = unigram_entropy(batcher->train_ids(), d.tokenizer->vocab_size());
   d.description = std::to_string(c.examples) + " examples: " + std::to_string(c.train) +
@@ -100,6 +101,12 @@ DataSetup examples(const DataRequest& r, DataSetup d) {
                   ", " + std::to_string(c.without_answer) +
                   " left out (no answer token within it); " + std::to_string(c.trained_tokens) +
                   " tokens trained on (train_on = " + r.train_on + ")";
+  if (r.packing) {
+    char fill[16];
+    std::snprintf(fill, sizeof fill, "%.1f%%", 100 * c.row_fill);
+    d.description += "; packed " + std::to_string(c.train) + " into " + std::to_string(c.rows) +
+                     " rows of " + std::to_string(r.seq_len) + " tokens, " + fill + " filled";
+  }
   d.batcher = std::move(batcher);
   return d;
 }

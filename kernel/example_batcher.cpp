@@ -1,6 +1,7 @@
 #include "example_batcher.hpp"
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -22,11 +23,16 @@ std::vector<size_t> permutation(size_t n, uint64_t seed) {
   return p;
 }
 
+// Tokens an example fills in a row: all its ids but the last, which is only a target.
+int64_t row_length(const Example& e) {
+  return static_cast<int64_t>(e.ids.size()) - 1;
+}
+
 }  // namespace
 
 ExampleBatcher::ExampleBatcher(std::vector<Example> examples, int64_t seq_len, int64_t batch_size,
-                               uint64_t seed, double val_fraction, int64_t pad_id)
-    : seq_len_(seq_len), batch_size_(batch_size), pad_id_(pad_id), seed_(seed) {
+                               uint64_t seed, double val_fraction, int64_t pad_id, bool packing)
+    : seq_len_(seq_len), batch_size_(batch_size), pad_id_(pad_id), packing_(packing), seed_(seed) {
   counts_.examples = static_cast<int64_t>(examples.size());
   std::vector<Example> kept;
   for (Example& e : examples) {
@@ -55,31 +61,82 @@ ExampleBatcher::ExampleBatcher(std::vector<Example> examples, int64_t seq_len, i
     (k < n_val ? val_ : train_).push_back(std::move(kept[order[k]]));
   counts_.train = static_cast<int64_t>(train_.size());
   counts_.validation = static_cast<int64_t>(val_.size());
-  for (const Example& e : train_)
+  int64_t filled = 0;
+  for (const Example& e : train_) {
     counts_.trained_tokens += std::count(e.trained.begin() + 1, e.trained.end(), uint8_t{1});
+    filled += row_length(e);
+  }
+  train_rows_ = make_rows(train_);
+  val_rows_ = make_rows(val_);
+  counts_.rows = static_cast<int64_t>(train_rows_.size());
+  counts_.row_fill = static_cast<double>(filled) / static_cast<double>(counts_.rows * seq_len_);
 }
 
-ExampleBatcher::Batch ExampleBatcher::rows(const std::vector<const Example*>& examples) const {
+std::vector<ExampleBatcher::Row> ExampleBatcher::make_rows(
+    const std::vector<Example>& split) const {
+  std::vector<Row> rows;
+  if (!packing_) {
+    for (const Example& e : split) rows.push_back({&e});
+    return rows;
+  }
+  // Best fit decreasing: longest first, each into the row it leaves least
+  // room in (a new row when none has room). Ties keep the split's order.
+  std::vector<size_t> by_length(split.size());
+  std::iota(by_length.begin(), by_length.end(), size_t{0});
+  std::stable_sort(by_length.begin(), by_length.end(),
+                   [&](size_t a, size_t b) { return row_length(split[a]) > row_length(split[b]); });
+  std::multimap<int64_t, size_t> room;  // free tokens -> row
+  for (size_t i : by_length) {
+    const int64_t n = row_length(split[i]);
+    auto fit = room.lower_bound(n);
+    size_t row = rows.size();
+    int64_t left = seq_len_;
+    if (fit != room.end()) {
+      row = fit->second;
+      left = fit->first;
+      room.erase(fit);
+    } else {
+      rows.emplace_back();
+    }
+    rows[row].push_back(&split[i]);
+    if (left - n > 0) room.emplace(left - n, row);
+  }
+  return rows;
+}
+
+ExampleBatcher::Batch ExampleBatcher::batch_of(const std::vector<const Row*>& rows) const {
   CategoryScope scope(TF_MEM_OTHER);
-  const int64_t B = static_cast<int64_t>(examples.size()), T = seq_len_;
+  const int64_t B = static_cast<int64_t>(rows.size()), T = seq_len_;
   at::Tensor tokens = at::full({B, T}, pad_id_, at::kLong);
   at::Tensor targets = at::full({B, T}, kIgnoreIndex, at::kLong);
+  at::Tensor positions = at::empty({B, T}, at::kLong);
   auto* tok = tokens.data_ptr<int64_t>();
   auto* tgt = targets.data_ptr<int64_t>();
+  auto* pos = positions.data_ptr<int64_t>();
   for (int64_t b = 0; b < B; ++b) {
-    const Example& e = *examples[static_cast<size_t>(b)];
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(e.ids.size()) - 1, T);
-    for (int64_t t = 0; t < n; ++t) {
-      tok[b * T + t] = e.ids[static_cast<size_t>(t)];
-      if (e.trained[static_cast<size_t>(t + 1)]) tgt[b * T + t] = e.ids[static_cast<size_t>(t + 1)];
+    int64_t used = 0;  // tokens of row b filled so far
+    for (const Example* e : *rows[static_cast<size_t>(b)]) {
+      const int64_t n = std::min(row_length(*e), T - used);
+      int64_t* row_tok = tok + b * T + used;
+      int64_t* row_tgt = tgt + b * T + used;
+      for (int64_t t = 0; t < n; ++t) {
+        const auto i = static_cast<size_t>(t);
+        row_tok[t] = e->ids[i];
+        pos[b * T + used + t] = t;
+        if (e->trained[i + 1]) row_tgt[t] = e->ids[i + 1];
+      }
+      used += n;
     }
+    // Padding counts from 0 as an example of its own: nothing attends to it.
+    for (int64_t t = used; t < T; ++t) pos[b * T + t] = t - used;
   }
-  return {tokens, targets};
+  if (!packing_) positions = at::Tensor();
+  return {tokens, targets, positions};
 }
 
 ExampleBatcher::Batch ExampleBatcher::next() {
-  const size_t n = train_.size();
-  std::vector<const Example*> picked;
+  const size_t n = train_rows_.size();
+  std::vector<const Row*> picked;
   for (int64_t k = 0; k < batch_size_; ++k) {
     const uint64_t g = static_cast<uint64_t>(position_) * static_cast<uint64_t>(batch_size_) +
                        static_cast<uint64_t>(k);
@@ -88,18 +145,18 @@ ExampleBatcher::Batch ExampleBatcher::next() {
       order_ = permutation(n, seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch));
       order_epoch_ = epoch;
     }
-    picked.push_back(&train_[order_[g % n]]);
+    picked.push_back(&train_rows_[order_[g % n]]);
   }
   ++position_;
-  return rows(picked);
+  return batch_of(picked);
 }
 
 ExampleBatcher::Batch ExampleBatcher::validation(int64_t i) const {
-  const std::vector<Example>& split = val_.empty() ? train_ : val_;
-  std::vector<const Example*> picked;
+  const std::vector<Row>& split = val_rows_.empty() ? train_rows_ : val_rows_;
+  std::vector<const Row*> picked;
   for (int64_t k = 0; k < batch_size_; ++k)
     picked.push_back(&split[static_cast<size_t>(i * batch_size_ + k) % split.size()]);
-  return rows(picked);
+  return batch_of(picked);
 }
 
 at::Tensor ExampleBatcher::train_ids() const {

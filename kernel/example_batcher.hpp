@@ -1,9 +1,12 @@
-// Instruction and chat examples into batches (packing = false): one example
-// per row, right-padded to seq_len, its targets kIgnoreIndex wherever the
-// example is not trained on (the prompt, by default) and on the padding. An
-// example longer than seq_len + 1 tokens is cut there and counted. Whole
-// examples are held out for validation, chosen by the seed; training walks
-// the rest in a new seeded order each epoch.
+// Instruction and chat examples into batches: one example per row, right-
+// padded to seq_len (packing = false), or several to a row (packing = true),
+// placed best-fit decreasing as TRL's "bfd" packs, each with its own
+// positions from 0 so that the model keeps attention inside it. Targets are
+// kIgnoreIndex wherever the example is not trained on (the prompt, by
+// default), on the padding and across a boundary (an example's last token
+// predicts nothing). An example longer than seq_len + 1 tokens is cut there
+// and counted. Whole examples are held out for validation, chosen by the
+// seed; training walks the rows in a new seeded order each epoch.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +20,10 @@ namespace tightfit {
 class ExampleBatcher final : public Batcher {
  public:
   ExampleBatcher(std::vector<Example> examples, int64_t seq_len, int64_t batch_size, uint64_t seed,
-                 double val_fraction, int64_t pad_id);
+                 double val_fraction, int64_t pad_id, bool packing = false);
+  // Rows point into the splits it holds.
+  ExampleBatcher(const ExampleBatcher&) = delete;
+  ExampleBatcher& operator=(const ExampleBatcher&) = delete;
 
   Batch next() override;
   Batch validation(int64_t i) const override;
@@ -27,15 +33,21 @@ class ExampleBatcher final : public Batcher {
     int64_t truncated = 0;       // longer than seq_len + 1 tokens: cut
     int64_t without_answer = 0;  // no trained token within seq_len: left out
     int64_t trained_tokens = 0;  // targets trained on, over the training split
+    int64_t rows = 0;            // training rows (= train unless packed)
+    double row_fill = 0;         // share of the training rows' tokens that are examples'
   };
   const Counts& counts() const { return counts_; }
   // All ids of the training split, for the corpus statistics.
   at::Tensor train_ids() const;
 
  private:
-  Batch rows(const std::vector<const Example*>& examples) const;
+  using Row = std::vector<const Example*>;  // the examples of one row, in order
+  std::vector<Row> make_rows(const std::vector<Example>& split) const;
+  Batch batch_of(const std::vector<const Row*>& rows) const;
   std::vector<Example> train_, val_;
+  std::vector<Row> train_rows_, val_rows_;
   int64_t seq_len_, batch_size_, pad_id_;
+  bool packing_;
   uint64_t seed_;
   Counts counts_;
   mutable int64_t order_epoch_ = -1;

@@ -26,6 +26,21 @@ at::Tensor take_handle(tf_tensor h) {
   return t;
 }
 
+// Packed rows' positions for the stage calls of one pass: set for its
+// forward and the backward that recomputes stages, then put back.
+struct PassPositions {
+  PassPositions(at::Tensor& slot, const at::Tensor& positions) : slot_(slot), saved_(slot) {
+    slot_ = positions;
+  }
+  ~PassPositions() { slot_ = saved_; }
+  PassPositions(const PassPositions&) = delete;
+  PassPositions& operator=(const PassPositions&) = delete;
+
+ private:
+  at::Tensor& slot_;
+  at::Tensor saved_;
+};
+
 // Runs a stage without keeping its activations, and re-runs it in backward
 // with the same random state (as torch.utils.checkpoint's reentrant variant).
 // `anchor` requires grad so that the stage gets a backward even when its
@@ -166,14 +181,21 @@ void Session::raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin) 
 
 at::Tensor Session::run_stage(int32_t stage, const at::Tensor& input, bool training,
                               bool recompute) {
-  tf_stage_call call{sizeof(tf_stage_call), stage, training ? 1 : 0, recompute ? 1 : 0, step_};
+  tf_stage_call call{sizeof(tf_stage_call), stage, training ? 1 : 0,
+                     recompute ? 1 : 0,     step_, nullptr};
+  const at::Device stage_device(stages_[static_cast<size_t>(stage)].device);
+  at::Tensor positions = pass_positions_;
+  if (positions.defined()) {
+    if (positions.device() != stage_device) positions = positions.to(stage_device);
+    call.positions = as_handle(positions);
+  }
   // Weights the stage fetches come to its device (a tied weight of another stage's).
   struct ComputeDevice {
     std::optional<at::Device>& slot;
     std::optional<at::Device> saved;
     ~ComputeDevice() { slot = saved; }
   } restore{compute_device_, compute_device_};
-  compute_device_ = at::Device(stages_[static_cast<size_t>(stage)].device);
+  compute_device_ = stage_device;
   tf_tensor out = nullptr;
   const tf_model_vtable* vt = model_.plugin->model();
   const tf_status st =
@@ -186,7 +208,19 @@ at::Tensor Session::run_stage(int32_t stage, const at::Tensor& input, bool train
   return take_handle(out);
 }
 
-at::Tensor Session::forward_logits(const at::Tensor& tokens, bool training) {
+at::Tensor Session::forward_logits(const at::Tensor& tokens, bool training,
+                                   const at::Tensor& positions) {
+  if (positions.defined()) {
+    if (!(model_.plugin->model_features & TF_MODEL_FEATURE_POSITIONS))
+      throw PluginCallError("model plugin \"" + model_.plugin->name +
+                            "\" does not read per-token positions "
+                            "(TF_MODEL_FEATURE_POSITIONS), so packed rows would attend across "
+                            "examples: set [data] packing = false");
+    if (positions.sizes() != tokens.sizes() || positions.scalar_type() != at::kLong)
+      throw std::invalid_argument("positions must be int64 of the tokens' shape [B, T]");
+  }
+  const PassPositions pass(pass_positions_,
+                           positions.defined() ? positions.to(device_) : positions);
   CategoryScope scope(TF_MEM_ACTIVATIONS);
   const bool grad = at::GradMode::is_enabled();
   const bool hooks =
@@ -230,14 +264,17 @@ at::Tensor Session::forward_logits(const at::Tensor& tokens, bool training) {
 }
 
 PassResult Session::run_pass(const at::Tensor& tokens_in, const at::Tensor& targets_in,
-                             bool backward, double loss_scale) {
+                             bool backward, double loss_scale, const at::Tensor& positions_in) {
   PassResult r;
   const at::Tensor tokens = tokens_in.to(device_);
+  const at::Tensor positions = positions_in.defined() ? positions_in.to(device_) : positions_in;
+  // Backward recomputes checkpointed stages: they see the same positions.
+  const PassPositions pass(pass_positions_, positions);
   at::Tensor logits;
   at::Tensor loss;
   {
     at::AutoGradMode mode(backward);
-    logits = forward_logits(tokens, /*training=*/true);
+    logits = forward_logits(tokens, /*training=*/true, positions);
     CategoryScope scope(TF_MEM_ACTIVATIONS);
     const at::Tensor targets = targets_in.to(logits.device());
     loss = cross_entropy_mean(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),

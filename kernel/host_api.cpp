@@ -397,14 +397,25 @@ tf_status h_memory_pop_category(tf_host_context* ctx) {
   });
 }
 
+bool covers_positions(const tf_batch* b) {
+  return b->struct_size >= offsetof(tf_batch, positions) + sizeof(b->positions);
+}
+
 tf_status h_next_batch(tf_host_context* ctx, tf_batch* out) {
   return serve(ctx, [&] {
     check_size(out, "tf_batch");
     auto b = ctx->session->next_batch();
+    // Packed rows without their positions would attend across examples.
+    if (b.positions.defined() && !covers_positions(out))
+      throw std::invalid_argument(
+          "the rows are packed ([data] packing = true) and this caller's tf_batch (ABI before "
+          "1.3) cannot carry their positions: rebuild the schedule plugin against this "
+          "tightfit's plugin_api.h, or set packing = false");
     tf_batch batch{};
     batch.n_tokens = b.tokens.numel();
     batch.tokens = give(std::move(b.tokens));
     batch.targets = give(std::move(b.targets));
+    if (b.positions.defined()) batch.positions = give(std::move(b.positions));
     write_struct(out, batch);
   });
 }
@@ -413,6 +424,16 @@ void h_batch_release(tf_host_context*, tf_batch* batch) {
   h_tensor_release(batch->tokens);
   h_tensor_release(batch->targets);
   batch->tokens = batch->targets = nullptr;
+  if (covers_positions(batch)) {
+    h_tensor_release(batch->positions);
+    batch->positions = nullptr;
+  }
+}
+
+// The positions of a batch the caller hands in (undefined: not packed).
+at::Tensor batch_positions(const tf_batch* batch) {
+  const tf_batch b = read_struct(batch);
+  return b.positions ? as_tensor(b.positions) : at::Tensor();
 }
 
 void write_pass(tf_pass_result* out, const PassResult& r) {
@@ -428,7 +449,7 @@ tf_status h_forward(tf_host_context* ctx, const tf_batch* batch, tf_pass_result*
     check_size(batch, "tf_batch");
     check_size(out, "tf_pass_result");
     write_pass(out, ctx->session->run_pass(as_tensor(batch->tokens), as_tensor(batch->targets),
-                                           false, 1.0));
+                                           false, 1.0, batch_positions(batch)));
   });
 }
 tf_status h_forward_backward(tf_host_context* ctx, const tf_batch* batch, double loss_scale,
@@ -437,7 +458,7 @@ tf_status h_forward_backward(tf_host_context* ctx, const tf_batch* batch, double
     check_size(batch, "tf_batch");
     check_size(out, "tf_pass_result");
     write_pass(out, ctx->session->run_pass(as_tensor(batch->tokens), as_tensor(batch->targets),
-                                           true, loss_scale));
+                                           true, loss_scale, batch_positions(batch)));
   });
 }
 tf_status h_zero_grad(tf_host_context* ctx) {

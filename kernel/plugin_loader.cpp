@@ -167,6 +167,9 @@ LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin
     for (std::string t; std::getline(list, t, ',');)
       if (!t.empty()) out.hf_model_types.push_back(t);
   }
+  if (d.kind == TF_PLUGIN_MODEL &&
+      vt_size >= offsetof(tf_model_vtable, features) + sizeof(uintptr_t))
+    out.model_features = static_cast<const tf_model_vtable*>(d.vtable)->features;
   try {
     out.keys = key_specs_from_abi(d.config_keys, d.n_config_keys);
   } catch (const std::exception& e) {

@@ -25,6 +25,7 @@ struct LoadedPlugin {
   std::string name, version, description, libtorch_version;
   std::vector<KeySpec> keys;
   std::vector<std::string> hf_model_types;  // a model's Hugging Face model_type values
+  uint64_t model_features = 0;              // a model's TF_MODEL_FEATURE_* bits
   const tf_model_vtable* model() const;
   const tf_strategy_vtable* strategy() const;
   const tf_schedule_vtable* schedule() const;

@@ -93,8 +93,8 @@ const std::vector<KeySpec>& data_keys() {
           "token (all)",
           1, 0, "completion|all"),
       key("packing", TF_VALUE_BOOL, "false",
-          "instruction and chat rows: several examples to a row (not yet: false pads one "
-          "example per row)"),
+          "instruction and chat rows: several examples to a row, each attending only to "
+          "itself (false: one example per row, padded)"),
       key("chat_template", TF_VALUE_STRING, "\"\"",
           "a .jinja chat template to use instead of the tokenizer_config.json's"),
   };
@@ -338,6 +338,12 @@ void Session::build(const PluginRegistry& base_registry) {
   } catch (const PluginLoadError& e) {
     throw RecipeError(recipe_.where(*model_table->get("plugin")) + ": " + e.what());
   }
+  if (data_cfg_.get_bool("packing") &&
+      !(model_.plugin->model_features & TF_MODEL_FEATURE_POSITIONS))
+    throw RecipeError(recipe_.source() + ": [data] packing = true: model plugin \"" + model_name +
+                      "\" does not read per-token positions (TF_MODEL_FEATURE_POSITIONS), so its "
+                      "attention would cross from one example to the next in a packed row; set "
+                      "packing = false");
   declaring_ = true;
   check(model_.plugin->model()->create(host_api(), model_.ctx.get(), &model_.state), model_,
         "create");
@@ -494,6 +500,8 @@ Batcher::Batch Session::next_batch() {
     const int64_t rows = b.tokens.size(0) / run_info_.world_size;
     b.tokens = b.tokens.narrow(0, run_info_.rank * rows, rows).contiguous();
     b.targets = b.targets.narrow(0, run_info_.rank * rows, rows).contiguous();
+    if (b.positions.defined())
+      b.positions = b.positions.narrow(0, run_info_.rank * rows, rows).contiguous();
   }
   return b;
 }
@@ -727,7 +735,7 @@ double Session::eval_loss(int64_t batches) {
   double sum = 0;
   for (int64_t i = 0; i < batches; ++i) {
     auto b = batcher_->validation(i);
-    at::Tensor logits = forward_logits(b.tokens.to(device_), /*training=*/false);
+    at::Tensor logits = forward_logits(b.tokens.to(device_), /*training=*/false, b.positions);
     sum += cross_entropy_mean(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
                               b.targets.to(logits.device()).reshape({-1}))
                .item<double>();

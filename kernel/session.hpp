@@ -138,9 +138,13 @@ class Session {
   void step_begin(int64_t step);
 
   // --- executor (executor.cpp) ---
-  at::Tensor forward_logits(const at::Tensor& tokens, bool training);
+  // `positions` (int64 [B, T], optional): packed rows' per-token positions,
+  // handed to every stage of the pass (the model must declare
+  // TF_MODEL_FEATURE_POSITIONS).
+  at::Tensor forward_logits(const at::Tensor& tokens, bool training,
+                            const at::Tensor& positions = {});
   PassResult run_pass(const at::Tensor& tokens, const at::Tensor& targets, bool backward,
-                      double loss_scale);
+                      double loss_scale, const at::Tensor& positions = {});
   at::Tensor run_stage(int32_t stage, const at::Tensor& input, bool training, bool recompute);
   void raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin);
   // Activation offload of a recomputed stage's input: the index of the
@@ -307,6 +311,7 @@ class Session {
   std::vector<int> active_events_;            // per stage: stage events begun and not yet ended
   std::vector<bool> grads_dispatched_;        // per backward: grad_ready already called
   std::optional<at::Device> compute_device_;  // the running stage's, while one runs
+  at::Tensor pass_positions_;    // packed rows' positions while a pass runs (backward included)
   at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward
 };
 

@@ -66,5 +66,28 @@ TEST(AbiEvolution, V10ScheduleIsPlanned) {
   EXPECT_GT(plan.device_peak, 0);
 }
 
+// Packed rows need tf_batch.positions (1.3): a schedule whose tf_batch
+// predates them is refused at its first batch with the fix, rather than
+// training examples that attend to one another.
+TEST(AbiEvolution, V10ScheduleIsRefusedPackedRows) {
+  test::TempDir dir;
+  std::string rows;
+  for (int i = 0; i < 20; ++i)
+    rows += R"({"prompt": "n )" + std::to_string(i) + R"(", "completion": " )" +
+            std::to_string(i + 1) + "\"}\n";
+  const std::string data = test::write_file(dir, "rows.jsonl", rows);
+  std::string r = recipe(dir.str(), "plugin = \"abi_v1_0_schedule\"\n");
+  r.replace(r.find("builtin:fortunes"), 16, data);
+  r.replace(r.find("batch_size = 4\n"), 15, "batch_size = 4\npacking = true\n");
+  auto s = test::make_session(r);
+  try {
+    s->train();
+    ADD_FAILURE() << "a 1.0 schedule trained packed rows";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("ABI before 1.3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("packing = false"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace tightfit

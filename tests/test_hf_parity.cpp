@@ -22,14 +22,16 @@ struct Family {
   int expected_params;
 };
 
-class HfParity : public ::testing::TestWithParam<Family> {};
-
-TEST_P(HfParity, MatchesTransformersLogitsLossAndGradients) {
-  const Family& f = GetParam();
+// The peer's model and tightfit's on the same weights and batch; `packed`:
+// rows of several examples, with the peer's position_ids.
+void expect_parity(const Family& f, bool packed) {
   test::TempDir dir;
   const std::string python = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python";
   const std::string script = std::string(TIGHTFIT_SOURCE_DIR) + "/tests/peers/hf_parity.py";
-  ASSERT_EQ(std::system((python + " " + script + " " + f.name + " " + dir.str()).c_str()), 0)
+  ASSERT_EQ(std::system(
+                (python + " " + script + " " + f.name + " " + dir.str() + (packed ? " packed" : ""))
+                    .c_str()),
+            0)
       << "the Python peer failed; scripts/setup installs torch and transformers into .venv";
   const SafetensorsFile ref = read_safetensors(dir.str() + "/reference.safetensors");
 
@@ -41,14 +43,15 @@ TEST_P(HfParity, MatchesTransformersLogitsLossAndGradients) {
                  "[model]\n" + table + "weights = \"" + dir.str() + "/model.safetensors\"\n\n");
   auto s = test::make_session(recipe);
   const at::Tensor tokens = ref.tensors.at("tokens"), targets = ref.tensors.at("targets");
+  const at::Tensor positions = packed ? ref.tensors.at("positions") : at::Tensor();
   {
     at::NoGradGuard no_grad;
-    const at::Tensor logits = s->forward_logits(tokens, /*training=*/false);
+    const at::Tensor logits = s->forward_logits(tokens, /*training=*/false, positions);
     const double err = (logits - ref.tensors.at("logits")).abs().max().item<double>();
     EXPECT_LE(err, 1e-4);
-    RecordProperty("max_logit_error", c10::str(err));
+    ::testing::Test::RecordProperty("max_logit_error", c10::str(err));
   }
-  const PassResult r = s->run_pass(tokens, targets, true, 1.0);
+  const PassResult r = s->run_pass(tokens, targets, true, 1.0, positions);
   EXPECT_NEAR(r.loss, ref.tensors.at("loss").item<double>(), 1e-5);
   int compared = 0;
   double worst = 0;
@@ -64,8 +67,23 @@ TEST_P(HfParity, MatchesTransformersLogitsLossAndGradients) {
     worst = std::max(worst, rel);
     ++compared;
   }
-  RecordProperty("max_grad_rel_error", c10::str(worst));
+  ::testing::Test::RecordProperty("max_grad_rel_error", c10::str(worst));
   EXPECT_EQ(compared, f.expected_params);
+}
+
+class HfParity : public ::testing::TestWithParam<Family> {};
+
+TEST_P(HfParity, MatchesTransformersLogitsLossAndGradients) {
+  expect_parity(GetParam(), /*packed=*/false);
+}
+
+// Rows packed with examples of 7, 6 and 3 tokens (and 10 and 6): positions
+// restart and attention stays inside each example, as transformers computes
+// them from position_ids (TRL's padding-free packing).
+class HfPackedParity : public ::testing::TestWithParam<Family> {};
+
+TEST_P(HfPackedParity, PackedRowsMatchTransformersWithPositionIds) {
+  expect_parity(GetParam(), /*packed=*/true);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -93,6 +111,21 @@ INSTANTIATE_TEST_SUITE_P(
         Family{"qwen3", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 11 + 2},
         // WKV in chunks of 5 over 16 tokens: the carried state is exercised.
         Family{"rwkv", "plugin = \"rwkv\"\nconfig = \"@DIR@\"\nwkv_chunk = 5\n", 2 * 18 + 2 + 4}),
+    [](const ::testing::TestParamInfo<Family>& info) { return std::string(info.param.name); });
+
+INSTANTIATE_TEST_SUITE_P(
+    Families, HfPackedParity,
+    ::testing::Values(
+        // Learned positions looked up per example.
+        Family{"gpt2",
+               "plugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = "
+               "32\nn_head = 2\nn_positions = 64\n",
+               2 * 12 + 4},
+        Family{"llama", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 9 + 3},
+        // The window of 5 inside examples of 7 and 10 tokens.
+        Family{"mistral", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 9 + 3},
+        Family{"qwen2_window", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 12 + 2},
+        Family{"qwen3", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 11 + 2}),
     [](const ::testing::TestParamInfo<Family>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -83,6 +83,10 @@ void print_info(const LoadedPlugin& p) {
             << (p.hf_model_types.empty()
                     ? std::string()
                     : "  Hugging Face model types: " + join(p.hf_model_types, ", ") + "\n")
+            << (p.descriptor.kind != TF_PLUGIN_MODEL ? ""
+                : p.model_features & TF_MODEL_FEATURE_POSITIONS
+                    ? "  packed rows ([data] packing = true): yes, reads per-token positions\n"
+                    : "  packed rows ([data] packing = true): no\n")
             << "  sha256 " << sha256_file_hex(p.path)
             << "  (pin it in a recipe: sha256 = \"...\" in the plugin's table)\n\nrecipe keys:\n";
   if (p.keys.empty()) std::cout << "  (none)\n";

@@ -51,7 +51,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 2
+#define TF_ABI_VERSION_MINOR 3
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -266,6 +266,14 @@ typedef struct tf_stage_call {
   int32_t training;  /* 1: training (dropout on); 0: evaluation / generation */
   int32_t recompute; /* 1: this is a recompute in backward (results must match forward) */
   int64_t step;      /* current optimizer step */
+  /* Added in 1.3 (read it when struct_size covers it): the position of each
+   * token, int64 [B, T] on the stage's device, borrowed; NULL = 0..T-1 in
+   * every row. Set when rows are packed with several examples: a position
+   * that is not the one before plus 1 starts a new example, and attention
+   * must not cross from one example to another (as transformers reads
+   * position_ids). Only models that declare TF_MODEL_FEATURE_POSITIONS get
+   * it; the same tensor comes with every stage of a pass, recompute included. */
+  tf_tensor positions;
 } tf_stage_call;
 
 /* ------------------------------------------------------------------------- */
@@ -342,6 +350,11 @@ typedef struct tf_batch {
   tf_tensor tokens;  /* int64 [B, T] */
   tf_tensor targets; /* int64 [B, T] */
   int64_t n_tokens;
+  /* Added in 1.3: int64 [B, T] positions when rows are packed (see
+   * tf_stage_call.positions), else NULL; new like the others. A schedule hands
+   * the batch on unchanged; the host refuses to give a packed batch to a
+   * caller whose tf_batch is too short to carry them. */
+  tf_tensor positions;
 } tf_batch;
 
 /* Result of one forward (and backward) the host ran for a schedule. */
@@ -686,8 +699,14 @@ typedef struct tf_model_vtable {
    * config.json, comma-separated ("llama,mistral,qwen2,qwen3"), or NULL. The
    * host picks the plugin for a model folder by it. Static storage. */
   const char* hf_model_types;
-  void* reserved[4];
+  /* Added in 1.3 (the next reserved slot): TF_MODEL_FEATURE_* bits. */
+  uintptr_t features;
+  void* reserved[3];
 } tf_model_vtable;
+
+/* The model reads tf_stage_call.positions: packed rows (several examples to
+ * a row, [data] packing = true) are computed as if each example had its row. */
+#define TF_MODEL_FEATURE_POSITIONS ((uintptr_t)1)
 
 /* A memory strategy: any subset of hooks; NULL means "no effect". Strategies
  * run in recipe order; a hook returning TF_NOT_HANDLED passes to the next. */

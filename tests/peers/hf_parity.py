@@ -2,8 +2,11 @@
 weights. Writes OUT/model.safetensors + OUT/config.json (the weights under
 Hugging Face names, as save_pretrained writes them) and OUT/reference.safetensors
 (tokens, targets, logits, loss, and every parameter's gradient).
+With "packed", each row holds several examples: the tokens' position_ids
+restart at each (transformers then keeps attention inside an example, as
+TRL's padding-free packing relies on) and are written as "positions".
 
-usage: hf_parity.py FAMILY OUT_DIR
+usage: hf_parity.py FAMILY OUT_DIR [packed]
 FAMILY: gpt2 | gpt2_inner | llama | llama3 | llama_bias | mistral | qwen2 | qwen2_window | qwen3 | rwkv
 """
 import pathlib
@@ -85,7 +88,11 @@ def build(family: str) -> torch.nn.Module:
     raise SystemExit(f"unknown family {family}")
 
 
-def main(family: str, out: pathlib.Path) -> None:
+# Two rows of 16 tokens: examples of 7, 6 and 3 tokens, and of 10 and 6.
+PACKED_LENGTHS = [[7, 6, 3], [10, 6]]
+
+
+def main(family: str, out: pathlib.Path, packed: bool) -> None:
     torch.manual_seed(0)
     model = build(family)
     model.config._attn_implementation = "eager"
@@ -100,15 +107,21 @@ def main(family: str, out: pathlib.Path) -> None:
 
     tokens = torch.randint(0, VOCAB, (2, 16))
     targets = torch.randint(0, VOCAB, (2, 16))
-    logits = model(tokens).logits
+    if packed:
+        positions = torch.stack([torch.cat([torch.arange(n) for n in row]) for row in PACKED_LENGTHS])
+        logits = model(tokens, position_ids=positions, use_cache=False).logits
+    else:
+        logits = model(tokens).logits
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
     loss.backward()
     ref = {"tokens": tokens, "targets": targets, "logits": logits.detach().contiguous(),
            "loss": loss.detach().reshape(1)}
+    if packed:
+        ref["positions"] = positions
     for k, p in params.items():
         ref["grad." + k] = p.grad.contiguous()
     save_file(ref, str(out / "reference.safetensors"))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], pathlib.Path(sys.argv[2]))
+    main(sys.argv[1], pathlib.Path(sys.argv[2]), len(sys.argv) > 3 and sys.argv[3] == "packed")

@@ -14,11 +14,13 @@
 #include <array>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tightfit/activation_bytes.hpp"
 #include "tightfit/hf_config.hpp"
+#include "tightfit/packed_rows.hpp"
 #include "tightfit/plugin_sdk.hpp"
 
 namespace {
@@ -105,12 +107,13 @@ struct Gpt2 {
     return (training && p > 0) ? at::dropout(x, p, true) : x;
   }
 
-  at::Tensor embed(const at::Tensor& tokens, bool training) const {
+  // `positions`: packed rows' own positions [B, T]; undefined = 0..T-1.
+  at::Tensor embed(const at::Tensor& tokens, bool training, const at::Tensor& positions) const {
     const int64_t T = tokens.size(1);
     TORCH_CHECK(T <= s.n_positions, "sequence of ", T,
                 " tokens is longer than n_positions = ", s.n_positions,
                 "; raise [model] n_positions or lower [data] seq_len");
-    at::Tensor pos = at::arange(T, tokens.options());
+    const at::Tensor pos = positions.defined() ? positions : at::arange(T, tokens.options());
     // W_te is also the head, whose dense [V, C] gradient reaches it first:
     // a sparse gradient from the lookup adds its rows into that one instead
     // of building a second [V, C] tensor (zero-filled, then summed).
@@ -120,14 +123,18 @@ struct Gpt2 {
     return drop(h, embd_drop, training);
   }
 
-  at::Tensor attention(const at::Tensor& x, int64_t l, bool training) const {
+  // Causal; packed rows (`positions` given) keep each query inside its example.
+  at::Tensor attention(const at::Tensor& x, int64_t l, bool training,
+                       const at::Tensor& positions) const {
     const int64_t B = x.size(0), T = x.size(1), C = s.n_embd, H = s.n_head, D = C / H;
     at::Tensor qkv = host.linear(x, block(l, "attn.c_attn.weight"), block(l, "attn.c_attn.bias"));
     auto parts = qkv.split(C, -1);
     auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };
-    at::Tensor y =
-        at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), {},
-                                         training ? attn_drop : 0.0, /*is_causal=*/true);
+    std::optional<at::Tensor> mask;
+    if (positions.defined()) mask = tf_sdk::packed_causal_mask(positions);
+    at::Tensor y = at::scaled_dot_product_attention(
+        heads(parts[0]), heads(parts[1]), heads(parts[2]), mask, training ? attn_drop : 0.0,
+        /*is_causal=*/!mask.has_value());
     y = y.transpose(1, 2).reshape({B, T, C});
     return drop(host.linear(y, block(l, "attn.c_proj.weight"), block(l, "attn.c_proj.bias")),
                 resid_drop, training);
@@ -143,8 +150,9 @@ struct Gpt2 {
                 resid_drop, training);
   }
 
-  at::Tensor transformer_block(const at::Tensor& h, int64_t l, bool training) const {
-    at::Tensor a = h + attention(layer_norm(h, block(l, "ln_1")), l, training);
+  at::Tensor transformer_block(const at::Tensor& h, int64_t l, bool training,
+                               const at::Tensor& positions) const {
+    at::Tensor a = h + attention(layer_norm(h, block(l, "ln_1")), l, training, positions);
     return a + mlp(layer_norm(a, block(l, "ln_2")), l, training);
   }
 
@@ -294,13 +302,14 @@ tf_status stage_forward(void* state, tf_host_context* ctx, const tf_stage_call* 
     const at::Tensor& x = tf_sdk::borrow(input);
     const bool training = call->training != 0;
     const int64_t last = m->s.n_layer + 1;
+    const at::Tensor positions = tf_sdk::call_positions(call);
     at::Tensor y;
     if (call->stage == 0)
-      y = m->embed(x, training);
+      y = m->embed(x, training, positions);
     else if (call->stage == last)
       y = m->head(x);
     else
-      y = m->transformer_block(x, call->stage - 1, training);
+      y = m->transformer_block(x, call->stage - 1, training, positions);
     *out = tf_sdk::give(std::move(y));
     return TF_OK;
   });
@@ -335,7 +344,8 @@ const tf_model_vtable kVtable = {.struct_size = sizeof(tf_model_vtable),
                                  .destroy = destroy,
                                  .stage_forward = stage_forward,
                                  .hf_config_json = hf_config_json,
-                                 .hf_model_types = "gpt2"};
+                                 .hf_model_types = "gpt2",
+                                 .features = TF_MODEL_FEATURE_POSITIONS};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_MODEL, "gpt2", "1.0.0",

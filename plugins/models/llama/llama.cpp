@@ -26,6 +26,7 @@
 #include "decoder_shape.hpp"
 #include "rope.hpp"
 #include "tightfit/activation_bytes.hpp"
+#include "tightfit/packed_rows.hpp"
 #include "tightfit/plugin_sdk.hpp"
 
 namespace {
@@ -79,10 +80,15 @@ struct Llama {
 
   // Causal attention of T queries at positions pos0.. over S keys at 0..S-1
   // (S = pos0 + T); with a window W, the query at t sees keys t-W+1 .. t.
+  // Packed rows (`positions` given) keep each query inside its own example.
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t l,
-                    int64_t pos0) const {
+                    int64_t pos0, const at::Tensor& positions) const {
     const int64_t T = q.size(2), S = k.size(2);
     const bool window = s.windowed(l) && s.sliding_window < S;
+    if (positions.defined())
+      return at::scaled_dot_product_attention(
+          q, k, v, tf_sdk::packed_causal_mask(positions, window ? s.sliding_window : 0), 0.0,
+          /*is_causal=*/false);
     if (pos0 == 0 && !window)
       return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
     if (T == 1 && !window)  // one new query sees every key
@@ -96,7 +102,9 @@ struct Llama {
 
   // `cache`: null in training; in decoding, the keys and values so far
   // (this call's are appended), the new tokens starting at cache->length.
-  at::Tensor attention(const at::Tensor& u, int64_t l, KvCache* cache = nullptr) const {
+  // `positions` [B, T]: packed rows' own positions; undefined = 0..T-1.
+  at::Tensor attention(const at::Tensor& u, int64_t l, KvCache* cache,
+                       const at::Tensor& positions) const {
     const int64_t B = u.size(0), T = u.size(1), H = s.n_head, KVH = s.n_kv_head, D = head_dim();
     at::Tensor q = proj(u, l, "self_attn.q_proj", s.qkv_bias).view({B, T, H, D});
     at::Tensor k = proj(u, l, "self_attn.k_proj", s.qkv_bias).view({B, T, KVH, D});
@@ -108,9 +116,11 @@ struct Llama {
     q = q.transpose(1, 2);
     k = k.transpose(1, 2);
     const int64_t pos0 = cache ? cache->length : 0;
-    at::Tensor angles =
-        at::outer(at::arange(pos0, pos0 + T, at::kFloat).to(rotary.inv_freq.device()),
-                  rotary.inv_freq);  // [T, D/2]
+    const at::Tensor pos = positions.defined()  // [B, 1, T] or [T]
+                               ? positions.unsqueeze(1).to(at::kFloat)
+                               : at::arange(pos0, pos0 + T, at::kFloat);
+    const at::Tensor angles =
+        pos.to(rotary.inv_freq.device()).unsqueeze(-1) * rotary.inv_freq;  // [.., T, D/2]
     at::Tensor emb = at::cat({angles, angles}, -1);
     at::Tensor cos = emb.cos(), sin = emb.sin();
     if (rotary.attention_scaling != 1.0) {
@@ -131,7 +141,7 @@ struct Llama {
       k = k.repeat_interleave(H / KVH, 1);
       v = v.repeat_interleave(H / KVH, 1);
     }
-    at::Tensor y = attend(q, k, v, l, pos0);
+    at::Tensor y = attend(q, k, v, l, pos0, positions);
     return proj(y.transpose(1, 2).reshape({B, T, H * D}), l, "self_attn.o_proj", s.o_bias);
   }
 
@@ -140,8 +150,10 @@ struct Llama {
     return proj(gate * proj(v, l, "mlp.up_proj", s.mlp_bias), l, "mlp.down_proj", s.mlp_bias);
   }
 
-  at::Tensor block(const at::Tensor& h, int64_t l, KvCache* cache = nullptr) const {
-    at::Tensor a = h + attention(rms_norm(h, layer(l, "input_layernorm.weight")), l, cache);
+  at::Tensor block(const at::Tensor& h, int64_t l, KvCache* cache,
+                   const at::Tensor& positions = {}) const {
+    at::Tensor a =
+        h + attention(rms_norm(h, layer(l, "input_layernorm.weight")), l, cache, positions);
     return a + mlp(rms_norm(a, layer(l, "post_attention_layernorm.weight")), l);
   }
 
@@ -310,9 +322,10 @@ tf_status stage_forward(void* state, tf_host_context* ctx, const tf_stage_call* 
   return tf_sdk::guard(m->host.api(), ctx, [&] {
     const at::Tensor& x = tf_sdk::borrow(input);
     const int64_t last = m->s.n_layer + 1;
-    at::Tensor y = call->stage == 0      ? m->embed(x)
-                   : call->stage == last ? m->head(x)
-                                         : m->block(x, call->stage - 1);
+    at::Tensor y = call->stage == 0 ? m->embed(x)
+                   : call->stage == last
+                       ? m->head(x)
+                       : m->block(x, call->stage - 1, nullptr, tf_sdk::call_positions(call));
     *out = tf_sdk::give(std::move(y));
     return TF_OK;
   });
@@ -395,7 +408,8 @@ const tf_model_vtable kVtable = {.struct_size = sizeof(tf_model_vtable),
                                  .hf_config_json = hf_config_json,
                                  .decode = decode,
                                  .release_cache = release_cache,
-                                 .hf_model_types = llama::kModelTypes};
+                                 .hf_model_types = llama::kModelTypes,
+                                 .features = TF_MODEL_FEATURE_POSITIONS};
 
 const tf_plugin_descriptor kDescriptor =
     tf_sdk::describe(TF_PLUGIN_MODEL, "llama", "1.0.0",
