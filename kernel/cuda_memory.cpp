@@ -15,6 +15,10 @@ constexpr size_t kAggregate = static_cast<size_t>(c10::CachingAllocator::StatTyp
 
 }  // namespace
 
+int cuda_device_count() {
+  return at::hasCUDA() ? static_cast<int>(c10::cuda::device_count()) : 0;
+}
+
 bool cuda_device_usable(int device) {
   return at::hasCUDA() && device >= 0 && device < static_cast<int>(c10::cuda::device_count());
 }

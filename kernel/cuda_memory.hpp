@@ -17,6 +17,8 @@ struct CudaMemory {
 
 // True when CUDA is available here and `device` is one of its devices.
 bool cuda_device_usable(int device);
+// The CUDA devices this process sees (0 without CUDA).
+int cuda_device_count();
 // False when CUDA is unavailable or `device` is out of range.
 bool cuda_memory(int device, CudaMemory* out);
 void cuda_reset_peak(int device);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "device_spec.hpp"
 #include "safetensors.hpp"
 #include "session.hpp"
 
@@ -342,7 +343,7 @@ tf_status h_stage_set_recompute(tf_host_context* ctx, int32_t stage, int32_t on)
 tf_status h_stage_set_device(tf_host_context* ctx, int32_t stage, const char* device) {
   return serve(ctx, [&] {
     require(device, "device");
-    (void)at::Device(device);  // validates the string
+    (void)parse_training_device(device);  // validates the string
     stage_at(ctx, stage).device = device;
   });
 }

@@ -291,7 +291,12 @@ int64_t parse_byte_size(const std::string& text) {
   else
     throw std::invalid_argument("unknown size unit in \"" + text +
                                 "\" (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+  if (!std::isfinite(value))
+    throw std::invalid_argument("not a finite byte size: \"" + text + "\"");
   if (value < 0) throw std::invalid_argument("negative byte size \"" + text + "\"");
+  // 2^63 bytes and more do not fit the int64 every size is kept in.
+  if (value * mult >= 9.2233720368547758e18)
+    throw std::invalid_argument("byte size \"" + text + "\" is past 8 EiB");
   return static_cast<int64_t>(value * mult);
 }
 

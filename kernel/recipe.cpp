@@ -1,6 +1,7 @@
 #include "recipe.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
@@ -269,6 +270,13 @@ ConfigTable Recipe::validate(const toml::table* t, const std::string& where_name
       if (!type_matches(v, it->type))
         throw RecipeError(where(v) + ": " + where_name + "." + key + " must be of type " +
                           value_type_name(it->type) + " (" + it->doc + ")");
+      // NaN compares false with every bound, and no key means infinity.
+      if (v.is_floating_point() && !std::isfinite(v.value_or(0.0)))
+        throw RecipeError(where(v) + ": " + where_name + "." + key + " = " +
+                          std::to_string(v.value_or(0.0)) + " is not a finite number");
+      if (it->type == TF_VALUE_SIZE && v.is_integer() && v.value_or<int64_t>(0) < 0)
+        throw RecipeError(where(v) + ": " + where_name + "." + key +
+                          " is a negative byte size; 0 means none");
       if (it->min_value <= it->max_value && (v.is_integer() || v.is_floating_point())) {
         const double x =
             v.is_integer() ? static_cast<double>(v.value_or<int64_t>(0)) : v.value_or(0.0);

@@ -12,6 +12,7 @@
 #include "cross_entropy.hpp"
 #include "cuda_memory.hpp"
 #include "data_setup.hpp"
+#include "device_spec.hpp"
 #include "file_util.hpp"
 #include "hf_shards.hpp"
 #include "hf_weights.hpp"
@@ -225,16 +226,20 @@ void Session::build(const PluginRegistry& base_registry) {
 
   device_str_ = run_cfg_.get_string("device");
   try {
-    device_ = at::Device(device_str_);
-  } catch (const c10::Error&) {
-    throw RecipeError(recipe_.source() + ": [run].device \"" + device_str_ +
-                      "\" is not a device (use cpu, cuda or cuda:N)");
+    device_ = parse_training_device(device_str_);
+  } catch (const std::invalid_argument& e) {
+    throw RecipeError(recipe_.source() + ": [run].device: " + e.what());
   }
   // A dry run plans a GPU recipe on a machine without one (nothing is
   // allocated); a real run needs the device.
   if (device_.is_cuda() && !at::hasCUDA() && !options_.dry_run)
     throw RecipeError(recipe_.source() + ": [run].device is \"" + device_str_ +
                       "\" but no CUDA device is available here; use device = \"cpu\"");
+  if (device_.is_cuda() && device_.has_index() && !options_.dry_run &&
+      !cuda_device_usable(device_.index()))
+    throw RecipeError(recipe_.source() + ": [run].device is \"" + device_str_ +
+                      "\" but this machine has " + std::to_string(cuda_device_count()) +
+                      " CUDA devices (cuda:0 ...); name one of them");
   // More than one process: join the group before anything is allocated, so
   // that a rank that cannot start stops the others at once.
   std::optional<DistEnv> dist;
@@ -749,6 +754,13 @@ std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64
   auto stops = [&](int64_t id) {
     return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
   };
+  // NaN passes no comparison below: each bound is written to refuse it.
+  if (!(n_tokens >= 0)) throw std::invalid_argument("the number of tokens must be >= 0");
+  if (!(top_k >= 0)) throw std::invalid_argument("top-k must be >= 0 (0 = every token)");
+  if (!(temperature >= 0) || !std::isfinite(temperature))
+    throw std::invalid_argument("temperature must be a finite number >= 0 (0 = greedy)");
+  if (!(top_p >= 0 && top_p <= 1))
+    throw std::invalid_argument("top-p must be in [0, 1] (1 = off, 0 = the likeliest token)");
   at::NoGradGuard no_grad;
   CategoryScope scope(TF_MEM_TRANSIENT);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -762,8 +774,10 @@ std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64
         logits.div(temperature)
             .topk(top_k > 0 ? std::min<int64_t>(top_k, logits.size(0)) : logits.size(0));
     at::Tensor probs = at::softmax(vals, 0);
-    if (top_p < 1.0) {  // keep the smallest prefix whose mass reaches top_p
-      probs = probs.masked_fill(probs.cumsum(0) - probs >= top_p, 0.0);
+    if (top_p < 1.0) {  // keep the smallest prefix whose mass reaches top_p, at least one
+      at::Tensor past = probs.cumsum(0) - probs >= top_p;
+      past[0] = false;  // as transformers' min_tokens_to_keep = 1: top_p = 0 is greedy
+      probs = probs.masked_fill(past, 0.0);
       probs = probs / probs.sum();
     }
     return idx[at::multinomial(probs, 1, false, gen).item<int64_t>()].item<int64_t>();
