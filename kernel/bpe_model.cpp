@@ -6,6 +6,7 @@
 #include <queue>
 #include <stdexcept>
 
+#include "json_input.hpp"
 #include "pcre_regex.hpp"
 
 namespace tightfit {
@@ -41,7 +42,7 @@ BpeModel::BpeModel(const nlohmann::json& model, const std::string& source) {
     const auto& v = it.value();
     // Not get<int64_t> on any number: a float past int64's range converts
     // with undefined behaviour (fuzz_tokenizer found it).
-    if (!v.is_number_integer()) fail("token id " + v.dump() + " is not an integer");
+    if (!v.is_number_integer()) fail("token id " + json_excerpt(v) + " is not an integer");
     const int64_t id = v.get<int64_t>();
     if (id < 0 || id >= kMaxId) fail("token id " + std::to_string(id) + " is out of range");
     vocab_[it.key()] = static_cast<int32_t>(id);

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "file_util.hpp"
+#include "json_input.hpp"
 
 namespace tightfit {
 namespace {
@@ -16,14 +17,8 @@ constexpr size_t kMaxFileBytes = size_t{512} << 20;
 constexpr int kMaxDepth = 64;
 
 json parse_bounded(const std::string& text, const std::string& src) {
-  auto depth_guard = [&](int depth, json::parse_event_t, json&) {
-    if (depth > kMaxDepth)
-      throw std::invalid_argument(src + " nests deeper than " + std::to_string(kMaxDepth) +
-                                  " levels: not a tokenizer.json");
-    return true;
-  };
-  json j = json::parse(text, depth_guard, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("model") || !j["model"].is_object())
+  const json j = parse_json(text, src, kMaxDepth);
+  if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
     throw std::invalid_argument(src + " is not a Hugging Face tokenizer.json");
   return j;
 }

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "file_util.hpp"
+#include "json_input.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
@@ -15,18 +16,6 @@ namespace {
 
 constexpr size_t kMaxConfigBytes = size_t{64} << 20;
 constexpr size_t kMaxDataFileBytes = size_t{16} << 30;
-constexpr int kMaxJsonDepth = 64;
-
-ojson parse_json(const std::string& text, const std::string& where) {
-  auto guard = [&](int depth, ojson::parse_event_t, ojson&) {
-    if (depth > kMaxJsonDepth)
-      throw std::invalid_argument(where + ": JSON nested deeper than 64 levels");
-    return true;
-  };
-  ojson j = ojson::parse(text, guard, /*allow_exceptions=*/false);
-  if (j.is_discarded()) throw std::invalid_argument(where + ": not valid JSON");
-  return j;
-}
 
 // A special token in tokenizer_config.json: "..." or {"content": "...", ...}.
 std::string token_text(const ojson& j, const char* key, const std::string& src) {
@@ -52,7 +41,7 @@ TokenizerConfig TokenizerConfig::load(const std::string& path) {
     } catch (const std::exception& e) {
       throw std::invalid_argument(e.what());
     }
-    const ojson j = parse_json(text, c.source);
+    const ojson j = parse_ordered_json(text, c.source);
     if (!j.is_object()) throw std::invalid_argument(c.source + " is not a JSON object");
     c.bos_token = token_text(j, "bos_token", c.source);
     c.eos_token = token_text(j, "eos_token", c.source);
@@ -334,7 +323,7 @@ std::vector<Example> load_examples(const std::string& spec, const ChatFormatter&
       pos = nl + 1;
       if (row_text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
       const std::string where = file.string() + ":" + std::to_string(line);
-      out.push_back(formatter.format(parse_json(row_text, where), where));
+      out.push_back(formatter.format(parse_ordered_json(row_text, where), where));
     }
   }
   if (out.empty()) throw std::invalid_argument("data " + p.string() + " holds no rows");

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "file_util.hpp"
+#include "json_input.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
@@ -18,9 +19,13 @@ std::string checkpoint_step_name(int64_t step) {
 
 std::vector<std::string> parse_checkpoint_manifest(const std::string& text,
                                                    const std::string& where) {
-  const auto j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("checkpoints") ||
-      !j["checkpoints"].is_array())
+  nlohmann::json j;
+  try {
+    j = parse_json(text, where);
+  } catch (const std::invalid_argument&) {
+    j = nlohmann::json();  // reported below, as any damaged manifest
+  }
+  if (!j.is_object() || !j.contains("checkpoints") || !j["checkpoints"].is_array())
     throw std::runtime_error(
         where +
         " is damaged (not a tightfit manifest); the checkpoint folders beside it are "
@@ -33,7 +38,7 @@ std::vector<std::string> parse_checkpoint_manifest(const std::string& text,
     const bool well_formed = name.size() == 13 && name.rfind("step-", 0) == 0 &&
                              name.find_first_not_of("0123456789", 5) == std::string::npos;
     if (!well_formed)
-      throw std::runtime_error(where + " lists " + e.dump() +
+      throw std::runtime_error(where + " lists " + json_excerpt(e) +
                                ", which is not a checkpoint name (step-NNNNNNNN); the manifest "
                                "was edited or damaged — fix that entry or delete the manifest");
     out.push_back(name);
@@ -83,8 +88,13 @@ int64_t integer_field(const nlohmann::json& j, const char* key, int64_t lo, int6
 }  // namespace
 
 TrainerRecord parse_trainer_record(const std::string& text, const std::string& where) {
-  const auto j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object())
+  nlohmann::json j;
+  try {
+    j = parse_json(text, where);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(std::string(e.what()) + " (the file is cut or damaged)");
+  }
+  if (!j.is_object())
     throw std::runtime_error(where + " is not a JSON object (the file is cut or damaged)");
   const int64_t format = integer_field(j, "format", 0, INT32_MAX, where);
   if (format != kCheckpointFormatVersion)

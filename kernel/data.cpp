@@ -12,6 +12,7 @@
 
 #include "bpe_tokenizer.hpp"
 #include "file_util.hpp"
+#include "json_input.hpp"
 #include "memory_accounting.hpp"
 
 namespace tightfit {
@@ -55,16 +56,21 @@ std::string read_file(const fs::path& p) {
 }
 
 std::string read_jsonl(const fs::path& p) {
-  std::ifstream in(p);
-  if (!in) throw std::runtime_error("cannot read corpus file " + p.string());
+  std::istringstream in(read_file_text(p.string()));
   std::string out, line;
   int64_t lineno = 0;
   while (std::getline(in, line)) {
     ++lineno;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("text") || !j["text"].is_string())
-      throw std::runtime_error(p.string() + ":" + std::to_string(lineno) +
+    const std::string where = p.string() + ":" + std::to_string(lineno);
+    nlohmann::json j;
+    try {
+      j = parse_json(line, where);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(e.what());
+    }
+    if (!j.is_object() || !j.contains("text") || !j["text"].is_string())
+      throw std::runtime_error(where +
                                ": each JSONL line must be an object with a string \"text\"");
     out += j["text"].get<std::string>();
     out += "\n\n";

@@ -9,6 +9,7 @@
 #include "chat_data.hpp"
 #include "example_batcher.hpp"
 #include "file_util.hpp"
+#include "json_input.hpp"
 #include "memory_accounting.hpp"
 
 namespace tightfit {
@@ -119,8 +120,13 @@ bool is_example_data(const std::string& spec, const std::string& base_dir) {
   std::ifstream in(file);
   for (std::string line; std::getline(in, line);) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const auto row = nlohmann::json::parse(line, nullptr, false);
-    if (!row.is_object()) return false;  // load_examples names the defect if it is one
+    nlohmann::json row;
+    try {
+      row = parse_json(line, file.string());
+    } catch (const std::invalid_argument&) {
+      return false;  // read as text, which names the defect if it is one
+    }
+    if (!row.is_object()) return false;
     for (const char* key : {"messages", "prompt", "completion", "instruction", "output"})
       if (row.contains(key)) return true;
     return false;

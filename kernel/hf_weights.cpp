@@ -10,6 +10,7 @@
 
 #include "file_util.hpp"
 #include "hf_shards.hpp"
+#include "json_input.hpp"
 #include "memory_accounting.hpp"
 #include "safetensors.hpp"
 
@@ -33,8 +34,13 @@ HfWeightSource::HfWeightSource(const std::string& path) {
       throw std::runtime_error("weights folder " + path +
                                " holds neither model.safetensors nor model.safetensors.index.json");
     source_ = index.string();
-    auto j = nlohmann::json::parse(read_file_text(index.string()), nullptr, false);
-    if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    nlohmann::json j;
+    try {
+      j = read_json_file(index.string(), size_t{256} << 20);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(e.what());
+    }
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       throw std::runtime_error(index.string() + " has no weight_map");
     std::set<std::string> shards;
     for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "device_spec.hpp"
+#include "json_input.hpp"
 #include "safetensors.hpp"
 #include "session.hpp"
 
@@ -610,9 +611,8 @@ tf_status h_tensors_save(tf_host_context* ctx, const char* path, int32_t n,
     }
     std::map<std::string, std::string> metadata;
     if (metadata_json) {
-      const auto j = nlohmann::json::parse(metadata_json, nullptr, false);
-      if (j.is_discarded() || !j.is_object())
-        throw std::invalid_argument("metadata_json is not a JSON object");
+      const auto j = parse_json(metadata_json, "metadata_json");
+      if (!j.is_object()) throw std::invalid_argument("metadata_json is not a JSON object");
       for (const auto& [k, v] : j.items())
         metadata[k] = v.is_string() ? v.get<std::string>() : v.dump();
     }

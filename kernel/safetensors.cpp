@@ -1,14 +1,18 @@
 #include "safetensors.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <vector>
+
+#include "json_input.hpp"
 
 namespace tightfit {
 namespace {
@@ -76,25 +80,57 @@ void write_safetensors(const std::string& path, const std::map<std::string, at::
     throw SafetensorsError("cannot flush " + path + ": " + std::strerror(errno));
 }
 
+namespace {
+
+// Reads exactly n bytes at `offset`; false when the file ends first.
+bool read_at(int fd, void* dst, uint64_t n, uint64_t offset) {
+  auto* p = static_cast<char*>(dst);
+  while (n > 0) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, uint64_t{1} << 30));
+    const ssize_t got = ::pread(fd, p, chunk, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got, n -= static_cast<uint64_t>(got), offset += static_cast<uint64_t>(got);
+  }
+  return true;
+}
+
+}  // namespace
+
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   auto fail = [&](const std::string& why) { return SafetensorsError(path + ": " + why); };
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw fail("cannot open");
-  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw fail(std::string("cannot open: ") + std::strerror(errno));
+  fd_ = std::shared_ptr<const int>(new int(fd), [](const int* f) {
+    ::close(*f);
+    delete f;
+  });
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw fail("cannot stat");
+  if (!S_ISREG(st.st_mode)) throw fail("not a regular file");
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8)
     throw fail("too short to be a safetensors file (" + std::to_string(file_size) + " bytes)");
-  in.seekg(0);
   unsigned char le[8];
-  in.read(reinterpret_cast<char*>(le), 8);
+  if (!read_at(fd, le, 8, 0)) throw fail("cannot read the header length (the file changed?)");
   uint64_t header_len = 0;
   for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(le[i]) << (8 * i);
   if (header_len > kMaxHeader || header_len > file_size - 8)
     throw fail("header length " + std::to_string(header_len) + " exceeds the file (" +
                std::to_string(file_size) + " bytes) or the 100 MiB limit");
   std::string header(header_len, '\0');
-  in.read(header.data(), static_cast<std::streamsize>(header_len));
-  auto j = nlohmann::json::parse(header, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) throw fail("header is not a JSON object");
+  if (!read_at(fd, header.data(), header_len, 8))
+    throw fail("cannot read the header (the file changed?)");
+  nlohmann::json j;
+  try {
+    // Tensors nest 2 levels (name, then dtype/shape/offsets): 8 is generous.
+    j = parse_json(header, "header", 8);
+  } catch (const std::invalid_argument& e) {
+    throw fail(std::string("header is not a JSON object (") + e.what() + ")");
+  }
+  if (!j.is_object()) throw fail("header is not a JSON object");
   const uint64_t data_size = file_size - 8 - header_len;
 
   std::vector<Entry> entries;
@@ -124,6 +160,9 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
       if (!s.is_number_unsigned() && !(s.is_number_integer() && s.get<int64_t>() >= 0))
         throw fail("tensor \"" + name + "\" has a negative or non-integer dimension");
       const uint64_t dim = s.get<uint64_t>();
+      // A shape is int64 in LibTorch: past that is no shape, even beside a 0.
+      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        throw fail("tensor \"" + name + "\" has a dimension past int64");
       if (dim != 0 && numel > std::numeric_limits<uint64_t>::max() / dim)
         throw fail("tensor \"" + name + "\" shape overflows");
       numel *= dim;
@@ -168,12 +207,8 @@ at::Tensor SafetensorsReader::read(const std::string& name) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) throw SafetensorsError(path_ + ": no tensor \"" + name + "\"");
   const Entry& e = it->second;
-  std::ifstream in(path_, std::ios::binary);
-  if (!in) throw SafetensorsError(path_ + ": cannot open");
   at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.type));
-  in.seekg(static_cast<std::streamoff>(data_start_ + e.begin));
-  in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
-  if (!in)
+  if (!read_at(*fd_, t.data_ptr(), e.end - e.begin, data_start_ + e.begin))
     throw SafetensorsError(path_ + ": short read for tensor \"" + name + "\" (the file changed?)");
   return t;
 }

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -25,10 +26,13 @@ void write_safetensors(const std::string& path, const std::map<std::string, at::
                        const std::map<std::string, std::string>& metadata = {});
 
 // A file opened for reading tensors one at a time (a model larger than
-// memory loads stage by stage). The constructor reads and validates the
-// header (header size, JSON, dtypes, shapes vs byte sizes with overflow
-// checks, offsets inside the file, no overlaps) before any tensor is
-// allocated. Throws SafetensorsError naming the file and the defect.
+// memory loads stage by stage). The constructor opens it once (a regular
+// file only: a FIFO or device is refused, never waited on), reads and
+// validates the header (header size, JSON nested at most 8 levels, dtypes,
+// shapes vs byte sizes with overflow checks, offsets inside the file, no
+// overlaps) before any tensor is allocated; tensors are read from that same
+// descriptor, never by reopening the path. Throws SafetensorsError naming
+// the file and the defect.
 class SafetensorsReader {
  public:
   explicit SafetensorsReader(const std::string& path);
@@ -47,6 +51,7 @@ class SafetensorsReader {
     uint64_t begin, end;
   };
   std::string path_;
+  std::shared_ptr<const int> fd_;  // the descriptor the header was read from; closed last
   uint64_t data_start_ = 0;
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::string> metadata_;

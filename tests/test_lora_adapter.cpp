@@ -142,7 +142,7 @@ TEST(PeftAdapterErrors, MismatchesNameTheFileAndTheFix) {
   test::TempDir d3;
   const std::string missing = error_of(
       lora_recipe(d3, kLlamaTable, "targets = [\"q\"]\nadapter = \"" + d3.str() + "/nowhere\"\n"));
-  EXPECT_NE(missing.find("cannot open " + d3.str() + "/nowhere/adapter_config.json"),
+  EXPECT_NE(missing.find("cannot open PEFT adapter config " + d3.str() + "/nowhere/adapter_config.json"),
             std::string::npos)
       << missing;
 

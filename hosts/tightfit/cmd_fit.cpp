@@ -21,6 +21,7 @@
 #include "commands.hpp"
 #include "file_util.hpp"
 #include "fit_search.hpp"
+#include "json_input.hpp"
 #include "launch.hpp"
 #include "logging.hpp"
 #include "machine_rates.hpp"
@@ -201,7 +202,7 @@ MachineRates machine_rates(const std::string& device, const std::vector<int64_t>
   json cache = json::object();
   if (!file.empty() && fs::exists(file)) {
     try {
-      cache = json::parse(read_file_text(file.string()));
+      cache = read_json_file(file.string(), size_t{64} << 20);
     } catch (const std::exception&) {
       cache = json::object();  // a damaged cache is measured again and rewritten
     }

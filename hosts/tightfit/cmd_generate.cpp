@@ -14,6 +14,8 @@
 #include "chat_data.hpp"
 #include "chat_template.hpp"
 #include "commands.hpp"
+#include "file_util.hpp"
+#include "json_input.hpp"
 #include "logging.hpp"
 #include "memory_accounting.hpp"
 #include "session.hpp"
@@ -27,9 +29,13 @@ namespace {
 // A recipe that builds the model a Hugging Face folder describes, with the
 // model plugin that declares its model_type.
 Recipe recipe_for_model_folder(const fs::path& folder, const PluginRegistry& plugins) {
-  std::ifstream in(folder / "config.json");
-  const auto cfg = nlohmann::json::parse(in, nullptr, false);
-  if (cfg.is_discarded() || !cfg.is_object())
+  nlohmann::json cfg;
+  try {
+    cfg = read_json_file((folder / "config.json").string(), size_t{16} << 20);
+  } catch (const std::invalid_argument& e) {
+    throw RecipeError(std::string(e.what()) + ": not a Hugging Face config.json");
+  }
+  if (!cfg.is_object())
     throw RecipeError((folder / "config.json").string() + ": not a Hugging Face config.json");
   const auto type_key = cfg.find("model_type");
   const std::string type =
@@ -64,6 +70,15 @@ Recipe recipe_for_model_folder(const fs::path& folder, const PluginRegistry& plu
   return Recipe::parse(text.str(), f + "/config.json");
 }
 
+// A prompts file: a regular file (a FIFO would block), at most 256 MiB.
+std::string read_prompts(const std::string& file) {
+  try {
+    return read_regular_file(file, size_t{256} << 20);
+  } catch (const std::runtime_error& e) {
+    throw std::invalid_argument(std::string("--prompts: ") + e.what());
+  }
+}
+
 // Prompts in a model's chat template, for --chat and --prompts.
 class ChatPrompter {
  public:
@@ -79,8 +94,9 @@ class ChatPrompter {
     if (const int64_t eos = tokenizer_.token_id(config_.eos_token); eos >= 0) ids.push_back(eos);
     const std::string source = tokenizer_.source_file();
     const fs::path gen = fs::path(source).parent_path() / "generation_config.json";
-    std::ifstream in(gen);
-    const auto j = in ? nlohmann::json::parse(in, nullptr, false) : nlohmann::json();
+    nlohmann::json j;
+    std::error_code ec;
+    if (fs::exists(gen, ec)) j = read_json_file(gen.string(), size_t{16} << 20);
     if (j.is_object() && j.contains("eos_token_id")) {
       const auto& e = j["eos_token_id"];
       for (const auto& v : e.is_array() ? e : nlohmann::json::array({e}))
@@ -102,14 +118,18 @@ class ChatPrompter {
   // "messages" or "prompt" (rendered with the chat template).
   std::vector<std::pair<std::string, std::vector<int64_t>>> prompts_in(
       const std::string& file) const {
-    std::ifstream in(file);
-    if (!in) throw std::invalid_argument("cannot read prompts file " + file);
+    std::istringstream in(read_prompts(file));
     std::vector<std::pair<std::string, std::vector<int64_t>>> out;
     size_t n = 0;
     for (std::string line; std::getline(in, line);) {
       ++n;
       if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      const auto row = nlohmann::ordered_json::parse(line, nullptr, false);
+      nlohmann::ordered_json row;
+      try {
+        row = parse_ordered_json(line, file + ":" + std::to_string(n));
+      } catch (const std::invalid_argument&) {
+        row = line;  // not JSON: a plain prompt
+      }
       if (row.is_object() && row.contains("messages"))
         out.emplace_back(render(row["messages"]), eos_ids());
       else if (row.is_object() && row.contains("prompt") && row["prompt"].is_string())

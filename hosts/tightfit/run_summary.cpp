@@ -3,8 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include "file_util.hpp"
+#include "json_input.hpp"
 
 namespace tightfit::host {
 
@@ -13,14 +17,26 @@ const char* const kCategories[] = {"weights",  "grads",     "optimizer", "activa
 
 nlohmann::json summarize(const std::filesystem::path& metrics) {
   using nlohmann::json;
-  std::ifstream in(metrics);
-  if (!in) throw std::runtime_error("no metrics at " + metrics.string());
+  std::error_code ec;
+  if (!std::filesystem::exists(metrics, ec))
+    throw std::runtime_error("no metrics at " + metrics.string());
+  std::istringstream in(read_file_text(metrics.string()));
   json last, out;
   std::vector<double> losses, evals, eval_steps, elapsed, peak_total;
   int64_t tokens = 0, backward = 0, diverged = 0;
   double divergence_metric = 0;
+  size_t lineno = 0;
   for (std::string line; std::getline(in, line);) {
-    const json r = json::parse(line);
+    ++lineno;
+    json r;
+    try {
+      r = parse_json(line, metrics.string() + ":" + std::to_string(lineno));
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(e.what());
+    }
+    if (!r.is_object())
+      throw std::runtime_error(metrics.string() + ":" + std::to_string(lineno) +
+                               ": not a metrics record");
     const bool finite = r["loss"].is_number() && std::isfinite(r["loss"].get<double>());
     if (!finite) ++diverged;
     losses.push_back(finite ? r["loss"].get<double>() : std::nan(""));

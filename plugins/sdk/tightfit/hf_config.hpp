@@ -6,10 +6,14 @@
 // NaN and infinities never pass), and every message names the file and key.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -91,49 +95,54 @@ struct HfConfig {
   }
 };
 
-// `path`: a config.json or a model folder holding one. Refuses anything but a
-// regular file of at most 16 MiB (a FIFO would hang the read) and JSON nested
-// deeper than 64 levels (real configs nest 3).
+// A JSON object from a Hugging Face file (config.json, adapter_config.json):
+// read from the opened descriptor only if it is a regular file of at most
+// `max_bytes` (a FIFO would hang the read; O_NONBLOCK keeps the open from
+// waiting for a writer), parsed refusing nesting past 64 levels (real files
+// nest 3) so no later copy or dump recurses deep. `what` names the kind of
+// file in messages.
+inline HfConfig read_hf_json(const std::string& path, size_t max_bytes, const std::string& what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    throw std::invalid_argument("cannot open " + what + " " + path + ": " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    throw std::invalid_argument(what + " " + path + " is not a regular file");
+  if (static_cast<uint64_t>(st.st_size) > max_bytes)
+    throw std::invalid_argument(what + " " + path + " is larger than " +
+                                std::to_string(max_bytes >> 20) + " MiB: not a " + what);
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+  text.resize(done);
+  constexpr int kMaxDepth = 64;
+  auto guard = [&](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+    if (depth > kMaxDepth)
+      throw std::invalid_argument(path + " nests deeper than 64 levels: not a " + what);
+    return true;
+  };
+  HfConfig c{nlohmann::json::parse(text, guard, /*allow_exceptions=*/false), path};
+  if (c.json.is_discarded() || !c.json.is_object())
+    throw std::invalid_argument(what + " " + path + " is not a JSON object");
+  return c;
+}
+
+// `path`: a config.json or a model folder holding one (at most 16 MiB).
 inline HfConfig read_hf_config(const std::string& path) {
   std::filesystem::path p = path;
-  if (std::filesystem::is_directory(p)) p /= "config.json";
   std::error_code ec;
-  const auto st = std::filesystem::status(p, ec);
-  if (ec || !std::filesystem::exists(st))
-    throw std::invalid_argument("cannot read Hugging Face config " + p.string() +
-                                " (no such file)");
-  if (!std::filesystem::is_regular_file(st))
-    throw std::invalid_argument("Hugging Face config " + p.string() + " is not a regular file");
-  if (std::filesystem::file_size(p, ec) > (16u << 20))
-    throw std::invalid_argument("Hugging Face config " + p.string() +
-                                " is larger than 16 MiB: not a config.json");
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw std::invalid_argument("cannot read Hugging Face config " + p.string());
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  int depth = 0, deepest = 0;
-  bool in_string = false, escaped = false;
-  for (char ch : text) {
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (ch == '\\')
-        escaped = true;
-      else if (ch == '"')
-        in_string = false;
-    } else if (ch == '"') {
-      in_string = true;
-    } else if (ch == '{' || ch == '[') {
-      deepest = std::max(deepest, ++depth);
-    } else if (ch == '}' || ch == ']') {
-      --depth;
-    }
-  }
-  if (deepest > 64)
-    throw std::invalid_argument(p.string() + " nests deeper than 64 levels: not a config.json");
-  HfConfig c{nlohmann::json::parse(text, nullptr, false), p.string()};
-  if (c.json.is_discarded() || !c.json.is_object())
-    throw std::invalid_argument(c.source + " is not a JSON object");
-  return c;
+  if (std::filesystem::is_directory(p, ec)) p /= "config.json";
+  return read_hf_json(p.string(), size_t{16} << 20, "Hugging Face config");
 }
 
 }  // namespace tf_sdk

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "lora.hpp"
+#include "tightfit/hf_config.hpp"
 
 namespace lora {
 namespace {
@@ -127,25 +128,23 @@ void write_peft_adapter(const Lora& s, const std::string& dir) {
 
 void read_peft_adapter(const Lora& s, const std::string& dir) {
   const std::string config_path = dir + "/adapter_config.json";
-  std::ifstream in(config_path, std::ios::binary);
-  if (!in)
-    throw std::invalid_argument(
-        "lora.adapter: cannot open " + config_path +
-        " (a PEFT adapter folder has adapter_config.json and adapter_model.safetensors)");
-  std::stringstream text;
-  text << in.rdbuf();
-  const auto config = nlohmann::json::parse(text.str(), nullptr, false);
-  if (config.is_discarded() || !config.is_object())
-    throw std::invalid_argument("lora.adapter: " + config_path + " is not valid JSON");
-  if (config.value("peft_type", "") != "LORA")
+  tf_sdk::HfConfig config;
+  try {
+    config = tf_sdk::read_hf_json(config_path, size_t{16} << 20, "PEFT adapter config");
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("lora.adapter: ") + e.what() +
+                                " (a PEFT adapter folder has adapter_config.json and "
+                                "adapter_model.safetensors)");
+  }
+  if (config.text("peft_type", "") != "LORA")
     throw std::invalid_argument("lora.adapter: " + config_path +
                                 " is not a LoRA adapter (peft_type \"" +
-                                config.value("peft_type", "") + "\")");
-  if (config.value("use_dora", false))
+                                config.text("peft_type", "") + "\")");
+  if (config.flag("use_dora", false))
     throw std::invalid_argument("lora.adapter: " + config_path +
                                 " is a DoRA adapter, which this plugin does not run");
-  const int64_t r = config.value("r", int64_t{-1});
-  const double alpha = config.value("lora_alpha", -1.0);
+  const int64_t r = config.need("r", 1, int64_t{1} << 20);
+  const double alpha = config.real("lora_alpha", 8.0, 0, 1e9);
   if (r != s.rank || std::abs(alpha - s.alpha) > 1e-9 * std::max(1.0, s.alpha)) {
     std::ostringstream msg;
     msg << "lora.adapter: " << config_path << " has r = " << r << ", lora_alpha = " << alpha
@@ -153,10 +152,13 @@ void read_peft_adapter(const Lora& s, const std::string& dir) {
         << " and alpha = " << alpha << " in this [[strategy]] table";
     throw std::invalid_argument(msg.str());
   }
-  if (config.value("use_rslora", false))
+  if (config.flag("use_rslora", false))
     throw std::invalid_argument("lora.adapter: " + config_path +
                                 " uses rsLoRA scaling (alpha / sqrt(r)), which "
                                 "this plugin does not; retrain without use_rslora");
+  // For messages: the modules the adapter names, cut short.
+  std::string targets = config.has("target_modules") ? config.json["target_modules"].dump() : "?";
+  if (targets.size() > 200) targets = targets.substr(0, 200) + "...";
   const std::string file = dir + "/adapter_model.safetensors";
   const tf_host_api* api = s.host.api();
   tf_host_context* ctx = s.host.ctx();
@@ -173,8 +175,8 @@ void read_peft_adapter(const Lora& s, const std::string& dir) {
       if (st == TF_ERR_NOT_FOUND)
         throw std::invalid_argument(
             "lora.adapter: " + file + " has no " + kPrefix + p +
-            ": the adapter was trained on other modules (its target_modules: " +
-            config.value("target_modules", nlohmann::json()).dump() + "); set targets to match");
+            ": the adapter was trained on other modules (its target_modules: " + targets +
+            "); set targets to match");
       s.host.check(st);
       const at::Tensor loaded = tf_sdk::take(h);
       tf_tensor storage_h = nullptr;
