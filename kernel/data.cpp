@@ -154,6 +154,11 @@ std::string load_corpus_text(const std::string& spec, const std::string& base_di
     if (text.empty()) throw std::runtime_error("corpus folder " + p.string() + " holds no text");
     return text;
   }
+  std::error_code ec;
+  if (fs::exists(p, ec))  // a FIFO, socket or device: never read (a FIFO would wait)
+    throw std::runtime_error("corpus \"" + spec +
+                             "\" is not a regular file or a folder (give a file, a folder, a "
+                             ".jsonl file or builtin:fortunes)");
   throw std::runtime_error(
       "corpus \"" + spec +
       "\" not found (give a file, a folder, a .jsonl file or builtin:fortunes)");

@@ -1,13 +1,30 @@
 // Careless and hostile input (issue 21): numbers that are not numbers, sizes
 // past int64, devices tightfit does not train on and sampling edge values
 // are refused by name with exit 2 — never a LibTorch exception, never a
-// silently switched-off budget.
+// silently switched-off budget; JSON nested hundreds of thousands deep and
+// FIFOs where files belong are refused naming the file — never a stack
+// overflow, never a hang.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <regex>
+#include <thread>
 
+#include "bpe_tokenizer.hpp"
+#include "chat_data.hpp"
+#include "checkpoint_manifest.hpp"
+#include "data.hpp"
 #include "memory_accounting.hpp"
+#include "safetensors.hpp"
 #include "test_support.hpp"
+#include "tightfit/hf_config.hpp"
 
 namespace tightfit {
 namespace {
@@ -108,6 +125,144 @@ TEST_F(HostileNumbers, SamplingEdgeValues) {
   EXPECT_EQ(s->generate("The ", 24, 40, 0.8, 7, /*top_p=*/0.0), greedy);
   EXPECT_EQ(s->generate("The ", 24, 0, 1.0, 9, /*top_p=*/0.0), greedy);
   EXPECT_THROW(s->generate("The ", 4, 40, std::nan(""), 7), std::invalid_argument);
+}
+
+// JSON nested 300,000 levels deep: a recursive copy, dump or destruction
+// of it overflows the stack; every reader refuses it at 64 levels (8 for a
+// safetensors header) and names the file.
+std::string deep(size_t n) {
+  return std::string(n, '[') + std::string(n, ']');
+}
+constexpr size_t kDeep = 300'000;
+
+template <class Error>
+void expect_refused(const std::function<void()>& read, const std::string& file,
+                    const std::string& what = "nested deeper") {
+  try {
+    read();
+    ADD_FAILURE() << file << " was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(file), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  }
+}
+
+TEST(DeepJson, EveryReaderRefusesItNamingTheFile) {
+  test::TempDir d;
+  const std::string tok = test::write_file(
+      d, "tokenizer.json",
+      R"({"model": {"type": "BPE", "vocab": {}, "merges": []}, "x": )" + deep(kDeep) + "}");
+  expect_refused<std::invalid_argument>([&] { BpeTokenizer::load(tok); }, tok);
+
+  std::filesystem::create_directories(d.str() + "/model");
+  const std::string cfg = test::write_file(d, "model/config.json",
+                                           R"({"model_type": "llama", "x": )" + deep(kDeep) + "}");
+  expect_refused<std::invalid_argument>([&] { tf_sdk::read_hf_config(d.str() + "/model"); }, cfg,
+                                        "nests deeper");
+  const std::string adapter = test::write_file(d, "model/adapter_config.json", deep(kDeep));
+  expect_refused<std::invalid_argument>(
+      [&] { tf_sdk::read_hf_json(adapter, 1 << 24, "PEFT adapter config"); }, adapter,
+      "nests deeper");
+  const std::string tcfg = test::write_file(d, "model/tokenizer_config.json",
+                                            R"({"chat_template": )" + deep(kDeep) + "}");
+  expect_refused<std::invalid_argument>([&] { TokenizerConfig::load(d.str() + "/model"); }, tcfg);
+
+  expect_refused<std::runtime_error>(
+      [&] { parse_checkpoint_manifest(deep(kDeep), "manifest.json"); }, "manifest.json", "damaged");
+  expect_refused<std::runtime_error>([&] { parse_trainer_record(deep(kDeep), "trainer.json"); },
+                                     "trainer.json");
+
+  // A safetensors header: 8-byte length, then the JSON.
+  const std::string header = R"({"t": )" + deep(kDeep) + "}";
+  std::string st(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    st[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  const std::string weights = test::write_file(d, "model.safetensors", st + header);
+  expect_refused<SafetensorsError>([&] { read_safetensors(weights); }, weights);
+
+  const std::string rows = test::write_file(d, "rows.jsonl",
+                                            R"({"text": "ok"})"
+                                            "\n" +
+                                                deep(kDeep) + "\n");
+  expect_refused<std::runtime_error>([&] { load_corpus_text(rows); }, rows + ":2");
+  const std::string chat =
+      test::write_file(d, "chat.jsonl", R"({"prompt": "a", "completion": )" + deep(kDeep) + "}\n");
+  const ByteTokenizer bytes;
+  const ChatFormatter formatter(bytes, TokenizerConfig{}, TrainOn::kCompletion);
+  expect_refused<std::invalid_argument>([&] { load_examples(chat, formatter); }, chat + ":1");
+
+  // From the command line: a model folder's config.json, exit 2.
+  std::string out;
+  EXPECT_EQ(test::run_tightfit("generate " + d.str() + "/model -p hi -n 1", &out), 2) << out;
+  EXPECT_NE(out.find(cfg), std::string::npos) << out;
+}
+
+// Opens every FIFO under `dir` for writing after `after`, so that a reader
+// stuck on one gets end-of-file; says whether it had to.
+class FifoWatchdog {
+ public:
+  FifoWatchdog(std::vector<std::string> fifos, std::chrono::seconds after)
+      : thread_([this, fifos, after] {
+          const auto until = std::chrono::steady_clock::now() + after;
+          while (!done_ && std::chrono::steady_clock::now() < until)
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          while (!done_) {
+            for (const auto& f : fifos) {
+              const int fd = ::open(f.c_str(), O_WRONLY | O_NONBLOCK);
+              if (fd >= 0) {
+                unblocked_ = true;
+                ::close(fd);
+              }
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          }
+        }) {}
+  ~FifoWatchdog() {
+    done_ = true;
+    thread_.join();
+  }
+  bool unblocked() const { return unblocked_; }
+
+ private:
+  std::atomic<bool> done_{false}, unblocked_{false};
+  std::thread thread_;
+};
+
+// A FIFO (or a folder) where a file belongs is refused at once, naming it.
+TEST(NotARegularFile, FifosAndFoldersAreRefusedWithoutWaiting) {
+  test::TempDir d;
+  std::filesystem::create_directories(d.str() + "/model");
+  std::vector<std::string> fifos;
+  auto fifo = [&](const std::string& name) {
+    const std::string p = d.str() + "/" + name;
+    EXPECT_EQ(::mkfifo(p.c_str(), 0600), 0) << p;
+    fifos.push_back(p);
+    return p;
+  };
+  const std::string tok = fifo("tokenizer.json"), weights = fifo("model.safetensors"),
+                    corpus = fifo("fifo-corpus.txt"), rows = fifo("rows.jsonl"),
+                    cfg = fifo("model/config.json"), tcfg = fifo("model/tokenizer_config.json"),
+                    adapter = fifo("model/adapter_config.json"), prompts = fifo("prompts.txt");
+  FifoWatchdog watchdog(fifos, std::chrono::seconds(20));
+  expect_refused<std::invalid_argument>([&] { BpeTokenizer::load(tok); }, tok, "regular file");
+  expect_refused<SafetensorsError>([&] { read_safetensors(weights); }, weights, "regular file");
+  expect_refused<std::runtime_error>([&] { load_corpus_text(corpus); }, corpus, "regular file");
+  expect_refused<std::runtime_error>([&] { load_corpus_text(rows); }, rows, "regular file");
+  expect_refused<std::invalid_argument>([&] { tf_sdk::read_hf_config(d.str() + "/model"); }, cfg,
+                                        "regular file");
+  expect_refused<std::invalid_argument>([&] { TokenizerConfig::load(d.str() + "/model"); }, tcfg,
+                                        "regular file");
+  expect_refused<std::invalid_argument>(
+      [&] { tf_sdk::read_hf_json(adapter, 1 << 24, "PEFT adapter config"); }, adapter,
+      "regular file");
+  expect_refused<SafetensorsError>([&] { read_safetensors(d.str() + "/model"); },
+                                   d.str() + "/model", "regular file");
+  std::string out;
+  const std::string recipe =
+      test::write_file(d, "r.toml", test::tiny_recipe(test::write_corpus(d), d.str()));
+  EXPECT_NE(test::run_tightfit("generate " + recipe + " --prompts " + prompts, &out), 0);
+  EXPECT_NE(out.find("regular file"), std::string::npos) << out;
+  EXPECT_FALSE(watchdog.unblocked()) << "a reader waited on a FIFO";
 }
 
 }  // namespace
