@@ -44,7 +44,8 @@ std::string Session::save_checkpoint(int64_t step) {
     const fs::path dir = checkpoint_dir();
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(dir, ec))
-      if (entry.path().filename().string().rfind(checkpoint_step_name(step) + ".tmp-", 0) == 0)
+      if (entry.path().filename().string().rfind(checkpoint_step_name(step) + ".tmp-", 0) == 0 &&
+          is_checkpoint_leftover(entry.path()))
         try {
           remove_tree(entry.path().string());
         } catch (const std::exception&) {
@@ -69,8 +70,21 @@ std::string Session::write_checkpoint(int64_t step) {
       dir / (name + ".tmp-" + (pg_ ? std::string("ranks") : std::to_string(::getpid())));
   if (rank == 0) {
     fs::create_directories(dir);
-    remove_tree(tmp.string());
-    fs::create_directories(tmp);
+    // A [save] dir two runs share: neither may replace or rotate away the other's.
+    if (const std::string owner = checkpoint_manifest_run(dir / "manifest.json");
+        !owner.empty() && owner != run_dir_str_)
+      throw std::runtime_error(dir.string() + " holds the checkpoints of the run in " + owner +
+                               ", not this one (" + run_dir_str_ +
+                               "): give this run a [save] dir of its own");
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(tmp, ec))) {
+      if (!is_checkpoint_leftover(tmp))
+        throw std::runtime_error(tmp.string() +
+                                 " is in the way and tightfit did not make it: move it away");
+      remove_tree(tmp.string());
+    }
+    fs::create_directory(tmp);
+    write_file_synced((tmp / kCheckpointMarker).string(), "tightfit checkpoint\n");
   }
   if (pg_) pg_->barrier();
 
@@ -147,6 +161,10 @@ std::string Session::write_checkpoint(int64_t step) {
   // the new one is complete.
   if (fs::exists(final_path)) {
     const fs::path old = dir / (name + ".old");
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(old, ec)) && !is_checkpoint_leftover(old))
+      throw std::runtime_error(old.string() +
+                               " is in the way and tightfit did not make it: move it away");
     remove_tree(old.string());
     fs::rename(final_path, old);
     fs::rename(tmp, final_path);
@@ -165,7 +183,7 @@ std::string Session::write_checkpoint(int64_t step) {
     rotated.push_back(names.front());
     names.erase(names.begin());
   }
-  write_checkpoint_manifest(dir, names);
+  write_checkpoint_manifest(dir, names, run_dir_str_);
   for (const auto& r : rotated) remove_tree((dir / r).string());
   // Folders of saves a crash cut short (never listed, never loaded): this run
   // owns the folder, so whatever temporary is left is from an earlier process.
@@ -173,9 +191,7 @@ std::string Session::write_checkpoint(int64_t step) {
     std::error_code ec;
     std::vector<fs::path> leftovers;
     for (const auto& e : fs::directory_iterator(dir, ec)) {
-      const std::string f = e.path().filename().string();
-      if (f.find(".tmp-") != std::string::npos || (f.size() > 4 && f.ends_with(".old")))
-        leftovers.push_back(e.path());
+      if (is_checkpoint_leftover(e.path())) leftovers.push_back(e.path());
     }
     for (const auto& l : leftovers) try {
         remove_tree(l.string());

@@ -17,6 +17,27 @@ std::string checkpoint_step_name(int64_t step) {
   return buf;
 }
 
+bool is_checkpoint_name(const std::string& name) {
+  // step-NNNNNNNN: 8 digits at least (a step past 99,999,999 has more), 19 at most.
+  return name.size() >= 13 && name.size() <= 24 && name.rfind("step-", 0) == 0 &&
+         name.find_first_not_of("0123456789", 5) == std::string::npos;
+}
+
+bool is_checkpoint_leftover(const fs::path& path) {
+  const std::string f = path.filename().string();
+  const auto dot = f.find('.');
+  if (dot == std::string::npos || !is_checkpoint_name(f.substr(0, dot))) return false;
+  const std::string rest = f.substr(dot);
+  const bool temp = rest.rfind(".tmp-", 0) == 0 && rest.size() > 5 &&
+                    (rest.substr(5) == "ranks" ||
+                     rest.find_first_not_of("0123456789", 5) == std::string::npos);
+  if (!temp && rest != ".old") return false;
+  // Only folders tightfit made: they hold its marker from the moment they exist.
+  std::error_code ec;
+  return fs::is_directory(fs::symlink_status(path, ec)) &&
+         fs::is_regular_file(fs::symlink_status(path / kCheckpointMarker, ec));
+}
+
 std::vector<std::string> parse_checkpoint_manifest(const std::string& text,
                                                    const std::string& where) {
   nlohmann::json j;
@@ -35,8 +56,7 @@ std::vector<std::string> parse_checkpoint_manifest(const std::string& text,
   std::vector<std::string> out;
   for (const auto& e : j["checkpoints"]) {
     const std::string name = e.is_string() ? e.get<std::string>() : std::string();
-    const bool well_formed = name.size() == 13 && name.rfind("step-", 0) == 0 &&
-                             name.find_first_not_of("0123456789", 5) == std::string::npos;
+    const bool well_formed = is_checkpoint_name(name);
     if (!well_formed)
       throw std::runtime_error(where + " lists " + json_excerpt(e) +
                                ", which is not a checkpoint name (step-NNNNNNNN); the manifest "
@@ -46,18 +66,26 @@ std::vector<std::string> parse_checkpoint_manifest(const std::string& text,
   return out;
 }
 
+std::string checkpoint_manifest_run(const fs::path& manifest) {
+  std::error_code ec;
+  if (!fs::exists(manifest, ec)) return {};
+  const nlohmann::json j = parse_json(read_file_text(manifest.string()), manifest.string());
+  const auto it = j.is_object() ? j.find("run") : j.end();
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 std::vector<std::string> read_checkpoint_manifest(const fs::path& manifest) {
   if (!fs::exists(manifest)) return {};
   return parse_checkpoint_manifest(read_file_text(manifest.string()), manifest.string());
 }
 
-void write_checkpoint_manifest(const fs::path& dir, const std::vector<std::string>& names) {
+void write_checkpoint_manifest(const fs::path& dir, const std::vector<std::string>& names,
+                               const std::string& run) {
   const nlohmann::json j = {{"format", kCheckpointFormatVersion},
                             {"checkpoints", names},
-                            {"latest", names.empty() ? "" : names.back()}};
-  const fs::path tmp = dir / "manifest.json.tmp";
-  write_file_synced(tmp.string(), j.dump(2));
-  fs::rename(tmp, dir / "manifest.json");
+                            {"latest", names.empty() ? "" : names.back()},
+                            {"run", run}};
+  write_file_synced((dir / "manifest.json").string(), j.dump(2));  // a new file, renamed in
   fsync_path(dir.string());
 }
 

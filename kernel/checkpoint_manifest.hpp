@@ -14,17 +14,30 @@ namespace tightfit {
 
 inline constexpr int kCheckpointFormatVersion = 1;
 
-// "step-00000042": the only names the manifest may list.
+// "step-00000042": the only names the manifest may list (more digits past
+// step 99,999,999).
 std::string checkpoint_step_name(int64_t step);
+bool is_checkpoint_name(const std::string& name);
+
+// Every checkpoint folder holds this file from the moment it is created: the
+// sweep after a crash removes only folders that have it.
+inline constexpr const char* kCheckpointMarker = ".tightfit-checkpoint";
+// A save a crash cut short ("step-N.tmp-PID", "step-N.tmp-ranks") or the
+// replaced copy of a step ("step-N.old"), made by tightfit (it has the marker).
+bool is_checkpoint_leftover(const std::filesystem::path& path);
 
 // The manifest's checkpoint names; `where` names the file in errors.
 std::vector<std::string> parse_checkpoint_manifest(const std::string& text,
                                                    const std::string& where);
 // No manifest yet: no checkpoints.
 std::vector<std::string> read_checkpoint_manifest(const std::filesystem::path& manifest);
-// Replaces dir/manifest.json atomically (temporary file, fsync, rename).
+// Replaces dir/manifest.json atomically (temporary file, fsync, rename);
+// `run` is the run folder that owns the checkpoints.
 void write_checkpoint_manifest(const std::filesystem::path& dir,
-                               const std::vector<std::string>& names);
+                               const std::vector<std::string>& names, const std::string& run);
+// The run folder a manifest says owns its checkpoints; "" when none is
+// recorded (no manifest, or one written before runs were recorded).
+std::string checkpoint_manifest_run(const std::filesystem::path& manifest);
 
 // trainer.json: the kernel's own part of the training state.
 struct TrainerRecord {

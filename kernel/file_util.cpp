@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -66,12 +67,42 @@ std::string read_regular_file(const std::string& path, size_t max_bytes) {
   return text;
 }
 
-void write_file_synced(const std::string& path, const std::string& text) {
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    if (!out || !(out << text) || !out.flush()) throw std::runtime_error("cannot write " + path);
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const char* c = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
+    c += w;
+    n -= static_cast<size_t>(w);
   }
-  fsync_path(path);
+}
+
+void write_file_replacing(const std::string& path, const std::function<void(int fd)>& fill) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" +
+                          std::to_string(counter.fetch_add(1));
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno) +
+                             (errno == EEXIST ? " (something is in the way: remove it)" : ""));
+  try {
+    fill(fd);
+    if (::fsync(fd) != 0) throw std::runtime_error("cannot flush " + path + ": " + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::close(fd) != 0 || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string err = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("cannot write " + path + ": " + err);
+  }
+}
+
+void write_file_synced(const std::string& path, const std::string& text) {
+  write_file_replacing(path, [&](int fd) { write_all(fd, text.data(), text.size(), path); });
 }
 
 }  // namespace tightfit

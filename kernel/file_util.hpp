@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace tightfit {
@@ -25,7 +26,18 @@ std::string read_file_text(const std::string& path);
 // `max_bytes`. Throws std::runtime_error naming `path` and the reason.
 std::string read_regular_file(const std::string& path, size_t max_bytes);
 
-// Writes `text` to `path` and fsyncs it. Throws std::runtime_error.
+// Writes `text` to `path` and fsyncs it, as write_file_replacing does.
+// Throws std::runtime_error.
 void write_file_synced(const std::string& path, const std::string& text);
+
+// Creates a new file beside `path` (O_EXCL | O_NOFOLLOW: never an existing
+// file, never through a planted symlink), lets `fill` write it through the
+// descriptor, fsyncs it and renames it over `path` — which replaces a symlink
+// there rather than writing where it points. On failure the new file is
+// removed and `path` is as it was. Throws std::runtime_error.
+void write_file_replacing(const std::string& path, const std::function<void(int fd)>& fill);
+
+// Writes all of [data, data + n) to `fd`; throws std::runtime_error naming `path`.
+void write_all(int fd, const void* data, size_t n, const std::string& path);
 
 }  // namespace tightfit

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "file_util.hpp"
 #include "json_input.hpp"
 
 namespace tightfit {
@@ -53,31 +54,19 @@ void write_safetensors(const std::string& path, const std::map<std::string, at::
   }
   std::string h = header.dump();
   h.append((8 - h.size() % 8) % 8, ' ');  // align data to 8 bytes
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw SafetensorsError("cannot create " + path + ": " + std::strerror(errno));
-  auto put = [&](const void* p, size_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n > 0) {
-      const ssize_t w = ::write(fd, c, n);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        const std::string err = std::strerror(errno);
-        ::close(fd);
-        throw SafetensorsError("cannot write " + path + ": " + err);
-      }
-      c += w;
-      n -= static_cast<size_t>(w);
-    }
-  };
   uint64_t len = h.size();
   unsigned char le[8];
   for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(len >> (8 * i));
-  put(le, 8);
-  put(h.data(), h.size());
-  for (const auto& t : ordered)
-    put(t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
-  if (::fsync(fd) != 0 || ::close(fd) != 0)
-    throw SafetensorsError("cannot flush " + path + ": " + std::strerror(errno));
+  try {
+    write_file_replacing(path, [&](int fd) {
+      write_all(fd, le, 8, path);
+      write_all(fd, h.data(), h.size(), path);
+      for (const auto& t : ordered)
+        write_all(fd, t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size(), path);
+    });
+  } catch (const std::runtime_error& e) {
+    throw SafetensorsError(e.what());
+  }
 }
 
 namespace {

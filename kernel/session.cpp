@@ -299,7 +299,23 @@ void Session::build(const PluginRegistry& base_registry) {
     throw RecipeError(recipe_.source() + ": [data]: " + e.what());
   }
 
-  // Run folder. A fresh run never writes over another run's checkpoints.
+  // Run folder. A fresh run never writes over another run's checkpoints, and
+  // its name never leads out of out_dir (nor a relative [save] dir upwards).
+  auto stays_inside = [](const fs::path& p) {
+    if (p.empty() || p.is_absolute()) return false;
+    for (const auto& part : p)
+      if (part == "..") return false;
+    return true;
+  };
+  if (!stays_inside(run_cfg_.get_string("name")))
+    throw RecipeError(recipe_.source() + ": [run].name = \"" + run_cfg_.get_string("name") +
+                      "\" would leave out_dir (an absolute path, or ..): name the run, and set "
+                      "out_dir for where its folder goes");
+  if (const std::string d = save_cfg_.get_string("dir");
+      !d.empty() && !fs::path(d).is_absolute() && !stays_inside(d))
+    throw RecipeError(recipe_.source() + ": [save].dir = \"" + d +
+                      "\" climbs out of the working folder (..): give an absolute path if that "
+                      "is where checkpoints go");
   run_dir_ = (fs::path(run_cfg_.get_string("out_dir")) / run_cfg_.get_string("name")).string();
   if (!options_.resume && save_cfg_.get_string("dir").empty()) {
     const std::string base = run_dir_;

@@ -265,5 +265,79 @@ TEST(NotARegularFile, FifosAndFoldersAreRefusedWithoutWaiting) {
   EXPECT_FALSE(watchdog.unblocked()) << "a reader waited on a FIFO";
 }
 
+// A recipe that saves at its last step (4) into `save_dir` ("" = the run folder's).
+std::string saving_recipe(const test::TempDir& d, const std::string& name,
+                          const std::string& save_dir = "") {
+  std::string r = test::tiny_recipe(test::write_corpus(d), d.str(), "",
+                                    "[save]\nevery = 4\nkeep_last = 1\n" +
+                                        (save_dir.empty() ? "" : "dir = \"" + save_dir + "\"\n"));
+  r.replace(r.find("name = \"t\""), 10, "name = \"" + name + "\"");
+  return r;
+}
+
+TEST(UsersFiles, RunNamesAndSaveFoldersStayInsideTheirBase) {
+  test::TempDir d;
+  for (const char* name : {"../escape", "/tmp/abs", "a/../../b", ""}) {
+    try {
+      test::make_session(saving_recipe(d, name));
+      ADD_FAILURE() << "run name \"" << name << "\" was accepted";
+    } catch (const RecipeError& e) {
+      EXPECT_NE(std::string(e.what()).find("[run].name"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(test::make_session(saving_recipe(d, "ok", "../up")), RecipeError);
+  EXPECT_NO_THROW(test::make_session(saving_recipe(d, "nested/ok", d.str() + "/abs-ckpt")));
+}
+
+// The sweep after a crash takes only what tightfit made; a symlink planted
+// where tightfit writes is replaced, never written through; a step count of
+// nine digits still saves and resumes.
+TEST(UsersFiles, SavesTouchNothingOfTheUsers) {
+  test::TempDir d;
+  const std::string ckpt = d.str() + "/ckpt";
+  std::filesystem::create_directories(ckpt + "/step-00000001.old");  // the user's, by its name
+  test::write_file(d, "ckpt/step-00000001.old/notes.txt", "mine");
+  std::filesystem::create_directories(ckpt + "/step-00000002.tmp-77");
+  test::write_file(d, "ckpt/notes.tmp-1", "mine too");
+  // A crash's leftover, made by tightfit: it has the marker.
+  std::filesystem::create_directories(ckpt + "/step-00000003.tmp-99");
+  test::write_file(d, std::string("ckpt/step-00000003.tmp-99/") + kCheckpointMarker, "");
+  // Symlinks where the manifest and its temporary file went, to a file of the user's.
+  const std::string precious = test::write_file(d, "precious.txt", "do not touch");
+  std::filesystem::create_symlink(precious, ckpt + "/manifest.json");
+  std::filesystem::create_symlink(precious, ckpt + "/manifest.json.tmp");
+  // The manifest is read through the link and refused as not tightfit's: nothing written.
+  EXPECT_THROW(test::make_session(saving_recipe(d, "a", ckpt))->train(), std::runtime_error);
+  std::filesystem::remove(ckpt + "/manifest.json");
+
+  test::make_session(saving_recipe(d, "a", ckpt))->train();
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/step-00000001.old/notes.txt"));
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/step-00000002.tmp-77"));
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/notes.tmp-1"));
+  EXPECT_FALSE(std::filesystem::exists(ckpt + "/step-00000003.tmp-99"));
+  std::ifstream in(precious);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "do not touch");
+  EXPECT_FALSE(std::filesystem::is_symlink(ckpt + "/manifest.json"));
+  EXPECT_EQ(read_checkpoint_manifest(ckpt + "/manifest.json"),
+            std::vector<std::string>{"step-00000004"});
+
+  // Another run given the same [save] dir: refused before it replaces or
+  // rotates away the first run's checkpoint.
+  try {
+    test::make_session(saving_recipe(d, "b", ckpt))->train();
+    ADD_FAILURE() << "a second run saved into the first run's folder";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("a [save] dir of its own"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(std::filesystem::exists(ckpt + "/step-00000004/model.safetensors"));
+
+  EXPECT_EQ(checkpoint_step_name(123'456'789), "step-123456789");
+  EXPECT_EQ(parse_checkpoint_manifest(R"({"checkpoints": ["step-99999999", "step-123456789"]})",
+                                      "m.json"),
+            (std::vector<std::string>{"step-99999999", "step-123456789"}));
+  EXPECT_THROW(parse_checkpoint_manifest(R"({"checkpoints": ["step-1"]})", "m.json"),
+               std::runtime_error);
+}
+
 }  // namespace
 }  // namespace tightfit
