@@ -84,7 +84,7 @@ std::string Session::write_checkpoint(int64_t step) {
       remove_tree(tmp.string());
     }
     fs::create_directory(tmp);
-    write_file_synced((tmp / kCheckpointMarker).string(), "tightfit checkpoint\n");
+    create_empty_file((tmp / kCheckpointMarker).string());
   }
   if (pg_) pg_->barrier();
 

@@ -25,6 +25,17 @@ bool is_checkpoint_name(const std::string& name) {
 
 bool is_checkpoint_leftover(const fs::path& path) {
   const std::string f = path.filename().string();
+  std::error_code ec;
+  // The manifest's own temporary file (write_file_replacing: NAME.tmp-PID-N).
+  const std::string manifest_tmp = "manifest.json.tmp-";
+  if (f.rfind(manifest_tmp, 0) == 0) {
+    const std::string rest = f.substr(manifest_tmp.size());
+    const auto dash = rest.find('-');
+    return dash != std::string::npos && dash > 0 && dash + 1 < rest.size() &&
+           rest.find_first_not_of("0123456789-") == std::string::npos &&
+           rest.find('-', dash + 1) == std::string::npos &&
+           fs::is_regular_file(fs::symlink_status(path, ec));
+  }
   const auto dot = f.find('.');
   if (dot == std::string::npos || !is_checkpoint_name(f.substr(0, dot))) return false;
   const std::string rest = f.substr(dot);
@@ -32,10 +43,11 @@ bool is_checkpoint_leftover(const fs::path& path) {
                     (rest.substr(5) == "ranks" ||
                      rest.find_first_not_of("0123456789", 5) == std::string::npos);
   if (!temp && rest != ".old") return false;
-  // Only folders tightfit made: they hold its marker from the moment they exist.
-  std::error_code ec;
-  return fs::is_directory(fs::symlink_status(path, ec)) &&
-         fs::is_regular_file(fs::symlink_status(path / kCheckpointMarker, ec));
+  // Only folders tightfit made: they hold its marker from just after they
+  // exist (a kill in between leaves one empty, which holds nothing to lose).
+  if (!fs::is_directory(fs::symlink_status(path, ec))) return false;
+  return fs::is_regular_file(fs::symlink_status(path / kCheckpointMarker, ec)) ||
+         fs::is_empty(path, ec);
 }
 
 std::vector<std::string> parse_checkpoint_manifest(const std::string& text,

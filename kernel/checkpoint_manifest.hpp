@@ -23,7 +23,9 @@ bool is_checkpoint_name(const std::string& name);
 // sweep after a crash removes only folders that have it.
 inline constexpr const char* kCheckpointMarker = ".tightfit-checkpoint";
 // A save a crash cut short ("step-N.tmp-PID", "step-N.tmp-ranks") or the
-// replaced copy of a step ("step-N.old"), made by tightfit (it has the marker).
+// replaced copy of a step ("step-N.old"), made by tightfit (it has the
+// marker, or is empty), or the manifest's temporary file
+// ("manifest.json.tmp-PID-N").
 bool is_checkpoint_leftover(const std::filesystem::path& path);
 
 // The manifest's checkpoint names; `where` names the file in errors.

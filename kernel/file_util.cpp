@@ -78,6 +78,12 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
   }
 }
 
+void create_empty_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot create " + path + ": " + std::strerror(errno));
+  ::close(fd);
+}
+
 void write_file_replacing(const std::string& path, const std::function<void(int fd)>& fill) {
   static std::atomic<uint64_t> counter{0};
   const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" +

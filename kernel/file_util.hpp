@@ -37,6 +37,10 @@ void write_file_synced(const std::string& path, const std::string& text);
 // removed and `path` is as it was. Throws std::runtime_error.
 void write_file_replacing(const std::string& path, const std::function<void(int fd)>& fill);
 
+// Creates `path` as a new empty file in one step (O_EXCL | O_NOFOLLOW): a
+// marker that exists whole or not at all. Throws std::runtime_error.
+void create_empty_file(const std::string& path);
+
 // Writes all of [data, data + n) to `fd`; throws std::runtime_error naming `path`.
 void write_all(int fd, const void* data, size_t n, const std::string& path);
 

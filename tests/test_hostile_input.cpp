@@ -29,15 +29,7 @@
 namespace tightfit {
 namespace {
 
-std::string recipe_error(const std::string& text) {
-  try {
-    test::make_session(text, {}, "my.toml");
-  } catch (const RecipeError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "recipe was accepted:\n" << text;
-  return {};
-}
+using test::recipe_error;
 
 class HostileNumbers : public ::testing::Test {
  protected:
@@ -298,6 +290,7 @@ TEST(UsersFiles, SavesTouchNothingOfTheUsers) {
   std::filesystem::create_directories(ckpt + "/step-00000001.old");  // the user's, by its name
   test::write_file(d, "ckpt/step-00000001.old/notes.txt", "mine");
   std::filesystem::create_directories(ckpt + "/step-00000002.tmp-77");
+  test::write_file(d, "ckpt/step-00000002.tmp-77/data.bin", "mine as well");
   test::write_file(d, "ckpt/notes.tmp-1", "mine too");
   // A crash's leftover, made by tightfit: it has the marker.
   std::filesystem::create_directories(ckpt + "/step-00000003.tmp-99");

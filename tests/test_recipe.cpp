@@ -11,15 +11,7 @@ namespace {
 using test::TempDir;
 
 // The RecipeError message that building a session from `text` throws.
-std::string recipe_error(const std::string& text) {
-  try {
-    test::make_session(text, {}, "my.toml");
-  } catch (const RecipeError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "recipe was accepted:\n" << text;
-  return {};
-}
+using test::recipe_error;
 
 class RecipeTest : public ::testing::Test {
  protected:
@@ -39,7 +31,8 @@ TEST_F(RecipeTest, UnknownKeyNamesPositionAndValidKeys) {
   // n_layers sits on line 17 of the tiny recipe, column 1.
   EXPECT_TRUE(std::regex_search(msg, std::regex("^my\\.toml:17:1: unknown key \"n_layers\"")))
       << msg;
-  EXPECT_NE(msg.find("Valid keys: plugin, weights, sha256, preset, config, n_layer"), std::string::npos)
+  EXPECT_NE(msg.find("Valid keys: plugin, weights, sha256, preset, config, n_layer"),
+            std::string::npos)
       << msg;
 }
 
@@ -52,7 +45,8 @@ TEST_F(RecipeTest, UnknownKeyInKernelTable) {
 
 TEST_F(RecipeTest, WrongTypeNamesPositionAndType) {
   const std::string msg = recipe_error(base("dropout = \"high\"\n"));
-  EXPECT_TRUE(std::regex_search(msg, std::regex("^my\\.toml:17:11: .*dropout must be of type float")))
+  EXPECT_TRUE(
+      std::regex_search(msg, std::regex("^my\\.toml:17:11: .*dropout must be of type float")))
       << msg;
 }
 
@@ -150,7 +144,8 @@ TEST_F(RecipeTest, SetValueOfWrongTypeIsBlamedOnSet) {
     Session s(r, test::registry());
     FAIL();
   } catch (const RecipeError& e) {
-    EXPECT_TRUE(std::regex_search(e.what(), std::regex("^--set: .*n_layer must be of type integer")))
+    EXPECT_TRUE(
+        std::regex_search(e.what(), std::regex("^--set: .*n_layer must be of type integer")))
         << e.what();
   }
 }

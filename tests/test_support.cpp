@@ -1,5 +1,6 @@
 #include "test_support.hpp"
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -77,6 +78,16 @@ std::unique_ptr<Session> make_session(const std::string& recipe_text, SessionOpt
                                       const std::string& name) {
   return std::make_unique<Session>(Recipe::parse(recipe_text, name), registry(),
                                    std::move(options));
+}
+
+std::string recipe_error(const std::string& text) {
+  try {
+    make_session(text, {}, "my.toml");
+  } catch (const RecipeError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "recipe was accepted:\n" << text;
+  return {};
 }
 
 int run_command(const std::string& command, std::string* output) {

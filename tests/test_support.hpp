@@ -36,6 +36,10 @@ const PluginRegistry& registry();
 std::unique_ptr<Session> make_session(const std::string& recipe_text, SessionOptions options = {},
                                       const std::string& name = "recipe.toml");
 
+// The RecipeError message building a session from `text` (named my.toml)
+// throws; a test failure when it builds.
+std::string recipe_error(const std::string& text);
+
 // Writes `text` to dir/name and returns the path.
 std::string write_file(const TempDir& dir, const std::string& name, const std::string& text);
 
