@@ -15,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     for (const std::string& name : tightfit::parse_checkpoint_manifest(text, "manifest.json"))
       if (name.find('/') != std::string::npos || name.find("..") != std::string::npos ||
-          name.size() != 13)
+          !tightfit::is_checkpoint_name(name))
         std::abort();
   } catch (const std::runtime_error&) {
   }
