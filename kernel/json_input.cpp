@@ -20,6 +20,12 @@ Json parse_bounded(const std::string& text, const std::string& source, int max_d
   } catch (const typename Json::parse_error& e) {
     throw std::invalid_argument(source + ": not valid JSON (at byte " + std::to_string(e.byte) +
                                 ")");
+  } catch (const typename Json::exception& e) {
+    // A number past double's range (1e400) and the like; the reason is cut
+    // short because it quotes the input.
+    std::string why = e.what();
+    if (why.size() > 120) why = why.substr(0, 120) + "...";
+    throw std::invalid_argument(source + ": not valid JSON (" + why + ")");
   }
 }
 

@@ -163,6 +163,10 @@ TEST(DeepJson, EveryReaderRefusesItNamingTheFile) {
       [&] { parse_checkpoint_manifest(deep(kDeep), "manifest.json"); }, "manifest.json", "damaged");
   expect_refused<std::runtime_error>([&] { parse_trainer_record(deep(kDeep), "trainer.json"); },
                                      "trainer.json");
+  // Found by fuzz_checkpoint: a number past double's range is a JSON error too.
+  expect_refused<std::runtime_error>(
+      [&] { parse_trainer_record(R"({"format": 1, "step": 1e400})", "trainer.json"); },
+      "trainer.json", "not valid JSON");
 
   // A safetensors header: 8-byte length, then the JSON.
   const std::string header = R"({"t": )" + deep(kDeep) + "}";
