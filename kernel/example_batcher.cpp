@@ -109,10 +109,11 @@ ExampleBatcher::Batch ExampleBatcher::batch_of(const std::vector<const Row*>& ro
   const int64_t B = static_cast<int64_t>(rows.size()), T = seq_len_;
   at::Tensor tokens = at::full({B, T}, pad_id_, at::kLong);
   at::Tensor targets = at::full({B, T}, kIgnoreIndex, at::kLong);
-  at::Tensor positions = at::empty({B, T}, at::kLong);
+  // Positions only for packed rows; one example a row keeps the default 0..T-1.
+  at::Tensor positions = packing_ ? at::empty({B, T}, at::kLong) : at::Tensor();
   auto* tok = tokens.data_ptr<int64_t>();
   auto* tgt = targets.data_ptr<int64_t>();
-  auto* pos = positions.data_ptr<int64_t>();
+  int64_t* pos = packing_ ? positions.data_ptr<int64_t>() : nullptr;
   for (int64_t b = 0; b < B; ++b) {
     int64_t used = 0;  // tokens of row b filled so far
     for (const Example* e : *rows[static_cast<size_t>(b)]) {
@@ -122,15 +123,15 @@ ExampleBatcher::Batch ExampleBatcher::batch_of(const std::vector<const Row*>& ro
       for (int64_t t = 0; t < n; ++t) {
         const auto i = static_cast<size_t>(t);
         row_tok[t] = e->ids[i];
-        pos[b * T + used + t] = t;
+        if (pos) pos[b * T + used + t] = t;
         if (e->trained[i + 1]) row_tgt[t] = e->ids[i + 1];
       }
       used += n;
     }
     // Padding counts from 0 as an example of its own: nothing attends to it.
-    for (int64_t t = used; t < T; ++t) pos[b * T + t] = t - used;
+    if (pos)
+      for (int64_t t = used; t < T; ++t) pos[b * T + t] = t - used;
   }
-  if (!packing_) positions = at::Tensor();
   return {tokens, targets, positions};
 }
 

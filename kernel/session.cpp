@@ -764,19 +764,25 @@ double Session::eval_loss(int64_t batches) {
   return sum / static_cast<double>(batches);
 }
 
+const char* sampling_problem(int64_t n_tokens, int64_t top_k, double temperature, double top_p) {
+  // NaN passes no comparison: each bound is written to refuse it.
+  if (!(n_tokens >= 0)) return "tokens must be >= 0";
+  if (!(top_k >= 0)) return "top-k must be >= 0 (0 = every token, 1 = greedy)";
+  if (!(temperature >= 0 && std::isfinite(temperature)))
+    return "temperature must be a finite number >= 0 (0 = greedy)";
+  if (!(top_p >= 0 && top_p <= 1))
+    return "top-p must be in [0, 1] (1 = off, 0 = the likeliest token)";
+  return nullptr;
+}
+
 std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64_t top_k,
                               double temperature, uint64_t seed, double top_p, bool use_cache,
                               const std::vector<int64_t>& stop_ids) {
   auto stops = [&](int64_t id) {
     return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
   };
-  // NaN passes no comparison below: each bound is written to refuse it.
-  if (!(n_tokens >= 0)) throw std::invalid_argument("the number of tokens must be >= 0");
-  if (!(top_k >= 0)) throw std::invalid_argument("top-k must be >= 0 (0 = every token)");
-  if (!(temperature >= 0) || !std::isfinite(temperature))
-    throw std::invalid_argument("temperature must be a finite number >= 0 (0 = greedy)");
-  if (!(top_p >= 0 && top_p <= 1))
-    throw std::invalid_argument("top-p must be in [0, 1] (1 = off, 0 = the likeliest token)");
+  if (const char* bad = sampling_problem(n_tokens, top_k, temperature, top_p))
+    throw std::invalid_argument(bad);
   at::NoGradGuard no_grad;
   CategoryScope scope(TF_MEM_TRANSIENT);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);

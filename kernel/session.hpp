@@ -122,6 +122,10 @@ struct SessionOptions {
   std::function<void(const std::string&)> on_log;  // kernel and plugin log lines
 };
 
+// What is wrong with generation's sampling values (named as the command
+// line's options, without "--"), or nullptr.
+const char* sampling_problem(int64_t n_tokens, int64_t top_k, double temperature, double top_p);
+
 class Session {
  public:
   Session(const Recipe& recipe, const PluginRegistry& registry, SessionOptions options = {});

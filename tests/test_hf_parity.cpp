@@ -139,6 +139,24 @@ INSTANTIATE_TEST_SUITE_P(Families, HfPackedParity, ::testing::ValuesIn(packed_fa
 namespace tightfit {
 namespace {
 
+// transformers loads the folder `out` and computes the session's logits on
+// random tokens (tests/peers/hf_roundtrip.py); returns the tokens and logits.
+std::pair<at::Tensor, at::Tensor> expect_transformers_reproduces(Session& s,
+                                                                 const std::string& out) {
+  const at::Tensor tokens = at::randint(0, 256, {2, 24}, at::kLong);
+  at::Tensor logits;
+  {
+    at::NoGradGuard no_grad;
+    logits = s.forward_logits(tokens, false);
+  }
+  write_safetensors(out + "/expected.safetensors", {{"tokens", tokens}, {"logits", logits}});
+  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
+                          TIGHTFIT_SOURCE_DIR + "/tests/peers/hf_roundtrip.py " + out;
+  EXPECT_EQ(std::system(cmd.c_str()), 0)
+      << "transformers did not reproduce tightfit's logits from " << out;
+  return {tokens, logits};
+}
+
 // tightfit trains a few steps, exports a Hugging Face folder, and transformers
 // loads it and computes the same logits.
 class HfRoundTrip : public ::testing::TestWithParam<Family> {};
@@ -172,17 +190,7 @@ TEST_P(HfRoundTrip, TransformersLoadsWhatTightfitSaved) {
   s->optimizer().set_lr(1e-2);
   s->train();
   const std::string out = s->export_hf(dir.str() + "/hf");
-  const at::Tensor tokens = at::randint(0, 256, {2, 24}, at::kLong);
-  at::Tensor logits;
-  {
-    at::NoGradGuard no_grad;
-    logits = s->forward_logits(tokens, false);
-  }
-  write_safetensors(out + "/expected.safetensors", {{"tokens", tokens}, {"logits", logits}});
-  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                          TIGHTFIT_SOURCE_DIR + "/tests/peers/hf_roundtrip.py " + out;
-  EXPECT_EQ(std::system(cmd.c_str()), 0)
-      << "transformers did not reproduce tightfit's logits from " << out;
+  expect_transformers_reproduces(*s, out);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -289,16 +297,7 @@ TEST(HfExport, ShardedExportStreamsAndTransformersLoadsIt) {
   EXPECT_TRUE(std::filesystem::exists(out + "/model-00001-of-00009.safetensors") ||
               std::filesystem::exists(out + "/model-00001-of-00010.safetensors") ||
               std::filesystem::exists(out + "/model-00001-of-00011.safetensors"));
-  const at::Tensor tokens = at::randint(0, 256, {2, 24}, at::kLong);
-  at::Tensor logits;
-  {
-    at::NoGradGuard no_grad;
-    logits = s->forward_logits(tokens, false);
-  }
-  write_safetensors(out + "/expected.safetensors", {{"tokens", tokens}, {"logits", logits}});
-  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                          TIGHTFIT_SOURCE_DIR + "/tests/peers/hf_roundtrip.py " + out;
-  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  const auto [tokens, logits] = expect_transformers_reproduces(*s, out);
   // tightfit reads the shards back: the same logits.
   std::string back = test::tiny_recipe(test::write_corpus(dir), dir.str());
   back.replace(

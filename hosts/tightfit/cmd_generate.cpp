@@ -4,7 +4,6 @@
 #include <toml++/toml.h>
 
 #include <boost/program_options.hpp>
-#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -215,18 +214,11 @@ int generate_command(const std::vector<std::string>& args) {
            "(config.json + model.safetensors [+ tokenizer.json]).\n";
     return vm.count("help") ? kOk : kUsage;
   }
-  // Sampling values are checked before the model loads (Session::generate
-  // checks them too); NaN fails every comparison written this way.
-  const double temperature = vm["temperature"].as<double>(), top_p = vm["top-p"].as<double>();
-  const char* bad =
-      !(vm["tokens"].as<int64_t>() >= 0)  ? "--tokens must be >= 0"
-      : !(vm["top-k"].as<int64_t>() >= 0) ? "--top-k must be >= 0 (0 = every token, 1 = greedy)"
-      : !(temperature >= 0 && std::isfinite(temperature))
-          ? "--temperature must be a finite number >= 0 (0 = greedy)"
-      : !(top_p >= 0 && top_p <= 1) ? "--top-p must be in [0, 1] (1 = off, 0 = the likeliest token)"
-                                    : nullptr;
+  // Checked before the model loads (Session::generate checks them too).
+  const char* bad = sampling_problem(vm["tokens"].as<int64_t>(), vm["top-k"].as<int64_t>(),
+                                     vm["temperature"].as<double>(), vm["top-p"].as<double>());
   if (bad) {
-    std::cerr << "tightfit generate: " << bad << "\n";
+    std::cerr << "tightfit generate: --" << bad << "\n";
     return kUsage;
   }
   set_log_level("warn");
