@@ -2,6 +2,9 @@
 
 #define BOOST_DLL_USE_STD_FS
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -12,6 +15,9 @@
 #include <filesystem>
 #include <mutex>
 #include <sstream>
+
+#include "plugin_scan.hpp"
+#include "sha256.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
@@ -73,34 +79,126 @@ const tf_schedule_vtable* LoadedPlugin::schedule() const {
              : nullptr;
 }
 
-LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin) {
+namespace {
+
+// The hooks a vtable offers, by name, as `plugins check` lists them.
+std::vector<std::string> vtable_hooks(const LoadedPlugin& p) {
+  std::vector<std::string> hooks;
+  auto add = [&](bool present, const char* name) {
+    if (present) hooks.push_back(name);
+  };
+  if (const tf_strategy_vtable* v = p.strategy()) {
+#define TF_HOOK(field) add(TF_HAS(v, tf_strategy_vtable, field), #field)
+    TF_HOOK(configure);
+    TF_HOOK(params_ready);
+    TF_HOOK(stage_params_ready);
+    TF_HOOK(step_begin);
+    TF_HOOK(step_end);
+    TF_HOOK(stage_event);
+    TF_HOOK(fetch_weight);
+    TF_HOOK(release_weight);
+    TF_HOOK(linear_extend);
+    TF_HOOK(grad_ready);
+    TF_HOOK(optimizer_step_param);
+    TF_HOOK(loss_scale);
+    TF_HOOK(estimate_memory);
+    TF_HOOK(save_state);
+    TF_HOOK(load_state);
+    TF_HOOK(export_weight);
+    TF_HOOK(export_adapter);
+    TF_HOOK(pack_activation);
+    TF_HOOK(grad_norm_sq);
+    TF_HOOK(apply_held_grads);
+#undef TF_HOOK
+  } else if (const tf_model_vtable* v = p.model()) {
+    add(TF_HAS(v, tf_model_vtable, stage_forward), "stage_forward");
+    add(TF_HAS(v, tf_model_vtable, hf_config_json), "hf_config_json");
+    add(TF_HAS(v, tf_model_vtable, decode), "decode");
+  } else if (const tf_schedule_vtable* v = p.schedule()) {
+    add(TF_HAS(v, tf_schedule_vtable, run_step), "run_step");
+    add(TF_HAS(v, tf_schedule_vtable, estimate_memory), "estimate_memory");
+    add(TF_HAS(v, tf_schedule_vtable, save_state), "save_state");
+    add(TF_HAS(v, tf_schedule_vtable, load_state), "load_state");
+  }
+  return hooks;
+}
+
+FileIdentity identity_of(const struct stat& st) {
+  return {st.st_dev, st.st_ino, st.st_size,
+          static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
+}
+
+}  // namespace
+
+LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin,
+                              const std::string& sha256_pin) {
   auto fail = [&](const std::string& why) -> PluginLoadError {
     return PluginLoadError("plugin " + path + ": " + why);
   };
+  // One descriptor for everything: stat, hash and the dynamic linker's
+  // mapping (through /proc/self/fd). It stays open while the library is
+  // loaded — for ever — so that no later library is ever opened under the
+  // same /proc name, which the dynamic linker would take for this one.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0)
+    throw fail(std::string("cannot open it (") + std::strerror(errno) +
+               "); check that it exists and is readable");
+  bool keep_fd = false;
+  struct FdCloser {
+    int fd;
+    bool& keep;
+    ~FdCloser() {
+      if (!keep) ::close(fd);
+    }
+  } closer{fd, keep_fd};
+  struct stat st{};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    throw fail("not a regular file; give the path of a plugin library (.so)");
+  LoadedPlugin out{};
+  out.file = identity_of(st);
+  try {
+    out.sha256 = sha256_fd_hex(fd, path);
+  } catch (const std::exception& e) {
+    throw fail(e.what());
+  }
+  if (!sha256_pin.empty() && out.sha256 != sha256_pin)
+    throw PluginPinMismatch("plugin " + path + " has SHA-256 " + out.sha256 +
+                                ", not the pinned " + sha256_pin,
+                            out.sha256);
+
   boost::dll::shared_library lib;
   std::error_code ec;
-  lib.load(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
+  lib.load("/proc/self/fd/" + std::to_string(fd),
+           boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
   if (ec || !lib.is_loaded()) {
     const char* err = dlerror();
     throw fail("cannot open the library (" + (err ? std::string(err) : ec.message()) +
-               "); check that it exists and was built for this machine");
+               "); check that it was built for this machine");
   }
-  if (!lib.has(TF_PLUGIN_ENTRY_SYMBOL))
+  // Its constructors ran: it stays loaded, refused or not.
+  keep_fd = true;
+  const bool has_entry = lib.has(TF_PLUGIN_ENTRY_SYMBOL);
+  tf_status (*entry)(const tf_host_offer*, const tf_plugin_descriptor**) = nullptr;
+  if (has_entry)
+    entry = &lib.get<tf_status(const tf_host_offer*, const tf_plugin_descriptor**)>(
+        TF_PLUGIN_ENTRY_SYMBOL);
+  {
+    std::lock_guard<std::mutex> lock(open_mutex());
+    open_libraries().push_back(std::move(lib));
+  }
+  if (!has_entry)
     throw fail(std::string("no entry symbol \"") + TF_PLUGIN_ENTRY_SYMBOL +
                "\": not a tightfit plugin, or built without TF_DEFINE_PLUGIN_ENTRY / "
                "tightfit_add_plugin()");
-  auto entry = lib.get<tf_status(const tf_host_offer*, const tf_plugin_descriptor**)>(
-      TF_PLUGIN_ENTRY_SYMBOL);
 
   tf_host_offer offer{sizeof(tf_host_offer), TF_ABI_VERSION, TORCH_VERSION};
   const tf_plugin_descriptor* desc = nullptr;
-  const tf_status st = entry(&offer, &desc);
-  if (st == TF_ERR_ABI)
+  const tf_status st_entry = entry(&offer, &desc);
+  if (st_entry == TF_ERR_ABI)
     throw fail("the plugin refuses this host's ABI " + abi_version_string(TF_ABI_VERSION) +
                "; rebuild it against this tightfit's plugin-api headers");
-  if (st != TF_OK || desc == nullptr)
-    throw fail("entry function failed (status " + std::to_string(st) + ")");
-
+  if (st_entry != TF_OK || desc == nullptr)
+    throw fail("entry function failed (status " + std::to_string(st_entry) + ")");
   // Check the size before copying anything (a short struct must not be over-read).
   if (desc->struct_size < kMinDescriptorSize)
     throw fail("descriptor struct_size " + std::to_string(desc->struct_size) +
@@ -116,7 +214,6 @@ LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin
     throw fail("needs plugin ABI " + abi_version_string(plugin_abi) + " but this host has only " +
                abi_version_string(TF_ABI_VERSION) + "; upgrade tightfit or use an older plugin");
 
-  LoadedPlugin out{};
   std::memset(&out.descriptor, 0, sizeof out.descriptor);
   std::memcpy(&out.descriptor, desc, std::min<size_t>(desc->struct_size, sizeof out.descriptor));
   const tf_plugin_descriptor& d = out.descriptor;
@@ -175,8 +272,10 @@ LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin
   } catch (const std::exception& e) {
     throw fail(e.what());
   }
-  std::lock_guard<std::mutex> lock(open_mutex());
-  open_libraries().push_back(std::move(lib));
+  out.kind = d.kind;
+  out.abi_version = d.abi_version;
+  out.flags = d.flags;
+  out.hooks = vtable_hooks(out);
   return out;
 }
 
@@ -190,84 +289,157 @@ std::string builtin_plugin_dir() {
   return {};
 }
 
+std::string plugin_path_trust_problem(const std::string& path) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) return {};  // a missing path is reported elsewhere
+  const bool folder = S_ISDIR(st.st_mode);
+  const char* what = folder ? "folder" : "file";
+  if (st.st_uid != ::geteuid() && st.st_uid != 0)
+    return std::string("plugin ") + what + " " + path + " belongs to user " +
+           std::to_string(st.st_uid) +
+           ", neither you nor root: whoever owns it decides what code tightfit runs. Copy it "
+           "into a folder of your own";
+  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return std::string("plugin ") + what + " " + path + " is writable by " +
+           (st.st_mode & S_IWOTH ? "everyone" : "its group") + " (mode " + mode +
+           "): anyone who can write it decides what code tightfit runs. Fix it with: chmod go-w " +
+           path;
+  }
+  return {};
+}
+
 PluginRegistry PluginRegistry::discover() {
   PluginRegistry r;
   const std::string builtin = builtin_plugin_dir();
   if (!builtin.empty()) r.add_path(builtin, "built-in");
   if (const char* env = std::getenv("TIGHTFIT_PLUGIN_PATH")) {
     std::stringstream ss(env);
-    for (std::string dir; std::getline(ss, dir, ':');)
-      if (!dir.empty()) r.add_path(dir, "TIGHTFIT_PLUGIN_PATH");
+    for (std::string dir; std::getline(ss, dir, ':');) {
+      if (dir.empty()) continue;
+      if (dir.front() != '/') {
+        r.path_problems_.push_back(
+            "TIGHTFIT_PLUGIN_PATH entry \"" + dir +
+            "\" is relative and is ignored: plugins never load from the working directory. "
+            "Give the folder's absolute path (for example \"$PWD/" +
+            dir + "\")");
+        r.problems_.push_back(r.path_problems_.back());
+        continue;
+      }
+      r.add_path(dir, "TIGHTFIT_PLUGIN_PATH");
+    }
   }
   return r;
 }
 
-void PluginRegistry::add_path(const std::string& dir, const std::string& origin) {
+void PluginRegistry::add_path(const std::string& dir_in, const std::string& origin) {
+  const std::string dir = fs::absolute(dir_in).lexically_normal().string();
+  auto refuse_path = [&](const std::string& why) {
+    path_problems_.push_back(why);
+    problems_.push_back(why);
+  };
   std::vector<std::string> files;
   std::error_code ec;
   if (fs::is_regular_file(dir, ec)) {
     files.push_back(dir);
   } else if (fs::is_directory(dir, ec)) {
+    if (const std::string why = plugin_path_trust_problem(dir); !why.empty())
+      return refuse_path(why);
     for (const auto& e : fs::directory_iterator(dir, ec))
       if (e.is_regular_file() && e.path().extension() == ".so") files.push_back(e.path().string());
     std::sort(files.begin(), files.end());
   } else {
-    problems_.push_back("plugin path " + dir + " (" + origin + ") does not exist");
-    return;
+    return refuse_path("plugin path " + dir + " (" + origin + ") does not exist");
   }
+  std::vector<std::string> trusted;
   for (const auto& f : files) {
-    try {
-      auto p = std::make_shared<LoadedPlugin>(load_plugin_file(f, origin));
-      auto [it, added] = by_name_.emplace(p->name, p);
-      if (added || fs::equivalent(it->second->path, p->path, ec)) continue;
-      const std::string message = "two plugins are named \"" + p->name + "\": " + it->second->path +
-                                  " (" + it->second->origin + ") and " + p->path + " (" + origin +
-                                  "); remove one from the plugin folders or rename it";
-      if (conflicts_.emplace(p->name, message).second) problems_.push_back(message);
-    } catch (const PluginLoadError& e) {
-      problems_.push_back(e.what());
+    if (const std::string why = plugin_path_trust_problem(f); !why.empty())
+      problems_.push_back(why);
+    else
+      trusted.push_back(f);
+  }
+  const std::vector<PluginScanResult> scans = scan_plugin_files(trusted, origin);
+  for (size_t i = 0; i < trusted.size(); ++i) {
+    if (!scans[i].info) {
+      problems_.push_back(scans[i].problem);
+      continue;
     }
+    auto entry = std::make_shared<Entry>();
+    entry->info = *scans[i].info;
+    const PluginInfo& p = entry->info;
+    auto [it, added] = by_name_.emplace(p.name, entry);
+    if (added || fs::equivalent(it->second->info.path, p.path, ec)) continue;
+    const std::string message = "two plugins are named \"" + p.name + "\": " +
+                                it->second->info.path + " (" + it->second->info.origin + ") and " +
+                                p.path + " (" + origin +
+                                "); remove one from the plugin folders or rename it";
+    if (conflicts_.emplace(p.name, message).second) problems_.push_back(message);
   }
 }
 
-const LoadedPlugin* PluginRegistry::find_any(const std::string& name) const {
+const PluginInfo* PluginRegistry::find_any(const std::string& name) const {
   if (auto c = conflicts_.find(name); c != conflicts_.end()) throw PluginLoadError(c->second);
   auto it = by_name_.find(name);
-  return it == by_name_.end() ? nullptr : it->second.get();
+  return it == by_name_.end() ? nullptr : &it->second->info;
 }
 
-const LoadedPlugin* PluginRegistry::find_hf_model_type(const std::string& model_type) const {
-  for (const auto& [name, p] : by_name_)
-    if (p->descriptor.kind == TF_PLUGIN_MODEL &&
-        std::find(p->hf_model_types.begin(), p->hf_model_types.end(), model_type) !=
-            p->hf_model_types.end())
-      return p.get();
+const PluginInfo* PluginRegistry::find_hf_model_type(const std::string& model_type) const {
+  for (const auto& [name, e] : by_name_)
+    if (e->info.kind == TF_PLUGIN_MODEL &&
+        std::find(e->info.hf_model_types.begin(), e->info.hf_model_types.end(), model_type) !=
+            e->info.hf_model_types.end())
+      return &e->info;
   return nullptr;
 }
 
-const LoadedPlugin& PluginRegistry::find(const std::string& name, tf_plugin_kind kind) const {
-  const LoadedPlugin* p = find_any(name);
-  if (p && p->descriptor.kind == kind) return *p;
+const LoadedPlugin& PluginRegistry::find(const std::string& name, tf_plugin_kind kind,
+                                         const std::string& sha256_pin) const {
+  const PluginInfo* info = find_any(name);
+  if (info && info->kind == kind) {
+    Entry& e = *by_name_.at(name);
+    std::lock_guard<std::mutex> lock(e.mutex);
+    // A pin is checked on the scanned bytes before loading, and again on
+    // the descriptor that is loaded.
+    const std::string& known = e.loaded ? e.loaded->sha256 : e.info.sha256;
+    if (!sha256_pin.empty() && known != sha256_pin)
+      throw PluginPinMismatch("plugin " + e.info.path + " has SHA-256 " + known +
+                                  ", not the pinned " + sha256_pin,
+                              known);
+    if (!e.loaded) {
+      auto loaded = std::make_shared<LoadedPlugin>(
+          load_plugin_file(e.info.path, e.info.origin, sha256_pin));
+      if (!(loaded->file == e.info.file) || loaded->name != e.info.name ||
+          loaded->kind != e.info.kind)
+        throw PluginLoadError("plugin " + e.info.path +
+                              " changed after it was scanned (rebuilt or replaced while tightfit "
+                              "started?); run tightfit again");
+      e.loaded = std::move(loaded);
+    }
+    return *e.loaded;
+  }
   std::ostringstream os;
   os << "no " << plugin_kind_name(kind) << " plugin named \"" << name << "\"";
-  if (p) os << " (\"" << name << "\" is a " << plugin_kind_name(p->descriptor.kind) << " plugin)";
+  if (info) os << " (\"" << name << "\" is a " << plugin_kind_name(info->kind) << " plugin)";
   os << ". Installed " << plugin_kind_name(kind) << " plugins:";
   bool any = false;
   for (const auto& [n, q] : by_name_)
-    if (q->descriptor.kind == kind) {
+    if (q->info.kind == kind) {
       os << " " << n;
       any = true;
     }
   if (!any) os << " (none)";
   for (const auto& prob : problems_)
-    if (prob.find(name) != std::string::npos) os << "\n  note: " << prob;
+    if (prob.find(name) != std::string::npos ||
+        std::find(path_problems_.begin(), path_problems_.end(), prob) != path_problems_.end())
+      os << "\n  note: " << prob;
   os << "\nAdd a plugin folder with TIGHTFIT_PLUGIN_PATH or [run] plugin_paths";
   throw PluginLoadError(os.str());
 }
 
-std::vector<const LoadedPlugin*> PluginRegistry::all() const {
-  std::vector<const LoadedPlugin*> out;
-  for (const auto& [n, p] : by_name_) out.push_back(p.get());
+std::vector<const PluginInfo*> PluginRegistry::all() const {
+  std::vector<const PluginInfo*> out;
+  for (const auto& [n, e] : by_name_) out.push_back(&e->info);
   return out;
 }
 

@@ -1,10 +1,16 @@
-// The loader: finds plugin libraries, opens them with Boost.DLL, negotiates
-// the ABI and checks the LibTorch version, and keeps every library loaded for
-// the life of the process (nothing a plugin created may outlive its code).
+// The loader: finds plugin libraries, learns what each one is by scanning it
+// in a child process (plugin_scan.hpp), and opens a library in this process
+// only when a recipe uses it — from the same descriptor its pin was checked
+// on. It negotiates the ABI, checks the LibTorch version, and keeps every
+// library loaded for the life of the process (nothing a plugin created may
+// outlive its code).
 #pragma once
+
+#include <sys/types.h>
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -18,14 +24,41 @@ struct PluginLoadError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-struct LoadedPlugin {
+// The loaded bytes are not the ones a recipe pinned.
+struct PluginPinMismatch : PluginLoadError {
+  PluginPinMismatch(const std::string& what, std::string actual_sha256)
+      : PluginLoadError(what), actual(std::move(actual_sha256)) {}
+  std::string actual;
+};
+
+// Which file a scan saw: a load refuses a file that changed since.
+struct FileIdentity {
+  dev_t device = 0;
+  ino_t inode = 0;
+  off_t size = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const FileIdentity&) const = default;
+};
+
+// What a plugin declares, known without running its code in this process.
+struct PluginInfo {
   std::string path;
-  std::string origin;               // "built-in", "TIGHTFIT_PLUGIN_PATH", "recipe", "file"
-  tf_plugin_descriptor descriptor;  // the host's zero-filled copy
+  std::string origin;  // "built-in", "TIGHTFIT_PLUGIN_PATH", "recipe", "file"
+  FileIdentity file;
+  std::string sha256;  // of the bytes scanned (for a LoadedPlugin: the bytes loaded)
+  tf_plugin_kind kind = TF_PLUGIN_MODEL;
+  uint32_t abi_version = 0;
+  uint32_t flags = 0;  // TF_PLUGIN_FLAG_*
   std::string name, version, description, libtorch_version;
   std::vector<KeySpec> keys;
   std::vector<std::string> hf_model_types;  // a model's Hugging Face model_type values
   uint64_t model_features = 0;              // a model's TF_MODEL_FEATURE_* bits
+  std::vector<std::string> hooks;           // the hooks its vtable offers
+};
+
+// A plugin opened in this process.
+struct LoadedPlugin : PluginInfo {
+  tf_plugin_descriptor descriptor;  // the host's zero-filled copy
   const tf_model_vtable* model() const;
   const tf_strategy_vtable* strategy() const;
   const tf_schedule_vtable* schedule() const;
@@ -37,38 +70,58 @@ std::string abi_version_string(uint32_t v);
 // The LibTorch version this host was built with ("2.11.0").
 const char* host_libtorch_version();
 
-// Opens one library and validates it; throws PluginLoadError naming the file
-// and the reason.
-LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin);
+// Opens one library in this process and validates it; throws PluginLoadError
+// naming the file and the reason. The file is opened once: its identity and
+// SHA-256 come from that descriptor, and the dynamic linker maps that same
+// descriptor, so a file swapped in meanwhile is never what runs. With a pin,
+// a mismatch (PluginPinMismatch) is found before any code of it runs.
+LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin,
+                              const std::string& sha256_pin = {});
 
 // The folder of plugins built with this kernel (found next to the kernel library).
 std::string builtin_plugin_dir();
 
+// Why `path` (a plugin file or folder) must not be trusted: writable by group
+// or others, or owned by someone other than this user or root; "" if fine.
+std::string plugin_path_trust_problem(const std::string& path);
+
 class PluginRegistry {
  public:
-  // Scans the built-in folder and TIGHTFIT_PLUGIN_PATH.
+  // Scans the built-in folder and TIGHTFIT_PLUGIN_PATH (absolute entries only).
   static PluginRegistry discover();
 
-  // Adds every library in `dir` (or the file `dir`). Broken libraries found
-  // by scanning are recorded in problems(), not thrown. A second file with a
-  // name already taken is a conflict: recorded in problems(), and using that
-  // name throws an error naming both files (the same file seen twice is not).
+  // Adds every library in `dir` (or the file `dir`), scanned in a child
+  // process (a library that crashes or hangs there is a problem, not a crash
+  // of this process). Broken libraries are recorded in problems(), not
+  // thrown. A second file with a name already taken is a conflict: recorded
+  // in problems(), and using that name throws an error naming both files
+  // (the same file seen twice is not).
   void add_path(const std::string& dir, const std::string& origin);
 
-  // Throws PluginLoadError listing what is installed, or naming the files of
-  // a conflict.
-  const LoadedPlugin& find(const std::string& name, tf_plugin_kind kind) const;
-  const LoadedPlugin* find_any(const std::string& name) const;
+  // The plugin, opened in this process on first use. With `sha256_pin`, the
+  // bytes loaded must have that SHA-256 (PluginPinMismatch otherwise, before
+  // any of its code runs). Throws PluginLoadError listing what is installed,
+  // or naming the files of a conflict.
+  const LoadedPlugin& find(const std::string& name, tf_plugin_kind kind,
+                           const std::string& sha256_pin = {}) const;
+  // What a plugin declares, without loading it; nullptr if none has the name.
+  const PluginInfo* find_any(const std::string& name) const;
   // The model plugin that declares Hugging Face `model_type` (hf_model_types),
   // or nullptr.
-  const LoadedPlugin* find_hf_model_type(const std::string& model_type) const;
-  std::vector<const LoadedPlugin*> all() const;
+  const PluginInfo* find_hf_model_type(const std::string& model_type) const;
+  std::vector<const PluginInfo*> all() const;
   const std::vector<std::string>& problems() const { return problems_; }
 
  private:
-  std::map<std::string, std::shared_ptr<LoadedPlugin>> by_name_;
+  struct Entry {
+    PluginInfo info;
+    std::mutex mutex;
+    std::shared_ptr<const LoadedPlugin> loaded;
+  };
+  std::map<std::string, std::shared_ptr<Entry>> by_name_;
   std::map<std::string, std::string> conflicts_;  // name -> the message
   std::vector<std::string> problems_;
+  std::vector<std::string> path_problems_;  // folders refused as a whole
 };
 
 }  // namespace tightfit

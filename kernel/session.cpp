@@ -19,7 +19,6 @@
 #include "logging.hpp"
 #include "op_timer.hpp"
 #include "safetensors.hpp"
-#include "sha256.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
@@ -176,36 +175,48 @@ std::string Session::checkpoint_dir() const {
   return d.empty() ? (fs::path(run_dir_) / "checkpoints").string() : d;
 }
 
-PluginInstance Session::make_instance(const LoadedPlugin& plugin, const toml::table* table,
-                                      const std::string& role) {
-  PluginInstance inst;
-  inst.plugin = &plugin;
-  inst.ctx = std::make_unique<tf_host_context>();
-  inst.ctx->session = this;
-  inst.ctx->plugin_name = plugin.name;
-  inst.ctx->role = role;
-  // "weights" in [model] is the kernel's: Hugging Face weights to start from;
-  // "sha256" in any plugin table pins the plugin's file.
-  inst.ctx->config =
-      recipe_.validate(table, "[" + role + "] (plugin " + plugin.name + ")", plugin.keys,
-                       role == "model" ? std::vector<std::string>{"plugin", "weights", "sha256"}
-                                       : std::vector<std::string>{"plugin", "sha256"});
-  if (const toml::node* pin = table ? table->get("sha256") : nullptr) {
+PluginInstance Session::make_instance(const std::string& name, tf_plugin_kind kind,
+                                      const toml::table* table, const std::string& role,
+                                      const std::string& where_plugin) {
+  // "sha256" in any plugin table pins the plugin's file: checked on the
+  // bytes that are loaded, before any of their code runs in this process.
+  std::string pinned;
+  const toml::node* pin = table ? table->get("sha256") : nullptr;
+  if (pin) {
     const std::optional<std::string> want = pin->value<std::string>();
     if (!want || want->size() != 64 ||
         want->find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
       throw RecipeError(recipe_.where(*pin) +
                         ": sha256 must be the 64 hex digits of the plugin file's SHA-256 "
                         "(`tightfit plugins check FILE` prints it)");
-    const std::string got = sha256_file_hex(plugin.path);
-    std::string lower = *want;
-    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (lower != got)
-      throw RecipeError(recipe_.where(*pin) + ": plugin \"" + plugin.name + "\" at " + plugin.path +
-                        " has SHA-256 " + got + ", not the pinned " + lower +
-                        ". The file changed since it was pinned: if you trust the new build, "
-                        "pin its hash; otherwise restore the pinned file");
+    pinned = *want;
+    for (char& c : pinned) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   }
+  const LoadedPlugin* found = nullptr;
+  try {
+    found = &registry_.find(name, kind, pinned);
+  } catch (const PluginPinMismatch& e) {
+    const PluginInfo* info = registry_.find_any(name);
+    throw RecipeError(recipe_.where(*pin) + ": plugin \"" + name + "\" at " +
+                      (info ? info->path : std::string("?")) + " has SHA-256 " + e.actual +
+                      ", not the pinned " + pinned +
+                      ". The file changed since it was pinned: if you trust the new build, "
+                      "pin its hash; otherwise restore the pinned file. It was not loaded");
+  } catch (const PluginLoadError& e) {
+    throw RecipeError(where_plugin + ": " + e.what());
+  }
+  const LoadedPlugin& plugin = *found;
+  PluginInstance inst;
+  inst.plugin = &plugin;
+  inst.ctx = std::make_unique<tf_host_context>();
+  inst.ctx->session = this;
+  inst.ctx->plugin_name = plugin.name;
+  inst.ctx->role = role;
+  // "weights" in [model] is the kernel's: Hugging Face weights to start from.
+  inst.ctx->config =
+      recipe_.validate(table, "[" + role + "] (plugin " + plugin.name + ")", plugin.keys,
+                       role == "model" ? std::vector<std::string>{"plugin", "weights", "sha256"}
+                                       : std::vector<std::string>{"plugin", "sha256"});
   return inst;
 }
 
@@ -354,11 +365,8 @@ void Session::build(const PluginRegistry& base_registry) {
 
   const toml::table* model_table = recipe_.table("model");
   const std::string model_name = recipe_.required_string(model_table, "model", "plugin");
-  try {
-    model_ = make_instance(registry.find(model_name, TF_PLUGIN_MODEL), model_table, "model");
-  } catch (const PluginLoadError& e) {
-    throw RecipeError(recipe_.where(*model_table->get("plugin")) + ": " + e.what());
-  }
+  model_ = make_instance(model_name, TF_PLUGIN_MODEL, model_table, "model",
+                         recipe_.where(*model_table->get("plugin")));
   if (data_cfg_.get_bool("packing") &&
       !(model_.plugin->model_features & TF_MODEL_FEATURE_POSITIONS))
     throw RecipeError(recipe_.source() + ": [data] packing = true: model plugin \"" + model_name +
@@ -379,12 +387,8 @@ void Session::build(const PluginRegistry& base_registry) {
     ++idx;
     const std::string name = recipe_.required_string(t, "strategy", "plugin");
     const std::string role = "strategy #" + std::to_string(idx);
-    try {
-      strategies_.push_back(
-          make_instance(registry.find(name, TF_PLUGIN_STRATEGY), t, "[strategy]"));
-    } catch (const PluginLoadError& e) {
-      throw RecipeError(recipe_.where(*t->get("plugin")) + ": " + e.what());
-    }
+    strategies_.push_back(make_instance(name, TF_PLUGIN_STRATEGY, t, "[strategy]",
+                                        recipe_.where(*t->get("plugin"))));
     PluginInstance& s = strategies_.back();
     s.ctx->role = role;
     const tf_status st = s.plugin->strategy()->create(host_api(), s.ctx.get(), &s.state);
@@ -428,15 +432,10 @@ void Session::build(const PluginRegistry& base_registry) {
   const std::string sched_name = sched_table && sched_table->contains("plugin")
                                      ? recipe_.required_string(sched_table, "schedule", "plugin")
                                      : "standard";
-  try {
-    schedule_ =
-        make_instance(registry.find(sched_name, TF_PLUGIN_SCHEDULE), sched_table, "schedule");
-  } catch (const PluginLoadError& e) {
-    throw RecipeError((sched_table && sched_table->get("plugin")
-                           ? recipe_.where(*sched_table->get("plugin"))
-                           : recipe_.source()) +
-                      ": " + e.what());
-  }
+  schedule_ = make_instance(sched_name, TF_PLUGIN_SCHEDULE, sched_table, "schedule",
+                           sched_table && sched_table->get("plugin")
+                               ? recipe_.where(*sched_table->get("plugin"))
+                               : recipe_.source());
   check(schedule_.plugin->schedule()->create(host_api(), schedule_.ctx.get(), &schedule_.state),
         schedule_, "create");
 

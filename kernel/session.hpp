@@ -258,8 +258,11 @@ class Session {
 
  private:
   void build(const PluginRegistry& registry);
-  PluginInstance make_instance(const LoadedPlugin& plugin, const toml::table* table,
-                               const std::string& role);
+  // Finds (and loads) the plugin `name` of `kind`, its pin checked first,
+  // and validates its table; errors are RecipeErrors at `where_plugin`.
+  PluginInstance make_instance(const std::string& name, tf_plugin_kind kind,
+                               const toml::table* table, const std::string& role,
+                               const std::string& where_plugin);
   void emit_progress(const ProgressInfo& p);
   // fp16 loss scaling: the product of the strategies' factors, and the
   // finiteness of each step's unscaled gradients reported back to them.

@@ -1,27 +1,31 @@
 #include "sha256.hpp"
 
+#include <fcntl.h>
 #include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <array>
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
 
 namespace tightfit {
 
-std::string sha256_file_hex(const std::string& path) {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
-  if (!f) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
+std::string sha256_fd_hex(int fd, const std::string& path) {
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> md(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
   if (!md || EVP_DigestInit_ex(md.get(), EVP_sha256(), nullptr) != 1)
     throw std::runtime_error("SHA-256 is unavailable (OpenSSL)");
   std::array<unsigned char, 1 << 16> buf{};
-  size_t n = 0;
-  while ((n = std::fread(buf.data(), 1, buf.size(), f.get())) > 0)
-    EVP_DigestUpdate(md.get(), buf.data(), n);
-  if (std::ferror(f.get())) throw std::runtime_error("error reading " + path);
+  for (off_t at = 0;;) {
+    const ssize_t n = ::pread(fd, buf.data(), buf.size(), at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw std::runtime_error("error reading " + path + ": " + std::strerror(errno));
+    if (n == 0) break;
+    EVP_DigestUpdate(md.get(), buf.data(), static_cast<size_t>(n));
+    at += n;
+  }
   std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
   unsigned int len = 0;
   EVP_DigestFinal_ex(md.get(), digest.data(), &len);
@@ -32,6 +36,23 @@ std::string sha256_file_hex(const std::string& path) {
     out += hex[digest[i] & 15];
   }
   return out;
+}
+
+std::string sha256_file_hex(const std::string& path) {
+  // O_NONBLOCK: a FIFO in the file's place is refused below, not waited on.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
+  try {
+    struct stat st{};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+      throw std::runtime_error("cannot hash " + path + ": not a regular file");
+    std::string hex = sha256_fd_hex(fd, path);
+    ::close(fd);
+    return hex;
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
 }
 
 }  // namespace tightfit

@@ -39,10 +39,10 @@ Recipe recipe_for_model_folder(const fs::path& folder, const PluginRegistry& plu
   const auto type_key = cfg.find("model_type");
   const std::string type =
       type_key != cfg.end() && type_key->is_string() ? type_key->get<std::string>() : "";
-  const LoadedPlugin* plugin = plugins.find_hf_model_type(type);
+  const PluginInfo* plugin = plugins.find_hf_model_type(type);
   if (!plugin) {
     std::string known;
-    for (const LoadedPlugin* p : plugins.all())
+    for (const PluginInfo* p : plugins.all())
       for (const auto& t : p->hf_model_types) known += (known.empty() ? "" : ", ") + t;
     throw RecipeError((folder / "config.json").string() + ": model_type \"" + type +
                       "\" has no tightfit model plugin (installed: " + known + ")");

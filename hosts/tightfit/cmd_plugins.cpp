@@ -9,7 +9,7 @@
 #include "commands.hpp"
 #include "plugin_loader.hpp"
 #include "recipe.hpp"
-#include "sha256.hpp"
+#include "plugin_scan.hpp"
 
 namespace tightfit::host {
 
@@ -54,12 +54,11 @@ void print_list(const PluginRegistry& reg) {
             << "VERSION" << std::setw(5) << "ABI" << std::setw(10) << "LIBTORCH" << std::setw(22)
             << "ORIGIN"
             << "PATH\n";
-  for (const LoadedPlugin* p : reg.all())
-    std::cout << std::left << std::setw(18) << p->name << std::setw(10)
-              << plugin_kind_name(p->descriptor.kind) << std::setw(9) << p->version << std::setw(5)
-              << abi_version_string(p->descriptor.abi_version) << std::setw(10)
-              << (p->descriptor.flags & TF_PLUGIN_FLAG_STABLE_ABI_ONLY ? "stable"
-                                                                       : p->libtorch_version)
+  for (const PluginInfo* p : reg.all())
+    std::cout << std::left << std::setw(18) << p->name << std::setw(10) << plugin_kind_name(p->kind)
+              << std::setw(9) << p->version << std::setw(5) << abi_version_string(p->abi_version)
+              << std::setw(10)
+              << (p->flags & TF_PLUGIN_FLAG_STABLE_ABI_ONLY ? "stable" : p->libtorch_version)
               << std::setw(22) << p->origin << p->path << "\n";
   for (const auto& prob : reg.problems()) std::cerr << "warning: " << prob << "\n";
 }
@@ -70,24 +69,23 @@ std::string join(const std::vector<std::string>& items, const char* sep) {
   return out;
 }
 
-void print_info(const LoadedPlugin& p) {
-  std::cout << p.name << " " << p.version << " (" << plugin_kind_name(p.descriptor.kind)
-            << " plugin)\n"
+void print_info(const PluginInfo& p) {
+  std::cout << p.name << " " << p.version << " (" << plugin_kind_name(p.kind) << " plugin)\n"
             << "  " << p.description << "\n"
-            << "  ABI " << abi_version_string(p.descriptor.abi_version) << ", LibTorch "
+            << "  ABI " << abi_version_string(p.abi_version) << ", LibTorch "
             << p.libtorch_version
-            << (p.descriptor.flags & TF_PLUGIN_FLAG_STABLE_ABI_ONLY
+            << (p.flags & TF_PLUGIN_FLAG_STABLE_ABI_ONLY
                     ? " (stable C subset only: loads with any LibTorch)"
                     : "")
             << ", " << p.origin << ": " << p.path << "\n"
             << (p.hf_model_types.empty()
                     ? std::string()
                     : "  Hugging Face model types: " + join(p.hf_model_types, ", ") + "\n")
-            << (p.descriptor.kind != TF_PLUGIN_MODEL ? ""
+            << (p.kind != TF_PLUGIN_MODEL ? ""
                 : p.model_features & TF_MODEL_FEATURE_POSITIONS
                     ? "  packed rows ([data] packing = true): yes, reads per-token positions\n"
                     : "  packed rows ([data] packing = true): no\n")
-            << "  sha256 " << sha256_file_hex(p.path)
+            << "  sha256 " << p.sha256
             << "  (pin it in a recipe: sha256 = \"...\" in the plugin's table)\n\nrecipe keys:\n";
   if (p.keys.empty()) std::cout << "  (none)\n";
   print_keys(p.keys);
@@ -95,50 +93,11 @@ void print_info(const LoadedPlugin& p) {
 
 // What `plugins check` verifies beyond loading: the hooks a plugin of its
 // kind offers, so an author sees at a glance what the host will call.
-void print_hooks(const LoadedPlugin& p) {
-  std::vector<std::string> hooks;
-  auto add = [&](bool present, const char* name) {
-    if (present) hooks.push_back(name);
-  };
-  if (const tf_strategy_vtable* v = p.strategy()) {
-#define TF_HOOK(field) add(TF_HAS(v, tf_strategy_vtable, field), #field)
-    TF_HOOK(configure);
-    TF_HOOK(params_ready);
-    TF_HOOK(stage_params_ready);
-    TF_HOOK(step_begin);
-    TF_HOOK(step_end);
-    TF_HOOK(stage_event);
-    TF_HOOK(fetch_weight);
-    TF_HOOK(release_weight);
-    TF_HOOK(linear_extend);
-    TF_HOOK(grad_ready);
-    TF_HOOK(optimizer_step_param);
-    TF_HOOK(loss_scale);
-    TF_HOOK(estimate_memory);
-    TF_HOOK(save_state);
-    TF_HOOK(load_state);
-    TF_HOOK(export_weight);
-    TF_HOOK(export_adapter);
-    TF_HOOK(pack_activation);
-    TF_HOOK(grad_norm_sq);
-    TF_HOOK(apply_held_grads);
-#undef TF_HOOK
-  } else if (const tf_model_vtable* v = p.model()) {
-    add(TF_HAS(v, tf_model_vtable, stage_forward), "stage_forward");
-    add(TF_HAS(v, tf_model_vtable, hf_config_json), "hf_config_json");
-    add(TF_HAS(v, tf_model_vtable, decode), "decode");
-  } else if (const tf_schedule_vtable* v = p.schedule()) {
-    add(TF_HAS(v, tf_schedule_vtable, run_step), "run_step");
-    add(TF_HAS(v, tf_schedule_vtable, estimate_memory), "estimate_memory");
-    add(TF_HAS(v, tf_schedule_vtable, save_state), "save_state");
-    add(TF_HAS(v, tf_schedule_vtable, load_state), "load_state");
-  }
-  std::cout << "hooks         ";
-  for (size_t i = 0; i < hooks.size(); ++i) std::cout << (i ? ", " : "") << hooks[i];
-  std::cout << "\n";
-  const bool planned = p.strategy()   ? TF_HAS(p.strategy(), tf_strategy_vtable, estimate_memory)
-                       : p.schedule() ? TF_HAS(p.schedule(), tf_schedule_vtable, estimate_memory)
-                                      : true;
+void print_hooks(const PluginInfo& p) {
+  std::cout << "hooks         " << join(p.hooks, ", ") << "\n";
+  const bool planned =
+      p.kind == TF_PLUGIN_MODEL ||
+      std::find(p.hooks.begin(), p.hooks.end(), "estimate_memory") != p.hooks.end();
   if (!planned)
     std::cout << "warning       no estimate_memory hook: `tightfit plan` and `fit` will say its "
                  "effect is not in their plans\n";
@@ -151,7 +110,9 @@ constexpr const char* kUsageText =
     "Plugins come from the built-in folder, then TIGHTFIT_PLUGIN_PATH (colon-separated "
     "folders or files), then a recipe's [run] plugin_paths. `check` loads one library the way "
     "`run` would (ABI and LibTorch versions, descriptor, vtable, recipe keys) without creating "
-    "or running it.\n";
+    "or running it; like every scan, it loads the library in a separate process "
+    "(tightfit-plugin-scan), so a library that crashes or hangs when loaded cannot take "
+    "tightfit down.\n";
 
 }  // namespace
 
@@ -180,7 +141,7 @@ int plugins_command(const std::vector<std::string>& args_in) {
         return kUsage;
       }
       const PluginRegistry reg = registry_for(recipe_path);
-      const LoadedPlugin* p = reg.find_any(args[1]);
+      const PluginInfo* p = reg.find_any(args[1]);
       if (!p) {
         std::cerr << "tightfit: no plugin named \"" << args[1]
                   << "\" (see `tightfit plugins list`)\n";
@@ -194,10 +155,14 @@ int plugins_command(const std::vector<std::string>& args_in) {
         std::cerr << kUsageText;
         return kUsage;
       }
-      const LoadedPlugin p = load_plugin_file(args[1], "file");
-      std::cout << "ok            " << p.path << "\n";
-      print_info(p);
-      print_hooks(p);
+      const std::string file = fs::absolute(args[1]).lexically_normal().string();
+      if (const std::string why = plugin_path_trust_problem(file); !why.empty())
+        throw PluginLoadError(why);
+      const PluginScanResult scan = scan_plugin_files({file}, "file").front();
+      if (!scan.info) throw PluginLoadError(scan.problem);
+      std::cout << "ok            " << scan.info->path << "\n";
+      print_info(*scan.info);
+      print_hooks(*scan.info);
       return kOk;
     }
   } catch (...) {
