@@ -4,8 +4,8 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <torch/version.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <boost/dll/shared_library.hpp>
@@ -131,7 +131,7 @@ FileIdentity identity_of(const struct stat& st) {
 }  // namespace
 
 LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin,
-                              const std::string& sha256_pin) {
+                              const std::string& sha256_pin, const FileIdentity* scanned) {
   auto fail = [&](const std::string& why) -> PluginLoadError {
     return PluginLoadError("plugin " + path + ": " + why);
   };
@@ -151,20 +151,24 @@ LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin
       if (!keep) ::close(fd);
     }
   } closer{fd, keep_fd};
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
     throw fail("not a regular file; give the path of a plugin library (.so)");
   LoadedPlugin out{};
   out.file = identity_of(st);
+  if (scanned && !(out.file == *scanned))
+    throw fail(
+        "changed after it was scanned (rebuilt or replaced while tightfit started?); "
+        "run tightfit again");
   try {
     out.sha256 = sha256_fd_hex(fd, path);
   } catch (const std::exception& e) {
     throw fail(e.what());
   }
   if (!sha256_pin.empty() && out.sha256 != sha256_pin)
-    throw PluginPinMismatch("plugin " + path + " has SHA-256 " + out.sha256 +
-                                ", not the pinned " + sha256_pin,
-                            out.sha256);
+    throw PluginPinMismatch(
+        "plugin " + path + " has SHA-256 " + out.sha256 + ", not the pinned " + sha256_pin,
+        out.sha256);
 
   boost::dll::shared_library lib;
   std::error_code ec;
@@ -290,7 +294,7 @@ std::string builtin_plugin_dir() {
 }
 
 std::string plugin_path_trust_problem(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return {};  // a missing path is reported elsewhere
   const bool folder = S_ISDIR(st.st_mode);
   const char* what = folder ? "folder" : "file";
@@ -370,9 +374,9 @@ void PluginRegistry::add_path(const std::string& dir_in, const std::string& orig
     const PluginInfo& p = entry->info;
     auto [it, added] = by_name_.emplace(p.name, entry);
     if (added || fs::equivalent(it->second->info.path, p.path, ec)) continue;
-    const std::string message = "two plugins are named \"" + p.name + "\": " +
-                                it->second->info.path + " (" + it->second->info.origin + ") and " +
-                                p.path + " (" + origin +
+    const std::string message = "two plugins are named \"" + p.name +
+                                "\": " + it->second->info.path + " (" + it->second->info.origin +
+                                ") and " + p.path + " (" + origin +
                                 "); remove one from the plugin folders or rename it";
     if (conflicts_.emplace(p.name, message).second) problems_.push_back(message);
   }
@@ -403,17 +407,17 @@ const LoadedPlugin& PluginRegistry::find(const std::string& name, tf_plugin_kind
     // the descriptor that is loaded.
     const std::string& known = e.loaded ? e.loaded->sha256 : e.info.sha256;
     if (!sha256_pin.empty() && known != sha256_pin)
-      throw PluginPinMismatch("plugin " + e.info.path + " has SHA-256 " + known +
-                                  ", not the pinned " + sha256_pin,
-                              known);
+      throw PluginPinMismatch(
+          "plugin " + e.info.path + " has SHA-256 " + known + ", not the pinned " + sha256_pin,
+          known);
     if (!e.loaded) {
       auto loaded = std::make_shared<LoadedPlugin>(
-          load_plugin_file(e.info.path, e.info.origin, sha256_pin));
-      if (!(loaded->file == e.info.file) || loaded->name != e.info.name ||
-          loaded->kind != e.info.kind)
-        throw PluginLoadError("plugin " + e.info.path +
-                              " changed after it was scanned (rebuilt or replaced while tightfit "
-                              "started?); run tightfit again");
+          load_plugin_file(e.info.path, e.info.origin, sha256_pin, &e.info.file));
+      if (loaded->name != e.info.name || loaded->kind != e.info.kind)
+        throw PluginLoadError("plugin " + e.info.path + " declares \"" + loaded->name +
+                              "\" when loaded but \"" + e.info.name +
+                              "\" when scanned; a library must declare the same plugin every "
+                              "time it is loaded");
       e.loaded = std::move(loaded);
     }
     return *e.loaded;

@@ -74,9 +74,11 @@ const char* host_libtorch_version();
 // naming the file and the reason. The file is opened once: its identity and
 // SHA-256 come from that descriptor, and the dynamic linker maps that same
 // descriptor, so a file swapped in meanwhile is never what runs. With a pin,
-// a mismatch (PluginPinMismatch) is found before any code of it runs.
+// a mismatch (PluginPinMismatch) is found before any code of it runs; with
+// `scanned`, so is a file that is not the one a scan saw.
 LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin,
-                              const std::string& sha256_pin = {});
+                              const std::string& sha256_pin = {},
+                              const FileIdentity* scanned = nullptr);
 
 // The folder of plugins built with this kernel (found next to the kernel library).
 std::string builtin_plugin_dir();

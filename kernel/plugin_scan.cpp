@@ -75,8 +75,8 @@ std::string describe_exit(int status) {
 // until all are answered or the scanner dies (then the library it was
 // loading gets the reason and the caller starts a new scanner after it).
 // Returns the index of the first path not answered.
-size_t run_scanner(const std::string& scanner, const std::vector<std::string>& paths,
-                   size_t first, std::vector<PluginScanResult>& out) {
+size_t run_scanner(const std::string& scanner, const std::vector<std::string>& paths, size_t first,
+                   std::vector<PluginScanResult>& out) {
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
     out[first].problem = "plugin " + paths[first] + ": cannot start the plugin scanner (" +
@@ -95,8 +95,7 @@ size_t run_scanner(const std::string& scanner, const std::vector<std::string>& p
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   pid_t pid = -1;
-  const int spawned =
-      posix_spawn(&pid, scanner.c_str(), &actions, nullptr, argv.data(), environ);
+  const int spawned = posix_spawn(&pid, scanner.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   ::close(pipe_fds[1]);
   if (spawned != 0) {
@@ -146,8 +145,8 @@ size_t run_scanner(const std::string& scanner, const std::vector<std::string>& p
           throw std::invalid_argument("an answer for another file");
       } catch (const std::exception& e) {
         r.info.reset();
-        r.problem = "plugin " + paths[next] + ": its scan gave an unreadable answer (" +
-                    e.what() + "); the library may write to the scanner's output when loaded";
+        r.problem = "plugin " + paths[next] + ": its scan gave an unreadable answer (" + e.what() +
+                    "); the library may write to the scanner's output when loaded";
       }
       ++next;
       deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -182,11 +181,10 @@ size_t run_scanner(const std::string& scanner, const std::vector<std::string>& p
 }
 
 std::optional<FileIdentity> identity_of(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return std::nullopt;
   return FileIdentity{st.st_dev, st.st_ino, st.st_size,
-                      static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 +
-                          st.st_mtim.tv_nsec};
+                      static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
 }
 
 }  // namespace
@@ -257,7 +255,8 @@ PluginInfo plugin_info_from_json(const nlohmann::json& j) {
       s.choices = bounded_string(k, "choices");
       p.keys.push_back(std::move(s));
     }
-    for (const nlohmann::json& t : j.at("hf_model_types")) p.hf_model_types.push_back(t.get<std::string>());
+    for (const nlohmann::json& t : j.at("hf_model_types"))
+      p.hf_model_types.push_back(t.get<std::string>());
     p.model_features = j.at("model_features").get<uint64_t>();
     for (const nlohmann::json& h : j.at("hooks")) p.hooks.push_back(h.get<std::string>());
     return p;
@@ -271,8 +270,7 @@ std::string plugin_scanner_path() {
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(&plugin_scanner_path), &info) == 0 || !info.dli_fname)
     return "tightfit-plugin-scan";
-  return (fs::absolute(info.dli_fname).parent_path().parent_path() / "bin" /
-          "tightfit-plugin-scan")
+  return (fs::absolute(info.dli_fname).parent_path().parent_path() / "bin" / "tightfit-plugin-scan")
       .string();
 }
 
@@ -330,7 +328,8 @@ int plugin_scanner_main(int argc, char** argv) {
     } catch (const std::exception& e) {
       answer["error"] = e.what();
     }
-    const std::string line = answer.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    const std::string line =
+        answer.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     try {
       write_all(answers, line.data(), line.size(), "the plugin scanner's output");
     } catch (const std::exception&) {

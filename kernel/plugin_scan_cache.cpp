@@ -24,7 +24,7 @@ constexpr size_t kMaxEntries = 4096;
 const std::string& kernel_identity() {
   static const std::string id = [] {
     Dl_info info{};
-    struct stat st{};
+    struct stat st {};
     if (dladdr(reinterpret_cast<void*>(&kernel_identity), &info) == 0 || !info.dli_fname ||
         ::stat(info.dli_fname, &st) != 0)
       return std::string();
@@ -45,7 +45,7 @@ nlohmann::json identity_json(const FileIdentity& id) {
 
 // The entries of the cache file at `path` for this kernel (empty if none).
 nlohmann::json read_entries(const std::string& path) {
-  struct stat st{};
+  struct stat st {};
   if (path.empty() || ::stat(path.c_str(), &st) != 0) return nlohmann::json::object();
   if (const std::string why = plugin_path_trust_problem(path); !why.empty()) {
     log_message(TF_LOG_WARN, "ignoring the plugin scan cache: " + why);
@@ -82,7 +82,8 @@ PluginScanCache::PluginScanCache(std::string path) : path_(std::move(path)) {
 std::optional<PluginScanResult> PluginScanCache::lookup(const std::string& plugin_path,
                                                         const FileIdentity& id) const {
   const auto it = entries_.find(plugin_path);
-  if (it == entries_.end() || !it->is_object() || it->value("file", nlohmann::json()) != identity_json(id))
+  if (it == entries_.end() || !it->is_object() ||
+      it->value("file", nlohmann::json()) != identity_json(id))
     return std::nullopt;
   try {
     PluginScanResult r;
@@ -125,7 +126,7 @@ void PluginScanCache::save() {
     for (auto& [path, entry] : stored_.items()) merged[path] = entry;
     // Forget files that are gone, and keep the file bounded.
     for (auto it = merged.begin(); it != merged.end();) {
-      struct stat st{};
+      struct stat st {};
       if (merged.size() > kMaxEntries || ::stat(it.key().c_str(), &st) != 0)
         it = merged.erase(it);
       else

@@ -387,8 +387,8 @@ void Session::build(const PluginRegistry& base_registry) {
     ++idx;
     const std::string name = recipe_.required_string(t, "strategy", "plugin");
     const std::string role = "strategy #" + std::to_string(idx);
-    strategies_.push_back(make_instance(name, TF_PLUGIN_STRATEGY, t, "[strategy]",
-                                        recipe_.where(*t->get("plugin"))));
+    strategies_.push_back(
+        make_instance(name, TF_PLUGIN_STRATEGY, t, "[strategy]", recipe_.where(*t->get("plugin"))));
     PluginInstance& s = strategies_.back();
     s.ctx->role = role;
     const tf_status st = s.plugin->strategy()->create(host_api(), s.ctx.get(), &s.state);
@@ -433,9 +433,9 @@ void Session::build(const PluginRegistry& base_registry) {
                                      ? recipe_.required_string(sched_table, "schedule", "plugin")
                                      : "standard";
   schedule_ = make_instance(sched_name, TF_PLUGIN_SCHEDULE, sched_table, "schedule",
-                           sched_table && sched_table->get("plugin")
-                               ? recipe_.where(*sched_table->get("plugin"))
-                               : recipe_.source());
+                            sched_table && sched_table->get("plugin")
+                                ? recipe_.where(*sched_table->get("plugin"))
+                                : recipe_.source());
   check(schedule_.plugin->schedule()->create(host_api(), schedule_.ctx.get(), &schedule_.state),
         schedule_, "create");
 

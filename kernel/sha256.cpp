@@ -43,7 +43,7 @@ std::string sha256_file_hex(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw std::runtime_error("cannot read " + path + ": " + std::strerror(errno));
   try {
-    struct stat st{};
+    struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
       throw std::runtime_error("cannot hash " + path + ": not a regular file");
     std::string hex = sha256_fd_hex(fd, path);

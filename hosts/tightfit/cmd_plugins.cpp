@@ -8,8 +8,8 @@
 
 #include "commands.hpp"
 #include "plugin_loader.hpp"
-#include "recipe.hpp"
 #include "plugin_scan.hpp"
+#include "recipe.hpp"
 
 namespace tightfit::host {
 
@@ -72,8 +72,7 @@ std::string join(const std::vector<std::string>& items, const char* sep) {
 void print_info(const PluginInfo& p) {
   std::cout << p.name << " " << p.version << " (" << plugin_kind_name(p.kind) << " plugin)\n"
             << "  " << p.description << "\n"
-            << "  ABI " << abi_version_string(p.abi_version) << ", LibTorch "
-            << p.libtorch_version
+            << "  ABI " << abi_version_string(p.abi_version) << ", LibTorch " << p.libtorch_version
             << (p.flags & TF_PLUGIN_FLAG_STABLE_ABI_ONLY
                     ? " (stable C subset only: loads with any LibTorch)"
                     : "")
@@ -95,9 +94,8 @@ void print_info(const PluginInfo& p) {
 // kind offers, so an author sees at a glance what the host will call.
 void print_hooks(const PluginInfo& p) {
   std::cout << "hooks         " << join(p.hooks, ", ") << "\n";
-  const bool planned =
-      p.kind == TF_PLUGIN_MODEL ||
-      std::find(p.hooks.begin(), p.hooks.end(), "estimate_memory") != p.hooks.end();
+  const bool planned = p.kind == TF_PLUGIN_MODEL || std::find(p.hooks.begin(), p.hooks.end(),
+                                                              "estimate_memory") != p.hooks.end();
   if (!planned)
     std::cout << "warning       no estimate_memory hook: `tightfit plan` and `fit` will say its "
                  "effect is not in their plans\n";
