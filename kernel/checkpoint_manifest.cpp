@@ -39,9 +39,9 @@ bool is_checkpoint_leftover(const fs::path& path) {
   const auto dot = f.find('.');
   if (dot == std::string::npos || !is_checkpoint_name(f.substr(0, dot))) return false;
   const std::string rest = f.substr(dot);
-  const bool temp = rest.rfind(".tmp-", 0) == 0 && rest.size() > 5 &&
-                    (rest.substr(5) == "ranks" ||
-                     rest.find_first_not_of("0123456789", 5) == std::string::npos);
+  const bool temp =
+      rest.rfind(".tmp-", 0) == 0 && rest.size() > 5 &&
+      (rest.substr(5) == "ranks" || rest.find_first_not_of("0123456789", 5) == std::string::npos);
   if (!temp && rest != ".old") return false;
   // Only folders tightfit made: they hold its marker from just after they
   // exist (a kill in between leaves one empty, which holds nothing to lose).

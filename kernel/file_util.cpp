@@ -86,15 +86,16 @@ void create_empty_file(const std::string& path) {
 
 void write_file_replacing(const std::string& path, const std::function<void(int fd)>& fill) {
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" +
-                          std::to_string(counter.fetch_add(1));
+  const std::string tmp =
+      path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0)
     throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno) +
                              (errno == EEXIST ? " (something is in the way: remove it)" : ""));
   try {
     fill(fd);
-    if (::fsync(fd) != 0) throw std::runtime_error("cannot flush " + path + ": " + std::strerror(errno));
+    if (::fsync(fd) != 0)
+      throw std::runtime_error("cannot flush " + path + ": " + std::strerror(errno));
   } catch (...) {
     ::close(fd);
     ::unlink(tmp.c_str());

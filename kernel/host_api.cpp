@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checked_size.hpp"
 #include "device_spec.hpp"
 #include "json_input.hpp"
 #include "safetensors.hpp"
@@ -187,6 +188,12 @@ tf_status h_declare_stage(tf_host_context* ctx, const tf_stage_spec* spec, int32
       throw std::logic_error("declare_stage is only allowed in a model's create");
     const tf_stage_spec s = read_struct(spec);
     if (s.name == nullptr) throw std::invalid_argument("stage without a name");
+    for (const int64_t per_token :
+         {s.activation_bytes_per_token, s.frozen_activation_bytes_per_token,
+          s.output_bytes_per_token, s.backward_bytes_per_token, s.frozen_backward_bytes_per_token})
+      if (per_token < 0 || per_token > kMaxPlannedBytes)
+        throw std::invalid_argument(std::string("stage \"") + s.name +
+                                    "\" declares a per-token byte count outside [0, 2^56]");
     StageState st;
     st.name = s.name;
     st.kind = s.kind;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "checked_size.hpp"
 #include "session.hpp"
 
 namespace tightfit {
@@ -43,7 +44,8 @@ struct Baseline {
 Baseline baseline(Session& s) {
   Baseline b;
   const tf_run_info& run = s.run_info();
-  const int64_t tokens = run.batch_size * run.seq_len;
+  const int64_t tokens =
+      checked_product({run.batch_size, run.seq_len}, "tokens per batch (batch_size x seq_len)");
   const int64_t slots = optimizer_slots(s.optimizer_config());
   const auto& stages = s.stages();
   const size_t n = stages.size();
@@ -57,7 +59,7 @@ Baseline baseline(Session& s) {
     const size_t st = stage_of(p);
     if (p.absent || (p.stage >= 0 && stages[st].skip)) continue;  // never allocated
     const int64_t count = p.numel();
-    const int64_t bytes = count * element_bytes(p.dtype);
+    const int64_t bytes = checked_product({count, element_bytes(p.dtype)}, "parameter " + p.name);
     b.n_params += count;
     const bool adapter = (p.flags & TF_PARAM_ADAPTER) != 0;
     b.bytes[adapter ? TF_MEM_ADAPTERS : TF_MEM_WEIGHTS] += bytes;
@@ -82,7 +84,8 @@ Baseline baseline(Session& s) {
       vocab = std::max(vocab, p.shape[0]);
   // fp32: the logits' gradient, which the loss writes over the logits it
   // kept (cross_entropy.hpp), alive through the head's backward.
-  const int64_t logit_grads = 4 * tokens * vocab;
+  const int64_t logit_grads =
+      checked_product({4, tokens, vocab}, "the logits' gradient (4 bytes x tokens x vocabulary)");
   // Autograd keeps a stage's activations only when a gradient flows back
   // through it: a trainable parameter at or before it.
   bool flows = false;
@@ -92,12 +95,15 @@ Baseline baseline(Session& s) {
     StagePlan& sp = b.stages[i];
     if (st.skip) continue;
     flows = flows || any_trainable[i];
-    const int64_t full = st.activation_bytes_per_token * tokens;
+    auto per_batch = [&](int64_t per_token, const char* what) {
+      return checked_product({per_token, tokens}, "stage " + st.name + "'s " + what);
+    };
+    const int64_t full = per_batch(st.activation_bytes_per_token, "activations");
     const int64_t frozen = st.frozen_activation_bytes_per_token > 0
-                               ? st.frozen_activation_bytes_per_token * tokens
+                               ? per_batch(st.frozen_activation_bytes_per_token, "activations")
                                : full;
     const int64_t output =
-        st.output_bytes_per_token > 0 ? st.output_bytes_per_token * tokens : full / 16;
+        st.output_bytes_per_token > 0 ? per_batch(st.output_bytes_per_token, "output") : full / 16;
     sp.backward = flows;
     sp.flow = {flows, flows && st.recompute, own_trainable[i], own_trainable[i] ? full : frozen,
                flows && st.recompute ? previous_output : 0};
@@ -114,7 +120,7 @@ Baseline baseline(Session& s) {
       const int64_t declared =
           own_trainable[i] ? st.backward_bytes_per_token : st.frozen_backward_bytes_per_token;
       sp.temporary = st.kind == TF_STAGE_HEAD ? logit_grads
-                     : declared > 0           ? declared * tokens
+                     : declared > 0           ? per_batch(declared, "backward workspace")
                                               : output + previous_output;
       // The logits themselves are held for the loss, not by autograd: the
       // loss's backward starts after they are let go.

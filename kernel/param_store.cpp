@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 
+#include "checked_size.hpp"
 #include "memory_accounting.hpp"
 
 namespace tightfit {
@@ -72,6 +73,12 @@ void ParamStore::declare(const tf_param_spec& spec) {
     p.shape.push_back(spec.shape[i]);
   }
   p.dtype = to_scalar_type(spec.dtype);
+  // Its bytes, and all parameters' together, stay far inside int64 (a
+  // config.json of absurd sizes is refused here, not wrapped into a small model).
+  int64_t numel = 1;
+  for (const int64_t d : p.shape) numel = checked_product({numel, d}, "parameter " + name);
+  checked_product({numel, 8}, "parameter " + name);
+  total_elements_ = checked_product({total_elements_ + numel, 8}, "the parameters together") / 8;
   p.stage = spec.stage;
   p.init = spec.init;
   p.init_std = spec.init_std;

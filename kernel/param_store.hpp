@@ -72,6 +72,7 @@ class ParamStore {
   int64_t stored_bytes() const;
 
  private:
+  int64_t total_elements_ = 0;  // of the declared parameters, bounded by checked_product
   std::vector<Param> params_;
   std::unordered_map<std::string, size_t> index_;
   bool materialized_ = false;

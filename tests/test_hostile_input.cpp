@@ -22,6 +22,7 @@
 #include "checkpoint_manifest.hpp"
 #include "data.hpp"
 #include "memory_accounting.hpp"
+#include "memory_plan.hpp"
 #include "safetensors.hpp"
 #include "test_support.hpp"
 #include "tightfit/hf_config.hpp"
@@ -334,6 +335,82 @@ TEST(UsersFiles, SavesTouchNothingOfTheUsers) {
             (std::vector<std::string>{"step-99999999", "step-123456789"}));
   EXPECT_THROW(parse_checkpoint_manifest(R"({"checkpoints": ["step-1"]})", "m.json"),
                std::runtime_error);
+}
+
+}  // namespace
+}  // namespace tightfit
+
+namespace tightfit {
+namespace {
+
+// A config.json with absurd or meaningless numbers is refused naming the
+// key — sizes are bounded as recipe keys are, a zero rope factor, theta or
+// norm epsilon never trains NaN, a float is never cast into an integer —
+// and sizes that pass one by one but not together (tokens x vocabulary)
+// are refused by the planner, never wrapped past int64 into a plan that "fits".
+TEST(HostileConfig, AbsurdNumbersAreRefusedNamingTheKey) {
+  test::TempDir d;
+  const std::string corpus = test::write_corpus(d);
+  auto error_for = [&](const std::string& plugin, const std::string& config_json) -> std::string {
+    static int n = 0;
+    const std::string folder = d.str() + "/m" + std::to_string(++n);
+    std::filesystem::create_directories(folder);
+    std::ofstream(folder + "/config.json") << config_json;
+    std::string text = test::tiny_recipe(corpus, d.str());
+    const auto model = text.find("[model]\n");
+    const auto end = text.find("\n[", model + 1);
+    text.replace(model, end - model,
+                 "[model]\nplugin = \"" + plugin + "\"\nconfig = \"" + folder + "\"");
+    SessionOptions dry;
+    dry.dry_run = true;
+    try {
+      test::make_session(text, dry);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "(built)";
+  };
+  const std::string rwkv =
+      R"({"model_type": "rwkv", "num_hidden_layers": 2, "hidden_size": 64, "vocab_size": 256)";
+  struct Case {
+    std::string plugin, config, expect;
+  };
+  const std::vector<Case> cases = {
+      {"rwkv", rwkv + R"(, "hidden_size": 1000000000000})", "\"hidden_size\""},
+      {"rwkv", R"({"num_hidden_layers": 2, "hidden_size": 64, "vocab_size": 1e30})",
+       "\"vocab_size\" must be an integer"},
+      {"rwkv", rwkv + R"(, "layer_norm_epsilon": 0})", "\"layer_norm_epsilon\""},
+      {"rwkv", rwkv + R"(, "tie_word_embeddings": "yes"})", "\"tie_word_embeddings\""},
+      {"rwkv", rwkv + R"(, "num_hidden_layers": 100000000})", "\"num_hidden_layers\""},
+  };
+  for (const Case& c : cases) {
+    const std::string msg = error_for(c.plugin, c.config);
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << c.config << "\n" << msg;
+    EXPECT_NE(msg.find("config.json"), std::string::npos) << c.config << "\n" << msg;
+  }
+}
+
+// Each size within its bound, the product not: batch_size x seq_len x
+// vocabulary x 4 bytes passes int64. The plan refuses it by name.
+TEST(HostileConfig, ProductsPastInt64AreRefusedNotWrapped) {
+  test::TempDir d;
+  const std::string corpus = test::write_corpus(d);
+  std::string text = test::tiny_recipe(corpus, d.str());
+  for (const auto& [key, value] : {std::pair{"seq_len", "10000000"}, {"batch_size", "1000000"}}) {
+    const auto at = text.find(std::string("\n") + key + " = ");
+    ASSERT_NE(at, std::string::npos) << key;
+    text.replace(at + 1, text.find('\n', at + 1) - at - 1, std::string(key) + " = " + value);
+  }
+  text.replace(text.find("n_positions = 64"), 16, "n_positions = 10000000\nvocab_size = 10000000");
+  SessionOptions dry;
+  dry.dry_run = true;
+  try {
+    auto s = test::make_session(text, dry);
+    const MemoryPlan plan = plan_memory(*s);
+    FAIL() << "planned a peak of " << plan.tracked_peak << " bytes";
+  } catch (const RecipeError& e) {
+    EXPECT_NE(std::string(e.what()).find("passes 64 PiB"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

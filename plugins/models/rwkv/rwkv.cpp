@@ -51,14 +51,16 @@ const std::array<Preset, 4> kPresets = {{
 Shape shape_from_hf_config(const std::string& path) {
   const tf_sdk::HfConfig c = tf_sdk::read_hf_config(path);
   Shape s;
-  s.n_layer = c.need("num_hidden_layers");
-  s.n_embd = c.need("hidden_size");
-  s.vocab = c.need("vocab_size");
-  s.attention = c.get("attention_hidden_size", s.n_embd);
-  s.intermediate = c.get("intermediate_size", 4 * s.n_embd);
-  s.context = c.get("context_length", 1024);
-  s.ln_eps = c.json.value("layer_norm_epsilon", 1e-5);
-  s.tie_embeddings = c.json.value("tie_word_embeddings", false);
+  // Bounded as the recipe's own shape keys are: a config of absurd sizes is
+  // refused by name, never planned as some other model.
+  s.n_layer = c.need("num_hidden_layers", 1, 10'000);
+  s.n_embd = c.need("hidden_size", 1, 1'000'000);
+  s.vocab = c.need("vocab_size", 1, 10'000'000);
+  s.attention = c.get("attention_hidden_size", s.n_embd, 1, 1'000'000);
+  s.intermediate = c.get("intermediate_size", 4 * s.n_embd, 1, 10'000'000);
+  s.context = c.get("context_length", 1024, 1, 100'000'000);
+  s.ln_eps = c.real("layer_norm_epsilon", 1e-5, 0.0, 1.0);
+  s.tie_embeddings = c.flag("tie_word_embeddings", false);
   return s;
 }
 
