@@ -118,6 +118,20 @@ size_t first_invalid_utf8(std::string_view text) {
   return std::string_view::npos;
 }
 
+int64_t corpus_bytes_on_disk(const std::string& spec, const std::string& base_dir) {
+  std::error_code ec;
+  fs::path p =
+      spec.rfind("builtin:", 0) == 0 ? fs::path("/usr/share/games/fortunes") : fs::path(spec);
+  if (p.is_relative() && !base_dir.empty() && !fs::exists(p, ec)) p = fs::path(base_dir) / p;
+  if (fs::is_regular_file(p, ec)) return static_cast<int64_t>(fs::file_size(p, ec));
+  int64_t total = 0;
+  if (fs::is_directory(p, ec))
+    for (auto it = fs::recursive_directory_iterator(p, ec);
+         !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
+      if (it->is_regular_file(ec)) total += static_cast<int64_t>(it->file_size(ec));
+  return total;
+}
+
 std::string load_corpus_text(const std::string& spec, const std::string& base_dir) {
   const std::string builtin = "builtin:";
   if (spec.rfind(builtin, 0) == 0) {

@@ -57,6 +57,10 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec,
 // field. Throws std::runtime_error naming the path and the fix.
 std::string load_corpus_text(const std::string& spec, const std::string& base_dir = {});
 
+// The bytes on disk of what load_corpus_text would read (the sum of a
+// folder's files), found without reading any; 0 when it cannot tell.
+int64_t corpus_bytes_on_disk(const std::string& spec, const std::string& base_dir = {});
+
 // Offset of the first byte that is not part of well-formed UTF-8 (overlong
 // forms, surrogates and code points past U+10FFFF included), or npos.
 size_t first_invalid_utf8(std::string_view text);

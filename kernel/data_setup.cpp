@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "chat_data.hpp"
+#include "checked_size.hpp"
 #include "example_batcher.hpp"
 #include "file_util.hpp"
 #include "json_input.hpp"
@@ -36,12 +37,43 @@ fs::path first_jsonl(const fs::path& p) {
   return *std::min_element(files.begin(), files.end());
 }
 
+// The budget counts the data: what reading it would hold (`bytes`, at
+// least) is refused before it is read when it is already over the budget.
+void check_corpus_fits(const DataRequest& r, int64_t bytes, const std::string& what) {
+  if (r.memory_budget <= 0 || !r.budget_counts_host || bytes <= r.memory_budget) return;
+  throw OutOfBudgetError("the corpus alone needs at least " + format_bytes(bytes) + " (" + what +
+                         ") and run.memory_budget is " + format_bytes(r.memory_budget) +
+                         ": the budget counts the data as well as the model; raise it or use a "
+                         "smaller corpus");
+}
+
+// Reading and tokenizing may ask for more than the machine has even without
+// a budget: that is the out-of-memory exit with the corpus named, not a
+// bare std::bad_alloc.
+template <class F>
+auto reading_corpus(const DataRequest& r, F&& read) {
+  try {
+    return read();
+  } catch (const std::bad_alloc&) {
+    throw OutOfBudgetError("this machine ran out of memory reading corpus \"" + r.corpus + "\" (" +
+                           format_bytes(corpus_bytes_on_disk(r.corpus, r.base_dir)) +
+                           " on disk): tightfit holds the tokenized corpus in memory; use a "
+                           "smaller corpus, or split it and train on the parts in turn");
+  }
+}
+
 DataSetup stream(const DataRequest& r, DataSetup d) {
   if (r.packing)
     throw std::invalid_argument(
         "packing = true packs instruction and chat rows, and corpus \"" + r.corpus +
         "\" is text, which is always one token stream cut into rows: drop packing");
-  const std::string text = load_corpus_text(r.corpus, r.base_dir);
+  check_corpus_fits(r, corpus_bytes_on_disk(r.corpus, r.base_dir), "its text, read whole");
+  const std::string text =
+      reading_corpus(r, [&] { return load_corpus_text(r.corpus, r.base_dir); });
+  // The byte tokenizer makes one int64 id per byte.
+  if (d.tokenizer_spec == "byte")
+    check_corpus_fits(r, checked_product({static_cast<int64_t>(text.size()), 8}, "the corpus"),
+                      std::to_string(text.size()) + " tokens as int64");
   // A tokenizer.json reads text, as Hugging Face's does (it is given a
   // decoded str): bytes that are not UTF-8 would be split in ways no peer
   // reproduces. The byte tokenizer reads any bytes.
@@ -54,7 +86,7 @@ DataSetup stream(const DataRequest& r, DataSetup d) {
                                " reads text: convert it (iconv -f latin1 -t utf-8) or use "
                                "tokenizer = \"byte\"");
     }
-  std::vector<int64_t> ids = d.tokenizer->encode(text);
+  std::vector<int64_t> ids = reading_corpus(r, [&] { return d.tokenizer->encode(text); });
   CategoryScope scope(TF_MEM_OTHER);
   at::Tensor tokens;
   try {
@@ -87,7 +119,9 @@ DataSetup examples(const DataRequest& r, DataSetup d) {
   }
   const ChatFormatter formatter(*d.tokenizer, config,
                                 r.train_on == "all" ? TrainOn::kAll : TrainOn::kCompletion);
-  std::vector<Example> rows = load_examples(r.corpus, formatter, r.base_dir);
+  check_corpus_fits(r, corpus_bytes_on_disk(r.corpus, r.base_dir), "its rows, read whole");
+  std::vector<Example> rows =
+      reading_corpus(r, [&] { return load_examples(r.corpus, formatter, r.base_dir); });
   int64_t pad = d.tokenizer->token_id(config.pad_token);
   if (pad < 0) pad = d.tokenizer->token_id(config.eos_token);
   if (pad < 0) pad = 0;  // padding is never a target, and causal attention never looks ahead to it
@@ -117,20 +151,30 @@ DataSetup examples(const DataRequest& r, DataSetup d) {
 bool is_example_data(const std::string& spec, const std::string& base_dir) {
   const fs::path file = first_jsonl(resolve(spec, base_dir));
   if (file.empty()) return false;
+  // The first non-blank line decides, read at most 16 MiB in: a file of one
+  // endless line (or of blank lines) is not read whole to find out.
+  constexpr size_t kMaxProbe = size_t{16} << 20;
   std::ifstream in(file);
-  for (std::string line; std::getline(in, line);) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json row;
-    try {
-      row = parse_json(line, file.string());
-    } catch (const std::invalid_argument&) {
-      return false;  // read as text, which names the defect if it is one
+  std::string line;
+  size_t probed = 0;
+  for (char c; probed < kMaxProbe && in.get(c); ++probed) {
+    if (c != '\n') {
+      line += c;
+      continue;
     }
-    if (!row.is_object()) return false;
-    for (const char* key : {"messages", "prompt", "completion", "instruction", "output"})
-      if (row.contains(key)) return true;
-    return false;
+    if (line.find_first_not_of(" \t\r") != std::string::npos) break;
+    line.clear();
   }
+  if (line.find_first_not_of(" \t\r") == std::string::npos || probed >= kMaxProbe) return false;
+  nlohmann::json row;
+  try {
+    row = parse_json(line, file.string());
+  } catch (const std::invalid_argument&) {
+    return false;  // read as text, which names the defect if it is one
+  }
+  if (!row.is_object()) return false;
+  for (const char* key : {"messages", "prompt", "completion", "instruction", "output"})
+    if (row.contains(key)) return true;
   return false;
 }
 

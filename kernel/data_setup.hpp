@@ -20,8 +20,9 @@ struct DataRequest {
   int64_t seq_len = 0, batch_size = 0, world_size = 1;
   double val_fraction = 0;
   uint64_t seed = 0;
-  int64_t memory_budget = 0;  // named in the message when the data alone is over it
-  bool read_data = true;      // false: the tokenizer only
+  int64_t memory_budget = 0;       // named in the message when the data alone is over it
+  bool budget_counts_host = true;  // false on a GPU, whose budget is the device's
+  bool read_data = true;           // false: the tokenizer only
 };
 
 struct DataSetup {

@@ -294,6 +294,7 @@ void Session::build(const PluginRegistry& base_registry) {
     req.val_fraction = data_cfg_.get_double("val_fraction");
     req.seed = static_cast<uint64_t>(run_cfg_.get_int("seed"));
     req.memory_budget = run_cfg_.get_size("memory_budget");
+    req.budget_counts_host = !device_.is_cuda();
     req.read_data = !options_.skip_data && !options_.dry_run;
     DataSetup data = setup_data(req);
     tokenizer_ = std::move(data.tokenizer);

@@ -415,3 +415,37 @@ TEST(HostileConfig, ProductsPastInt64AreRefusedNotWrapped) {
 
 }  // namespace
 }  // namespace tightfit
+
+namespace tightfit {
+namespace {
+
+// A corpus far larger than the budget (a 64 GiB sparse file: no disk used)
+// is refused before it is read — the budget's exit, naming the corpus and
+// the budget — and never read whole into memory to find out.
+TEST(HugeCorpus, OverTheBudgetIsRefusedBeforeItIsRead) {
+  test::TempDir d;
+  for (const std::string name : {"huge.txt", "huge.jsonl"}) {
+    const std::string corpus = d.str() + "/" + name;
+    {
+      const int fd = ::open(corpus.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ASSERT_GE(fd, 0);
+      ASSERT_EQ(::ftruncate(fd, int64_t{64} << 30), 0);
+      ::close(fd);
+    }
+    const std::string text =
+        test::tiny_recipe(corpus, d.str()).replace(0, 6, "[run]\nmemory_budget = \"64MiB\"\n");
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      test::make_session(text);
+      FAIL() << name << ": a 64 GiB corpus was taken under a 64 MiB budget";
+    } catch (const OutOfBudgetError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("the corpus alone needs at least 64.0GiB"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("run.memory_budget is 64.0MiB"), std::string::npos) << msg;
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << name;
+  }
+}
+
+}  // namespace
+}  // namespace tightfit
