@@ -3,8 +3,9 @@
 // every step) — never
 // leaves a partial checkpoint where a complete one is expected. After every
 // kill the newest checkpoint in the manifest loads, the step never goes
-// back, and `--resume` finishes the run. 10 kills by default;
-// TIGHTFIT_LONG_TESTS=1 makes it 50.
+// back, and `--resume` finishes the run — and every step run after a kill
+// has the loss the uninterrupted run has at that step, bit for bit. 10
+// kills by default; TIGHTFIT_LONG_TESTS=1 makes it 50.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -15,9 +16,11 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <random>
 #include <thread>
 
+#include "json_input.hpp"
 #include "test_support.hpp"
 
 namespace tightfit {
@@ -35,6 +38,22 @@ pid_t start_run(const std::string& recipe, const std::string& log) {
     ::_exit(127);
   }
   return pid;
+}
+
+// Every loss metrics.jsonl records, as (step, loss) in the order written (a
+// line cut short by a kill is skipped).
+std::vector<std::pair<int64_t, double>> logged_losses(const fs::path& metrics) {
+  std::vector<std::pair<int64_t, double>> out;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    try {
+      const nlohmann::json j = parse_json(line, metrics.string());
+      if (j.contains("loss") && j["loss"].is_number())
+        out.emplace_back(j["step"].get<int64_t>(), j["loss"].get<double>());
+    } catch (const std::exception&) {
+    }
+  }
+  return out;
 }
 
 // The newest checkpoint the manifest lists (its step), or -1.
@@ -58,6 +77,21 @@ TEST(CrashSafety, KilledRunsAlwaysResumeFromACompleteCheckpoint) {
   const std::string recipe = test::write_file(dir, "r.toml", text);
   const std::string log = dir.str() + "/run.log";
   const fs::path checkpoints = dir.path() / "runs" / "t" / "checkpoints";
+
+  // The run uninterrupted, for its losses step by step.
+  test::TempDir ref_dir;
+  {
+    std::string ref_text = text;
+    ref_text.replace(ref_text.find(dir.str() + "/runs"), dir.str().size() + 5,
+                     ref_dir.str() + "/runs");
+    const std::string ref_recipe = test::write_file(ref_dir, "r.toml", ref_text);
+    std::string out;
+    ASSERT_EQ(test::run_tightfit("run " + ref_recipe + " -q", &out), 0) << out;
+  }
+  std::map<int64_t, double> reference;
+  for (const auto& [step, loss] : logged_losses(ref_dir.path() / "runs" / "t" / "metrics.jsonl"))
+    reference[step] = loss;
+  ASSERT_EQ(reference.size(), static_cast<size_t>(steps));
 
   std::mt19937 rng(20261122);
   std::uniform_int_distribution<int> delay_ms(0, 150);  // a step and its save: ~30 ms
@@ -109,6 +143,19 @@ TEST(CrashSafety, KilledRunsAlwaysResumeFromACompleteCheckpoint) {
   const std::string total = std::to_string(steps);
   EXPECT_NE(out.find("-> " + total + " of " + total), std::string::npos) << out;
   EXPECT_EQ(newest_in_manifest(checkpoints), steps);
+  // Every step any of the runs logged — those run again after a kill too —
+  // has the uninterrupted run's loss.
+  int64_t compared = 0, mismatched = 0;
+  for (const auto& [step, loss] : logged_losses(dir.path() / "runs" / "t" / "metrics.jsonl")) {
+    ++compared;
+    if (loss != reference[step] && ++mismatched <= 5)
+      ADD_FAILURE() << "step " << step << ": loss " << loss << " after resuming, "
+                    << reference[step] << " uninterrupted";
+  }
+  EXPECT_EQ(mismatched, 0);
+  EXPECT_GT(compared, steps) << "the resumed runs ran some steps again";
+  std::cout << compared << " logged losses (steps run again after kills included) equal the "
+            << "uninterrupted run's\n";
   // The folders of the saves that were cut short are gone after it.
   for (const auto& e : fs::directory_iterator(checkpoints))
     EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
