@@ -374,7 +374,16 @@ TEST_F(Distributed, LayersOnTwoDevicesAndOneRankZeroEqualThePlainRun) {
   }
 }
 
-// ZeRO composes with precision (autocast) and with activation offload.
+// ZeRO composes with precision (autocast) and with activation offload,
+// exactly: without clipping, every weight after 3 steps is bit-identical to
+// the run without ZeRO, on any CPU. With clipping the one difference is the
+// order the clip norm is summed in (ZeRO's held parts are summed apart and
+// added), a few ulps in the clip factor. In fp32 that stays under 1e-5; under
+// bf16 autocast it can flip the bf16 rounding of a weight, and Adam turns a
+// near-zero gradient's change into a full step: 1.1% on a bias after 3 steps
+// on an AMD EPYC without AVX-512 (ATEN_CPU_CAPABILITY=avx2 reproduces it) —
+// rounding amplified, not a different computation, so the exact check is
+// the one without clipping.
 TEST_F(Distributed, ZeroComposesWithPrecisionAndOffload) {
   const std::string out = (dir.path() / "runs").string();
   const std::string zero3 = "[[strategy]]\nplugin = \"shard\"\nmode = \"zero\"\nstage = 3\n";
@@ -382,15 +391,26 @@ TEST_F(Distributed, ZeroComposesWithPrecisionAndOffload) {
   const std::string offload =
       "[[strategy]]\nplugin = \"checkpoint\"\n[[strategy]]\nplugin = \"offload\"\nparams = "
       "\"none\"\nactivations = \"disk\"\n";
+  auto without_clipping = [](std::string text) {
+    return text.replace(text.find("[optimizer]\n"), 12, "[optimizer]\ngrad_clip = 0.0\n");
+  };
   for (const auto& [reference, stack] : std::vector<std::pair<std::string, std::string>>{
            {autocast, zero3 + autocast}, {"", zero3 + offload}}) {
     SCOPED_TRACE(stack);
-    const auto want = train_in_process(test::tiny_recipe(corpus, out, "", reference), 3);
-    const auto got = train_in_process(test::tiny_recipe(corpus, out, "", stack), 3);
+    const auto want =
+        train_in_process(without_clipping(test::tiny_recipe(corpus, out, "", reference)), 3);
+    const auto got =
+        train_in_process(without_clipping(test::tiny_recipe(corpus, out, "", stack)), 3);
     for (const auto& [name, w] : want)
-      EXPECT_LE((got.at(name) - w).norm().item<double>() / (w.norm().item<double>() + 1e-12), 1e-5)
-          << name;
+      EXPECT_TRUE(at::equal(got.at(name), w))
+          << name << ": max difference " << (got.at(name) - w).abs().max().item<double>();
   }
+  // fp32 with clipping: the norm's order only.
+  const auto want = train_in_process(test::tiny_recipe(corpus, out), 3);
+  const auto got = train_in_process(test::tiny_recipe(corpus, out, "", zero3 + offload), 3);
+  for (const auto& [name, w] : want)
+    EXPECT_LE((got.at(name) - w).norm().item<double>() / (w.norm().item<double>() + 1e-12), 1e-5)
+        << name;
 }
 
 TEST_F(Distributed, LayersSplitMustCoverTheBlocks) {
