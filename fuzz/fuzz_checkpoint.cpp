@@ -9,9 +9,10 @@
 #include <string>
 
 #include "checkpoint_manifest.hpp"
+#include "expand_input.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string text(reinterpret_cast<const char*>(data), size);
+  const std::string text = expand_input(data, size);
   try {
     for (const std::string& name : tightfit::parse_checkpoint_manifest(text, "manifest.json"))
       if (name.find('/') != std::string::npos || name.find("..") != std::string::npos ||

@@ -5,10 +5,11 @@
 #include <stdexcept>
 #include <string>
 
+#include "expand_input.hpp"
 #include "recipe.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string text(reinterpret_cast<const char*>(data), size);
+  const std::string text = expand_input(data, size);
   try {
     tightfit::Recipe r = tightfit::Recipe::parse(text, "fuzz.toml");
     for (const char* t : {"run", "model", "data", "optimizer", "schedule", "save"})

@@ -6,13 +6,15 @@
 #include <cstdio>
 #include <string>
 
+#include "expand_input.hpp"
 #include "safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string path = "/tmp/fuzz_safetensors." + std::to_string(::getpid());
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) return 0;
-  std::fwrite(data, 1, size, f);
+  const std::string bytes = expand_input(data, size);
+  std::fwrite(bytes.data(), 1, bytes.size(), f);
   std::fclose(f);
   try {
     const tightfit::SafetensorsReader reader(path);

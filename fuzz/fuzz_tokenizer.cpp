@@ -11,9 +11,10 @@
 #include <string>
 
 #include "bpe_tokenizer.hpp"
+#include "expand_input.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const std::string all(reinterpret_cast<const char*>(data), size);
+  const std::string all = expand_input(data, size);
   const size_t nl = all.find('\n');
   const std::string text = nl == std::string::npos ? std::string() : all.substr(0, nl);
   const std::string json = nl == std::string::npos ? all : all.substr(nl + 1);

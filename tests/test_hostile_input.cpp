@@ -449,3 +449,78 @@ TEST(HugeCorpus, OverTheBudgetIsRefusedBeforeItIsRead) {
 
 }  // namespace
 }  // namespace tightfit
+
+namespace tightfit {
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The plugins' own files obey the same rule as the kernel's: offload's disk
+// tier lives in a private folder it makes inside the user's `dir` and
+// removes after (a user's 0.bin there, or a symlink planted as one, is
+// never written), and LoRA's adapter_config.json replaces a planted symlink
+// instead of writing through it.
+TEST(UsersFiles, PluginsWriteOnlyTheirOwnFiles) {
+  test::TempDir d;
+  const std::string corpus = test::write_corpus(d);
+  const std::string od = d.str() + "/offload-here";
+  std::filesystem::create_directories(od);
+  std::ofstream(od + "/0.bin") << "mine";
+  std::ofstream(d.str() + "/target.txt") << "keep";
+  std::filesystem::create_symlink(d.str() + "/target.txt", od + "/1.bin");
+  {
+    auto s = test::make_session(test::tiny_recipe(
+        corpus, d.str(), "",
+        "[[strategy]]\nplugin = \"offload\"\nparams = \"disk\"\ntrainable = true\n"
+        "optimizer = \"disk\"\ndir = \"" +
+            od + "\"\n"));
+    s->train();
+    int scratch = 0;
+    for (const auto& e : std::filesystem::directory_iterator(od))
+      scratch += e.path().filename().string().rfind("tightfit-offload-", 0) == 0;
+    EXPECT_EQ(scratch, 1) << "the disk tier's files are in a folder of their own";
+  }
+  EXPECT_EQ(read_text(od + "/0.bin"), "mine");
+  EXPECT_EQ(read_text(d.str() + "/target.txt"), "keep");
+  for (const auto& e : std::filesystem::directory_iterator(od))
+    EXPECT_NE(e.path().filename().string().rfind("tightfit-offload-", 0), 0u)
+        << e.path() << " was left behind";
+
+  auto s = test::make_session(
+      test::tiny_recipe(corpus, d.str(), "", "[[strategy]]\nplugin = \"lora\"\nrank = 2\n"));
+  s->train();
+  const std::string adapter = d.str() + "/adapter";
+  std::filesystem::create_directories(adapter);
+  std::filesystem::create_symlink(d.str() + "/target.txt", adapter + "/adapter_config.json");
+  std::filesystem::create_symlink(d.str() + "/target.txt", adapter + "/adapter_config.json.tmp");
+  s->export_adapter(adapter);
+  EXPECT_EQ(read_text(d.str() + "/target.txt"), "keep");
+  EXPECT_FALSE(std::filesystem::is_symlink(adapter + "/adapter_config.json"));
+  EXPECT_NE(read_text(adapter + "/adapter_config.json").find("\"r\": 2"), std::string::npos);
+}
+
+// A model folder whose name holds quotes, '#' and spaces exports and
+// generates like any other; its path is never pasted into TOML text, where
+// it would end the string early and name another folder.
+TEST(UsersFiles, FolderNamesWithQuotesAndHashWork) {
+  test::TempDir d;
+  const std::string recipe =
+      test::write_file(d, "r.toml", test::tiny_recipe(test::write_corpus(d), d.str()));
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("run " + recipe + " -q", &out), 0) << out;
+  const std::string hf = d.str() + "/my \"hf\" #1";
+  ASSERT_EQ(test::run_tightfit("export " + recipe + " --out '" + hf + "'", &out), 0) << out;
+  ASSERT_TRUE(std::filesystem::exists(hf + "/config.json"));
+  std::string from_folder, from_recipe;
+  ASSERT_EQ(test::run_tightfit("generate '" + hf + "' -p Hello -n 8 --greedy", &from_folder), 0)
+      << from_folder;
+  ASSERT_EQ(test::run_tightfit("generate " + recipe + " -p Hello -n 8 --greedy", &from_recipe), 0)
+      << from_recipe;
+  EXPECT_EQ(from_folder, from_recipe);
+}
+
+}  // namespace
+}  // namespace tightfit

@@ -4,6 +4,9 @@
 //   adapter_model.safetensors  base_model.model.<module>.lora_A.weight [r, in]
 //                              base_model.model.<module>.lora_B.weight [out, r]
 //   adapter_config.json        peft_type LORA, r, lora_alpha, target_modules, ...
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -66,16 +69,29 @@ nlohmann::json target_modules(const Lora& s) {
   return regex;
 }
 
+// A new file beside `path` (O_EXCL | O_NOFOLLOW: never an existing file,
+// never through a planted symlink), renamed over it: a link at `path` is
+// replaced, not written through.
 void write_text_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) throw std::runtime_error("cannot write " + tmp);
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno) +
+                             (errno == EEXIST ? " (something is in the way: remove it)" : ""));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " + std::strerror(errno));
+  const bool ok = done == text.size() && ::fsync(fd) == 0;
+  ::close(fd);
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string err = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("cannot write " + path + ": " + err);
+  }
 }
 
 }  // namespace

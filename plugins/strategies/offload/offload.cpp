@@ -56,6 +56,7 @@
 #include "device_upload.hpp"
 #include "state_tier.hpp"
 #include "tightfit/plugin_sdk.hpp"
+#include "tightfit/scratch_dir.hpp"
 #include "tightfit/storage_bytes.hpp"
 
 namespace {
@@ -83,6 +84,10 @@ using tf_sdk::has_bytes;
 struct Offload {
   explicit Offload(tf_sdk::Host h) : host(h) {}
   tf_sdk::Host host;
+  // The disk tier's files live in a private folder of this run's inside
+  // `dir` (declared first: removed after every store that writes in it).
+  tf_sdk::ScratchDir scratch;
+  const std::string& files() { return scratch.ensure(dir, "tightfit-offload-"); }
   std::string device;
   bool cuda = false;
   int64_t prefetch = 1;
@@ -251,8 +256,9 @@ struct Offload {
       tf_tensor stored = nullptr;
       host.check(api->param_storage(ctx, names[i].c_str(), &stored));
       const at::Tensor w = tf_sdk::take(stored).detach().contiguous().cpu();
-      Offloaded o{disk ? (fs::path(dir) / (std::to_string(i) + ".bin")).string() : std::string(),
-                  w.sizes().vec(), w.scalar_type(), info.format, info.stage};
+      Offloaded o{
+          disk ? (fs::path(files()) / (std::to_string(i) + ".bin")).string() : std::string(),
+          w.sizes().vec(), w.scalar_type(), info.format, info.stage};
       if (disk) {
         std::ofstream out(o.path, std::ios::binary | std::ios::trunc);
         out.write(static_cast<const char*>(w.data_ptr()),
@@ -369,7 +375,6 @@ tf_status stage_params_ready(void* state, tf_host_context* ctx, int32_t stage) {
   auto* s = static_cast<Offload*>(state);
   if (!s->offload_params || stage < 0) return TF_OK;
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    fs::create_directories(s->dir);
     s->offload_stage(stage);
     return TF_OK;
   });
@@ -378,16 +383,15 @@ tf_status stage_params_ready(void* state, tf_host_context* ctx, int32_t stage) {
 tf_status params_ready(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Offload*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    fs::create_directories(s->dir);
     if (s->optimizer_tier != "none") {
       if (s->optimizer_tier == "host" && !s->cuda)
         s->host.log(TF_LOG_WARN,
                     "offload: optimizer = \"host\" on a CPU run keeps the state in the same memory "
                     "(no saving); optimizer = \"disk\" is the saving here");
-      s->state = std::make_unique<offload::StateTier>(s->optimizer_tier == "disk"
-                                                          ? offload::StateTier::Kind::disk
-                                                          : offload::StateTier::Kind::host,
-                                                      s->dir, s->cuda);
+      s->state = std::make_unique<offload::StateTier>(
+          s->optimizer_tier == "disk" ? offload::StateTier::Kind::disk
+                                      : offload::StateTier::Kind::host,
+          s->optimizer_tier == "disk" ? s->files() : "", s->cuda);
     }
     if (s->activations_tier != "none") {
       bool recomputed = false;
@@ -405,8 +409,8 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
             "saving); activations = \"disk\" is the saving here");
       const tf_host_api* api = s->host.api();
       s->activations = std::make_unique<offload::ActivationStore>(
-          s->activations_tier == "disk", s->dir, s->cuda,
-          [api, ctx](const std::function<void()>& f) {
+          s->activations_tier == "disk", s->activations_tier == "disk" ? s->files() : std::string(),
+          s->cuda, [api, ctx](const std::function<void()>& f) {
             api->memory_push_category(ctx, TF_MEM_ACTIVATIONS);
             try {
               f();

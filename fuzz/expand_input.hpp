@@ -1,0 +1,37 @@
+// A structure-aware mode shared by the fuzz targets: libFuzzer's inputs are
+// short (-max_len), so on their own they never reach JSON nested thousands
+// deep or a piece of text a megabyte long. An input that starts with 0xFE
+// is instead a recipe for a large one:
+//
+//   0xFE, count (2 bytes, little-endian; times 16), prefix length, prefix,
+//   unit length, unit, tail
+//
+// becomes prefix + unit x count + tail — up to a million repeats of a unit
+// ("[", "{\"a\":", "ab") between a prefix and a tail that mutate like any
+// other bytes. Any other input is used as it is.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+inline std::string expand_input(const uint8_t* data, size_t size) {
+  if (size < 5 || data[0] != 0xFE) return std::string(reinterpret_cast<const char*>(data), size);
+  size_t at = 1;
+  const size_t count = (static_cast<size_t>(data[1]) | static_cast<size_t>(data[2]) << 8) * 16;
+  at = 3;
+  auto take = [&](size_t n) {
+    n = std::min(n, size - at);
+    std::string s(reinterpret_cast<const char*>(data + at), n);
+    at += n;
+    return s;
+  };
+  const std::string prefix = take(data[at++]);
+  if (at >= size) return prefix;
+  const std::string unit = take(data[at++] % 16 + 1u);
+  std::string out = prefix;
+  out.reserve(prefix.size() + unit.size() * count + (size - at));
+  for (size_t i = 0; i < count; ++i) out += unit;
+  out += take(size - at);
+  return out;
+}
