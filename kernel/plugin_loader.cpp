@@ -123,12 +123,12 @@ std::vector<std::string> vtable_hooks(const LoadedPlugin& p) {
   return hooks;
 }
 
-FileIdentity identity_of(const struct stat& st) {
+}  // namespace
+
+FileIdentity file_identity(const struct stat& st) {
   return {st.st_dev, st.st_ino, st.st_size,
           static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
 }
-
-}  // namespace
 
 LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin,
                               const std::string& sha256_pin, const FileIdentity* scanned) {
@@ -155,7 +155,7 @@ LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
     throw fail("not a regular file; give the path of a plugin library (.so)");
   LoadedPlugin out{};
-  out.file = identity_of(st);
+  out.file = file_identity(st);
   if (scanned && !(out.file == *scanned))
     throw fail(
         "changed after it was scanned (rebuilt or replaced while tightfit started?); "
@@ -172,7 +172,11 @@ LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin
 
   boost::dll::shared_library lib;
   std::error_code ec;
-  lib.load("/proc/self/fd/" + std::to_string(fd),
+  // Without /proc (a bare container) the path is all there is: the file is
+  // then loaded by name and its identity checked again below.
+  const std::string by_fd = "/proc/self/fd/" + std::to_string(fd);
+  const bool have_proc = ::access(by_fd.c_str(), R_OK) == 0;
+  lib.load(have_proc ? by_fd : path,
            boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
   if (ec || !lib.is_loaded()) {
     const char* err = dlerror();
@@ -181,6 +185,9 @@ LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin
   }
   // Its constructors ran: it stays loaded, refused or not.
   keep_fd = true;
+  struct stat now {};
+  if (!have_proc && (::stat(path.c_str(), &now) != 0 || !(file_identity(now) == out.file)))
+    throw fail("was replaced while it was being loaded; run tightfit again");
   const bool has_entry = lib.has(TF_PLUGIN_ENTRY_SYMBOL);
   tf_status (*entry)(const tf_host_offer*, const tf_plugin_descriptor**) = nullptr;
   if (has_entry)

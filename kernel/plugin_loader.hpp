@@ -6,6 +6,7 @@
 // outlive its code).
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <map>
@@ -39,6 +40,9 @@ struct FileIdentity {
   int64_t mtime_ns = 0;
   bool operator==(const FileIdentity&) const = default;
 };
+
+// The identity of the file `st` describes.
+FileIdentity file_identity(const struct stat& st);
 
 // What a plugin declares, known without running its code in this process.
 struct PluginInfo {

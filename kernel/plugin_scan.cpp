@@ -189,6 +189,13 @@ std::optional<FileIdentity> identity_of(const std::string& path) {
 
 }  // namespace
 
+nlohmann::json file_identity_json(const FileIdentity& id) {
+  return {{"device", static_cast<uint64_t>(id.device)},
+          {"inode", static_cast<uint64_t>(id.inode)},
+          {"size", static_cast<int64_t>(id.size)},
+          {"mtime_ns", id.mtime_ns}};
+}
+
 nlohmann::json plugin_info_to_json(const PluginInfo& p) {
   nlohmann::json keys = nlohmann::json::array();
   for (const KeySpec& k : p.keys) {
@@ -202,11 +209,7 @@ nlohmann::json plugin_info_to_json(const PluginInfo& p) {
     keys.push_back(std::move(key));
   }
   return {{"path", p.path},
-          {"file",
-           {{"device", static_cast<uint64_t>(p.file.device)},
-            {"inode", static_cast<uint64_t>(p.file.inode)},
-            {"size", static_cast<int64_t>(p.file.size)},
-            {"mtime_ns", p.file.mtime_ns}}},
+          {"file", file_identity_json(p.file)},
           {"sha256", p.sha256},
           {"kind", static_cast<int>(p.kind)},
           {"abi_version", p.abi_version},

@@ -27,6 +27,9 @@ struct PluginScanResult {
 std::vector<PluginScanResult> scan_plugin_files(const std::vector<std::string>& paths,
                                                 const std::string& origin);
 
+// A file's identity as the scanner's answers and the cache record it.
+nlohmann::json file_identity_json(const FileIdentity& id);
+
 // The scanner's answer for one library, one line of JSON.
 nlohmann::json plugin_info_to_json(const PluginInfo& info);
 // Reads an answer back, checking every field (the scanner ran untrusted

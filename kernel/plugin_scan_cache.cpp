@@ -36,13 +36,6 @@ const std::string& kernel_identity() {
   return id;
 }
 
-nlohmann::json identity_json(const FileIdentity& id) {
-  return {{"device", static_cast<uint64_t>(id.device)},
-          {"inode", static_cast<uint64_t>(id.inode)},
-          {"size", static_cast<int64_t>(id.size)},
-          {"mtime_ns", id.mtime_ns}};
-}
-
 // The entries of the cache file at `path` for this kernel (empty if none).
 nlohmann::json read_entries(const std::string& path) {
   struct stat st {};
@@ -83,7 +76,7 @@ std::optional<PluginScanResult> PluginScanCache::lookup(const std::string& plugi
                                                         const FileIdentity& id) const {
   const auto it = entries_.find(plugin_path);
   if (it == entries_.end() || !it->is_object() ||
-      it->value("file", nlohmann::json()) != identity_json(id))
+      it->value("file", nlohmann::json()) != file_identity_json(id))
     return std::nullopt;
   try {
     PluginScanResult r;
@@ -102,7 +95,7 @@ std::optional<PluginScanResult> PluginScanCache::lookup(const std::string& plugi
 void PluginScanCache::store(const std::string& plugin_path, const FileIdentity& id,
                             const PluginScanResult& result) {
   if (!result.cacheable) return;
-  nlohmann::json entry = {{"file", identity_json(id)}};
+  nlohmann::json entry = {{"file", file_identity_json(id)}};
   if (result.info)
     entry["info"] = plugin_info_to_json(*result.info);
   else
