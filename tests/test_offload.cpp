@@ -283,8 +283,9 @@ TEST_F(OffloadOptimizerTest, StateLivesInFilesAndIsNotResident) {
   // Counted optimizer memory does not grow: the state is in the tier's files.
   EXPECT_LE(acct.snapshot().peak[TF_MEM_OPTIMIZER] - before, 0);
   int64_t file_bytes = 0;
-  for (const auto& e : std::filesystem::directory_iterator(s->run_dir() + "/offload"))
-    if (e.path().filename().string().rfind("optimizer-", 0) == 0)
+  // (in the tier's private folder inside offload/, made with mkdtemp)
+  for (const auto& e : std::filesystem::recursive_directory_iterator(s->run_dir() + "/offload"))
+    if (e.is_regular_file() && e.path().filename().string().rfind("optimizer-", 0) == 0)
       file_bytes += static_cast<int64_t>(e.file_size());
   EXPECT_EQ(file_bytes, plain_state);
 }
