@@ -10,6 +10,7 @@
 
 #include "file_util.hpp"
 #include "memory_accounting.hpp"
+#include "toml_nesting.hpp"
 
 namespace tightfit {
 namespace {
@@ -57,6 +58,7 @@ bool type_matches(const toml::node& n, tf_value_type t) {
 }
 
 toml::table parse_literal(const std::string& literal) {
+  check_toml_nesting("v = " + literal, "a key's default value");
   return toml::parse("v = " + literal);
 }
 
@@ -200,6 +202,7 @@ Recipe Recipe::load(const std::string& path) {
 Recipe Recipe::parse(const std::string& text, const std::string& source_name) {
   Recipe r;
   r.source_ = source_name;
+  check_toml_nesting(text, source_name);
   try {
     r.root_ = std::make_shared<toml::table>(toml::parse(text, source_name));
   } catch (const toml::parse_error& e) {
@@ -368,6 +371,9 @@ void Recipe::apply_override(const std::string& assignment) {
   if (parts.size() < 2)
     throw RecipeError("--set " + assignment +
                       ": KEY must name a table and a key, e.g. model.n_layer");
+  if (parts.size() > 16)
+    throw RecipeError("--set: KEY has " + std::to_string(parts.size()) +
+                      " dotted parts; a recipe key has a few, e.g. strategy.0.every");
 
   if (root_.use_count() > 1) root_ = std::make_shared<toml::table>(*root_);
   toml::table* cur = root_.get();
@@ -404,6 +410,7 @@ void Recipe::apply_override(const std::string& assignment) {
     cur = n->as_table();
   }
   toml::table parsed;
+  check_toml_nesting("v = " + text, "--set " + path);
   try {
     parsed = toml::parse("v = " + text);
   } catch (const toml::parse_error&) {

@@ -23,6 +23,7 @@
 #include "data.hpp"
 #include "memory_accounting.hpp"
 #include "memory_plan.hpp"
+#include "recipe.hpp"
 #include "safetensors.hpp"
 #include "test_support.hpp"
 #include "tightfit/hf_config.hpp"
@@ -192,6 +193,57 @@ TEST(DeepJson, EveryReaderRefusesItNamingTheFile) {
   std::string out;
   EXPECT_EQ(test::run_tightfit("generate " + d.str() + "/model -p hi -n 1", &out), 2) << out;
   EXPECT_NE(out.find(cfg), std::string::npos) << out;
+}
+
+// TOML nested by dotted keys: TOML++ bounds arrays and inline tables, not
+// tables made by "[a.a.a...]" or "a.a.a... = 1", whose destruction recursed
+// past the stack (a segfault at 100,000 keys). Refused before parsing, naming
+// the place; strings holding dots and brackets are not nesting.
+TEST(DeepToml, DottedKeysHeadersAndInlineTablesAreRefusedNamingThePlace) {
+  auto dotted = [](size_t n) {
+    std::string s = "a";
+    for (size_t i = 1; i < n; ++i) s += ".a";
+    return s;
+  };
+  auto repeat = [](const std::string& unit, size_t n) {
+    std::string s;
+    for (size_t i = 0; i < n; ++i) s += unit;
+    return s;
+  };
+  const std::vector<std::pair<std::string, std::string>> hostile = {
+      {"header", "[" + dotted(300'000) + "]\n"},
+      {"array-of-tables header", "x = 1\n\n[[" + dotted(300'000) + "]]\n"},
+      {"dotted key", "[run]\n" + dotted(300'000) + " = 1\n"},
+      {"inline table", "[run]\nx = {" + dotted(300'000) + " = 1}\n"},
+      {"inline tables",
+       "[run]\nx = " + repeat("{a = ", 150) + dotted(100) + " = 1" + std::string(150, '}') + "\n"},
+  };
+  for (const auto& [what, text] : hostile) {
+    try {
+      (void)Recipe::parse(text, "deep.toml");
+      ADD_FAILURE() << what << " parsed";
+    } catch (const RecipeError& e) {
+      EXPECT_NE(std::string(e.what()).find("deep.toml:"), std::string::npos) << what << e.what();
+      EXPECT_NE(std::string(e.what()).find("nest deeper than"), std::string::npos) << e.what();
+    }
+  }
+  // Dots and brackets inside strings and comments, and a real recipe, are fine.
+  const std::string quoted = "[run]\nname = \"" + dotted(10'000) + "[[{{\"\nnote = '''\n" +
+                             dotted(10'000) + "\n'''\n# " + dotted(10'000) + "\n[\"" +
+                             dotted(10'000) + "\".b]\nc = [[1.5, 2.5], {d.e = 1}]\n";
+  EXPECT_NO_THROW((void)Recipe::parse(quoted, "ok.toml"));
+  std::ifstream in(std::string(TIGHTFIT_SOURCE_DIR) + "/configs/default.toml");
+  const std::string recipe((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NO_THROW((void)Recipe::parse(recipe, "default.toml"));
+  // From the command line: --set with a dotted key or an inline table.
+  Recipe r = Recipe::parse("[run]\nsteps = 1\n", "r.toml");
+  EXPECT_THROW(r.apply_override(dotted(100'000) + "=1"), RecipeError);
+  EXPECT_THROW(r.apply_override("run.x={" + dotted(100'000) + "=1}"), RecipeError);
+  test::TempDir d;
+  const std::string path = test::write_file(d, "deep.toml", "[" + dotted(300'000) + "]\n");
+  std::string out;
+  EXPECT_EQ(test::run_tightfit("plan " + path, &out), 2) << out;
+  EXPECT_NE(out.find(path + ":1:"), std::string::npos) << out.substr(0, 400);
 }
 
 // Opens every FIFO under `dir` for writing after `after`, so that a reader
