@@ -3,12 +3,13 @@
 // deep or a piece of text a megabyte long. An input that starts with 0xFE
 // is instead a recipe for a large one:
 //
-//   0xFE, count (2 bytes, little-endian; times 16), prefix length, prefix,
-//   unit length, unit, tail
+//   0xFE, e, extra, prefix length, prefix, unit length, unit, tail
 //
-// becomes prefix + unit x count + tail — up to a million repeats of a unit
-// ("[", "{\"a\":", "ab") between a prefix and a tail that mutate like any
-// other bytes. Any other input is used as it is.
+// becomes prefix + unit x count + tail, count = 2^(e % 21) + extra: up to a
+// million repeats of a unit ("[", "{\"a\":", "ab") between a prefix and a
+// tail that mutate like any other bytes. The count is on a log scale so that
+// most mutations stay small and fast while the largest sizes (a megabyte of
+// units) stay one byte away. Any other input is used as it is.
 #pragma once
 
 #include <cstddef>
@@ -18,7 +19,7 @@
 inline std::string expand_input(const uint8_t* data, size_t size) {
   if (size < 5 || data[0] != 0xFE) return std::string(reinterpret_cast<const char*>(data), size);
   size_t at = 1;
-  const size_t count = (static_cast<size_t>(data[1]) | static_cast<size_t>(data[2]) << 8) * 16;
+  const size_t count = (size_t{1} << (data[1] % 21)) + data[2];
   at = 3;
   auto take = [&](size_t n) {
     n = std::min(n, size - at);

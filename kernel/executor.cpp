@@ -12,19 +12,11 @@
 
 #include "cross_entropy.hpp"
 #include "session.hpp"
+#include "strategy_chain.hpp"
+#include "tensor_handle.hpp"
 
 namespace tightfit {
 namespace {
-
-tf_tensor as_handle(const at::Tensor& t) {
-  return reinterpret_cast<tf_tensor>(const_cast<at::Tensor*>(&t));
-}
-at::Tensor take_handle(tf_tensor h) {
-  auto* p = reinterpret_cast<at::Tensor*>(h);
-  at::Tensor t = std::move(*p);
-  delete p;
-  return t;
-}
 
 // Packed rows' positions for the stage calls of one pass: set for its
 // forward and the backward that recomputes stages, then put back.
@@ -141,17 +133,10 @@ struct CompactLinear : public torch::autograd::Function<CompactLinear> {
 }  // namespace
 
 int32_t Session::pack_activation(int32_t stage, const at::Tensor& x, uint64_t* key) {
-  for (size_t i = 0; i < strategies_.size(); ++i) {
-    PluginInstance& s = strategies_[i];
-    const tf_strategy_vtable* vt = s.plugin->strategy();
-    if (!TF_HAS(vt, tf_strategy_vtable, pack_activation) ||
-        !TF_HAS(vt, tf_strategy_vtable, unpack_activation))
-      continue;
-    const tf_status st = vt->pack_activation(s.state, s.ctx.get(), stage, as_handle(x), key);
-    if (st == TF_OK) return static_cast<int32_t>(i);
-    if (st != TF_NOT_HANDLED) check(st, s, "pack_activation");
-  }
-  return -1;
+  // (the loader refuses a strategy with only one of the pair)
+  return StrategyChain(strategies_)
+      .first_handled(&tf_strategy_vtable::pack_activation, "pack_activation", stage,
+                     borrow_handle(x), key);
 }
 
 at::Tensor Session::unpack_activation(int32_t strategy, int32_t stage, uint64_t key) {
@@ -162,7 +147,7 @@ at::Tensor Session::unpack_activation(int32_t strategy, int32_t stage, uint64_t 
   if (out == nullptr)
     throw PluginCallError("strategy \"" + s.plugin->name +
                           "\" gave no tensor back from unpack_activation");
-  return take_handle(out);
+  return adopt_handle(out);
 }
 
 void Session::raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin) {
@@ -173,10 +158,9 @@ void Session::raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin) 
     active_events_[static_cast<size_t>(stage)] += begin ? 1 : -1;
   }
   tf_stage_event ev{sizeof(tf_stage_event), stage, phase, begin ? 1 : 0, step_};
-  for (auto& s : strategies_) {
-    const tf_strategy_vtable* vt = s.plugin->strategy();
-    if (vt->stage_event) check(vt->stage_event(s.state, s.ctx.get(), &ev), s, "stage_event");
-  }
+  StrategyChain(strategies_)
+      .each(&tf_strategy_vtable::stage_event, "stage_event",
+            static_cast<const tf_stage_event*>(&ev));
 }
 
 at::Tensor Session::run_stage(int32_t stage, const at::Tensor& input, bool training,
@@ -187,7 +171,7 @@ at::Tensor Session::run_stage(int32_t stage, const at::Tensor& input, bool train
   at::Tensor positions = pass_positions_;
   if (positions.defined()) {
     if (positions.device() != stage_device) positions = positions.to(stage_device);
-    call.positions = as_handle(positions);
+    call.positions = borrow_handle(positions);
   }
   // Weights the stage fetches come to its device (a tied weight of another stage's).
   struct ComputeDevice {
@@ -199,13 +183,13 @@ at::Tensor Session::run_stage(int32_t stage, const at::Tensor& input, bool train
   tf_tensor out = nullptr;
   const tf_model_vtable* vt = model_.plugin->model();
   const tf_status st =
-      vt->stage_forward(model_.state, model_.ctx.get(), &call, as_handle(input), &out);
+      vt->stage_forward(model_.state, model_.ctx.get(), &call, borrow_handle(input), &out);
   check(st, model_, "stage_forward");
   if (out == nullptr)
     throw PluginCallError("model plugin \"" + model_.plugin->name +
                           "\" returned no tensor for stage " +
                           stages_[static_cast<size_t>(stage)].name);
-  return take_handle(out);
+  return adopt_handle(out);
 }
 
 at::Tensor Session::forward_logits(const at::Tensor& tokens, bool training,
@@ -324,24 +308,19 @@ void Session::dispatch_grads(int32_t stage) {
       continue;
     grads_dispatched_[i] = true;
     acct.retag(p.value.grad(), TF_MEM_GRADS);
-    for (auto& s : strategies_) {
-      const tf_strategy_vtable* vt = s.plugin->strategy();
-      if (!vt->grad_ready) continue;
-      const tf_status st =
-          vt->grad_ready(s.state, s.ctx.get(), p.name.c_str(), as_handle(p.value.grad()));
-      if (st == TF_OK && applied_loss_scale_ != 1.0)
-        throw PluginCallError(
-            "strategy \"" + s.plugin->name + "\" consumed the gradient of " + p.name +
-            " in grad_ready while the loss is scaled by " + std::to_string(applied_loss_scale_) +
-            " (fp16 loss scaling): the scaled gradient is not the real one and may hold "
-            "infinities. fp16 loss scaling does not combine with it; use precision dtype = "
-            "\"bf16\", which needs no scaling");
-      if (st == TF_OK) {
-        p.value.mutable_grad() = at::Tensor();  // consumed: its memory goes now
-        break;
-      }
-      if (st != TF_NOT_HANDLED) check(st, s, "grad_ready");
-    }
+    const int taker = StrategyChain(strategies_)
+                          .first_handled(&tf_strategy_vtable::grad_ready, "grad_ready",
+                                         p.name.c_str(), borrow_handle(p.value.grad()));
+    if (taker < 0) continue;
+    if (applied_loss_scale_ != 1.0)
+      throw PluginCallError(
+          "strategy \"" + strategies_[static_cast<size_t>(taker)].plugin->name +
+          "\" consumed the gradient of " + p.name + " in grad_ready while the loss is scaled by " +
+          std::to_string(applied_loss_scale_) +
+          " (fp16 loss scaling): the scaled gradient is not the real one and may hold "
+          "infinities. fp16 loss scaling does not combine with it; use precision dtype = "
+          "\"bf16\", which needs no scaling");
+    p.value.mutable_grad() = at::Tensor();  // consumed: its memory goes now
   }
 }
 
@@ -377,15 +356,11 @@ at::Tensor Session::fetch_weight(const std::string& name) {
 
 at::Tensor Session::fetch_resident(Param& p) {
   const std::string& name = p.name;
-  for (auto& s : strategies_) {
-    const tf_strategy_vtable* vt = s.plugin->strategy();
-    if (!vt->fetch_weight) continue;
-    tf_tensor out = nullptr;
-    const tf_status st =
-        vt->fetch_weight(s.state, s.ctx.get(), name.c_str(), as_handle(p.value), &out);
-    if (st == TF_OK && out) return take_handle(out);
-    if (st != TF_NOT_HANDLED) check(st, s, "fetch_weight");
-  }
+  if (std::optional<at::Tensor> w =
+          StrategyChain(strategies_)
+              .first_tensor(&tf_strategy_vtable::fetch_weight, "fetch_weight", name.c_str(),
+                            borrow_handle(p.value)))
+    return *std::move(w);
   if (p.format != TF_FORMAT_DENSE)
     throw PluginCallError("parameter \"" + name +
                           "\" is stored in a compact format but no strategy served fetch_weight");
@@ -413,17 +388,9 @@ at::Tensor Session::linear(const at::Tensor& x, const std::string& weight,
     const at::Tensor w = fetch_weight(weight);
     y = at::linear(in_dtype_of(x, w), w, b.defined() ? in_dtype_of(b, w) : b);
   }
-  for (auto& s : strategies_) {
-    const tf_strategy_vtable* vt = s.plugin->strategy();
-    if (!vt->linear_extend) continue;
-    tf_tensor out = nullptr;
-    const tf_status st =
-        vt->linear_extend(s.state, s.ctx.get(), weight.c_str(), as_handle(x), as_handle(y), &out);
-    if (st == TF_OK && out)
-      y = take_handle(out);
-    else if (st != TF_NOT_HANDLED)
-      check(st, s, "linear_extend");
-  }
+  StrategyChain(strategies_)
+      .thread_tensor(&tf_strategy_vtable::linear_extend, "linear_extend", y, weight.c_str(),
+                     borrow_handle(x));
   return y;
 }
 

@@ -13,16 +13,10 @@
 #include "json_input.hpp"
 #include "safetensors.hpp"
 #include "session.hpp"
+#include "tensor_handle.hpp"
 
 namespace tightfit {
 namespace {
-
-at::Tensor& as_tensor(tf_tensor h) {
-  return *reinterpret_cast<at::Tensor*>(h);
-}
-tf_tensor give(at::Tensor t) {
-  return reinterpret_cast<tf_tensor>(new at::Tensor(std::move(t)));
-}
 
 template <class F>
 tf_status serve(tf_host_context* ctx, F&& body) noexcept {
@@ -214,7 +208,7 @@ tf_status h_weight(tf_host_context* ctx, const char* name, tf_tensor* out) {
   return serve(ctx, [&] {
     require(name, "name");
     require(out, "out");
-    *out = give(ctx->session->fetch_weight(name));
+    *out = give_handle(ctx->session->fetch_weight(name));
   });
 }
 
@@ -224,7 +218,7 @@ tf_status h_linear(tf_host_context* ctx, tf_tensor x, const char* weight, const 
     require(x, "x");
     require(weight, "weight");
     require(out, "out");
-    *out = give(ctx->session->linear(as_tensor(x), weight, bias ? bias : ""));
+    *out = give_handle(ctx->session->linear(handle_tensor(x), weight, bias ? bias : ""));
   });
 }
 
@@ -267,7 +261,7 @@ tf_status h_param_info(tf_host_context* ctx, const char* name, tf_param_info* ou
 tf_status h_param_storage(tf_host_context* ctx, const char* name, tf_tensor* out) {
   return serve(ctx, [&] {
     require(out, "out");
-    *out = give(ctx->session->store().get(name).value);
+    *out = give_handle(ctx->session->store().get(name).value);
   });
 }
 tf_status h_param_set_storage(tf_host_context* ctx, const char* name, tf_tensor value,
@@ -275,7 +269,7 @@ tf_status h_param_set_storage(tf_host_context* ctx, const char* name, tf_tensor 
   return serve(ctx, [&] {
     require(value, "value");
     Param& p = ctx->session->store().get(name);
-    at::Tensor v = as_tensor(value).detach();
+    at::Tensor v = handle_tensor(value).detach();
     // A dense trainable parameter stays an autograd leaf in its new storage.
     if (format == TF_FORMAT_DENSE && p.trainable && at::isFloatingType(v.scalar_type()))
       v.requires_grad_(true);
@@ -297,7 +291,7 @@ tf_status h_param_grad(tf_host_context* ctx, const char* name, tf_tensor* out) {
     const at::Tensor& g = ctx->session->store().get(name).value.grad();
     if (!g.defined())
       throw std::out_of_range(std::string("parameter \"") + name + "\" has no gradient");
-    *out = give(g);
+    *out = give_handle(g);
   });
 }
 tf_status h_param_add(tf_host_context* ctx, const char* name, tf_tensor delta, double alpha) {
@@ -306,7 +300,7 @@ tf_status h_param_add(tf_host_context* ctx, const char* name, tf_tensor delta, d
     at::NoGradGuard no_grad;
     Param& p = ctx->session->store().get(name);
     ctx->session->with_resident(p, [&] {
-      p.value.add_(as_tensor(delta).to(p.value.device(), p.value.scalar_type()), alpha);
+      p.value.add_(handle_tensor(delta).to(p.value.device(), p.value.scalar_type()), alpha);
     });
   });
 }
@@ -422,9 +416,9 @@ tf_status h_next_batch(tf_host_context* ctx, tf_batch* out) {
           "tightfit's plugin_api.h, or set packing = false");
     tf_batch batch{};
     batch.n_tokens = b.tokens.numel();
-    batch.tokens = give(std::move(b.tokens));
-    batch.targets = give(std::move(b.targets));
-    if (b.positions.defined()) batch.positions = give(std::move(b.positions));
+    batch.tokens = give_handle(std::move(b.tokens));
+    batch.targets = give_handle(std::move(b.targets));
+    if (b.positions.defined()) batch.positions = give_handle(std::move(b.positions));
     write_struct(out, batch);
   });
 }
@@ -442,7 +436,7 @@ void h_batch_release(tf_host_context*, tf_batch* batch) {
 // The positions of a batch the caller hands in (undefined: not packed).
 at::Tensor batch_positions(const tf_batch* batch) {
   const tf_batch b = read_struct(batch);
-  return b.positions ? as_tensor(b.positions) : at::Tensor();
+  return b.positions ? handle_tensor(b.positions) : at::Tensor();
 }
 
 void write_pass(tf_pass_result* out, const PassResult& r) {
@@ -457,8 +451,9 @@ tf_status h_forward(tf_host_context* ctx, const tf_batch* batch, tf_pass_result*
   return serve(ctx, [&] {
     check_size(batch, "tf_batch");
     check_size(out, "tf_pass_result");
-    write_pass(out, ctx->session->run_pass(as_tensor(batch->tokens), as_tensor(batch->targets),
-                                           false, 1.0, batch_positions(batch)));
+    write_pass(out,
+               ctx->session->run_pass(handle_tensor(batch->tokens), handle_tensor(batch->targets),
+                                      false, 1.0, batch_positions(batch)));
   });
 }
 tf_status h_forward_backward(tf_host_context* ctx, const tf_batch* batch, double loss_scale,
@@ -466,8 +461,9 @@ tf_status h_forward_backward(tf_host_context* ctx, const tf_batch* batch, double
   return serve(ctx, [&] {
     check_size(batch, "tf_batch");
     check_size(out, "tf_pass_result");
-    write_pass(out, ctx->session->run_pass(as_tensor(batch->tokens), as_tensor(batch->targets),
-                                           true, loss_scale, batch_positions(batch)));
+    write_pass(out,
+               ctx->session->run_pass(handle_tensor(batch->tokens), handle_tensor(batch->targets),
+                                      true, loss_scale, batch_positions(batch)));
   });
 }
 tf_status h_zero_grad(tf_host_context* ctx) {
@@ -524,7 +520,7 @@ tf_status h_state_put_tensor(tf_host_context* ctx, const char* key, tf_tensor va
     require(value, "value");
     if (!ctx->state_out)
       throw std::logic_error("state_put_tensor is only allowed inside save_state");
-    (*ctx->state_out)[state_key(ctx, key)] = as_tensor(value).detach().to(at::kCPU).clone();
+    (*ctx->state_out)[state_key(ctx, key)] = handle_tensor(value).detach().to(at::kCPU).clone();
   });
 }
 tf_status h_state_get_tensor(tf_host_context* ctx, const char* key, tf_tensor* out) {
@@ -535,7 +531,7 @@ tf_status h_state_get_tensor(tf_host_context* ctx, const char* key, tf_tensor* o
     auto it = ctx->state_in->find(state_key(ctx, key));
     if (it == ctx->state_in->end())
       throw std::out_of_range(std::string("checkpoint has no state \"") + key + "\"");
-    *out = give(it->second.clone());
+    *out = give_handle(it->second.clone());
   });
 }
 tf_status h_state_put_double(tf_host_context* ctx, const char* key, double value) {
@@ -563,7 +559,7 @@ tf_status h_optimizer_apply(tf_host_context* ctx, const char* name, tf_tensor gr
     require(name, "name");
     require(grad, "grad");
     at::NoGradGuard no_grad;
-    ctx->session->optimizer_apply(name, as_tensor(grad), grad_scale);
+    ctx->session->optimizer_apply(name, handle_tensor(grad), grad_scale);
   });
 }
 
@@ -613,7 +609,7 @@ tf_status h_tensors_save(tf_host_context* ctx, const char* path, int32_t n,
     for (int32_t i = 0; i < n; ++i) {
       require(names[i], "names[i]");
       require(tensors[i], "tensors[i]");
-      if (!out.emplace(names[i], as_tensor(tensors[i]).detach().to(at::kCPU)).second)
+      if (!out.emplace(names[i], handle_tensor(tensors[i]).detach().to(at::kCPU)).second)
         throw std::invalid_argument(std::string("tensor name \"") + names[i] + "\" given twice");
     }
     std::map<std::string, std::string> metadata;
@@ -649,7 +645,7 @@ tf_status h_tensors_load(tf_host_context* ctx, const char* path, const char* nam
     auto it = ctx->loaded_tensors.find(name);
     if (it == ctx->loaded_tensors.end())
       throw std::out_of_range(std::string(path) + " has no tensor \"" + name + "\"");
-    *out = give(it->second);
+    *out = give_handle(it->second);
   });
 }
 
@@ -664,10 +660,10 @@ tf_status h_optimizer_update(tf_host_context* ctx, const char* name, tf_tensor p
     std::vector<at::Tensor*> slots;
     for (int32_t i = 0; i < n_state; ++i) {
       require(state[i], "state[i]");
-      slots.push_back(&as_tensor(state[i]));
+      slots.push_back(&handle_tensor(state[i]));
     }
     Session& s = *ctx->session;
-    s.optimizer().update_with_state(as_tensor(param), p.decays(), as_tensor(grad), slots,
+    s.optimizer().update_with_state(handle_tensor(param), p.decays(), handle_tensor(grad), slots,
                                     s.update_step());
   });
 }
@@ -691,7 +687,7 @@ tf_status h_dist_all_reduce(tf_host_context* ctx, tf_tensor t, tf_reduce_op op) 
   return serve(ctx, [&] {
     require(t, "t");
     const ReduceOp r = to_reduce_op(op);
-    if (ProcessGroup* pg = ctx->session->process_group()) pg->all_reduce(as_tensor(t), r);
+    if (ProcessGroup* pg = ctx->session->process_group()) pg->all_reduce(handle_tensor(t), r);
   });
 }
 // A group of one: reduce_scatter and all_gather are copies of the same size.
@@ -707,9 +703,9 @@ tf_status h_dist_reduce_scatter(tf_host_context* ctx, tf_tensor out, tf_tensor i
     require(in, "in");
     const ReduceOp r = to_reduce_op(op);
     if (ProcessGroup* pg = ctx->session->process_group())
-      pg->reduce_scatter(as_tensor(out), as_tensor(in), r);
+      pg->reduce_scatter(handle_tensor(out), handle_tensor(in), r);
     else
-      copy_as_one_rank(as_tensor(out), as_tensor(in), "reduce_scatter");
+      copy_as_one_rank(handle_tensor(out), handle_tensor(in), "reduce_scatter");
   });
 }
 tf_status h_dist_all_gather(tf_host_context* ctx, tf_tensor out, tf_tensor in) {
@@ -717,9 +713,9 @@ tf_status h_dist_all_gather(tf_host_context* ctx, tf_tensor out, tf_tensor in) {
     require(out, "out");
     require(in, "in");
     if (ProcessGroup* pg = ctx->session->process_group())
-      pg->all_gather(as_tensor(out), as_tensor(in));
+      pg->all_gather(handle_tensor(out), handle_tensor(in));
     else
-      copy_as_one_rank(as_tensor(out), as_tensor(in), "all_gather");
+      copy_as_one_rank(handle_tensor(out), handle_tensor(in), "all_gather");
   });
 }
 tf_status h_dist_broadcast(tf_host_context* ctx, tf_tensor t, int32_t root) {
@@ -727,7 +723,7 @@ tf_status h_dist_broadcast(tf_host_context* ctx, tf_tensor t, int32_t root) {
     require(t, "t");
     if (root < 0 || root >= ctx->session->run_info().world_size)
       throw std::invalid_argument("broadcast root " + std::to_string(root) + " is not a rank");
-    if (ProcessGroup* pg = ctx->session->process_group()) pg->broadcast(as_tensor(t), root);
+    if (ProcessGroup* pg = ctx->session->process_group()) pg->broadcast(handle_tensor(t), root);
   });
 }
 tf_status h_dist_barrier(tf_host_context* ctx) {

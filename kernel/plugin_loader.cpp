@@ -65,18 +65,13 @@ const char* host_libtorch_version() {
 }
 
 const tf_model_vtable* LoadedPlugin::model() const {
-  return descriptor.kind == TF_PLUGIN_MODEL ? static_cast<const tf_model_vtable*>(descriptor.vtable)
-                                            : nullptr;
+  return descriptor.kind == TF_PLUGIN_MODEL ? &model_vtable_ : nullptr;
 }
 const tf_strategy_vtable* LoadedPlugin::strategy() const {
-  return descriptor.kind == TF_PLUGIN_STRATEGY
-             ? static_cast<const tf_strategy_vtable*>(descriptor.vtable)
-             : nullptr;
+  return descriptor.kind == TF_PLUGIN_STRATEGY ? &strategy_vtable_ : nullptr;
 }
 const tf_schedule_vtable* LoadedPlugin::schedule() const {
-  return descriptor.kind == TF_PLUGIN_SCHEDULE
-             ? static_cast<const tf_schedule_vtable*>(descriptor.vtable)
-             : nullptr;
+  return descriptor.kind == TF_PLUGIN_SCHEDULE ? &schedule_vtable_ : nullptr;
 }
 
 namespace {
@@ -88,7 +83,7 @@ std::vector<std::string> vtable_hooks(const LoadedPlugin& p) {
     if (present) hooks.push_back(name);
   };
   if (const tf_strategy_vtable* v = p.strategy()) {
-#define TF_HOOK(field) add(TF_HAS(v, tf_strategy_vtable, field), #field)
+#define TF_HOOK(field) add(v->field != nullptr, #field)
     TF_HOOK(configure);
     TF_HOOK(params_ready);
     TF_HOOK(stage_params_ready);
@@ -111,14 +106,14 @@ std::vector<std::string> vtable_hooks(const LoadedPlugin& p) {
     TF_HOOK(apply_held_grads);
 #undef TF_HOOK
   } else if (const tf_model_vtable* v = p.model()) {
-    add(TF_HAS(v, tf_model_vtable, stage_forward), "stage_forward");
-    add(TF_HAS(v, tf_model_vtable, hf_config_json), "hf_config_json");
-    add(TF_HAS(v, tf_model_vtable, decode), "decode");
+    add(v->stage_forward != nullptr, "stage_forward");
+    add(v->hf_config_json != nullptr, "hf_config_json");
+    add(v->decode != nullptr, "decode");
   } else if (const tf_schedule_vtable* v = p.schedule()) {
-    add(TF_HAS(v, tf_schedule_vtable, run_step), "run_step");
-    add(TF_HAS(v, tf_schedule_vtable, estimate_memory), "estimate_memory");
-    add(TF_HAS(v, tf_schedule_vtable, save_state), "save_state");
-    add(TF_HAS(v, tf_schedule_vtable, load_state), "load_state");
+    add(v->run_step != nullptr, "run_step");
+    add(v->estimate_memory != nullptr, "estimate_memory");
+    add(v->save_state != nullptr, "save_state");
+    add(v->load_state != nullptr, "load_state");
   }
   return hooks;
 }
@@ -204,7 +199,15 @@ LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin
 
   tf_host_offer offer{sizeof(tf_host_offer), TF_ABI_VERSION, TORCH_VERSION};
   const tf_plugin_descriptor* desc = nullptr;
-  const tf_status st_entry = entry(&offer, &desc);
+  tf_status st_entry = TF_ERROR;
+  try {  // a C entry point; one written in C++ may still let an exception out
+    st_entry = entry(&offer, &desc);
+  } catch (const std::exception& e) {
+    throw fail(std::string("entry function threw an exception (") + e.what() +
+               "); a plugin must return a status instead");
+  } catch (...) {
+    throw fail("entry function threw an exception; a plugin must return a status instead");
+  }
   if (st_entry == TF_ERR_ABI)
     throw fail("the plugin refuses this host's ABI " + abi_version_string(TF_ABI_VERSION) +
                "; rebuild it against this tightfit's plugin-api headers");
@@ -252,38 +255,43 @@ LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin
   if (vt_size < vt_min)
     throw fail("vtable struct_size " + std::to_string(vt_size) + " is smaller than the " +
                std::to_string(vt_min) + " bytes its kind requires");
+  // Copied into the host's zeroed struct: nothing past the plugin's size is
+  // read, and every later use sees absent hooks as NULL.
+  auto copy_vtable = [&](auto& host_vt) {
+    std::memcpy(&host_vt, d.vtable, std::min<size_t>(vt_size, sizeof host_vt));
+    host_vt.struct_size = sizeof host_vt;
+  };
+  if (d.kind == TF_PLUGIN_MODEL) copy_vtable(out.model_vtable_);
+  if (d.kind == TF_PLUGIN_STRATEGY) copy_vtable(out.strategy_vtable_);
+  if (d.kind == TF_PLUGIN_SCHEDULE) copy_vtable(out.schedule_vtable_);
+  out.plugin_vtable_size = vt_size;
+  out.kind = d.kind;
   // The functions every instance needs must be present.
-  const void* const* fns = reinterpret_cast<const void* const*>(static_cast<const char*>(d.vtable) +
-                                                                offsetof(tf_model_vtable, create));
-  static_assert(offsetof(tf_model_vtable, create) == offsetof(tf_strategy_vtable, create) &&
-                offsetof(tf_model_vtable, create) == offsetof(tf_schedule_vtable, create));
-  const bool has_main =
-      d.kind == TF_PLUGIN_MODEL
-          ? static_cast<const tf_model_vtable*>(d.vtable)->stage_forward != nullptr
-      : d.kind == TF_PLUGIN_SCHEDULE
-          ? static_cast<const tf_schedule_vtable*>(d.vtable)->run_step != nullptr
-          : true;
-  if (fns[0] == nullptr || !has_main)
+  const bool has_main = out.model()      ? out.model()->create && out.model()->stage_forward
+                        : out.schedule() ? out.schedule()->create && out.schedule()->run_step
+                                         : out.strategy()->create != nullptr;
+  if (!has_main)
     throw fail(std::string("the ") + plugin_kind_name(d.kind) + " vtable lacks create" +
                (d.kind == TF_PLUGIN_MODEL      ? " or stage_forward"
                 : d.kind == TF_PLUGIN_SCHEDULE ? " or run_step"
                                                : ""));
-  if (d.kind == TF_PLUGIN_MODEL &&
-      vt_size >= offsetof(tf_model_vtable, hf_model_types) + sizeof(const char*)) {
-    const char* types = static_cast<const tf_model_vtable*>(d.vtable)->hf_model_types;
+  if (const tf_strategy_vtable* v = out.strategy();
+      v && (v->pack_activation == nullptr) != (v->unpack_activation == nullptr))
+    throw fail(
+        "the strategy vtable has only one of pack_activation and unpack_activation; an "
+        "activation it packs could never come back");
+  if (const tf_model_vtable* m = out.model()) {
+    const char* types = m->hf_model_types;
     std::stringstream list(types ? std::string(types, strnlen(types, 4096)) : std::string());
     for (std::string t; std::getline(list, t, ',');)
       if (!t.empty()) out.hf_model_types.push_back(t);
+    out.model_features = m->features;
   }
-  if (d.kind == TF_PLUGIN_MODEL &&
-      vt_size >= offsetof(tf_model_vtable, features) + sizeof(uintptr_t))
-    out.model_features = static_cast<const tf_model_vtable*>(d.vtable)->features;
   try {
     out.keys = key_specs_from_abi(d.config_keys, d.n_config_keys);
   } catch (const std::exception& e) {
     throw fail(e.what());
   }
-  out.kind = d.kind;
   out.abi_version = d.abi_version;
   out.flags = d.flags;
   out.hooks = vtable_hooks(out);

@@ -63,9 +63,20 @@ struct PluginInfo {
 // A plugin opened in this process.
 struct LoadedPlugin : PluginInfo {
   tf_plugin_descriptor descriptor;  // the host's zero-filled copy
+  // The vtable of its kind, copied into a zeroed struct of this host's size
+  // (struct_size set to it): a hook past an older plugin's struct_size is
+  // NULL by construction, so a caller checks only for NULL.
   const tf_model_vtable* model() const;
   const tf_strategy_vtable* strategy() const;
   const tf_schedule_vtable* schedule() const;
+  uint32_t plugin_vtable_size = 0;  // the struct_size the plugin's own vtable declared
+
+ private:
+  friend LoadedPlugin load_plugin_file(const std::string&, const std::string&, const std::string&,
+                                       const FileIdentity*);
+  tf_model_vtable model_vtable_{};
+  tf_strategy_vtable strategy_vtable_{};
+  tf_schedule_vtable schedule_vtable_{};
 };
 
 const char* plugin_kind_name(tf_plugin_kind kind);

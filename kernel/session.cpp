@@ -19,6 +19,8 @@
 #include "logging.hpp"
 #include "op_timer.hpp"
 #include "safetensors.hpp"
+#include "strategy_chain.hpp"
+#include "tensor_handle.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
@@ -156,6 +158,10 @@ void Session::log(tf_log_level level, const std::string& message) {
 }
 
 void Session::check(tf_status status, const PluginInstance& inst, const char* what) {
+  check_plugin_status(status, inst, what);
+}
+
+void check_plugin_status(tf_status status, const PluginInstance& inst, const char* what) {
   if (status == TF_OK || status == TF_NOT_HANDLED) return;
   std::string msg = inst.ctx->plugin_error;
   if (msg.empty()) msg = inst.ctx->last_error;
@@ -409,12 +415,9 @@ void Session::build(const PluginRegistry& base_registry) {
     }
     check(st, strategies_[i], what);
   };
-  for (size_t i = 0; i < strategies_.size(); ++i)
-    if (strategies_[i].plugin->strategy()->configure)
-      configure_step(i,
-                     strategies_[i].plugin->strategy()->configure(strategies_[i].state,
-                                                                  strategies_[i].ctx.get()),
-                     "configure");
+  StrategyChain(strategies_)
+      .each_with(&tf_strategy_vtable::configure, "configure",
+                 [&](size_t i, tf_status st) { configure_step(i, st, "configure"); });
   declaring_ = false;
 
   // The optimizer (it holds no state yet) and the schedule too, so a dry
@@ -485,20 +488,14 @@ void Session::build(const PluginRegistry& base_registry) {
     }
     const int32_t stage = params[first].stage;
     if (params[first].absent) return;  // a skipped stage: nothing to convert
-    for (size_t i = 0; i < strategies_.size(); ++i) {
-      const tf_strategy_vtable* vt = strategies_[i].plugin->strategy();
-      if (TF_HAS(vt, tf_strategy_vtable, stage_params_ready))
-        configure_step(
-            i, vt->stage_params_ready(strategies_[i].state, strategies_[i].ctx.get(), stage),
-            "stage_params_ready");
-    }
+    StrategyChain(strategies_)
+        .each_with(
+            &tf_strategy_vtable::stage_params_ready, "stage_params_ready",
+            [&](size_t i, tf_status st) { configure_step(i, st, "stage_params_ready"); }, stage);
   });
-  for (size_t i = 0; i < strategies_.size(); ++i)
-    if (strategies_[i].plugin->strategy()->params_ready)
-      configure_step(i,
-                     strategies_[i].plugin->strategy()->params_ready(strategies_[i].state,
-                                                                     strategies_[i].ctx.get()),
-                     "params_ready");
+  StrategyChain(strategies_)
+      .each_with(&tf_strategy_vtable::params_ready, "params_ready",
+                 [&](size_t i, tf_status st) { configure_step(i, st, "params_ready"); });
 
   recompute_anchor_ = at::empty({0}, at::TensorOptions().device(device_)).requires_grad_(true);
 
@@ -534,7 +531,7 @@ std::string Session::export_hf(const std::string& dir, bool merge, int64_t max_s
   if (!is_rank0() && !sharded) return dir;
   const tf_model_vtable* vt = model_.plugin->model();
   const char* config = nullptr;
-  if (TF_HAS(vt, tf_model_vtable, hf_config_json))
+  if (vt->hf_config_json)
     check(vt->hf_config_json(model_.state, model_.ctx.get(), &config), model_, "hf_config_json");
   if (!config)
     log(TF_LOG_WARN, "model plugin \"" + model_.plugin->name +
@@ -554,19 +551,10 @@ std::string Session::export_hf(const std::string& dir, bool merge, int64_t max_s
           "loaded, so there is no whole model to export. Export the adapters alone (--adapter), "
           "or train with middle = \"frozen\"");
     at::Tensor value = fetch_weight(p.name).detach();
-    for (auto& s : strategies_) {
-      const tf_strategy_vtable* svt = s.plugin->strategy();
-      if (!merge || !TF_HAS(svt, tf_strategy_vtable, export_weight)) continue;
-      tf_tensor out = nullptr;
-      const tf_status st = svt->export_weight(s.state, s.ctx.get(), p.name.c_str(),
-                                              reinterpret_cast<tf_tensor>(&value), &out);
-      if (st == TF_OK && out) {
-        value = std::move(*reinterpret_cast<at::Tensor*>(out));
-        delete reinterpret_cast<at::Tensor*>(out);
-      } else if (st != TF_NOT_HANDLED) {
-        check(st, s, "export_weight");
-      }
-    }
+    if (merge)
+      StrategyChain(strategies_)
+          .thread_tensor(&tf_strategy_vtable::export_weight, "export_weight", value,
+                         p.name.c_str());
     if (writer) writer->add(p.name, hf_layout(p, value));
   }
   if (writer) {
@@ -582,15 +570,14 @@ std::string Session::export_adapter(const std::string& dir) {
   if (ec) throw std::runtime_error("cannot create " + dir + ": " + ec.message());
   at::NoGradGuard no_grad;
   bool written = false;
-  for (auto& s : strategies_) {
-    const tf_strategy_vtable* svt = s.plugin->strategy();
-    if (!TF_HAS(svt, tf_strategy_vtable, export_adapter)) continue;
-    const tf_status st = svt->export_adapter(s.state, s.ctx.get(), dir.c_str());
-    if (st == TF_OK)
-      written = true;
-    else if (st != TF_NOT_HANDLED)
-      check(st, s, "export_adapter");
-  }
+  StrategyChain(strategies_)
+      .each_with(
+          &tf_strategy_vtable::export_adapter, "export_adapter",
+          [&](size_t i, tf_status st) {
+            written = written || st == TF_OK;
+            check(st, strategies_[i], "export_adapter");
+          },
+          dir.c_str());
   if (!written)
     throw std::runtime_error(
         "no strategy of this recipe has adapters to export (add a [[strategy]] with plugin = "
@@ -627,26 +614,17 @@ int64_t Session::update_step() const {
 void Session::update_param(Param& p, const at::Tensor& grad, int64_t step) {
   // Strategies that keep the state themselves (8-bit AdamW, offloaded state)
   // update where it lives; otherwise the kernel's optimizer does.
-  for (auto& s : strategies_) {
-    const tf_strategy_vtable* vt = s.plugin->strategy();
-    if (!vt->optimizer_step_param) continue;
-    const tf_status st = vt->optimizer_step_param(
-        s.state, s.ctx.get(), p.name.c_str(), reinterpret_cast<tf_tensor>(&p.value),
-        reinterpret_cast<tf_tensor>(const_cast<at::Tensor*>(&grad)), optimizer_->lr());
-    if (st == TF_OK) return;
-    if (st != TF_NOT_HANDLED) check(st, s, "optimizer_step_param");
-  }
-  optimizer_->update(p, grad, step);
+  if (StrategyChain(strategies_)
+          .first_handled(&tf_strategy_vtable::optimizer_step_param, "optimizer_step_param",
+                         p.name.c_str(), borrow_handle(p.value), borrow_handle(grad),
+                         optimizer_->lr()) < 0)
+    optimizer_->update(p, grad, step);
 }
 
 void Session::zero_grad() {
   for (Param& p : store_.all())
     if (p.value.defined() && p.value.grad().defined()) p.value.mutable_grad() = at::Tensor();
-  for (auto& s : strategies_) {
-    const tf_strategy_vtable* vt = s.plugin->strategy();
-    if (TF_HAS(vt, tf_strategy_vtable, drop_held_grads))
-      check(vt->drop_held_grads(s.state, s.ctx.get()), s, "drop_held_grads");
-  }
+  StrategyChain(strategies_).each(&tf_strategy_vtable::drop_held_grads, "drop_held_grads");
 }
 
 void Session::set_micro_batch(int32_t index, int32_t count) {
@@ -659,11 +637,7 @@ void Session::set_micro_batch(int32_t index, int32_t count) {
 
 double Session::strategies_loss_scale() {
   double scale = 1.0;
-  for (auto& s : strategies_) {
-    const tf_strategy_vtable* vt = s.plugin->strategy();
-    if (TF_HAS(vt, tf_strategy_vtable, loss_scale))
-      check(vt->loss_scale(s.state, s.ctx.get(), &scale), s, "loss_scale");
-  }
+  StrategyChain(strategies_).each(&tf_strategy_vtable::loss_scale, "loss_scale", &scale);
   if (!(scale > 0) || !std::isfinite(scale))
     throw PluginCallError("strategies asked for a loss scale of " + std::to_string(scale) +
                           "; it must be finite and > 0");
@@ -671,11 +645,8 @@ double Session::strategies_loss_scale() {
 }
 
 void Session::report_loss_scale(bool finite) {
-  for (auto& s : strategies_) {
-    const tf_strategy_vtable* vt = s.plugin->strategy();
-    if (TF_HAS(vt, tf_strategy_vtable, loss_scale_update))
-      check(vt->loss_scale_update(s.state, s.ctx.get(), finite ? 1 : 0), s, "loss_scale_update");
-  }
+  StrategyChain(strategies_)
+      .each(&tf_strategy_vtable::loss_scale_update, "loss_scale_update", int32_t{finite ? 1 : 0});
 }
 
 tf_status Session::optimizer_step() {
@@ -692,11 +663,7 @@ tf_status Session::optimizer_step() {
   // Gradients strategies hold themselves (ZeRO's reduce-scattered parts)
   // count in the norm, are clipped by the same factor and updated after.
   double held_sq = 0;
-  for (auto& s : strategies_) {
-    const tf_strategy_vtable* vt = s.plugin->strategy();
-    if (TF_HAS(vt, tf_strategy_vtable, grad_norm_sq))
-      check(vt->grad_norm_sq(s.state, s.ctx.get(), &held_sq), s, "grad_norm_sq");
-  }
+  StrategyChain(strategies_).each(&tf_strategy_vtable::grad_norm_sq, "grad_norm_sq", &held_sq);
   const Optimizer::Clip clip = optimizer_->clip(params, held_sq);
   const double norm = clip.norm;
   step_metrics_["grad_norm"] = norm;
@@ -733,11 +700,8 @@ tf_status Session::optimizer_step() {
     const at::Tensor& g = p->value.grad();
     if (g.defined()) update_param(*p, g, optimizer_->steps());
   }
-  for (auto& s : strategies_) {
-    const tf_strategy_vtable* vt = s.plugin->strategy();
-    if (TF_HAS(vt, tf_strategy_vtable, apply_held_grads))
-      check(vt->apply_held_grads(s.state, s.ctx.get(), clip.scale), s, "apply_held_grads");
-  }
+  StrategyChain(strategies_)
+      .each(&tf_strategy_vtable::apply_held_grads, "apply_held_grads", clip.scale);
   return TF_OK;
 }
 
@@ -805,8 +769,7 @@ std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64
     return idx[at::multinomial(probs, 1, false, gen).item<int64_t>()].item<int64_t>();
   };
   const tf_model_vtable* vt = model_.plugin->model();
-  const bool can_decode = use_cache && TF_HAS(vt, tf_model_vtable, decode) &&
-                          TF_HAS(vt, tf_model_vtable, release_cache);
+  const bool can_decode = use_cache && vt->decode && vt->release_cache;
   if (can_decode) {
     // Incremental: the model carries its state (or key/value cache) between calls.
     void* cache = nullptr;
@@ -821,11 +784,9 @@ std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64
     at::Tensor x = at::tensor(ids, at::kLong).unsqueeze(0).to(device_);
     for (int64_t i = 0; i < n_tokens; ++i) {
       tf_tensor out = nullptr;
-      check(
-          vt->decode(model_.state, model_.ctx.get(), &cache, reinterpret_cast<tf_tensor>(&x), &out),
-          model_, "decode");
-      at::Tensor logits = std::move(*reinterpret_cast<at::Tensor*>(out));
-      delete reinterpret_cast<at::Tensor*>(out);
+      check(vt->decode(model_.state, model_.ctx.get(), &cache, borrow_handle(x), &out), model_,
+            "decode");
+      at::Tensor logits = adopt_handle(StrategyChain::returned(out, model_, "decode"));
       ids.push_back(pick(logits[0][-1]));
       if (stops(ids.back())) break;
       x = at::full({1, 1}, ids.back(), at::TensorOptions().dtype(at::kLong).device(device_));
@@ -889,9 +850,7 @@ void Session::perturb_params(uint64_t seed, double scale) {
 }
 
 void Session::step_begin(int64_t step) {
-  for (auto& s : strategies_)
-    if (s.plugin->strategy()->step_begin)
-      check(s.plugin->strategy()->step_begin(s.state, s.ctx.get(), step), s, "step_begin");
+  StrategyChain(strategies_).each(&tf_strategy_vtable::step_begin, "step_begin", step);
 }
 
 void Session::emit_progress(const ProgressInfo& p) {
@@ -966,9 +925,7 @@ TrainSummary Session::train() {
       check(schedule_.plugin->schedule()->run_step(schedule_.state, schedule_.ctx.get(), step_,
                                                    total, &r),
             schedule_, "run_step");
-      for (auto& s : strategies_)
-        if (s.plugin->strategy()->step_end)
-          check(s.plugin->strategy()->step_end(s.state, s.ctx.get(), step_, r.loss), s, "step_end");
+      StrategyChain(strategies_).each(&tf_strategy_vtable::step_end, "step_end", step_, r.loss);
       if (!non_finite_.empty()) {
         const int64_t bad_step = step_;
         if (handle_non_finite()) {

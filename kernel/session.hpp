@@ -122,6 +122,11 @@ struct SessionOptions {
   std::function<void(const std::string&)> on_log;  // kernel and plugin log lines
 };
 
+// Returns for TF_OK and TF_NOT_HANDLED; any other status (unknown ones too)
+// throws PluginCallError naming the plugin's role, its name and `what`, with
+// the message it set (OutOfBudgetError for a budget refusal).
+void check_plugin_status(tf_status status, const PluginInstance& inst, const char* what);
+
 // What is wrong with generation's sampling values (named as the command
 // line's options, without "--"), or nullptr.
 const char* sampling_problem(int64_t n_tokens, int64_t top_k, double temperature, double top_p);
