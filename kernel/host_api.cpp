@@ -18,34 +18,34 @@
 namespace tightfit {
 namespace {
 
+// The status (and last_error) for an exception a host service threw; a
+// budget refusal is also recorded as such for check_plugin_status.
+tf_status status_for(tf_host_context* ctx, const std::exception& e) noexcept {
+  try {
+    if (auto refusal = budget_refusal(e)) {
+      ctx->last_error = ctx->budget_refusal = *refusal;
+      return TF_ERR_OUT_OF_MEMORY;
+    }
+    if (const auto* c = dynamic_cast<const c10::Error*>(&e)) {
+      ctx->last_error = c->what_without_backtrace();
+      return TF_ERROR;
+    }
+    ctx->last_error = e.what();
+    if (dynamic_cast<const std::out_of_range*>(&e)) return TF_ERR_NOT_FOUND;
+    if (dynamic_cast<const std::invalid_argument*>(&e)) return TF_ERR_INVALID_ARGUMENT;
+  } catch (...) {  // no memory left for the message
+  }
+  return TF_ERROR;
+}
+
 template <class F>
 tf_status serve(tf_host_context* ctx, F&& body) noexcept {
   if (ctx == nullptr) return TF_ERR_INVALID_ARGUMENT;
   try {
     body();
     return TF_OK;
-  } catch (const OutOfBudgetError& e) {
-    ctx->last_error = e.what();
-    return TF_ERR_OUT_OF_MEMORY;
-  } catch (const c10::OutOfMemoryError& e) {
-    ctx->last_error = budget_refusal_message(e);
-    return TF_ERR_OUT_OF_MEMORY;
-  } catch (const c10::Error& e) {
-    if (is_budget_refusal(e)) {
-      ctx->last_error = budget_refusal_message(e);
-      return TF_ERR_OUT_OF_MEMORY;
-    }
-    ctx->last_error = e.what_without_backtrace();
-    return TF_ERROR;
-  } catch (const std::out_of_range& e) {
-    ctx->last_error = e.what();
-    return TF_ERR_NOT_FOUND;
-  } catch (const std::invalid_argument& e) {
-    ctx->last_error = e.what();
-    return TF_ERR_INVALID_ARGUMENT;
   } catch (const std::exception& e) {
-    ctx->last_error = e.what();
-    return TF_ERROR;
+    return status_for(ctx, e);
   } catch (...) {
     ctx->last_error = "unknown error in host service";
     return TF_ERROR;
@@ -678,6 +678,8 @@ ReduceOp to_reduce_op(tf_reduce_op op) {
       return ReduceOp::Max;
     case TF_REDUCE_MIN:
       return ReduceOp::Min;
+    case TF_REDUCE_OP_MAX_ENUM:
+      break;
   }
   throw std::invalid_argument("unknown reduce op " + std::to_string(static_cast<int>(op)));
 }

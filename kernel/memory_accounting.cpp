@@ -10,6 +10,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace tightfit {
@@ -77,7 +78,9 @@ class CountingCpuAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     auto& acct = MemoryAccounting::instance();
     if (acct.would_exceed(static_cast<int64_t>(n))) {
-      TORCH_CHECK_WITH(OutOfMemoryError, false, describe_budget_refusal(n, acct.snapshot()));
+      const std::string message = describe_budget_refusal(n, acct.snapshot());
+      acct.record_refusal(message);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, message);
     }
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
@@ -151,19 +154,29 @@ std::string describe_budget_refusal(size_t requested, const MemorySnapshot& s) {
   return os.str();
 }
 
-bool is_budget_refusal(const std::exception& e) {
-  return dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
-         std::string(e.what()).find("out of memory budget:") != std::string::npos;
+std::optional<std::string> budget_refusal(const std::exception& e) {
+  auto& acct = MemoryAccounting::instance();
+  if (dynamic_cast<const OutOfBudgetError*>(&e)) return e.what();
+  if (const auto* oom = dynamic_cast<const c10::OutOfMemoryError*>(&e)) {
+    acct.take_refusal();  // claimed: this is it
+    return oom->what_without_backtrace();
+  }
+  if (dynamic_cast<const c10::Error*>(&e)) return acct.take_refusal();
+  return std::nullopt;
 }
 
-std::string budget_refusal_message(const std::exception& e) {
-  std::string msg = e.what();
-  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) msg = c->what_without_backtrace();
-  const auto at = msg.find("out of memory budget:");
-  if (at != std::string::npos) msg = msg.substr(at);
-  const auto fix = msg.find("such as checkpoint");
-  if (fix != std::string::npos) msg = msg.substr(0, fix + std::string("such as checkpoint").size());
-  return msg;
+void MemoryAccounting::record_refusal(const std::string& message) {
+  std::lock_guard<std::mutex> lock(refusal_mutex_);
+  refusal_ = message;
+}
+
+std::optional<std::string> MemoryAccounting::take_refusal() {
+  std::lock_guard<std::mutex> lock(refusal_mutex_);
+  return std::exchange(refusal_, std::nullopt);
+}
+
+void MemoryAccounting::clear_refusal() {
+  take_refusal();
 }
 
 MemoryAccounting::MemoryAccounting() {

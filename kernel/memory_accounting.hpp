@@ -14,6 +14,8 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -41,11 +43,12 @@ const char* category_name(tf_mem_category c);
 // Thrown (as c10::OutOfMemoryError) when an allocation would pass the budget.
 std::string describe_budget_refusal(size_t requested, const MemorySnapshot& s);
 
-// True for the counting allocator's refusal, also after LibTorch rethrew it
-// as a plain c10::Error (autograd's engine does so across backward).
-bool is_budget_refusal(const std::exception& e);
-// The refusal's message without LibTorch's C++ backtrace.
-std::string budget_refusal_message(const std::exception& e);
+// When `e` is the budget refusing an allocation, its message (without
+// LibTorch's C++ backtrace); nullopt otherwise. Known by type
+// (c10::OutOfMemoryError, OutOfBudgetError), or — after LibTorch rethrew it as
+// a plain c10::Error, as autograd's engine does across backward — by the
+// refusal the allocator recorded when it refused, which this claims.
+std::optional<std::string> budget_refusal(const std::exception& e);
 
 class MemoryAccounting {
  public:
@@ -67,6 +70,12 @@ class MemoryAccounting {
   void on_alloc(tf_mem_category c, int64_t bytes);
   void on_free(tf_mem_category c, int64_t bytes);
   bool would_exceed(int64_t bytes) const;
+  // The allocator's refusals, recorded as they are made: the last one not yet
+  // claimed by budget_refusal (cleared at each step, so an old one a plugin
+  // recovered from never names a later error).
+  void record_refusal(const std::string& message);
+  std::optional<std::string> take_refusal();
+  void clear_refusal();
 
  private:
   MemoryAccounting();
@@ -76,6 +85,8 @@ class MemoryAccounting {
   std::atomic<int64_t> total_peak_{0};
   std::array<std::atomic<int64_t>, TF_MEM_CATEGORY_COUNT> at_peak_{};
   std::atomic<int64_t> budget_{0};
+  std::mutex refusal_mutex_;
+  std::optional<std::string> refusal_;
   void record_at_peak();
 };
 

@@ -31,6 +31,8 @@ at::ScalarType to_scalar_type(tf_dtype d) {
       return at::kFloat;
     case TF_DTYPE_BF16:
       return at::kBFloat16;
+    case TF_DTYPE_MAX_ENUM:
+      break;
   }
   throw std::invalid_argument("unknown tf_dtype " + std::to_string(static_cast<int>(d)));
 }

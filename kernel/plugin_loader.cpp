@@ -52,6 +52,8 @@ const char* plugin_kind_name(tf_plugin_kind kind) {
       return "strategy";
     case TF_PLUGIN_SCHEDULE:
       return "schedule";
+    case TF_PLUGIN_KIND_MAX_ENUM:
+      break;
   }
   return "unknown";
 }

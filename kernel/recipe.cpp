@@ -53,6 +53,8 @@ bool type_matches(const toml::node& n, tf_value_type t) {
       return a &&
              std::all_of(a->begin(), a->end(), [](const toml::node& e) { return e.is_integer(); });
     }
+    case TF_VALUE_TYPE_MAX_ENUM:
+      break;
   }
   return false;
 }
@@ -82,6 +84,8 @@ const char* value_type_name(tf_value_type t) {
       return "byte size";
     case TF_VALUE_PATH:
       return "path";
+    case TF_VALUE_TYPE_MAX_ENUM:
+      break;
   }
   return "?";
 }

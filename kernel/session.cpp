@@ -137,7 +137,7 @@ Session::Session(const Recipe& recipe, const PluginRegistry& registry, SessionOp
   try {
     build(registry);
   } catch (const c10::Error& e) {
-    if (is_budget_refusal(e)) throw OutOfBudgetError(budget_refusal_message(e));
+    if (auto refusal = budget_refusal(e)) throw OutOfBudgetError(*refusal);
     throw;
   }
 }
@@ -168,10 +168,11 @@ void check_plugin_status(tf_status status, const PluginInstance& inst, const cha
   if (msg.empty()) msg = "status " + std::to_string(static_cast<int>(status));
   inst.ctx->plugin_error.clear();
   inst.ctx->last_error.clear();
-  // A budget refusal inside plugin code may come back as a generic error.
-  const auto refusal = msg.find("out of memory budget:");
-  if (status == TF_ERR_OUT_OF_MEMORY || refusal != std::string::npos)
-    throw OutOfBudgetError(refusal != std::string::npos ? msg.substr(refusal) : msg);
+  // A budget refusal a host service reported may come back from the plugin
+  // as a generic error: the service recorded it.
+  const std::string refusal = std::exchange(inst.ctx->budget_refusal, std::string());
+  if (!refusal.empty()) throw OutOfBudgetError(refusal);
+  if (status == TF_ERR_OUT_OF_MEMORY) throw OutOfBudgetError(msg);
   throw PluginCallError(inst.ctx->role + " plugin \"" + inst.plugin->name + "\" failed in " + what +
                         ": " + msg);
 }
@@ -850,6 +851,7 @@ void Session::perturb_params(uint64_t seed, double scale) {
 }
 
 void Session::step_begin(int64_t step) {
+  MemoryAccounting::instance().clear_refusal();  // one a plugin recovered from is over
   StrategyChain(strategies_).each(&tf_strategy_vtable::step_begin, "step_begin", step);
 }
 
@@ -1011,7 +1013,7 @@ TrainSummary Session::train() {
       sum.sample = generate(run_cfg_.get_string("sample_prompt"), n,
                             run_cfg_.get_int("sample_top_k"), 0.8, run_info_.seed);
   } catch (const c10::Error& e) {
-    if (is_budget_refusal(e)) throw OutOfBudgetError(budget_refusal_message(e));
+    if (auto refusal = budget_refusal(e)) throw OutOfBudgetError(*refusal);
     throw;
   }
   return sum;

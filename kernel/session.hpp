@@ -38,6 +38,9 @@ struct tf_host_context {
   tightfit::ConfigTable config;
   std::string last_error;    // the host's last failed service call
   std::string plugin_error;  // what the plugin reported with set_error
+  // A budget refusal a host service reported to this plugin and not yet
+  // checked: the run stops out of budget whatever status the plugin returns.
+  std::string budget_refusal;
   // Checkpoint state I/O, set only inside save_state / load_state.
   std::map<std::string, at::Tensor>* state_out = nullptr;
   const std::map<std::string, at::Tensor>* state_in = nullptr;

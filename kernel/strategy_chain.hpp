@@ -40,7 +40,7 @@ tf_status guarded_call(const PluginInstance& s, const char* name, Fn fn, Args...
   try {
     return fn(s.state, s.ctx.get(), args...);
   } catch (const std::exception& e) {
-    if (is_budget_refusal(e)) throw OutOfBudgetError(budget_refusal_message(e));
+    if (auto refusal = budget_refusal(e)) throw OutOfBudgetError(*refusal);
     throw PluginCallError(s.ctx->role + " plugin \"" + s.plugin->name +
                           "\" threw an exception in " + name + " (" + e.what() +
                           "); a plugin must catch its exceptions and return a status");

@@ -99,20 +99,23 @@ typedef enum tf_status {
   TF_ERR_OUT_OF_MEMORY = -4,    /* device or memory_budget exhausted */
   TF_ERR_UNSUPPORTED = -5,      /* valid request this plugin/host cannot serve */
   TF_ERR_ABI = -6,              /* version or struct-size mismatch */
-  TF_ERR_NON_FINITE = -7        /* NaN/Inf in a loss or gradient */
+  TF_ERR_NON_FINITE = -7, /* NaN/Inf in a loss or gradient */
+  TF_STATUS_MAX_ENUM = 0x7FFFFFFF /* holds the enum at 32 bits; never a value */
 } tf_status;
 
 typedef enum tf_plugin_kind {
   TF_PLUGIN_MODEL = 1,
   TF_PLUGIN_STRATEGY = 2,
-  TF_PLUGIN_SCHEDULE = 3
+  TF_PLUGIN_SCHEDULE = 3,
+  TF_PLUGIN_KIND_MAX_ENUM = 0x7FFFFFFF /* holds the enum at 32 bits; never a value */
 } tf_plugin_kind;
 
 typedef enum tf_log_level {
   TF_LOG_DEBUG = 0,
   TF_LOG_INFO = 1,
   TF_LOG_WARN = 2,
-  TF_LOG_ERROR = 3
+  TF_LOG_ERROR = 3,
+  TF_LOG_LEVEL_MAX_ENUM = 0x7FFFFFFF /* holds the enum at 32 bits; never a value */
 } tf_log_level;
 
 /* Element types, numbered as LibTorch's c10::ScalarType for the ones it has. */
@@ -123,7 +126,8 @@ typedef enum tf_dtype {
   TF_DTYPE_I64 = 4,
   TF_DTYPE_F16 = 5,
   TF_DTYPE_F32 = 6,
-  TF_DTYPE_BF16 = 15
+  TF_DTYPE_BF16 = 15,
+  TF_DTYPE_MAX_ENUM = 0x7FFFFFFF /* holds the enum at 32 bits; never a value */
 } tf_dtype;
 
 /* Memory categories: every byte the kernel counts belongs to one. */
@@ -135,7 +139,8 @@ typedef enum tf_mem_category {
   TF_MEM_ADAPTERS = 4,      /* adapter parameters (LoRA) and their state */
   TF_MEM_TRANSIENT = 5,     /* workspace: backward temporaries, dequantized copies */
   TF_MEM_OTHER = 6,         /* data batches, anything unattributed */
-  TF_MEM_CATEGORY_COUNT = 8 /* array size; slot 7 is reserved */
+  TF_MEM_CATEGORY_COUNT = 8, /* array size; slot 7 is reserved */
+  TF_MEM_CATEGORY_MAX_ENUM = 0x7FFFFFFF /* holds the enum at 32 bits; never a value */
 } tf_mem_category;
 
 /* Where bytes live. */
@@ -147,7 +152,8 @@ typedef enum tf_residency {
    * split it gathers it for its stage's events and checkpoints the parts
    * (the kernel saves a placeholder). Added in 1.0's reserved slot. */
   TF_TIER_SHARDED = 3,
-  TF_TIER_COUNT = 4 /* array size */
+  TF_TIER_COUNT = 4, /* array size */
+  TF_RESIDENCY_MAX_ENUM = 0x7FFFFFFF /* holds the enum at 32 bits; never a value */
 } tf_residency;
 
 /* How a parameter is stored. The dense formats are what `weight` returns;
@@ -156,7 +162,8 @@ typedef enum tf_param_format {
   TF_FORMAT_DENSE = 0,   /* in the parameter's dtype */
   TF_FORMAT_INT8 = 1,    /* per-channel absmax int8 */
   TF_FORMAT_NF4 = 2,     /* block-wise NormalFloat4 with double-quantized scales */
-  TF_FORMAT_CUSTOM = 100 /* owned by a strategy plugin; opaque to the kernel */
+  TF_FORMAT_CUSTOM = 100, /* owned by a strategy plugin; opaque to the kernel */
+  TF_PARAM_FORMAT_MAX_ENUM = 0x7FFFFFFF /* holds the enum at 32 bits; never a value */
 } tf_param_format;
 
 /* ------------------------------------------------------------------------- */
@@ -174,7 +181,8 @@ typedef enum tf_value_type {
   /* Added in 1.2: a file or folder, as a string; the host hands a relative
    * path back found beside the recipe when it is not found from the working
    * directory (as [model] weights). */
-  TF_VALUE_PATH = 8
+  TF_VALUE_PATH = 8,
+  TF_VALUE_TYPE_MAX_ENUM = 0x7FFFFFFF /* holds the enum at 32 bits; never a value */
 } tf_value_type;
 
 /* One key of the plugin's recipe table. The kernel validates the recipe
@@ -199,7 +207,8 @@ typedef struct tf_config_key {
 typedef enum tf_stage_kind {
   TF_STAGE_EMBED = 1, /* tokens (int64 [B,T]) -> hidden */
   TF_STAGE_BLOCK = 2, /* hidden -> hidden; residual, so it may be skipped */
-  TF_STAGE_HEAD = 3   /* hidden -> logits [B,T,vocab] */
+  TF_STAGE_HEAD = 3, /* hidden -> logits [B,T,vocab] */
+  TF_STAGE_KIND_MAX_ENUM = 0x7FFFFFFF /* holds the enum at 32 bits; never a value */
 } tf_stage_kind;
 
 typedef enum tf_init_kind {
@@ -207,7 +216,8 @@ typedef enum tf_init_kind {
   TF_INIT_ZEROS = 2,
   TF_INIT_ONES = 3,
   TF_INIT_UNIFORM = 4, /* U(-init_std, init_std) */
-  TF_INIT_CONSTANT = 5 /* every element = init_std */
+  TF_INIT_CONSTANT = 5, /* every element = init_std */
+  TF_INIT_KIND_MAX_ENUM = 0x7FFFFFFF /* holds the enum at 32 bits; never a value */
 } tf_init_kind;
 
 /* Parameter flags. */
@@ -393,7 +403,8 @@ typedef enum tf_reduce_op {
   TF_REDUCE_SUM = 1,
   TF_REDUCE_AVG = 2,
   TF_REDUCE_MAX = 3,
-  TF_REDUCE_MIN = 4
+  TF_REDUCE_MIN = 4,
+  TF_REDUCE_OP_MAX_ENUM = 0x7FFFFFFF /* holds the enum at 32 bits; never a value */
 } tf_reduce_op;
 
 /* Hook event around a stage. */
@@ -403,7 +414,8 @@ typedef enum tf_pass_phase {
   TF_PHASE_RECOMPUTE = 3, /* forward re-run inside backward for checkpointing */
   /* A weight of this stage is needed outside a pass (export, decoding) while
    * a strategy keeps it in another tier: bring it in at begin, drop at end. */
-  TF_PHASE_ACCESS = 4
+  TF_PHASE_ACCESS = 4,
+  TF_PASS_PHASE_MAX_ENUM = 0x7FFFFFFF /* holds the enum at 32 bits; never a value */
 } tf_pass_phase;
 
 typedef struct tf_stage_event {
