@@ -4,6 +4,7 @@
 
 #include "checked_size.hpp"
 #include "session.hpp"
+#include "strategy_chain.hpp"
 
 namespace tightfit {
 
@@ -159,10 +160,11 @@ PlanContribution ask(Session& s, PluginInstance& inst, const std::string& label,
   }
   tf_memory_estimate e{};
   e.struct_size = sizeof e;
-  s.check(hook(inst.state, inst.ctx.get(), &model, &e), inst, "estimate_memory");
+  s.check(guarded_call(inst, "estimate_memory", hook, &model, &e), inst, "estimate_memory");
   for (int t = 0; t < TF_TIER_COUNT; ++t)
     for (int k = 0; k < TF_MEM_CATEGORY_COUNT; ++k) c.delta[t][k] = e.delta_bytes[t][k];
   c.time_factor = e.time_factor;
+  c.time_from_plan = e.time_from_plan != 0;
   c.grads_in_forward = e.grads_in_forward != 0;
   c.update_bytes = std::max<int64_t>(0, e.update_bytes);
   if (e.recompute_inputs_tier == TF_TIER_HOST || e.recompute_inputs_tier == TF_TIER_DISK)

@@ -37,7 +37,8 @@ struct PlanContribution {
   std::string plugin;  // "checkpoint", "schedule hybrid", ...
   bool estimated = true;
   TierCounts delta{};
-  double time_factor = 0;  // 0 = the plugin does not say
+  double time_factor = 0;       // 0 = the plugin does not say
+  bool time_from_plan = false;  // its time shows in the plan (the cost model prices it)
   bool grads_in_forward = false;
   int64_t update_bytes = 0;  // alive only during the update
   tf_residency recompute_inputs_tier = TF_TIER_DEVICE;

@@ -14,8 +14,10 @@
 #include "data_setup.hpp"
 #include "device_spec.hpp"
 #include "file_util.hpp"
+#include "generation.hpp"
 #include "hf_shards.hpp"
 #include "hf_weights.hpp"
+#include "kernel_keys.hpp"
 #include "logging.hpp"
 #include "op_timer.hpp"
 #include "safetensors.hpp"
@@ -24,113 +26,6 @@
 
 namespace tightfit {
 namespace fs = std::filesystem;
-
-namespace {
-
-KeySpec key(std::string name, tf_value_type type, std::optional<std::string> def, std::string doc,
-            double lo = 1, double hi = 0, std::string choices = {}) {
-  return KeySpec{std::move(name), type, std::move(def), std::move(doc), lo, hi, std::move(choices)};
-}
-
-const std::vector<std::string> kTopLevelTables = {"run",      "model",    "data", "optimizer",
-                                                  "strategy", "schedule", "save"};
-
-}  // namespace
-
-const std::vector<KeySpec>& run_keys() {
-  static const std::vector<KeySpec> keys = {
-      key("name", TF_VALUE_STRING, "\"run\"", "run name; its folder is out_dir/name"),
-      key("seed", TF_VALUE_INT, "1234", "seed for initialization, data order and sampling", 0,
-          9.2e18),
-      key("steps", TF_VALUE_INT, "200", "optimizer steps to train", 0, 1e12),
-      key("device", TF_VALUE_STRING, "\"cpu\"", "compute device: cpu, cuda, cuda:N"),
-      key("memory_budget", TF_VALUE_SIZE, "0",
-          "refuse allocations past this many bytes (\"8GiB\"); 0 = no budget"),
-      key("out_dir", TF_VALUE_STRING, "\"runs\"", "folder that holds run folders"),
-      key("log_every", TF_VALUE_INT, "10", "steps between progress lines", 1, 1e9),
-      key("threads", TF_VALUE_INT, "0", "intra-op CPU threads; 0 = LibTorch's default", 0, 4096),
-      key("sample_tokens", TF_VALUE_INT, "200", "tokens to sample from the trained model; 0 = none",
-          0, 1e6),
-      key("sample_prompt", TF_VALUE_STRING, "\"\\n\"", "prompt for the sample"),
-      key("sample_top_k", TF_VALUE_INT, "40", "top-k for the sample; 1 = greedy", 1, 1e9),
-      key("eval_batches", TF_VALUE_INT, "8", "validation batches for each eval loss", 0, 1e6),
-      key("eval_interval", TF_VALUE_INT, "0",
-          "steps between eval losses on the held-out split (metrics' eval_loss); 0 = at the end "
-          "only",
-          0, 1e12),
-      key("dist_timeout", TF_VALUE_FLOAT, "300",
-          "seconds a rank waits for the others (joining, and in each collective) before the "
-          "run stops with an error naming it",
-          1, 1e6),
-      key("plugin_paths", TF_VALUE_STRING_LIST, "[]",
-          "extra plugin files or folders (relative to the recipe)"),
-      key("on_non_finite", TF_VALUE_STRING, "\"skip\"",
-          "a non-finite loss or gradient: skip the update, roll back to the last checkpoint "
-          "(and go on past the batches since), or stop",
-          1, 0, "skip|rollback|stop"),
-      key("debug_nan_at_steps", TF_VALUE_INT_LIST, "[]",
-          "testing aid: make the loss NaN once at these steps (0-based)"),
-      key("profile_ops", TF_VALUE_BOOL, "false",
-          "record each step's time inside LibTorch operators (op_s) and its wall time "
-          "(step_s) in metrics.jsonl; the rest is time outside LibTorch (about 1 us per op "
-          "extra while on)"),
-  };
-  return keys;
-}
-
-const std::vector<KeySpec>& data_keys() {
-  static const std::vector<KeySpec> keys = {
-      key("corpus", TF_VALUE_STRING, "\"builtin:fortunes\"",
-          "builtin:fortunes, a text file, a folder of text files, a .jsonl with \"text\", or "
-          "JSONL instruction/chat rows (messages, prompt/completion, instruction/output)"),
-      key("tokenizer", TF_VALUE_STRING, "\"auto\"",
-          "byte, or a tokenizer.json (or its folder); auto = the [model].weights folder's "
-          "tokenizer.json, else byte"),
-      key("seq_len", TF_VALUE_INT, "128", "tokens per sequence", 1, 1e7),
-      key("batch_size", TF_VALUE_INT, "16", "sequences per batch", 1, 1e6),
-      key("val_fraction", TF_VALUE_FLOAT, "0.05",
-          "held out for eval: the corpus's tail, or that share of the examples", 0, 0.5),
-      key("train_on", TF_VALUE_STRING, "\"completion\"",
-          "instruction and chat rows: the loss on the answers only (completion) or on every "
-          "token (all)",
-          1, 0, "completion|all"),
-      key("packing", TF_VALUE_BOOL, "false",
-          "instruction and chat rows: several examples to a row, each attending only to "
-          "itself (false: one example per row, padded)"),
-      key("chat_template", TF_VALUE_STRING, "\"\"",
-          "a .jinja chat template to use instead of the tokenizer_config.json's"),
-  };
-  return keys;
-}
-
-const std::vector<KeySpec>& optimizer_keys() {
-  static const std::vector<KeySpec> keys = {
-      key("name", TF_VALUE_STRING, "\"adamw\"", "optimizer", 1, 0, "adamw|sgd"),
-      key("lr", TF_VALUE_FLOAT, "3e-4", "peak learning rate", 0, 1e3),
-      key("weight_decay", TF_VALUE_FLOAT, "0.1", "decoupled weight decay on >=2-D weights", 0, 10),
-      key("beta1", TF_VALUE_FLOAT, "0.9", "AdamW beta1", 0, 1),
-      key("beta2", TF_VALUE_FLOAT, "0.95", "AdamW beta2", 0, 1),
-      key("eps", TF_VALUE_FLOAT, "1e-8", "AdamW epsilon", 0, 1),
-      key("momentum", TF_VALUE_FLOAT, "0.0", "SGD momentum", 0, 1),
-      key("grad_clip", TF_VALUE_FLOAT, "1.0", "clip the global gradient norm; 0 = off", 0, 1e9),
-  };
-  return keys;
-}
-
-const std::vector<KeySpec>& save_keys() {
-  static const std::vector<KeySpec> keys = {
-      key("every", TF_VALUE_INT, "0", "save a checkpoint every N steps; 0 = only at the end", 0,
-          1e12),
-      key("keep_last", TF_VALUE_INT, "2", "checkpoints kept (older ones are rotated out)", 1, 1e6),
-      key("final", TF_VALUE_BOOL, "true", "save when the run ends"),
-      key("dir", TF_VALUE_STRING, "\"\"", "checkpoint folder; empty = <run folder>/checkpoints"),
-      key("hf", TF_VALUE_BOOL, "false",
-          "also write <run folder>/hf, a Hugging Face model folder, at the end"),
-      key("adapter", TF_VALUE_BOOL, "false",
-          "also write <run folder>/adapter, the adapters on their own (PEFT format), at the end"),
-  };
-  return keys;
-}
 
 Session::Session(const Recipe& recipe, const PluginRegistry& registry, SessionOptions options)
     : recipe_(recipe), options_(std::move(options)) {
@@ -228,7 +123,7 @@ PluginInstance Session::make_instance(const std::string& name, tf_plugin_kind ki
 }
 
 void Session::build(const PluginRegistry& base_registry) {
-  recipe_.check_top_level(kTopLevelTables);
+  recipe_.check_top_level(kernel_top_level_tables());
   run_cfg_ = recipe_.validate(recipe_.table("run"), "[run]", run_keys());
   for (int64_t at : run_cfg_.get_int_list("debug_nan_at_steps")) nan_steps_pending_.insert(at);
   data_cfg_ = recipe_.validate(recipe_.table("data"), "[data]", data_keys());
@@ -729,84 +624,12 @@ double Session::eval_loss(int64_t batches) {
   return sum / static_cast<double>(batches);
 }
 
-const char* sampling_problem(int64_t n_tokens, int64_t top_k, double temperature, double top_p) {
-  // NaN passes no comparison: each bound is written to refuse it.
-  if (!(n_tokens >= 0)) return "tokens must be >= 0";
-  if (!(top_k >= 0)) return "top-k must be >= 0 (0 = every token, 1 = greedy)";
-  if (!(temperature >= 0 && std::isfinite(temperature)))
-    return "temperature must be a finite number >= 0 (0 = greedy)";
-  if (!(top_p >= 0 && top_p <= 1))
-    return "top-p must be in [0, 1] (1 = off, 0 = the likeliest token)";
-  return nullptr;
-}
-
 std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64_t top_k,
                               double temperature, uint64_t seed, double top_p, bool use_cache,
                               const std::vector<int64_t>& stop_ids) {
-  auto stops = [&](int64_t id) {
-    return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
-  };
-  if (const char* bad = sampling_problem(n_tokens, top_k, temperature, top_p))
-    throw std::invalid_argument(bad);
-  at::NoGradGuard no_grad;
-  CategoryScope scope(TF_MEM_TRANSIENT);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  std::vector<int64_t> ids = tokenizer_->encode(prompt);
-  if (ids.empty()) ids.push_back(0);
-  const size_t prompt_len = ids.size();
-  auto pick = [&](const at::Tensor& logits_in) -> int64_t {
-    const at::Tensor logits = logits_in.to(at::kCPU, at::kFloat);
-    if (top_k == 1 || temperature <= 0) return logits.argmax().item<int64_t>();
-    auto [vals, idx] =
-        logits.div(temperature)
-            .topk(top_k > 0 ? std::min<int64_t>(top_k, logits.size(0)) : logits.size(0));
-    at::Tensor probs = at::softmax(vals, 0);
-    if (top_p < 1.0) {  // keep the smallest prefix whose mass reaches top_p, at least one
-      at::Tensor past = probs.cumsum(0) - probs >= top_p;
-      past[0] = false;  // as transformers' min_tokens_to_keep = 1: top_p = 0 is greedy
-      probs = probs.masked_fill(past, 0.0);
-      probs = probs / probs.sum();
-    }
-    return idx[at::multinomial(probs, 1, false, gen).item<int64_t>()].item<int64_t>();
-  };
-  const tf_model_vtable* vt = model_.plugin->model();
-  const bool can_decode = use_cache && vt->decode && vt->release_cache;
-  if (can_decode) {
-    // Incremental: the model carries its state (or key/value cache) between calls.
-    void* cache = nullptr;
-    struct Release {
-      const tf_model_vtable* vt;
-      void* state;
-      void** cache;
-      ~Release() {
-        if (*cache) vt->release_cache(state, *cache);
-      }
-    } release{vt, model_.state, &cache};
-    at::Tensor x = at::tensor(ids, at::kLong).unsqueeze(0).to(device_);
-    for (int64_t i = 0; i < n_tokens; ++i) {
-      tf_tensor out = nullptr;
-      check(vt->decode(model_.state, model_.ctx.get(), &cache, borrow_handle(x), &out), model_,
-            "decode");
-      at::Tensor logits = adopt_handle(StrategyChain::returned(out, model_, "decode"));
-      ids.push_back(pick(logits[0][-1]));
-      if (stops(ids.back())) break;
-      x = at::full({1, 1}, ids.back(), at::TensorOptions().dtype(at::kLong).device(device_));
-    }
-  } else {
-    // Recompute over the last seq_len tokens for every new token.
-    const int64_t ctx_len = run_info_.seq_len;
-    for (int64_t i = 0; i < n_tokens; ++i) {
-      const size_t start =
-          ids.size() > static_cast<size_t>(ctx_len) ? ids.size() - static_cast<size_t>(ctx_len) : 0;
-      std::vector<int64_t> window(ids.begin() + static_cast<std::ptrdiff_t>(start), ids.end());
-      at::Tensor x = at::tensor(window, at::kLong).unsqueeze(0).to(device_);
-      ids.push_back(pick(forward_logits(x, /*training=*/false)[0][-1]));
-      if (stops(ids.back())) break;
-    }
-  }
-  if (ids.size() > prompt_len && stops(ids.back())) ids.pop_back();
-  return tokenizer_->decode(
-      std::vector<int64_t>(ids.begin() + static_cast<std::ptrdiff_t>(prompt_len), ids.end()));
+  return generate_text(
+      *this, prompt,
+      SamplingOptions{n_tokens, top_k, temperature, top_p, seed, use_cache, stop_ids});
 }
 
 int32_t Session::snapshot_take(bool with_optimizer) {

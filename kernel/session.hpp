@@ -17,6 +17,8 @@
 
 #include "data.hpp"
 #include "distributed.hpp"
+#include "generation.hpp"
+#include "kernel_keys.hpp"
 #include "memory_accounting.hpp"
 #include "metrics.hpp"
 #include "optimizer.hpp"
@@ -129,10 +131,6 @@ struct SessionOptions {
 // throws PluginCallError naming the plugin's role, its name and `what`, with
 // the message it set (OutOfBudgetError for a budget refusal).
 void check_plugin_status(tf_status status, const PluginInstance& inst, const char* what);
-
-// What is wrong with generation's sampling values (named as the command
-// line's options, without "--"), or nullptr.
-const char* sampling_problem(int64_t n_tokens, int64_t top_k, double temperature, double top_p);
 
 class Session {
  public:
@@ -329,11 +327,5 @@ class Session {
   at::Tensor pass_positions_;    // packed rows' positions while a pass runs (backward included)
   at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward
 };
-
-// The kernel's own recipe tables, for validation and `plugins info`.
-const std::vector<KeySpec>& run_keys();
-const std::vector<KeySpec>& data_keys();
-const std::vector<KeySpec>& optimizer_keys();
-const std::vector<KeySpec>& save_keys();
 
 }  // namespace tightfit

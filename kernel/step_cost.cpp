@@ -10,13 +10,6 @@ namespace tightfit {
 
 namespace {
 
-// Plugins whose effect on time this model computes itself; any other
-// plugin's own time_factor (a third-party strategy, hybrid, MeZO) multiplies.
-const std::set<std::string> kModeled = {
-    "checkpoint", "quantize",     "offload",           "precision",
-    "lora",       "fused_update", "schedule standard", "schedule accumulate",
-    "shard"};
-
 // The forward's share of a stage's elementwise work (backward about twice).
 constexpr double kForwardShare = 1.0 / 3;
 // AdamW touches per trainable value: the weight read and written, the
@@ -201,8 +194,11 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
     if (options.zero_stage == 3) cost.collective += 2 * share * weight_bytes / link;
     if (options.zero_stage >= 1) cost.update /= world;
   }
-  for (const PlanContribution& c : plan.contributions)
-    if (c.time_factor > 0 && !kModeled.count(c.plugin)) cost.other *= c.time_factor;
+  // A plugin whose time shows in the plan is priced above; any other's own
+  // time_factor (a third-party strategy, hybrid, MeZO) multiplies.
+  for (const PlanContribution& c : plan.contributions) {
+    if (c.time_factor > 0 && !c.time_from_plan) cost.other *= c.time_factor;
+  }
   return cost;
 }
 

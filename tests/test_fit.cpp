@@ -121,6 +121,38 @@ TEST(StepCost, MicroBatchesRepeatTheWorkOfASmallerBatch) {
   EXPECT_GT(micro.update, whole.update);
 }
 
+// The cost model prices what the plan shows; a plugin says whether that is
+// all it does to step time (tf_memory_estimate.time_from_plan), so a
+// third-party strategy is costed the way the built-in ones are, and the
+// kernel names none of them.
+TEST(StepCost, PluginsSayWhetherThePlanShowsTheirTime) {
+  test::TempDir dir;
+  SessionOptions dry;
+  dry.dry_run = true;
+  auto s = test::make_session(recipe(dir.str(),
+                                     "[[strategy]]\nplugin = \"checkpoint\"\nevery = 1\n"
+                                     "[[strategy]]\nplugin = \"fused_update\"\n"),
+                              dry);
+  MemoryPlan plan = plan_memory(*s);
+  ASSERT_EQ(plan.contributions.size(), 3u);  // two strategies and the schedule
+  for (const PlanContribution& c : plan.contributions)
+    EXPECT_TRUE(c.time_from_plan) << c.plugin;  // built-in: all in the plan
+  const StepCost priced = predict_step_cost(*s, plan, fixed_rates(), {});
+  EXPECT_EQ(priced.other, 1.0);
+  // The same effect from a plugin that does not say so: its factor multiplies.
+  PlanContribution& ckpt = plan.contributions[0];
+  ASSERT_GT(ckpt.time_factor, 1.0);
+  ckpt.time_from_plan = false;
+  const StepCost unseen = predict_step_cost(*s, plan, fixed_rates(), {});
+  EXPECT_DOUBLE_EQ(unseen.other, ckpt.time_factor);
+  EXPECT_DOUBLE_EQ(unseen.total(), priced.total() * ckpt.time_factor);
+  // MeZO's two forwards do not show in a plan: its own factor is used.
+  auto mezo = test::make_session(recipe(dir.str(), "", 8, "plugin = \"mezo\"\n"), dry);
+  const MemoryPlan mezo_plan = plan_memory(*mezo);
+  EXPECT_FALSE(mezo_plan.contributions.back().time_from_plan);
+  EXPECT_DOUBLE_EQ(predict_step_cost(*mezo, mezo_plan, fixed_rates(), {}).other, 2.0 / 3.0);
+}
+
 TEST(Recipe, StrategiesAreReplacedAndWrittenBack) {
   test::TempDir dir;
   Recipe r = Recipe::parse(recipe(dir.str(),

@@ -51,7 +51,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 3
+#define TF_ABI_VERSION_MINOR 4
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -463,6 +463,14 @@ typedef struct tf_memory_estimate {
    * them there, and on the device only the one being recomputed and the one
    * read ahead. */
   int32_t recompute_inputs_tier;
+  /* Added in 1.4: 1 when everything this plugin does to step time shows in
+   * the plan — recomputed stages, weight formats and tiers, dtypes and
+   * autocast, adapters, optimizer state tiers, micro-batches — which the step
+   * cost model (`tightfit fit`) prices from the machine's measured rates;
+   * time_factor is then left out of it. 0 (older plugins, and the default):
+   * time_factor multiplies the modeled step time, as for any effect the
+   * model cannot see. */
+  int32_t time_from_plan;
 } tf_memory_estimate;
 
 /* ------------------------------------------------------------------------- */

@@ -75,6 +75,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   auto* s = static_cast<Accumulate*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     out->time_factor = s->micro_batches;
+    out->time_from_plan = 1;  // tightfit fit prices it from the plan
     if (s->micro_batches > 1 && out->struct_size >= offsetof(tf_memory_estimate, grads_in_forward) +
                                                         sizeof(out->grads_in_forward))
       out->grads_in_forward = 1;

@@ -54,6 +54,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   auto* s = static_cast<Checkpoint*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     out->time_factor = tf_sdk::recompute_time_factor(s->host);
+    out->time_from_plan = 1;  // tightfit fit prices it from the plan
     return TF_OK;
   });
 }

@@ -106,6 +106,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
     }
     out->delta_bytes[TF_TIER_DEVICE][TF_MEM_GRADS] = largest - all;
     out->time_factor = 1.0;
+    out->time_from_plan = 1;  // tightfit fit prices it from the plan
     return TF_OK;
   });
 }

@@ -637,6 +637,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
                                 sizeof(out->recompute_inputs_tier))
       out->recompute_inputs_tier = s->activations_tier == "disk" ? TF_TIER_DISK : TF_TIER_HOST;
     out->time_factor = 0;
+    out->time_from_plan = 1;  // tightfit fit prices it from the plan
     return TF_OK;
   });
 }

@@ -541,6 +541,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   auto* s = static_cast<Shard*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     out->time_factor = 1.0;
+    out->time_from_plan = 1;  // tightfit fit prices it from the plan
     if (s->mode != "zero" || s->world <= 1) return TF_OK;
     const double keep = 1.0 / s->world;
     const int64_t opt = 4 * static_cast<int64_t>(s->n_state()) * model->n_trainable;

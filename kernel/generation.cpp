@@ -1,0 +1,99 @@
+#include "generation.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "session.hpp"
+#include "strategy_chain.hpp"
+#include "tensor_handle.hpp"
+
+namespace tightfit {
+
+const char* sampling_problem(int64_t n_tokens, int64_t top_k, double temperature, double top_p) {
+  // NaN passes no comparison: each bound is written to refuse it.
+  if (!(n_tokens >= 0)) return "tokens must be >= 0";
+  if (!(top_k >= 0)) return "top-k must be >= 0 (0 = every token, 1 = greedy)";
+  if (!(temperature >= 0 && std::isfinite(temperature)))
+    return "temperature must be a finite number >= 0 (0 = greedy)";
+  if (!(top_p >= 0 && top_p <= 1))
+    return "top-p must be in [0, 1] (1 = off, 0 = the likeliest token)";
+  return nullptr;
+}
+
+std::string generate_text(Session& s, const std::string& prompt, const SamplingOptions& o) {
+  const int64_t n_tokens = o.n_tokens, top_k = o.top_k;
+  const double temperature = o.temperature, top_p = o.top_p;
+  const std::vector<int64_t>& stop_ids = o.stop_ids;
+  PluginInstance& model = s.model();
+  const at::Device device = s.device();
+  auto stops = [&](int64_t id) {
+    return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
+  };
+  if (const char* bad = sampling_problem(n_tokens, top_k, temperature, top_p))
+    throw std::invalid_argument(bad);
+  at::NoGradGuard no_grad;
+  CategoryScope scope(TF_MEM_TRANSIENT);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  std::vector<int64_t> ids = s.tokenizer().encode(prompt);
+  if (ids.empty()) ids.push_back(0);
+  const size_t prompt_len = ids.size();
+  auto pick = [&](const at::Tensor& logits_in) -> int64_t {
+    const at::Tensor logits = logits_in.to(at::kCPU, at::kFloat);
+    if (top_k == 1 || temperature <= 0) return logits.argmax().item<int64_t>();
+    auto [vals, idx] =
+        logits.div(temperature)
+            .topk(top_k > 0 ? std::min<int64_t>(top_k, logits.size(0)) : logits.size(0));
+    at::Tensor probs = at::softmax(vals, 0);
+    if (top_p < 1.0) {  // keep the smallest prefix whose mass reaches top_p, at least one
+      at::Tensor past = probs.cumsum(0) - probs >= top_p;
+      past[0] = false;  // as transformers' min_tokens_to_keep = 1: top_p = 0 is greedy
+      probs = probs.masked_fill(past, 0.0);
+      probs = probs / probs.sum();
+    }
+    return idx[at::multinomial(probs, 1, false, gen).item<int64_t>()].item<int64_t>();
+  };
+  const tf_model_vtable* vt = model.plugin->model();
+  const bool can_decode = o.use_cache && vt->decode && vt->release_cache;
+  if (can_decode) {
+    // Incremental: the model carries its state (or key/value cache) between calls.
+    void* cache = nullptr;
+    struct Release {
+      const tf_model_vtable* vt;
+      void* state;
+      void** cache;
+      ~Release() {
+        if (*cache) vt->release_cache(state, *cache);
+      }
+    } release{vt, model.state, &cache};
+    at::Tensor x = at::tensor(ids, at::kLong).unsqueeze(0).to(device);
+    for (int64_t i = 0; i < n_tokens; ++i) {
+      tf_tensor out = nullptr;
+      check_plugin_status(guarded_call(model, "decode", vt->decode, &cache, borrow_handle(x), &out),
+                          model, "decode");
+      at::Tensor logits = adopt_handle(StrategyChain::returned(out, model, "decode"));
+      ids.push_back(pick(logits[0][-1]));
+      if (stops(ids.back())) break;
+      x = at::full({1, 1}, ids.back(), at::TensorOptions().dtype(at::kLong).device(device));
+    }
+  } else {
+    // Recompute over the last seq_len tokens for every new token.
+    const int64_t ctx_len = s.run_info().seq_len;
+    for (int64_t i = 0; i < n_tokens; ++i) {
+      const size_t start =
+          ids.size() > static_cast<size_t>(ctx_len) ? ids.size() - static_cast<size_t>(ctx_len) : 0;
+      std::vector<int64_t> window(ids.begin() + static_cast<std::ptrdiff_t>(start), ids.end());
+      at::Tensor x = at::tensor(window, at::kLong).unsqueeze(0).to(device);
+      ids.push_back(pick(s.forward_logits(x, /*training=*/false)[0][-1]));
+      if (stops(ids.back())) break;
+    }
+  }
+  if (ids.size() > prompt_len && stops(ids.back())) ids.pop_back();
+  return s.tokenizer().decode(
+      std::vector<int64_t>(ids.begin() + static_cast<std::ptrdiff_t>(prompt_len), ids.end()));
+}
+
+}  // namespace tightfit

@@ -1,0 +1,34 @@
+// Text generation from a session's model: greedy, temperature, top-k and
+// nucleus sampling, with the model's incremental decode when it has one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tightfit {
+
+class Session;
+
+struct SamplingOptions {
+  int64_t n_tokens = 0;
+  int64_t top_k = 0;         // 0 = every token, 1 = greedy
+  double temperature = 1.0;  // 0 = greedy
+  double top_p = 1.0;        // 1 = off, 0 = the likeliest token
+  uint64_t seed = 0;
+  bool use_cache = true;          // the model's incremental decode, when it has one
+  std::vector<int64_t> stop_ids;  // end-of-sequence tokens: stop there, leaving it out
+};
+
+// What is wrong with generation's sampling values (named as the command
+// line's options, without "--"), or nullptr.
+const char* sampling_problem(int64_t n_tokens, int64_t top_k, double temperature, double top_p);
+
+// Samples o.n_tokens after the prompt: greedy when top_k == 1 or temperature
+// == 0, else temperature, top-k and nucleus (top_p < 1) sampling. Uses the
+// model's incremental decode when it has one and use_cache, else recomputes
+// the last seq_len tokens for every new one. Throws std::invalid_argument for
+// bad sampling values.
+std::string generate_text(Session& s, const std::string& prompt, const SamplingOptions& o);
+
+}  // namespace tightfit

@@ -1,0 +1,121 @@
+// The kernel's own recipe tables: [run], [data], [optimizer] and [save],
+// with their types, defaults, ranges and one line of documentation each
+// (validation and `tightfit plugins info` read the same list).
+#include "kernel_keys.hpp"
+
+#include <optional>
+#include <utility>
+
+namespace tightfit {
+
+namespace {
+
+KeySpec key(std::string name, tf_value_type type, std::optional<std::string> def, std::string doc,
+            double lo = 1, double hi = 0, std::string choices = {}) {
+  return KeySpec{std::move(name), type, std::move(def), std::move(doc), lo, hi, std::move(choices)};
+}
+
+}  // namespace
+
+const std::vector<KeySpec>& run_keys() {
+  static const std::vector<KeySpec> keys = {
+      key("name", TF_VALUE_STRING, "\"run\"", "run name; its folder is out_dir/name"),
+      key("seed", TF_VALUE_INT, "1234", "seed for initialization, data order and sampling", 0,
+          9.2e18),
+      key("steps", TF_VALUE_INT, "200", "optimizer steps to train", 0, 1e12),
+      key("device", TF_VALUE_STRING, "\"cpu\"", "compute device: cpu, cuda, cuda:N"),
+      key("memory_budget", TF_VALUE_SIZE, "0",
+          "refuse allocations past this many bytes (\"8GiB\"); 0 = no budget"),
+      key("out_dir", TF_VALUE_STRING, "\"runs\"", "folder that holds run folders"),
+      key("log_every", TF_VALUE_INT, "10", "steps between progress lines", 1, 1e9),
+      key("threads", TF_VALUE_INT, "0", "intra-op CPU threads; 0 = LibTorch's default", 0, 4096),
+      key("sample_tokens", TF_VALUE_INT, "200", "tokens to sample from the trained model; 0 = none",
+          0, 1e6),
+      key("sample_prompt", TF_VALUE_STRING, "\"\\n\"", "prompt for the sample"),
+      key("sample_top_k", TF_VALUE_INT, "40", "top-k for the sample; 1 = greedy", 1, 1e9),
+      key("eval_batches", TF_VALUE_INT, "8", "validation batches for each eval loss", 0, 1e6),
+      key("eval_interval", TF_VALUE_INT, "0",
+          "steps between eval losses on the held-out split (metrics' eval_loss); 0 = at the end "
+          "only",
+          0, 1e12),
+      key("dist_timeout", TF_VALUE_FLOAT, "300",
+          "seconds a rank waits for the others (joining, and in each collective) before the "
+          "run stops with an error naming it",
+          1, 1e6),
+      key("plugin_paths", TF_VALUE_STRING_LIST, "[]",
+          "extra plugin files or folders (relative to the recipe)"),
+      key("on_non_finite", TF_VALUE_STRING, "\"skip\"",
+          "a non-finite loss or gradient: skip the update, roll back to the last checkpoint "
+          "(and go on past the batches since), or stop",
+          1, 0, "skip|rollback|stop"),
+      key("debug_nan_at_steps", TF_VALUE_INT_LIST, "[]",
+          "testing aid: make the loss NaN once at these steps (0-based)"),
+      key("profile_ops", TF_VALUE_BOOL, "false",
+          "record each step's time inside LibTorch operators (op_s) and its wall time "
+          "(step_s) in metrics.jsonl; the rest is time outside LibTorch (about 1 us per op "
+          "extra while on)"),
+  };
+  return keys;
+}
+
+const std::vector<KeySpec>& data_keys() {
+  static const std::vector<KeySpec> keys = {
+      key("corpus", TF_VALUE_STRING, "\"builtin:fortunes\"",
+          "builtin:fortunes, a text file, a folder of text files, a .jsonl with \"text\", or "
+          "JSONL instruction/chat rows (messages, prompt/completion, instruction/output)"),
+      key("tokenizer", TF_VALUE_STRING, "\"auto\"",
+          "byte, or a tokenizer.json (or its folder); auto = the [model].weights folder's "
+          "tokenizer.json, else byte"),
+      key("seq_len", TF_VALUE_INT, "128", "tokens per sequence", 1, 1e7),
+      key("batch_size", TF_VALUE_INT, "16", "sequences per batch", 1, 1e6),
+      key("val_fraction", TF_VALUE_FLOAT, "0.05",
+          "held out for eval: the corpus's tail, or that share of the examples", 0, 0.5),
+      key("train_on", TF_VALUE_STRING, "\"completion\"",
+          "instruction and chat rows: the loss on the answers only (completion) or on every "
+          "token (all)",
+          1, 0, "completion|all"),
+      key("packing", TF_VALUE_BOOL, "false",
+          "instruction and chat rows: several examples to a row, each attending only to "
+          "itself (false: one example per row, padded)"),
+      key("chat_template", TF_VALUE_STRING, "\"\"",
+          "a .jinja chat template to use instead of the tokenizer_config.json's"),
+  };
+  return keys;
+}
+
+const std::vector<KeySpec>& optimizer_keys() {
+  static const std::vector<KeySpec> keys = {
+      key("name", TF_VALUE_STRING, "\"adamw\"", "optimizer", 1, 0, "adamw|sgd"),
+      key("lr", TF_VALUE_FLOAT, "3e-4", "peak learning rate", 0, 1e3),
+      key("weight_decay", TF_VALUE_FLOAT, "0.1", "decoupled weight decay on >=2-D weights", 0, 10),
+      key("beta1", TF_VALUE_FLOAT, "0.9", "AdamW beta1", 0, 1),
+      key("beta2", TF_VALUE_FLOAT, "0.95", "AdamW beta2", 0, 1),
+      key("eps", TF_VALUE_FLOAT, "1e-8", "AdamW epsilon", 0, 1),
+      key("momentum", TF_VALUE_FLOAT, "0.0", "SGD momentum", 0, 1),
+      key("grad_clip", TF_VALUE_FLOAT, "1.0", "clip the global gradient norm; 0 = off", 0, 1e9),
+  };
+  return keys;
+}
+
+const std::vector<KeySpec>& save_keys() {
+  static const std::vector<KeySpec> keys = {
+      key("every", TF_VALUE_INT, "0", "save a checkpoint every N steps; 0 = only at the end", 0,
+          1e12),
+      key("keep_last", TF_VALUE_INT, "2", "checkpoints kept (older ones are rotated out)", 1, 1e6),
+      key("final", TF_VALUE_BOOL, "true", "save when the run ends"),
+      key("dir", TF_VALUE_STRING, "\"\"", "checkpoint folder; empty = <run folder>/checkpoints"),
+      key("hf", TF_VALUE_BOOL, "false",
+          "also write <run folder>/hf, a Hugging Face model folder, at the end"),
+      key("adapter", TF_VALUE_BOOL, "false",
+          "also write <run folder>/adapter, the adapters on their own (PEFT format), at the end"),
+  };
+  return keys;
+}
+
+const std::vector<std::string>& kernel_top_level_tables() {
+  static const std::vector<std::string> tables = {"run",      "model",    "data", "optimizer",
+                                                  "strategy", "schedule", "save"};
+  return tables;
+}
+
+}  // namespace tightfit
