@@ -142,12 +142,10 @@ int32_t Session::pack_activation(int32_t stage, const at::Tensor& x, uint64_t* k
 at::Tensor Session::unpack_activation(int32_t strategy, int32_t stage, uint64_t key) {
   PluginInstance& s = strategies_.at(static_cast<size_t>(strategy));
   tf_tensor out = nullptr;
-  check(s.plugin->strategy()->unpack_activation(s.state, s.ctx.get(), stage, key, &out), s,
-        "unpack_activation");
-  if (out == nullptr)
-    throw PluginCallError("strategy \"" + s.plugin->name +
-                          "\" gave no tensor back from unpack_activation");
-  return adopt_handle(out);
+  check(guarded_call(s, "unpack_activation", s.plugin->strategy()->unpack_activation, stage, key,
+                     &out),
+        s, "unpack_activation");
+  return adopt_handle(StrategyChain::returned(out, s, "unpack_activation"));
 }
 
 void Session::raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin) {
@@ -182,14 +180,14 @@ at::Tensor Session::run_stage(int32_t stage, const at::Tensor& input, bool train
   compute_device_ = stage_device;
   tf_tensor out = nullptr;
   const tf_model_vtable* vt = model_.plugin->model();
-  const tf_status st =
-      vt->stage_forward(model_.state, model_.ctx.get(), &call, borrow_handle(input), &out);
-  check(st, model_, "stage_forward");
+  const tf_tensor lent = borrow_handle(input);
+  check(guarded_call(model_, "stage_forward", vt->stage_forward, &call, lent, &out), model_,
+        "stage_forward");
   if (out == nullptr)
     throw PluginCallError("model plugin \"" + model_.plugin->name +
                           "\" returned no tensor for stage " +
                           stages_[static_cast<size_t>(stage)].name);
-  return adopt_handle(out);
+  return adopt_handle(StrategyChain::returned(out, model_, "stage_forward", lent));
 }
 
 at::Tensor Session::forward_logits(const at::Tensor& tokens, bool training,

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <functional>
 #include <limits>
 #include <map>
@@ -13,6 +14,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "data.hpp"
@@ -35,6 +37,10 @@ class OpTimer;
 // The per-plugin-instance context behind the ABI's opaque tf_host_context.
 struct tf_host_context {
   tightfit::Session* session = nullptr;
+  // The thread that made the context (the session's); host services refuse
+  // a plugin's own threads (host_api_services.hpp), and warn about it once.
+  std::thread::id owner_thread = std::this_thread::get_id();
+  std::atomic<bool> warned_foreign_thread{false};
   std::string plugin_name;
   std::string role;  // "model", "strategy #1", "schedule"
   tightfit::ConfigTable config;

@@ -23,10 +23,12 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "memory_accounting.hpp"
+#include "plugin_call_scope.hpp"
 #include "session.hpp"
 #include "tensor_handle.hpp"
 
@@ -37,6 +39,7 @@ namespace tightfit {
 // OutOfBudgetError when it was the budget refusing an allocation).
 template <class Fn, class... Args>
 tf_status guarded_call(const PluginInstance& s, const char* name, Fn fn, Args... args) {
+  const PluginCallScope in_plugin_call;  // its host services are served on this thread
   try {
     return fn(s.state, s.ctx.get(), args...);
   } catch (const std::exception& e) {
@@ -49,6 +52,16 @@ tf_status guarded_call(const PluginInstance& s, const char* name, Fn fn, Args...
                           "\" threw an exception in " + name +
                           "; a plugin must catch its exceptions and return a status");
   }
+}
+
+// Whether an argument of a hook is the handle `out` (arguments that are no
+// tensor handle never are).
+template <class A>
+bool same_handle(tf_tensor out, A arg) {
+  if constexpr (std::is_same_v<A, tf_tensor>)
+    return out == arg;
+  else
+    return false;
 }
 
 class StrategyChain {
@@ -98,7 +111,7 @@ class StrategyChain {
       if (!fn) continue;
       tf_tensor out = nullptr;
       const tf_status st = guarded_call(s, name, fn, args..., &out);
-      if (st == TF_OK) return adopt_handle(returned(out, s, name));
+      if (st == TF_OK) return adopt_handle(returned(out, s, name, args...));
       if (st != TF_NOT_HANDLED) check_plugin_status(st, s, name);
     }
     return std::nullopt;
@@ -114,20 +127,30 @@ class StrategyChain {
       Fn fn = s.plugin->strategy()->*hook;
       if (!fn) continue;
       tf_tensor out = nullptr;
-      const tf_status st = guarded_call(s, name, fn, args..., borrow_handle(value), &out);
+      const tf_tensor lent = borrow_handle(value);
+      const tf_status st = guarded_call(s, name, fn, args..., lent, &out);
       if (st == TF_OK)
-        value = adopt_handle(returned(out, s, name));
+        value = adopt_handle(returned(out, s, name, lent));
       else if (st != TF_NOT_HANDLED)
         check_plugin_status(st, s, name);
     }
   }
 
-  // A strategy's tensor out after TF_OK: a NULL one is the plugin's error.
-  static tf_tensor returned(tf_tensor out, const PluginInstance& s, const char* name) {
+  // A plugin's tensor out after TF_OK: a NULL one is the plugin's error, and
+  // so is one of the handles the host lent for the call (`lent`): adopting
+  // it would free a tensor the host still owns.
+  template <class... Lent>
+  static tf_tensor returned(tf_tensor out, const PluginInstance& s, const char* name,
+                            Lent... lent) {
     if (out == nullptr)
       throw PluginCallError(s.ctx->role + " plugin \"" + s.plugin->name +
                             "\" returned TF_OK from " + name +
                             " but no tensor; return TF_NOT_HANDLED to pass");
+    if ((same_handle(out, lent) || ...))
+      throw PluginCallError(s.ctx->role + " plugin \"" + s.plugin->name + "\" returned from " +
+                            name +
+                            " the tensor handle the host lent it for the call; a tensor out "
+                            "must be a new handle (return a new reference to the tensor)");
     return out;
   }
 

@@ -24,6 +24,10 @@ inline at::Tensor& handle_tensor(tf_tensor h) {
 inline tf_tensor give_handle(at::Tensor t) {
   return reinterpret_cast<tf_tensor>(new at::Tensor(std::move(t)));
 }
+// Frees a new handle (and its reference to the tensor); NULL is a no-op.
+inline void release_handle(tf_tensor h) {
+  delete reinterpret_cast<at::Tensor*>(h);
+}
 // Takes ownership of a new handle: the tensor, the handle freed.
 inline at::Tensor adopt_handle(tf_tensor h) {
   at::Tensor* p = reinterpret_cast<at::Tensor*>(h);

@@ -96,7 +96,7 @@ TEST(CrashSafety, KilledRunsAlwaysResumeFromACompleteCheckpoint) {
   std::mt19937 rng(20261122);
   std::uniform_int_distribution<int> delay_ms(0, 150);  // a step and its save: ~30 ms
   int64_t last = -1;
-  int killed_with_progress = 0, interrupted_saves = 0;
+  int killed_with_progress = 0, interrupted_saves = 0, signaled = 0;
   std::error_code ec;
   for (int i = 0; i < kills; ++i) {
     const pid_t pid = start_run(recipe, log);
@@ -110,7 +110,8 @@ TEST(CrashSafety, KilledRunsAlwaysResumeFromACompleteCheckpoint) {
     ::kill(pid, SIGKILL);
     int status = 0;
     ::waitpid(pid, &status, 0);
-    if (!WIFSIGNALED(status)) continue;  // it finished first: nothing was interrupted
+    if (!WIFSIGNALED(status)) continue;  // it finished first (a loaded machine): nothing to check
+    ++signaled;
 
     // A save cut short leaves its temporary folder behind.
     for (const auto& e : fs::directory_iterator(checkpoints, ec))
@@ -132,7 +133,10 @@ TEST(CrashSafety, KilledRunsAlwaysResumeFromACompleteCheckpoint) {
     if (s->step() > last) ++killed_with_progress;
     last = s->step();
   }
-  EXPECT_EQ(killed_with_progress, kills) << "every run was killed after it saved something new";
+  // Every run that was killed had saved something new first; on a loaded
+  // machine a run may finish before its kill, which proves nothing either way.
+  EXPECT_EQ(killed_with_progress, signaled) << "every run was killed after it saved something new";
+  EXPECT_GE(signaled, kills / 2) << "too few runs were killed to prove anything";
   std::cout << kills << " kills, " << interrupted_saves << " of them inside a save, "
             << killed_with_progress << " after progress; no checkpoint lost or corrupt\n";
   RecordProperty("interrupted_saves", interrupted_saves);

@@ -2,6 +2,11 @@
 // naming the plugin (and the hook), never a crash of the host.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
 #include "plugin_loader.hpp"
 #include "session.hpp"
 #include "test_support.hpp"
@@ -75,6 +80,119 @@ TEST(HostilePlugins, ThrowsUnknownStatusesAndMissingTensorsAreErrorsNamingThePlu
   }
   test::TempDir dir;
   EXPECT_EQ(train_error(recipe(dir, "hostile_strategy", "none")), "");
+}
+
+// The log lines of training `text` and the error it stopped with ("" = none).
+std::pair<std::vector<std::string>, std::string> train_logged(const std::string& text) {
+  auto lines = std::make_shared<std::vector<std::string>>();
+  auto m = std::make_shared<std::mutex>();
+  SessionOptions o;
+  o.on_log = [lines, m](const std::string& line) {
+    std::lock_guard<std::mutex> lock(*m);
+    lines->push_back(line);
+  };
+  std::string error;
+  try {
+    test::make_session(text, o)->train();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  std::lock_guard<std::mutex> lock(*m);
+  return {*lines, error};
+}
+
+bool has_line(const std::vector<std::string>& lines, const std::string& part) {
+  for (const auto& l : lines)
+    if (l.find(part) != std::string::npos) return true;
+  return false;
+}
+
+// fetch_weight handing back the handle the host lent it: adopting that would
+// free a tensor the host owns; it is the plugin's error.
+TEST(HostilePlugins, HandingBackALentTensorIsAnErrorNamingThePlugin) {
+  test::TempDir dir;
+  const std::string err = train_error(recipe(dir, "hostile_strategy", "return_borrowed"));
+  EXPECT_NE(err.find("\"hostile_strategy\" returned from fetch_weight the tensor handle the host "
+                     "lent it"),
+            std::string::npos)
+      << err;
+}
+
+// Services called from a thread the plugin started are refused with
+// TF_ERR_UNSUPPORTED (and a warning naming the plugin); the three the header
+// allows there still work.
+TEST(HostilePlugins, ServicesFromAPluginsOwnThreadAreRefused) {
+  test::TempDir dir;
+  const auto [lines, err] = train_logged(recipe(dir, "hostile_strategy", "other_thread"));
+  EXPECT_EQ(err, "");
+  EXPECT_TRUE(has_line(lines, "own thread: param_count " + std::to_string(TF_ERR_UNSUPPORTED) +
+                                  ", memory_push_category 0, memory_pop_category 0"));
+  EXPECT_TRUE(has_line(lines,
+                       "[hostile_strategy] called a host service from a thread the host "
+                       "did not call it on"));
+  EXPECT_TRUE(has_line(lines, "[hostile_strategy] logged from the plugin's own thread"));
+}
+
+// Services meant for other calls return the documented TF_ERR_UNSUPPORTED.
+TEST(HostilePlugins, ServicesInTheWrongPhaseAreUnsupported) {
+  test::TempDir dir;
+  const auto [lines, err] = train_logged(recipe(dir, "hostile_strategy", "wrong_phase"));
+  EXPECT_EQ(err, "");
+  const std::string u = std::to_string(TF_ERR_UNSUPPORTED);
+  EXPECT_TRUE(has_line(lines, "wrong phase: declare_param " + u + ", state_put_double " + u +
+                                  ", plan_param_get " + u));
+}
+
+// A parameter's name handed to a plugin survives declarations that move the
+// host's table; release_weight, withdrawn, is never called (the fixture's
+// aborts) and the host says so.
+TEST(HostilePlugins, NamesOutliveLaterDeclarationsAndReleaseWeightIsNeverCalled) {
+  test::TempDir dir;
+  const auto [lines, err] = train_logged(recipe(dir, "hostile_strategy", "names_survive"));
+  EXPECT_EQ(err, "");
+  EXPECT_TRUE(has_line(lines,
+                       "[hostile_strategy] sets release_weight, which no tightfit 1.x "
+                       "host calls"));
+}
+
+// Output structs: written no further than the caller's struct_size, which
+// then says min(caller's, host's). Input structs: a size too small to hold
+// the fields is refused before any is read.
+TEST(HostilePlugins, StructsAreReadAndWrittenWithinTheCallersSize) {
+  test::TempDir dir;
+  auto s = test::make_session(recipe(dir, "hostile_strategy", "none"));
+  const tf_host_api* api = s->host_api();
+  tf_host_context* ctx = s->model().ctx.get();
+  const char* name = nullptr;
+  ASSERT_EQ(api->param_name(ctx, 0, &name), TF_OK);
+
+  // A newer caller's larger struct: the host's size comes back, the rest untouched.
+  std::vector<unsigned char> big(sizeof(tf_param_info) + 64, 0xAB);
+  auto* info = reinterpret_cast<tf_param_info*>(big.data());
+  info->struct_size = static_cast<uint32_t>(big.size());
+  ASSERT_EQ(api->param_info(ctx, name, info), TF_OK);
+  EXPECT_EQ(info->struct_size, sizeof(tf_param_info));
+  EXPECT_GT(info->ndim, 0);
+  for (size_t i = sizeof(tf_param_info); i < big.size(); ++i) ASSERT_EQ(big[i], 0xAB) << i;
+
+  // An older caller's smaller struct: nothing past its size is written.
+  std::vector<unsigned char> small(sizeof(tf_param_info), 0xCD);
+  info = reinterpret_cast<tf_param_info*>(small.data());
+  const uint32_t older = offsetof(tf_param_info, ndim) + sizeof(int32_t);
+  info->struct_size = older;
+  ASSERT_EQ(api->param_info(ctx, name, info), TF_OK);
+  EXPECT_EQ(info->struct_size, older);
+  EXPECT_GT(info->ndim, 0);
+  for (size_t i = older; i < small.size(); ++i) ASSERT_EQ(small[i], 0xCD) << i;
+
+  // A batch whose struct_size cannot hold its own header is refused.
+  tf_batch batch{};
+  batch.struct_size = 4;
+  tf_pass_result result{};
+  result.struct_size = sizeof result;
+  EXPECT_EQ(api->forward(ctx, &batch, &result), TF_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(api->last_error(ctx)).find("struct_size is too small"), std::string::npos)
+      << api->last_error(ctx);
 }
 
 }  // namespace

@@ -30,8 +30,9 @@
  *
  * Threading: unless a function says otherwise the host calls a plugin from one
  * thread at a time, and a plugin calls host services only from inside a call
- * the host made to it (or from threads it started while such a call is active
- * for the tensor services `tensor_release` and `log`).
+ * the host made to it. Threads a plugin started may call only
+ * `tensor_release`, `log` and `memory_push_category`/`memory_pop_category`;
+ * any other service called from them returns TF_ERR_UNSUPPORTED.
  *
  * Lifetime: the host never unloads a plugin library, so deleters, autograd
  * nodes and tensors a plugin created stay valid for the life of the process.
@@ -478,8 +479,14 @@ typedef struct tf_memory_estimate {
 /* ------------------------------------------------------------------------- */
 
 /* The table of services the host gives every plugin. A service used outside
- * the calls it is meant for returns TF_ERR_UNSUPPORTED. String results are
- * owned by the host and valid until the run ends unless stated otherwise. */
+ * the calls it is meant for returns TF_ERR_UNSUPPORTED, and so does one
+ * called from a thread the plugin started (except tensor_release, log and
+ * memory_push/pop_category). String results are owned by the host and valid
+ * for the life of the process unless stated otherwise (a parameter's or
+ * stage's name survives later declarations). Output structs are written no
+ * further than the caller's struct_size, which is set to min(caller's,
+ * host's); input structs are read no further than theirs (later fields read
+ * as 0). */
 typedef struct tf_host_api {
   uint32_t struct_size;
   uint32_t abi_version;         /* the host's TF_ABI_VERSION */
@@ -489,7 +496,8 @@ typedef struct tf_host_api {
   /* Records why the plugin's current call fails; the host shows it with the
    * plugin's name. Call before returning an error status. */
   void (*set_error)(tf_host_context* ctx, const char* message);
-  /* The message of the host's last failed service call in this context. */
+  /* The message of the host's last failed service call in this context;
+   * valid until this context's next service call. */
   const char* (*last_error)(tf_host_context* ctx);
   void (*log)(tf_host_context* ctx, tf_log_level level, const char* message);
 
@@ -756,7 +764,10 @@ typedef struct tf_strategy_vtable {
    * TF_NOT_HANDLED = not this strategy's parameter. */
   tf_status (*fetch_weight)(void* state, tf_host_context* ctx, const char* name, tf_tensor stored,
                             tf_tensor* out);
-  /* The stage that used a fetched weight is done with it (evict). */
+  /* Withdrawn in ABI 1.4: no 1.x host calls it (a host logs a warning when
+   * a plugin sets it), and ABI 2.0 removes it. The field stays so the layout
+   * stays as frozen in 1.0. Evict when the stage that used the weight is
+   * done: stage_event with begin = 0. */
   tf_status (*release_weight)(void* state, tf_host_context* ctx, const char* name);
 
   /* Extend y = linear(x, weight) (LoRA adds its term). x and y borrowed; on

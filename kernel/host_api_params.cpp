@@ -1,0 +1,253 @@
+// Host services: declaring and reading parameters and stages, weights and linear.
+// Each catches every exception (serve) so none crosses the ABI.
+#include "checked_size.hpp"
+#include "device_spec.hpp"
+#include "host_api_services.hpp"
+
+namespace tightfit::host_services {
+namespace {
+
+void h_tensor_release(tf_tensor t) {
+  release_handle(t);
+}
+
+tf_status h_declare_param(tf_host_context* ctx, const tf_param_spec* spec) {
+  return serve(ctx, [&] {
+    require(spec, "spec");
+    if (!ctx->session->declaring())
+      throw WrongPhase(
+          "declare_param is only allowed in a model's create or a strategy's configure");
+    if (spec->struct_size < offsetof(tf_param_spec, tied_to))
+      throw std::invalid_argument("tf_param_spec.struct_size too small");
+    ctx->session->store().declare(read_struct(spec));
+  });
+}
+
+tf_status h_declare_stage(tf_host_context* ctx, const tf_stage_spec* spec, int32_t* out_index) {
+  return serve(ctx, [&] {
+    require(spec, "spec");
+    if (!ctx->session->declaring())
+      throw WrongPhase("declare_stage is only allowed in a model's create");
+    const tf_stage_spec s = read_struct(spec);
+    if (s.name == nullptr) throw std::invalid_argument("stage without a name");
+    for (const int64_t per_token :
+         {s.activation_bytes_per_token, s.frozen_activation_bytes_per_token,
+          s.output_bytes_per_token, s.backward_bytes_per_token, s.frozen_backward_bytes_per_token})
+      if (per_token < 0 || per_token > kMaxPlannedBytes)
+        throw std::invalid_argument(std::string("stage \"") + s.name +
+                                    "\" declares a per-token byte count outside [0, 2^56]");
+    StageState st;
+    st.name = s.name;
+    st.kind = s.kind;
+    st.device = ctx->session->run_info().device;
+    st.activation_bytes_per_token = s.activation_bytes_per_token;
+    st.flops_per_token = s.flops_per_token;
+    st.frozen_activation_bytes_per_token = s.frozen_activation_bytes_per_token;
+    st.output_bytes_per_token = s.output_bytes_per_token;
+    st.backward_bytes_per_token = s.backward_bytes_per_token;
+    st.frozen_backward_bytes_per_token = s.frozen_backward_bytes_per_token;
+    auto& stages = ctx->session->stages();
+    stages.push_back(st);
+    if (out_index) *out_index = static_cast<int32_t>(stages.size() - 1);
+  });
+}
+
+tf_status h_weight(tf_host_context* ctx, const char* name, tf_tensor* out) {
+  return serve(ctx, [&] {
+    require(name, "name");
+    require(out, "out");
+    *out = give_handle(ctx->session->fetch_weight(name));
+  });
+}
+
+tf_status h_linear(tf_host_context* ctx, tf_tensor x, const char* weight, const char* bias,
+                   tf_tensor* out) {
+  return serve(ctx, [&] {
+    require(x, "x");
+    require(weight, "weight");
+    require(out, "out");
+    *out = give_handle(ctx->session->linear(handle_tensor(x), weight, bias ? bias : ""));
+  });
+}
+
+tf_status h_param_count(tf_host_context* ctx, int32_t* out) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    *out = static_cast<int32_t>(ctx->session->store().all().size());
+  });
+}
+tf_status h_param_name(tf_host_context* ctx, int32_t index, const char** out) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    auto& all = ctx->session->store().all();
+    if (index < 0 || static_cast<size_t>(index) >= all.size())
+      throw std::out_of_range("parameter index out of range");
+    *out = intern(all[static_cast<size_t>(index)].name);
+  });
+}
+tf_status h_param_info(tf_host_context* ctx, const char* name, tf_param_info* out) {
+  return serve(ctx, [&] {
+    require(name, "name");
+    check_size(out, "tf_param_info");
+    const Param& p = ctx->session->store().get(name);
+    tf_param_info info{};
+    constexpr size_t kMaxRank = sizeof(info.shape) / sizeof(info.shape[0]);
+    if (p.shape.size() > kMaxRank)
+      throw std::invalid_argument("parameter \"" + p.name + "\" has rank " +
+                                  std::to_string(p.shape.size()) + ", past tf_param_info's " +
+                                  std::to_string(kMaxRank));
+    info.name = intern(p.name);
+    info.ndim = static_cast<int32_t>(p.shape.size());
+    for (size_t i = 0; i < p.shape.size(); ++i) info.shape[i] = p.shape[i];
+    info.dtype = to_tf_dtype(p.dtype);
+    info.stage = p.stage;
+    info.flags = p.flags;
+    info.trainable = p.trainable ? 1 : 0;
+    info.format = p.format;
+    info.residency = p.residency;
+    info.numel = p.numel();
+    info.stored_bytes =
+        p.value.defined() ? p.value.numel() * static_cast<int64_t>(p.value.element_size()) : 0;
+    write_struct(out, info);
+  });
+}
+tf_status h_param_storage(tf_host_context* ctx, const char* name, tf_tensor* out) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    *out = give_handle(ctx->session->store().get(name).value);
+  });
+}
+tf_status h_param_set_storage(tf_host_context* ctx, const char* name, tf_tensor value,
+                              tf_param_format format, tf_residency residency) {
+  return serve(ctx, [&] {
+    require(value, "value");
+    Param& p = ctx->session->store().get(name);
+    at::Tensor v = handle_tensor(value).detach();
+    // A dense trainable parameter stays an autograd leaf in its new storage.
+    if (format == TF_FORMAT_DENSE && p.trainable && at::isFloatingType(v.scalar_type()))
+      v.requires_grad_(true);
+    p.value = v;
+    p.dtype = v.scalar_type();
+    p.format = format;
+    p.residency = residency;
+  });
+}
+tf_status h_param_set_trainable(tf_host_context* ctx, const char* name, int32_t trainable) {
+  return serve(ctx, [&] {
+    auto& store = ctx->session->store();
+    store.set_trainable(store.get(name), trainable != 0);
+  });
+}
+tf_status h_param_grad(tf_host_context* ctx, const char* name, tf_tensor* out) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    const at::Tensor& g = ctx->session->store().get(name).value.grad();
+    if (!g.defined())
+      throw std::out_of_range(std::string("parameter \"") + name + "\" has no gradient");
+    *out = give_handle(g);
+  });
+}
+tf_status h_param_add(tf_host_context* ctx, const char* name, tf_tensor delta, double alpha) {
+  return serve(ctx, [&] {
+    require(delta, "delta");
+    at::NoGradGuard no_grad;
+    Param& p = ctx->session->store().get(name);
+    ctx->session->with_resident(p, [&] {
+      p.value.add_(handle_tensor(delta).to(p.value.device(), p.value.scalar_type()), alpha);
+    });
+  });
+}
+
+StageState& stage_at(tf_host_context* ctx, int32_t stage) {
+  auto& stages = ctx->session->stages();
+  if (stage < 0 || static_cast<size_t>(stage) >= stages.size())
+    throw std::out_of_range("stage index " + std::to_string(stage) + " out of range (model has " +
+                            std::to_string(stages.size()) + " stages)");
+  return stages[static_cast<size_t>(stage)];
+}
+
+tf_status h_stage_count(tf_host_context* ctx, int32_t* out) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    *out = static_cast<int32_t>(ctx->session->stages().size());
+  });
+}
+tf_status h_stage_info(tf_host_context* ctx, int32_t stage, tf_stage_info* out) {
+  return serve(ctx, [&] {
+    check_size(out, "tf_stage_info");
+    const StageState& s = stage_at(ctx, stage);
+    tf_stage_info info{};
+    info.name = intern(s.name);
+    info.kind = s.kind;
+    info.recompute = s.recompute;
+    info.skip = s.skip;
+    info.trainable = s.trainable;
+    info.device = intern(s.device);
+    info.activation_bytes_per_token = s.activation_bytes_per_token;
+    info.flops_per_token = s.flops_per_token;
+    int32_t n = 0;
+    for (const auto& p : ctx->session->store().all())
+      if (p.stage == stage) ++n;
+    info.n_params = n;
+    write_struct(out, info);
+  });
+}
+tf_status h_stage_set_recompute(tf_host_context* ctx, int32_t stage, int32_t on) {
+  return serve(ctx, [&] { stage_at(ctx, stage).recompute = on != 0; });
+}
+tf_status h_stage_set_device(tf_host_context* ctx, int32_t stage, const char* device) {
+  return serve(ctx, [&] {
+    require(device, "device");
+    (void)parse_training_device(device);  // validates the string
+    stage_at(ctx, stage).device = device;
+  });
+}
+tf_status h_stage_set_skip(tf_host_context* ctx, int32_t stage, int32_t skip) {
+  return serve(ctx, [&] {
+    StageState& s = stage_at(ctx, stage);
+    if (skip && s.kind != TF_STAGE_BLOCK)
+      throw std::invalid_argument("only block stages can be skipped; \"" + s.name +
+                                  "\" is not a block");
+    if (!skip && s.skip)
+      for (const auto& p : ctx->session->store().all())
+        if (p.stage == stage && p.absent)
+          throw std::invalid_argument("stage \"" + s.name +
+                                      "\" was skipped when the model was built; its weights "
+                                      "were never loaded, so it cannot run now");
+    s.skip = skip != 0;
+  });
+}
+tf_status h_stage_set_trainable(tf_host_context* ctx, int32_t stage, int32_t trainable) {
+  return serve(ctx, [&] {
+    stage_at(ctx, stage).trainable = trainable != 0;
+    auto& store = ctx->session->store();
+    for (auto& p : store.all())
+      if (p.stage == stage) store.set_trainable(p, trainable != 0);
+  });
+}
+
+}  // namespace
+
+void add_params_services(tf_host_api& t) {
+  t.tensor_release = h_tensor_release;
+  t.declare_param = h_declare_param;
+  t.declare_stage = h_declare_stage;
+  t.weight = h_weight;
+  t.linear = h_linear;
+  t.param_count = h_param_count;
+  t.param_name = h_param_name;
+  t.param_info = h_param_info;
+  t.param_storage = h_param_storage;
+  t.param_set_storage = h_param_set_storage;
+  t.param_set_trainable = h_param_set_trainable;
+  t.param_grad = h_param_grad;
+  t.param_add_ = h_param_add;
+  t.stage_count = h_stage_count;
+  t.stage_info = h_stage_info;
+  t.stage_set_recompute = h_stage_set_recompute;
+  t.stage_set_device = h_stage_set_device;
+  t.stage_set_skip = h_stage_set_skip;
+  t.stage_set_trainable = h_stage_set_trainable;
+}
+
+}  // namespace tightfit::host_services

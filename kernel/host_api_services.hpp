@@ -1,0 +1,130 @@
+// What every host service (tf_host_api) is built from: serve() catches every
+// exception and turns it into a status plus last_error, so no C++ exception
+// crosses the ABI; the struct helpers honour the caller's struct_size both
+// ways. The services themselves are grouped in host_api_<group>.cpp, each
+// adding its entries to the table (host_api.cpp).
+#pragma once
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "logging.hpp"
+#include "plugin_call_scope.hpp"
+#include "session.hpp"
+#include "tensor_handle.hpp"
+
+namespace tightfit::host_services {
+
+// A service used outside the calls it is meant for (the header promises
+// TF_ERR_UNSUPPORTED for these).
+struct WrongPhase : std::logic_error {
+  using std::logic_error::logic_error;
+};
+
+// The status (and last_error) for an exception a host service threw; a
+// budget refusal is also recorded as such for check_plugin_status.
+inline tf_status status_for(tf_host_context* ctx, const std::exception& e) noexcept {
+  try {
+    if (auto refusal = budget_refusal(e)) {
+      ctx->last_error = ctx->budget_refusal = *refusal;
+      return TF_ERR_OUT_OF_MEMORY;
+    }
+    if (const auto* c = dynamic_cast<const c10::Error*>(&e)) {
+      ctx->last_error = c->what_without_backtrace();
+      return TF_ERROR;
+    }
+    ctx->last_error = e.what();
+    if (dynamic_cast<const WrongPhase*>(&e)) return TF_ERR_UNSUPPORTED;
+    if (dynamic_cast<const std::out_of_range*>(&e)) return TF_ERR_NOT_FOUND;
+    if (dynamic_cast<const std::invalid_argument*>(&e)) return TF_ERR_INVALID_ARGUMENT;
+  } catch (...) {  // no memory left for the message
+  }
+  return TF_ERROR;
+}
+
+// Whether this thread may use ctx's services: it runs a call the host made
+// into a plugin, or it is the thread that owns the session. A plugin's own
+// thread is refused before anything of ctx is touched (last_error included,
+// which that thread would race on); the host says so once per plugin.
+inline bool on_a_host_thread(tf_host_context* ctx) noexcept {
+  if (PluginCallScope::active() || std::this_thread::get_id() == ctx->owner_thread) return true;
+  if (!ctx->warned_foreign_thread.exchange(true)) {
+    try {
+      const std::string warning = "[" + ctx->plugin_name +
+                                  "] called a host service from a thread the host did not call "
+                                  "it on; it was refused (TF_ERR_UNSUPPORTED). Only "
+                                  "tensor_release, log and memory_push/pop_category may be "
+                                  "called from a plugin's own threads";
+      if (ctx->session)  // as the plugin's own log lines go (log is safe from any thread)
+        ctx->session->log(TF_LOG_WARN, warning);
+      else
+        log_message(TF_LOG_WARN, warning);
+    } catch (...) {  // no memory for the warning; the refusal stands
+    }
+  }
+  return false;
+}
+
+template <class F>
+tf_status serve(tf_host_context* ctx, F&& body) noexcept {
+  if (ctx == nullptr) return TF_ERR_INVALID_ARGUMENT;
+  if (!on_a_host_thread(ctx)) return TF_ERR_UNSUPPORTED;
+  try {
+    body();
+    return TF_OK;
+  } catch (const std::exception& e) {
+    return status_for(ctx, e);
+  } catch (...) {
+    ctx->last_error = "unknown error in host service";
+    return TF_ERROR;
+  }
+}
+
+template <class T>
+void require(T* p, const char* what) {
+  if (p == nullptr) throw std::invalid_argument(std::string(what) + " must not be NULL");
+}
+
+// A caller's struct must at least hold its struct_size and version fields.
+template <class T>
+void check_size(const T* s, const char* what) {
+  require(s, what);
+  if (s->struct_size < sizeof(uint32_t) * 2)
+    throw std::invalid_argument(std::string(what) + ".struct_size is too small");
+}
+
+// Copies a caller's struct into a zeroed one of ours, honouring its
+// struct_size: fields past an older caller's struct read as 0.
+template <class T>
+T read_struct(const T* s) {
+  check_size(s, "input struct");
+  T out{};
+  std::memcpy(&out, s, std::min<size_t>(s->struct_size, sizeof(T)));
+  out.struct_size = sizeof(T);
+  return out;
+}
+
+// Writes ours into the caller's struct, no further than its struct_size, and
+// reports how much of it was written: min(the caller's size, ours).
+template <class T>
+void write_struct(T* dst, T src) {
+  const size_t n = std::min<size_t>(dst->struct_size, sizeof(T));
+  src.struct_size = static_cast<uint32_t>(n);
+  std::memcpy(dst, &src, n);
+}
+
+// Strings handed to plugins stay valid for the life of the process (a
+// parameter's name survives later declarations that move the table).
+const char* intern(const std::string& s);
+
+void add_config_services(tf_host_api& t);
+void add_params_services(tf_host_api& t);
+void add_training_services(tf_host_api& t);
+void add_dist_services(tf_host_api& t);
+
+}  // namespace tightfit::host_services

@@ -1,0 +1,338 @@
+// Host services: memory, batches, passes, the optimizer, snapshots, state I/O, tensor files.
+// Each catches every exception (serve) so none crosses the ABI.
+#include <nlohmann/json.hpp>
+
+#include "host_api_services.hpp"
+#include "json_input.hpp"
+#include "safetensors.hpp"
+
+namespace tightfit::host_services {
+namespace {
+
+tf_status h_memory_stats(tf_host_context* ctx, tf_memory_stats* out) {
+  return serve(ctx, [&] {
+    check_size(out, "tf_memory_stats");
+    const MemorySnapshot s = MemoryAccounting::instance().snapshot();
+    tf_memory_stats m{};
+    for (int i = 0; i < TF_MEM_CATEGORY_COUNT; ++i) {
+      m.current[i] = s.current[i];
+      m.peak[i] = s.peak[i];
+    }
+    m.total_current = s.total_current;
+    m.total_peak = s.total_peak;
+    m.budget = s.budget;
+    write_struct(out, m);
+  });
+}
+// The category stack is per thread, so these two serve a plugin's own
+// threads too; they touch nothing of ctx there.
+tf_status h_memory_push_category(tf_host_context* ctx, tf_mem_category c) noexcept {
+  if (ctx == nullptr || c < 0 || c >= TF_MEM_CATEGORY_COUNT) return TF_ERR_INVALID_ARGUMENT;
+  try {
+    push_category(c);
+    return TF_OK;
+  } catch (...) {
+    return TF_ERROR;
+  }
+}
+tf_status h_memory_pop_category(tf_host_context* ctx) noexcept {
+  if (ctx == nullptr) return TF_ERR_INVALID_ARGUMENT;
+  return pop_category() ? TF_OK : TF_ERR_UNSUPPORTED;  // a pop without a push
+}
+
+bool covers_positions(const tf_batch* b) {
+  return b->struct_size >= offsetof(tf_batch, positions) + sizeof(b->positions);
+}
+
+tf_status h_next_batch(tf_host_context* ctx, tf_batch* out) {
+  return serve(ctx, [&] {
+    check_size(out, "tf_batch");
+    auto b = ctx->session->next_batch();
+    // Packed rows without their positions would attend across examples.
+    if (b.positions.defined() && !covers_positions(out))
+      throw std::invalid_argument(
+          "the rows are packed ([data] packing = true) and this caller's tf_batch (ABI before "
+          "1.3) cannot carry their positions: rebuild the schedule plugin against this "
+          "tightfit's plugin_api.h, or set packing = false");
+    tf_batch batch{};
+    batch.n_tokens = b.tokens.numel();
+    batch.tokens = give_handle(std::move(b.tokens));
+    batch.targets = give_handle(std::move(b.targets));
+    if (b.positions.defined()) batch.positions = give_handle(std::move(b.positions));
+    write_struct(out, batch);
+  });
+}
+void h_batch_release(tf_host_context*, tf_batch* batch) {
+  if (!batch) return;
+  release_handle(batch->tokens);
+  release_handle(batch->targets);
+  batch->tokens = batch->targets = nullptr;
+  if (covers_positions(batch)) {
+    release_handle(batch->positions);
+    batch->positions = nullptr;
+  }
+}
+
+// One pass over a batch the caller hands in, read through its struct_size
+// (positions past an older caller's struct: not packed).
+PassResult run_batch(tf_host_context* ctx, const tf_batch* in, bool backward, double loss_scale) {
+  const tf_batch b = read_struct(in);
+  require(b.tokens, "tf_batch.tokens");
+  require(b.targets, "tf_batch.targets");
+  return ctx->session->run_pass(handle_tensor(b.tokens), handle_tensor(b.targets), backward,
+                                loss_scale,
+                                b.positions ? handle_tensor(b.positions) : at::Tensor());
+}
+
+void write_pass(tf_pass_result* out, const PassResult& r) {
+  tf_pass_result p{};
+  p.loss = r.loss;
+  p.n_tokens = r.n_tokens;
+  p.finite = r.finite ? 1 : 0;
+  write_struct(out, p);
+}
+
+tf_status h_forward(tf_host_context* ctx, const tf_batch* batch, tf_pass_result* out) {
+  return serve(ctx, [&] {
+    check_size(out, "tf_pass_result");
+    write_pass(out, run_batch(ctx, batch, false, 1.0));
+  });
+}
+tf_status h_forward_backward(tf_host_context* ctx, const tf_batch* batch, double loss_scale,
+                             tf_pass_result* out) {
+  return serve(ctx, [&] {
+    check_size(out, "tf_pass_result");
+    write_pass(out, run_batch(ctx, batch, true, loss_scale));
+  });
+}
+tf_status h_zero_grad(tf_host_context* ctx) {
+  return serve(ctx, [&] { ctx->session->zero_grad(); });
+}
+tf_status h_optimizer_step(tf_host_context* ctx) {
+  tf_status inner = TF_OK;
+  const tf_status st = serve(ctx, [&] { inner = ctx->session->optimizer_step(); });
+  if (st != TF_OK) return st;
+  if (inner == TF_ERR_NON_FINITE)
+    ctx->last_error = "a gradient is not finite; the update was skipped";
+  return inner;
+}
+tf_status h_set_lr(tf_host_context* ctx, double lr) {
+  return serve(ctx, [&] {
+    if (!(lr >= 0)) throw std::invalid_argument("learning rate must be >= 0");
+    ctx->session->optimizer().set_lr(lr);
+  });
+}
+tf_status h_base_lr(tf_host_context* ctx, double* out) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    *out = ctx->session->optimizer().config().lr;
+  });
+}
+tf_status h_snapshot_take(tf_host_context* ctx, int32_t with_optimizer, int32_t* out_id) {
+  return serve(ctx, [&] {
+    require(out_id, "out_id");
+    *out_id = ctx->session->snapshot_take(with_optimizer != 0);
+  });
+}
+tf_status h_snapshot_restore(tf_host_context* ctx, int32_t id) {
+  return serve(ctx, [&] { ctx->session->snapshot_restore(id); });
+}
+tf_status h_snapshot_drop(tf_host_context* ctx, int32_t id) {
+  return serve(ctx, [&] { ctx->session->snapshot_drop(id); });
+}
+tf_status h_perturb_params(tf_host_context* ctx, uint64_t seed, double scale) {
+  return serve(ctx, [&] { ctx->session->perturb_params(seed, scale); });
+}
+tf_status h_log_metric(tf_host_context* ctx, const char* key, double value) {
+  return serve(ctx, [&] {
+    require(key, "key");
+    ctx->session->step_metrics()[ctx->plugin_name + "." + key] = value;
+  });
+}
+
+std::string state_key(tf_host_context* ctx, const char* key) {
+  require(key, "key");
+  return ctx->state_prefix + key;
+}
+tf_status h_state_put_tensor(tf_host_context* ctx, const char* key, tf_tensor value) {
+  return serve(ctx, [&] {
+    require(value, "value");
+    if (!ctx->state_out) throw WrongPhase("state_put_tensor is only allowed inside save_state");
+    (*ctx->state_out)[state_key(ctx, key)] = handle_tensor(value).detach().to(at::kCPU).clone();
+  });
+}
+tf_status h_state_get_tensor(tf_host_context* ctx, const char* key, tf_tensor* out) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    if (!ctx->state_in) throw WrongPhase("state_get_tensor is only allowed inside load_state");
+    auto it = ctx->state_in->find(state_key(ctx, key));
+    if (it == ctx->state_in->end())
+      throw std::out_of_range(std::string("checkpoint has no state \"") + key + "\"");
+    *out = give_handle(it->second.clone());
+  });
+}
+tf_status h_state_put_double(tf_host_context* ctx, const char* key, double value) {
+  return serve(ctx, [&] {
+    if (!ctx->state_out) throw WrongPhase("state_put_double is only allowed inside save_state");
+    (*ctx->state_out)[state_key(ctx, key)] = at::full({1}, value, at::kDouble);
+  });
+}
+tf_status h_state_get_double(tf_host_context* ctx, const char* key, double* out) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    if (!ctx->state_in) throw WrongPhase("state_get_double is only allowed inside load_state");
+    auto it = ctx->state_in->find(state_key(ctx, key));
+    if (it == ctx->state_in->end())
+      throw std::out_of_range(std::string("checkpoint has no state \"") + key + "\"");
+    *out = it->second.item<double>();
+  });
+}
+
+tf_status h_optimizer_apply(tf_host_context* ctx, const char* name, tf_tensor grad,
+                            double grad_scale) {
+  return serve(ctx, [&] {
+    require(name, "name");
+    require(grad, "grad");
+    at::NoGradGuard no_grad;
+    ctx->session->optimizer_apply(name, handle_tensor(grad), grad_scale);
+  });
+}
+
+tf_status h_optimizer_info(tf_host_context* ctx, tf_optimizer_info* out) {
+  return serve(ctx, [&] {
+    check_size(out, "tf_optimizer_info");
+    const Optimizer& o = ctx->session->optimizer();
+    const OptimizerConfig& c = o.config();
+    tf_optimizer_info info{};
+    info.name = c.name == "sgd" ? "sgd" : "adamw";
+    info.lr = o.lr();
+    info.beta1 = c.beta1;
+    info.beta2 = c.beta2;
+    info.eps = c.eps;
+    info.weight_decay = c.weight_decay;
+    info.momentum = c.momentum;
+    info.step = ctx->session->update_step();
+    info.n_state = static_cast<int32_t>(o.slot_names().size());
+    write_struct(out, info);
+  });
+}
+
+tf_status h_set_micro_batch(tf_host_context* ctx, int32_t index, int32_t count) {
+  return serve(ctx, [&] { ctx->session->set_micro_batch(index, count); });
+}
+
+tf_status h_micro_batch(tf_host_context* ctx, int32_t* index, int32_t* count) {
+  return serve(ctx, [&] {
+    require(index, "index");
+    require(count, "count");
+    *index = ctx->session->micro_batch_index();
+    *count = ctx->session->micro_batch_count();
+  });
+}
+
+tf_status h_tensors_save(tf_host_context* ctx, const char* path, int32_t n,
+                         const char* const* names, const tf_tensor* tensors,
+                         const char* metadata_json) {
+  return serve(ctx, [&] {
+    require(path, "path");
+    if (n < 0) throw std::invalid_argument("n must be >= 0");
+    if (n > 0) {
+      require(names, "names");
+      require(tensors, "tensors");
+    }
+    std::map<std::string, at::Tensor> out;
+    for (int32_t i = 0; i < n; ++i) {
+      require(names[i], "names[i]");
+      require(tensors[i], "tensors[i]");
+      if (!out.emplace(names[i], handle_tensor(tensors[i]).detach().to(at::kCPU)).second)
+        throw std::invalid_argument(std::string("tensor name \"") + names[i] + "\" given twice");
+    }
+    std::map<std::string, std::string> metadata;
+    if (metadata_json) {
+      const auto j = parse_json(metadata_json, "metadata_json");
+      if (!j.is_object()) throw std::invalid_argument("metadata_json is not a JSON object");
+      for (const auto& [k, v] : j.items())
+        metadata[k] = v.is_string() ? v.get<std::string>() : v.dump();
+    }
+    const std::string tmp = std::string(path) + ".tmp";
+    write_safetensors(tmp, out, metadata);
+    if (std::rename(tmp.c_str(), path) != 0)
+      throw std::runtime_error(std::string("cannot rename ") + tmp + " to " + path + ": " +
+                               std::strerror(errno));
+  });
+}
+
+tf_status h_tensors_load(tf_host_context* ctx, const char* path, const char* name, tf_tensor* out) {
+  return serve(ctx, [&] {
+    if (path == nullptr) {
+      ctx->loaded_path.clear();
+      ctx->loaded_tensors.clear();
+      return;
+    }
+    require(name, "name");
+    require(out, "out");
+    if (ctx->loaded_path != path) {
+      ctx->loaded_tensors.clear();
+      ctx->loaded_path.clear();
+      ctx->loaded_tensors = read_safetensors(path).tensors;
+      ctx->loaded_path = path;
+    }
+    auto it = ctx->loaded_tensors.find(name);
+    if (it == ctx->loaded_tensors.end())
+      throw std::out_of_range(std::string(path) + " has no tensor \"" + name + "\"");
+    *out = give_handle(it->second);
+  });
+}
+
+tf_status h_optimizer_update(tf_host_context* ctx, const char* name, tf_tensor param,
+                             tf_tensor grad, int32_t n_state, const tf_tensor* state) {
+  return serve(ctx, [&] {
+    require(name, "name");
+    require(param, "param");
+    require(grad, "grad");
+    if (n_state > 0) require(state, "state");
+    const Param& p = ctx->session->store().get(name);
+    std::vector<at::Tensor*> slots;
+    for (int32_t i = 0; i < n_state; ++i) {
+      require(state[i], "state[i]");
+      slots.push_back(&handle_tensor(state[i]));
+    }
+    Session& s = *ctx->session;
+    s.optimizer().update_with_state(handle_tensor(param), p.decays(), handle_tensor(grad), slots,
+                                    s.update_step());
+  });
+}
+
+}  // namespace
+
+void add_training_services(tf_host_api& t) {
+  t.memory_stats = h_memory_stats;
+  t.memory_push_category = h_memory_push_category;
+  t.memory_pop_category = h_memory_pop_category;
+  t.next_batch = h_next_batch;
+  t.batch_release = h_batch_release;
+  t.forward = h_forward;
+  t.forward_backward = h_forward_backward;
+  t.zero_grad = h_zero_grad;
+  t.optimizer_step = h_optimizer_step;
+  t.set_lr = h_set_lr;
+  t.base_lr = h_base_lr;
+  t.snapshot_take = h_snapshot_take;
+  t.snapshot_restore = h_snapshot_restore;
+  t.snapshot_drop = h_snapshot_drop;
+  t.perturb_params = h_perturb_params;
+  t.log_metric = h_log_metric;
+  t.state_put_tensor = h_state_put_tensor;
+  t.state_get_tensor = h_state_get_tensor;
+  t.state_put_double = h_state_put_double;
+  t.state_get_double = h_state_get_double;
+  t.optimizer_apply = h_optimizer_apply;
+  t.optimizer_info = h_optimizer_info;
+  t.set_micro_batch = h_set_micro_batch;
+  t.micro_batch = h_micro_batch;
+  t.tensors_save = h_tensors_save;
+  t.tensors_load = h_tensors_load;
+  t.optimizer_update = h_optimizer_update;
+}
+
+}  // namespace tightfit::host_services

@@ -1,0 +1,367 @@
+// Building a session: the plugins of a recipe made into instances, the
+// model declared, strategies configured, parameters created stage by stage,
+// the data and the schedule set up.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <optional>
+
+#include "cross_entropy.hpp"
+#include "cuda_memory.hpp"
+#include "data_setup.hpp"
+#include "device_spec.hpp"
+#include "file_util.hpp"
+#include "generation.hpp"
+#include "hf_shards.hpp"
+#include "hf_weights.hpp"
+#include "kernel_keys.hpp"
+#include "logging.hpp"
+#include "op_timer.hpp"
+#include "safetensors.hpp"
+#include "session.hpp"
+#include "strategy_chain.hpp"
+#include "tensor_handle.hpp"
+
+namespace tightfit {
+namespace fs = std::filesystem;
+
+PluginInstance Session::make_instance(const std::string& name, tf_plugin_kind kind,
+                                      const toml::table* table, const std::string& role,
+                                      const std::string& where_plugin) {
+  // "sha256" in any plugin table pins the plugin's file: checked on the
+  // bytes that are loaded, before any of their code runs in this process.
+  std::string pinned;
+  const toml::node* pin = table ? table->get("sha256") : nullptr;
+  if (pin) {
+    const std::optional<std::string> want = pin->value<std::string>();
+    if (!want || want->size() != 64 ||
+        want->find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+      throw RecipeError(recipe_.where(*pin) +
+                        ": sha256 must be the 64 hex digits of the plugin file's SHA-256 "
+                        "(`tightfit plugins check FILE` prints it)");
+    pinned = *want;
+    for (char& c : pinned) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  const LoadedPlugin* found = nullptr;
+  try {
+    found = &registry_.find(name, kind, pinned);
+  } catch (const PluginPinMismatch& e) {
+    const PluginInfo* info = registry_.find_any(name);
+    throw RecipeError(recipe_.where(*pin) + ": plugin \"" + name + "\" at " +
+                      (info ? info->path : std::string("?")) + " has SHA-256 " + e.actual +
+                      ", not the pinned " + pinned +
+                      ". The file changed since it was pinned: if you trust the new build, "
+                      "pin its hash; otherwise restore the pinned file. It was not loaded");
+  } catch (const PluginLoadError& e) {
+    throw RecipeError(where_plugin + ": " + e.what());
+  }
+  const LoadedPlugin& plugin = *found;
+  PluginInstance inst;
+  inst.plugin = &plugin;
+  inst.ctx = std::make_unique<tf_host_context>();
+  inst.ctx->session = this;
+  inst.ctx->plugin_name = plugin.name;
+  inst.ctx->role = role;
+  if (plugin.strategy() && plugin.strategy()->release_weight)
+    log(TF_LOG_WARN, "[" + plugin.name +
+                         "] sets release_weight, which no tightfit 1.x host calls (the hook is "
+                         "withdrawn and goes in ABI 2.0): evict in stage_event when begin = 0");
+  // "weights" in [model] is the kernel's: Hugging Face weights to start from.
+  inst.ctx->config =
+      recipe_.validate(table, "[" + role + "] (plugin " + plugin.name + ")", plugin.keys,
+                       role == "model" ? std::vector<std::string>{"plugin", "weights", "sha256"}
+                                       : std::vector<std::string>{"plugin", "sha256"});
+  return inst;
+}
+
+void Session::build(const PluginRegistry& base_registry) {
+  recipe_.check_top_level(kernel_top_level_tables());
+  run_cfg_ = recipe_.validate(recipe_.table("run"), "[run]", run_keys());
+  for (int64_t at : run_cfg_.get_int_list("debug_nan_at_steps")) nan_steps_pending_.insert(at);
+  data_cfg_ = recipe_.validate(recipe_.table("data"), "[data]", data_keys());
+  opt_cfg_ = recipe_.validate(recipe_.table("optimizer"), "[optimizer]", optimizer_keys());
+  save_cfg_ = recipe_.validate(recipe_.table("save"), "[save]", save_keys());
+
+  if (const int64_t threads = run_cfg_.get_int("threads"); threads > 0)
+    at::set_num_threads(static_cast<int>(threads));
+  // A dry run allocates nothing: its budget must not refuse what the
+  // process does next (fit measures this machine after planning).
+  MemoryAccounting::instance().set_budget(options_.dry_run ? 0
+                                                           : run_cfg_.get_size("memory_budget"));
+
+  device_str_ = run_cfg_.get_string("device");
+  try {
+    device_ = parse_training_device(device_str_);
+  } catch (const std::invalid_argument& e) {
+    throw RecipeError(recipe_.source() + ": [run].device: " + e.what());
+  }
+  // A dry run plans a GPU recipe on a machine without one (nothing is
+  // allocated); a real run needs the device.
+  if (device_.is_cuda() && !at::hasCUDA() && !options_.dry_run)
+    throw RecipeError(recipe_.source() + ": [run].device is \"" + device_str_ +
+                      "\" but no CUDA device is available here; use device = \"cpu\"");
+  if (device_.is_cuda() && device_.has_index() && !options_.dry_run &&
+      !cuda_device_usable(device_.index()))
+    throw RecipeError(recipe_.source() + ": [run].device is \"" + device_str_ +
+                      "\" but this machine has " + std::to_string(cuda_device_count()) +
+                      " CUDA devices (cuda:0 ...); name one of them");
+  // More than one process: join the group before anything is allocated, so
+  // that a rank that cannot start stops the others at once.
+  std::optional<DistEnv> dist;
+  try {
+    dist = dist_env_from_environment();
+  } catch (const std::invalid_argument& e) {
+    throw RecipeError(std::string("distributed launch: ") + e.what());
+  }
+  if (dist && device_.is_cuda() && !device_.has_index())
+    device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(dist->local_rank));
+  if (dist && device_.is_cuda()) device_str_ = device_.str();
+  if (dist && !options_.dry_run) {
+    const auto timeout = std::chrono::milliseconds(
+        static_cast<int64_t>(run_cfg_.get_double("dist_timeout") * 1000.0));
+    pg_ = std::make_unique<ProcessGroup>(*dist, device_, timeout);
+    log(TF_LOG_DEBUG, "rank " + std::to_string(dist->rank) + " of " +
+                          std::to_string(dist->world_size) + " joined (" + pg_->backend() + ")");
+  }
+  if (device_.is_cuda() && !options_.dry_run) {
+    // The budget is the device's: the caching allocator's memory fraction.
+    const int idx = device_.has_index() ? device_.index() : 0;
+    cuda_set_budget(idx, run_cfg_.get_size("memory_budget"));
+    MemoryAccounting::instance().set_budget(0);
+  }
+
+  // Data.
+  const std::string base_dir = fs::path(recipe_.source()).parent_path().string();
+  try {
+    DataRequest req;
+    req.corpus = data_cfg_.get_string("corpus");
+    req.tokenizer = data_cfg_.get_string("tokenizer");
+    req.base_dir = base_dir;
+    if (const toml::table* mt = recipe_.table("model"); mt && mt->contains("weights"))
+      req.weights = (*mt)["weights"].value_or(std::string{});
+    req.chat_template = data_cfg_.get_string("chat_template");
+    req.train_on = data_cfg_.get_string("train_on");
+    req.packing = data_cfg_.get_bool("packing");
+    req.seq_len = data_cfg_.get_int("seq_len");
+    req.batch_size = data_cfg_.get_int("batch_size");
+    req.world_size = dist ? dist->world_size : 1;
+    req.val_fraction = data_cfg_.get_double("val_fraction");
+    req.seed = static_cast<uint64_t>(run_cfg_.get_int("seed"));
+    req.memory_budget = run_cfg_.get_size("memory_budget");
+    req.budget_counts_host = !device_.is_cuda();
+    req.read_data = !options_.skip_data && !options_.dry_run;
+    DataSetup data = setup_data(req);
+    tokenizer_ = std::move(data.tokenizer);
+    batcher_ = std::move(data.batcher);
+    unigram_entropy_ = data.unigram_entropy;
+    data_description_ = data.description;
+    if (!data_description_.empty()) log(TF_LOG_INFO, "data: " + data_description_);
+  } catch (const std::invalid_argument& e) {
+    throw RecipeError(recipe_.source() + ": [data]: " + e.what());
+  } catch (const OutOfBudgetError&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    if (dynamic_cast<const c10::Error*>(&e)) throw;
+    throw RecipeError(recipe_.source() + ": [data]: " + e.what());
+  }
+
+  // Run folder. A fresh run never writes over another run's checkpoints, and
+  // its name never leads out of out_dir (nor a relative [save] dir upwards).
+  auto stays_inside = [](const fs::path& p) {
+    if (p.empty() || p.is_absolute()) return false;
+    for (const auto& part : p)
+      if (part == "..") return false;
+    return true;
+  };
+  if (!stays_inside(run_cfg_.get_string("name")))
+    throw RecipeError(recipe_.source() + ": [run].name = \"" + run_cfg_.get_string("name") +
+                      "\" would leave out_dir (an absolute path, or ..): name the run, and set "
+                      "out_dir for where its folder goes");
+  if (const std::string d = save_cfg_.get_string("dir");
+      !d.empty() && !fs::path(d).is_absolute() && !stays_inside(d))
+    throw RecipeError(recipe_.source() + ": [save].dir = \"" + d +
+                      "\" climbs out of the working folder (..): give an absolute path if that "
+                      "is where checkpoints go");
+  run_dir_ = (fs::path(run_cfg_.get_string("out_dir")) / run_cfg_.get_string("name")).string();
+  if (!options_.resume && save_cfg_.get_string("dir").empty()) {
+    const std::string base = run_dir_;
+    for (int i = 2; fs::exists(fs::path(run_dir_) / "checkpoints" / "manifest.json"); ++i)
+      run_dir_ = base + "." + std::to_string(i);
+  }
+  if (!options_.skip_data && !options_.dry_run) fs::create_directories(run_dir_);
+  run_dir_str_ = fs::absolute(run_dir_).string();
+
+  run_info_ = tf_run_info{};
+  run_info_.struct_size = sizeof run_info_;
+  run_info_.device = device_str_.c_str();
+  run_info_.rank = dist ? dist->rank : 0;
+  run_info_.world_size = dist ? dist->world_size : 1;
+  run_info_.dry_run = options_.dry_run ? 1 : 0;
+  if (options_.dry_run && options_.plan_world_size > 0)
+    run_info_.world_size = options_.plan_world_size;
+  run_info_.local_rank = dist ? dist->local_rank : 0;
+  run_info_.vocab_size = tokenizer_->vocab_size();
+  run_info_.seq_len = data_cfg_.get_int("seq_len");
+  run_info_.batch_size = data_cfg_.get_int("batch_size");
+  run_info_.total_steps = run_cfg_.get_int("steps");
+  run_info_.seed = static_cast<uint64_t>(run_cfg_.get_int("seed"));
+  run_info_.run_dir = run_dir_str_.c_str();
+
+  // Plugins: the recipe's own paths add to the installed ones (a name taken
+  // twice is a conflict the registry reports when the name is used).
+  registry_ = base_registry;
+  PluginRegistry& registry = registry_;
+  for (const auto& p : run_cfg_.get_string_list("plugin_paths")) {
+    fs::path path = p;
+    if (path.is_relative()) path = fs::path(base_dir) / path;
+    registry.add_path(path.string(), "recipe");
+  }
+  for (const auto& prob : registry.problems()) log_message(TF_LOG_DEBUG, prob);
+
+  const toml::table* model_table = recipe_.table("model");
+  const std::string model_name = recipe_.required_string(model_table, "model", "plugin");
+  model_ = make_instance(model_name, TF_PLUGIN_MODEL, model_table, "model",
+                         recipe_.where(*model_table->get("plugin")));
+  if (data_cfg_.get_bool("packing") &&
+      !(model_.plugin->model_features & TF_MODEL_FEATURE_POSITIONS))
+    throw RecipeError(recipe_.source() + ": [data] packing = true: model plugin \"" + model_name +
+                      "\" does not read per-token positions (TF_MODEL_FEATURE_POSITIONS), so its "
+                      "attention would cross from one example to the next in a packed row; set "
+                      "packing = false");
+  declaring_ = true;
+  check(model_.plugin->model()->create(host_api(), model_.ctx.get(), &model_.state), model_,
+        "create");
+  if (stages_.empty())
+    throw PluginCallError("model plugin \"" + model_name + "\" declared no stages");
+  if (stages_.front().kind != TF_STAGE_EMBED || stages_.back().kind != TF_STAGE_HEAD)
+    throw PluginCallError("model plugin \"" + model_name +
+                          "\" must declare an embed stage first and a head stage last");
+
+  int idx = 0;
+  for (const toml::table* t : recipe_.array_tables("strategy")) {
+    ++idx;
+    const std::string name = recipe_.required_string(t, "strategy", "plugin");
+    const std::string role = "strategy #" + std::to_string(idx);
+    strategies_.push_back(
+        make_instance(name, TF_PLUGIN_STRATEGY, t, "[strategy]", recipe_.where(*t->get("plugin"))));
+    PluginInstance& s = strategies_.back();
+    s.ctx->role = role;
+    const tf_status st = s.plugin->strategy()->create(host_api(), s.ctx.get(), &s.state);
+    // A strategy that refuses its keys is a recipe error at its table.
+    if (st == TF_ERR_INVALID_ARGUMENT)
+      throw RecipeError(recipe_.where(*t->get("plugin")) + ": " + s.ctx->plugin_error);
+    check(st, s, "create");
+  }
+  // A strategy that cannot accept the recipe (no matching target, a bad
+  // combination) is a recipe error at its [[strategy]] table.
+  const auto strategy_tables = recipe_.array_tables("strategy");
+  auto configure_step = [&](size_t i, tf_status st, const char* what) {
+    if (st == TF_ERR_INVALID_ARGUMENT) {
+      const std::string msg = strategies_[i].ctx->plugin_error;
+      strategies_[i].ctx->plugin_error.clear();
+      throw RecipeError(recipe_.where(*strategy_tables[i]->get("plugin")) + ": " + msg);
+    }
+    check(st, strategies_[i], what);
+  };
+  StrategyChain(strategies_)
+      .each_with(&tf_strategy_vtable::configure, "configure",
+                 [&](size_t i, tf_status st) { configure_step(i, st, "configure"); });
+  declaring_ = false;
+
+  // The optimizer (it holds no state yet) and the schedule too, so a dry
+  // run (`plan`) can ask strategies and the schedule for their estimates.
+  OptimizerConfig oc;
+  oc.name = opt_cfg_.get_string("name");
+  oc.lr = opt_cfg_.get_double("lr");
+  oc.weight_decay = opt_cfg_.get_double("weight_decay");
+  oc.beta1 = opt_cfg_.get_double("beta1");
+  oc.beta2 = opt_cfg_.get_double("beta2");
+  oc.eps = opt_cfg_.get_double("eps");
+  oc.momentum = opt_cfg_.get_double("momentum");
+  oc.grad_clip = opt_cfg_.get_double("grad_clip");
+  optimizer_ = std::make_unique<Optimizer>(oc);
+  const toml::table* sched_table = recipe_.table("schedule");
+  const std::string sched_name = sched_table && sched_table->contains("plugin")
+                                     ? recipe_.required_string(sched_table, "schedule", "plugin")
+                                     : "standard";
+  schedule_ = make_instance(sched_name, TF_PLUGIN_SCHEDULE, sched_table, "schedule",
+                            sched_table && sched_table->get("plugin")
+                                ? recipe_.where(*sched_table->get("plugin"))
+                                : recipe_.source());
+  check(schedule_.plugin->schedule()->create(host_api(), schedule_.ctx.get(), &schedule_.state),
+        schedule_, "create");
+
+  if (options_.dry_run) return;
+
+  // Dropout and other ops draw from the global generators; seed them per run.
+  at::manual_seed(run_info_.seed);
+  // Stage by stage: initialize, load the stage's weights, let strategies
+  // convert them (stage_params_ready); only then allocate the next stage.
+  std::unique_ptr<HfWeightSource> weights;
+  const toml::node* weights_key = model_table->get("weights");
+  auto weights_error = [&](const std::exception& e) {
+    if (dynamic_cast<const c10::Error*>(&e)) throw;
+    throw RecipeError(recipe_.where(*weights_key) + ": " + e.what());
+  };
+  if (weights_key) {
+    if (!weights_key->is_string())
+      throw RecipeError(recipe_.where(*weights_key) + ": [model].weights must be a path string");
+    fs::path path = weights_key->value_or(std::string{});
+    if (path.is_relative() && !fs::exists(path)) path = fs::path(base_dir) / path;
+    try {
+      weights = std::make_unique<HfWeightSource>(path.string());
+    } catch (const std::runtime_error& e) {
+      weights_error(e);
+    }
+  }
+  // A parameter lives on its stage's device (shard's layers mode places
+  // stages); shared ones (tied embeddings) on the first stage's.
+  // Parameters of skipped stages (sparse) are never allocated or loaded.
+  auto place = [&](const Param& p) -> std::optional<at::Device> {
+    const size_t stage = p.stage >= 0 ? static_cast<size_t>(p.stage) : 0;
+    if (stage >= stages_.size()) return device_;
+    if (p.stage >= 0 && stages_[stage].skip) return std::nullopt;
+    return at::Device(stages_[stage].device);
+  };
+  store_.materialize(run_info_.seed, place, [&](size_t first, size_t last) {
+    auto& params = store_.all();
+    if (weights) {
+      try {
+        for (size_t k = first; k < last; ++k)
+          if (!(params[k].flags & TF_PARAM_ADAPTER) && !params[k].absent)
+            weights->load(params[k]);  // adapters load on their own
+      } catch (const std::runtime_error& e) {
+        weights_error(e);
+      }
+    }
+    const int32_t stage = params[first].stage;
+    if (params[first].absent) return;  // a skipped stage: nothing to convert
+    StrategyChain(strategies_)
+        .each_with(
+            &tf_strategy_vtable::stage_params_ready, "stage_params_ready",
+            [&](size_t i, tf_status st) { configure_step(i, st, "stage_params_ready"); }, stage);
+  });
+  StrategyChain(strategies_)
+      .each_with(&tf_strategy_vtable::params_ready, "params_ready",
+                 [&](size_t i, tf_status st) { configure_step(i, st, "params_ready"); });
+
+  recompute_anchor_ = at::empty({0}, at::TensorOptions().device(device_)).requires_grad_(true);
+
+  // Found now rather than after the training: [save] hf needs every weight.
+  if (save_cfg_.get_bool("hf"))
+    for (const Param& p : store_.all())
+      if (p.absent)
+        throw RecipeError(recipe_.source() + ": [save] hf = true, but " + p.name +
+                          " belongs to a block the recipe skips (sparse middle = \"skip\"), so "
+                          "there is no whole model to export; set hf = false (and adapter = true "
+                          "for LoRA) or use middle = \"frozen\"");
+  if (options_.resume && !load_latest_checkpoint() && !options_.skip_data)
+    log(TF_LOG_WARN, "--resume: no checkpoint in " + checkpoint_dir() + "; starting from step 0");
+  if (pg_) pg_->barrier();  // every rank composed the same run
+}
+
+}  // namespace tightfit

@@ -1,0 +1,92 @@
+// A session's weights written out: a Hugging Face folder (merged adapters
+// optionally) and a PEFT adapter folder.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <optional>
+
+#include "cross_entropy.hpp"
+#include "cuda_memory.hpp"
+#include "data_setup.hpp"
+#include "device_spec.hpp"
+#include "file_util.hpp"
+#include "generation.hpp"
+#include "hf_shards.hpp"
+#include "hf_weights.hpp"
+#include "kernel_keys.hpp"
+#include "logging.hpp"
+#include "op_timer.hpp"
+#include "safetensors.hpp"
+#include "session.hpp"
+#include "strategy_chain.hpp"
+#include "tensor_handle.hpp"
+
+namespace tightfit {
+namespace fs = std::filesystem;
+
+std::string Session::export_hf(const std::string& dir, bool merge, int64_t max_shard_bytes) {
+  // Gathering parameters split across ranks takes every rank; rank 0 writes.
+  const bool sharded = std::any_of(store_.all().begin(), store_.all().end(),
+                                   [](const Param& p) { return p.residency == TF_TIER_SHARDED; });
+  if (!is_rank0() && !sharded) return dir;
+  const tf_model_vtable* vt = model_.plugin->model();
+  const char* config = nullptr;
+  if (vt->hf_config_json)
+    check(vt->hf_config_json(model_.state, model_.ctx.get(), &config), model_, "hf_config_json");
+  if (!config)
+    log(TF_LOG_WARN, "model plugin \"" + model_.plugin->name +
+                         "\" gives no config.json; exporting weights only");
+  at::NoGradGuard no_grad;
+  CategoryScope scope(TF_MEM_TRANSIENT);
+  // One parameter at a time, in stage order: dense from any tier, merged by
+  // the strategies that rewrite it (LoRA), into the current shard.
+  std::optional<HfShardWriter> writer;
+  if (is_rank0()) writer.emplace(dir, max_shard_bytes);
+  for (const Param& p : store_.all()) {
+    if (p.flags & TF_PARAM_ADAPTER) continue;
+    if (p.absent)
+      throw std::runtime_error(
+          "parameter " + p.name +
+          " belongs to a block this recipe skips (sparse middle = \"skip\"); it was never "
+          "loaded, so there is no whole model to export. Export the adapters alone (--adapter), "
+          "or train with middle = \"frozen\"");
+    at::Tensor value = fetch_weight(p.name).detach();
+    if (merge)
+      StrategyChain(strategies_)
+          .thread_tensor(&tf_strategy_vtable::export_weight, "export_weight", value,
+                         p.name.c_str());
+    if (writer) writer->add(p.name, hf_layout(p, value));
+  }
+  if (writer) {
+    writer->finish();
+    write_hf_side_files(dir, config ? config : "", tokenizer_->source_file());
+  }
+  return dir;
+}
+
+std::string Session::export_adapter(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error("cannot create " + dir + ": " + ec.message());
+  at::NoGradGuard no_grad;
+  bool written = false;
+  StrategyChain(strategies_)
+      .each_with(
+          &tf_strategy_vtable::export_adapter, "export_adapter",
+          [&](size_t i, tf_status st) {
+            written = written || st == TF_OK;
+            check(st, strategies_[i], "export_adapter");
+          },
+          dir.c_str());
+  if (!written)
+    throw std::runtime_error(
+        "no strategy of this recipe has adapters to export (add a [[strategy]] with plugin = "
+        "\"lora\"), or export the whole model without --adapter");
+  return dir;
+}
+
+}  // namespace tightfit
