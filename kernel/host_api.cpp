@@ -19,15 +19,23 @@ const char* intern(const std::string& s) {
 
 namespace {
 
+// Every function pointer of the table has its service in the list.
+#define TIGHTFIT_COUNT_HOST_SERVICE(name) +1
+constexpr size_t kListedServices = 0 TIGHTFIT_HOST_SERVICES(TIGHTFIT_COUNT_HOST_SERVICE);
+#undef TIGHTFIT_COUNT_HOST_SERVICE
+static_assert(kListedServices ==
+                  (offsetof(tf_host_api, reserved) - offsetof(tf_host_api, set_error)) /
+                      sizeof(void (*)()),
+              "a service of tf_host_api is missing from TIGHTFIT_HOST_SERVICES");
+
 tf_host_api make_table() {
   tf_host_api t{};
   t.struct_size = sizeof(tf_host_api);
   t.abi_version = TF_ABI_VERSION;
   t.libtorch_version = host_libtorch_version();
-  host_services::add_config_services(t);
-  host_services::add_params_services(t);
-  host_services::add_training_services(t);
-  host_services::add_dist_services(t);
+#define TIGHTFIT_FILL_HOST_SERVICE(name) t.name = host_services::h_##name;
+  TIGHTFIT_HOST_SERVICES(TIGHTFIT_FILL_HOST_SERVICE)
+#undef TIGHTFIT_FILL_HOST_SERVICE
   return t;
 }
 

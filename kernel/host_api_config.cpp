@@ -3,11 +3,10 @@
 #include "host_api_services.hpp"
 
 namespace tightfit::host_services {
-namespace {
 
 // These three return nothing, so a failure inside them (no memory for the
 // message, a log sink that throws) is swallowed rather than thrown into C.
-void h_set_error(tf_host_context* ctx, const char* message) noexcept {
+void h_set_error(tf_host_context* ctx, const char* message) {
   if (ctx == nullptr || !on_a_host_thread(ctx)) return;
   try {
     ctx->plugin_error = message ? message : "(no message)";
@@ -16,12 +15,12 @@ void h_set_error(tf_host_context* ctx, const char* message) noexcept {
   }
 }
 // Valid until this context's next service call (the header says so).
-const char* h_last_error(tf_host_context* ctx) noexcept {
+const char* h_last_error(tf_host_context* ctx) {
   if (ctx == nullptr || !on_a_host_thread(ctx)) return "";
   return ctx->last_error.c_str();
 }
 // Safe from a plugin's own threads too.
-void h_log(tf_host_context* ctx, tf_log_level level, const char* message) noexcept {
+void h_log(tf_host_context* ctx, tf_log_level level, const char* message) {
   if (ctx == nullptr || ctx->session == nullptr) return;
   try {
     ctx->session->log(level, "[" + ctx->plugin_name + "] " + (message ? message : ""));
@@ -88,22 +87,6 @@ tf_status h_run_info(tf_host_context* ctx, tf_run_info* out) {
     check_size(out, "tf_run_info");
     write_struct(out, ctx->session->run_info());
   });
-}
-
-}  // namespace
-
-void add_config_services(tf_host_api& t) {
-  t.set_error = h_set_error;
-  t.last_error = h_last_error;
-  t.log = h_log;
-  t.config_get_bool = h_config_get_bool;
-  t.config_get_int = h_config_get_int;
-  t.config_get_double = h_config_get_double;
-  t.config_get_string = h_config_get_string;
-  t.config_get_list_string = h_config_get_list_string;
-  t.config_get_list_int = h_config_get_list_int;
-  t.config_has = h_config_has;
-  t.run_info = h_run_info;
 }
 
 }  // namespace tightfit::host_services

@@ -3,9 +3,8 @@
 #include "host_api_services.hpp"
 
 namespace tightfit::host_services {
-namespace {
 
-ReduceOp to_reduce_op(tf_reduce_op op) {
+static ReduceOp to_reduce_op(tf_reduce_op op) {
   switch (op) {
     case TF_REDUCE_SUM:
       return ReduceOp::Sum;
@@ -29,7 +28,7 @@ tf_status h_dist_all_reduce(tf_host_context* ctx, tf_tensor t, tf_reduce_op op) 
   });
 }
 // A group of one: reduce_scatter and all_gather are copies of the same size.
-void copy_as_one_rank(at::Tensor& out, const at::Tensor& in, const char* what) {
+static void copy_as_one_rank(at::Tensor& out, const at::Tensor& in, const char* what) {
   if (out.numel() != in.numel())
     throw std::invalid_argument(std::string(what) + ": in and out differ in size (one rank)");
   out.copy_(in.view_as(out));
@@ -70,7 +69,8 @@ tf_status h_dist_barrier(tf_host_context* ctx) {
   });
 }
 
-std::map<std::string, tf_param_plan>::iterator planned(tf_host_context* ctx, const char* name) {
+static std::map<std::string, tf_param_plan>::iterator planned(tf_host_context* ctx,
+                                                              const char* name) {
   require(name, "name");
   if (!ctx->session->planning())
     throw WrongPhase("the planned parameter table is only open inside estimate_memory");
@@ -96,18 +96,6 @@ tf_status h_plan_param_set(tf_host_context* ctx, const char* name, const tf_para
     p.struct_size = sizeof p;
     planned(ctx, name)->second = p;
   });
-}
-
-}  // namespace
-
-void add_dist_services(tf_host_api& t) {
-  t.dist_all_reduce = h_dist_all_reduce;
-  t.dist_reduce_scatter = h_dist_reduce_scatter;
-  t.dist_all_gather = h_dist_all_gather;
-  t.dist_broadcast = h_dist_broadcast;
-  t.dist_barrier = h_dist_barrier;
-  t.plan_param_get = h_plan_param_get;
-  t.plan_param_set = h_plan_param_set;
 }
 
 }  // namespace tightfit::host_services

@@ -5,7 +5,6 @@
 #include "host_api_services.hpp"
 
 namespace tightfit::host_services {
-namespace {
 
 void h_tensor_release(tf_tensor t) {
   release_handle(t);
@@ -147,7 +146,7 @@ tf_status h_param_grad(tf_host_context* ctx, const char* name, tf_tensor* out) {
     *out = give_handle(g);
   });
 }
-tf_status h_param_add(tf_host_context* ctx, const char* name, tf_tensor delta, double alpha) {
+tf_status h_param_add_(tf_host_context* ctx, const char* name, tf_tensor delta, double alpha) {
   return serve(ctx, [&] {
     require(delta, "delta");
     at::NoGradGuard no_grad;
@@ -158,7 +157,7 @@ tf_status h_param_add(tf_host_context* ctx, const char* name, tf_tensor delta, d
   });
 }
 
-StageState& stage_at(tf_host_context* ctx, int32_t stage) {
+static StageState& stage_at(tf_host_context* ctx, int32_t stage) {
   auto& stages = ctx->session->stages();
   if (stage < 0 || static_cast<size_t>(stage) >= stages.size())
     throw std::out_of_range("stage index " + std::to_string(stage) + " out of range (model has " +
@@ -224,30 +223,6 @@ tf_status h_stage_set_trainable(tf_host_context* ctx, int32_t stage, int32_t tra
     for (auto& p : store.all())
       if (p.stage == stage) store.set_trainable(p, trainable != 0);
   });
-}
-
-}  // namespace
-
-void add_params_services(tf_host_api& t) {
-  t.tensor_release = h_tensor_release;
-  t.declare_param = h_declare_param;
-  t.declare_stage = h_declare_stage;
-  t.weight = h_weight;
-  t.linear = h_linear;
-  t.param_count = h_param_count;
-  t.param_name = h_param_name;
-  t.param_info = h_param_info;
-  t.param_storage = h_param_storage;
-  t.param_set_storage = h_param_set_storage;
-  t.param_set_trainable = h_param_set_trainable;
-  t.param_grad = h_param_grad;
-  t.param_add_ = h_param_add;
-  t.stage_count = h_stage_count;
-  t.stage_info = h_stage_info;
-  t.stage_set_recompute = h_stage_set_recompute;
-  t.stage_set_device = h_stage_set_device;
-  t.stage_set_skip = h_stage_set_skip;
-  t.stage_set_trainable = h_stage_set_trainable;
 }
 
 }  // namespace tightfit::host_services

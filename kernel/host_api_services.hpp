@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 
 #include "logging.hpp"
 #include "plugin_call_scope.hpp"
@@ -122,9 +123,27 @@ void write_struct(T* dst, T src) {
 // parameter's name survives later declarations that move the table).
 const char* intern(const std::string& s);
 
-void add_config_services(tf_host_api& t);
-void add_params_services(tf_host_api& t);
-void add_training_services(tf_host_api& t);
-void add_dist_services(tf_host_api& t);
+// Every service of the table, in its order: h_<name> serves tf_host_api::<name>.
+// clang-format off
+#define TIGHTFIT_HOST_SERVICES(X) \
+  X(set_error) X(last_error) X(log) X(config_get_bool) X(config_get_int) X(config_get_double) \
+  X(config_get_string) X(config_get_list_string) X(config_get_list_int) X(config_has) X(run_info) \
+  X(tensor_release) X(declare_param) X(declare_stage) X(weight) X(linear) X(param_count) \
+  X(param_name) X(param_info) X(param_storage) X(param_set_storage) X(param_set_trainable) X(param_grad) X(param_add_) \
+  X(stage_count) X(stage_info) X(stage_set_recompute) X(stage_set_device) X(stage_set_skip) \
+  X(stage_set_trainable) X(memory_stats) X(memory_push_category) X(memory_pop_category) \
+  X(next_batch) X(batch_release) X(forward) X(forward_backward) X(zero_grad) X(optimizer_step) \
+  X(set_lr) X(base_lr) X(snapshot_take) X(snapshot_restore) X(snapshot_drop) X(perturb_params) \
+  X(log_metric) X(state_put_tensor) X(state_get_tensor) X(state_put_double) X(state_get_double) \
+  X(optimizer_apply) X(optimizer_info) X(set_micro_batch) X(micro_batch) X(tensors_save) \
+  X(tensors_load) X(optimizer_update) X(dist_all_reduce) X(dist_reduce_scatter) \
+  X(dist_all_gather) X(dist_broadcast) X(dist_barrier) X(plan_param_get) X(plan_param_set)
+// clang-format on
+
+// Each declared with the exact type of its slot in the table.
+#define TIGHTFIT_DECLARE_HOST_SERVICE(name) \
+  std::remove_pointer_t<decltype(tf_host_api::name)> h_##name;
+TIGHTFIT_HOST_SERVICES(TIGHTFIT_DECLARE_HOST_SERVICE)
+#undef TIGHTFIT_DECLARE_HOST_SERVICE
 
 }  // namespace tightfit::host_services

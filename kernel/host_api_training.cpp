@@ -7,7 +7,6 @@
 #include "safetensors.hpp"
 
 namespace tightfit::host_services {
-namespace {
 
 tf_status h_memory_stats(tf_host_context* ctx, tf_memory_stats* out) {
   return serve(ctx, [&] {
@@ -26,7 +25,7 @@ tf_status h_memory_stats(tf_host_context* ctx, tf_memory_stats* out) {
 }
 // The category stack is per thread, so these two serve a plugin's own
 // threads too; they touch nothing of ctx there.
-tf_status h_memory_push_category(tf_host_context* ctx, tf_mem_category c) noexcept {
+tf_status h_memory_push_category(tf_host_context* ctx, tf_mem_category c) {
   if (ctx == nullptr || c < 0 || c >= TF_MEM_CATEGORY_COUNT) return TF_ERR_INVALID_ARGUMENT;
   try {
     push_category(c);
@@ -35,12 +34,12 @@ tf_status h_memory_push_category(tf_host_context* ctx, tf_mem_category c) noexce
     return TF_ERROR;
   }
 }
-tf_status h_memory_pop_category(tf_host_context* ctx) noexcept {
+tf_status h_memory_pop_category(tf_host_context* ctx) {
   if (ctx == nullptr) return TF_ERR_INVALID_ARGUMENT;
   return pop_category() ? TF_OK : TF_ERR_UNSUPPORTED;  // a pop without a push
 }
 
-bool covers_positions(const tf_batch* b) {
+static bool covers_positions(const tf_batch* b) {
   return b->struct_size >= offsetof(tf_batch, positions) + sizeof(b->positions);
 }
 
@@ -75,7 +74,8 @@ void h_batch_release(tf_host_context*, tf_batch* batch) {
 
 // One pass over a batch the caller hands in, read through its struct_size
 // (positions past an older caller's struct: not packed).
-PassResult run_batch(tf_host_context* ctx, const tf_batch* in, bool backward, double loss_scale) {
+static PassResult run_batch(tf_host_context* ctx, const tf_batch* in, bool backward,
+                            double loss_scale) {
   const tf_batch b = read_struct(in);
   require(b.tokens, "tf_batch.tokens");
   require(b.targets, "tf_batch.targets");
@@ -84,7 +84,7 @@ PassResult run_batch(tf_host_context* ctx, const tf_batch* in, bool backward, do
                                 b.positions ? handle_tensor(b.positions) : at::Tensor());
 }
 
-void write_pass(tf_pass_result* out, const PassResult& r) {
+static void write_pass(tf_pass_result* out, const PassResult& r) {
   tf_pass_result p{};
   p.loss = r.loss;
   p.n_tokens = r.n_tokens;
@@ -150,9 +150,17 @@ tf_status h_log_metric(tf_host_context* ctx, const char* key, double value) {
   });
 }
 
-std::string state_key(tf_host_context* ctx, const char* key) {
+static std::string state_key(tf_host_context* ctx, const char* key) {
   require(key, "key");
   return ctx->state_prefix + key;
+}
+// A plugin's state in the checkpoint being loaded.
+static const at::Tensor& saved_state(tf_host_context* ctx, const char* key, const char* service) {
+  if (!ctx->state_in) throw WrongPhase(std::string(service) + " is only allowed inside load_state");
+  auto it = ctx->state_in->find(state_key(ctx, key));
+  if (it == ctx->state_in->end())
+    throw std::out_of_range(std::string("checkpoint has no state \"") + key + "\"");
+  return it->second;
 }
 tf_status h_state_put_tensor(tf_host_context* ctx, const char* key, tf_tensor value) {
   return serve(ctx, [&] {
@@ -164,11 +172,7 @@ tf_status h_state_put_tensor(tf_host_context* ctx, const char* key, tf_tensor va
 tf_status h_state_get_tensor(tf_host_context* ctx, const char* key, tf_tensor* out) {
   return serve(ctx, [&] {
     require(out, "out");
-    if (!ctx->state_in) throw WrongPhase("state_get_tensor is only allowed inside load_state");
-    auto it = ctx->state_in->find(state_key(ctx, key));
-    if (it == ctx->state_in->end())
-      throw std::out_of_range(std::string("checkpoint has no state \"") + key + "\"");
-    *out = give_handle(it->second.clone());
+    *out = give_handle(saved_state(ctx, key, "state_get_tensor").clone());
   });
 }
 tf_status h_state_put_double(tf_host_context* ctx, const char* key, double value) {
@@ -180,11 +184,7 @@ tf_status h_state_put_double(tf_host_context* ctx, const char* key, double value
 tf_status h_state_get_double(tf_host_context* ctx, const char* key, double* out) {
   return serve(ctx, [&] {
     require(out, "out");
-    if (!ctx->state_in) throw WrongPhase("state_get_double is only allowed inside load_state");
-    auto it = ctx->state_in->find(state_key(ctx, key));
-    if (it == ctx->state_in->end())
-      throw std::out_of_range(std::string("checkpoint has no state \"") + key + "\"");
-    *out = it->second.item<double>();
+    *out = saved_state(ctx, key, "state_get_double").item<double>();
   });
 }
 
@@ -301,38 +301,6 @@ tf_status h_optimizer_update(tf_host_context* ctx, const char* name, tf_tensor p
     s.optimizer().update_with_state(handle_tensor(param), p.decays(), handle_tensor(grad), slots,
                                     s.update_step());
   });
-}
-
-}  // namespace
-
-void add_training_services(tf_host_api& t) {
-  t.memory_stats = h_memory_stats;
-  t.memory_push_category = h_memory_push_category;
-  t.memory_pop_category = h_memory_pop_category;
-  t.next_batch = h_next_batch;
-  t.batch_release = h_batch_release;
-  t.forward = h_forward;
-  t.forward_backward = h_forward_backward;
-  t.zero_grad = h_zero_grad;
-  t.optimizer_step = h_optimizer_step;
-  t.set_lr = h_set_lr;
-  t.base_lr = h_base_lr;
-  t.snapshot_take = h_snapshot_take;
-  t.snapshot_restore = h_snapshot_restore;
-  t.snapshot_drop = h_snapshot_drop;
-  t.perturb_params = h_perturb_params;
-  t.log_metric = h_log_metric;
-  t.state_put_tensor = h_state_put_tensor;
-  t.state_get_tensor = h_state_get_tensor;
-  t.state_put_double = h_state_put_double;
-  t.state_get_double = h_state_get_double;
-  t.optimizer_apply = h_optimizer_apply;
-  t.optimizer_info = h_optimizer_info;
-  t.set_micro_batch = h_set_micro_batch;
-  t.micro_batch = h_micro_batch;
-  t.tensors_save = h_tensors_save;
-  t.tensors_load = h_tensors_load;
-  t.optimizer_update = h_optimizer_update;
 }
 
 }  // namespace tightfit::host_services

@@ -131,6 +131,10 @@ struct SessionOptions {
   int plan_world_size = 0;
   std::function<void(const ProgressInfo&)> on_progress;
   std::function<void(const std::string&)> on_log;  // kernel and plugin log lines
+  // Called once the recipe is composed (plugins made, the model declared,
+  // strategies configured, nothing materialized): what `tightfit plan` sees,
+  // so a run plans on its own composition instead of building a second one.
+  std::function<void(Session&)> on_composed;
 };
 
 // Returns for TF_OK and TF_NOT_HANDLED; any other status (unknown ones too)

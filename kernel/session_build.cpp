@@ -295,6 +295,7 @@ void Session::build(const PluginRegistry& base_registry) {
   check(schedule_.plugin->schedule()->create(host_api(), schedule_.ctx.get(), &schedule_.state),
         schedule_, "create");
 
+  if (options_.on_composed) options_.on_composed(*this);
   if (options_.dry_run) return;
 
   // Dropout and other ops draw from the global generators; seed them per run.

@@ -171,26 +171,19 @@ int run_command(const std::vector<std::string>& args) {
                   << std::flush;
       };
     so.dry_run = vm.count("dry-run") > 0;
-    // The planner's prediction, from the recipe alone (as `tightfit plan`),
-    // checked against what the run measures. Its plugins' messages are the
-    // run's own, so the dry composition keeps quiet.
-    if (rank0 && !so.dry_run) try {
-        set_log_level("error");
-        SessionOptions dry;
-        dry.dry_run = true;
-        Session planned(recipe, registry, dry);
-        plan = plan_memory(planned);
-        set_log_level(vm["log-level"].as<std::string>());
-      } catch (const RecipeError&) {
-        set_log_level(vm["log-level"].as<std::string>());  // the run itself reports it
-      } catch (const PluginLoadError&) {
-        set_log_level(vm["log-level"].as<std::string>());
-      } catch (const PluginCallError&) {
-        set_log_level(vm["log-level"].as<std::string>());  // the run itself reports it
-      } catch (const std::exception& e) {
-        set_log_level(vm["log-level"].as<std::string>());
-        std::cerr << "tightfit: no memory plan for this recipe: " << e.what() << "\n";
-      }
+    // The planner's prediction (as `tightfit plan`), made on the run's own
+    // composition before anything is materialized, and checked against what
+    // the run measures. A recipe the planner cannot plan still runs.
+    if (rank0 && !so.dry_run)
+      so.on_composed = [&plan](Session& composed) {
+        try {
+          plan = plan_memory(composed);
+        } catch (const OutOfBudgetError&) {
+          throw;
+        } catch (const std::exception& e) {
+          std::cerr << "tightfit: no memory plan for this recipe: " << e.what() << "\n";
+        }
+      };
     Session session(recipe, registry, so);
     if (so.dry_run) {
       std::cout << recipe.source() << ": valid; model " << session.model().plugin->name << ", "
