@@ -113,10 +113,6 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) {
-  delete static_cast<SelectiveCheckpoint*>(state);
-}
-
 tf_status configure(void* state, tf_host_context* ctx) {
   auto* s = static_cast<SelectiveCheckpoint*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
@@ -156,16 +152,11 @@ const tf_config_key kKeys[] = {
                 "this (e.g. \"64MiB\"); 0 = use blocks"),
 };
 
-tf_strategy_vtable make_vtable() {
-  tf_strategy_vtable v{};
-  v.struct_size = sizeof v;
-  v.create = create;
-  v.destroy = destroy;
-  v.configure = configure;
-  v.estimate_memory = estimate_memory;
-  return v;
-}
-const tf_strategy_vtable kVtable = make_vtable();
+const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
+                                    .create = create,
+                                    .destroy = tf_sdk::destroy_state<SelectiveCheckpoint>,
+                                    .configure = configure,
+                                    .estimate_memory = estimate_memory};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_STRATEGY, "selective_checkpoint", "0.1.0",

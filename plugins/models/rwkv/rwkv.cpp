@@ -305,10 +305,6 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) {
-  delete static_cast<Rwkv*>(state);
-}
-
 tf_status stage_forward(void* state, tf_host_context* ctx, const tf_stage_call* call,
                         tf_tensor input, tf_tensor* out) {
   auto* m = static_cast<Rwkv*>(state);
@@ -370,7 +366,7 @@ const tf_config_key kKeys[] = {
 
 const tf_model_vtable kVtable = {.struct_size = sizeof(tf_model_vtable),
                                  .create = create,
-                                 .destroy = destroy,
+                                 .destroy = tf_sdk::destroy_state<Rwkv>,
                                  .stage_forward = stage_forward,
                                  .hf_config_json = hf_config_json,
                                  .decode = decode,

@@ -30,10 +30,6 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) {
-  delete static_cast<Accumulate*>(state);
-}
-
 tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t total,
                    tf_step_result* out) {
   auto* s = static_cast<Accumulate*>(state);
@@ -45,14 +41,7 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
     int64_t tokens = 0;
     for (int32_t i = 0; i < s->micro_batches; ++i) {
       s->host.check(api->set_micro_batch(ctx, i, s->micro_batches));
-      tf_batch batch{};
-      batch.struct_size = sizeof batch;
-      s->host.check(api->next_batch(ctx, &batch));
-      tf_pass_result pass{};
-      pass.struct_size = sizeof pass;
-      const tf_status fb = api->forward_backward(ctx, &batch, 1.0 / s->micro_batches, &pass);
-      api->batch_release(ctx, &batch);
-      s->host.check(fb);
+      const tf_pass_result pass = tf_sdk::Batch(s->host).forward_backward(1.0 / s->micro_batches);
       loss_sum += pass.loss;
       tokens += pass.n_tokens;
     }
@@ -88,18 +77,13 @@ const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
                 "batches of data.batch_size whose gradients are summed into one update", 1, 1e6),
 });
 
-tf_schedule_vtable make_vtable() {
-  tf_schedule_vtable v{};
-  v.struct_size = sizeof v;
-  v.create = create;
-  v.destroy = destroy;
-  v.run_step = run_step;
-  v.estimate_memory = estimate_memory;
-  v.save_state = tf_sdk::save_skipped_state<Accumulate>;
-  v.load_state = tf_sdk::load_skipped_state<Accumulate>;
-  return v;
-}
-const tf_schedule_vtable kVtable = make_vtable();
+const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),
+                                    .create = create,
+                                    .destroy = tf_sdk::destroy_state<Accumulate>,
+                                    .run_step = run_step,
+                                    .estimate_memory = estimate_memory,
+                                    .save_state = tf_sdk::save_skipped_state<Accumulate>,
+                                    .load_state = tf_sdk::load_skipped_state<Accumulate>};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_SCHEDULE, "accumulate", "1.0.0",

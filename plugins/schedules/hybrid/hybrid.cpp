@@ -105,10 +105,6 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) {
-  delete static_cast<Hybrid*>(state);
-}
-
 // The trainable, dense parameters this step, with their stored tensors.
 struct Trainable {
   std::string name;
@@ -131,19 +127,6 @@ std::vector<Trainable> trainable(const tf_sdk::Host& host) {
   }
   return out;
 }
-
-struct Batch {
-  const tf_host_api* api;
-  tf_host_context* ctx;
-  tf_batch batch{};
-  Batch(const tf_sdk::Host& host) : api(host.api()), ctx(host.ctx()) {
-    batch.struct_size = sizeof batch;
-    host.check(api->next_batch(ctx, &batch));
-  }
-  ~Batch() { api->batch_release(ctx, &batch); }
-  Batch(const Batch&) = delete;
-  Batch& operator=(const Batch&) = delete;
-};
 
 void log_metric(Hybrid& s, const char* key, double v) {
   s.host.api()->log_metric(s.host.ctx(), key, v);
@@ -194,12 +177,7 @@ tf_pass_result full_step(Hybrid& s, int64_t step, double lr, bool measure, bool 
     }
   }
   s.host.check(api->zero_grad(ctx));
-  tf_pass_result pass{};
-  pass.struct_size = sizeof pass;
-  {
-    Batch b(s.host);
-    s.host.check(api->forward_backward(ctx, &b.batch, 1.0, &pass));
-  }
+  const tf_pass_result pass = tf_sdk::Batch(s.host).forward_backward(1.0);
   if (guard && s.losses.diverged(pass.loss, s.cfg.divergence_factor)) {
     s.host.check(api->zero_grad(ctx));
     roll_back(s, step, pass.loss);
@@ -227,12 +205,7 @@ tf_pass_result full_step(Hybrid& s, int64_t step, double lr, bool measure, bool 
 tf_pass_result predict_step(Hybrid& s, int64_t step, double lr, bool* diverged) {
   const tf_host_api* api = s.host.api();
   tf_host_context* ctx = s.host.ctx();
-  tf_pass_result pass{};
-  pass.struct_size = sizeof pass;
-  {
-    Batch b(s.host);
-    s.host.check(api->forward(ctx, &b.batch, &pass));
-  }
+  const tf_pass_result pass = tf_sdk::Batch(s.host).forward();
   if (s.losses.diverged(pass.loss, s.cfg.divergence_factor)) {
     roll_back(s, step, pass.loss);
     *diverged = true;
@@ -483,18 +456,13 @@ const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
                 0, 1e12),
 });
 
-tf_schedule_vtable make_vtable() {
-  tf_schedule_vtable v{};
-  v.struct_size = sizeof v;
-  v.create = create;
-  v.destroy = destroy;
-  v.run_step = run_step;
-  v.estimate_memory = estimate_memory;
-  v.save_state = save_state;
-  v.load_state = load_state;
-  return v;
-}
-const tf_schedule_vtable kVtable = make_vtable();
+const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),
+                                    .create = create,
+                                    .destroy = tf_sdk::destroy_state<Hybrid>,
+                                    .run_step = run_step,
+                                    .estimate_memory = estimate_memory,
+                                    .save_state = save_state,
+                                    .load_state = load_state};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_SCHEDULE, "hybrid", "1.0.0",

@@ -45,10 +45,6 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) {
-  delete static_cast<Mezo*>(state);
-}
-
 tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t total,
                    tf_step_result* out) {
   auto* s = static_cast<Mezo*>(state);
@@ -56,21 +52,10 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
   return tf_sdk::guard(api, ctx, [&] {
     const double lr = s->lr.apply(s->host, step, total);
     const uint64_t seed = step_seed(s->seed, step);
-    tf_batch batch{};
-    batch.struct_size = sizeof batch;
-    s->host.check(api->next_batch(ctx, &batch));
-    struct Release {
-      const tf_host_api* api;
-      tf_host_context* ctx;
-      tf_batch* batch;
-      ~Release() { api->batch_release(ctx, batch); }
-    } release{api, ctx, &batch};
+    const tf_sdk::Batch batch(s->host);
     auto loss_at = [&](double shift) {
       s->host.check(api->perturb_params(ctx, seed, shift));
-      tf_pass_result pass{};
-      pass.struct_size = sizeof pass;
-      s->host.check(api->forward(ctx, &batch, &pass));
-      return pass;
+      return batch.forward();
     };
     const tf_pass_result plus = loss_at(s->eps);
     const tf_pass_result minus = loss_at(-2 * s->eps);
@@ -112,18 +97,13 @@ const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
     tf_sdk::key("eps", TF_VALUE_FLOAT, "1e-3", "perturbation scale", 1e-12, 1e3),
 });
 
-tf_schedule_vtable make_vtable() {
-  tf_schedule_vtable v{};
-  v.struct_size = sizeof v;
-  v.create = create;
-  v.destroy = destroy;
-  v.run_step = run_step;
-  v.estimate_memory = estimate_memory;
-  v.save_state = tf_sdk::save_skipped_state<Mezo>;
-  v.load_state = tf_sdk::load_skipped_state<Mezo>;
-  return v;
-}
-const tf_schedule_vtable kVtable = make_vtable();
+const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),
+                                    .create = create,
+                                    .destroy = tf_sdk::destroy_state<Mezo>,
+                                    .run_step = run_step,
+                                    .estimate_memory = estimate_memory,
+                                    .save_state = tf_sdk::save_skipped_state<Mezo>,
+                                    .load_state = tf_sdk::load_skipped_state<Mezo>};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_SCHEDULE, "mezo", "1.0.0",

@@ -21,10 +21,6 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) {
-  delete static_cast<Standard*>(state);
-}
-
 tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t total,
                    tf_step_result* out) {
   auto* s = static_cast<Standard*>(state);
@@ -32,14 +28,7 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
   return tf_sdk::guard(api, ctx, [&] {
     const double lr = s->lr.apply(s->host, step, total);
     s->host.check(api->zero_grad(ctx));
-    tf_batch batch{};
-    batch.struct_size = sizeof batch;
-    s->host.check(api->next_batch(ctx, &batch));
-    tf_pass_result pass{};
-    pass.struct_size = sizeof pass;
-    const tf_status fb = api->forward_backward(ctx, &batch, 1.0, &pass);
-    api->batch_release(ctx, &batch);
-    s->host.check(fb);
+    const tf_pass_result pass = tf_sdk::Batch(s->host).forward_backward(1.0);
     tf_sdk::step_or_skip(s->host, step, s->skipped);
     out->loss = pass.loss;
     out->n_tokens = pass.n_tokens;
@@ -64,18 +53,13 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
 
 const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({});
 
-tf_schedule_vtable make_vtable() {
-  tf_schedule_vtable v{};
-  v.struct_size = sizeof v;
-  v.create = create;
-  v.destroy = destroy;
-  v.run_step = run_step;
-  v.estimate_memory = estimate_memory;
-  v.save_state = tf_sdk::save_skipped_state<Standard>;
-  v.load_state = tf_sdk::load_skipped_state<Standard>;
-  return v;
-}
-const tf_schedule_vtable kVtable = make_vtable();
+const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),
+                                    .create = create,
+                                    .destroy = tf_sdk::destroy_state<Standard>,
+                                    .run_step = run_step,
+                                    .estimate_memory = estimate_memory,
+                                    .save_state = tf_sdk::save_skipped_state<Standard>,
+                                    .load_state = tf_sdk::load_skipped_state<Standard>};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_SCHEDULE, "standard", "1.0.0",

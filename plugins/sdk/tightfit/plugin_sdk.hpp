@@ -254,6 +254,41 @@ class MemoryCategory {
   Host host_;
 };
 
+// The next batch of the run (next_batch), released when it goes out of
+// scope, with the host's passes over it.
+class Batch {
+ public:
+  explicit Batch(const Host& host) : host_(host) {
+    batch_.struct_size = sizeof batch_;
+    host_.check(host_.api()->next_batch(host_.ctx(), &batch_));
+  }
+  ~Batch() { host_.api()->batch_release(host_.ctx(), &batch_); }
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+
+  // The loss at the current weights, no gradients.
+  tf_pass_result forward() const {
+    tf_pass_result pass = empty_pass();
+    host_.check(host_.api()->forward(host_.ctx(), &batch_, &pass));
+    return pass;
+  }
+  // The loss, and its gradients (times loss_scale) added to the parameters'.
+  tf_pass_result forward_backward(double loss_scale) const {
+    tf_pass_result pass = empty_pass();
+    host_.check(host_.api()->forward_backward(host_.ctx(), &batch_, loss_scale, &pass));
+    return pass;
+  }
+
+ private:
+  static tf_pass_result empty_pass() {
+    tf_pass_result pass{};
+    pass.struct_size = sizeof pass;
+    return pass;
+  }
+  Host host_;
+  tf_batch batch_{};
+};
+
 // Runs plugin code, turning any exception into a status plus set_error.
 template <class F>
 tf_status guard(const tf_host_api* api, tf_host_context* ctx, F&& body) noexcept {
@@ -326,6 +361,13 @@ inline tf_config_key key(const char* name, tf_value_type type, const char* defau
                          const char* choices = nullptr) {
   return tf_config_key{
       sizeof(tf_config_key), name, type, default_value, doc, min_value, max_value, choices};
+}
+
+// A vtable's destroy for a plugin whose state is a `new T` (its destructor
+// releases what the plugin holds).
+template <class T>
+void destroy_state(void* state) {
+  delete static_cast<T*>(state);
 }
 
 // A plugin's descriptor for this ABI and the LibTorch it is built against.

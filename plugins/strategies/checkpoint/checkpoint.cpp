@@ -23,10 +23,6 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) {
-  delete static_cast<Checkpoint*>(state);
-}
-
 tf_status configure(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Checkpoint*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
@@ -63,16 +59,11 @@ const tf_config_key kKeys[] = {
     tf_sdk::key("every", TF_VALUE_INT, "1", "checkpoint every N-th block (1 = all blocks)", 1, 1e6),
 };
 
-tf_strategy_vtable make_vtable() {
-  tf_strategy_vtable v{};
-  v.struct_size = sizeof v;
-  v.create = create;
-  v.destroy = destroy;
-  v.configure = configure;
-  v.estimate_memory = estimate_memory;
-  return v;
-}
-const tf_strategy_vtable kVtable = make_vtable();
+const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
+                                    .create = create,
+                                    .destroy = tf_sdk::destroy_state<Checkpoint>,
+                                    .configure = configure,
+                                    .estimate_memory = estimate_memory};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_STRATEGY, "checkpoint", "1.0.0",

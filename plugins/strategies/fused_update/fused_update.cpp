@@ -42,10 +42,6 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) {
-  delete static_cast<FusedUpdate*>(state);
-}
-
 tf_status grad_ready(void* state, tf_host_context* ctx, const char* name, tf_tensor grad_h) {
   auto* s = static_cast<FusedUpdate*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
@@ -117,19 +113,14 @@ const tf_config_key kKeys[] = {
     tf_sdk::key("max_norm", TF_VALUE_FLOAT, "1.0", "clip threshold", 0, 1e9),
 };
 
-tf_strategy_vtable make_vtable() {
-  tf_strategy_vtable v{};
-  v.struct_size = sizeof v;
-  v.create = create;
-  v.destroy = destroy;
-  v.grad_ready = grad_ready;
-  v.step_end = step_end;
-  v.save_state = save_state;
-  v.load_state = load_state;
-  v.estimate_memory = estimate_memory;
-  return v;
-}
-const tf_strategy_vtable kVtable = make_vtable();
+const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
+                                    .create = create,
+                                    .destroy = tf_sdk::destroy_state<FusedUpdate>,
+                                    .step_end = step_end,
+                                    .grad_ready = grad_ready,
+                                    .estimate_memory = estimate_memory,
+                                    .save_state = save_state,
+                                    .load_state = load_state};
 
 const tf_plugin_descriptor kDescriptor =
     tf_sdk::describe(TF_PLUGIN_STRATEGY, "fused_update", "1.0.0",

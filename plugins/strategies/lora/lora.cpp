@@ -46,10 +46,6 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) {
-  delete static_cast<Lora*>(state);
-}
-
 tf_status configure(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Lora*>(state);
   const tf_host_api* api = s->host.api();
@@ -198,20 +194,15 @@ const tf_config_key kKeys[] = {
         "a PEFT adapter folder (adapter_config.json + adapter_model.safetensors) to start from"),
 };
 
-tf_strategy_vtable make_vtable() {
-  tf_strategy_vtable v{};
-  v.struct_size = sizeof v;
-  v.create = create;
-  v.destroy = destroy;
-  v.configure = configure;
-  v.linear_extend = linear_extend;
-  v.export_weight = export_weight;
-  v.params_ready = params_ready;
-  v.export_adapter = export_adapter;
-  v.estimate_memory = estimate_memory;
-  return v;
-}
-const tf_strategy_vtable kVtable = make_vtable();
+const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
+                                    .create = create,
+                                    .destroy = tf_sdk::destroy_state<Lora>,
+                                    .configure = configure,
+                                    .params_ready = params_ready,
+                                    .linear_extend = linear_extend,
+                                    .estimate_memory = estimate_memory,
+                                    .export_weight = export_weight,
+                                    .export_adapter = export_adapter};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_STRATEGY, "lora", "1.0.0",

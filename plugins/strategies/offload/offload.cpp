@@ -366,10 +366,6 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) {
-  delete static_cast<Offload*>(state);
-}
-
 // Streaming setup: a stage's frozen weights leave memory as soon as they exist.
 tf_status stage_params_ready(void* state, tf_host_context* ctx, int32_t stage) {
   auto* s = static_cast<Offload*>(state);
@@ -657,23 +653,18 @@ const tf_config_key kKeys[] = {
     tf_sdk::key("dir", TF_VALUE_STRING, "\"\"", "disk tier folder; empty = <run folder>/offload"),
 };
 
-tf_strategy_vtable make_vtable() {
-  tf_strategy_vtable v{};
-  v.struct_size = sizeof v;
-  v.create = create;
-  v.destroy = destroy;
-  v.params_ready = params_ready;
-  v.stage_event = stage_event;
-  v.stage_params_ready = stage_params_ready;
-  v.pack_activation = pack_activation;
-  v.unpack_activation = unpack_activation;
-  v.optimizer_step_param = optimizer_step_param;
-  v.save_state = save_state;
-  v.load_state = load_state;
-  v.estimate_memory = estimate_memory;
-  return v;
-}
-const tf_strategy_vtable kVtable = make_vtable();
+const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
+                                    .create = create,
+                                    .destroy = tf_sdk::destroy_state<Offload>,
+                                    .params_ready = params_ready,
+                                    .stage_event = stage_event,
+                                    .optimizer_step_param = optimizer_step_param,
+                                    .estimate_memory = estimate_memory,
+                                    .save_state = save_state,
+                                    .load_state = load_state,
+                                    .stage_params_ready = stage_params_ready,
+                                    .pack_activation = pack_activation,
+                                    .unpack_activation = unpack_activation};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_STRATEGY, "offload", "0.2.0",

@@ -62,10 +62,6 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) {
-  delete static_cast<Precision*>(state);
-}
-
 tf_status params_ready(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Precision*>(state);
   if (s->autocast) return TF_OK;
@@ -252,21 +248,16 @@ const tf_config_key kKeys[] = {
                 "fp16: finite steps before the loss scale doubles", 1, 1e12),
 };
 
-tf_strategy_vtable make_vtable() {
-  tf_strategy_vtable v{};
-  v.struct_size = sizeof v;
-  v.create = create;
-  v.destroy = destroy;
-  v.params_ready = params_ready;
-  v.stage_event = stage_event;
-  v.estimate_memory = estimate_memory;
-  v.loss_scale = loss_scale;
-  v.loss_scale_update = loss_scale_update;
-  v.save_state = save_state;
-  v.load_state = load_state;
-  return v;
-}
-const tf_strategy_vtable kVtable = make_vtable();
+const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
+                                    .create = create,
+                                    .destroy = tf_sdk::destroy_state<Precision>,
+                                    .params_ready = params_ready,
+                                    .stage_event = stage_event,
+                                    .estimate_memory = estimate_memory,
+                                    .save_state = save_state,
+                                    .load_state = load_state,
+                                    .loss_scale = loss_scale,
+                                    .loss_scale_update = loss_scale_update};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_STRATEGY, "precision", "1.0.0",

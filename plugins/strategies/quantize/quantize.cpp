@@ -263,10 +263,6 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) {
-  delete static_cast<Quantize*>(state);
-}
-
 // Quantizes every frozen 2-D weight of a block stage.
 // Quantizes the frozen dense block weights of `stage` (all stages when < 0)
 // not yet converted; returns how many trainable block weights were seen.
@@ -483,21 +479,16 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   });
 }
 
-tf_strategy_vtable make_vtable() {
-  tf_strategy_vtable v{};
-  v.struct_size = sizeof v;
-  v.create = create;
-  v.destroy = destroy;
-  v.params_ready = params_ready;
-  v.stage_params_ready = stage_params_ready;
-  v.fetch_weight = fetch_weight;
-  v.optimizer_step_param = optimizer_step_param;
-  v.save_state = save_state;
-  v.load_state = load_state;
-  v.estimate_memory = estimate_memory;
-  return v;
-}
-const tf_strategy_vtable kVtable = make_vtable();
+const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
+                                    .create = create,
+                                    .destroy = tf_sdk::destroy_state<Quantize>,
+                                    .params_ready = params_ready,
+                                    .fetch_weight = fetch_weight,
+                                    .optimizer_step_param = optimizer_step_param,
+                                    .estimate_memory = estimate_memory,
+                                    .save_state = save_state,
+                                    .load_state = load_state,
+                                    .stage_params_ready = stage_params_ready};
 
 const tf_plugin_descriptor kDescriptor =
     tf_sdk::describe(TF_PLUGIN_STRATEGY, "quantize", "1.0.0",

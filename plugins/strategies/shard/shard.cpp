@@ -229,10 +229,6 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) {
-  delete static_cast<Shard*>(state);
-}
-
 // layers: a device per stage. `split` gives blocks per device; without it the
 // blocks are spread evenly.
 tf_status configure(void* state, tf_host_context* ctx) {
@@ -571,26 +567,21 @@ const tf_config_key kKeys[] = {
                 "layers: blocks per device, e.g. [12, 12]; default: even"),
 };
 
-tf_strategy_vtable make_vtable() {
-  tf_strategy_vtable v{};
-  v.struct_size = sizeof v;
-  v.create = create;
-  v.destroy = destroy;
-  v.configure = configure;
-  v.grad_ready = grad_ready;
-  v.optimizer_step_param = optimizer_step_param;
-  v.estimate_memory = estimate_memory;
-  v.save_state = save_state;
-  v.load_state = load_state;
-  v.grad_norm_sq = grad_norm_sq;
-  v.stage_params_ready = stage_params_ready;
-  v.params_ready = params_ready;
-  v.stage_event = stage_event;
-  v.apply_held_grads = apply_held_grads;
-  v.drop_held_grads = drop_held_grads;
-  return v;
-}
-const tf_strategy_vtable kVtable = make_vtable();
+const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
+                                    .create = create,
+                                    .destroy = tf_sdk::destroy_state<Shard>,
+                                    .configure = configure,
+                                    .params_ready = params_ready,
+                                    .stage_event = stage_event,
+                                    .grad_ready = grad_ready,
+                                    .optimizer_step_param = optimizer_step_param,
+                                    .estimate_memory = estimate_memory,
+                                    .save_state = save_state,
+                                    .load_state = load_state,
+                                    .stage_params_ready = stage_params_ready,
+                                    .grad_norm_sq = grad_norm_sq,
+                                    .apply_held_grads = apply_held_grads,
+                                    .drop_held_grads = drop_held_grads};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_STRATEGY, "shard", "1.0.0",

@@ -52,10 +52,6 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-void destroy(void* state) {
-  delete static_cast<Sparse*>(state);
-}
-
 // Which blocks are in the middle; "skip" takes them out before anything is
 // allocated.
 void set_block(Sparse& s, size_t block, bool on) {
@@ -174,18 +170,13 @@ const tf_config_key kKeys[] = {
     tf_sdk::key("k", TF_VALUE_INT, "2", "lisa: middle blocks that train at a time", 0, 1e6),
 };
 
-tf_strategy_vtable make_vtable() {
-  tf_strategy_vtable v{};
-  v.struct_size = sizeof v;
-  v.create = create;
-  v.destroy = destroy;
-  v.configure = configure;
-  v.params_ready = params_ready;
-  v.step_begin = step_begin;
-  v.estimate_memory = estimate_memory;
-  return v;
-}
-const tf_strategy_vtable kVtable = make_vtable();
+const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
+                                    .create = create,
+                                    .destroy = tf_sdk::destroy_state<Sparse>,
+                                    .configure = configure,
+                                    .params_ready = params_ready,
+                                    .step_begin = step_begin,
+                                    .estimate_memory = estimate_memory};
 
 const tf_plugin_descriptor kDescriptor =
     tf_sdk::describe(TF_PLUGIN_STRATEGY, "sparse", "1.0.0",
