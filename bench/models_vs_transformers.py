@@ -22,6 +22,7 @@ import transformers
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from peers.corpus import fortunes_bytes  # noqa: E402
+from tightfit_runs import finish  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIGHTFIT = ROOT / "build" / "bin" / "tightfit"
@@ -91,10 +92,7 @@ def main() -> int:
             theirs = transformers_tokens_per_s(family, args.steps, data)
             results[family] = {"tightfit": ours, "transformers": theirs, "ratio": ours / theirs}
             print(f"{family:8}{ours:16.0f}{theirs:20.0f}{ours / theirs:8.2f}")
-    if args.json:
-        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
-    return 0
+    return finish(args, results, all_met=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from tightfit_runs import finish  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIGHTFIT = ROOT / "build" / "bin" / "tightfit"
 
@@ -122,10 +125,7 @@ def main() -> int:
                   f"{r['peak_activations'] / mib:8.0f}{r['peak_adapters'] / mib:7.0f}"
                   f"{r['median_step_s']:8.2f}{r['median_step_s'] / p['median_step_s']:7.2f}{r['loss']:8.4f}",
                   flush=True)
-    if args.json:
-        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
-    return 0
+    return finish(args, results, all_met=True)
 
 
 if __name__ == "__main__":

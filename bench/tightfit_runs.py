@@ -80,4 +80,4 @@ def finish(args, results: dict, all_met: bool) -> int:
     if args.json:
         pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.json).write_text(json.dumps(results, indent=2, default=str))
-    return 1 if args.check and not all_met else 0
+    return 1 if getattr(args, "check", False) and not all_met else 0

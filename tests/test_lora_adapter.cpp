@@ -47,15 +47,22 @@ at::Tensor logits_of(Session& s, const at::Tensor& tokens) {
 
 class PeftAdapter : public ::testing::TestWithParam<Case> {};
 
-TEST_P(PeftAdapter, PeftLoadsItOntoTheUnmergedBase) {
-  const Case& c = GetParam();
-  test::TempDir dir;
+// A LoRA session of the case's model after some training, with its base
+// (unmerged) and its adapter written under `out`.
+std::unique_ptr<Session> trained_and_exported(const test::TempDir& dir, const std::string& out) {
+  const Case& c = PeftAdapter::GetParam();
   auto s = test::make_session(lora_recipe(dir, c.model_table, c.targets));
   s->optimizer().set_lr(1e-2);
   s->train();
-  const std::string out = dir.str() + "/peft";
   s->export_hf(out + "/base", /*merge=*/false);
   s->export_adapter(out + "/adapter");
+  return s;
+}
+
+TEST_P(PeftAdapter, PeftLoadsItOntoTheUnmergedBase) {
+  test::TempDir dir;
+  const std::string out = dir.str() + "/peft";
+  auto s = trained_and_exported(dir, out);
   ASSERT_TRUE(fs::exists(out + "/adapter/adapter_model.safetensors"));
   ASSERT_TRUE(fs::exists(out + "/adapter/adapter_config.json"));
   const at::Tensor tokens = at::randint(0, 256, {2, 24}, at::kLong);
@@ -69,11 +76,7 @@ TEST_P(PeftAdapter, PeftLoadsItOntoTheUnmergedBase) {
 TEST_P(PeftAdapter, ARunStartsFromTheAdapterWhereTheWriterStopped) {
   const Case& c = GetParam();
   test::TempDir dir;
-  auto s = test::make_session(lora_recipe(dir, c.model_table, c.targets));
-  s->optimizer().set_lr(1e-2);
-  s->train();
-  s->export_hf(dir.str() + "/base", /*merge=*/false);
-  s->export_adapter(dir.str() + "/adapter");
+  auto s = trained_and_exported(dir, dir.str());
   const at::Tensor tokens = at::randint(0, 256, {2, 24}, at::kLong);
   const at::Tensor expected = logits_of(*s, tokens);
 
@@ -142,8 +145,9 @@ TEST(PeftAdapterErrors, MismatchesNameTheFileAndTheFix) {
   test::TempDir d3;
   const std::string missing = error_of(
       lora_recipe(d3, kLlamaTable, "targets = [\"q\"]\nadapter = \"" + d3.str() + "/nowhere\"\n"));
-  EXPECT_NE(missing.find("cannot open PEFT adapter config " + d3.str() + "/nowhere/adapter_config.json"),
-            std::string::npos)
+  EXPECT_NE(
+      missing.find("cannot open PEFT adapter config " + d3.str() + "/nowhere/adapter_config.json"),
+      std::string::npos)
       << missing;
 
   // A broken tensor file is refused by the kernel's validating reader.

@@ -148,13 +148,12 @@ int ab_command(const std::vector<std::string>& args) {
   const auto recipes = vm.count("recipes") ? vm["recipes"].as<std::vector<std::string>>()
                                            : std::vector<std::string>{};
   if (vm.count("help") || recipes.empty()) {
-    (vm.count("help") ? std::cout : std::cerr)
-        << opts
-        << "\nRuns every variant on the same seeds and step count, one after another, and prints "
-           "peak memory by category, tokens/s, wall time, final and best held-out loss, the gap "
-           "to the first variant (mean and 95% interval over seeds), divergences and backward "
-           "passes skipped. ab.json in --out has every run's curves.\n";
-    return vm.count("help") ? kOk : kUsage;
+    return print_usage(
+        vm, opts,
+        "\nRuns every variant on the same seeds and step count, one after another, and prints "
+        "peak memory by category, tokens/s, wall time, final and best held-out loss, the gap "
+        "to the first variant (mean and 95% interval over seeds), divergences and backward "
+        "passes skipped. ab.json in --out has every run's curves.\n");
   }
   try {
     const fs::path out = vm["out"].as<std::string>();

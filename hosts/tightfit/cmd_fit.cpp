@@ -293,8 +293,7 @@ int fit_command(const std::vector<std::string>& args) {
   if (vm.count("help") || !vm.count("recipe") || !vm.count("budget")) {
     if (!vm.count("help") && vm.count("recipe"))
       std::cerr << "tightfit fit: --budget is required\n";
-    (vm.count("help") ? std::cout : std::cerr) << opts;
-    return vm.count("help") ? kOk : kUsage;
+    return print_usage(vm, opts);
   }
   const std::string objective = vm["objective"].as<std::string>();
   if (objective != "speed" && objective != "quality") {

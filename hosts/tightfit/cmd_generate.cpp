@@ -167,6 +167,13 @@ std::unique_ptr<Session> load_target(const std::string& target,
   return session;
 }
 
+// The session `target` and its `--set`s name.
+std::unique_ptr<Session> load_target(const po::variables_map& vm) {
+  return load_target(vm["target"].as<std::string>(), vm.count("set")
+                                                         ? vm["set"].as<std::vector<std::string>>()
+                                                         : std::vector<std::string>{});
+}
+
 int report(const std::exception& e) {
   if (dynamic_cast<const RecipeError*>(&e)) {
     std::cerr << "tightfit: recipe error: " << e.what() << "\n";
@@ -207,12 +214,11 @@ int generate_command(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_command_line(args, opts, "target", "generate", vm)) return kUsage;
   if (vm.count("help") || !vm.count("target")) {
-    (vm.count("help") ? std::cout : std::cerr)
-        << opts
-        << "\nA recipe generates from its run's latest checkpoint; a folder is a Hugging Face "
-           "model "
-           "(config.json + model.safetensors [+ tokenizer.json]).\n";
-    return vm.count("help") ? kOk : kUsage;
+    return print_usage(
+        vm, opts,
+        "\nA recipe generates from its run's latest checkpoint; a folder is a Hugging Face "
+        "model "
+        "(config.json + model.safetensors [+ tokenizer.json]).\n");
   }
   // Checked before the model loads (Session::generate checks them too).
   const char* bad = sampling_problem(vm["tokens"].as<int64_t>(), vm["top-k"].as<int64_t>(),
@@ -223,9 +229,7 @@ int generate_command(const std::vector<std::string>& args) {
   }
   set_log_level("warn");
   try {
-    auto session = load_target(
-        vm["target"].as<std::string>(),
-        vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{});
+    auto session = load_target(vm);
     const bool greedy = vm.count("greedy") > 0;
     const ChatPrompter chat(*session);
     auto answer = [&](const std::string& prompt, const std::vector<int64_t>& stop_ids) {
@@ -264,12 +268,11 @@ int export_command(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_command_line(args, opts, "target", "export", vm)) return kUsage;
   if (vm.count("help") || !vm.count("target") || !vm.count("out")) {
-    (vm.count("help") ? std::cout : std::cerr)
-        << opts
-        << "\nWrites the run's latest checkpoint as a Hugging Face model folder that "
-           "transformers' from_pretrained loads (adapters merged into their weights), or with "
-           "--adapter only the adapters.\n";
-    return vm.count("help") ? kOk : kUsage;
+    return print_usage(
+        vm, opts,
+        "\nWrites the run's latest checkpoint as a Hugging Face model folder that "
+        "transformers' from_pretrained loads (adapters merged into their weights), or with "
+        "--adapter only the adapters.\n");
   }
   if (vm.count("adapter") && vm.count("unmerged")) {
     std::cerr << "tightfit export: --adapter and --unmerged write different folders; run export "
@@ -278,9 +281,7 @@ int export_command(const std::vector<std::string>& args) {
   }
   set_log_level("warn");
   try {
-    auto session = load_target(
-        vm["target"].as<std::string>(),
-        vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{});
+    auto session = load_target(vm);
     const std::string out = vm["out"].as<std::string>();
     int64_t shard = 0;
     try {

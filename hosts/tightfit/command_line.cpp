@@ -28,6 +28,13 @@ bool parse_command_line(const std::vector<std::string>& args, const po::options_
   }
 }
 
+int print_usage(const po::variables_map& vm, const po::options_description& opts,
+                const std::string& about) {
+  const bool help = vm.count("help") > 0;
+  (help ? std::cout : std::cerr) << opts << about;
+  return help ? kOk : kUsage;
+}
+
 void write_stderr_line(const std::string& line) {
   std::cerr.flush();
   const std::string text = line + "\n";

@@ -24,6 +24,13 @@ bool parse_command_line(const std::vector<std::string>& args,
                         const char* positional, const char* command,
                         boost::program_options::variables_map& vm);
 
+// The answer to --help (the options and `about` on stdout, exit 0) or to a
+// command line that lacks what the command needs (the same on stderr, exit
+// kUsage).
+int print_usage(const boost::program_options::variables_map& vm,
+                const boost::program_options::options_description& opts,
+                const std::string& about = "");
+
 // Writes `line` and a newline to stderr in one write: the ranks of a run
 // and their launcher share the terminal, and a message written piece by
 // piece interleaves with another process's.
