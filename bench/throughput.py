@@ -27,8 +27,13 @@ Pass marks (--check exits 1 when one is missed):
   tightfit tokens/s >= 1.1 x plain PyTorch eager on GPT-2 124M
   MFU >= 0.5 at the best batch of GPT-2 124M
 
+On a GPU (--device cuda, as scripts/gpu-check runs it) every side runs on
+that device, each step is timed to a device synchronize, and the peak is the
+card's fp32 matmul peak measured the same way. The bf16 peak is measured only
+there: on a CPU without native bf16 it takes minutes and no mark uses it.
+
 usage: bench/throughput.py [--models gpt2-124m,llama-1b] [--steps N] [--rounds R] [--quick] [--check]
-                           [--json OUT]
+                           [--device cpu|cuda] [--json OUT]
 """
 import argparse
 import json
@@ -49,6 +54,13 @@ from tightfit_runs import finish, report_marks, step_times  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIGHTFIT = ROOT / "build" / "bin" / "tightfit"
+DEVICE = torch.device("cpu")  # --device
+
+
+def sync():
+    """Waits for the device, so that a step's time is its work's."""
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
 
 
 # name: tightfit settings, the shape, optimizer, batch sizes to try for MFU
@@ -61,14 +73,17 @@ MODELS = {
 
 
 def matmul_peak(dtype: torch.dtype) -> float:
-    """Best FLOP/s of a square matmul on this machine's threads."""
+    """Best FLOP/s of a square matmul on this machine's threads (or its GPU)."""
     best = 0.0
     for n in (1024, 2048, 4096):
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        a = torch.randn(n, n, dtype=dtype, device=DEVICE)
+        b = torch.randn(n, n, dtype=dtype, device=DEVICE)
         torch.mm(a, b)
+        sync()
         for _ in range(3):
             t = time.perf_counter()
             torch.mm(a, b)
+            sync()
             best = max(best, 2 * n ** 3 / (time.perf_counter() - t))
     return best
 
@@ -140,17 +155,19 @@ def time_outside_ops(step) -> tuple[float, float]:
 
 def peer_run(spec: dict, model: torch.nn.Module, batch: int, steps: int, data: torch.Tensor) -> dict:
     seq = spec["seq"]
+    model = model.to(DEVICE)
     opt = make_optimizer(spec, model.parameters())
     g = torch.Generator().manual_seed(0)
 
     def step():
         idx = torch.randint(0, data.numel() - seq - 1, (batch,), generator=g)
-        window = torch.stack([data[i:i + seq + 1] for i in idx.tolist()])
+        window = torch.stack([data[i:i + seq + 1] for i in idx.tolist()]).to(DEVICE)
         loss = model(window[:, :-1], window[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sync()
 
     times = []
     for _ in range(steps):
@@ -174,6 +191,8 @@ def tightfit_args(spec: dict, batch: int, steps: int, out: str, name: str) -> li
          "--set", f"optimizer.name={spec['optimizer']}", "--set", "optimizer.momentum=0",
          "--set", f"optimizer.weight_decay={0.1 if spec['optimizer'] == 'adamw' else 0.0}",
          "--set", "optimizer.beta1=0.9", "--set", "optimizer.beta2=0.95"]
+    if DEVICE.type == "cuda":
+        a += ["--set", f"run.device={DEVICE}"]
     if spec["family"] == "llama":  # Llama-3.2-1B's shape
         a += ["--set", "model.preset=1B", "--set", "model.vocab_size=128256"]
     return a
@@ -217,15 +236,22 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="GPT-2 124M only, 3 steps, no batch sweep")
     ap.add_argument("--check", action="store_true", help="exit 1 when a pass mark is missed")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda[:N] for every side on that GPU")
     ap.add_argument("--json")
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = torch.device(args.device)
     if args.quick:
         args.models, args.steps, args.rounds = "gpt2-124m", 3, 1
     data = fortunes_bytes()
-    peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
+    peak32 = matmul_peak(torch.float32)
+    peak16 = matmul_peak(torch.bfloat16) if DEVICE.type == "cuda" else None
     threads = torch.get_num_threads()
-    print(f"matmul peak on {threads} threads: fp32 {peak32 / 1e9:.0f} GFLOP/s, bf16 {peak16 / 1e9:.0f} GFLOP/s")
-    results = {"threads": threads, "matmul_peak_fp32": peak32, "matmul_peak_bf16": peak16, "models": {}}
+    where = torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else f"{threads} threads"
+    print(f"matmul peak on {where}: fp32 {peak32 / 1e9:.0f} GFLOP/s"
+          + (f", bf16 {peak16 / 1e9:.0f} GFLOP/s" if peak16 else ""), flush=True)
+    results = {"device": where, "threads": threads, "matmul_peak_fp32": peak32, "matmul_peak_bf16": peak16,
+               "models": {}}
     all_met = True
     for name in args.models.split(","):
         spec = MODELS[name]
