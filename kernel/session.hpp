@@ -274,6 +274,16 @@ class Session {
 
  private:
   void build(const PluginRegistry& registry);
+  // build()'s steps, in order (session_build.cpp).
+  void read_kernel_tables();
+  std::optional<DistEnv> set_up_device_and_ranks();
+  void set_up_data(const std::string& base_dir, int64_t world_size);
+  void set_up_run_folder(const std::optional<DistEnv>& dist);
+  void create_model(const PluginRegistry& base_registry, const std::string& base_dir);
+  void create_strategies();
+  void check_strategy_setup(size_t i, tf_status st, const char* what);
+  void create_optimizer_and_schedule();
+  void materialize_params(const std::string& base_dir);
   // Finds (and loads) the plugin `name` of `kind`, its pin checked first,
   // and validates its table; errors are RecipeErrors at `where_plugin`.
   PluginInstance make_instance(const std::string& name, tf_plugin_kind kind,

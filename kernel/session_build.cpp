@@ -78,7 +78,36 @@ PluginInstance Session::make_instance(const std::string& name, tf_plugin_kind ki
   return inst;
 }
 
+// Composition first (everything `tightfit plan` needs, nothing allocated),
+// then materialization; a dry run stops between them.
 void Session::build(const PluginRegistry& base_registry) {
+  read_kernel_tables();
+  const std::optional<DistEnv> dist = set_up_device_and_ranks();
+  const std::string base_dir = fs::path(recipe_.source()).parent_path().string();
+  set_up_data(base_dir, dist ? dist->world_size : 1);
+  set_up_run_folder(dist);
+  create_model(base_registry, base_dir);
+  create_strategies();
+  create_optimizer_and_schedule();
+  if (options_.on_composed) options_.on_composed(*this);
+  if (options_.dry_run) return;
+  materialize_params(base_dir);
+
+  // Found now rather than after the training: [save] hf needs every weight.
+  if (save_cfg_.get_bool("hf"))
+    for (const Param& p : store_.all())
+      if (p.absent)
+        throw RecipeError(recipe_.source() + ": [save] hf = true, but " + p.name +
+                          " belongs to a block the recipe skips (sparse middle = \"skip\"), so "
+                          "there is no whole model to export; set hf = false (and adapter = true "
+                          "for LoRA) or use middle = \"frozen\"");
+  if (options_.resume && !load_latest_checkpoint() && !options_.skip_data)
+    log(TF_LOG_WARN, "--resume: no checkpoint in " + checkpoint_dir() + "; starting from step 0");
+  if (pg_) pg_->barrier();  // every rank composed the same run
+}
+
+// The kernel's own tables ([run], [data], [optimizer], [save]) validated.
+void Session::read_kernel_tables() {
   recipe_.check_top_level(kernel_top_level_tables());
   run_cfg_ = recipe_.validate(recipe_.table("run"), "[run]", run_keys());
   for (int64_t at : run_cfg_.get_int_list("debug_nan_at_steps")) nan_steps_pending_.insert(at);
@@ -92,7 +121,10 @@ void Session::build(const PluginRegistry& base_registry) {
   // process does next (fit measures this machine after planning).
   MemoryAccounting::instance().set_budget(options_.dry_run ? 0
                                                            : run_cfg_.get_size("memory_budget"));
+}
 
+// The training device, and the process group when a launcher started ranks.
+std::optional<DistEnv> Session::set_up_device_and_ranks() {
   device_str_ = run_cfg_.get_string("device");
   try {
     device_ = parse_training_device(device_str_);
@@ -134,8 +166,11 @@ void Session::build(const PluginRegistry& base_registry) {
     MemoryAccounting::instance().set_budget(0);
   }
 
-  // Data.
-  const std::string base_dir = fs::path(recipe_.source()).parent_path().string();
+  return dist;
+}
+
+// The tokenizer and the batches (none in a dry run or with skip_data).
+void Session::set_up_data(const std::string& base_dir, int64_t world_size) {
   try {
     DataRequest req;
     req.corpus = data_cfg_.get_string("corpus");
@@ -148,7 +183,7 @@ void Session::build(const PluginRegistry& base_registry) {
     req.packing = data_cfg_.get_bool("packing");
     req.seq_len = data_cfg_.get_int("seq_len");
     req.batch_size = data_cfg_.get_int("batch_size");
-    req.world_size = dist ? dist->world_size : 1;
+    req.world_size = world_size;
     req.val_fraction = data_cfg_.get_double("val_fraction");
     req.seed = static_cast<uint64_t>(run_cfg_.get_int("seed"));
     req.memory_budget = run_cfg_.get_size("memory_budget");
@@ -168,7 +203,10 @@ void Session::build(const PluginRegistry& base_registry) {
     if (dynamic_cast<const c10::Error*>(&e)) throw;
     throw RecipeError(recipe_.source() + ": [data]: " + e.what());
   }
+}
 
+// The run's folder, and what plugins learn of the run (tf_run_info).
+void Session::set_up_run_folder(const std::optional<DistEnv>& dist) {
   // Run folder. A fresh run never writes over another run's checkpoints, and
   // its name never leads out of out_dir (nor a relative [save] dir upwards).
   auto stays_inside = [](const fs::path& p) {
@@ -210,7 +248,10 @@ void Session::build(const PluginRegistry& base_registry) {
   run_info_.total_steps = run_cfg_.get_int("steps");
   run_info_.seed = static_cast<uint64_t>(run_cfg_.get_int("seed"));
   run_info_.run_dir = run_dir_str_.c_str();
+}
 
+// The registry (with the recipe's plugin paths) and the model, declared.
+void Session::create_model(const PluginRegistry& base_registry, const std::string& base_dir) {
   // Plugins: the recipe's own paths add to the installed ones (a name taken
   // twice is a conflict the registry reports when the name is used).
   registry_ = base_registry;
@@ -240,7 +281,10 @@ void Session::build(const PluginRegistry& base_registry) {
   if (stages_.front().kind != TF_STAGE_EMBED || stages_.back().kind != TF_STAGE_HEAD)
     throw PluginCallError("model plugin \"" + model_name +
                           "\" must declare an embed stage first and a head stage last");
+}
 
+// The [[strategy]] tables in order: created, then configured.
+void Session::create_strategies() {
   int idx = 0;
   for (const toml::table* t : recipe_.array_tables("strategy")) {
     ++idx;
@@ -256,24 +300,28 @@ void Session::build(const PluginRegistry& base_registry) {
       throw RecipeError(recipe_.where(*t->get("plugin")) + ": " + s.ctx->plugin_error);
     check(st, s, "create");
   }
-  // A strategy that cannot accept the recipe (no matching target, a bad
-  // combination) is a recipe error at its [[strategy]] table.
-  const auto strategy_tables = recipe_.array_tables("strategy");
-  auto configure_step = [&](size_t i, tf_status st, const char* what) {
-    if (st == TF_ERR_INVALID_ARGUMENT) {
-      const std::string msg = strategies_[i].ctx->plugin_error;
-      strategies_[i].ctx->plugin_error.clear();
-      throw RecipeError(recipe_.where(*strategy_tables[i]->get("plugin")) + ": " + msg);
-    }
-    check(st, strategies_[i], what);
-  };
   StrategyChain(strategies_)
       .each_with(&tf_strategy_vtable::configure, "configure",
-                 [&](size_t i, tf_status st) { configure_step(i, st, "configure"); });
+                 [&](size_t i, tf_status st) { check_strategy_setup(i, st, "configure"); });
   declaring_ = false;
+}
 
-  // The optimizer (it holds no state yet) and the schedule too, so a dry
-  // run (`plan`) can ask strategies and the schedule for their estimates.
+// A strategy's status while the run is set up: one that cannot accept the
+// recipe (no matching target, a bad combination) is a recipe error at its
+// [[strategy]] table.
+void Session::check_strategy_setup(size_t i, tf_status st, const char* what) {
+  if (st == TF_ERR_INVALID_ARGUMENT) {
+    const std::string msg = strategies_[i].ctx->plugin_error;
+    strategies_[i].ctx->plugin_error.clear();
+    throw RecipeError(recipe_.where(*recipe_.array_tables("strategy")[i]->get("plugin")) + ": " +
+                      msg);
+  }
+  check(st, strategies_[i], what);
+}
+
+// The optimizer (it holds no state yet) and the schedule, made before
+// materialization so that a dry run (`plan`) can ask for their estimates.
+void Session::create_optimizer_and_schedule() {
   OptimizerConfig oc;
   oc.name = opt_cfg_.get_string("name");
   oc.lr = opt_cfg_.get_double("lr");
@@ -294,16 +342,17 @@ void Session::build(const PluginRegistry& base_registry) {
                                 : recipe_.source());
   check(schedule_.plugin->schedule()->create(host_api(), schedule_.ctx.get(), &schedule_.state),
         schedule_, "create");
+}
 
-  if (options_.on_composed) options_.on_composed(*this);
-  if (options_.dry_run) return;
-
+// Parameters created stage by stage: initialized or read from the weights
+// folder, and handed to the strategies before the next stage exists.
+void Session::materialize_params(const std::string& base_dir) {
   // Dropout and other ops draw from the global generators; seed them per run.
   at::manual_seed(run_info_.seed);
   // Stage by stage: initialize, load the stage's weights, let strategies
   // convert them (stage_params_ready); only then allocate the next stage.
   std::unique_ptr<HfWeightSource> weights;
-  const toml::node* weights_key = model_table->get("weights");
+  const toml::node* weights_key = recipe_.table("model")->get("weights");
   auto weights_error = [&](const std::exception& e) {
     if (dynamic_cast<const c10::Error*>(&e)) throw;
     throw RecipeError(recipe_.where(*weights_key) + ": " + e.what());
@@ -344,25 +393,14 @@ void Session::build(const PluginRegistry& base_registry) {
     StrategyChain(strategies_)
         .each_with(
             &tf_strategy_vtable::stage_params_ready, "stage_params_ready",
-            [&](size_t i, tf_status st) { configure_step(i, st, "stage_params_ready"); }, stage);
+            [&](size_t i, tf_status st) { check_strategy_setup(i, st, "stage_params_ready"); },
+            stage);
   });
   StrategyChain(strategies_)
       .each_with(&tf_strategy_vtable::params_ready, "params_ready",
-                 [&](size_t i, tf_status st) { configure_step(i, st, "params_ready"); });
+                 [&](size_t i, tf_status st) { check_strategy_setup(i, st, "params_ready"); });
 
   recompute_anchor_ = at::empty({0}, at::TensorOptions().device(device_)).requires_grad_(true);
-
-  // Found now rather than after the training: [save] hf needs every weight.
-  if (save_cfg_.get_bool("hf"))
-    for (const Param& p : store_.all())
-      if (p.absent)
-        throw RecipeError(recipe_.source() + ": [save] hf = true, but " + p.name +
-                          " belongs to a block the recipe skips (sparse middle = \"skip\"), so "
-                          "there is no whole model to export; set hf = false (and adapter = true "
-                          "for LoRA) or use middle = \"frozen\"");
-  if (options_.resume && !load_latest_checkpoint() && !options_.skip_data)
-    log(TF_LOG_WARN, "--resume: no checkpoint in " + checkpoint_dir() + "; starting from step 0");
-  if (pg_) pg_->barrier();  // every rank composed the same run
 }
 
 }  // namespace tightfit
