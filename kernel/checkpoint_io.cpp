@@ -24,7 +24,7 @@ namespace fs = std::filesystem;
 // Checkpoint keys of the random generators a run draws from.
 std::vector<std::pair<std::string, at::Device>> Session::rng_devices() const {
   std::vector<std::pair<std::string, at::Device>> out{{"kernel.rng.cpu", at::Device(at::kCPU)}};
-  if (device_.is_cuda()) out.emplace_back("kernel.rng.cuda", device_);
+  if (env_.device.is_cuda()) out.emplace_back("kernel.rng.cuda", env_.device);
   return out;
 }
 
@@ -41,7 +41,7 @@ std::string Session::save_checkpoint(int64_t step) {
   try {
     return write_checkpoint(step);
   } catch (const std::exception& e) {
-    const fs::path dir = checkpoint_dir();
+    const fs::path dir = env_.checkpoint_dir();
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(dir, ec))
       if (entry.path().filename().string().rfind(checkpoint_step_name(step) + ".tmp-", 0) == 0 &&
@@ -62,19 +62,19 @@ std::string Session::save_checkpoint(int64_t step) {
 }
 
 std::string Session::write_checkpoint(int64_t step) {
-  const fs::path dir = checkpoint_dir();
+  const fs::path dir = env_.checkpoint_dir();
   const std::string name = checkpoint_step_name(step);
   const fs::path final_path = dir / name;
-  const int rank = run_info_.rank;
+  const int rank = env_.run_info.rank;
   const fs::path tmp =
-      dir / (name + ".tmp-" + (pg_ ? std::string("ranks") : std::to_string(::getpid())));
+      dir / (name + ".tmp-" + (env_.pg ? std::string("ranks") : std::to_string(::getpid())));
   if (rank == 0) {
     fs::create_directories(dir);
     // A [save] dir two runs share: neither may replace or rotate away the other's.
     if (const std::string owner = checkpoint_manifest_run(dir / "manifest.json");
-        !owner.empty() && owner != run_dir_str_)
+        !owner.empty() && owner != env_.run_dir_abs)
       throw std::runtime_error(dir.string() + " holds the checkpoints of the run in " + owner +
-                               ", not this one (" + run_dir_str_ +
+                               ", not this one (" + env_.run_dir_abs +
                                "): give this run a [save] dir of its own");
     std::error_code ec;
     if (fs::exists(fs::symlink_status(tmp, ec))) {
@@ -86,7 +86,7 @@ std::string Session::write_checkpoint(int64_t step) {
     fs::create_directory(tmp);
     create_empty_file((tmp / kCheckpointMarker).string());
   }
-  if (pg_) pg_->barrier();
+  if (env_.pg) env_.pg->barrier();
 
   std::map<std::string, at::Tensor> state;
   auto save_plugin = [&](PluginInstance& inst, const std::string& prefix, auto save_fn) {
@@ -95,22 +95,22 @@ std::string Session::write_checkpoint(int64_t step) {
     inst.ctx->state_prefix = prefix;
     const tf_status st = save_fn(inst.state, inst.ctx.get());
     inst.ctx->state_out = nullptr;
-    check(st, inst, "save_state");
+    check_plugin_status(st, inst, "save_state");
   };
   auto save_plugins = [&] {
-    for (size_t i = 0; i < strategies_.size(); ++i)
-      save_plugin(strategies_[i],
-                  "strategy." + std::to_string(i) + "." + strategies_[i].plugin->name + ".",
-                  strategies_[i].plugin->strategy()->save_state);
-    save_plugin(schedule_, "schedule." + schedule_.plugin->name + ".",
-                schedule_.plugin->schedule()->save_state);
+    for (size_t i = 0; i < plugins_.strategies.size(); ++i)
+      save_plugin(plugins_.strategies[i],
+                  "strategy." + std::to_string(i) + "." + plugins_.strategies[i].plugin->name + ".",
+                  plugins_.strategies[i].plugin->strategy()->save_state);
+    save_plugin(plugins_.schedule, "schedule." + plugins_.schedule.plugin->name + ".",
+                plugins_.schedule.plugin->schedule()->save_state);
   };
   if (rank != 0) {
     save_plugins();
     write_safetensors((tmp / ("state.rank-" + std::to_string(rank) + ".safetensors")).string(),
                       state);
-    pg_->barrier();  // this rank's file is complete
-    pg_->barrier();  // rank 0 moved the folder into place and listed it in the manifest
+    env_.pg->barrier();  // this rank's file is complete
+    env_.pg->barrier();  // rank 0 moved the folder into place and listed it in the manifest
     return (dir / name).string();
   }
 
@@ -124,15 +124,15 @@ std::string Session::write_checkpoint(int64_t step) {
     if (p.residency == TF_TIER_SHARDED)
       model[p.name] = at::empty({0}, at::TensorOptions().dtype(p.value.scalar_type()));
     else if (p.trainable && p.residency != TF_TIER_DEVICE)
-      with_resident(p, [&] { model[p.name] = p.value.detach().clone(); });
+      executor_.with_resident(p, [&] { model[p.name] = p.value.detach().clone(); });
     else
       model[p.name] = p.value;
   }
   write_safetensors((tmp / "model.safetensors").string(), model,
-                    {{"format", "tightfit"}, {"model_plugin", model_.plugin->name}});
+                    {{"format", "tightfit"}, {"model_plugin", plugins_.model.plugin->name}});
 
-  write_safetensors((tmp / "optimizer.safetensors").string(), optimizer_->state(),
-                    {{"optimizer", optimizer_->config().name}});
+  write_safetensors((tmp / "optimizer.safetensors").string(), update_.optimizer().state(),
+                    {{"optimizer", update_.optimizer().config().name}});
 
   // The generators dropout draws from: the CPU's, and the run's CUDA
   // device's when it trains there.
@@ -143,15 +143,15 @@ std::string Session::write_checkpoint(int64_t step) {
   }
   save_plugins();
   write_safetensors((tmp / "state.safetensors").string(), state);
-  if (pg_) pg_->barrier();  // the other ranks' state files are complete
+  if (env_.pg) env_.pg->barrier();  // the other ranks' state files are complete
 
   nlohmann::json trainer = {{"format", kCheckpointFormatVersion},
                             {"step", step},
-                            {"optimizer_steps", optimizer_->steps()},
-                            {"lr", optimizer_->lr()},
-                            {"data_position", batcher_->position()},
-                            {"world_size", run_info_.world_size},
-                            {"model_plugin", model_.plugin->name},
+                            {"optimizer_steps", update_.optimizer().steps()},
+                            {"lr", update_.optimizer().lr()},
+                            {"data_position", data_.batcher().position()},
+                            {"world_size", env_.run_info.world_size},
+                            {"model_plugin", plugins_.model.plugin->name},
                             {"abi", abi_version_string(TF_ABI_VERSION)},
                             {"recipe", recipe_.source()}};
   write_file_synced((tmp / "trainer.json").string(), trainer.dump(2));
@@ -177,13 +177,13 @@ std::string Session::write_checkpoint(int64_t step) {
   std::vector<std::string> names = read_checkpoint_manifest(dir / "manifest.json");
   names.erase(std::remove(names.begin(), names.end(), name), names.end());
   names.push_back(name);
-  const auto keep = static_cast<size_t>(save_cfg_.get_int("keep_last"));
+  const auto keep = static_cast<size_t>(env_.save_cfg.get_int("keep_last"));
   std::vector<std::string> rotated;
   while (names.size() > keep) {
     rotated.push_back(names.front());
     names.erase(names.begin());
   }
-  write_checkpoint_manifest(dir, names, run_dir_str_);
+  write_checkpoint_manifest(dir, names, env_.run_dir_abs);
   for (const auto& r : rotated) remove_tree((dir / r).string());
   // Folders of saves a crash cut short (never listed, never loaded): this run
   // owns the folder, so whatever temporary is left is from an earlier process.
@@ -199,13 +199,13 @@ std::string Session::write_checkpoint(int64_t step) {
         log(TF_LOG_WARN, std::string("cannot remove the leftover ") + l.string() + ": " + e.what());
       }
   }
-  if (pg_) pg_->barrier();
+  if (env_.pg) env_.pg->barrier();
   log(TF_LOG_INFO, "saved checkpoint " + final_path.string());
   return final_path.string();
 }
 
 bool Session::load_latest_checkpoint() {
-  const fs::path dir = checkpoint_dir();
+  const fs::path dir = env_.checkpoint_dir();
   std::vector<std::string> names = read_checkpoint_manifest(dir / "manifest.json");
   std::string errors;
   for (auto it = names.rbegin(); it != names.rend(); ++it) {
@@ -257,17 +257,17 @@ bool Session::load_latest_checkpoint() {
           if (p.residency == TF_TIER_SHARDED) continue;  // its strategy's load_state
           if (frozen_away(p)) continue;
           if (p.trainable && p.residency != TF_TIER_DEVICE)
-            with_resident(p, [&] { p.value.copy_(model.tensors.at(p.name)); });
+            executor_.with_resident(p, [&] { p.value.copy_(model.tensors.at(p.name)); });
           else
             p.value.copy_(model.tensors.at(p.name));
         }
         CategoryScope scope(TF_MEM_OPTIMIZER);
-        optimizer_->state().clear();
-        for (auto& [k, t] : opt.tensors) optimizer_->state()[k] = t.to(device_);
+        update_.optimizer().state().clear();
+        for (auto& [k, t] : opt.tensors) update_.optimizer().state()[k] = t.to(env_.device);
       }
-      optimizer_->set_steps(trainer.optimizer_steps);
-      optimizer_->set_lr(trainer.lr);
-      if (batcher_) batcher_->set_position(trainer.data_position);
+      update_.optimizer().set_steps(trainer.optimizer_steps);
+      update_.optimizer().set_lr(trainer.lr);
+      if (data_.has_batches()) data_.batcher().set_position(trainer.data_position);
       for (const auto& [key, dev] : rng_devices())
         if (auto r = state.tensors.find(key); r != state.tensors.end()) {
           at::Generator gen = at::globalContext().defaultGenerator(dev);
@@ -280,14 +280,15 @@ bool Session::load_latest_checkpoint() {
         inst.ctx->state_prefix = prefix;
         const tf_status st = load_fn(inst.state, inst.ctx.get());
         inst.ctx->state_in = nullptr;
-        check(st, inst, "load_state");
+        check_plugin_status(st, inst, "load_state");
       };
-      for (size_t i = 0; i < strategies_.size(); ++i)
-        load_plugin(strategies_[i],
-                    "strategy." + std::to_string(i) + "." + strategies_[i].plugin->name + ".",
-                    strategies_[i].plugin->strategy()->load_state);
-      load_plugin(schedule_, "schedule." + schedule_.plugin->name + ".",
-                  schedule_.plugin->schedule()->load_state);
+      for (size_t i = 0; i < plugins_.strategies.size(); ++i)
+        load_plugin(
+            plugins_.strategies[i],
+            "strategy." + std::to_string(i) + "." + plugins_.strategies[i].plugin->name + ".",
+            plugins_.strategies[i].plugin->strategy()->load_state);
+      load_plugin(plugins_.schedule, "schedule." + plugins_.schedule.plugin->name + ".",
+                  plugins_.schedule.plugin->schedule()->load_state);
       step_ = trainer.step;
       log(TF_LOG_INFO, "resumed from " + cp.string() + " at step " + std::to_string(step_));
       return true;

@@ -2,6 +2,8 @@
 // events around each in forward, backward and recompute, and offers the
 // generic autograd Function that checkpointing (and any strategy that must
 // re-run a stage in backward) relies on.
+#include "executor.hpp"
+
 #include <ATen/core/Generator.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -11,7 +13,6 @@
 #include <optional>
 
 #include "cross_entropy.hpp"
-#include "session.hpp"
 #include "strategy_chain.hpp"
 #include "tensor_handle.hpp"
 
@@ -39,10 +40,10 @@ struct PassPositions {
 // input (token ids) does not.
 struct StageRecompute : public torch::autograd::Function<StageRecompute> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
-                            const at::Tensor& anchor, Session* session, int64_t stage) {
+                            const at::Tensor& anchor, Executor* executor, int64_t stage) {
     (void)anchor;
     ctx->saved_data["stage"] = stage;
-    ctx->saved_data["session"] = reinterpret_cast<int64_t>(session);
+    ctx->saved_data["executor"] = reinterpret_cast<int64_t>(executor);
     const at::Device dev = input.device();
     at::Generator gen = at::globalContext().defaultGenerator(dev);
     {
@@ -53,25 +54,25 @@ struct StageRecompute : public torch::autograd::Function<StageRecompute> {
     int64_t packer = -1;
     uint64_t key = 0;
     if (input.is_floating_point())
-      packer = session->pack_activation(static_cast<int32_t>(stage), input, &key);
+      packer = executor->pack_activation(static_cast<int32_t>(stage), input, &key);
     if (packer >= 0) {
       ctx->saved_data["packer"] = packer;
       ctx->saved_data["key"] = static_cast<int64_t>(key);
     } else {
       ctx->save_for_backward({input});
     }
-    return session->run_stage(static_cast<int32_t>(stage), input, /*training=*/true,
-                              /*recompute=*/false);
+    return executor->run_stage(static_cast<int32_t>(stage), input, /*training=*/true,
+                               /*recompute=*/false);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto* session = reinterpret_cast<Session*>(ctx->saved_data["session"].toInt());
+    auto* executor = reinterpret_cast<Executor*>(ctx->saved_data["executor"].toInt());
     const auto stage = static_cast<int32_t>(ctx->saved_data["stage"].toInt());
     at::Tensor x;
     if (ctx->saved_data.count("packer"))
-      x = session->unpack_activation(static_cast<int32_t>(ctx->saved_data["packer"].toInt()), stage,
-                                     static_cast<uint64_t>(ctx->saved_data["key"].toInt()));
+      x = executor->unpack_activation(static_cast<int32_t>(ctx->saved_data["packer"].toInt()),
+                                      stage, static_cast<uint64_t>(ctx->saved_data["key"].toInt()));
     else
       x = ctx->get_saved_variables()[0].detach();
     if (at::isFloatingType(x.scalar_type())) x.requires_grad_(true);
@@ -87,9 +88,9 @@ struct StageRecompute : public torch::autograd::Function<StageRecompute> {
     {
       at::AutoGradMode enable(true);
       CategoryScope scope(TF_MEM_ACTIVATIONS);
-      session->raise_stage_event(stage, TF_PHASE_RECOMPUTE, true);
-      out = session->run_stage(stage, x, /*training=*/true, /*recompute=*/true);
-      session->raise_stage_event(stage, TF_PHASE_RECOMPUTE, false);
+      executor->raise_stage_event(stage, TF_PHASE_RECOMPUTE, true);
+      out = executor->run_stage(stage, x, /*training=*/true, /*recompute=*/true);
+      executor->raise_stage_event(stage, TF_PHASE_RECOMPUTE, false);
     }
     {
       std::lock_guard<std::mutex> lock(gen.mutex());
@@ -114,17 +115,17 @@ at::Tensor in_dtype_of(const at::Tensor& x, const at::Tensor& w) {
 // again in backward instead of being kept by autograd.
 struct CompactLinear : public torch::autograd::Function<CompactLinear> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
-                            Session* session, const std::string& weight) {
-    ctx->saved_data["session"] = reinterpret_cast<int64_t>(session);
+                            Executor* executor, const std::string& weight) {
+    ctx->saved_data["executor"] = reinterpret_cast<int64_t>(executor);
     ctx->saved_data["weight"] = weight;
-    const at::Tensor w = session->fetch_weight(weight);
+    const at::Tensor w = executor->fetch_weight(weight);
     return at::linear(in_dtype_of(x, w), w);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto* session = reinterpret_cast<Session*>(ctx->saved_data["session"].toInt());
+    auto* executor = reinterpret_cast<Executor*>(ctx->saved_data["executor"].toInt());
     CategoryScope scope(TF_MEM_TRANSIENT);
-    const at::Tensor w = session->fetch_weight(ctx->saved_data["weight"].toStringRef());
+    const at::Tensor w = executor->fetch_weight(ctx->saved_data["weight"].toStringRef());
     return {grads[0].matmul(w.to(grads[0].device(), grads[0].scalar_type())), at::Tensor(),
             at::Tensor()};
   }
@@ -132,23 +133,23 @@ struct CompactLinear : public torch::autograd::Function<CompactLinear> {
 
 }  // namespace
 
-int32_t Session::pack_activation(int32_t stage, const at::Tensor& x, uint64_t* key) {
+int32_t Executor::pack_activation(int32_t stage, const at::Tensor& x, uint64_t* key) {
   // (the loader refuses a strategy with only one of the pair)
-  return StrategyChain(strategies_)
+  return StrategyChain(plugins_.strategies)
       .first_handled(&tf_strategy_vtable::pack_activation, "pack_activation", stage,
                      borrow_handle(x), key);
 }
 
-at::Tensor Session::unpack_activation(int32_t strategy, int32_t stage, uint64_t key) {
-  PluginInstance& s = strategies_.at(static_cast<size_t>(strategy));
+at::Tensor Executor::unpack_activation(int32_t strategy, int32_t stage, uint64_t key) {
+  PluginInstance& s = plugins_.strategies.at(static_cast<size_t>(strategy));
   tf_tensor out = nullptr;
-  check(guarded_call(s, "unpack_activation", s.plugin->strategy()->unpack_activation, stage, key,
-                     &out),
-        s, "unpack_activation");
+  check_plugin_status(guarded_call(s, "unpack_activation", s.plugin->strategy()->unpack_activation,
+                                   stage, key, &out),
+                      s, "unpack_activation");
   return adopt_handle(StrategyChain::returned(out, s, "unpack_activation"));
 }
 
-void Session::raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin) {
+void Executor::raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin) {
   // Which stages are inside an event: their weights are in use, and
   // strategies that keep weights elsewhere have brought them in.
   if (stage >= 0) {
@@ -156,13 +157,13 @@ void Session::raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin) 
     active_events_[static_cast<size_t>(stage)] += begin ? 1 : -1;
   }
   tf_stage_event ev{sizeof(tf_stage_event), stage, phase, begin ? 1 : 0, step_};
-  StrategyChain(strategies_)
+  StrategyChain(plugins_.strategies)
       .each(&tf_strategy_vtable::stage_event, "stage_event",
             static_cast<const tf_stage_event*>(&ev));
 }
 
-at::Tensor Session::run_stage(int32_t stage, const at::Tensor& input, bool training,
-                              bool recompute) {
+at::Tensor Executor::run_stage(int32_t stage, const at::Tensor& input, bool training,
+                               bool recompute) {
   tf_stage_call call{sizeof(tf_stage_call), stage, training ? 1 : 0,
                      recompute ? 1 : 0,     step_, nullptr};
   const at::Device stage_device(stages_[static_cast<size_t>(stage)].device);
@@ -179,22 +180,23 @@ at::Tensor Session::run_stage(int32_t stage, const at::Tensor& input, bool train
   } restore{compute_device_, compute_device_};
   compute_device_ = stage_device;
   tf_tensor out = nullptr;
-  const tf_model_vtable* vt = model_.plugin->model();
+  const tf_model_vtable* vt = plugins_.model.plugin->model();
   const tf_tensor lent = borrow_handle(input);
-  check(guarded_call(model_, "stage_forward", vt->stage_forward, &call, lent, &out), model_,
-        "stage_forward");
+  check_plugin_status(
+      guarded_call(plugins_.model, "stage_forward", vt->stage_forward, &call, lent, &out),
+      plugins_.model, "stage_forward");
   if (out == nullptr)
-    throw PluginCallError("model plugin \"" + model_.plugin->name +
+    throw PluginCallError("model plugin \"" + plugins_.model.plugin->name +
                           "\" returned no tensor for stage " +
                           stages_[static_cast<size_t>(stage)].name);
-  return adopt_handle(StrategyChain::returned(out, model_, "stage_forward", lent));
+  return adopt_handle(StrategyChain::returned(out, plugins_.model, "stage_forward", lent));
 }
 
-at::Tensor Session::forward_logits(const at::Tensor& tokens, bool training,
-                                   const at::Tensor& positions) {
+at::Tensor Executor::forward_logits(const at::Tensor& tokens, bool training,
+                                    const at::Tensor& positions) {
   if (positions.defined()) {
-    if (!(model_.plugin->model_features & TF_MODEL_FEATURE_POSITIONS))
-      throw PluginCallError("model plugin \"" + model_.plugin->name +
+    if (!(plugins_.model.plugin->model_features & TF_MODEL_FEATURE_POSITIONS))
+      throw PluginCallError("model plugin \"" + plugins_.model.plugin->name +
                             "\" does not read per-token positions "
                             "(TF_MODEL_FEATURE_POSITIONS), so packed rows would attend across "
                             "examples: set [data] packing = false");
@@ -202,14 +204,14 @@ at::Tensor Session::forward_logits(const at::Tensor& tokens, bool training,
       throw std::invalid_argument("positions must be int64 of the tokens' shape [B, T]");
   }
   const PassPositions pass(pass_positions_,
-                           positions.defined() ? positions.to(device_) : positions);
+                           positions.defined() ? positions.to(env_.device) : positions);
   CategoryScope scope(TF_MEM_ACTIVATIONS);
   const bool grad = at::GradMode::is_enabled();
-  const bool hooks =
-      std::any_of(strategies_.begin(), strategies_.end(), [](const PluginInstance& s) {
-        return s.plugin->strategy()->stage_event != nullptr ||
-               s.plugin->strategy()->grad_ready != nullptr;
-      });
+  const bool hooks = std::any_of(plugins_.strategies.begin(), plugins_.strategies.end(),
+                                 [](const PluginInstance& s) {
+                                   return s.plugin->strategy()->stage_event != nullptr ||
+                                          s.plugin->strategy()->grad_ready != nullptr;
+                                 });
   at::Tensor h = tokens;
   for (size_t i = 0; i < stages_.size(); ++i) {
     const StageState& st = stages_[i];
@@ -245,11 +247,11 @@ at::Tensor Session::forward_logits(const at::Tensor& tokens, bool training,
   return h;
 }
 
-PassResult Session::run_pass(const at::Tensor& tokens_in, const at::Tensor& targets_in,
-                             bool backward, double loss_scale, const at::Tensor& positions_in) {
+PassResult Executor::run_pass(const at::Tensor& tokens_in, const at::Tensor& targets_in,
+                              bool backward, double loss_scale, const at::Tensor& positions_in) {
   PassResult r;
-  const at::Tensor tokens = tokens_in.to(device_);
-  const at::Tensor positions = positions_in.defined() ? positions_in.to(device_) : positions_in;
+  const at::Tensor tokens = tokens_in.to(env_.device);
+  const at::Tensor positions = positions_in.defined() ? positions_in.to(env_.device) : positions_in;
   // Backward recomputes checkpointed stages: they see the same positions.
   const PassPositions pass(pass_positions_, positions);
   at::Tensor logits;
@@ -263,10 +265,11 @@ PassResult Session::run_pass(const at::Tensor& tokens_in, const at::Tensor& targ
                               targets.reshape({-1}));
   }
   r.loss = loss.item<double>();
-  if (pg_) {
+  if (env_.pg) {
     // Every rank reports (and its schedule decides on) the global batch's loss.
-    at::Tensor l = at::full({1}, r.loss, at::TensorOptions().dtype(at::kDouble).device(device_));
-    pg_->all_reduce(l, ReduceOp::Avg);
+    at::Tensor l =
+        at::full({1}, r.loss, at::TensorOptions().dtype(at::kDouble).device(env_.device));
+    env_.pg->all_reduce(l, ReduceOp::Avg);
     r.loss = l.item<double>();
   }
   r.n_tokens = tokens.numel();
@@ -294,7 +297,7 @@ PassResult Session::run_pass(const at::Tensor& tokens_in, const at::Tensor& targ
   return r;
 }
 
-void Session::dispatch_grads(int32_t stage) {
+void Executor::dispatch_grads(int32_t stage) {
   auto& acct = MemoryAccounting::instance();
   auto& params = store_.all();
   grads_dispatched_.resize(params.size(), false);
@@ -306,13 +309,13 @@ void Session::dispatch_grads(int32_t stage) {
       continue;
     grads_dispatched_[i] = true;
     acct.retag(p.value.grad(), TF_MEM_GRADS);
-    const int taker = StrategyChain(strategies_)
+    const int taker = StrategyChain(plugins_.strategies)
                           .first_handled(&tf_strategy_vtable::grad_ready, "grad_ready",
                                          p.name.c_str(), borrow_handle(p.value.grad()));
     if (taker < 0) continue;
     if (applied_loss_scale_ != 1.0)
       throw PluginCallError(
-          "strategy \"" + strategies_[static_cast<size_t>(taker)].plugin->name +
+          "strategy \"" + plugins_.strategies[static_cast<size_t>(taker)].plugin->name +
           "\" consumed the gradient of " + p.name + " in grad_ready while the loss is scaled by " +
           std::to_string(applied_loss_scale_) +
           " (fp16 loss scaling): the scaled gradient is not the real one and may hold "
@@ -322,12 +325,21 @@ void Session::dispatch_grads(int32_t stage) {
   }
 }
 
-bool Session::stage_in_use(int32_t stage) const {
+double Executor::strategies_loss_scale() {
+  double scale = 1.0;
+  StrategyChain(plugins_.strategies).each(&tf_strategy_vtable::loss_scale, "loss_scale", &scale);
+  if (!(scale > 0) || !std::isfinite(scale))
+    throw PluginCallError("strategies asked for a loss scale of " + std::to_string(scale) +
+                          "; it must be finite and > 0");
+  return scale;
+}
+
+bool Executor::stage_in_use(int32_t stage) const {
   return stage >= 0 && static_cast<size_t>(stage) < active_events_.size() &&
          active_events_[static_cast<size_t>(stage)] > 0;
 }
 
-void Session::with_resident(Param& p, const std::function<void()>& fn) {
+void Executor::with_resident(Param& p, const std::function<void()>& fn) {
   if (p.residency == TF_TIER_DEVICE || p.stage < 0 || stage_in_use(p.stage)) return fn();
   // Outside its stage's events (export, checkpoints, snapshots, decoding) a
   // parameter kept in another tier is brought in for this access only.
@@ -341,7 +353,7 @@ void Session::with_resident(Param& p, const std::function<void()>& fn) {
   raise_stage_event(p.stage, TF_PHASE_ACCESS, false);
 }
 
-at::Tensor Session::fetch_weight(const std::string& name) {
+at::Tensor Executor::fetch_weight(const std::string& name) {
   Param& p = store_.get(name);
   at::Tensor w;
   if (p.residency == TF_TIER_DEVICE || stage_in_use(p.stage))
@@ -352,10 +364,10 @@ at::Tensor Session::fetch_weight(const std::string& name) {
   return w;
 }
 
-at::Tensor Session::fetch_resident(Param& p) {
+at::Tensor Executor::fetch_resident(Param& p) {
   const std::string& name = p.name;
   if (std::optional<at::Tensor> w =
-          StrategyChain(strategies_)
+          StrategyChain(plugins_.strategies)
               .first_tensor(&tf_strategy_vtable::fetch_weight, "fetch_weight", name.c_str(),
                             borrow_handle(p.value)))
     return *std::move(w);
@@ -372,8 +384,8 @@ at::Tensor Session::fetch_resident(Param& p) {
   return p.value;
 }
 
-at::Tensor Session::linear(const at::Tensor& x, const std::string& weight,
-                           const std::string& bias) {
+at::Tensor Executor::linear(const at::Tensor& x, const std::string& weight,
+                            const std::string& bias) {
   const Param& p = store_.get(weight);
   at::Tensor b = bias.empty() ? at::Tensor() : fetch_weight(bias);
   at::Tensor y;
@@ -386,7 +398,7 @@ at::Tensor Session::linear(const at::Tensor& x, const std::string& weight,
     const at::Tensor w = fetch_weight(weight);
     y = at::linear(in_dtype_of(x, w), w, b.defined() ? in_dtype_of(b, w) : b);
   }
-  StrategyChain(strategies_)
+  StrategyChain(plugins_.strategies)
       .thread_tensor(&tf_strategy_vtable::linear_extend, "linear_extend", y, weight.c_str(),
                      borrow_handle(x));
   return y;

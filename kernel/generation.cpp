@@ -28,8 +28,8 @@ std::string generate_text(Session& s, const std::string& prompt, const SamplingO
   const int64_t n_tokens = o.n_tokens, top_k = o.top_k;
   const double temperature = o.temperature, top_p = o.top_p;
   const std::vector<int64_t>& stop_ids = o.stop_ids;
-  PluginInstance& model = s.model();
-  const at::Device device = s.device();
+  PluginInstance& model = s.plugins().model;
+  const at::Device device = s.env().device;
   auto stops = [&](int64_t id) {
     return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
   };
@@ -38,7 +38,7 @@ std::string generate_text(Session& s, const std::string& prompt, const SamplingO
   at::NoGradGuard no_grad;
   CategoryScope scope(TF_MEM_TRANSIENT);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
-  std::vector<int64_t> ids = s.tokenizer().encode(prompt);
+  std::vector<int64_t> ids = s.data().tokenizer().encode(prompt);
   if (ids.empty()) ids.push_back(0);
   const size_t prompt_len = ids.size();
   auto pick = [&](const at::Tensor& logits_in) -> int64_t {
@@ -81,18 +81,18 @@ std::string generate_text(Session& s, const std::string& prompt, const SamplingO
     }
   } else {
     // Recompute over the last seq_len tokens for every new token.
-    const int64_t ctx_len = s.run_info().seq_len;
+    const int64_t ctx_len = s.env().run_info.seq_len;
     for (int64_t i = 0; i < n_tokens; ++i) {
       const size_t start =
           ids.size() > static_cast<size_t>(ctx_len) ? ids.size() - static_cast<size_t>(ctx_len) : 0;
       std::vector<int64_t> window(ids.begin() + static_cast<std::ptrdiff_t>(start), ids.end());
       at::Tensor x = at::tensor(window, at::kLong).unsqueeze(0).to(device);
-      ids.push_back(pick(s.forward_logits(x, /*training=*/false)[0][-1]));
+      ids.push_back(pick(s.executor().forward_logits(x, /*training=*/false)[0][-1]));
       if (stops(ids.back())) break;
     }
   }
   if (ids.size() > prompt_len && stops(ids.back())) ids.pop_back();
-  return s.tokenizer().decode(
+  return s.data().tokenizer().decode(
       std::vector<int64_t>(ids.begin() + static_cast<std::ptrdiff_t>(prompt_len), ids.end()));
 }
 

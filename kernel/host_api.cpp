@@ -1,5 +1,7 @@
 // The host services table (tf_host_api) handed to every plugin, assembled
 // from the service groups in host_api_<group>.cpp.
+#include "host_api.hpp"
+
 #include <mutex>
 #include <set>
 
@@ -41,7 +43,7 @@ tf_host_api make_table() {
 
 }  // namespace
 
-const tf_host_api* Session::host_api() const {
+const tf_host_api* kernel_host_api() {
   static const tf_host_api table = make_table();
   return &table;
 }

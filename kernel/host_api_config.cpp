@@ -21,9 +21,9 @@ const char* h_last_error(tf_host_context* ctx) {
 }
 // Safe from a plugin's own threads too.
 void h_log(tf_host_context* ctx, tf_log_level level, const char* message) {
-  if (ctx == nullptr || ctx->session == nullptr) return;
+  if (ctx == nullptr || ctx->kernel == nullptr) return;
   try {
-    ctx->session->log(level, "[" + ctx->plugin_name + "] " + (message ? message : ""));
+    ctx->kernel->log(level, "[" + ctx->plugin_name + "] " + (message ? message : ""));
   } catch (...) {  // nowhere to report a failing log
   }
 }
@@ -85,7 +85,7 @@ int32_t h_config_has(tf_host_context* ctx, const char* key) {
 tf_status h_run_info(tf_host_context* ctx, tf_run_info* out) {
   return serve(ctx, [&] {
     check_size(out, "tf_run_info");
-    write_struct(out, ctx->session->run_info());
+    write_struct(out, ctx->kernel->env->run_info);
   });
 }
 

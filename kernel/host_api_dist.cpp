@@ -24,7 +24,7 @@ tf_status h_dist_all_reduce(tf_host_context* ctx, tf_tensor t, tf_reduce_op op) 
   return serve(ctx, [&] {
     require(t, "t");
     const ReduceOp r = to_reduce_op(op);
-    if (ProcessGroup* pg = ctx->session->process_group()) pg->all_reduce(handle_tensor(t), r);
+    if (ProcessGroup* pg = ctx->kernel->env->pg.get()) pg->all_reduce(handle_tensor(t), r);
   });
 }
 // A group of one: reduce_scatter and all_gather are copies of the same size.
@@ -39,7 +39,7 @@ tf_status h_dist_reduce_scatter(tf_host_context* ctx, tf_tensor out, tf_tensor i
     require(out, "out");
     require(in, "in");
     const ReduceOp r = to_reduce_op(op);
-    if (ProcessGroup* pg = ctx->session->process_group())
+    if (ProcessGroup* pg = ctx->kernel->env->pg.get())
       pg->reduce_scatter(handle_tensor(out), handle_tensor(in), r);
     else
       copy_as_one_rank(handle_tensor(out), handle_tensor(in), "reduce_scatter");
@@ -49,7 +49,7 @@ tf_status h_dist_all_gather(tf_host_context* ctx, tf_tensor out, tf_tensor in) {
   return serve(ctx, [&] {
     require(out, "out");
     require(in, "in");
-    if (ProcessGroup* pg = ctx->session->process_group())
+    if (ProcessGroup* pg = ctx->kernel->env->pg.get())
       pg->all_gather(handle_tensor(out), handle_tensor(in));
     else
       copy_as_one_rank(handle_tensor(out), handle_tensor(in), "all_gather");
@@ -58,23 +58,23 @@ tf_status h_dist_all_gather(tf_host_context* ctx, tf_tensor out, tf_tensor in) {
 tf_status h_dist_broadcast(tf_host_context* ctx, tf_tensor t, int32_t root) {
   return serve(ctx, [&] {
     require(t, "t");
-    if (root < 0 || root >= ctx->session->run_info().world_size)
+    if (root < 0 || root >= ctx->kernel->env->run_info.world_size)
       throw std::invalid_argument("broadcast root " + std::to_string(root) + " is not a rank");
-    if (ProcessGroup* pg = ctx->session->process_group()) pg->broadcast(handle_tensor(t), root);
+    if (ProcessGroup* pg = ctx->kernel->env->pg.get()) pg->broadcast(handle_tensor(t), root);
   });
 }
 tf_status h_dist_barrier(tf_host_context* ctx) {
   return serve(ctx, [&] {
-    if (ProcessGroup* pg = ctx->session->process_group()) pg->barrier();
+    if (ProcessGroup* pg = ctx->kernel->env->pg.get()) pg->barrier();
   });
 }
 
 static std::map<std::string, tf_param_plan>::iterator planned(tf_host_context* ctx,
                                                               const char* name) {
   require(name, "name");
-  if (!ctx->session->planning())
+  if (!ctx->kernel->plan->planning)
     throw WrongPhase("the planned parameter table is only open inside estimate_memory");
-  auto& table = ctx->session->param_plan();
+  auto& table = ctx->kernel->plan->params;
   auto it = table.find(name);
   if (it == table.end())
     throw std::out_of_range(std::string("no planned parameter \"") + name +

@@ -13,19 +13,19 @@ void h_tensor_release(tf_tensor t) {
 tf_status h_declare_param(tf_host_context* ctx, const tf_param_spec* spec) {
   return serve(ctx, [&] {
     require(spec, "spec");
-    if (!ctx->session->declaring())
+    if (!ctx->kernel->plugins->declaring)
       throw WrongPhase(
           "declare_param is only allowed in a model's create or a strategy's configure");
     if (spec->struct_size < offsetof(tf_param_spec, tied_to))
       throw std::invalid_argument("tf_param_spec.struct_size too small");
-    ctx->session->store().declare(read_struct(spec));
+    ctx->kernel->store->declare(read_struct(spec));
   });
 }
 
 tf_status h_declare_stage(tf_host_context* ctx, const tf_stage_spec* spec, int32_t* out_index) {
   return serve(ctx, [&] {
     require(spec, "spec");
-    if (!ctx->session->declaring())
+    if (!ctx->kernel->plugins->declaring)
       throw WrongPhase("declare_stage is only allowed in a model's create");
     const tf_stage_spec s = read_struct(spec);
     if (s.name == nullptr) throw std::invalid_argument("stage without a name");
@@ -38,14 +38,14 @@ tf_status h_declare_stage(tf_host_context* ctx, const tf_stage_spec* spec, int32
     StageState st;
     st.name = s.name;
     st.kind = s.kind;
-    st.device = ctx->session->run_info().device;
+    st.device = ctx->kernel->env->run_info.device;
     st.activation_bytes_per_token = s.activation_bytes_per_token;
     st.flops_per_token = s.flops_per_token;
     st.frozen_activation_bytes_per_token = s.frozen_activation_bytes_per_token;
     st.output_bytes_per_token = s.output_bytes_per_token;
     st.backward_bytes_per_token = s.backward_bytes_per_token;
     st.frozen_backward_bytes_per_token = s.frozen_backward_bytes_per_token;
-    auto& stages = ctx->session->stages();
+    auto& stages = ctx->kernel->executor->stages();
     stages.push_back(st);
     if (out_index) *out_index = static_cast<int32_t>(stages.size() - 1);
   });
@@ -55,7 +55,7 @@ tf_status h_weight(tf_host_context* ctx, const char* name, tf_tensor* out) {
   return serve(ctx, [&] {
     require(name, "name");
     require(out, "out");
-    *out = give_handle(ctx->session->fetch_weight(name));
+    *out = give_handle(ctx->kernel->executor->fetch_weight(name));
   });
 }
 
@@ -65,20 +65,20 @@ tf_status h_linear(tf_host_context* ctx, tf_tensor x, const char* weight, const 
     require(x, "x");
     require(weight, "weight");
     require(out, "out");
-    *out = give_handle(ctx->session->linear(handle_tensor(x), weight, bias ? bias : ""));
+    *out = give_handle(ctx->kernel->executor->linear(handle_tensor(x), weight, bias ? bias : ""));
   });
 }
 
 tf_status h_param_count(tf_host_context* ctx, int32_t* out) {
   return serve(ctx, [&] {
     require(out, "out");
-    *out = static_cast<int32_t>(ctx->session->store().all().size());
+    *out = static_cast<int32_t>(ctx->kernel->store->all().size());
   });
 }
 tf_status h_param_name(tf_host_context* ctx, int32_t index, const char** out) {
   return serve(ctx, [&] {
     require(out, "out");
-    auto& all = ctx->session->store().all();
+    auto& all = ctx->kernel->store->all();
     if (index < 0 || static_cast<size_t>(index) >= all.size())
       throw std::out_of_range("parameter index out of range");
     *out = intern(all[static_cast<size_t>(index)].name);
@@ -88,7 +88,7 @@ tf_status h_param_info(tf_host_context* ctx, const char* name, tf_param_info* ou
   return serve(ctx, [&] {
     require(name, "name");
     check_size(out, "tf_param_info");
-    const Param& p = ctx->session->store().get(name);
+    const Param& p = ctx->kernel->store->get(name);
     tf_param_info info{};
     constexpr size_t kMaxRank = sizeof(info.shape) / sizeof(info.shape[0]);
     if (p.shape.size() > kMaxRank)
@@ -113,14 +113,14 @@ tf_status h_param_info(tf_host_context* ctx, const char* name, tf_param_info* ou
 tf_status h_param_storage(tf_host_context* ctx, const char* name, tf_tensor* out) {
   return serve(ctx, [&] {
     require(out, "out");
-    *out = give_handle(ctx->session->store().get(name).value);
+    *out = give_handle(ctx->kernel->store->get(name).value);
   });
 }
 tf_status h_param_set_storage(tf_host_context* ctx, const char* name, tf_tensor value,
                               tf_param_format format, tf_residency residency) {
   return serve(ctx, [&] {
     require(value, "value");
-    Param& p = ctx->session->store().get(name);
+    Param& p = ctx->kernel->store->get(name);
     at::Tensor v = handle_tensor(value).detach();
     // A dense trainable parameter stays an autograd leaf in its new storage.
     if (format == TF_FORMAT_DENSE && p.trainable && at::isFloatingType(v.scalar_type()))
@@ -133,14 +133,14 @@ tf_status h_param_set_storage(tf_host_context* ctx, const char* name, tf_tensor 
 }
 tf_status h_param_set_trainable(tf_host_context* ctx, const char* name, int32_t trainable) {
   return serve(ctx, [&] {
-    auto& store = ctx->session->store();
+    auto& store = *ctx->kernel->store;
     store.set_trainable(store.get(name), trainable != 0);
   });
 }
 tf_status h_param_grad(tf_host_context* ctx, const char* name, tf_tensor* out) {
   return serve(ctx, [&] {
     require(out, "out");
-    const at::Tensor& g = ctx->session->store().get(name).value.grad();
+    const at::Tensor& g = ctx->kernel->store->get(name).value.grad();
     if (!g.defined())
       throw std::out_of_range(std::string("parameter \"") + name + "\" has no gradient");
     *out = give_handle(g);
@@ -150,15 +150,15 @@ tf_status h_param_add_(tf_host_context* ctx, const char* name, tf_tensor delta, 
   return serve(ctx, [&] {
     require(delta, "delta");
     at::NoGradGuard no_grad;
-    Param& p = ctx->session->store().get(name);
-    ctx->session->with_resident(p, [&] {
+    Param& p = ctx->kernel->store->get(name);
+    ctx->kernel->executor->with_resident(p, [&] {
       p.value.add_(handle_tensor(delta).to(p.value.device(), p.value.scalar_type()), alpha);
     });
   });
 }
 
 static StageState& stage_at(tf_host_context* ctx, int32_t stage) {
-  auto& stages = ctx->session->stages();
+  auto& stages = ctx->kernel->executor->stages();
   if (stage < 0 || static_cast<size_t>(stage) >= stages.size())
     throw std::out_of_range("stage index " + std::to_string(stage) + " out of range (model has " +
                             std::to_string(stages.size()) + " stages)");
@@ -168,7 +168,7 @@ static StageState& stage_at(tf_host_context* ctx, int32_t stage) {
 tf_status h_stage_count(tf_host_context* ctx, int32_t* out) {
   return serve(ctx, [&] {
     require(out, "out");
-    *out = static_cast<int32_t>(ctx->session->stages().size());
+    *out = static_cast<int32_t>(ctx->kernel->executor->stages().size());
   });
 }
 tf_status h_stage_info(tf_host_context* ctx, int32_t stage, tf_stage_info* out) {
@@ -185,7 +185,7 @@ tf_status h_stage_info(tf_host_context* ctx, int32_t stage, tf_stage_info* out) 
     info.activation_bytes_per_token = s.activation_bytes_per_token;
     info.flops_per_token = s.flops_per_token;
     int32_t n = 0;
-    for (const auto& p : ctx->session->store().all())
+    for (const auto& p : ctx->kernel->store->all())
       if (p.stage == stage) ++n;
     info.n_params = n;
     write_struct(out, info);
@@ -208,7 +208,7 @@ tf_status h_stage_set_skip(tf_host_context* ctx, int32_t stage, int32_t skip) {
       throw std::invalid_argument("only block stages can be skipped; \"" + s.name +
                                   "\" is not a block");
     if (!skip && s.skip)
-      for (const auto& p : ctx->session->store().all())
+      for (const auto& p : ctx->kernel->store->all())
         if (p.stage == stage && p.absent)
           throw std::invalid_argument("stage \"" + s.name +
                                       "\" was skipped when the model was built; its weights "
@@ -219,7 +219,7 @@ tf_status h_stage_set_skip(tf_host_context* ctx, int32_t stage, int32_t skip) {
 tf_status h_stage_set_trainable(tf_host_context* ctx, int32_t stage, int32_t trainable) {
   return serve(ctx, [&] {
     stage_at(ctx, stage).trainable = trainable != 0;
-    auto& store = ctx->session->store();
+    auto& store = *ctx->kernel->store;
     for (auto& p : store.all())
       if (p.stage == stage) store.set_trainable(p, trainable != 0);
   });

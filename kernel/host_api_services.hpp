@@ -14,9 +14,9 @@
 #include <thread>
 #include <type_traits>
 
+#include "kernel_parts.hpp"
 #include "logging.hpp"
 #include "plugin_call_scope.hpp"
-#include "session.hpp"
 #include "tensor_handle.hpp"
 
 namespace tightfit::host_services {
@@ -61,8 +61,8 @@ inline bool on_a_host_thread(tf_host_context* ctx) noexcept {
                                   "it on; it was refused (TF_ERR_UNSUPPORTED). Only "
                                   "tensor_release, log and memory_push/pop_category may be "
                                   "called from a plugin's own threads";
-      if (ctx->session)  // as the plugin's own log lines go (log is safe from any thread)
-        ctx->session->log(TF_LOG_WARN, warning);
+      if (ctx->kernel)  // as the plugin's own log lines go (log is safe from any thread)
+        ctx->kernel->log(TF_LOG_WARN, warning);
       else
         log_message(TF_LOG_WARN, warning);
     } catch (...) {  // no memory for the warning; the refusal stands

@@ -46,7 +46,7 @@ static bool covers_positions(const tf_batch* b) {
 tf_status h_next_batch(tf_host_context* ctx, tf_batch* out) {
   return serve(ctx, [&] {
     check_size(out, "tf_batch");
-    auto b = ctx->session->next_batch();
+    auto b = ctx->kernel->data->next_batch();
     // Packed rows without their positions would attend across examples.
     if (b.positions.defined() && !covers_positions(out))
       throw std::invalid_argument(
@@ -79,9 +79,9 @@ static PassResult run_batch(tf_host_context* ctx, const tf_batch* in, bool backw
   const tf_batch b = read_struct(in);
   require(b.tokens, "tf_batch.tokens");
   require(b.targets, "tf_batch.targets");
-  return ctx->session->run_pass(handle_tensor(b.tokens), handle_tensor(b.targets), backward,
-                                loss_scale,
-                                b.positions ? handle_tensor(b.positions) : at::Tensor());
+  return ctx->kernel->executor->run_pass(handle_tensor(b.tokens), handle_tensor(b.targets),
+                                         backward, loss_scale,
+                                         b.positions ? handle_tensor(b.positions) : at::Tensor());
 }
 
 static void write_pass(tf_pass_result* out, const PassResult& r) {
@@ -106,11 +106,11 @@ tf_status h_forward_backward(tf_host_context* ctx, const tf_batch* batch, double
   });
 }
 tf_status h_zero_grad(tf_host_context* ctx) {
-  return serve(ctx, [&] { ctx->session->zero_grad(); });
+  return serve(ctx, [&] { ctx->kernel->update->zero_grad(); });
 }
 tf_status h_optimizer_step(tf_host_context* ctx) {
   tf_status inner = TF_OK;
-  const tf_status st = serve(ctx, [&] { inner = ctx->session->optimizer_step(); });
+  const tf_status st = serve(ctx, [&] { inner = ctx->kernel->update->optimizer_step(); });
   if (st != TF_OK) return st;
   if (inner == TF_ERR_NON_FINITE)
     ctx->last_error = "a gradient is not finite; the update was skipped";
@@ -119,34 +119,34 @@ tf_status h_optimizer_step(tf_host_context* ctx) {
 tf_status h_set_lr(tf_host_context* ctx, double lr) {
   return serve(ctx, [&] {
     if (!(lr >= 0)) throw std::invalid_argument("learning rate must be >= 0");
-    ctx->session->optimizer().set_lr(lr);
+    ctx->kernel->update->optimizer().set_lr(lr);
   });
 }
 tf_status h_base_lr(tf_host_context* ctx, double* out) {
   return serve(ctx, [&] {
     require(out, "out");
-    *out = ctx->session->optimizer().config().lr;
+    *out = ctx->kernel->update->optimizer().config().lr;
   });
 }
 tf_status h_snapshot_take(tf_host_context* ctx, int32_t with_optimizer, int32_t* out_id) {
   return serve(ctx, [&] {
     require(out_id, "out_id");
-    *out_id = ctx->session->snapshot_take(with_optimizer != 0);
+    *out_id = ctx->kernel->snapshots->take(with_optimizer != 0);
   });
 }
 tf_status h_snapshot_restore(tf_host_context* ctx, int32_t id) {
-  return serve(ctx, [&] { ctx->session->snapshot_restore(id); });
+  return serve(ctx, [&] { ctx->kernel->snapshots->restore(id); });
 }
 tf_status h_snapshot_drop(tf_host_context* ctx, int32_t id) {
-  return serve(ctx, [&] { ctx->session->snapshot_drop(id); });
+  return serve(ctx, [&] { ctx->kernel->snapshots->drop(id); });
 }
 tf_status h_perturb_params(tf_host_context* ctx, uint64_t seed, double scale) {
-  return serve(ctx, [&] { ctx->session->perturb_params(seed, scale); });
+  return serve(ctx, [&] { ctx->kernel->snapshots->perturb_params(seed, scale); });
 }
 tf_status h_log_metric(tf_host_context* ctx, const char* key, double value) {
   return serve(ctx, [&] {
     require(key, "key");
-    ctx->session->step_metrics()[ctx->plugin_name + "." + key] = value;
+    (*ctx->kernel->step_metrics)[ctx->plugin_name + "." + key] = value;
   });
 }
 
@@ -194,14 +194,14 @@ tf_status h_optimizer_apply(tf_host_context* ctx, const char* name, tf_tensor gr
     require(name, "name");
     require(grad, "grad");
     at::NoGradGuard no_grad;
-    ctx->session->optimizer_apply(name, handle_tensor(grad), grad_scale);
+    ctx->kernel->update->optimizer_apply(name, handle_tensor(grad), grad_scale);
   });
 }
 
 tf_status h_optimizer_info(tf_host_context* ctx, tf_optimizer_info* out) {
   return serve(ctx, [&] {
     check_size(out, "tf_optimizer_info");
-    const Optimizer& o = ctx->session->optimizer();
+    const Optimizer& o = ctx->kernel->update->optimizer();
     const OptimizerConfig& c = o.config();
     tf_optimizer_info info{};
     info.name = c.name == "sgd" ? "sgd" : "adamw";
@@ -211,22 +211,22 @@ tf_status h_optimizer_info(tf_host_context* ctx, tf_optimizer_info* out) {
     info.eps = c.eps;
     info.weight_decay = c.weight_decay;
     info.momentum = c.momentum;
-    info.step = ctx->session->update_step();
+    info.step = ctx->kernel->update->update_step();
     info.n_state = static_cast<int32_t>(o.slot_names().size());
     write_struct(out, info);
   });
 }
 
 tf_status h_set_micro_batch(tf_host_context* ctx, int32_t index, int32_t count) {
-  return serve(ctx, [&] { ctx->session->set_micro_batch(index, count); });
+  return serve(ctx, [&] { ctx->kernel->update->set_micro_batch(index, count); });
 }
 
 tf_status h_micro_batch(tf_host_context* ctx, int32_t* index, int32_t* count) {
   return serve(ctx, [&] {
     require(index, "index");
     require(count, "count");
-    *index = ctx->session->micro_batch_index();
-    *count = ctx->session->micro_batch_count();
+    *index = ctx->kernel->update->micro_batch_index();
+    *count = ctx->kernel->update->micro_batch_count();
   });
 }
 
@@ -291,15 +291,15 @@ tf_status h_optimizer_update(tf_host_context* ctx, const char* name, tf_tensor p
     require(param, "param");
     require(grad, "grad");
     if (n_state > 0) require(state, "state");
-    const Param& p = ctx->session->store().get(name);
+    const Param& p = ctx->kernel->store->get(name);
     std::vector<at::Tensor*> slots;
     for (int32_t i = 0; i < n_state; ++i) {
       require(state[i], "state[i]");
       slots.push_back(&handle_tensor(state[i]));
     }
-    Session& s = *ctx->session;
-    s.optimizer().update_with_state(handle_tensor(param), p.decays(), handle_tensor(grad), slots,
-                                    s.update_step());
+    UpdateStep& update = *ctx->kernel->update;
+    update.optimizer().update_with_state(handle_tensor(param), p.decays(), handle_tensor(grad),
+                                         slots, update.update_step());
   });
 }
 

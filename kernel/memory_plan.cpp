@@ -44,11 +44,11 @@ struct Baseline {
 
 Baseline baseline(Session& s) {
   Baseline b;
-  const tf_run_info& run = s.run_info();
+  const tf_run_info& run = s.env().run_info;
   const int64_t tokens =
       checked_product({run.batch_size, run.seq_len}, "tokens per batch (batch_size x seq_len)");
-  const int64_t slots = optimizer_slots(s.optimizer_config());
-  const auto& stages = s.stages();
+  const int64_t slots = optimizer_slots(s.env().opt_cfg);
+  const auto& stages = s.executor().stages();
   const size_t n = stages.size();
   b.stages.resize(n);
   std::vector<bool> own_trainable(n, false), any_trainable(n, false);
@@ -141,9 +141,9 @@ tf_model_summary summary(Session& s, const Baseline& b) {
   m.n_params = b.n_params;
   m.n_trainable = b.n_trainable;
   m.param_bytes = b.bytes[TF_MEM_WEIGHTS];
-  m.n_stages = static_cast<int32_t>(s.stages().size());
-  m.batch_size = s.run_info().batch_size;
-  m.seq_len = s.run_info().seq_len;
+  m.n_stages = static_cast<int32_t>(s.executor().stages().size());
+  m.batch_size = s.env().run_info.batch_size;
+  m.seq_len = s.env().run_info.seq_len;
   m.activation_bytes = b.live_total;  // strategies' activation deltas are against this
   return m;
 }
@@ -160,7 +160,8 @@ PlanContribution ask(Session& s, PluginInstance& inst, const std::string& label,
   }
   tf_memory_estimate e{};
   e.struct_size = sizeof e;
-  s.check(guarded_call(inst, "estimate_memory", hook, &model, &e), inst, "estimate_memory");
+  check_plugin_status(guarded_call(inst, "estimate_memory", hook, &model, &e), inst,
+                      "estimate_memory");
   for (int t = 0; t < TF_TIER_COUNT; ++t)
     for (int k = 0; k < TF_MEM_CATEGORY_COUNT; ++k) c.delta[t][k] = e.delta_bytes[t][k];
   c.time_factor = e.time_factor;
@@ -180,8 +181,8 @@ MemoryPlan plan_memory(Session& s) {
   MemoryPlan plan;
   plan.n_params = b.n_params;
   plan.n_trainable = b.n_trainable;
-  plan.batch_size = s.run_info().batch_size;
-  plan.seq_len = s.run_info().seq_len;
+  plan.batch_size = s.env().run_info.batch_size;
+  plan.seq_len = s.env().run_info.seq_len;
 
   TierCounts held{};
   bool grads_in_forward = false;
@@ -189,9 +190,9 @@ MemoryPlan plan_memory(Session& s) {
   held[TF_TIER_DEVICE] = b.bytes;
   // The planned parameter table: declared, dense, on the device; strategies
   // that convert or move parameters edit it while they are asked.
-  auto& table = s.param_plan();
+  auto& table = s.plan_table().params;
   table.clear();
-  const auto& stages = s.stages();
+  const auto& stages = s.executor().stages();
   for (const Param& p : s.store().all()) {
     if (p.absent || (p.stage >= 0 && static_cast<size_t>(p.stage) < stages.size() &&
                      stages[static_cast<size_t>(p.stage)].skip))
@@ -199,18 +200,19 @@ MemoryPlan plan_memory(Session& s) {
     table[p.name] = tf_param_plan{sizeof(tf_param_plan), p.numel() * element_bytes(p.dtype),
                                   TF_FORMAT_DENSE, TF_TIER_DEVICE};
   }
-  s.set_planning(true);
+  s.plan_table().planning = true;
   struct EndPlanning {
     Session& s;
-    ~EndPlanning() { s.set_planning(false); }
+    ~EndPlanning() { s.plan_table().planning = false; }
   } end_planning{s};
-  for (PluginInstance& inst : s.strategies())
+  for (PluginInstance& inst : s.plugins().strategies)
     plan.contributions.push_back(
         ask(s, inst, inst.plugin->name, inst.plugin->strategy()->estimate_memory, model));
-  if (s.schedule().plugin)
-    plan.contributions.push_back(ask(s, s.schedule(), "schedule " + s.schedule().plugin->name,
-                                     s.schedule().plugin->schedule()->estimate_memory, model));
-  s.set_planning(false);
+  if (s.plugins().schedule.plugin)
+    plan.contributions.push_back(
+        ask(s, s.plugins().schedule, "schedule " + s.plugins().schedule.plugin->name,
+            s.plugins().schedule.plugin->schedule()->estimate_memory, model));
+  s.plan_table().planning = false;
   // Weights and adapters per tier from the table.
   held[TF_TIER_DEVICE][TF_MEM_WEIGHTS] = held[TF_TIER_DEVICE][TF_MEM_ADAPTERS] = 0;
   for (const auto& [name, planned] : table) {
@@ -318,7 +320,7 @@ MemoryPlan plan_memory(Session& s) {
     plan.disk_bytes += held[TF_TIER_DISK][k];
   }
   // On a CPU run the host tier is the same memory the run counts.
-  plan.tracked_peak = plan.device_peak + (s.device().is_cpu() ? plan.host_bytes : 0);
+  plan.tracked_peak = plan.device_peak + (s.env().device.is_cpu() ? plan.host_bytes : 0);
   return plan;
 }
 

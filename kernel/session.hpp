@@ -1,101 +1,55 @@
 // A training session: one recipe composed into a model, its strategies and a
-// schedule, with the kernel's store, executor, optimizer, data, accounting,
-// metrics and checkpoints. The host's `run` and the tests drive it.
+// schedule, and trained. The session owns the kernel's parts and drives the
+// training loop; each part owns its own state:
+//
+//   RunEnvironment  the kernel's recipe tables, device, ranks, run folder
+//   PluginSet       the plugin instances and the registry they come from
+//   ParamStore      the parameters (param_store.hpp)
+//   Executor        stages run in forward/backward with the strategies' hooks
+//   UpdateStep      the optimizer, loss scaling, clipping, micro-batches
+//   Snapshots       in-memory weight snapshots and perturbations
+//   TrainingData    the tokenizer and this rank's batches
+//
+// Building (session_build.cpp), the loop (trainer_loop.cpp), checkpoints
+// (checkpoint_io.cpp), export (session_export.cpp) and generation
+// (generation.cpp) are the session's own work. The host's `run` and the
+// tests drive it.
 #pragma once
 
 #include <ATen/ATen.h>
 
-#include <atomic>
 #include <functional>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "data.hpp"
 #include "distributed.hpp"
-#include "generation.hpp"
-#include "kernel_keys.hpp"
+#include "executor.hpp"
+#include "host_api.hpp"
+#include "kernel_parts.hpp"
 #include "memory_accounting.hpp"
 #include "metrics.hpp"
-#include "optimizer.hpp"
 #include "param_store.hpp"
-#include "plugin_loader.hpp"
+#include "plugin_set.hpp"
 #include "recipe.hpp"
+#include "run_environment.hpp"
+#include "snapshots.hpp"
 #include "tightfit/plugin_api.h"
+#include "training_data.hpp"
+#include "update_step.hpp"
 
 namespace tightfit {
-class Session;
 class OpTimer;
-}  // namespace tightfit
-
-// The per-plugin-instance context behind the ABI's opaque tf_host_context.
-struct tf_host_context {
-  tightfit::Session* session = nullptr;
-  // The thread that made the context (the session's); host services refuse
-  // a plugin's own threads (host_api_services.hpp), and warn about it once.
-  std::thread::id owner_thread = std::this_thread::get_id();
-  std::atomic<bool> warned_foreign_thread{false};
-  std::string plugin_name;
-  std::string role;  // "model", "strategy #1", "schedule"
-  tightfit::ConfigTable config;
-  std::string last_error;    // the host's last failed service call
-  std::string plugin_error;  // what the plugin reported with set_error
-  // A budget refusal a host service reported to this plugin and not yet
-  // checked: the run stops out of budget whatever status the plugin returns.
-  std::string budget_refusal;
-  // Checkpoint state I/O, set only inside save_state / load_state.
-  std::map<std::string, at::Tensor>* state_out = nullptr;
-  const std::map<std::string, at::Tensor>* state_in = nullptr;
-  std::string state_prefix;
-  // The last tensor file this plugin read with tensors_load.
-  std::string loaded_path;
-  std::map<std::string, at::Tensor> loaded_tensors;
-};
-
-namespace tightfit {
+class Session;
 
 // A non-finite loss or gradient the recipe says to stop on (or one a
 // rollback could not get past).
 struct NonFiniteError : std::runtime_error {
   using std::runtime_error::runtime_error;
-};
-
-// A plugin reported an error.
-struct PluginCallError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
-struct StageState {
-  std::string name;
-  tf_stage_kind kind = TF_STAGE_BLOCK;
-  bool recompute = false;
-  bool skip = false;
-  bool trainable = true;
-  std::string device;
-  int64_t activation_bytes_per_token = 0;
-  int64_t flops_per_token = 0;
-  int64_t frozen_activation_bytes_per_token = 0;  // 0 = unknown
-  int64_t output_bytes_per_token = 0;             // 0 = unknown
-  int64_t backward_bytes_per_token = 0;           // 0 = unknown
-  int64_t frozen_backward_bytes_per_token = 0;    // 0 = unknown
-};
-
-struct PluginInstance {
-  const LoadedPlugin* plugin = nullptr;
-  void* state = nullptr;
-  std::unique_ptr<tf_host_context> ctx;
-};
-
-struct PassResult {
-  double loss = 0;
-  int64_t n_tokens = 0;
-  bool finite = true;
 };
 
 struct ProgressInfo {
@@ -137,11 +91,6 @@ struct SessionOptions {
   std::function<void(Session&)> on_composed;
 };
 
-// Returns for TF_OK and TF_NOT_HANDLED; any other status (unknown ones too)
-// throws PluginCallError naming the plugin's role, its name and `what`, with
-// the message it set (OutOfBudgetError for a budget refusal).
-void check_plugin_status(tf_status status, const PluginInstance& inst, const char* what);
-
 class Session {
  public:
   Session(const Recipe& recipe, const PluginRegistry& registry, SessionOptions options = {});
@@ -156,50 +105,9 @@ class Session {
   // The strategies' step_begin hooks (train() calls it before each step;
   // tests that drive passes themselves call it too).
   void step_begin(int64_t step);
-
-  // --- executor (executor.cpp) ---
-  // `positions` (int64 [B, T], optional): packed rows' per-token positions,
-  // handed to every stage of the pass (the model must declare
-  // TF_MODEL_FEATURE_POSITIONS).
-  at::Tensor forward_logits(const at::Tensor& tokens, bool training,
-                            const at::Tensor& positions = {});
-  PassResult run_pass(const at::Tensor& tokens, const at::Tensor& targets, bool backward,
-                      double loss_scale, const at::Tensor& positions = {});
-  at::Tensor run_stage(int32_t stage, const at::Tensor& input, bool training, bool recompute);
-  void raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin);
-  // Activation offload of a recomputed stage's input: the index of the
-  // strategy that packed it (-1: none, keep it) and its key; and the way back.
-  int32_t pack_activation(int32_t stage, const at::Tensor& x, uint64_t* key);
-  at::Tensor unpack_activation(int32_t strategy, int32_t stage, uint64_t key);
-  at::Tensor fetch_weight(const std::string& name);
-  at::Tensor fetch_resident(Param& p);
-  // Runs fn with p in the device tier: a parameter a strategy keeps in
-  // another tier is brought in around fn (TF_PHASE_ACCESS) unless its stage
-  // is in use already.
-  void with_resident(Param& p, const std::function<void()>& fn);
-  bool stage_in_use(int32_t stage) const;  // fetch_weight once the weight is in the device tier
-  at::Tensor linear(const at::Tensor& x, const std::string& weight, const std::string& bias);
-
-  // --- training services ---
-  void zero_grad();
-  // Optimizer-in-backward: updates one parameter now, as the coming optimizer
-  // step will count it.
-  void optimizer_apply(const std::string& name, const at::Tensor& grad, double grad_scale);
-  // Hands the finished gradients of `stage` (-1: all the rest) to strategies'
-  // grad_ready hooks during backward.
-  void dispatch_grads(int32_t stage);
-  tf_status optimizer_step();  // TF_ERR_NON_FINITE when gradients are not finite
-  // The 1-based number of the optimizer step an update made now counts as:
-  // the one being taken inside optimizer_step, the coming one in backward.
-  int64_t update_step() const;
-  // Gradient accumulation: the coming backward passes are micro-batch `index`
-  // of `count` (reset to 0 of 1 by optimizer_step).
-  void set_micro_batch(int32_t index, int32_t count);
-  int32_t micro_batch_index() const { return micro_index_; }
-  int32_t micro_batch_count() const { return micro_count_; }
+  // The mean loss over the first `batches` validation batches.
   double eval_loss(int64_t batches);
-  // profile.json in the run folder ([run] profile_ops).
-  void write_op_profile(const OpTimer& timer, double wall_s) const;
+
   // Samples n_tokens after the prompt: greedy when top_k == 1 or temperature == 0,
   // else temperature, top-k and nucleus (top_p < 1) sampling. Uses the model's
   // incremental decode when it has one and use_cache, else recomputes the
@@ -219,10 +127,6 @@ class Session {
   // Writes the strategies' adapters on their own (LoRA: a PEFT adapter folder);
   // returns the folder. Throws when no strategy has adapters.
   std::string export_adapter(const std::string& dir);
-  int32_t snapshot_take(bool with_optimizer);
-  void snapshot_restore(int32_t id);
-  void snapshot_drop(int32_t id);
-  void perturb_params(uint64_t seed, double scale);
 
   // --- checkpoints (checkpoint_io.cpp) ---
   // The random generators a checkpoint saves, by key: the CPU's, and the
@@ -234,43 +138,24 @@ class Session {
   // returns false when there is none.
   bool load_latest_checkpoint();
 
-  // --- plugin calls ---
-  // Throws PluginCallError (or OutOfBudgetError) for a failed status.
-  void check(tf_status status, const PluginInstance& inst, const char* what);
+  // Kernel and plugin log lines: the log, and the host's on_log.
   void log(tf_log_level level, const std::string& message);
 
-  // --- state (kernel-internal; host_api.cpp and tests use it) ---
+  // --- the parts ---
   const Recipe& recipe() const { return recipe_; }
+  const RunEnvironment& env() const { return env_; }
+  PluginSet& plugins() { return plugins_; }
   ParamStore& store() { return store_; }
-  Optimizer& optimizer() { return *optimizer_; }
-  const ConfigTable& optimizer_config() const { return opt_cfg_; }
-  Batcher& batcher() { return *batcher_; }
-  // This rank's rows of the next global batch (batch_size each; world_size
-  // times that in all, the same rows a single process with the whole batch sees).
-  Batcher::Batch next_batch();
-  // The process group of a multi-process run; nullptr in a single process.
-  ProcessGroup* process_group() { return pg_.get(); }
-  bool is_rank0() const { return run_info_.rank == 0; }
-  Tokenizer& tokenizer() { return *tokenizer_; }
-  std::vector<StageState>& stages() { return stages_; }
-  PluginInstance& model() { return model_; }
-  std::vector<PluginInstance>& strategies() { return strategies_; }
-  PluginInstance& schedule() { return schedule_; }
-  const tf_host_api* host_api() const;
-  const tf_run_info& run_info() const { return run_info_; }
+  Executor& executor() { return executor_; }
+  UpdateStep& update() { return update_; }
+  Snapshots& snapshots() { return snapshots_; }
+  TrainingData& data() { return data_; }
+  ParamPlanTable& plan_table() { return plan_; }
+  const tf_host_api* host_api() const { return kernel_host_api(); }
+  // The number of steps done (the step being run, 0-based, inside one).
   int64_t step() const { return step_; }
-  const at::Device& device() const { return device_; }
-  bool declaring() const { return declaring_; }
+  // The record of the step being run (metrics.jsonl gets it).
   std::map<std::string, double>& step_metrics() { return step_metrics_; }
-  const std::string& run_dir() const { return run_dir_; }
-  std::string checkpoint_dir() const;
-  // Counted CPU bytes by category, plus the CUDA allocator's totals on a CUDA run.
-  MemorySnapshot memory_snapshot() const;
-  // The planned parameter table `plan` fills and strategies' estimates edit
-  // (memory_plan.cpp); `planning` while the estimates are asked.
-  std::map<std::string, tf_param_plan>& param_plan() { return param_plan_; }
-  bool planning() const { return planning_; }
-  void set_planning(bool on) { planning_ = on; }
 
  private:
   void build(const PluginRegistry& registry);
@@ -290,62 +175,33 @@ class Session {
                                const toml::table* table, const std::string& role,
                                const std::string& where_plugin);
   void emit_progress(const ProgressInfo& p);
-  // fp16 loss scaling: the product of the strategies' factors, and the
-  // finiteness of each step's unscaled gradients reported back to them.
-  double strategies_loss_scale();
-  void report_loss_scale(bool finite);
-  // One parameter's update: a strategy's optimizer_step_param or the kernel's.
-  void update_param(Param& p, const at::Tensor& grad, int64_t step);
-
-  Recipe recipe_;
-  SessionOptions options_;
-  PluginRegistry registry_;  // owns the plugin records the instances point to
-  ConfigTable run_cfg_, data_cfg_, opt_cfg_, save_cfg_;
-  std::string run_dir_;
-  at::Device device_{at::kCPU};
-  tf_run_info run_info_{};
-  std::string device_str_, run_dir_str_;
-
-  ParamStore store_;
-  std::vector<StageState> stages_;
-  std::unique_ptr<Optimizer> optimizer_;
-  std::unique_ptr<Tokenizer> tokenizer_;
-  std::unique_ptr<Batcher> batcher_;
-  std::string data_description_;  // examples and what became of them; "" for a text corpus
-  double unigram_entropy_ = 0;
-  std::unique_ptr<ProcessGroup> pg_;
-
-  PluginInstance model_;
-  std::vector<PluginInstance> strategies_;
-  PluginInstance schedule_;
-  bool declaring_ = false;
-
-  int64_t step_ = 0;
-  std::map<std::string, double> step_metrics_;
-  // Numeric faults ([run] on_non_finite): what the last non-finite update
-  // found (empty: none this step), the debug injections not yet fired, and
-  // rollbacks made at the current step without getting past it.
-  std::string non_finite_;
-  std::set<int64_t> nan_steps_pending_;
-  int64_t rollbacks_here_ = 0, rollback_step_ = -1;
   // After a schedule's step: skip (the update already was), roll back to the
   // last checkpoint, or stop, as the recipe says. True when it rolled back.
   bool handle_non_finite();
   // save_checkpoint's work; save_checkpoint reports its failures.
   std::string write_checkpoint(int64_t step);
-  std::map<std::string, tf_param_plan> param_plan_;
-  bool planning_ = false;
-  std::map<int32_t, std::map<std::string, at::Tensor>> snapshots_;
-  int32_t next_snapshot_ = 1;
+  // profile.json in the run folder ([run] profile_ops).
+  void write_op_profile(const OpTimer& timer, double wall_s) const;
+
+  Recipe recipe_;
+  SessionOptions options_;
+  RunEnvironment env_;
+  PluginSet plugins_;
+  ParamStore store_;
+  int64_t step_ = 0;
+  std::map<std::string, double> step_metrics_;
+  Executor executor_{plugins_, store_, env_, step_};
+  UpdateStep update_{plugins_,      store_,
+                     executor_,     step_,
+                     step_metrics_, [this](tf_log_level l, const std::string& m) { log(l, m); }};
+  Snapshots snapshots_{store_, executor_, update_};
+  TrainingData data_{env_};
+  ParamPlanTable plan_;
+  KernelParts parts_;  // what every plugin instance's context points to
+
   MetricsWriter metrics_;
-  int32_t micro_index_ = 0, micro_count_ = 1;
-  bool in_optimizer_step_ = false;
-  double applied_loss_scale_ = 1.0;           // the loss scale of this step's backward passes
-  std::vector<int> active_events_;            // per stage: stage events begun and not yet ended
-  std::vector<bool> grads_dispatched_;        // per backward: grad_ready already called
-  std::optional<at::Device> compute_device_;  // the running stage's, while one runs
-  at::Tensor pass_positions_;    // packed rows' positions while a pass runs (backward included)
-  at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward
+  // Rollbacks ([run] on_non_finite) made at the current step without getting past it.
+  int64_t rollbacks_here_ = 0, rollback_step_ = -1;
 };
 
 }  // namespace tightfit

@@ -1,30 +1,21 @@
 // Building a session: the plugins of a recipe made into instances, the
 // model declared, strategies configured, parameters created stage by stage,
 // the data and the schedule set up.
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
-
+#include <cctype>
 #include <chrono>
-#include <cmath>
 #include <filesystem>
 #include <optional>
 
-#include "cross_entropy.hpp"
 #include "cuda_memory.hpp"
 #include "data_setup.hpp"
 #include "device_spec.hpp"
-#include "file_util.hpp"
-#include "generation.hpp"
-#include "hf_shards.hpp"
 #include "hf_weights.hpp"
 #include "kernel_keys.hpp"
 #include "logging.hpp"
-#include "op_timer.hpp"
-#include "safetensors.hpp"
 #include "session.hpp"
 #include "strategy_chain.hpp"
-#include "tensor_handle.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
@@ -48,9 +39,9 @@ PluginInstance Session::make_instance(const std::string& name, tf_plugin_kind ki
   }
   const LoadedPlugin* found = nullptr;
   try {
-    found = &registry_.find(name, kind, pinned);
+    found = &plugins_.registry.find(name, kind, pinned);
   } catch (const PluginPinMismatch& e) {
-    const PluginInfo* info = registry_.find_any(name);
+    const PluginInfo* info = plugins_.registry.find_any(name);
     throw RecipeError(recipe_.where(*pin) + ": plugin \"" + name + "\" at " +
                       (info ? info->path : std::string("?")) + " has SHA-256 " + e.actual +
                       ", not the pinned " + pinned +
@@ -63,7 +54,7 @@ PluginInstance Session::make_instance(const std::string& name, tf_plugin_kind ki
   PluginInstance inst;
   inst.plugin = &plugin;
   inst.ctx = std::make_unique<tf_host_context>();
-  inst.ctx->session = this;
+  inst.ctx->kernel = &parts_;
   inst.ctx->plugin_name = plugin.name;
   inst.ctx->role = role;
   if (plugin.strategy() && plugin.strategy()->release_weight)
@@ -94,7 +85,7 @@ void Session::build(const PluginRegistry& base_registry) {
   materialize_params(base_dir);
 
   // Found now rather than after the training: [save] hf needs every weight.
-  if (save_cfg_.get_bool("hf"))
+  if (env_.save_cfg.get_bool("hf"))
     for (const Param& p : store_.all())
       if (p.absent)
         throw RecipeError(recipe_.source() + ": [save] hf = true, but " + p.name +
@@ -102,43 +93,44 @@ void Session::build(const PluginRegistry& base_registry) {
                           "there is no whole model to export; set hf = false (and adapter = true "
                           "for LoRA) or use middle = \"frozen\"");
   if (options_.resume && !load_latest_checkpoint() && !options_.skip_data)
-    log(TF_LOG_WARN, "--resume: no checkpoint in " + checkpoint_dir() + "; starting from step 0");
-  if (pg_) pg_->barrier();  // every rank composed the same run
+    log(TF_LOG_WARN,
+        "--resume: no checkpoint in " + env_.checkpoint_dir() + "; starting from step 0");
+  if (env_.pg) env_.pg->barrier();  // every rank composed the same run
 }
 
 // The kernel's own tables ([run], [data], [optimizer], [save]) validated.
 void Session::read_kernel_tables() {
   recipe_.check_top_level(kernel_top_level_tables());
-  run_cfg_ = recipe_.validate(recipe_.table("run"), "[run]", run_keys());
-  for (int64_t at : run_cfg_.get_int_list("debug_nan_at_steps")) nan_steps_pending_.insert(at);
-  data_cfg_ = recipe_.validate(recipe_.table("data"), "[data]", data_keys());
-  opt_cfg_ = recipe_.validate(recipe_.table("optimizer"), "[optimizer]", optimizer_keys());
-  save_cfg_ = recipe_.validate(recipe_.table("save"), "[save]", save_keys());
+  env_.run_cfg = recipe_.validate(recipe_.table("run"), "[run]", run_keys());
+  executor_.inject_nan_at(env_.run_cfg.get_int_list("debug_nan_at_steps"));
+  env_.data_cfg = recipe_.validate(recipe_.table("data"), "[data]", data_keys());
+  env_.opt_cfg = recipe_.validate(recipe_.table("optimizer"), "[optimizer]", optimizer_keys());
+  env_.save_cfg = recipe_.validate(recipe_.table("save"), "[save]", save_keys());
 
-  if (const int64_t threads = run_cfg_.get_int("threads"); threads > 0)
+  if (const int64_t threads = env_.run_cfg.get_int("threads"); threads > 0)
     at::set_num_threads(static_cast<int>(threads));
   // A dry run allocates nothing: its budget must not refuse what the
   // process does next (fit measures this machine after planning).
-  MemoryAccounting::instance().set_budget(options_.dry_run ? 0
-                                                           : run_cfg_.get_size("memory_budget"));
+  MemoryAccounting::instance().set_budget(
+      options_.dry_run ? 0 : env_.run_cfg.get_size("memory_budget"));
 }
 
 // The training device, and the process group when a launcher started ranks.
 std::optional<DistEnv> Session::set_up_device_and_ranks() {
-  device_str_ = run_cfg_.get_string("device");
+  env_.device_str = env_.run_cfg.get_string("device");
   try {
-    device_ = parse_training_device(device_str_);
+    env_.device = parse_training_device(env_.device_str);
   } catch (const std::invalid_argument& e) {
     throw RecipeError(recipe_.source() + ": [run].device: " + e.what());
   }
   // A dry run plans a GPU recipe on a machine without one (nothing is
   // allocated); a real run needs the device.
-  if (device_.is_cuda() && !at::hasCUDA() && !options_.dry_run)
-    throw RecipeError(recipe_.source() + ": [run].device is \"" + device_str_ +
+  if (env_.device.is_cuda() && !at::hasCUDA() && !options_.dry_run)
+    throw RecipeError(recipe_.source() + ": [run].device is \"" + env_.device_str +
                       "\" but no CUDA device is available here; use device = \"cpu\"");
-  if (device_.is_cuda() && device_.has_index() && !options_.dry_run &&
-      !cuda_device_usable(device_.index()))
-    throw RecipeError(recipe_.source() + ": [run].device is \"" + device_str_ +
+  if (env_.device.is_cuda() && env_.device.has_index() && !options_.dry_run &&
+      !cuda_device_usable(env_.device.index()))
+    throw RecipeError(recipe_.source() + ": [run].device is \"" + env_.device_str +
                       "\" but this machine has " + std::to_string(cuda_device_count()) +
                       " CUDA devices (cuda:0 ...); name one of them");
   // More than one process: join the group before anything is allocated, so
@@ -149,20 +141,21 @@ std::optional<DistEnv> Session::set_up_device_and_ranks() {
   } catch (const std::invalid_argument& e) {
     throw RecipeError(std::string("distributed launch: ") + e.what());
   }
-  if (dist && device_.is_cuda() && !device_.has_index())
-    device_ = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(dist->local_rank));
-  if (dist && device_.is_cuda()) device_str_ = device_.str();
+  if (dist && env_.device.is_cuda() && !env_.device.has_index())
+    env_.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(dist->local_rank));
+  if (dist && env_.device.is_cuda()) env_.device_str = env_.device.str();
   if (dist && !options_.dry_run) {
     const auto timeout = std::chrono::milliseconds(
-        static_cast<int64_t>(run_cfg_.get_double("dist_timeout") * 1000.0));
-    pg_ = std::make_unique<ProcessGroup>(*dist, device_, timeout);
+        static_cast<int64_t>(env_.run_cfg.get_double("dist_timeout") * 1000.0));
+    env_.pg = std::make_unique<ProcessGroup>(*dist, env_.device, timeout);
     log(TF_LOG_DEBUG, "rank " + std::to_string(dist->rank) + " of " +
-                          std::to_string(dist->world_size) + " joined (" + pg_->backend() + ")");
+                          std::to_string(dist->world_size) + " joined (" + env_.pg->backend() +
+                          ")");
   }
-  if (device_.is_cuda() && !options_.dry_run) {
+  if (env_.device.is_cuda() && !options_.dry_run) {
     // The budget is the device's: the caching allocator's memory fraction.
-    const int idx = device_.has_index() ? device_.index() : 0;
-    cuda_set_budget(idx, run_cfg_.get_size("memory_budget"));
+    const int idx = env_.device.has_index() ? env_.device.index() : 0;
+    cuda_set_budget(idx, env_.run_cfg.get_size("memory_budget"));
     MemoryAccounting::instance().set_budget(0);
   }
 
@@ -173,28 +166,24 @@ std::optional<DistEnv> Session::set_up_device_and_ranks() {
 void Session::set_up_data(const std::string& base_dir, int64_t world_size) {
   try {
     DataRequest req;
-    req.corpus = data_cfg_.get_string("corpus");
-    req.tokenizer = data_cfg_.get_string("tokenizer");
+    req.corpus = env_.data_cfg.get_string("corpus");
+    req.tokenizer = env_.data_cfg.get_string("tokenizer");
     req.base_dir = base_dir;
     if (const toml::table* mt = recipe_.table("model"); mt && mt->contains("weights"))
       req.weights = (*mt)["weights"].value_or(std::string{});
-    req.chat_template = data_cfg_.get_string("chat_template");
-    req.train_on = data_cfg_.get_string("train_on");
-    req.packing = data_cfg_.get_bool("packing");
-    req.seq_len = data_cfg_.get_int("seq_len");
-    req.batch_size = data_cfg_.get_int("batch_size");
+    req.chat_template = env_.data_cfg.get_string("chat_template");
+    req.train_on = env_.data_cfg.get_string("train_on");
+    req.packing = env_.data_cfg.get_bool("packing");
+    req.seq_len = env_.data_cfg.get_int("seq_len");
+    req.batch_size = env_.data_cfg.get_int("batch_size");
     req.world_size = world_size;
-    req.val_fraction = data_cfg_.get_double("val_fraction");
-    req.seed = static_cast<uint64_t>(run_cfg_.get_int("seed"));
-    req.memory_budget = run_cfg_.get_size("memory_budget");
-    req.budget_counts_host = !device_.is_cuda();
+    req.val_fraction = env_.data_cfg.get_double("val_fraction");
+    req.seed = static_cast<uint64_t>(env_.run_cfg.get_int("seed"));
+    req.memory_budget = env_.run_cfg.get_size("memory_budget");
+    req.budget_counts_host = !env_.device.is_cuda();
     req.read_data = !options_.skip_data && !options_.dry_run;
-    DataSetup data = setup_data(req);
-    tokenizer_ = std::move(data.tokenizer);
-    batcher_ = std::move(data.batcher);
-    unigram_entropy_ = data.unigram_entropy;
-    data_description_ = data.description;
-    if (!data_description_.empty()) log(TF_LOG_INFO, "data: " + data_description_);
+    data_.set(setup_data(req));
+    if (!data_.description().empty()) log(TF_LOG_INFO, "data: " + data_.description());
   } catch (const std::invalid_argument& e) {
     throw RecipeError(recipe_.source() + ": [data]: " + e.what());
   } catch (const OutOfBudgetError&) {
@@ -215,48 +204,49 @@ void Session::set_up_run_folder(const std::optional<DistEnv>& dist) {
       if (part == "..") return false;
     return true;
   };
-  if (!stays_inside(run_cfg_.get_string("name")))
-    throw RecipeError(recipe_.source() + ": [run].name = \"" + run_cfg_.get_string("name") +
+  if (!stays_inside(env_.run_cfg.get_string("name")))
+    throw RecipeError(recipe_.source() + ": [run].name = \"" + env_.run_cfg.get_string("name") +
                       "\" would leave out_dir (an absolute path, or ..): name the run, and set "
                       "out_dir for where its folder goes");
-  if (const std::string d = save_cfg_.get_string("dir");
+  if (const std::string d = env_.save_cfg.get_string("dir");
       !d.empty() && !fs::path(d).is_absolute() && !stays_inside(d))
     throw RecipeError(recipe_.source() + ": [save].dir = \"" + d +
                       "\" climbs out of the working folder (..): give an absolute path if that "
                       "is where checkpoints go");
-  run_dir_ = (fs::path(run_cfg_.get_string("out_dir")) / run_cfg_.get_string("name")).string();
-  if (!options_.resume && save_cfg_.get_string("dir").empty()) {
-    const std::string base = run_dir_;
-    for (int i = 2; fs::exists(fs::path(run_dir_) / "checkpoints" / "manifest.json"); ++i)
-      run_dir_ = base + "." + std::to_string(i);
+  env_.run_dir =
+      (fs::path(env_.run_cfg.get_string("out_dir")) / env_.run_cfg.get_string("name")).string();
+  if (!options_.resume && env_.save_cfg.get_string("dir").empty()) {
+    const std::string base = env_.run_dir;
+    for (int i = 2; fs::exists(fs::path(env_.run_dir) / "checkpoints" / "manifest.json"); ++i)
+      env_.run_dir = base + "." + std::to_string(i);
   }
-  if (!options_.skip_data && !options_.dry_run) fs::create_directories(run_dir_);
-  run_dir_str_ = fs::absolute(run_dir_).string();
+  if (!options_.skip_data && !options_.dry_run) fs::create_directories(env_.run_dir);
+  env_.run_dir_abs = fs::absolute(env_.run_dir).string();
 
-  run_info_ = tf_run_info{};
-  run_info_.struct_size = sizeof run_info_;
-  run_info_.device = device_str_.c_str();
-  run_info_.rank = dist ? dist->rank : 0;
-  run_info_.world_size = dist ? dist->world_size : 1;
-  run_info_.dry_run = options_.dry_run ? 1 : 0;
+  env_.run_info = tf_run_info{};
+  env_.run_info.struct_size = sizeof env_.run_info;
+  env_.run_info.device = env_.device_str.c_str();
+  env_.run_info.rank = dist ? dist->rank : 0;
+  env_.run_info.world_size = dist ? dist->world_size : 1;
+  env_.run_info.dry_run = options_.dry_run ? 1 : 0;
   if (options_.dry_run && options_.plan_world_size > 0)
-    run_info_.world_size = options_.plan_world_size;
-  run_info_.local_rank = dist ? dist->local_rank : 0;
-  run_info_.vocab_size = tokenizer_->vocab_size();
-  run_info_.seq_len = data_cfg_.get_int("seq_len");
-  run_info_.batch_size = data_cfg_.get_int("batch_size");
-  run_info_.total_steps = run_cfg_.get_int("steps");
-  run_info_.seed = static_cast<uint64_t>(run_cfg_.get_int("seed"));
-  run_info_.run_dir = run_dir_str_.c_str();
+    env_.run_info.world_size = options_.plan_world_size;
+  env_.run_info.local_rank = dist ? dist->local_rank : 0;
+  env_.run_info.vocab_size = data_.tokenizer().vocab_size();
+  env_.run_info.seq_len = env_.data_cfg.get_int("seq_len");
+  env_.run_info.batch_size = env_.data_cfg.get_int("batch_size");
+  env_.run_info.total_steps = env_.run_cfg.get_int("steps");
+  env_.run_info.seed = static_cast<uint64_t>(env_.run_cfg.get_int("seed"));
+  env_.run_info.run_dir = env_.run_dir_abs.c_str();
 }
 
 // The registry (with the recipe's plugin paths) and the model, declared.
 void Session::create_model(const PluginRegistry& base_registry, const std::string& base_dir) {
   // Plugins: the recipe's own paths add to the installed ones (a name taken
   // twice is a conflict the registry reports when the name is used).
-  registry_ = base_registry;
-  PluginRegistry& registry = registry_;
-  for (const auto& p : run_cfg_.get_string_list("plugin_paths")) {
+  plugins_.registry = base_registry;
+  PluginRegistry& registry = plugins_.registry;
+  for (const auto& p : env_.run_cfg.get_string_list("plugin_paths")) {
     fs::path path = p;
     if (path.is_relative()) path = fs::path(base_dir) / path;
     registry.add_path(path.string(), "recipe");
@@ -265,20 +255,22 @@ void Session::create_model(const PluginRegistry& base_registry, const std::strin
 
   const toml::table* model_table = recipe_.table("model");
   const std::string model_name = recipe_.required_string(model_table, "model", "plugin");
-  model_ = make_instance(model_name, TF_PLUGIN_MODEL, model_table, "model",
-                         recipe_.where(*model_table->get("plugin")));
-  if (data_cfg_.get_bool("packing") &&
-      !(model_.plugin->model_features & TF_MODEL_FEATURE_POSITIONS))
+  plugins_.model = make_instance(model_name, TF_PLUGIN_MODEL, model_table, "model",
+                                 recipe_.where(*model_table->get("plugin")));
+  if (env_.data_cfg.get_bool("packing") &&
+      !(plugins_.model.plugin->model_features & TF_MODEL_FEATURE_POSITIONS))
     throw RecipeError(recipe_.source() + ": [data] packing = true: model plugin \"" + model_name +
                       "\" does not read per-token positions (TF_MODEL_FEATURE_POSITIONS), so its "
                       "attention would cross from one example to the next in a packed row; set "
                       "packing = false");
-  declaring_ = true;
-  check(model_.plugin->model()->create(host_api(), model_.ctx.get(), &model_.state), model_,
-        "create");
-  if (stages_.empty())
+  plugins_.declaring = true;
+  check_plugin_status(plugins_.model.plugin->model()->create(host_api(), plugins_.model.ctx.get(),
+                                                             &plugins_.model.state),
+                      plugins_.model, "create");
+  if (executor_.stages().empty())
     throw PluginCallError("model plugin \"" + model_name + "\" declared no stages");
-  if (stages_.front().kind != TF_STAGE_EMBED || stages_.back().kind != TF_STAGE_HEAD)
+  if (executor_.stages().front().kind != TF_STAGE_EMBED ||
+      executor_.stages().back().kind != TF_STAGE_HEAD)
     throw PluginCallError("model plugin \"" + model_name +
                           "\" must declare an embed stage first and a head stage last");
 }
@@ -290,20 +282,20 @@ void Session::create_strategies() {
     ++idx;
     const std::string name = recipe_.required_string(t, "strategy", "plugin");
     const std::string role = "strategy #" + std::to_string(idx);
-    strategies_.push_back(
+    plugins_.strategies.push_back(
         make_instance(name, TF_PLUGIN_STRATEGY, t, "[strategy]", recipe_.where(*t->get("plugin"))));
-    PluginInstance& s = strategies_.back();
+    PluginInstance& s = plugins_.strategies.back();
     s.ctx->role = role;
     const tf_status st = s.plugin->strategy()->create(host_api(), s.ctx.get(), &s.state);
     // A strategy that refuses its keys is a recipe error at its table.
     if (st == TF_ERR_INVALID_ARGUMENT)
       throw RecipeError(recipe_.where(*t->get("plugin")) + ": " + s.ctx->plugin_error);
-    check(st, s, "create");
+    check_plugin_status(st, s, "create");
   }
-  StrategyChain(strategies_)
+  StrategyChain(plugins_.strategies)
       .each_with(&tf_strategy_vtable::configure, "configure",
                  [&](size_t i, tf_status st) { check_strategy_setup(i, st, "configure"); });
-  declaring_ = false;
+  plugins_.declaring = false;
 }
 
 // A strategy's status while the run is set up: one that cannot accept the
@@ -311,44 +303,45 @@ void Session::create_strategies() {
 // [[strategy]] table.
 void Session::check_strategy_setup(size_t i, tf_status st, const char* what) {
   if (st == TF_ERR_INVALID_ARGUMENT) {
-    const std::string msg = strategies_[i].ctx->plugin_error;
-    strategies_[i].ctx->plugin_error.clear();
+    const std::string msg = plugins_.strategies[i].ctx->plugin_error;
+    plugins_.strategies[i].ctx->plugin_error.clear();
     throw RecipeError(recipe_.where(*recipe_.array_tables("strategy")[i]->get("plugin")) + ": " +
                       msg);
   }
-  check(st, strategies_[i], what);
+  check_plugin_status(st, plugins_.strategies[i], what);
 }
 
 // The optimizer (it holds no state yet) and the schedule, made before
 // materialization so that a dry run (`plan`) can ask for their estimates.
 void Session::create_optimizer_and_schedule() {
   OptimizerConfig oc;
-  oc.name = opt_cfg_.get_string("name");
-  oc.lr = opt_cfg_.get_double("lr");
-  oc.weight_decay = opt_cfg_.get_double("weight_decay");
-  oc.beta1 = opt_cfg_.get_double("beta1");
-  oc.beta2 = opt_cfg_.get_double("beta2");
-  oc.eps = opt_cfg_.get_double("eps");
-  oc.momentum = opt_cfg_.get_double("momentum");
-  oc.grad_clip = opt_cfg_.get_double("grad_clip");
-  optimizer_ = std::make_unique<Optimizer>(oc);
+  oc.name = env_.opt_cfg.get_string("name");
+  oc.lr = env_.opt_cfg.get_double("lr");
+  oc.weight_decay = env_.opt_cfg.get_double("weight_decay");
+  oc.beta1 = env_.opt_cfg.get_double("beta1");
+  oc.beta2 = env_.opt_cfg.get_double("beta2");
+  oc.eps = env_.opt_cfg.get_double("eps");
+  oc.momentum = env_.opt_cfg.get_double("momentum");
+  oc.grad_clip = env_.opt_cfg.get_double("grad_clip");
+  update_.create_optimizer(oc);
   const toml::table* sched_table = recipe_.table("schedule");
   const std::string sched_name = sched_table && sched_table->contains("plugin")
                                      ? recipe_.required_string(sched_table, "schedule", "plugin")
                                      : "standard";
-  schedule_ = make_instance(sched_name, TF_PLUGIN_SCHEDULE, sched_table, "schedule",
-                            sched_table && sched_table->get("plugin")
-                                ? recipe_.where(*sched_table->get("plugin"))
-                                : recipe_.source());
-  check(schedule_.plugin->schedule()->create(host_api(), schedule_.ctx.get(), &schedule_.state),
-        schedule_, "create");
+  plugins_.schedule = make_instance(sched_name, TF_PLUGIN_SCHEDULE, sched_table, "schedule",
+                                    sched_table && sched_table->get("plugin")
+                                        ? recipe_.where(*sched_table->get("plugin"))
+                                        : recipe_.source());
+  check_plugin_status(plugins_.schedule.plugin->schedule()->create(
+                          host_api(), plugins_.schedule.ctx.get(), &plugins_.schedule.state),
+                      plugins_.schedule, "create");
 }
 
 // Parameters created stage by stage: initialized or read from the weights
 // folder, and handed to the strategies before the next stage exists.
 void Session::materialize_params(const std::string& base_dir) {
   // Dropout and other ops draw from the global generators; seed them per run.
-  at::manual_seed(run_info_.seed);
+  at::manual_seed(env_.run_info.seed);
   // Stage by stage: initialize, load the stage's weights, let strategies
   // convert them (stage_params_ready); only then allocate the next stage.
   std::unique_ptr<HfWeightSource> weights;
@@ -373,11 +366,11 @@ void Session::materialize_params(const std::string& base_dir) {
   // Parameters of skipped stages (sparse) are never allocated or loaded.
   auto place = [&](const Param& p) -> std::optional<at::Device> {
     const size_t stage = p.stage >= 0 ? static_cast<size_t>(p.stage) : 0;
-    if (stage >= stages_.size()) return device_;
-    if (p.stage >= 0 && stages_[stage].skip) return std::nullopt;
-    return at::Device(stages_[stage].device);
+    if (stage >= executor_.stages().size()) return env_.device;
+    if (p.stage >= 0 && executor_.stages()[stage].skip) return std::nullopt;
+    return at::Device(executor_.stages()[stage].device);
   };
-  store_.materialize(run_info_.seed, place, [&](size_t first, size_t last) {
+  store_.materialize(env_.run_info.seed, place, [&](size_t first, size_t last) {
     auto& params = store_.all();
     if (weights) {
       try {
@@ -390,17 +383,17 @@ void Session::materialize_params(const std::string& base_dir) {
     }
     const int32_t stage = params[first].stage;
     if (params[first].absent) return;  // a skipped stage: nothing to convert
-    StrategyChain(strategies_)
+    StrategyChain(plugins_.strategies)
         .each_with(
             &tf_strategy_vtable::stage_params_ready, "stage_params_ready",
             [&](size_t i, tf_status st) { check_strategy_setup(i, st, "stage_params_ready"); },
             stage);
   });
-  StrategyChain(strategies_)
+  StrategyChain(plugins_.strategies)
       .each_with(&tf_strategy_vtable::params_ready, "params_ready",
                  [&](size_t i, tf_status st) { check_strategy_setup(i, st, "params_ready"); });
 
-  recompute_anchor_ = at::empty({0}, at::TensorOptions().device(device_)).requires_grad_(true);
+  executor_.prepare_recompute();
 }
 
 }  // namespace tightfit

@@ -1,29 +1,13 @@
 // A session's weights written out: a Hugging Face folder (merged adapters
 // optionally) and a PEFT adapter folder.
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Parallel.h>
-#include <c10/util/Exception.h>
-
-#include <chrono>
-#include <cmath>
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 
-#include "cross_entropy.hpp"
-#include "cuda_memory.hpp"
-#include "data_setup.hpp"
-#include "device_spec.hpp"
-#include "file_util.hpp"
-#include "generation.hpp"
 #include "hf_shards.hpp"
 #include "hf_weights.hpp"
-#include "kernel_keys.hpp"
-#include "logging.hpp"
-#include "op_timer.hpp"
-#include "safetensors.hpp"
 #include "session.hpp"
 #include "strategy_chain.hpp"
-#include "tensor_handle.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
@@ -32,20 +16,21 @@ std::string Session::export_hf(const std::string& dir, bool merge, int64_t max_s
   // Gathering parameters split across ranks takes every rank; rank 0 writes.
   const bool sharded = std::any_of(store_.all().begin(), store_.all().end(),
                                    [](const Param& p) { return p.residency == TF_TIER_SHARDED; });
-  if (!is_rank0() && !sharded) return dir;
-  const tf_model_vtable* vt = model_.plugin->model();
+  if (!env_.is_rank0() && !sharded) return dir;
+  const tf_model_vtable* vt = plugins_.model.plugin->model();
   const char* config = nullptr;
   if (vt->hf_config_json)
-    check(vt->hf_config_json(model_.state, model_.ctx.get(), &config), model_, "hf_config_json");
+    check_plugin_status(vt->hf_config_json(plugins_.model.state, plugins_.model.ctx.get(), &config),
+                        plugins_.model, "hf_config_json");
   if (!config)
-    log(TF_LOG_WARN, "model plugin \"" + model_.plugin->name +
+    log(TF_LOG_WARN, "model plugin \"" + plugins_.model.plugin->name +
                          "\" gives no config.json; exporting weights only");
   at::NoGradGuard no_grad;
   CategoryScope scope(TF_MEM_TRANSIENT);
   // One parameter at a time, in stage order: dense from any tier, merged by
   // the strategies that rewrite it (LoRA), into the current shard.
   std::optional<HfShardWriter> writer;
-  if (is_rank0()) writer.emplace(dir, max_shard_bytes);
+  if (env_.is_rank0()) writer.emplace(dir, max_shard_bytes);
   for (const Param& p : store_.all()) {
     if (p.flags & TF_PARAM_ADAPTER) continue;
     if (p.absent)
@@ -54,16 +39,16 @@ std::string Session::export_hf(const std::string& dir, bool merge, int64_t max_s
           " belongs to a block this recipe skips (sparse middle = \"skip\"); it was never "
           "loaded, so there is no whole model to export. Export the adapters alone (--adapter), "
           "or train with middle = \"frozen\"");
-    at::Tensor value = fetch_weight(p.name).detach();
+    at::Tensor value = executor_.fetch_weight(p.name).detach();
     if (merge)
-      StrategyChain(strategies_)
+      StrategyChain(plugins_.strategies)
           .thread_tensor(&tf_strategy_vtable::export_weight, "export_weight", value,
                          p.name.c_str());
     if (writer) writer->add(p.name, hf_layout(p, value));
   }
   if (writer) {
     writer->finish();
-    write_hf_side_files(dir, config ? config : "", tokenizer_->source_file());
+    write_hf_side_files(dir, config ? config : "", data_.tokenizer().source_file());
   }
   return dir;
 }
@@ -74,12 +59,12 @@ std::string Session::export_adapter(const std::string& dir) {
   if (ec) throw std::runtime_error("cannot create " + dir + ": " + ec.message());
   at::NoGradGuard no_grad;
   bool written = false;
-  StrategyChain(strategies_)
+  StrategyChain(plugins_.strategies)
       .each_with(
           &tf_strategy_vtable::export_adapter, "export_adapter",
           [&](size_t i, tf_status st) {
             written = written || st == TF_OK;
-            check(st, strategies_[i], "export_adapter");
+            check_plugin_status(st, plugins_.strategies[i], "export_adapter");
           },
           dir.c_str());
   if (!written)

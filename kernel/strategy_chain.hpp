@@ -29,7 +29,7 @@
 
 #include "memory_accounting.hpp"
 #include "plugin_call_scope.hpp"
-#include "session.hpp"
+#include "plugin_set.hpp"
 #include "tensor_handle.hpp"
 
 namespace tightfit {

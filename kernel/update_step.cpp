@@ -1,34 +1,17 @@
-// The update step: gradients applied by the optimizer or a strategy, loss
-// scaling, micro-batches, clipping and skipped non-finite steps.
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Parallel.h>
-#include <c10/util/Exception.h>
+// The update step (update_step.hpp).
+#include "update_step.hpp"
 
-#include <chrono>
 #include <cmath>
-#include <filesystem>
-#include <optional>
+#include <stdexcept>
+#include <vector>
 
-#include "cross_entropy.hpp"
-#include "cuda_memory.hpp"
-#include "data_setup.hpp"
-#include "device_spec.hpp"
-#include "file_util.hpp"
-#include "generation.hpp"
-#include "hf_shards.hpp"
-#include "hf_weights.hpp"
-#include "kernel_keys.hpp"
-#include "logging.hpp"
-#include "op_timer.hpp"
-#include "safetensors.hpp"
-#include "session.hpp"
+#include "memory_accounting.hpp"
 #include "strategy_chain.hpp"
 #include "tensor_handle.hpp"
 
 namespace tightfit {
-namespace fs = std::filesystem;
-
-void Session::optimizer_apply(const std::string& name, const at::Tensor& grad, double grad_scale) {
+void UpdateStep::optimizer_apply(const std::string& name, const at::Tensor& grad,
+                                 double grad_scale) {
   Param& p = store_.get(name);
   if (!p.trainable) throw std::invalid_argument("parameter \"" + name + "\" is frozen");
   at::Tensor g = grad;
@@ -40,27 +23,27 @@ void Session::optimizer_apply(const std::string& name, const at::Tensor& grad, d
   update_param(p, g, optimizer_->steps() + 1);
 }
 
-int64_t Session::update_step() const {
+int64_t UpdateStep::update_step() const {
   return in_optimizer_step_ ? optimizer_->steps() : optimizer_->steps() + 1;
 }
 
-void Session::update_param(Param& p, const at::Tensor& grad, int64_t step) {
+void UpdateStep::update_param(Param& p, const at::Tensor& grad, int64_t step) {
   // Strategies that keep the state themselves (8-bit AdamW, offloaded state)
   // update where it lives; otherwise the kernel's optimizer does.
-  if (StrategyChain(strategies_)
+  if (StrategyChain(plugins_.strategies)
           .first_handled(&tf_strategy_vtable::optimizer_step_param, "optimizer_step_param",
                          p.name.c_str(), borrow_handle(p.value), borrow_handle(grad),
                          optimizer_->lr()) < 0)
     optimizer_->update(p, grad, step);
 }
 
-void Session::zero_grad() {
+void UpdateStep::zero_grad() {
   for (Param& p : store_.all())
     if (p.value.defined() && p.value.grad().defined()) p.value.mutable_grad() = at::Tensor();
-  StrategyChain(strategies_).each(&tf_strategy_vtable::drop_held_grads, "drop_held_grads");
+  StrategyChain(plugins_.strategies).each(&tf_strategy_vtable::drop_held_grads, "drop_held_grads");
 }
 
-void Session::set_micro_batch(int32_t index, int32_t count) {
+void UpdateStep::set_micro_batch(int32_t index, int32_t count) {
   if (count < 1 || index < 0 || index >= count)
     throw std::invalid_argument("micro-batch " + std::to_string(index) + " of " +
                                 std::to_string(count) + ": need 0 <= index < count");
@@ -68,35 +51,27 @@ void Session::set_micro_batch(int32_t index, int32_t count) {
   micro_count_ = count;
 }
 
-double Session::strategies_loss_scale() {
-  double scale = 1.0;
-  StrategyChain(strategies_).each(&tf_strategy_vtable::loss_scale, "loss_scale", &scale);
-  if (!(scale > 0) || !std::isfinite(scale))
-    throw PluginCallError("strategies asked for a loss scale of " + std::to_string(scale) +
-                          "; it must be finite and > 0");
-  return scale;
-}
-
-void Session::report_loss_scale(bool finite) {
-  StrategyChain(strategies_)
+void UpdateStep::report_loss_scale(bool finite) {
+  StrategyChain(plugins_.strategies)
       .each(&tf_strategy_vtable::loss_scale_update, "loss_scale_update", int32_t{finite ? 1 : 0});
 }
 
-tf_status Session::optimizer_step() {
+tf_status UpdateStep::optimizer_step() {
   micro_index_ = 0;
   micro_count_ = 1;
   std::vector<Param*> params = store_.trainable();
-  if (applied_loss_scale_ != 1.0) {
+  if (executor_.applied_loss_scale() != 1.0) {
     at::NoGradGuard no_grad;
     for (Param* p : params)
-      if (p->value.grad().defined()) p->value.mutable_grad().div_(applied_loss_scale_);
+      if (p->value.grad().defined()) p->value.mutable_grad().div_(executor_.applied_loss_scale());
   }
-  const bool scaled = applied_loss_scale_ != 1.0;
-  applied_loss_scale_ = 1.0;
+  const bool scaled = executor_.applied_loss_scale() != 1.0;
+  executor_.clear_applied_loss_scale();
   // Gradients strategies hold themselves (ZeRO's reduce-scattered parts)
   // count in the norm, are clipped by the same factor and updated after.
   double held_sq = 0;
-  StrategyChain(strategies_).each(&tf_strategy_vtable::grad_norm_sq, "grad_norm_sq", &held_sq);
+  StrategyChain(plugins_.strategies)
+      .each(&tf_strategy_vtable::grad_norm_sq, "grad_norm_sq", &held_sq);
   const Optimizer::Clip clip = optimizer_->clip(params, held_sq);
   const double norm = clip.norm;
   step_metrics_["grad_norm"] = norm;
@@ -116,7 +91,7 @@ tf_status Session::optimizer_step() {
                   (bad.empty() ? std::string(" (held by a strategy)")
                                : " in " + std::to_string(bad.size()) + " of " +
                                      std::to_string(params.size()) + " parameters: " + where);
-    log(TF_LOG_WARN, non_finite_);
+    log_(TF_LOG_WARN, non_finite_);
     zero_grad();
     if (scaled) report_loss_scale(false);
     return TF_ERR_NON_FINITE;
@@ -133,12 +108,9 @@ tf_status Session::optimizer_step() {
     const at::Tensor& g = p->value.grad();
     if (g.defined()) update_param(*p, g, optimizer_->steps());
   }
-  StrategyChain(strategies_)
+  StrategyChain(plugins_.strategies)
       .each(&tf_strategy_vtable::apply_held_grads, "apply_held_grads", clip.scale);
   return TF_OK;
 }
-
-// profile.json in the run folder: seconds inside each outermost operator
-// over the run, largest first, against the run's wall time.
 
 }  // namespace tightfit

@@ -66,13 +66,13 @@ TEST_F(AccumulateTest, EqualsOneUpdateOverTheWholeBatch) {
   for (int step = 0; step < 3; ++step) {
     std::vector<at::Tensor> tokens, targets;
     for (int i = 0; i < 3; ++i) {
-      auto b = ref->batcher().next();
+      auto b = ref->data().batcher().next();
       tokens.push_back(b.tokens);
       targets.push_back(b.targets);
     }
-    ref->zero_grad();
-    const PassResult r = ref->run_pass(at::cat(tokens), at::cat(targets), true, 1.0);
-    ASSERT_EQ(ref->optimizer_step(), TF_OK);
+    ref->update().zero_grad();
+    const PassResult r = ref->executor().run_pass(at::cat(tokens), at::cat(targets), true, 1.0);
+    ASSERT_EQ(ref->update().optimizer_step(), TF_OK);
     EXPECT_NEAR(sum.losses[static_cast<size_t>(step)], r.loss, 1e-5 * r.loss) << "step " << step;
   }
   expect_close(weights(*acc), weights(*ref), 1e-5, "accumulate vs concatenated batch");
@@ -99,11 +99,11 @@ TEST_F(AccumulateTest, FusedUpdateKeepsGradientsUntilTheLastMicroBatch) {
     return n;
   };
   const Weights before = weights(*s);
-  s->zero_grad();
+  s->update().zero_grad();
   for (int i = 0; i < 2; ++i) {
-    s->set_micro_batch(i, 2);
-    auto b = s->batcher().next();
-    s->run_pass(b.tokens, b.targets, true, 0.5);
+    s->update().set_micro_batch(i, 2);
+    auto b = s->data().batcher().next();
+    s->executor().run_pass(b.tokens, b.targets, true, 0.5);
     if (i == 0) {
       EXPECT_EQ(grads_left(), static_cast<int64_t>(s->store().trainable().size()));
       expect_close(weights(*s), before, 0.0, "no update before the last micro-batch");
@@ -116,8 +116,8 @@ TEST_F(AccumulateTest, FusedUpdateKeepsGradientsUntilTheLastMicroBatch) {
           .max()
           .item<double>();
   EXPECT_GT(moved, 0.0);
-  EXPECT_EQ(s->optimizer_step(), TF_OK);
-  EXPECT_EQ(s->micro_batch_count(), 1);  // reset for the next step
+  EXPECT_EQ(s->update().optimizer_step(), TF_OK);
+  EXPECT_EQ(s->update().micro_batch_count(), 1);  // reset for the next step
 }
 
 TEST_F(AccumulateTest, EightBitAdamWStateServesFusedUpdates) {
@@ -130,13 +130,13 @@ TEST_F(AccumulateTest, EightBitAdamWStateServesFusedUpdates) {
   // Same int8 state, same step numbers: the same weights.
   expect_close(weights(*b), weights(*a), 1e-6, "adam8 + fused_update vs adam8");
   // And the kernel holds no fp32 moments: the state is quantize's.
-  EXPECT_EQ(b->optimizer().state_bytes(), 0);
+  EXPECT_EQ(b->update().optimizer().state_bytes(), 0);
 }
 
 TEST_F(AccumulateTest, RejectsABadMicroBatchDeclaration) {
   auto s = test::make_session(recipe(kStandard, "", 2));
-  EXPECT_THROW(s->set_micro_batch(2, 2), std::invalid_argument);
-  EXPECT_THROW(s->set_micro_batch(0, 0), std::invalid_argument);
+  EXPECT_THROW(s->update().set_micro_batch(2, 2), std::invalid_argument);
+  EXPECT_THROW(s->update().set_micro_batch(0, 0), std::invalid_argument);
 }
 
 }  // namespace

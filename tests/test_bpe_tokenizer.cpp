@@ -110,9 +110,9 @@ TEST_F(BpeParity, RecipeUsesTheTokenizerAndItsVocabulary) {
   std::string r = test::tiny_recipe(test::write_corpus(d), d.str());
   r.replace(r.find("seq_len = 32"), 12, "seq_len = 32\ntokenizer = \"" + dir_->str() + "/gpt2\"");
   auto s = test::make_session(r);
-  EXPECT_EQ(s->run_info().vocab_size, 600);
+  EXPECT_EQ(s->env().run_info.vocab_size, 600);
   EXPECT_EQ(s->store().get("transformer.wte.weight").shape[0], 600);
-  auto b = s->batcher().next();
+  auto b = s->data().batcher().next();
   EXPECT_LT(b.tokens.max().item<int64_t>(), 600);
 }
 
@@ -133,8 +133,9 @@ TEST_F(BpeParity, CorpusWithInvalidUtf8IsRefusedNamingWhere) {
     EXPECT_NE(m.find("not valid UTF-8 (byte 11 of its text, line 2)"), std::string::npos) << m;
     EXPECT_NE(m.find("tokenizer = \"byte\""), std::string::npos) << m;
   }
-  EXPECT_EQ(test::make_session(test::tiny_recipe(corpus, d.str() + "/b"))->run_info().vocab_size,
-            256);
+  EXPECT_EQ(
+      test::make_session(test::tiny_recipe(corpus, d.str() + "/b"))->env().run_info.vocab_size,
+      256);
 }
 
 TEST(Utf8, FindsTheFirstMalformedByte) {

@@ -182,11 +182,11 @@ TEST_F(ChatData, ChatFineTuneTrainsOnAnswers) {
       "/tokenizer.json\"\nseq_len = 48\nbatch_size = 8\nval_fraction = 0.1\n\n"
       "[optimizer]\nlr = 3e-3\n\n[schedule]\nplugin = \"standard\"\nwarmup_steps = 2\n";
   auto s = test::make_session(recipe);
-  const auto batch = s->batcher().next();
+  const auto batch = s->data().batcher().next();
   const int64_t trained = batch.targets.ne(kIgnoreIndex).sum().item<int64_t>();
   EXPECT_GT(trained, 0);
   EXPECT_LT(trained, batch.targets.numel() / 2);  // prompts, template and padding are not
-  s->batcher().set_position(0);
+  s->data().batcher().set_position(0);
   const TrainSummary sum = s->train();
   EXPECT_NE(sum.data.find("40 examples: 36 train, 4 validation"), std::string::npos) << sum.data;
   ASSERT_GE(sum.losses.size(), 30u);
@@ -228,7 +228,7 @@ TEST(FineTuneWalkthrough, HfFolderInChatRowsOutFolderTransformersLoads) {
   at::Tensor logits;
   {
     at::NoGradGuard no_grad;
-    logits = s->forward_logits(tokens, false);
+    logits = s->executor().forward_logits(tokens, false);
   }
   write_safetensors(hf + "/expected.safetensors", {{"tokens", tokens}, {"logits", logits}});
   EXPECT_EQ(std::system((py + "check " + hf).c_str()), 0);

@@ -15,10 +15,10 @@ struct PassOutcome {
 
 PassOutcome one_pass(const std::string& recipe) {
   auto s = test::make_session(recipe);
-  auto batch = s->batcher().next();
+  auto batch = s->data().batcher().next();
   MemoryAccounting::instance().reset_peaks();
   const int64_t before = MemoryAccounting::instance().snapshot().current[TF_MEM_ACTIVATIONS];
-  const PassResult r = s->run_pass(batch.tokens, batch.targets, true, 1.0);
+  const PassResult r = s->executor().run_pass(batch.tokens, batch.targets, true, 1.0);
   PassOutcome out;
   out.loss = r.loss;
   out.peak_activations = MemoryAccounting::instance().snapshot().peak[TF_MEM_ACTIVATIONS] - before;
@@ -67,7 +67,7 @@ TEST(CheckpointStrategy, EveryNMarksEveryNthBlock) {
   r.replace(r.find("n_layer = 2"), 11, "n_layer = 5");
   auto s = test::make_session(r);
   std::vector<bool> marked;
-  for (const auto& st : s->stages()) marked.push_back(st.recompute);
+  for (const auto& st : s->executor().stages()) marked.push_back(st.recompute);
   EXPECT_EQ(marked, (std::vector<bool>{false, true, false, true, false, true, false}));
 }
 

@@ -334,14 +334,14 @@ TEST_F(Distributed, HungRankTimesOut) {
 std::map<std::string, at::Tensor> train_in_process(const std::string& text, int steps) {
   auto s = test::make_session(text);
   for (int i = 0; i < steps; ++i) {
-    s->zero_grad();
-    auto b = s->next_batch();
-    s->run_pass(b.tokens, b.targets, true, 1.0);
-    EXPECT_EQ(s->optimizer_step(), TF_OK);
+    s->update().zero_grad();
+    auto b = s->data().next_batch();
+    s->executor().run_pass(b.tokens, b.targets, true, 1.0);
+    EXPECT_EQ(s->update().optimizer_step(), TF_OK);
   }
   std::map<std::string, at::Tensor> out;
   for (Param& p : s->store().all())  // (ZeRO-3's parameters are whole only when brought in)
-    s->with_resident(p, [&] { out[p.name] = p.value.detach().cpu().clone(); });
+    s->executor().with_resident(p, [&] { out[p.name] = p.value.detach().cpu().clone(); });
   return out;
 }
 

@@ -20,10 +20,10 @@ class FusedUpdateTest : public ::testing::Test {
   }
   static std::map<std::string, at::Tensor> train_steps(Session& s, int steps) {
     for (int i = 0; i < steps; ++i) {
-      s.zero_grad();
-      auto b = s.batcher().next();
-      s.run_pass(b.tokens, b.targets, true, 1.0);
-      EXPECT_EQ(s.optimizer_step(), TF_OK);
+      s.update().zero_grad();
+      auto b = s.data().batcher().next();
+      s.executor().run_pass(b.tokens, b.targets, true, 1.0);
+      EXPECT_EQ(s.update().optimizer_step(), TF_OK);
     }
     std::map<std::string, at::Tensor> out;
     for (const Param& p : s.store().all()) out[p.name] = p.value.detach().clone();
@@ -53,12 +53,12 @@ TEST_F(FusedUpdateTest, GradientsAreFreedStageByStage) {
   auto grads_peak = [&](const std::string& stack, int64_t* left_after) {
     auto s = test::make_session(recipe(stack));
     train_steps(*s, 1);
-    s->zero_grad();
+    s->update().zero_grad();
     auto& acct = MemoryAccounting::instance();
     acct.reset_peaks();
     const int64_t base = acct.snapshot().current[TF_MEM_GRADS];
-    auto b = s->batcher().next();
-    s->run_pass(b.tokens, b.targets, true, 1.0);
+    auto b = s->data().batcher().next();
+    s->executor().run_pass(b.tokens, b.targets, true, 1.0);
     *left_after = 0;
     for (const Param& p : s->store().all())
       if (p.value.grad().defined()) *left_after += p.value.grad().numel() * 4;

@@ -16,7 +16,7 @@ class Gpt2Test : public ::testing::Test {
 };
 
 TEST_F(Gpt2Test, DeclaresHuggingFaceParametersAndStages) {
-  auto& stages = session->stages();
+  auto& stages = session->executor().stages();
   ASSERT_EQ(stages.size(), 4u);  // embed, 2 blocks, head
   EXPECT_EQ(stages.front().kind, TF_STAGE_EMBED);
   EXPECT_EQ(stages.back().kind, TF_STAGE_HEAD);
@@ -34,7 +34,7 @@ TEST_F(Gpt2Test, DeclaresHuggingFaceParametersAndStages) {
 TEST_F(Gpt2Test, LogitsHaveBatchTimeVocabShape) {
   at::NoGradGuard no_grad;
   at::Tensor tokens = at::randint(0, 256, {3, 17}, at::kLong);
-  at::Tensor logits = session->forward_logits(tokens, false);
+  at::Tensor logits = session->executor().forward_logits(tokens, false);
   EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{3, 17, 256}));
   EXPECT_TRUE(logits.isfinite().all().item<bool>());
 }
@@ -44,25 +44,26 @@ TEST_F(Gpt2Test, CausalMaskHidesTheFuture) {
   at::Tensor a = at::randint(0, 256, {1, 16}, at::kLong);
   at::Tensor b = a.clone();
   b.index_put_({0, 12}, (a.index({0, 12}) + 1) % 256);
-  at::Tensor la = session->forward_logits(a, false), lb = session->forward_logits(b, false);
+  at::Tensor la = session->executor().forward_logits(a, false),
+             lb = session->executor().forward_logits(b, false);
   EXPECT_TRUE(at::equal(la.slice(1, 0, 12), lb.slice(1, 0, 12)));
   EXPECT_FALSE(at::allclose(la.slice(1, 12), lb.slice(1, 12)));
 }
 
 TEST_F(Gpt2Test, FreshModelLossIsNearLnVocab) {
-  auto batch = session->batcher().next();
-  const PassResult r = session->run_pass(batch.tokens, batch.targets, false, 1.0);
+  auto batch = session->data().batcher().next();
+  const PassResult r = session->executor().run_pass(batch.tokens, batch.targets, false, 1.0);
   EXPECT_NEAR(r.loss, std::log(256.0), 0.1);
 }
 
 TEST_F(Gpt2Test, FewStepsOnAFixedBatchDriveLossDown) {
-  auto batch = session->batcher().next();
-  session->optimizer().set_lr(3e-3);
+  auto batch = session->data().batcher().next();
+  session->update().optimizer().set_lr(3e-3);
   double first = 0, last = 0;
   for (int i = 0; i < 30; ++i) {
-    session->zero_grad();
-    const PassResult r = session->run_pass(batch.tokens, batch.targets, true, 1.0);
-    ASSERT_EQ(session->optimizer_step(), TF_OK);
+    session->update().zero_grad();
+    const PassResult r = session->executor().run_pass(batch.tokens, batch.targets, true, 1.0);
+    ASSERT_EQ(session->update().optimizer_step(), TF_OK);
     if (i == 0) first = r.loss;
     last = r.loss;
   }

@@ -46,12 +46,12 @@ void expect_parity(const Family& f, bool packed) {
   const at::Tensor positions = packed ? ref.tensors.at("positions") : at::Tensor();
   {
     at::NoGradGuard no_grad;
-    const at::Tensor logits = s->forward_logits(tokens, /*training=*/false, positions);
+    const at::Tensor logits = s->executor().forward_logits(tokens, /*training=*/false, positions);
     const double err = (logits - ref.tensors.at("logits")).abs().max().item<double>();
     EXPECT_LE(err, 1e-4);
     ::testing::Test::RecordProperty("max_logit_error", c10::str(err));
   }
-  const PassResult r = s->run_pass(tokens, targets, true, 1.0, positions);
+  const PassResult r = s->executor().run_pass(tokens, targets, true, 1.0, positions);
   EXPECT_NEAR(r.loss, ref.tensors.at("loss").item<double>(), 1e-5);
   int compared = 0;
   double worst = 0;
@@ -147,7 +147,7 @@ std::pair<at::Tensor, at::Tensor> expect_transformers_reproduces(Session& s,
   at::Tensor logits;
   {
     at::NoGradGuard no_grad;
-    logits = s.forward_logits(tokens, false);
+    logits = s.executor().forward_logits(tokens, false);
   }
   write_safetensors(out + "/expected.safetensors", {{"tokens", tokens}, {"logits", logits}});
   const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
@@ -187,7 +187,7 @@ TEST_P(HfRoundTrip, TransformersLoadsWhatTightfitSaved) {
   const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
   recipe.replace(begin, end - begin, "[model]\n" + table + "\n");
   auto s = test::make_session(recipe);
-  s->optimizer().set_lr(1e-2);
+  s->update().optimizer().set_lr(1e-2);
   s->train();
   const std::string out = s->export_hf(dir.str() + "/hf");
   expect_transformers_reproduces(*s, out);
@@ -305,7 +305,8 @@ TEST(HfExport, ShardedExportStreamsAndTransformersLoadsIt) {
       "[model]\nplugin = \"llama\"\nconfig = \"" + out + "\"\nweights = \"" + out + "\"\n\n");
   auto r = test::make_session(back);
   at::NoGradGuard no_grad;
-  EXPECT_LE((r->forward_logits(tokens, false) - logits).abs().max().item<double>(), 1e-4);
+  EXPECT_LE((r->executor().forward_logits(tokens, false) - logits).abs().max().item<double>(),
+            1e-4);
 }
 
 }  // namespace

@@ -162,7 +162,7 @@ TEST(HostilePlugins, StructsAreReadAndWrittenWithinTheCallersSize) {
   test::TempDir dir;
   auto s = test::make_session(recipe(dir, "hostile_strategy", "none"));
   const tf_host_api* api = s->host_api();
-  tf_host_context* ctx = s->model().ctx.get();
+  tf_host_context* ctx = s->plugins().model.ctx.get();
   const char* name = nullptr;
   ASSERT_EQ(api->param_name(ctx, 0, &name), TF_OK);
 

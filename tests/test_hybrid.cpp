@@ -79,7 +79,7 @@ class HybridTest : public ::testing::Test {
 TEST_F(HybridTest, RunsAllFourPhasesAndSkipsBackwardPasses) {
   auto s = test::make_session(recipe((dir.path() / "a").string(), 60));
   const TrainSummary sum = s->train();
-  const auto m = read_metrics(s->run_dir());
+  const auto m = read_metrics(s->env().run_dir);
   ASSERT_EQ(m.size(), 60u);
   std::set<std::string> phases;
   int predicted = 0;
@@ -123,7 +123,7 @@ TEST_F(HybridTest, RollsBackAnInjectedDivergence) {
   auto s =
       test::make_session(recipe((dir.path() / "b").string(), 40, "inject_divergence_at = 14\n"));
   s->train();
-  const auto m = read_metrics(s->run_dir());
+  const auto m = read_metrics(s->env().run_dir);
   ASSERT_EQ(m.size(), 40u);
   // The blown-up update is applied at a predicted step; the next step's loss
   // trips the guard.
@@ -134,8 +134,7 @@ TEST_F(HybridTest, RollsBackAnInjectedDivergence) {
       break;
     }
   std::string phases;
-  for (const auto& r : m)
-    phases += r["phase"].get<std::string>() + " " + r["loss"].dump() + "\n";
+  for (const auto& r : m) phases += r["phase"].get<std::string>() + " " + r["loss"].dump() + "\n";
   ASSERT_GT(caught, 13u) << "no divergence caught:\n" << phases;
   EXPECT_EQ(m[caught - 1]["phase"], "predict");
   double mean = 0;
@@ -159,7 +158,7 @@ TEST_F(HybridTest, ResumesInsideAPredictRunExactly) {
     o.stop_after_steps = stop;
     auto s = test::make_session(recipe(where, 40), o);
     TrainSummary sum = s->train();
-    return std::make_pair(sum, read_metrics(s->run_dir()));
+    return std::make_pair(sum, read_metrics(s->env().run_dir));
   };
   const auto [full, metrics] = run(out + "/full", false, -1);
   // Stop after the second predicted step of a run (and a correction).

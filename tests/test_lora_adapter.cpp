@@ -42,7 +42,7 @@ std::string lora_recipe(const test::TempDir& dir, const std::string& model_table
 
 at::Tensor logits_of(Session& s, const at::Tensor& tokens) {
   at::NoGradGuard no_grad;
-  return s.forward_logits(tokens, false);
+  return s.executor().forward_logits(tokens, false);
 }
 
 class PeftAdapter : public ::testing::TestWithParam<Case> {};
@@ -52,7 +52,7 @@ class PeftAdapter : public ::testing::TestWithParam<Case> {};
 std::unique_ptr<Session> trained_and_exported(const test::TempDir& dir, const std::string& out) {
   const Case& c = PeftAdapter::GetParam();
   auto s = test::make_session(lora_recipe(dir, c.model_table, c.targets));
-  s->optimizer().set_lr(1e-2);
+  s->update().optimizer().set_lr(1e-2);
   s->train();
   s->export_hf(out + "/base", /*merge=*/false);
   s->export_adapter(out + "/adapter");

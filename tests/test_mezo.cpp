@@ -38,13 +38,13 @@ TEST_F(MezoTest, ProjectedGradientIsTheDirectionalDerivative) {
   // central difference's error grows with its cube.
   auto s = test::make_session(recipe((dir.path() / "a").string(), 1, "eps = 1e-4\n"));
   // The gradient on the batch the step will use (the first).
-  const auto b = s->batcher().next();
-  s->batcher().set_position(0);
-  s->zero_grad();
-  s->run_pass(b.tokens, b.targets, true, 1.0);
+  const auto b = s->data().batcher().next();
+  s->data().batcher().set_position(0);
+  s->update().zero_grad();
+  s->executor().run_pass(b.tokens, b.targets, true, 1.0);
   std::map<std::string, at::Tensor> grad;
   for (Param* p : s->store().trainable()) grad[p->name] = p->value.grad().clone();
-  s->zero_grad();
+  s->update().zero_grad();
   const auto before = weights(*s);
   s->train();
   const double g = s->step_metrics().at("mezo.projected_grad");
@@ -78,7 +78,7 @@ TEST_F(MezoTest, TrainsOnForwardPassesOnly) {
   EXPECT_LT(tail, head - 0.1) << head << " -> " << tail;
   EXPECT_EQ(sum.memory.peak[TF_MEM_GRADS], 0);
   EXPECT_EQ(sum.memory.peak[TF_MEM_OPTIMIZER], 0);
-  EXPECT_TRUE(s->optimizer().state().empty());
+  EXPECT_TRUE(s->update().optimizer().state().empty());
 }
 
 TEST_F(MezoTest, ResumesExactly) {

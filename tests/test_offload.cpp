@@ -35,18 +35,18 @@ TEST_F(OffloadTest, SameGradientsAsInMemoryAlsoWithCheckpointing) {
                 tier == "disk" ? TF_TIER_DISK : TF_TIER_HOST);
       EXPECT_EQ(off->store().get("transformer.h.3.mlp.c_fc.weight").value.numel(), 0);
       for (int step = 0; step < 3; ++step) {
-        auto b = plain->batcher().next();
-        off->batcher().next();
-        plain->zero_grad();
-        off->zero_grad();
-        const double lp = plain->run_pass(b.tokens, b.targets, true, 1.0).loss;
-        const double lo = off->run_pass(b.tokens, b.targets, true, 1.0).loss;
+        auto b = plain->data().batcher().next();
+        off->data().batcher().next();
+        plain->update().zero_grad();
+        off->update().zero_grad();
+        const double lp = plain->executor().run_pass(b.tokens, b.targets, true, 1.0).loss;
+        const double lo = off->executor().run_pass(b.tokens, b.targets, true, 1.0).loss;
         EXPECT_EQ(lp, lo) << "step " << step;
         for (Param* p : plain->store().trainable())
           EXPECT_TRUE(at::equal(p->value.grad(), off->store().get(p->name).value.grad()))
               << p->name;
-        plain->optimizer_step();
-        off->optimizer_step();
+        plain->update().optimizer_step();
+        off->update().optimizer_step();
       }
     }
 }
@@ -67,8 +67,8 @@ TEST_F(OffloadTest, AtMostPrefetchPlusOneStagesResident) {
         "[[strategy]]\nplugin = \"offload\"\nprefetch = " + std::to_string(prefetch) + "\n"));
     const int64_t resident_base = acct.snapshot().current[TF_MEM_WEIGHTS] - before;
     acct.reset_peaks();
-    auto b = s->batcher().next();
-    s->run_pass(b.tokens, b.targets, true, 1.0);
+    auto b = s->data().batcher().next();
+    s->executor().run_pass(b.tokens, b.targets, true, 1.0);
     const int64_t peak = acct.snapshot().peak[TF_MEM_WEIGHTS] - before - resident_base;
     // (slack of a tenth of a block for small buffers counted as weights while a stage is read)
     EXPECT_LE(peak, (prefetch + 1) * block_bytes + block_bytes / 10) << "prefetch " << prefetch;
@@ -107,16 +107,16 @@ TEST_F(QloraOffloadTest, SameGradientsAsQloraInMemoryAlsoWithCheckpointing) {
     EXPECT_EQ(w.residency, TF_TIER_DISK);
     EXPECT_EQ(w.value.numel(), 0);  // the codes are in a file
     for (int step = 0; step < 3; ++step) {
-      auto b = mem->batcher().next();
-      off->batcher().next();
-      mem->zero_grad();
-      off->zero_grad();
-      EXPECT_EQ(mem->run_pass(b.tokens, b.targets, true, 1.0).loss,
-                off->run_pass(b.tokens, b.targets, true, 1.0).loss);
+      auto b = mem->data().batcher().next();
+      off->data().batcher().next();
+      mem->update().zero_grad();
+      off->update().zero_grad();
+      EXPECT_EQ(mem->executor().run_pass(b.tokens, b.targets, true, 1.0).loss,
+                off->executor().run_pass(b.tokens, b.targets, true, 1.0).loss);
       for (Param* p : mem->store().trainable())
         EXPECT_TRUE(at::equal(p->value.grad(), off->store().get(p->name).value.grad())) << p->name;
-      mem->optimizer_step();
-      off->optimizer_step();
+      mem->update().optimizer_step();
+      off->update().optimizer_step();
     }
     EXPECT_EQ(off->store().get("transformer.h.3.mlp.c_fc.weight").value.numel(),
               0);  // swapped out again
@@ -158,12 +158,12 @@ TEST_F(QloraOffloadTest, ExportAndWeightsFoldersWorkThroughTheDiskTier) {
   auto mem = test::make_session(recipe(""));
   auto off = test::make_session(recipe(kOffload));
   for (auto* s : {mem.get(), off.get()}) {
-    s->optimizer().set_lr(1e-2);
+    s->update().optimizer().set_lr(1e-2);
     for (int i = 0; i < 2; ++i) {
-      s->zero_grad();
-      auto b = s->batcher().next();
-      s->run_pass(b.tokens, b.targets, true, 1.0);
-      s->optimizer_step();
+      s->update().zero_grad();
+      auto b = s->data().batcher().next();
+      s->executor().run_pass(b.tokens, b.targets, true, 1.0);
+      s->update().optimizer_step();
     }
   }
   mem->export_hf(dir.str() + "/mem");
@@ -180,8 +180,8 @@ TEST_F(QloraOffloadTest, ExportAndWeightsFoldersWorkThroughTheDiskTier) {
   auto from_off = test::make_session(recipe(kOffload, weights));
   const at::Tensor tokens = at::randint(0, 256, {2, 16}, at::kLong);
   at::NoGradGuard no_grad;
-  EXPECT_TRUE(
-      at::equal(from_mem->forward_logits(tokens, false), from_off->forward_logits(tokens, false)));
+  EXPECT_TRUE(at::equal(from_mem->executor().forward_logits(tokens, false),
+                        from_off->executor().forward_logits(tokens, false)));
 }
 
 // Optimizer state on the disk tier: the update runs where the state lives and
@@ -201,7 +201,8 @@ class OffloadOptimizerTest : public ::testing::Test {
   }
   static std::map<std::string, at::Tensor> weights(Session& s) {
     std::map<std::string, at::Tensor> out;  // fetch_weight brings in what a tier keeps
-    for (const Param& p : s.store().all()) out[p.name] = s.fetch_weight(p.name).detach().clone();
+    for (const Param& p : s.store().all())
+      out[p.name] = s.executor().fetch_weight(p.name).detach().clone();
     return out;
   }
   static constexpr const char* kOffload =
@@ -220,7 +221,7 @@ TEST_F(OffloadOptimizerTest, SameWeightsAsTheKernelsOptimizerInAnyStack) {
       test::TempDir out;
       auto s = test::make_session(recipe(stack, out.str(), opt));
       s->train();
-      EXPECT_EQ(s->optimizer().state_bytes(), 0) << stack;  // the tier holds it
+      EXPECT_EQ(s->update().optimizer().state_bytes(), 0) << stack;  // the tier holds it
       for (const auto& [name, w] : expected)
         EXPECT_TRUE(at::equal(weights(*s).at(name), w)) << name << " with\n" << stack << opt;
     }
@@ -273,7 +274,7 @@ TEST_F(OffloadOptimizerTest, StateLivesInFilesAndIsNotResident) {
   auto& acct = MemoryAccounting::instance();
   auto plain = test::make_session(recipe("", dir.str() + "/plain"));
   plain->train();
-  const int64_t plain_state = plain->optimizer().state_bytes();
+  const int64_t plain_state = plain->update().optimizer().state_bytes();
   plain.reset();
   const int64_t before = acct.snapshot().current[TF_MEM_OPTIMIZER];
   test::TempDir out;
@@ -284,7 +285,7 @@ TEST_F(OffloadOptimizerTest, StateLivesInFilesAndIsNotResident) {
   EXPECT_LE(acct.snapshot().peak[TF_MEM_OPTIMIZER] - before, 0);
   int64_t file_bytes = 0;
   // (in the tier's private folder inside offload/, made with mkdtemp)
-  for (const auto& e : std::filesystem::recursive_directory_iterator(s->run_dir() + "/offload"))
+  for (const auto& e : std::filesystem::recursive_directory_iterator(s->env().run_dir + "/offload"))
     if (e.is_regular_file() && e.path().filename().string().rfind("optimizer-", 0) == 0)
       file_bytes += static_cast<int64_t>(e.file_size());
   EXPECT_EQ(file_bytes, plain_state);
@@ -315,29 +316,29 @@ TEST_F(OffloadTest, CheckpointedInputsOnDiskGiveTheSameGradientsWithLessMemory) 
   base.replace(base.find("seq_len = 32"), 12, "seq_len = 64");
   auto& acct = MemoryAccounting::instance();
   auto measure = [&](Session& s, const Batcher::Batch& b) {
-    s.zero_grad();
+    s.update().zero_grad();
     const int64_t before = acct.snapshot().current[TF_MEM_ACTIVATIONS];
     acct.reset_peaks();
-    s.run_pass(b.tokens, b.targets, true, 1.0);
+    s.executor().run_pass(b.tokens, b.targets, true, 1.0);
     return acct.snapshot().peak[TF_MEM_ACTIVATIONS] - before;
   };
   auto ckpt = test::make_session(base);
   auto off = test::make_session(
       base + "[[strategy]]\nplugin = \"offload\"\nparams = \"none\"\nactivations = \"disk\"\n");
   for (int step = 0; step < 2; ++step) {
-    auto b = ckpt->batcher().next();
-    off->batcher().next();
+    auto b = ckpt->data().batcher().next();
+    off->data().batcher().next();
     const int64_t peak_ckpt = measure(*ckpt, b), peak_off = measure(*off, b);
     for (Param* p : ckpt->store().trainable())
       EXPECT_TRUE(at::equal(p->value.grad(), off->store().get(p->name).value.grad())) << p->name;
     // 8 block inputs of [4, 64, 64] fp32 (64 KiB each) go to disk; one write
     // may be in flight and the last block's input is needed right away.
     EXPECT_LE(peak_off, peak_ckpt - 6 * 4 * 64 * 64 * 4) << peak_ckpt << " vs " << peak_off;
-    ckpt->optimizer_step();
-    off->optimizer_step();
+    ckpt->update().optimizer_step();
+    off->update().optimizer_step();
   }
   int left = 0;
-  for (const auto& e : std::filesystem::directory_iterator(off->run_dir() + "/offload"))
+  for (const auto& e : std::filesystem::directory_iterator(off->env().run_dir + "/offload"))
     left += e.path().filename().string().rfind("activation-", 0) == 0;
   EXPECT_EQ(left, 0);
   // Without checkpointing there is nothing of this kind to move.

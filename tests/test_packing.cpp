@@ -129,9 +129,9 @@ struct Grads {
 
 Grads pass(Session& s, const at::Tensor& tokens, const at::Tensor& targets,
            const at::Tensor& positions) {
-  s.zero_grad();
+  s.update().zero_grad();
   Grads g;
-  g.loss = s.run_pass(tokens, targets, /*backward=*/true, 1.0, positions).loss;
+  g.loss = s.executor().run_pass(tokens, targets, /*backward=*/true, 1.0, positions).loss;
   for (const Param& p : s.store().all())
     if (p.value.grad().defined()) g.grads[p.name] = p.value.grad().to_dense().clone();
   return g;

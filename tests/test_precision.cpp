@@ -22,11 +22,11 @@ class PrecisionTest : public ::testing::Test {
     int64_t peak_activations;
   };
   static Pass pass(Session& s) {
-    auto b = s.batcher().next();
+    auto b = s.data().batcher().next();
     auto& acct = MemoryAccounting::instance();
     acct.reset_peaks();
     const int64_t base = acct.snapshot().current[TF_MEM_ACTIVATIONS];
-    const double loss = s.run_pass(b.tokens, b.targets, true, 1.0).loss;
+    const double loss = s.executor().run_pass(b.tokens, b.targets, true, 1.0).loss;
     return {loss, acct.snapshot().peak[TF_MEM_ACTIVATIONS] - base};
   }
 };
@@ -65,17 +65,18 @@ TEST_F(PrecisionTest, Bf16WeightsHalveBytesAndTrain) {
   EXPECT_EQ(s->store().stored_bytes() * 2, fp32_bytes);
   EXPECT_EQ(s->store().get("transformer.wte.weight").value.scalar_type(), at::kBFloat16);
   EXPECT_TRUE(s->store().get("transformer.wte.weight").value.requires_grad());
-  auto b = s->batcher().next();
-  s->optimizer().set_lr(3e-3);
+  auto b = s->data().batcher().next();
+  s->update().optimizer().set_lr(3e-3);
   double first = 0, last = 0;
   for (int i = 0; i < 20; ++i) {
-    s->zero_grad();
-    last = s->run_pass(b.tokens, b.targets, true, 1.0).loss;
+    s->update().zero_grad();
+    last = s->executor().run_pass(b.tokens, b.targets, true, 1.0).loss;
     if (i == 0) first = last;
-    ASSERT_EQ(s->optimizer_step(), TF_OK);
+    ASSERT_EQ(s->update().optimizer_step(), TF_OK);
   }
   EXPECT_LT(last, first - 0.5);
-  EXPECT_EQ(s->optimizer().state().at("transformer.wte.weight.exp_avg").scalar_type(), at::kFloat);
+  EXPECT_EQ(s->update().optimizer().state().at("transformer.wte.weight.exp_avg").scalar_type(),
+            at::kFloat);
 }
 
 // fp16 autocast with dynamic loss scaling: the scaled backward gives the same
@@ -88,8 +89,8 @@ TEST_F(PrecisionTest, Fp16LossScalingUnscalesSkipsOverflowsAndAdapts) {
   auto grads_with = [&](double init_scale) {
     auto s = test::make_session(recipe(fp16 + "init_scale = " + std::to_string(init_scale) + "\n"));
     pass(*s);
-    s->optimizer().set_lr(0.0);  // optimizer_step unscales; lr 0 keeps the weights
-    EXPECT_EQ(s->optimizer_step(), TF_OK);
+    s->update().optimizer().set_lr(0.0);  // optimizer_step unscales; lr 0 keeps the weights
+    EXPECT_EQ(s->update().optimizer_step(), TF_OK);
     return s->store().get("transformer.h.0.mlp.c_fc.weight").value.grad().clone();
   };
   {
@@ -137,9 +138,9 @@ TEST_F(PrecisionTest, Fp16RefusesWhatCannotWork) {
   auto s =
       test::make_session(recipe("[[strategy]]\nplugin = \"precision\"\ndtype = \"fp16\"\n"
                                 "[[strategy]]\nplugin = \"fused_update\"\n"));
-  auto b = s->batcher().next();
+  auto b = s->data().batcher().next();
   try {
-    s->run_pass(b.tokens, b.targets, true, 1.0);
+    s->executor().run_pass(b.tokens, b.targets, true, 1.0);
     ADD_FAILURE() << "fused_update consumed a loss-scaled gradient";
   } catch (const PluginCallError& e) {
     EXPECT_NE(std::string(e.what()).find("fp16 loss scaling does not combine"), std::string::npos)

@@ -60,18 +60,19 @@ TEST_F(QloraTest, LoraStartsAsTheBaseAndTrainsOnlyAdapters) {
   const at::Tensor tokens = at::randint(0, 256, {2, 16}, at::kLong);
   {
     at::NoGradGuard no_grad;  // B = 0: the adapted model is the base model
-    EXPECT_TRUE(at::equal(s->forward_logits(tokens, false), plain->forward_logits(tokens, false)));
+    EXPECT_TRUE(at::equal(s->executor().forward_logits(tokens, false),
+                          plain->executor().forward_logits(tokens, false)));
   }
   const at::Tensor base_before =
       s->store().get("model.layers.0.self_attn.q_proj.weight").value.clone();
-  auto batch = s->batcher().next();
-  s->optimizer().set_lr(1e-2);
+  auto batch = s->data().batcher().next();
+  s->update().optimizer().set_lr(1e-2);
   double first = 0, last = 0;
   for (int i = 0; i < 25; ++i) {
-    s->zero_grad();
-    last = s->run_pass(batch.tokens, batch.targets, true, 1.0).loss;
+    s->update().zero_grad();
+    last = s->executor().run_pass(batch.tokens, batch.targets, true, 1.0).loss;
     if (i == 0) first = last;
-    ASSERT_EQ(s->optimizer_step(), TF_OK);
+    ASSERT_EQ(s->update().optimizer_step(), TF_OK);
   }
   EXPECT_LT(last, first - 0.3) << first << " -> " << last;
   EXPECT_TRUE(
@@ -92,7 +93,7 @@ TEST_F(QloraTest, Int8RoundTripMatchesReference) {
   const at::Tensor w = plain->store().get(name).value.detach();
   const at::Tensor absmax = w.abs().amax(1, true);
   const at::Tensor reference = (w / absmax * 127).round() * (absmax / 127);
-  const at::Tensor got = s->fetch_weight(name);
+  const at::Tensor got = s->executor().fetch_weight(name);
   EXPECT_LE((got - reference).abs().max().item<double>(), 1e-6);
   EXPECT_TRUE(((got - w).abs() <= absmax / 254 * (1 + 1e-5) + 1e-8).all().item<bool>());
 }
@@ -111,10 +112,10 @@ TEST_F(QloraTest, Nf4RoundTripMatchesReferenceAndBound) {
   {
     auto s = test::make_session(recipe(lora() + quant("nf4", false)));
     EXPECT_EQ(s->store().get(name).format, TF_FORMAT_NF4);
-    EXPECT_LE((s->fetch_weight(name) - reference).abs().max().item<double>(), 1e-6);
+    EXPECT_LE((s->executor().fetch_weight(name) - reference).abs().max().item<double>(), 1e-6);
   }
   auto s = test::make_session(recipe(lora() + quant("nf4", true)));
-  const at::Tensor got = s->fetch_weight(name);
+  const at::Tensor got = s->executor().fetch_weight(name);
   // Double quantization moves each block's absmax by at most half an int8 step of its group.
   const at::Tensor dev = (absmax - absmax.mean()).abs().max();
   const double absmax_err = dev.item<double>() / 254 * (1 + 1e-5);
@@ -154,7 +155,7 @@ TEST_F(QloraTest, Nf4DequantizesAcrossChunksAsAWhole) {
                                      .slice(0, 0, w.numel())
                                      .view_as(w);
     auto s = test::make_session(wide(lora() + quant("nf4", false), dtype));
-    const at::Tensor got = s->fetch_weight(name);
+    const at::Tensor got = s->executor().fetch_weight(name);
     EXPECT_EQ(got.scalar_type(), dtype == "fp32" ? at::kFloat : at::kBFloat16);
     EXPECT_TRUE(at::equal(got, reference.to(got.scalar_type()))) << dtype;
   }
@@ -171,14 +172,14 @@ TEST_F(QloraTest, CompactLinearGivesTheGradientsOfTheDequantizedWeights) {
     at::NoGradGuard no_grad;
     for (Param& p : d->store().all()) {
       const Param& src = q->store().get(p.name);
-      p.value.copy_(src.format == TF_FORMAT_DENSE ? src.value : q->fetch_weight(p.name));
+      p.value.copy_(src.format == TF_FORMAT_DENSE ? src.value : q->executor().fetch_weight(p.name));
       if (p.flags & TF_PARAM_ADAPTER)
         p.value.normal_(0, 0.05), const_cast<Param&>(src).value.copy_(p.value);
     }
   }
-  auto batch = q->batcher().next();
-  const double lq = q->run_pass(batch.tokens, batch.targets, true, 1.0).loss;
-  const double ld = d->run_pass(batch.tokens, batch.targets, true, 1.0).loss;
+  auto batch = q->data().batcher().next();
+  const double lq = q->executor().run_pass(batch.tokens, batch.targets, true, 1.0).loss;
+  const double ld = d->executor().run_pass(batch.tokens, batch.targets, true, 1.0).loss;
   EXPECT_NEAR(lq, ld, 1e-6);
   for (Param* p : d->store().trainable()) {
     const at::Tensor& gd = p->value.grad();
@@ -293,12 +294,12 @@ TEST_F(Adam8Test, FollowsFp32AdamWWithQuarterOfTheStateBytes) {
   const int64_t before = acct.snapshot().current[TF_MEM_OPTIMIZER];
   auto fp32 = test::make_session(recipe("", dir.str() + "/a"));
   const TrainSummary a = fp32->train();
-  const int64_t fp32_state = fp32->optimizer().state_bytes();
+  const int64_t fp32_state = fp32->update().optimizer().state_bytes();
   fp32.reset();
   auto int8 = test::make_session(recipe(kAdam8, dir.str() + "/b"));
   const TrainSummary b = int8->train();
   const int64_t int8_state = acct.snapshot().current[TF_MEM_OPTIMIZER] - before;
-  EXPECT_EQ(int8->optimizer().state_bytes(), 0);  // the kernel's fp32 state is never made
+  EXPECT_EQ(int8->update().optimizer().state_bytes(), 0);  // the kernel's fp32 state is never made
   ASSERT_EQ(a.losses.size(), b.losses.size());
   double worst = 0;
   for (size_t i = 0; i < a.losses.size(); ++i)

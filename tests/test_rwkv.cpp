@@ -16,12 +16,12 @@ class RwkvTest : public ::testing::Test {
               "[model]\nplugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 3\nn_embd = "
               "32\nwkv_chunk = 4\n\n");
     auto s = test::make_session(r);
-    s->optimizer().set_lr(3e-3);
+    s->update().optimizer().set_lr(3e-3);
     for (int i = 0; i < 5; ++i) {  // move off the zero-initialized projections
-      s->zero_grad();
-      auto b = s->batcher().next();
-      s->run_pass(b.tokens, b.targets, true, 1.0);
-      s->optimizer_step();
+      s->update().zero_grad();
+      auto b = s->data().batcher().next();
+      s->executor().run_pass(b.tokens, b.targets, true, 1.0);
+      s->update().optimizer_step();
     }
     return s;
   }();
@@ -30,19 +30,19 @@ class RwkvTest : public ::testing::Test {
 TEST_F(RwkvTest, ChunkSizeDoesNotChangeTheResult) {
   at::NoGradGuard no_grad;
   const at::Tensor tokens = at::randint(0, 256, {2, 23}, at::kLong);
-  const at::Tensor a = session->forward_logits(tokens, false);
+  const at::Tensor a = session->executor().forward_logits(tokens, false);
   Recipe r = session->recipe();
   r.apply_override("model.wkv_chunk=23");
   Session whole(r, test::registry());
   for (Param& p : whole.store().all()) p.value.detach().copy_(session->store().get(p.name).value);
-  EXPECT_LE((whole.forward_logits(tokens, false) - a).abs().max().item<double>(), 1e-5);
+  EXPECT_LE((whole.executor().forward_logits(tokens, false) - a).abs().max().item<double>(), 1e-5);
 }
 
 TEST_F(RwkvTest, DecodingInPiecesGivesTheParallelLogits) {
   at::NoGradGuard no_grad;
   const at::Tensor tokens = at::randint(0, 256, {2, 15}, at::kLong);
-  const at::Tensor expected = session->forward_logits(tokens, false);
-  PluginInstance& m = session->model();
+  const at::Tensor expected = session->executor().forward_logits(tokens, false);
+  PluginInstance& m = session->plugins().model;
   const tf_model_vtable* vt = m.plugin->model();
   ASSERT_NE(vt->decode, nullptr);
   void* cache = nullptr;

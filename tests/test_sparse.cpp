@@ -32,10 +32,10 @@ class SparseTest : public ::testing::Test {
 void train(Session& s, int steps) {
   for (int i = 0; i < steps; ++i) {
     s.step_begin(i);
-    s.zero_grad();
-    auto b = s.next_batch();
-    s.run_pass(b.tokens, b.targets, true, 1.0);
-    ASSERT_EQ(s.optimizer_step(), TF_OK);
+    s.update().zero_grad();
+    auto b = s.data().next_batch();
+    s.executor().run_pass(b.tokens, b.targets, true, 1.0);
+    ASSERT_EQ(s.update().optimizer_step(), TF_OK);
   }
 }
 
@@ -77,16 +77,17 @@ TEST_F(SparseTest, SkippedBlocksHoldNoWeightsAndAreNotRun) {
   }
   EXPECT_GT(skipped_bytes, 0);
   EXPECT_EQ(plain->store().stored_bytes() - s->store().stored_bytes(), skipped_bytes);
-  EXPECT_TRUE(s->stages()[2].skip && s->stages()[3].skip);
+  EXPECT_TRUE(s->executor().stages()[2].skip && s->executor().stages()[3].skip);
   // The blocks kept start from the numbers the plain run draws, and the model
   // is theirs with the middle blocks taken out: the plain model with them
   // skipped computes the same logits.
-  for (size_t i : {2u, 3u}) plain->stages()[i].skip = true;
+  for (size_t i : {2u, 3u}) plain->executor().stages()[i].skip = true;
   const at::Tensor tokens = at::randint(0, 256, {2, 16}, at::kLong);
   at::NoGradGuard no_grad;
-  EXPECT_TRUE(at::equal(s->forward_logits(tokens, false), plain->forward_logits(tokens, false)));
+  EXPECT_TRUE(at::equal(s->executor().forward_logits(tokens, false),
+                        plain->executor().forward_logits(tokens, false)));
   // A skipped block cannot be brought back without its weights.
-  EXPECT_NE(s->host_api()->stage_set_skip(s->model().ctx.get(), 2, 0), TF_OK);
+  EXPECT_NE(s->host_api()->stage_set_skip(s->plugins().model.ctx.get(), 2, 0), TF_OK);
   EXPECT_THROW(s->export_hf((dir.path() / "hf").string()), std::runtime_error);
 }
 
@@ -99,7 +100,7 @@ TEST_F(SparseTest, FrozenMiddleRunsButDoesNotTrain) {
     const bool middle = in_block(name, 1) || in_block(name, 2);
     EXPECT_EQ(at::equal(after.at(name), w), middle) << name;
   }
-  for (const auto& [k, t] : s->optimizer().state())
+  for (const auto& [k, t] : s->update().optimizer().state())
     EXPECT_FALSE(in_block(k, 1) || in_block(k, 2)) << k << " has optimizer state";
 }
 
@@ -156,10 +157,10 @@ TEST_F(SparseTest, ComposesWithQloraAndSkipsLoadingTheMiddle) {
   EXPECT_EQ(k0.residency, TF_TIER_DISK);
   std::vector<double> losses;
   for (int i = 0; i < 6; ++i) {
-    s->zero_grad();
-    auto b = s->next_batch();
-    losses.push_back(s->run_pass(b.tokens, b.targets, true, 1.0).loss);
-    ASSERT_EQ(s->optimizer_step(), TF_OK);
+    s->update().zero_grad();
+    auto b = s->data().next_batch();
+    losses.push_back(s->executor().run_pass(b.tokens, b.targets, true, 1.0).loss);
+    ASSERT_EQ(s->update().optimizer_step(), TF_OK);
   }
   EXPECT_TRUE(std::isfinite(losses.back()));
 }

@@ -347,16 +347,17 @@ int fit_command(const std::vector<std::string>& args) {
     std::string device = "cpu";
     {
       Session probe(stripped, registry, so);
-      tokens = probe.run_info().batch_size * probe.run_info().seq_len;
+      tokens = probe.env().run_info.batch_size * probe.env().run_info.seq_len;
       int64_t largest = 0;
       for (const Param& p : probe.store().all())
-        if (p.stage >= 0 && probe.stages()[static_cast<size_t>(p.stage)].kind == TF_STAGE_BLOCK &&
+        if (p.stage >= 0 &&
+            probe.executor().stages()[static_cast<size_t>(p.stage)].kind == TF_STAGE_BLOCK &&
             p.shape.size() == 2 && p.numel() > largest) {
           largest = p.numel();
           n = p.shape[0];
           k = p.shape[1];
         }
-      device = probe.device().str();
+      device = probe.env().device.str();
     }
     std::vector<int64_t> rows;
     for (int m : {1, 2, 4, 8}) rows.push_back(std::max<int64_t>(1, tokens / m));

@@ -14,6 +14,7 @@
 #include "chat_template.hpp"
 #include "commands.hpp"
 #include "file_util.hpp"
+#include "generation.hpp"
 #include "json_input.hpp"
 #include "logging.hpp"
 #include "memory_accounting.hpp"
@@ -81,7 +82,7 @@ std::string read_prompts(const std::string& file) {
 // Prompts in a model's chat template, for --chat and --prompts.
 class ChatPrompter {
  public:
-  explicit ChatPrompter(Session& session) : tokenizer_(session.tokenizer()) {
+  explicit ChatPrompter(Session& session) : tokenizer_(session.data().tokenizer()) {
     const std::string source = tokenizer_.source_file();
     if (!source.empty()) config_ = TokenizerConfig::load(fs::path(source).parent_path().string());
     if (!config_.chat_template.empty())
@@ -162,8 +163,8 @@ std::unique_ptr<Session> load_target(const std::string& target,
   so.resume = !folder;
   auto session = std::make_unique<Session>(recipe, std::move(plugins), so);
   if (!folder && session->step() == 0)
-    std::cerr << "tightfit: no checkpoint for " << target << " in " << session->checkpoint_dir()
-              << "; using the freshly initialized model\n";
+    std::cerr << "tightfit: no checkpoint for " << target << " in "
+              << session->env().checkpoint_dir() << "; using the freshly initialized model\n";
   return session;
 }
 

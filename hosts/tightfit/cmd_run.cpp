@@ -186,13 +186,15 @@ int run_command(const std::vector<std::string>& args) {
       };
     Session session(recipe, registry, so);
     if (so.dry_run) {
-      std::cout << recipe.source() << ": valid; model " << session.model().plugin->name << ", "
-                << session.store().count_params(false) << " parameters ("
-                << session.store().count_params(true) << " trainable), " << session.stages().size()
-                << " stages, " << session.strategies().size() << " strategies\n";
+      std::cout << recipe.source() << ": valid; model " << session.plugins().model.plugin->name
+                << ", " << session.store().count_params(false) << " parameters ("
+                << session.store().count_params(true) << " trainable), "
+                << session.executor().stages().size() << " stages, "
+                << session.plugins().strategies.size() << " strategies\n";
       return kOk;
     }
-    if (rank0) std::cerr << "tightfit: " << recipe.source() << " -> " << session.run_dir() << "\n";
+    if (rank0)
+      std::cerr << "tightfit: " << recipe.source() << " -> " << session.env().run_dir << "\n";
     TrainSummary s = session.train();
     if (!rank0) return kOk;
 

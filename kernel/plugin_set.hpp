@@ -1,0 +1,87 @@
+// The plugins a session composed — the model, the strategies in recipe order
+// and the schedule — each an instance with its own host context, and the
+// registry whose loaded libraries they point into.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "plugin_loader.hpp"
+#include "recipe.hpp"
+#include "tightfit/plugin_api.h"
+
+namespace tightfit {
+struct KernelParts;
+}
+
+// The per-plugin-instance context behind the ABI's opaque tf_host_context.
+struct tf_host_context {
+  // The session's parts the host services work on (host_api_*.cpp).
+  tightfit::KernelParts* kernel = nullptr;
+  // The thread that made the context (the session's); host services refuse
+  // a plugin's own threads (host_api_services.hpp), and warn about it once.
+  std::thread::id owner_thread = std::this_thread::get_id();
+  std::atomic<bool> warned_foreign_thread{false};
+  std::string plugin_name;
+  std::string role;  // "model", "strategy #1", "schedule"
+  tightfit::ConfigTable config;
+  std::string last_error;    // the host's last failed service call
+  std::string plugin_error;  // what the plugin reported with set_error
+  // A budget refusal a host service reported to this plugin and not yet
+  // checked: the run stops out of budget whatever status the plugin returns.
+  std::string budget_refusal;
+  // Checkpoint state I/O, set only inside save_state / load_state.
+  std::map<std::string, at::Tensor>* state_out = nullptr;
+  const std::map<std::string, at::Tensor>* state_in = nullptr;
+  std::string state_prefix;
+  // The last tensor file this plugin read with tensors_load.
+  std::string loaded_path;
+  std::map<std::string, at::Tensor> loaded_tensors;
+};
+
+namespace tightfit {
+
+// A plugin reported an error.
+struct PluginCallError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct PluginInstance {
+  const LoadedPlugin* plugin = nullptr;
+  void* state = nullptr;
+  std::unique_ptr<tf_host_context> ctx;
+};
+
+// Returns for TF_OK and TF_NOT_HANDLED; any other status (unknown ones too)
+// throws PluginCallError naming the plugin's role, its name and `what`, with
+// the message it set (OutOfBudgetError for a budget refusal).
+void check_plugin_status(tf_status status, const PluginInstance& inst, const char* what);
+
+struct PluginSet {
+  PluginSet() = default;
+  // Destroys the instances (destroy_all) if the owner has not.
+  ~PluginSet() { destroy_all(); }
+  PluginSet(const PluginSet&) = delete;
+  PluginSet& operator=(const PluginSet&) = delete;
+
+  // Each instance's destroy, schedule first and model last (the reverse of
+  // creation); the libraries stay loaded (the loader never unloads one).
+  void destroy_all();
+
+  PluginRegistry registry;  // owns the plugin records the instances point to
+  PluginInstance model;
+  std::vector<PluginInstance> strategies;
+  PluginInstance schedule;
+  // True while the model and the strategies may declare parameters and
+  // stages (from the model's create to the last strategy's configure).
+  bool declaring = false;
+};
+
+}  // namespace tightfit
