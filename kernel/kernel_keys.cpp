@@ -26,6 +26,11 @@ const std::vector<KeySpec>& run_keys() {
       key("device", TF_VALUE_STRING, "\"cpu\"", "compute device: cpu, cuda, cuda:N"),
       key("memory_budget", TF_VALUE_SIZE, "0",
           "refuse allocations past this many bytes (\"8GiB\"); 0 = no budget"),
+      key("memory_budget_scope", TF_VALUE_STRING, "\"tracked\"",
+          "what memory_budget bounds: the tensor bytes tightfit tracks (on a GPU, the "
+          "device's), or the whole process's resident memory (RSS: libraries, allocator and "
+          "mapped files too; CPU runs)",
+          1, 0, "tracked|process"),
       key("out_dir", TF_VALUE_STRING, "\"runs\"", "folder that holds run folders"),
       key("log_every", TF_VALUE_INT, "10", "steps between progress lines", 1, 1e9),
       key("threads", TF_VALUE_INT, "0", "intra-op CPU threads; 0 = LibTorch's default", 0, 4096),

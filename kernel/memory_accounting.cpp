@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "process_memory.hpp"
+
 namespace tightfit {
 namespace {
 
@@ -82,6 +84,11 @@ class CountingCpuAllocator final : public c10::Allocator {
       acct.record_refusal(message);
       TORCH_CHECK_WITH(OutOfMemoryError, false, message);
     }
+    if (acct.process_budget() > 0)
+      if (std::optional<std::string> message = acct.process_refusal(static_cast<int64_t>(n))) {
+        acct.record_refusal(*message);
+        TORCH_CHECK_WITH(OutOfMemoryError, false, *message);
+      }
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     if (data == nullptr) return inner;  // zero-byte allocations
@@ -232,6 +239,29 @@ MemorySnapshot MemoryAccounting::snapshot() const {
   s.total_peak = total_peak_.load();
   s.budget = budget_.load();
   return s;
+}
+
+std::optional<std::string> MemoryAccounting::process_refusal(int64_t requested, bool now) {
+  const int64_t budget = process_budget_.load();
+  if (budget <= 0) return std::nullopt;
+  constexpr int64_t kCheckEvery = int64_t{16} << 20;
+  if (!now && requested < kCheckEvery &&
+      since_process_check_.fetch_add(requested, std::memory_order_relaxed) + requested <
+          kCheckEvery)
+    return std::nullopt;
+  since_process_check_.store(0, std::memory_order_relaxed);
+  const std::optional<ProcessMemory> m = read_process_memory();
+  if (!m || m->rss + requested <= budget) return std::nullopt;
+  return "out of memory budget: the process holds " + format_bytes(m->rss) + " resident" +
+         (requested > 0 ? ", and allocating " + format_bytes(requested) + " more would pass"
+                        : ", past") +
+         " run.memory_budget = " + format_bytes(budget) +
+         " (memory_budget_scope = \"process\": the budget is the whole process's RSS, libraries "
+         "and allocator included, of which tensors are " +
+         format_bytes(total_current_.load()) +
+         "). Fix: raise run.memory_budget, lower data.batch_size or data.seq_len, add a "
+         "[[strategy]] that saves memory, or set memory_budget_scope = \"tracked\" to budget "
+         "the tensors alone";
 }
 
 void MemoryAccounting::reset_peaks() {

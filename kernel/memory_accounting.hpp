@@ -58,6 +58,15 @@ class MemoryAccounting {
   // 0 disables the budget.
   void set_budget(int64_t bytes) { budget_.store(bytes); }
   int64_t budget() const { return budget_.load(); }
+  // [run] memory_budget_scope = "process": the process's resident memory
+  // (RSS) must stay under `bytes` too. The allocator checks it every 16 MiB
+  // of allocations and before any larger one; 0 disables it.
+  void set_process_budget(int64_t bytes) { process_budget_.store(bytes); }
+  int64_t process_budget() const { return process_budget_.load(); }
+  // The message refusing `requested` bytes when the process's RSS would pass
+  // the process budget; nullopt when it would not (or is not due a check).
+  // `now`: check whatever was allocated since the last check.
+  std::optional<std::string> process_refusal(int64_t requested, bool now = false);
 
   MemorySnapshot snapshot() const;
   void reset_peaks();
@@ -85,6 +94,8 @@ class MemoryAccounting {
   std::atomic<int64_t> total_peak_{0};
   std::array<std::atomic<int64_t>, TF_MEM_CATEGORY_COUNT> at_peak_{};
   std::atomic<int64_t> budget_{0};
+  std::atomic<int64_t> process_budget_{0};
+  std::atomic<int64_t> since_process_check_{0};
   std::mutex refusal_mutex_;
   std::optional<std::string> refusal_;
   void record_at_peak();

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "checked_size.hpp"
+#include "process_memory.hpp"
 #include "session.hpp"
 #include "strategy_chain.hpp"
 
@@ -183,6 +184,8 @@ MemoryPlan plan_memory(Session& s) {
   plan.n_trainable = b.n_trainable;
   plan.batch_size = s.env().run_info.batch_size;
   plan.seq_len = s.env().run_info.seq_len;
+  if (const std::optional<ProcessMemory> now = read_process_memory()) plan.host_overhead = now->rss;
+  plan.process_scope = s.env().run_cfg.get_string("memory_budget_scope") == "process";
 
   TierCounts held{};
   bool grads_in_forward = false;

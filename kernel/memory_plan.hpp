@@ -71,6 +71,16 @@ struct MemoryPlan {
   tf_residency recompute_inputs_tier = TF_TIER_DEVICE;
   int64_t n_params = 0, n_trainable = 0;
   int64_t batch_size = 0, seq_len = 0;
+  // The host process beyond the tracked bytes: its RSS while the plan was
+  // made (libraries and runtime, plugins composed, nothing materialized).
+  // 0 where the system does not say.
+  int64_t host_overhead = 0;
+  // [run] memory_budget_scope = "process": the budget bounds the tracked
+  // bytes plus that overhead.
+  bool process_scope = false;
+  // What a budget must hold for this plan: the tracked peak, plus the
+  // host overhead under a process-scope budget.
+  int64_t budget_need() const { return tracked_peak + (process_scope ? host_overhead : 0); }
 };
 
 // The plan of a session composed with SessionOptions::dry_run (or a live one).

@@ -17,6 +17,7 @@ namespace fs = std::filesystem;
 
 Session::Session(const Recipe& recipe, const PluginRegistry& registry, SessionOptions options)
     : recipe_(recipe), options_(std::move(options)) {
+  process_at_start_ = read_process_memory().value_or(ProcessMemory{});
   parts_.env = &env_;
   parts_.plugins = &plugins_;
   parts_.store = &store_;

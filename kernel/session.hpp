@@ -35,6 +35,7 @@
 #include "metrics.hpp"
 #include "param_store.hpp"
 #include "plugin_set.hpp"
+#include "process_memory.hpp"
 #include "recipe.hpp"
 #include "run_environment.hpp"
 #include "snapshots.hpp"
@@ -66,6 +67,10 @@ struct TrainSummary {
   int64_t backward_passes = 0;
   std::vector<double> losses;
   MemorySnapshot memory;  // peaks over the run
+  // The process's resident memory: its peak (VmHWM, set-up included) and
+  // what it is made of beside the tracked tensors; "" where unknown.
+  ProcessMemory process;
+  std::string process_memory;
   std::string run_dir, metrics_path, checkpoint_dir, sample;
   std::string data;  // instruction/chat examples and what became of them; "" for text
 };
@@ -200,6 +205,10 @@ class Session {
   KernelParts parts_;  // what every plugin instance's context points to
 
   MetricsWriter metrics_;
+  // The RSS before the session was built (the libraries and runtime), and
+  // the most that memory-mapped file pages grew by over the steps.
+  ProcessMemory process_at_start_;
+  int64_t mapped_growth_ = 0;
   // Rollbacks ([run] on_non_finite) made at the current step without getting past it.
   int64_t rollbacks_here_ = 0, rollback_step_ = -1;
 };

@@ -3,6 +3,7 @@
 // the data and the schedule set up.
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
+
 #include <cctype>
 #include <chrono>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include "hf_weights.hpp"
 #include "kernel_keys.hpp"
 #include "logging.hpp"
+#include "process_memory.hpp"
 #include "session.hpp"
 #include "strategy_chain.hpp"
 
@@ -83,6 +85,9 @@ void Session::build(const PluginRegistry& base_registry) {
   if (options_.on_composed) options_.on_composed(*this);
   if (options_.dry_run) return;
   materialize_params(base_dir);
+  // What set-up read and converted stage by stage is freed; the heap keeps
+  // those pages unless asked to give them back.
+  release_free_heap();
 
   // Found now rather than after the training: [save] hf needs every weight.
   if (env_.save_cfg.get_bool("hf"))
@@ -111,8 +116,10 @@ void Session::read_kernel_tables() {
     at::set_num_threads(static_cast<int>(threads));
   // A dry run allocates nothing: its budget must not refuse what the
   // process does next (fit measures this machine after planning).
-  MemoryAccounting::instance().set_budget(
-      options_.dry_run ? 0 : env_.run_cfg.get_size("memory_budget"));
+  const int64_t budget = options_.dry_run ? 0 : env_.run_cfg.get_size("memory_budget");
+  MemoryAccounting::instance().set_budget(budget);
+  const bool process_scope = env_.run_cfg.get_string("memory_budget_scope") == "process";
+  MemoryAccounting::instance().set_process_budget(process_scope ? budget : 0);
 }
 
 // The training device, and the process group when a launcher started ranks.
@@ -123,6 +130,13 @@ std::optional<DistEnv> Session::set_up_device_and_ranks() {
   } catch (const std::invalid_argument& e) {
     throw RecipeError(recipe_.source() + ": [run].device: " + e.what());
   }
+  if (env_.device.is_cuda() && env_.run_cfg.get_string("memory_budget_scope") == "process")
+    throw RecipeError(recipe_.source() +
+                      ": [run] memory_budget_scope = \"process\" bounds a CPU run's resident "
+                      "memory, but this run's device is " +
+                      env_.device_str +
+                      ", whose budget is the device's memory: remove the key or set it to "
+                      "\"tracked\"");
   // A dry run plans a GPU recipe on a machine without one (nothing is
   // allocated); a real run needs the device.
   if (env_.device.is_cuda() && !at::hasCUDA() && !options_.dry_run)

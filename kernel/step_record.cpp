@@ -22,6 +22,10 @@ nlohmann::json step_record(const StepRecordInput& in) {
     at_peak[category_name(static_cast<tf_mem_category>(c))] = mem.at_peak[c];
   rec["at_peak"] = std::move(at_peak);
   if (in.device_is_cuda) rec["peak_device"] = mem.device_peak;
+  if (in.process) {
+    rec["rss"] = in.process->rss;
+    rec["peak_rss"] = in.process->peak_rss;
+  }
   if (in.step_metrics)
     for (const auto& [k, v] : *in.step_metrics)
       rec[k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);

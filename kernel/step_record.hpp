@@ -9,6 +9,7 @@
 #include <string>
 
 #include "memory_accounting.hpp"
+#include "process_memory.hpp"
 #include "tightfit/plugin_api.h"
 
 namespace tightfit {
@@ -20,6 +21,7 @@ struct StepRecordInput {
   const MemorySnapshot* memory = nullptr;
   bool device_is_cuda = false;
   const std::map<std::string, double>* step_metrics = nullptr;  // non-finite values become null
+  const ProcessMemory* process = nullptr;  // the RSS now and its peak; none when unknown
 };
 
 nlohmann::json step_record(const StepRecordInput& in);

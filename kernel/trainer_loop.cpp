@@ -9,6 +9,7 @@
 
 #include "cuda_memory.hpp"
 #include "op_timer.hpp"
+#include "process_memory.hpp"
 #include "session.hpp"
 #include "step_record.hpp"
 #include "strategy_chain.hpp"
@@ -114,8 +115,15 @@ TrainSummary Session::train() {
       const double elapsed =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const MemorySnapshot mem = env_.memory_snapshot();
-      nlohmann::json rec =
-          step_record({step_ + 1, &r, elapsed, &mem, env_.device.is_cuda(), &step_metrics_});
+      const std::optional<ProcessMemory> process = read_process_memory();
+      if (process)
+        mapped_growth_ = std::max(mapped_growth_, process->rss_file - process_at_start_.rss_file);
+      nlohmann::json rec = step_record({step_ + 1, &r, elapsed, &mem, env_.device.is_cuda(),
+                                        &step_metrics_, process ? &*process : nullptr});
+      // The allocator checks the process budget as tensors are made; RSS
+      // that grew otherwise (libraries' own heap) is caught here.
+      if (auto refusal = MemoryAccounting::instance().process_refusal(0, /*now=*/true))
+        throw OutOfBudgetError(*refusal);
       if (op_timer) {
         rec["op_s"] = op_timer->seconds() - op_s0;
         rec["step_s"] =
@@ -149,6 +157,12 @@ TrainSummary Session::train() {
     }
     sum.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     sum.memory = env_.memory_snapshot();
+    if (const std::optional<ProcessMemory> process = read_process_memory()) {
+      sum.process = *process;
+      // The counted bytes are the host's (a GPU's are apart, in device_peak).
+      sum.process_memory = describe_process_memory(process_at_start_, *process,
+                                                   sum.memory.total_peak, mapped_growth_);
+    }
     if (op_timer && env_.is_rank0()) write_op_profile(*op_timer, sum.wall_s);
     // An interrupted run always saves, so that --resume can continue it.
     if ((env_.save_cfg.get_bool("final") || step_ < total) && step_ > sum.first_step)

@@ -393,7 +393,7 @@ int fit_command(const std::vector<std::string>& args) {
         }
         ++planned;
         if (!smallest || p->plan.tracked_peak < smallest->plan.tracked_peak) smallest = *p;
-        if (p->plan.tracked_peak > budget)
+        if (p->plan.budget_need() > budget)
           too_big.push_back(c);
         else
           fitting.push_back(std::move(*p));
@@ -496,7 +496,7 @@ int fit_command(const std::vector<std::string>& args) {
       std::cout << "plain         " << plain_choice.describe() << ": "
                 << format_bytes(plain.plan.tracked_peak) << " planned, " << seconds(plain_s)
                 << " s/step predicted"
-                << (plain.plan.tracked_peak <= budget ? " (fits)" : " (does not fit)") << "\n";
+                << (plain.plan.budget_need() <= budget ? " (fits)" : " (does not fit)") << "\n";
       for (const auto& note : space.notes) std::cout << "note          " << note << "\n";
       std::snprintf(line, sizeof line, "\n  %-3s %-62s %10s %9s %7s  %s\n", "#", "stack", "peak",
                     "s/step", "x plain", "changes to the maths");

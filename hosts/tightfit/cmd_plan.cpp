@@ -32,6 +32,7 @@ nlohmann::json plan_json(const MemoryPlan& p) {
   j["host_bytes"] = p.host_bytes;
   j["disk_bytes"] = p.disk_bytes;
   j["time_factor"] = p.time_factor;
+  j["host_overhead"] = p.host_overhead;
   j["n_params"] = p.n_params;
   j["n_trainable"] = p.n_trainable;
   for (int t = 0; t < TF_TIER_COUNT; ++t)
@@ -85,8 +86,16 @@ void print_plan(const std::string& source, const MemoryPlan& p, int64_t budget) 
               << ": has no estimate_memory hook; its effect is NOT in this plan (ask its author)\n";
   if (p.time_factor != 1)
     std::cout << "step time     x" << p.time_factor << " of the plain recipe\n";
+  if (p.host_overhead > 0)
+    std::cout << "host process  + about " << format_bytes(p.host_overhead)
+              << " resident beyond the tracked bytes: libraries and runtime (this process now, "
+                 "composed, nothing allocated)"
+              << (p.disk_bytes > 0 ? ", plus the page cache of disk-tier reads" : "")
+              << (p.process_scope ? "; counted in the budget (memory_budget_scope = \"process\")"
+                                  : "")
+              << ". `tightfit run` reports the measured split\n";
   if (budget > 0) {
-    const int64_t room = budget - p.tracked_peak;
+    const int64_t room = budget - p.budget_need();
     std::cout << "budget        " << format_bytes(budget) << ": "
               << (room >= 0 ? "fits, " + format_bytes(room) + " to spare"
                             : "does NOT fit, " + format_bytes(-room) + " over")
@@ -217,7 +226,7 @@ int plan_command(const std::vector<std::string>& args) {
       std::cout << plan_json(plan).dump(2) << "\n";
     else
       print_plan(recipe.source(), plan, budget);
-    return budget > 0 && plan.tracked_peak > budget ? kOutOfBudget : kOk;
+    return budget > 0 && plan.budget_need() > budget ? kOutOfBudget : kOk;
   } catch (const std::exception&) {
     return report_current_error();
   }

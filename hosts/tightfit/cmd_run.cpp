@@ -223,6 +223,7 @@ int run_command(const std::vector<std::string>& args) {
                 << buf << " against the measured " << format_bytes(measured)
                 << " (data left out)\n";
     }
+    if (!s.process_memory.empty()) std::cout << "process RSS   peak " << s.process_memory << "\n";
     std::cout << "metrics       " << s.metrics_path << "\n";
     std::cout << "checkpoints   " << s.checkpoint_dir << "\n";
     if (!s.sample.empty()) std::cout << "sample        ----\n" << s.sample << "\n----\n";
