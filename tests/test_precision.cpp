@@ -2,6 +2,10 @@
 // smaller activations; bf16 weights halve weight bytes and still train.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
+#include <vector>
+
 #include "test_support.hpp"
 
 namespace tightfit {
@@ -161,6 +165,36 @@ TEST_F(PrecisionTest, Bf16RefusesWeightsKeptOnATier) {
     EXPECT_NE(m.find("is kept on the disk tier by another strategy"), std::string::npos) << m;
     EXPECT_NE(m.find("mode = \"autocast\""), std::string::npos) << m;
   }
+}
+
+// On a CPU, precision measures its 16-bit matmul speed against fp32 at
+// set-up and says so; where 16-bit arithmetic is emulated (slower than
+// fp32 by more than 1.5x) it warns that the strategy costs speed here. The
+// info line and the warning agree on every CPU.
+TEST_F(PrecisionTest, SaysHowFast16BitComputeIsOnThisCpu) {
+  if (std::getenv("TIGHTFIT_TEST_DEVICE")) GTEST_SKIP() << "a CPU-only notice";
+  std::vector<std::string> lines;
+  SessionOptions o;
+  o.on_log = [&](const std::string& line) { lines.push_back(line); };
+  test::make_session(recipe("[[strategy]]\nplugin = \"precision\"\n"), o);
+  double ratio = -1;
+  bool warned = false;
+  for (const std::string& l : lines) {
+    if (const size_t at = l.find("a bf16 matmul takes "); at != std::string::npos)
+      ratio = std::stod(l.substr(at + 20));
+    if (l.find("this CPU emulates bf16 arithmetic") != std::string::npos) {
+      warned = true;
+      EXPECT_NE(l.find("saves memory but trains slower"), std::string::npos) << l;
+    }
+  }
+  ASSERT_GT(ratio, 0) << "no measured ratio among " << lines.size() << " log lines";
+  EXPECT_EQ(warned, ratio > 1.5) << "ratio " << ratio;
+  // A dry run (plan, fit) measures nothing.
+  lines.clear();
+  SessionOptions dry = o;
+  dry.dry_run = true;
+  test::make_session(recipe("[[strategy]]\nplugin = \"precision\"\n"), dry);
+  for (const std::string& l : lines) EXPECT_EQ(l.find("matmul takes"), std::string::npos) << l;
 }
 
 }  // namespace
