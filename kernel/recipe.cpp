@@ -15,6 +15,11 @@
 namespace tightfit {
 namespace {
 
+// Digits 0-9 only: std::isdigit on a char of a UTF-8 byte (negative) is undefined.
+bool all_ascii_digits(const std::string& s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 std::string join_keys(const std::vector<KeySpec>& keys, const std::vector<std::string>& extra) {
   std::vector<std::string> names(extra);
   for (const auto& k : keys) names.push_back(k.name);
@@ -390,9 +395,10 @@ void Recipe::apply_override(const std::string& assignment) {
         throw RecipeError("--set " + assignment + ": name an entry of [[" + parts[i] + "]]");
       const std::string& sel = parts[++i];
       toml::table* found = nullptr;
-      bool numeric = !sel.empty() && std::all_of(sel.begin(), sel.end(), ::isdigit);
+      // (an entry's index has a few digits; a longer run of them names none)
+      const bool numeric = !sel.empty() && sel.size() <= 9 && all_ascii_digits(sel);
       if (numeric) {
-        size_t idx = std::stoul(sel);
+        const size_t idx = std::stoul(sel);
         if (idx < arr->size()) found = (*arr)[idx].as_table();
       } else {
         for (auto& e : *arr)
@@ -405,8 +411,7 @@ void Recipe::apply_override(const std::string& assignment) {
       cur = found;
       continue;
     }
-    if (!n && !parts[i + 1].empty() && i + 2 < parts.size() &&
-        std::all_of(parts[i + 1].begin(), parts[i + 1].end(), ::isdigit))
+    if (!n && !parts[i + 1].empty() && i + 2 < parts.size() && all_ascii_digits(parts[i + 1]))
       throw RecipeError("--set " + assignment + ": the recipe has no [[" + parts[i] + "]] entries");
     if (!n) n = cur->insert_or_assign(parts[i], toml::table{}).first->second.as_table();
     if (!n->is_table())

@@ -156,6 +156,23 @@ TEST_F(RecipeTest, SetRejectsMalformedAssignment) {
   EXPECT_THROW(r.apply_override("strategy.7.every=1"), RecipeError);
 }
 
+// An entry selector of more digits than any index (std::stoul would throw
+// out_of_range), or of UTF-8 bytes (negative chars), is a RecipeError naming it.
+TEST_F(RecipeTest, SetRefusesHugeAndNonAsciiEntrySelectors) {
+  Recipe r =
+      Recipe::parse(base("", "[[strategy]]\nplugin = \"checkpoint\"\nevery = 1\n"), "my.toml");
+  for (const std::string sel : {"99999999999999999999999", "\xc3\xa9", "1\xc2\xb2"}) {
+    try {
+      r.apply_override("strategy." + sel + ".every=2");
+      ADD_FAILURE() << "selector " << sel << " was accepted";
+    } catch (const RecipeError& e) {
+      EXPECT_NE(std::string(e.what()).find("no [[strategy]] entry \"" + sel + "\""),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(ByteSize, ParsesUnits) {
   EXPECT_EQ(parse_byte_size("8GiB"), 8ll << 30);
   EXPECT_EQ(parse_byte_size("512MB"), 512000000ll);
