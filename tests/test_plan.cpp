@@ -105,6 +105,11 @@ TEST_P(PlannedPeak, IsWithinTenPercentOfTheMeasuredPeak) {
   EXPECT_LE(std::abs(relative(plan.tracked_peak, measured)), 0.10)
       << c.name << ": planned " << format_bytes(plan.tracked_peak) << " (" << plan.peak_moment
       << "), measured " << format_bytes(measured);
+  // The safe budget the plan reports (plus the data) is never passed by a
+  // step: a run with that budget would not have stopped.
+  EXPECT_LE(measured, plan.safe_budget())
+      << c.name << ": measured " << format_bytes(measured) << " over the safe budget "
+      << format_bytes(plan.safe_budget());
   for (tf_mem_category k : {TF_MEM_WEIGHTS, TF_MEM_GRADS, TF_MEM_OPTIMIZER}) {
     if (k == TF_MEM_WEIGHTS && !c.weights_category) continue;
     const int64_t want = sum.memory.peak[k], got = plan.device_peak_by_category[k];
@@ -203,8 +208,16 @@ TEST(Plan, SaysWhetherABudgetFits) {
   std::string out;
   EXPECT_EQ(test::run_tightfit("plan " + path + " --budget 64GiB", &out), 0) << out;
   EXPECT_NE(out.find("fits,"), std::string::npos) << out;
+  EXPECT_NE(out.find("safe budget   "), std::string::npos) << out;
   EXPECT_EQ(test::run_tightfit("plan " + path + " --budget 1MiB", &out), 3) << out;
   EXPECT_NE(out.find("does NOT fit"), std::string::npos) << out;
+  // Between the planned peak and the safe budget: not "fits", but tight.
+  const MemoryPlan plan = plan_of(recipe(dir.str(), kGpt2, kStandard, ""));
+  const int64_t between = (plan.tracked_peak + plan.safe_budget()) / 2;
+  EXPECT_EQ(test::run_tightfit("plan " + path + " --budget " + std::to_string(between), &out), 0)
+      << out;
+  EXPECT_NE(out.find("tight: the plan fits"), std::string::npos) << out;
+  EXPECT_EQ(out.find("fits,"), std::string::npos) << out;
   EXPECT_EQ(test::run_tightfit("plan " + path + " --budget lots", &out), 2) << out;
   EXPECT_NE(out.find("--budget"), std::string::npos) << out;
   EXPECT_EQ(test::run_tightfit("plan " + (dir.path() / "missing.toml").string(), &out), 2) << out;

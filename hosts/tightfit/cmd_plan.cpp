@@ -33,6 +33,7 @@ nlohmann::json plan_json(const MemoryPlan& p) {
   j["disk_bytes"] = p.disk_bytes;
   j["time_factor"] = p.time_factor;
   j["host_overhead"] = p.host_overhead;
+  j["safe_budget"] = p.safe_budget();
   j["n_params"] = p.n_params;
   j["n_trainable"] = p.n_trainable;
   for (int t = 0; t < TF_TIER_COUNT; ++t)
@@ -94,11 +95,19 @@ void print_plan(const std::string& source, const MemoryPlan& p, int64_t budget) 
               << (p.process_scope ? "; counted in the budget (memory_budget_scope = \"process\")"
                                   : "")
               << ". `tightfit run` reports the measured split\n";
+  std::cout << "safe budget   " << format_bytes(p.safe_budget())
+            << ": no step should pass it (the plan + "
+            << static_cast<int>(MemoryPlan::kPlanMargin * 100)
+            << "%, its largest measured miss rounded up; the corpus's tokens come on top)\n";
   if (budget > 0) {
     const int64_t room = budget - p.budget_need();
     std::cout << "budget        " << format_bytes(budget) << ": "
-              << (room >= 0 ? "fits, " + format_bytes(room) + " to spare"
-                            : "does NOT fit, " + format_bytes(-room) + " over")
+              << (budget >= p.safe_budget() ? "fits, " + format_bytes(room) + " to spare"
+                  : room >= 0               ? "tight: the plan fits with " + format_bytes(room) +
+                                    " to spare, but within its margin of error; a run may stop "
+                                    "out of budget (the safe budget is " +
+                                    format_bytes(p.safe_budget()) + ")"
+                              : "does NOT fit, " + format_bytes(-room) + " over")
               << "\n";
   }
 }
