@@ -225,6 +225,10 @@ TEST(Fit, WritesARecipeThatFitsTheBudget) {
   const int64_t fitted = planned_peak(out);
   EXPECT_LE(fitted, budget);
   EXPECT_GT(fitted, 0);
+  // Said "tight" exactly when the plan + its margin passes the budget.
+  const bool tight =
+      static_cast<int64_t>(static_cast<double>(fitted) * (1 + MemoryPlan::kPlanMargin)) > budget;
+  EXPECT_EQ(log.find("tight         its plan fits") != std::string::npos, tight) << log;
   // It still trains all weights: a full fine-tune fits half the plain peak.
   EXPECT_EQ(Recipe::load(out).strategy_table("lora"), nullptr) << read_file_text(out);
 }

@@ -511,6 +511,11 @@ int fit_command(const std::vector<std::string>& args) {
         std::cout << line;
       }
       std::cout << "\nwritten       " << out << " (" << best.choice.describe() << ")\n";
+      if (best.plan.safe_budget() > budget)
+        std::cout << "tight         its plan fits, but within the plan's margin of error: its "
+                     "safe budget is "
+                  << format_bytes(best.plan.safe_budget()) << " (`tightfit plan`); a run at "
+                  << format_bytes(budget) << " may stop out of budget\n";
     }
 
     if (vm.count("verify")) {
