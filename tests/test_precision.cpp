@@ -177,7 +177,7 @@ TEST_F(PrecisionTest, SaysHowFast16BitComputeIsOnThisCpu) {
   SessionOptions o;
   o.on_log = [&](const std::string& line) { lines.push_back(line); };
   test::make_session(recipe("[[strategy]]\nplugin = \"precision\"\n"), o);
-  double ratio = -1;
+  double ratio = -1;  // the figure as logged (a busy machine can round it to 0.0)
   bool warned = false;
   for (const std::string& l : lines) {
     if (const size_t at = l.find("a bf16 matmul takes "); at != std::string::npos)
@@ -187,7 +187,7 @@ TEST_F(PrecisionTest, SaysHowFast16BitComputeIsOnThisCpu) {
       EXPECT_NE(l.find("saves memory but trains slower"), std::string::npos) << l;
     }
   }
-  ASSERT_GT(ratio, 0) << "no measured ratio among " << lines.size() << " log lines";
+  ASSERT_GE(ratio, 0) << "no measured ratio among " << lines.size() << " log lines";
   EXPECT_EQ(warned, ratio > 1.5) << "ratio " << ratio;
   // A dry run (plan, fit) measures nothing.
   lines.clear();
