@@ -13,8 +13,6 @@
 #include <utility>
 #include <vector>
 
-#include "process_memory.hpp"
-
 namespace tightfit {
 namespace {
 
@@ -241,18 +239,23 @@ MemorySnapshot MemoryAccounting::snapshot() const {
   return s;
 }
 
-std::optional<std::string> MemoryAccounting::process_refusal(int64_t requested, bool now) {
-  const int64_t budget = process_budget_.load();
-  if (budget <= 0) return std::nullopt;
+std::optional<std::string> MemoryAccounting::process_refusal(int64_t requested) {
+  if (process_budget_.load() <= 0) return std::nullopt;
   constexpr int64_t kCheckEvery = int64_t{16} << 20;
-  if (!now && requested < kCheckEvery &&
+  if (requested < kCheckEvery &&
       since_process_check_.fetch_add(requested, std::memory_order_relaxed) + requested <
           kCheckEvery)
     return std::nullopt;
   since_process_check_.store(0, std::memory_order_relaxed);
   const std::optional<ProcessMemory> m = read_process_memory();
-  if (!m || m->rss + requested <= budget) return std::nullopt;
-  return "out of memory budget: the process holds " + format_bytes(m->rss) + " resident" +
+  return m ? process_refusal(*m, requested) : std::nullopt;
+}
+
+std::optional<std::string> MemoryAccounting::process_refusal(const ProcessMemory& now,
+                                                             int64_t requested) const {
+  const int64_t budget = process_budget_.load();
+  if (budget <= 0 || now.rss + requested <= budget) return std::nullopt;
+  return "out of memory budget: the process holds " + format_bytes(now.rss) + " resident" +
          (requested > 0 ? ", and allocating " + format_bytes(requested) + " more would pass"
                         : ", past") +
          " run.memory_budget = " + format_bytes(budget) +

@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "process_memory.hpp"
 #include "tightfit/plugin_api.h"
 
 namespace tightfit {
@@ -63,10 +64,13 @@ class MemoryAccounting {
   // of allocations and before any larger one; 0 disables it.
   void set_process_budget(int64_t bytes) { process_budget_.store(bytes); }
   int64_t process_budget() const { return process_budget_.load(); }
-  // The message refusing `requested` bytes when the process's RSS would pass
-  // the process budget; nullopt when it would not (or is not due a check).
-  // `now`: check whatever was allocated since the last check.
-  std::optional<std::string> process_refusal(int64_t requested, bool now = false);
+  // The allocator's check: the message refusing `requested` bytes when the
+  // process's RSS would pass the process budget; nullopt when it would not,
+  // or when no check is due (every 16 MiB, and before any larger request).
+  std::optional<std::string> process_refusal(int64_t requested);
+  // The same check against a reading the caller made (the trainer's, after
+  // each step).
+  std::optional<std::string> process_refusal(const ProcessMemory& now, int64_t requested) const;
 
   MemorySnapshot snapshot() const;
   void reset_peaks();

@@ -185,7 +185,7 @@ MemoryPlan plan_memory(Session& s) {
   plan.batch_size = s.env().run_info.batch_size;
   plan.seq_len = s.env().run_info.seq_len;
   if (const std::optional<ProcessMemory> now = read_process_memory()) plan.host_overhead = now->rss;
-  plan.process_scope = s.env().run_cfg.get_string("memory_budget_scope") == "process";
+  plan.process_scope = s.env().process_budget_scope();
 
   TierCounts held{};
   bool grads_in_forward = false;

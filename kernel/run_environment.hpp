@@ -28,6 +28,10 @@ struct RunEnvironment {
   std::unique_ptr<ProcessGroup> pg;
 
   bool is_rank0() const { return run_info.rank == 0; }
+  // [run] memory_budget_scope = "process": the budget bounds the process's RSS.
+  bool process_budget_scope() const {
+    return run_cfg.get_string("memory_budget_scope") == "process";
+  }
   // [save].dir, or the run folder's checkpoints/.
   std::string checkpoint_dir() const;
   // Counted CPU bytes by category, plus the CUDA allocator's totals on a CUDA run.

@@ -118,8 +118,7 @@ void Session::read_kernel_tables() {
   // process does next (fit measures this machine after planning).
   const int64_t budget = options_.dry_run ? 0 : env_.run_cfg.get_size("memory_budget");
   MemoryAccounting::instance().set_budget(budget);
-  const bool process_scope = env_.run_cfg.get_string("memory_budget_scope") == "process";
-  MemoryAccounting::instance().set_process_budget(process_scope ? budget : 0);
+  MemoryAccounting::instance().set_process_budget(env_.process_budget_scope() ? budget : 0);
 }
 
 // The training device, and the process group when a launcher started ranks.
@@ -130,7 +129,7 @@ std::optional<DistEnv> Session::set_up_device_and_ranks() {
   } catch (const std::invalid_argument& e) {
     throw RecipeError(recipe_.source() + ": [run].device: " + e.what());
   }
-  if (env_.device.is_cuda() && env_.run_cfg.get_string("memory_budget_scope") == "process")
+  if (env_.device.is_cuda() && env_.process_budget_scope())
     throw RecipeError(recipe_.source() +
                       ": [run] memory_budget_scope = \"process\" bounds a CPU run's resident "
                       "memory, but this run's device is " +

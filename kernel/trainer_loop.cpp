@@ -116,14 +116,15 @@ TrainSummary Session::train() {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const MemorySnapshot mem = env_.memory_snapshot();
       const std::optional<ProcessMemory> process = read_process_memory();
-      if (process)
+      if (process) {
         mapped_growth_ = std::max(mapped_growth_, process->rss_file - process_at_start_.rss_file);
+        // The allocator checks the process budget as tensors are made; RSS
+        // that grew otherwise (libraries' own heap) is caught here.
+        if (auto refusal = MemoryAccounting::instance().process_refusal(*process, 0))
+          throw OutOfBudgetError(*refusal);
+      }
       nlohmann::json rec = step_record({step_ + 1, &r, elapsed, &mem, env_.device.is_cuda(),
                                         &step_metrics_, process ? &*process : nullptr});
-      // The allocator checks the process budget as tensors are made; RSS
-      // that grew otherwise (libraries' own heap) is caught here.
-      if (auto refusal = MemoryAccounting::instance().process_refusal(0, /*now=*/true))
-        throw OutOfBudgetError(*refusal);
       if (op_timer) {
         rec["op_s"] = op_timer->seconds() - op_s0;
         rec["step_s"] =

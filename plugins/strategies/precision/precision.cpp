@@ -21,7 +21,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "tightfit/plugin_sdk.hpp"
@@ -73,21 +75,32 @@ double matmul_time_ratio(at::ScalarType dtype) {
   return low / fp32;
 }
 
+// Measured once per process and type: it is the machine's, and every
+// session that composes precision (an A/B run, the tests) would pay again.
+double machine_matmul_time_ratio(at::ScalarType dtype) {
+  static std::mutex m;
+  static std::map<at::ScalarType, double> measured;
+  std::lock_guard<std::mutex> lock(m);
+  const auto it = measured.find(dtype);
+  return it != measured.end() ? it->second : measured[dtype] = matmul_time_ratio(dtype);
+}
+
 // A CPU without native 16-bit arithmetic (no AVX-512 BF16 or AMX) emulates
 // it, and a 16-bit step is then several times slower than fp32 (15x on an
 // AVX2-only EPYC): said once, at set-up, with the ratio measured here.
 void report_cpu_16bit_speed(const Precision& s) {
   const char* name = s.dtype == at::kHalf ? "fp16" : "bf16";
   // Rounded as printed, so that the notice and the warning agree.
-  const double ratio = std::round(matmul_time_ratio(s.dtype) * 10) / 10;
+  const double ratio = std::round(machine_matmul_time_ratio(s.dtype) * 10) / 10;
   char figure[64];
   std::snprintf(figure, sizeof figure, "%.1fx", ratio);
-  s.host.log(TF_LOG_INFO, std::string("a ") + name + " matmul takes " + figure +
-                              " the time of an fp32 one on this CPU (256x256, measured now)");
+  s.host.log(TF_LOG_INFO,
+             std::string("a ") + name + " matmul takes " + figure +
+                 " the time of an fp32 one on this CPU (256x256, measured in this process)");
   if (ratio > 1.5)
     s.host.log(TF_LOG_WARN,
                std::string("this CPU emulates ") + name + " arithmetic (its matmuls run " + figure +
-                   " slower than fp32, measured now), so this recipe saves memory but "
+                   " slower than fp32), so this recipe saves memory but "
                    "trains slower than without precision; leave the strategy out on this machine "
                    "unless memory is what you lack (`tightfit fit` prices it from the same "
                    "rates)");
