@@ -23,4 +23,12 @@ constexpr int64_t kIgnoreIndex = -100;
 // is not kIgnoreIndex (0 when none counts).
 at::Tensor cross_entropy_mean(const at::Tensor& logits, const at::Tensor& targets);
 
+// One chunk of rows of a loss computed chunk by chunk (the fused head,
+// fused_head_loss.hpp): the sum of the counted rows' losses, a 0-dim fp32
+// tensor. With `grad` defined ([m, V] fp32, may be `logits` itself), writes
+// into it d loss / d logits for a loss scaled by `grad_scale`:
+// (softmax - onehot) * grad_scale on counted rows, 0 on ignored ones.
+at::Tensor cross_entropy_rows(const at::Tensor& logits, const at::Tensor& targets,
+                              const at::Tensor& grad, double grad_scale);
+
 }  // namespace tightfit

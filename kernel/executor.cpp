@@ -12,27 +12,11 @@
 #include <limits>
 #include <optional>
 
-#include "cross_entropy.hpp"
 #include "strategy_chain.hpp"
 #include "tensor_handle.hpp"
 
 namespace tightfit {
 namespace {
-
-// Packed rows' positions for the stage calls of one pass: set for its
-// forward and the backward that recomputes stages, then put back.
-struct PassPositions {
-  PassPositions(at::Tensor& slot, const at::Tensor& positions) : slot_(slot), saved_(slot) {
-    slot_ = positions;
-  }
-  ~PassPositions() { slot_ = saved_; }
-  PassPositions(const PassPositions&) = delete;
-  PassPositions& operator=(const PassPositions&) = delete;
-
- private:
-  at::Tensor& slot_;
-  at::Tensor saved_;
-};
 
 // Runs a stage without keeping its activations, and re-runs it in backward
 // with the same random state (as torch.utils.checkpoint's reentrant variant).
@@ -164,21 +148,16 @@ void Executor::raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin)
 
 at::Tensor Executor::run_stage(int32_t stage, const at::Tensor& input, bool training,
                                bool recompute) {
-  tf_stage_call call{sizeof(tf_stage_call), stage, training ? 1 : 0,
-                     recompute ? 1 : 0,     step_, nullptr};
+  tf_stage_call call{sizeof(tf_stage_call),       stage, training ? 1 : 0,
+                     recompute ? 1 : 0,           step_, nullptr,
+                     stage == fused_head_ ? 1 : 0};
   const at::Device stage_device(stages_[static_cast<size_t>(stage)].device);
   at::Tensor positions = pass_positions_;
   if (positions.defined()) {
     if (positions.device() != stage_device) positions = positions.to(stage_device);
     call.positions = borrow_handle(positions);
   }
-  // Weights the stage fetches come to its device (a tied weight of another stage's).
-  struct ComputeDevice {
-    std::optional<at::Device>& slot;
-    std::optional<at::Device> saved;
-    ~ComputeDevice() { slot = saved; }
-  } restore{compute_device_, compute_device_};
-  compute_device_ = stage_device;
+  const ScopedAssign<std::optional<at::Device>> weights_to(compute_device_, stage_device);
   tf_tensor out = nullptr;
   const tf_model_vtable* vt = plugins_.model.plugin->model();
   const tf_tensor lent = borrow_handle(input);
@@ -194,6 +173,12 @@ at::Tensor Executor::run_stage(int32_t stage, const at::Tensor& input, bool trai
 
 at::Tensor Executor::forward_logits(const at::Tensor& tokens, bool training,
                                     const at::Tensor& positions) {
+  const ScopedAssign<int32_t> whole_logits(fused_head_, -1);
+  return forward_stages(tokens, training, positions, nullptr);
+}
+
+at::Tensor Executor::forward_stages(const at::Tensor& tokens, bool training,
+                                    const at::Tensor& positions, LossRequest* loss) {
   if (positions.defined()) {
     if (!(plugins_.model.plugin->model_features & TF_MODEL_FEATURE_POSITIONS))
       throw PluginCallError("model plugin \"" + plugins_.model.plugin->name +
@@ -203,8 +188,8 @@ at::Tensor Executor::forward_logits(const at::Tensor& tokens, bool training,
     if (positions.sizes() != tokens.sizes() || positions.scalar_type() != at::kLong)
       throw std::invalid_argument("positions must be int64 of the tokens' shape [B, T]");
   }
-  const PassPositions pass(pass_positions_,
-                           positions.defined() ? positions.to(env_.device) : positions);
+  const ScopedAssign<at::Tensor> pass(pass_positions_,
+                                      positions.defined() ? positions.to(env_.device) : positions);
   CategoryScope scope(TF_MEM_ACTIVATIONS);
   const bool grad = at::GradMode::is_enabled();
   const bool hooks = std::any_of(plugins_.strategies.begin(), plugins_.strategies.end(),
@@ -224,6 +209,7 @@ at::Tensor Executor::forward_logits(const at::Tensor& tokens, bool training,
       h = StageRecompute::apply(h, recompute_anchor_, this, static_cast<int64_t>(idx));
     else
       h = run_stage(idx, h, training, false);
+    if (loss != nullptr && idx == fused_head_) h = head_loss(idx, h, *loss);
     raise_stage_event(idx, TF_PHASE_FORWARD, false);
     if (grad && hooks && h.requires_grad()) {
       // Gradient w.r.t. this stage's output arriving = its backward begins
@@ -253,16 +239,18 @@ PassResult Executor::run_pass(const at::Tensor& tokens_in, const at::Tensor& tar
   const at::Tensor tokens = tokens_in.to(env_.device);
   const at::Tensor positions = positions_in.defined() ? positions_in.to(env_.device) : positions_in;
   // Backward recomputes checkpointed stages: they see the same positions.
-  const PassPositions pass(pass_positions_, positions);
-  at::Tensor logits;
+  const ScopedAssign<at::Tensor> pass(pass_positions_, positions);
+  // Checkpointed stages rerun in backward as in forward: a fused head again
+  // gives its hidden state.
+  const ScopedAssign<int32_t> head(fused_head_, fusable_head());
+  // The fused head's gradients are made in forward: it needs the scale the
+  // loss will have in backward.
+  const double strategies_scale = backward ? strategies_loss_scale() : 1.0;
   at::Tensor loss;
   {
     at::AutoGradMode mode(backward);
-    logits = forward_logits(tokens, /*training=*/true, positions);
-    CategoryScope scope(TF_MEM_ACTIVATIONS);
-    const at::Tensor targets = targets_in.to(logits.device());
-    loss = cross_entropy_mean(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
-                              targets.reshape({-1}));
+    loss = forward_loss(tokens, targets_in, /*training=*/true, positions,
+                        loss_scale * strategies_scale);
   }
   r.loss = loss.item<double>();
   if (env_.pg) {
@@ -281,10 +269,9 @@ PassResult Executor::run_pass(const at::Tensor& tokens_in, const at::Tensor& tar
   r.finite = std::isfinite(r.loss);
   if (!backward) return r;
   grads_dispatched_.assign(store_.all().size(), false);
-  applied_loss_scale_ = strategies_loss_scale();
+  applied_loss_scale_ = strategies_scale;
   {
     CategoryScope scope(TF_MEM_TRANSIENT);
-    logits = at::Tensor();  // autograd keeps what it needs
     (loss * (loss_scale * applied_loss_scale_)).backward();
   }
   // The first stage's backward ends when backward returns.

@@ -32,6 +32,11 @@ struct StageState {
   int64_t output_bytes_per_token = 0;             // 0 = unknown
   int64_t backward_bytes_per_token = 0;           // 0 = unknown
   int64_t frozen_backward_bytes_per_token = 0;    // 0 = unknown
+  // A head's projection (tf_stage_spec.projection_weight, ABI 1.5): empty
+  // when the head does not declare one and its logits come whole.
+  std::string projection_weight;
+  std::string projection_bias;
+  int64_t projection_bytes_per_token = 0;  // of the activation bytes: the logits
 };
 
 struct PassResult {
@@ -61,11 +66,26 @@ class Executor {
     nan_steps_pending_.insert(steps.begin(), steps.end());
   }
 
+  // [run] fused_loss and loss_chunk_tokens: whether a head that declares its
+  // projection computes it with the loss a chunk of tokens at a time.
+  void set_fused_loss(bool on, int64_t chunk_tokens) {
+    fused_loss_ = on;
+    loss_chunk_tokens_ = chunk_tokens;
+  }
+  // The stage whose projection the loss computes (-1: the logits come whole).
+  int32_t fusable_head() const;
+
   // `positions` (int64 [B, T], optional): packed rows' per-token positions,
   // handed to every stage of the pass (the model must declare
   // TF_MODEL_FEATURE_POSITIONS).
   at::Tensor forward_logits(const at::Tensor& tokens, bool training,
                             const at::Tensor& positions = {});
+  // The mean loss of a pass against `targets` [B, T] (kIgnoreIndex counts
+  // nothing): the head's projection fused with the loss where it can be
+  // (fusable_head), else the whole logits' cross-entropy. `grad_scale`: the
+  // factor the loss is multiplied by before backward.
+  at::Tensor forward_loss(const at::Tensor& tokens, const at::Tensor& targets, bool training,
+                          const at::Tensor& positions = {}, double grad_scale = 1.0);
   // Forward, loss and (when `backward`) backward with the loss scaled by
   // `loss_scale` times the strategies' fp16 factor; grad_ready is dispatched
   // as each stage's gradients finish.
@@ -96,6 +116,21 @@ class Executor {
   void clear_applied_loss_scale() { applied_loss_scale_ = 1.0; }
 
  private:
+  // What a pass asks of its head: the loss against these targets.
+  struct LossRequest {
+    at::Tensor targets;
+    double grad_scale = 1.0;
+    bool computed = false;  // the head stage computed the loss (fused)
+  };
+  // The stages in order; with `loss`, the fused head's stage returns the loss.
+  at::Tensor forward_stages(const at::Tensor& tokens, bool training, const at::Tensor& positions,
+                            LossRequest* loss);
+  // The fused head's loss from its hidden state, inside its forward event.
+  at::Tensor head_loss(int32_t stage, const at::Tensor& hidden, LossRequest& loss);
+  // Whether a strategy's linear_extend changes the head's projection (LoRA
+  // on the head): then the logits come whole. Asked once.
+  bool head_is_extended(const StageState& head, const at::Tensor& hidden, const at::Tensor& w);
+
   // The product of the strategies' loss_scale factors.
   double strategies_loss_scale();
 
@@ -112,6 +147,28 @@ class Executor {
   std::optional<at::Device> compute_device_;  // the running stage's, while one runs
   at::Tensor pass_positions_;    // packed rows' positions while a pass runs (backward included)
   at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward
+  bool fused_loss_ = true;
+  int64_t loss_chunk_tokens_ = 0;      // 0: fused_loss_chunk_rows decides
+  int32_t fused_head_ = -1;            // while a pass runs: the head asked for its hidden
+  std::optional<bool> head_extended_;  // head_is_extended, once asked
+};
+
+// Sets a slot for a scope and puts its value back after: the device
+// weights are fetched to while a stage computes, packed rows' positions and
+// the fused head while a pass (and its backward) runs.
+template <class T>
+class ScopedAssign {
+ public:
+  ScopedAssign(T& slot, T value) : slot_(slot), saved_(std::move(slot)) {
+    slot_ = std::move(value);
+  }
+  ~ScopedAssign() { slot_ = std::move(saved_); }
+  ScopedAssign(const ScopedAssign&) = delete;
+  ScopedAssign& operator=(const ScopedAssign&) = delete;
+
+ private:
+  T& slot_;
+  T saved_;
 };
 
 }  // namespace tightfit

@@ -45,6 +45,22 @@ tf_status h_declare_stage(tf_host_context* ctx, const tf_stage_spec* spec, int32
     st.output_bytes_per_token = s.output_bytes_per_token;
     st.backward_bytes_per_token = s.backward_bytes_per_token;
     st.frozen_backward_bytes_per_token = s.frozen_backward_bytes_per_token;
+    if (s.projection_weight != nullptr) {
+      if (s.kind != TF_STAGE_HEAD)
+        throw std::invalid_argument(std::string("stage \"") + s.name +
+                                    "\" declares a projection_weight but is not a head");
+      if (s.projection_bytes_per_token < 0 ||
+          s.projection_bytes_per_token >
+              std::min(s.activation_bytes_per_token, s.frozen_activation_bytes_per_token > 0
+                                                         ? s.frozen_activation_bytes_per_token
+                                                         : s.activation_bytes_per_token))
+        throw std::invalid_argument(std::string("stage \"") + s.name +
+                                    "\" declares projection_bytes_per_token outside [0, its "
+                                    "activation bytes per token]");
+      st.projection_weight = s.projection_weight;
+      st.projection_bias = s.projection_bias ? s.projection_bias : "";
+      st.projection_bytes_per_token = s.projection_bytes_per_token;
+    }
     auto& stages = ctx->kernel->executor->stages();
     stages.push_back(st);
     if (out_index) *out_index = static_cast<int32_t>(stages.size() - 1);

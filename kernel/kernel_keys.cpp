@@ -31,6 +31,14 @@ const std::vector<KeySpec>& run_keys() {
           "device's), or the whole process's resident memory (RSS: libraries, allocator and "
           "mapped files too; CPU runs)",
           1, 0, "tracked|process"),
+      key("fused_loss", TF_VALUE_BOOL, "true",
+          "compute the head's projection together with the loss a chunk of tokens at a time, "
+          "so the [tokens x vocabulary] logits and their gradient never exist whole (models "
+          "whose head declares its projection); false = the logits whole, as before"),
+      key("loss_chunk_tokens", TF_VALUE_INT, "0",
+          "tokens per chunk of the fused loss; 0 = as many as keep a chunk's fp32 logits near "
+          "64 MiB",
+          0, 1e9),
       key("out_dir", TF_VALUE_STRING, "\"runs\"", "folder that holds run folders"),
       key("log_every", TF_VALUE_INT, "10", "steps between progress lines", 1, 1e9),
       key("threads", TF_VALUE_INT, "0", "intra-op CPU threads; 0 = LibTorch's default", 0, 4096),

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "checked_size.hpp"
+#include "fused_head_loss.hpp"
 #include "process_memory.hpp"
 #include "session.hpp"
 #include "strategy_chain.hpp"
@@ -20,6 +21,29 @@ int64_t optimizer_slots(const ConfigTable& opt) {
   const std::string name = opt.get_string("name");
   if (name == "adamw") return 2;
   return opt.get_double("momentum") != 0 ? 1 : 0;
+}
+
+// A head whose projection the loss computes in chunks (Executor::fusable_head).
+struct FusedHeadPlan {
+  int32_t head = -1;
+  int64_t chunk_rows = 0;
+  int64_t chunk = 0;        // one chunk's fp32 logits (their gradient written over them)
+  int64_t hidden_grad = 0;  // the gradient of the hidden state forward keeps for backward
+};
+
+FusedHeadPlan fused_head_plan(Session& s, int64_t tokens) {
+  FusedHeadPlan f;
+  f.head = s.executor().fusable_head();
+  if (f.head < 0) return f;
+  const StageState& st = s.executor().stages()[static_cast<size_t>(f.head)];
+  const Param& w = s.store().get(st.projection_weight);
+  const int64_t vocab = w.shape[0], width = w.shape[1], elt = element_bytes(w.dtype);
+  f.chunk_rows =
+      std::min(tokens, fused_loss_chunk_rows(vocab, s.env().run_cfg.get_int("loss_chunk_tokens")));
+  // fp32 logits, and their copy in the weight's dtype when it is another.
+  f.chunk = checked_product({f.chunk_rows, vocab, 4 + (elt != 4 ? elt : 0)}, "a loss chunk");
+  f.hidden_grad = checked_product({tokens, width, elt}, "the head's hidden gradient");
+  return f;
 }
 
 // The kernel's baseline: what the declarations show, stage by stage.
@@ -41,6 +65,10 @@ struct Baseline {
   int64_t largest_param = 0;  // the update's workspace is per parameter
   int64_t live_total = 0;     // all stages' activations were none recomputed
   int64_t n_params = 0, n_trainable = 0;
+  // A fused head's forward: a chunk's logits and the projection's weight
+  // gradient, which forward makes and backward hands over.
+  int64_t head_forward = 0;
+  int64_t logits_tokens = 0;  // a fused head's chunk (0: not fused)
 };
 
 Baseline baseline(Session& s) {
@@ -88,6 +116,8 @@ Baseline baseline(Session& s) {
   // kept (cross_entropy.hpp), alive through the head's backward.
   const int64_t logit_grads =
       checked_product({4, tokens, vocab}, "the logits' gradient (4 bytes x tokens x vocabulary)");
+  const FusedHeadPlan fused = fused_head_plan(s, tokens);
+  b.logits_tokens = fused.head >= 0 ? fused.chunk_rows : 0;
   // Autograd keeps a stage's activations only when a gradient flows back
   // through it: a trainable parameter at or before it.
   bool flows = false;
@@ -106,11 +136,16 @@ Baseline baseline(Session& s) {
                                : full;
     const int64_t output =
         st.output_bytes_per_token > 0 ? per_batch(st.output_bytes_per_token, "output") : full / 16;
+    const bool fused_here = static_cast<int32_t>(i) == fused.head;
+    // A fused head keeps its hidden state's gradient instead of the logits.
+    const int64_t kept_logits =
+        fused_here ? per_batch(st.projection_bytes_per_token, "logits") - fused.hidden_grad : 0;
     sp.backward = flows;
-    sp.flow = {flows, flows && st.recompute, own_trainable[i], own_trainable[i] ? full : frozen,
+    sp.flow = {flows, flows && st.recompute, own_trainable[i],
+               (own_trainable[i] ? full : frozen) - kept_logits,
                flows && st.recompute ? previous_output : 0};
     if (flows) {
-      sp.live = own_trainable[i] ? full : frozen;
+      sp.live = (own_trainable[i] ? full : frozen) - kept_logits;
       // A recomputed stage keeps only its input until its backward reruns it.
       sp.recomputed = st.recompute;
       sp.input = previous_output;
@@ -121,16 +156,20 @@ Baseline baseline(Session& s) {
       // logits'.
       const int64_t declared =
           own_trainable[i] ? st.backward_bytes_per_token : st.frozen_backward_bytes_per_token;
-      sp.temporary = st.kind == TF_STAGE_HEAD ? logit_grads
-                     : declared > 0           ? per_batch(declared, "backward workspace")
-                                              : output + previous_output;
+      sp.temporary = fused_here                 ? 2 * fused.hidden_grad
+                     : st.kind == TF_STAGE_HEAD ? logit_grads
+                     : declared > 0             ? per_batch(declared, "backward workspace")
+                                                : output + previous_output;
       // The logits themselves are held for the loss, not by autograd: the
       // loss's backward starts after they are let go.
-      if (st.kind == TF_STAGE_HEAD) sp.dropped = std::min(output, sp.live);
+      if (st.kind == TF_STAGE_HEAD && !fused_here) sp.dropped = std::min(output, sp.live);
+      if (fused_here) b.head_forward = fused.chunk + (own_trainable[i] ? sp.grads : 0);
     }
     // Without autograd a stage's intermediates go as soon as they are used:
     // measured, about 0.6 of what it keeps for backward is alive at once.
-    sp.computing = full * 6 / 10 + (st.kind == TF_STAGE_HEAD ? logit_grads : 0);
+    sp.computing = (full - kept_logits) * 6 / 10 + (fused_here                 ? fused.chunk
+                                                    : st.kind == TF_STAGE_HEAD ? logit_grads
+                                                                               : 0);
     previous_output = output;
   }
   return b;
@@ -146,6 +185,7 @@ tf_model_summary summary(Session& s, const Baseline& b) {
   m.batch_size = s.env().run_info.batch_size;
   m.seq_len = s.env().run_info.seq_len;
   m.activation_bytes = b.live_total;  // strategies' activation deltas are against this
+  m.logits_tokens = b.logits_tokens;
   return m;
 }
 
@@ -169,6 +209,7 @@ PlanContribution ask(Session& s, PluginInstance& inst, const std::string& label,
   c.time_from_plan = e.time_from_plan != 0;
   c.grads_in_forward = e.grads_in_forward != 0;
   c.update_bytes = std::max<int64_t>(0, e.update_bytes);
+  c.forward_bytes = std::max<int64_t>(0, e.forward_bytes);
   if (e.recompute_inputs_tier == TF_TIER_HOST || e.recompute_inputs_tier == TF_TIER_DISK)
     c.recompute_inputs_tier = static_cast<tf_residency>(e.recompute_inputs_tier);
   return c;
@@ -189,7 +230,7 @@ MemoryPlan plan_memory(Session& s) {
 
   TierCounts held{};
   bool grads_in_forward = false;
-  int64_t update_bytes = 0;
+  int64_t update_bytes = 0, forward_bytes = 0;
   held[TF_TIER_DEVICE] = b.bytes;
   // The planned parameter table: declared, dense, on the device; strategies
   // that convert or move parameters edit it while they are asked.
@@ -233,6 +274,7 @@ MemoryPlan plan_memory(Session& s) {
     if (c.time_factor > 0) plan.time_factor *= c.time_factor;
     grads_in_forward = grads_in_forward || c.grads_in_forward;
     update_bytes += c.update_bytes;
+    forward_bytes += c.forward_bytes;
     if (c.recompute_inputs_tier != TF_TIER_DEVICE)
       plan.recompute_inputs_tier = c.recompute_inputs_tier;
   }
@@ -283,7 +325,7 @@ MemoryPlan plan_memory(Session& s) {
     return 0;
   };
   const int64_t earlier_grads = grads_in_forward ? all_grads : 0;
-  int64_t best = resident + kept + earlier_grads;
+  int64_t best = resident + kept + earlier_grads + b.head_forward + forward_bytes;
   plan.peak_moment = "forward";
   int64_t later_grads = 0;  // of the stages whose backward is done
   for (size_t i = b.stages.size(); i-- > 0;) {

@@ -40,7 +40,8 @@ struct PlanContribution {
   double time_factor = 0;       // 0 = the plugin does not say
   bool time_from_plan = false;  // its time shows in the plan (the cost model prices it)
   bool grads_in_forward = false;
-  int64_t update_bytes = 0;  // alive only during the update
+  int64_t update_bytes = 0;   // alive only during the update
+  int64_t forward_bytes = 0;  // alive only at the end of forward
   tf_residency recompute_inputs_tier = TF_TIER_DEVICE;
 };
 

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <filesystem>
 
-#include "cross_entropy.hpp"
 #include "file_util.hpp"
 #include "generation.hpp"
 #include "logging.hpp"
@@ -59,11 +58,8 @@ double Session::eval_loss(int64_t batches) {
   double sum = 0;
   for (int64_t i = 0; i < batches; ++i) {
     auto b = data_.batcher().validation(i);
-    at::Tensor logits =
-        executor_.forward_logits(b.tokens.to(env_.device), /*training=*/false, b.positions);
-    sum += cross_entropy_mean(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
-                              b.targets.to(logits.device()).reshape({-1}))
-               .item<double>();
+    sum +=
+        executor_.forward_loss(b.tokens, b.targets, /*training=*/false, b.positions).item<double>();
   }
   return sum / static_cast<double>(batches);
 }

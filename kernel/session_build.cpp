@@ -22,6 +22,30 @@
 namespace tightfit {
 namespace fs = std::filesystem;
 
+namespace {
+
+// A head's declared projection names a [V, C] parameter (and a [V] bias) of
+// the model's own: the loss will compute with them in place of the head's
+// output.
+void check_head_projection(const StageState& head, ParamStore& store,
+                           const std::string& model_name) {
+  if (head.projection_weight.empty()) return;
+  auto refuse = [&](const std::string& why) {
+    throw PluginCallError("model plugin \"" + model_name + "\" declares head projection \"" +
+                          head.projection_weight + "\", which " + why);
+  };
+  const Param* w = store.find(head.projection_weight);
+  if (w == nullptr) refuse("is not one of its parameters");
+  if (w->shape.size() != 2) refuse("is not a matrix [vocabulary, width]");
+  if (head.projection_bias.empty()) return;
+  const Param* b = store.find(head.projection_bias);
+  if (b == nullptr || b->shape.size() != 1 || b->shape[0] != w->shape[0])
+    refuse("has a bias \"" + head.projection_bias + "\" that is not a parameter of its " +
+           std::to_string(w->shape[0]) + " rows");
+}
+
+}  // namespace
+
 PluginInstance Session::make_instance(const std::string& name, tf_plugin_kind kind,
                                       const toml::table* table, const std::string& role,
                                       const std::string& where_plugin) {
@@ -108,6 +132,8 @@ void Session::read_kernel_tables() {
   recipe_.check_top_level(kernel_top_level_tables());
   env_.run_cfg = recipe_.validate(recipe_.table("run"), "[run]", run_keys());
   executor_.inject_nan_at(env_.run_cfg.get_int_list("debug_nan_at_steps"));
+  executor_.set_fused_loss(env_.run_cfg.get_bool("fused_loss"),
+                           env_.run_cfg.get_int("loss_chunk_tokens"));
   env_.data_cfg = recipe_.validate(recipe_.table("data"), "[data]", data_keys());
   env_.opt_cfg = recipe_.validate(recipe_.table("optimizer"), "[optimizer]", optimizer_keys());
   env_.save_cfg = recipe_.validate(recipe_.table("save"), "[save]", save_keys());
@@ -286,6 +312,7 @@ void Session::create_model(const PluginRegistry& base_registry, const std::strin
       executor_.stages().back().kind != TF_STAGE_HEAD)
     throw PluginCallError("model plugin \"" + model_name +
                           "\" must declare an embed stage first and a head stage last");
+  check_head_projection(executor_.stages().back(), store_, model_name);
 }
 
 // The [[strategy]] tables in order: created, then configured.

@@ -1,6 +1,6 @@
 /*
- * tightfit plugin ABI, version 1.2 (1.0 plus the fields marked "Added in 1.1"
- * and "Added in 1.2").
+ * tightfit plugin ABI, version 1.5 (1.0 plus the fields marked "Added in 1.1"
+ * through "Added in 1.5").
  *
  * This header is the whole contract between the tightfit host (the kernel) and
  * a plugin shared library. It is plain C: no C++ type and no exception ever
@@ -52,7 +52,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 4
+#define TF_ABI_VERSION_MINOR 5
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -268,6 +268,18 @@ typedef struct tf_stage_spec {
    * frozen (a frozen linear frees no saved input as its backward runs). */
   int64_t backward_bytes_per_token;
   int64_t frozen_backward_bytes_per_token;
+  /* Added in 1.5, for a TF_STAGE_HEAD stage (NULL and 0 elsewhere): the
+   * stage's output is exactly host->linear(hidden, projection_weight,
+   * projection_bias) of a hidden state it computes, with nothing after it.
+   * The host may then call the stage with tf_stage_call.hidden_only = 1 and
+   * run the projection together with the loss itself, a chunk of tokens at a
+   * time, so the whole [tokens x vocabulary] logits never exist ([run]
+   * fused_loss). projection_bytes_per_token: the part of the activation
+   * bytes above (trained and frozen alike) that the logits account for,
+   * which the host then does not keep. The names are copied. */
+  const char* projection_weight;
+  const char* projection_bias; /* NULL: no bias */
+  int64_t projection_bytes_per_token;
 } tf_stage_spec;
 
 /* What a stage forward call is asked to do. */
@@ -285,6 +297,11 @@ typedef struct tf_stage_call {
    * position_ids). Only models that declare TF_MODEL_FEATURE_POSITIONS get
    * it; the same tensor comes with every stage of a pass, recompute included. */
   tf_tensor positions;
+  /* Added in 1.5: 1 asks a head that declared projection_weight for its
+   * hidden state, the projection's input, instead of its logits (read it
+   * when struct_size covers it; absent = 0). Comes only in training and
+   * evaluation passes whose loss the host computes; recompute repeats it. */
+  int32_t hidden_only;
 } tf_stage_call;
 
 /* ------------------------------------------------------------------------- */
@@ -437,6 +454,11 @@ typedef struct tf_model_summary {
   int64_t batch_size;
   int64_t seq_len;
   int64_t activation_bytes; /* sum over stages of activation_bytes_per_token * B * T */
+  /* Added in 1.5: when the host fuses the head's projection with the loss,
+   * the tokens of one chunk, whose logits exist at once (a transient of
+   * forward, not kept to backward; activation_bytes leaves the logits out);
+   * 0 when the logits come whole, batch_size * seq_len at once. */
+  int64_t logits_tokens;
 } tf_model_summary;
 
 /* A strategy's or schedule's effect on memory: signed byte deltas per
@@ -472,6 +494,10 @@ typedef struct tf_memory_estimate {
    * time_factor multiplies the modeled step time, as for any effect the
    * model cannot see. */
   int32_t time_from_plan;
+  /* Added in 1.5: device bytes alive only at the end of a forward pass, not
+   * in backward or the update (autocast's 16-bit copy of the head's matrix
+   * while a fused head computes its chunks); kept out of delta_bytes. */
+  int64_t forward_bytes;
 } tf_memory_estimate;
 
 /* ------------------------------------------------------------------------- */

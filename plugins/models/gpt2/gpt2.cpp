@@ -156,8 +156,10 @@ struct Gpt2 {
     return a + mlp(layer_norm(a, block(l, "ln_2")), l, training);
   }
 
-  at::Tensor head(const at::Tensor& h) const {
-    return host.linear(layer_norm(h, "transformer.ln_f"), "transformer.wte.weight");
+  // The logits, or (hidden_only) the hidden state the host projects itself.
+  at::Tensor head(const at::Tensor& h, bool hidden_only = false) const {
+    const at::Tensor hidden = layer_norm(h, "transformer.ln_f");
+    return hidden_only ? hidden : host.linear(hidden, "transformer.wte.weight");
   }
 };
 
@@ -261,8 +263,9 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     // ln_f's input and output (its output only for the tied head's weight
     // gradient), then the loss's logits.
     const int64_t loss = tf_sdk::loss_activation_bytes(V, elt);
-    const int32_t head = m->host.declare_stage("head", TF_STAGE_HEAD, 2 * C * elt + 8 + loss,
-                                               2 * C * V, C * elt + 8 + loss, V * elt);
+    const int32_t head = m->host.declare_stage(
+        "head", TF_STAGE_HEAD, {2 * C * elt + 8 + loss, C * elt + 8 + loss, V * elt}, 2 * C * V,
+        {"transformer.wte.weight", "", loss});
     declare(*m, "transformer.ln_f.weight", {C}, head, TF_INIT_ONES, 0, no_decay);
     declare(*m, "transformer.ln_f.bias", {C}, head, TF_INIT_ZEROS, 0, no_decay);
     nlohmann::json cfg = m->s.hf_json.is_object() ? m->s.hf_json : nlohmann::json::object();
@@ -303,7 +306,7 @@ tf_status stage_forward(void* state, tf_host_context* ctx, const tf_stage_call* 
     if (call->stage == 0)
       y = m->embed(x, training, positions);
     else if (call->stage == last)
-      y = m->head(x);
+      y = m->head(x, tf_sdk::head_hidden_only(call));
     else
       y = m->transformer_block(x, call->stage - 1, training, positions);
     *out = tf_sdk::give(std::move(y));

@@ -167,9 +167,13 @@ struct Llama {
                          /*sparse=*/s.tie_embeddings);
   }
 
-  at::Tensor head(const at::Tensor& h) const {
-    return host.linear(rms_norm(h, "model.norm.weight"),
-                       s.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+  const char* head_weight() const {
+    return s.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  }
+  // The logits, or (hidden_only) the hidden state the host projects itself.
+  at::Tensor head(const at::Tensor& h, bool hidden_only = false) const {
+    const at::Tensor hidden = rms_norm(h, "model.norm.weight");
+    return hidden_only ? hidden : host.linear(hidden, head_weight());
   }
 };
 
@@ -297,8 +301,9 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       }
     }
     const int64_t loss = tf_sdk::loss_activation_bytes(V, elt);
-    const int32_t head = m->host.declare_stage("head", TF_STAGE_HEAD, rms_norm_bytes + loss,
-                                               2 * C * V, frozen_norm_bytes + loss, V * elt);
+    const int32_t head = m->host.declare_stage(
+        "head", TF_STAGE_HEAD, {rms_norm_bytes + loss, frozen_norm_bytes + loss, V * elt},
+        2 * C * V, {m->head_weight(), "", loss});
     declare(*m, "model.norm.weight", {C}, head, TF_INIT_ONES, 0, no_decay);
     if (!s.tie_embeddings) declare(*m, "lm_head.weight", {V, C}, head, TF_INIT_NORMAL, std, 0);
     const nlohmann::json cfg = llama::hf_config_for_export(s, host.get_string("dtype"));
@@ -320,7 +325,7 @@ tf_status stage_forward(void* state, tf_host_context* ctx, const tf_stage_call* 
     const int64_t last = m->s.n_layer + 1;
     at::Tensor y = call->stage == 0 ? m->embed(x)
                    : call->stage == last
-                       ? m->head(x)
+                       ? m->head(x, tf_sdk::head_hidden_only(call))
                        : m->block(x, call->stage - 1, nullptr, tf_sdk::call_positions(call));
     *out = tf_sdk::give(std::move(y));
     return TF_OK;

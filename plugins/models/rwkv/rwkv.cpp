@@ -181,9 +181,13 @@ struct Rwkv {
   at::Tensor embed(const at::Tensor& tokens) const {
     return at::embedding(host.weight("rwkv.embeddings.weight"), tokens);
   }
-  at::Tensor head(const at::Tensor& h) const {
-    return host.linear(layer_norm(h, "rwkv.ln_out"),
-                       s.tie_embeddings ? "rwkv.embeddings.weight" : "head.weight");
+  const char* head_weight() const {
+    return s.tie_embeddings ? "rwkv.embeddings.weight" : "head.weight";
+  }
+  // The logits, or (hidden_only) the hidden state the host projects itself.
+  at::Tensor head(const at::Tensor& h, bool hidden_only = false) const {
+    const at::Tensor hidden = layer_norm(h, "rwkv.ln_out");
+    return hidden_only ? hidden : host.linear(hidden, head_weight());
   }
 };
 
@@ -278,8 +282,9 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       declare(m->block(l, "feed_forward.value.weight"), {C, I}, st, TF_INIT_ZEROS, 0, 0);
     }
     const int64_t loss = tf_sdk::loss_activation_bytes(V, elt);
-    const int32_t head = host.declare_stage("head", TF_STAGE_HEAD, 2 * C * elt + loss, 2 * C * V,
-                                            C * elt + loss, V * elt);
+    const int32_t head =
+        host.declare_stage("head", TF_STAGE_HEAD, {2 * C * elt + loss, C * elt + loss, V * elt},
+                           2 * C * V, {m->head_weight(), "", loss});
     declare("rwkv.ln_out.weight", {C}, head, TF_INIT_ONES, 0, no_decay);
     declare("rwkv.ln_out.bias", {C}, head, TF_INIT_ZEROS, 0, no_decay);
     if (!s.tie_embeddings) declare("head.weight", {V, C}, head, TF_INIT_NORMAL, 0.02, 0);
@@ -312,7 +317,7 @@ tf_status stage_forward(void* state, tf_host_context* ctx, const tf_stage_call* 
     const at::Tensor& x = tf_sdk::borrow(input);
     const int64_t last = m->s.n_layer + 1;
     at::Tensor y = call->stage == 0      ? m->embed(x)
-                   : call->stage == last ? m->head(x)
+                   : call->stage == last ? m->head(x, tf_sdk::head_hidden_only(call))
                                          : m->forward_block(x, call->stage - 1);
     *out = tf_sdk::give(std::move(y));
     return TF_OK;

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -171,9 +172,34 @@ class Host {
   }
   int32_t declare_stage(const std::string& name, tf_stage_kind kind, const StageMemory& bytes,
                         int64_t flops_per_token) const {
-    tf_stage_spec spec{sizeof(tf_stage_spec), name.c_str(),    kind,
-                       bytes.activations,     flops_per_token, bytes.frozen_activations,
-                       bytes.output,          bytes.backward,  bytes.frozen_backward};
+    return declare_stage(name, kind, bytes, flops_per_token, HeadProjection{});
+  }
+  // A head whose output is host.linear(hidden, weight, bias) with nothing
+  // after it (tf_stage_spec.projection_weight, ABI 1.5): the host may ask for
+  // the hidden alone (head_hidden_only) and fuse the projection with the loss.
+  // logits_bytes: the part of the activation bytes per token the logits are.
+  struct HeadProjection {
+    std::string weight;
+    std::string bias;  // empty: none
+    int64_t logits_bytes = 0;
+  };
+  int32_t declare_stage(const std::string& name, tf_stage_kind kind, const StageMemory& bytes,
+                        int64_t flops_per_token, const HeadProjection& projection) const {
+    tf_stage_spec spec{};
+    spec.struct_size = sizeof spec;
+    spec.name = name.c_str();
+    spec.kind = kind;
+    spec.activation_bytes_per_token = bytes.activations;
+    spec.flops_per_token = flops_per_token;
+    spec.frozen_activation_bytes_per_token = bytes.frozen_activations;
+    spec.output_bytes_per_token = bytes.output;
+    spec.backward_bytes_per_token = bytes.backward;
+    spec.frozen_backward_bytes_per_token = bytes.frozen_backward;
+    if (!projection.weight.empty()) {
+      spec.projection_weight = projection.weight.c_str();
+      spec.projection_bias = projection.bias.empty() ? nullptr : projection.bias.c_str();
+      spec.projection_bytes_per_token = projection.logits_bytes;
+    }
     int32_t index = -1;
     check(api_->declare_stage(ctx_, &spec, &index));
     return index;
@@ -321,6 +347,13 @@ tf_status guard(const tf_host_api* api, tf_host_context* ctx, F&& body) noexcept
 // older than the field leaves it zero (the SDK zero-fills the struct).
 inline bool planning_only(const tf_run_info& info) {
   return info.dry_run != 0;
+}
+
+// Whether the host asks a head that declared a projection for its hidden
+// state instead of its logits (tf_stage_call.hidden_only, ABI 1.5).
+inline bool head_hidden_only(const tf_stage_call* call) {
+  return call->struct_size >= offsetof(tf_stage_call, hidden_only) + sizeof(call->hidden_only) &&
+         call->hidden_only != 0;
 }
 
 inline tf_dtype parse_dtype(const std::string& d) {

@@ -252,12 +252,25 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
             (info.stage >= 0 && info.stage != head))
           continue;
         if (s->host.has_param_plan() && s->host.planned(name).format != TF_FORMAT_DENSE) continue;
-        out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT] += 2 * info.numel;
+        // Fused with the loss (ABI 1.5), the cast lives while forward
+        // computes the chunks only; whole, until the head's backward.
+        const bool fused_head =
+            model->struct_size >=
+                offsetof(tf_model_summary, logits_tokens) + sizeof model->logits_tokens &&
+            model->logits_tokens > 0 &&
+            out->struct_size >= offsetof(tf_memory_estimate, forward_bytes) + sizeof(int64_t);
+        (fused_head ? out->forward_bytes : out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT]) +=
+            2 * info.numel;
         // The 16-bit logits (vocabulary = the matrix's rows) stay alive
         // beside the fp32 copy the loss keeps, which the model declared and
-        // the 16-bit ratio above must not shrink.
-        const int64_t logits = info.shape[0] * model->batch_size * model->seq_len;
-        out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] += 2 * logits + 4 * logits / 5;
+        // the 16-bit ratio above must not shrink. A host that fuses the
+        // projection with the loss (ABI 1.5) holds one chunk's, in forward.
+        const int64_t tokens = model->batch_size * model->seq_len;
+        const int64_t logits = info.shape[0] * (fused_head ? model->logits_tokens : tokens);
+        if (fused_head)
+          out->forward_bytes += 2 * logits;
+        else
+          out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] += 2 * logits + 4 * logits / 5;
       }
     } else {
       // fp32 weights still dense become bf16 (quantized ones stay as they

@@ -1,0 +1,84 @@
+// The executor's loss: a pass's mean cross-entropy, with the head's
+// projection fused into it (fused_head_loss.hpp) where the head declares its
+// projection and no strategy changes it, else from the whole logits.
+#include <cstdint>
+
+#include "cross_entropy.hpp"
+#include "executor.hpp"
+#include "fused_head_loss.hpp"
+#include "logging.hpp"
+#include "memory_accounting.hpp"
+#include "strategy_chain.hpp"
+#include "tensor_handle.hpp"
+
+namespace tightfit {
+
+int32_t Executor::fusable_head() const {
+  if (!fused_loss_ || head_extended_.value_or(false)) return -1;
+  for (size_t i = stages_.size(); i-- > 0;) {
+    const StageState& st = stages_[i];
+    if (st.skip) continue;
+    return st.kind == TF_STAGE_HEAD && !st.projection_weight.empty() ? static_cast<int32_t>(i) : -1;
+  }
+  return -1;
+}
+
+at::Tensor Executor::forward_loss(const at::Tensor& tokens, const at::Tensor& targets,
+                                  bool training, const at::Tensor& positions, double grad_scale) {
+  // A pass (run_pass) has chosen the head already, for its backward too.
+  const ScopedAssign<int32_t> head(fused_head_, fused_head_ >= 0 ? fused_head_ : fusable_head());
+  LossRequest request{targets, grad_scale};
+  const at::Tensor out = forward_stages(tokens.to(env_.device), training, positions, &request);
+  if (request.computed) return out;
+  CategoryScope scope(TF_MEM_ACTIVATIONS);
+  return cross_entropy_mean(out.reshape({-1, out.size(-1)}).to(at::kFloat),
+                            targets.to(out.device()).reshape({-1}));
+}
+
+at::Tensor Executor::head_loss(int32_t stage, const at::Tensor& hidden, LossRequest& loss) {
+  const StageState& st = stages_[static_cast<size_t>(stage)];
+  const ScopedAssign<std::optional<at::Device>> weights_to(compute_device_, at::Device(st.device));
+  CategoryScope scope(TF_MEM_ACTIVATIONS);
+  loss.computed = true;
+  const at::Tensor targets = loss.targets.to(hidden.device());
+  HeadProjection projection;
+  if (!head_extended_.value_or(false)) {
+    projection.weight = fetch_weight(st.projection_weight);
+    if (!head_extended_.has_value())
+      head_extended_ = head_is_extended(st, hidden, projection.weight);
+  }
+  if (*head_extended_) {
+    // The hidden state came: the projection as the head would have made it.
+    projection = {};
+    const at::Tensor logits = linear(hidden, st.projection_weight, st.projection_bias);
+    return cross_entropy_mean(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
+                              targets.reshape({-1}));
+  }
+  if (!st.projection_bias.empty()) projection.bias = fetch_weight(st.projection_bias);
+  return fused_head_loss(hidden, targets, projection,
+                         fused_loss_chunk_rows(projection.weight.size(0), loss_chunk_tokens_),
+                         loss.grad_scale);
+}
+
+bool Executor::head_is_extended(const StageState& head, const at::Tensor& hidden,
+                                const at::Tensor& w) {
+  const bool any = std::any_of(
+      plugins_.strategies.begin(), plugins_.strategies.end(),
+      [](const PluginInstance& s) { return s.plugin->strategy()->linear_extend != nullptr; });
+  if (!any) return false;
+  // One token's projection, offered to linear_extend as linear offers it.
+  at::NoGradGuard no_grad;
+  const at::Tensor x = hidden.reshape({-1, hidden.size(-1)}).narrow(0, 0, 1);
+  at::Tensor y = at::linear(x.to(w.scalar_type()), w);
+  const at::Tensor plain = y;
+  StrategyChain(plugins_.strategies)
+      .thread_tensor(&tf_strategy_vtable::linear_extend, "linear_extend", y,
+                     head.projection_weight.c_str(), borrow_handle(x));
+  if (y.is_same(plain)) return false;
+  log_message(TF_LOG_INFO, "a strategy extends the head's projection " + head.projection_weight +
+                               " (LoRA on the head): the loss takes the logits whole, not in "
+                               "chunks ([run] fused_loss)");
+  return true;
+}
+
+}  // namespace tightfit

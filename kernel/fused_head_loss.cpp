@@ -1,0 +1,180 @@
+#include "fused_head_loss.hpp"
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "cross_entropy.hpp"
+#include "memory_accounting.hpp"
+
+namespace tightfit {
+
+int64_t fused_loss_chunk_rows(int64_t vocab, int64_t requested) {
+  if (requested > 0) return requested;
+  const int64_t rows = (int64_t{64} << 20) / (4 * std::max<int64_t>(vocab, 1));
+  return std::max<int64_t>(16, rows / 16 * 16);
+}
+
+namespace {
+
+// The dtype linear computes in: autocast's where it is on for the weight's
+// device, else the weight's own (the executor casts the input to it).
+at::ScalarType compute_dtype(const at::Tensor& weight) {
+  const at::DeviceType device = weight.device().type();
+  if (at::autocast::is_autocast_enabled(device) && weight.scalar_type() == at::kFloat)
+    return at::autocast::get_autocast_dtype(device);
+  return weight.scalar_type();
+}
+
+// What forward computes for backward: the gradients of the loss times
+// grad_scale, for the inputs that require one.
+struct HeadGrads {
+  bool want_hidden = false, want_weight = false, want_bias = false;
+  at::Tensor hidden, weight, bias;
+  bool any() const { return want_hidden || want_weight || want_bias; }
+};
+
+// acc (+)= a b, where acc may be of another dtype than a and b (an fp32
+// gradient of a weight that computes in bf16): a fresh product, added. A
+// transient until the kernel hands it to grad_ready, as the gradient autograd
+// would have made in backward.
+void accumulate_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& b,
+                        at::ScalarType acc_dtype) {
+  if (!acc.defined()) {
+    acc = at::mm(a, b).to(acc_dtype);
+  } else if (acc.scalar_type() == a.scalar_type()) {
+    acc.addmm_(a, b);
+  } else {
+    acc.add_(at::mm(a, b));
+  }
+}
+
+// The sum of the counted rows' losses over every chunk; fills `g` with the
+// gradients of (loss sum x row_scale) as it goes. hidden [N, C], targets [N].
+at::Tensor chunked_loss(const at::Tensor& hidden, const at::Tensor& targets,
+                        const HeadProjection& p, at::ScalarType dtype, int64_t chunk_rows,
+                        double row_scale, HeadGrads& g) {
+  // Everything below is in explicit dtypes, as linear under autocast would be.
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  at::Tensor w, b;
+  {
+    CategoryScope scope(TF_MEM_TRANSIENT);
+    w = p.weight.detach().to(dtype);
+    b = p.bias.defined() ? p.bias.detach().to(dtype) : p.bias;
+  }
+  const at::Tensor h = hidden.detach();
+  const int64_t n = h.size(0);
+  at::Tensor total = at::zeros({}, h.options().dtype(at::kFloat));
+  // In the compute dtype, as linear's backward makes it (autocast then
+  // casts it to the hidden state's dtype): half the bytes under bf16.
+  if (g.want_hidden) g.hidden = at::empty(h.sizes(), h.options().dtype(dtype));
+  for (int64_t i = 0; i < n; i += chunk_rows) {
+    const int64_t m = std::min(chunk_rows, n - i);
+    CategoryScope scope(TF_MEM_TRANSIENT);
+    const at::Tensor x = h.narrow(0, i, m).to(dtype);
+    at::Tensor logits;
+    {
+      const at::Tensor y = b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
+      logits = y.scalar_type() == at::kFloat ? y : y.to(at::kFloat);
+    }
+    // The chunk's gradient is written over its fp32 logits.
+    total.add_(cross_entropy_rows(logits, targets.narrow(0, i, m), g.any() ? logits : at::Tensor(),
+                                  row_scale));
+    if (!g.any()) continue;
+    const at::Tensor d = logits.scalar_type() == dtype ? logits : logits.to(dtype);
+    logits = at::Tensor();
+    if (g.want_hidden) {
+      at::Tensor rows = g.hidden.narrow(0, i, m);
+      at::mm_out(rows, d, w);
+    }
+    if (g.want_weight) accumulate_product(g.weight, d.t(), x, p.weight.scalar_type());
+    if (g.want_bias) {
+      const at::Tensor db = d.sum(0, false, at::kFloat);
+      if (!g.bias.defined()) {
+        g.bias = db.to(p.bias.scalar_type());
+      } else {
+        g.bias.add_(db);
+      }
+    }
+  }
+  return total;
+}
+
+// The rows whose target counts (at least 1, as the unfused mean).
+double counted_rows(const at::Tensor& targets) {
+  return static_cast<double>(std::max<int64_t>(1, targets.ne(kIgnoreIndex).sum().item<int64_t>()));
+}
+
+struct FusedHeadLossFunction : public torch::autograd::Function<FusedHeadLossFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
+                            const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            const at::Tensor& targets, int64_t chunk_rows, double grad_scale,
+                            int64_t dtype) {
+    const HeadProjection p{weight, bias.value_or(at::Tensor())};
+    HeadGrads g;
+    g.want_hidden = hidden.requires_grad();
+    g.want_weight = weight.requires_grad();
+    g.want_bias = p.bias.defined() && p.bias.requires_grad();
+    const double count = counted_rows(targets);
+    const at::Tensor sum = chunked_loss(hidden, targets, p, static_cast<at::ScalarType>(dtype),
+                                        chunk_rows, grad_scale / count, g);
+    ctx->saved_data["grad_scale"] = grad_scale;
+    ctx->saved_data["hidden_dtype"] = static_cast<int64_t>(hidden.scalar_type());
+    if (g.hidden.defined()) ctx->saved_data["hidden"] = g.hidden;
+    if (g.weight.defined()) ctx->saved_data["weight"] = g.weight;
+    if (g.bias.defined()) ctx->saved_data["bias"] = g.bias;
+    return sum / count;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    // Forward's gradients are for the loss times grad_scale; backward brings
+    // the factor it is really multiplied by (the same, unless a caller
+    // scaled it otherwise). Taken out of the node so that autograd can make
+    // the buffer the parameter's .grad without a copy.
+    const at::Tensor factor = grads[0] / ctx->saved_data["grad_scale"].toDouble();
+    auto take = [&](const char* key) -> at::Tensor {
+      auto it = ctx->saved_data.find(key);
+      if (it == ctx->saved_data.end()) return {};
+      at::Tensor t = it->second.toTensor();
+      ctx->saved_data.erase(it);
+      t.mul_(factor);
+      return t;
+    };
+    at::Tensor dh = take("hidden"), dw = take("weight"), db = take("bias");
+    const auto hidden_dtype = static_cast<at::ScalarType>(ctx->saved_data["hidden_dtype"].toInt());
+    if (dh.defined() && dh.scalar_type() != hidden_dtype) dh = dh.to(hidden_dtype);
+    return {dh, dw, db, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor fused_head_loss(const at::Tensor& hidden, const at::Tensor& targets,
+                           const HeadProjection& projection, int64_t chunk_rows,
+                           double grad_scale) {
+  if (chunk_rows <= 0) throw std::invalid_argument("fused loss: chunk_rows must be positive");
+  const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});
+  const at::Tensor t = targets.reshape({-1}).to(h.device(), at::kLong);
+  if (t.size(0) != h.size(0))
+    throw std::invalid_argument("fused loss: " + std::to_string(t.size(0)) + " targets for " +
+                                std::to_string(h.size(0)) + " tokens");
+  const at::ScalarType dtype = compute_dtype(projection.weight);
+  const bool grad = at::GradMode::is_enabled() &&
+                    (h.requires_grad() || projection.weight.requires_grad() ||
+                     (projection.bias.defined() && projection.bias.requires_grad()));
+  if (!grad) {
+    at::NoGradGuard no_grad;
+    HeadGrads none;
+    return chunked_loss(h, t, projection, dtype, chunk_rows, 0.0, none) / counted_rows(t);
+  }
+  std::optional<at::Tensor> bias;
+  if (projection.bias.defined()) bias = projection.bias;
+  return FusedHeadLossFunction::apply(h, projection.weight, bias, t, chunk_rows, grad_scale,
+                                      static_cast<int64_t>(dtype));
+}
+
+}  // namespace tightfit

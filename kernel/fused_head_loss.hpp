@@ -1,0 +1,43 @@
+// The head's projection fused with the loss: logits = hidden W^T + b and
+// their mean cross-entropy, a chunk of tokens at a time, so that the
+// [tokens x vocabulary] logits and their gradient never exist whole (as
+// Liger Kernel's fused linear cross-entropy and Apple's Cut Cross-Entropy).
+//
+// The gradients are computed in forward, chunk by chunk, right after the
+// chunk's loss — d hidden into a [tokens x width] buffer, d W and d b
+// accumulated over the chunks — and handed to autograd in backward. So no
+// matmul is repeated (the head costs what it did unfused) and what forward
+// keeps for backward is the width-sized gradient, not the vocabulary-sized
+// logits: at a 152k vocabulary and 4,096 tokens, 2.5 GB of fp32 logits
+// become one chunk's 64 MiB while forward runs.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+namespace tightfit {
+
+// The projection as the loss computes with it: the weights the head would
+// have used, differentiable back to their parameters when those train.
+struct HeadProjection {
+  at::Tensor weight;  // [V, C]
+  at::Tensor bias;    // [V], or undefined
+};
+
+// Tokens per chunk: `requested` when positive, else as many as keep a
+// chunk's fp32 logits near 64 MiB (a multiple of 16 rows, at least 16).
+int64_t fused_loss_chunk_rows(int64_t vocab, int64_t requested);
+
+// The mean cross-entropy of hidden W^T + b against `targets` (kIgnoreIndex
+// rows count nothing), as cross_entropy_mean of the whole logits. hidden
+// [..., C]; targets of hidden's leading shape, int64. Computes with W's
+// dtype, or the autocast dtype where autocast is on, as linear would.
+// When grad mode is on and any input requires grad, the result has a
+// backward: `grad_scale` is the factor the loss will be multiplied by before
+// backward (loss scaling, gradient accumulation), which the gradients
+// computed in forward carry so that 16-bit ones keep their range.
+at::Tensor fused_head_loss(const at::Tensor& hidden, const at::Tensor& targets,
+                           const HeadProjection& projection, int64_t chunk_rows, double grad_scale);
+
+}  // namespace tightfit
