@@ -69,12 +69,14 @@ final = false
 """
 
 
-def run(tmp: pathlib.Path, width: int, steps: int, fused: bool) -> dict:
-    path = tmp / f"fused-{fused}.toml"
+def run(tmp: pathlib.Path, width: int, steps: int, fused: bool, chunk: int) -> dict:
+    out = pathlib.Path(tempfile.mkdtemp(dir=tmp))  # a fresh run folder each time
+    path = out / "recipe.toml"
     path.write_text(recipe(width, steps, fused))
-    subprocess.run([str(TIGHTFIT), "run", str(path), "--quiet", "--set", f"run.out_dir={tmp}"],
-                   check=True, stdout=subprocess.DEVNULL)
-    rows = [json.loads(line) for line in (tmp / f"fused-{str(fused).lower()}" / "metrics.jsonl").open()]
+    subprocess.run([str(TIGHTFIT), "run", str(path), "--quiet", "--set", f"run.out_dir={out}",
+                    "--set", f"run.loss_chunk_tokens={chunk}"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows = [json.loads(line) for line in (out / f"fused-{str(fused).lower()}" / "metrics.jsonl").open()]
     times = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
     last = rows[-1]
     head_loss = last["peak_total"] - sum(last[f"peak_{c}"] for c in MODEL_STATE)
@@ -86,6 +88,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--width", type=int, default=64)
+    ap.add_argument("--chunk", type=int, default=0, help="loss_chunk_tokens (0: tightfit's default)")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -93,7 +96,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         # Interleaved, twice each: a machine busy for a while weighs on both.
         for fused in (False, True, False, True):
-            r = run(pathlib.Path(tmp), args.width, args.steps + 1, fused)
+            r = run(pathlib.Path(tmp), args.width, args.steps + 1, fused, args.chunk)
             results[fused].append(r)
             print(f"  {'fused' if fused else 'whole'}: head + loss {r['head_loss_peak'] / 2**20:.1f} MiB, "
                   f"steps {', '.join(f'{t:.2f}' for t in r['times'])} s", flush=True)

@@ -66,26 +66,37 @@ at::Tensor chunked_loss(const at::Tensor& hidden, const at::Tensor& targets,
     b = p.bias.defined() ? p.bias.detach().to(dtype) : p.bias;
   }
   const at::Tensor h = hidden.detach();
-  const int64_t n = h.size(0);
+  const int64_t n = h.size(0), vocab = w.size(0);
   at::Tensor total = at::zeros({}, h.options().dtype(at::kFloat));
   // In the compute dtype, as linear's backward makes it (autocast then
   // casts it to the hidden state's dtype): half the bytes under bf16.
   if (g.want_hidden) g.hidden = at::empty(h.sizes(), h.options().dtype(dtype));
+  // One chunk's logits (fp32) and, computing in 16 bits, its product and
+  // gradient in that dtype: allocated once and reused, so the pages of a
+  // chunk-sized buffer are faulted in once, not for every chunk.
+  at::Tensor logits_buffer, low_buffer;
+  {
+    CategoryScope scope(TF_MEM_TRANSIENT);
+    const int64_t rows = std::min(chunk_rows, n);
+    logits_buffer = at::empty({rows, vocab}, h.options().dtype(at::kFloat));
+    if (dtype != at::kFloat) low_buffer = at::empty({rows, vocab}, h.options().dtype(dtype));
+  }
   for (int64_t i = 0; i < n; i += chunk_rows) {
     const int64_t m = std::min(chunk_rows, n - i);
     CategoryScope scope(TF_MEM_TRANSIENT);
     const at::Tensor x = h.narrow(0, i, m).to(dtype);
-    at::Tensor logits;
-    {
-      const at::Tensor y = b.defined() ? at::addmm(b, x, w.t()) : at::mm(x, w.t());
-      logits = y.scalar_type() == at::kFloat ? y : y.to(at::kFloat);
-    }
+    at::Tensor logits = logits_buffer.narrow(0, 0, m);
+    at::Tensor low = dtype == at::kFloat ? logits : low_buffer.narrow(0, 0, m);
+    if (b.defined())
+      at::addmm_out(low, b, x, w.t());
+    else
+      at::mm_out(low, x, w.t());
+    if (!low.is_same(logits)) logits.copy_(low);
     // The chunk's gradient is written over its fp32 logits.
     total.add_(cross_entropy_rows(logits, targets.narrow(0, i, m), g.any() ? logits : at::Tensor(),
                                   row_scale));
     if (!g.any()) continue;
-    const at::Tensor d = logits.scalar_type() == dtype ? logits : logits.to(dtype);
-    logits = at::Tensor();
+    const at::Tensor d = low.is_same(logits) ? logits : low.copy_(logits);
     if (g.want_hidden) {
       at::Tensor rows = g.hidden.narrow(0, i, m);
       at::mm_out(rows, d, w);
