@@ -56,6 +56,7 @@ struct StagePlan {
   int64_t dropped = 0;    // kept at the end of forward, gone before its backward (the logits)
   int64_t computing = 0;  // what its forward holds at once without autograd (no backward)
   bool backward = false;  // gradients flow through it
+  bool block = false;     // a decoder block (strategies' block_bytes are alive while it computes)
   StageFlow flow;         // what the plan reports of it
 };
 
@@ -125,6 +126,7 @@ Baseline baseline(Session& s) {
   for (size_t i = 0; i < n; ++i) {
     const StageState& st = stages[i];
     StagePlan& sp = b.stages[i];
+    sp.block = st.kind == TF_STAGE_BLOCK;
     if (st.skip) continue;
     flows = flows || any_trainable[i];
     auto per_batch = [&](int64_t per_token, const char* what) {
@@ -210,6 +212,7 @@ PlanContribution ask(Session& s, PluginInstance& inst, const std::string& label,
   c.grads_in_forward = e.grads_in_forward != 0;
   c.update_bytes = std::max<int64_t>(0, e.update_bytes);
   c.forward_bytes = std::max<int64_t>(0, e.forward_bytes);
+  c.block_bytes = std::max<int64_t>(0, e.block_bytes);
   if (e.recompute_inputs_tier == TF_TIER_HOST || e.recompute_inputs_tier == TF_TIER_DISK)
     c.recompute_inputs_tier = static_cast<tf_residency>(e.recompute_inputs_tier);
   return c;
@@ -230,7 +233,7 @@ MemoryPlan plan_memory(Session& s) {
 
   TierCounts held{};
   bool grads_in_forward = false;
-  int64_t update_bytes = 0, forward_bytes = 0;
+  int64_t update_bytes = 0, forward_bytes = 0, block_bytes = 0;
   held[TF_TIER_DEVICE] = b.bytes;
   // The planned parameter table: declared, dense, on the device; strategies
   // that convert or move parameters edit it while they are asked.
@@ -275,6 +278,7 @@ MemoryPlan plan_memory(Session& s) {
     grads_in_forward = grads_in_forward || c.grads_in_forward;
     update_bytes += c.update_bytes;
     forward_bytes += c.forward_bytes;
+    block_bytes += c.block_bytes;
     if (c.recompute_inputs_tier != TF_TIER_DEVICE)
       plan.recompute_inputs_tier = c.recompute_inputs_tier;
   }
@@ -325,8 +329,17 @@ MemoryPlan plan_memory(Session& s) {
     return 0;
   };
   const int64_t earlier_grads = grads_in_forward ? all_grads : 0;
+  // Forward at its end (the head), and in the last block, whose own
+  // workspace (a dequantized weight) is gone before the head runs.
   int64_t best = resident + kept + earlier_grads + b.head_forward + forward_bytes;
   plan.peak_moment = "forward";
+  bool at_block = false;  // the peak is while a block computes
+  const int64_t kept_before_head =
+      kept - (!b.stages.empty() && !b.stages.back().block ? kept_by(b.stages.back()) : 0);
+  if (block_bytes > 0 && resident + kept_before_head + earlier_grads + block_bytes > best) {
+    best = resident + kept_before_head + earlier_grads + block_bytes;
+    at_block = true;
+  }
   int64_t later_grads = 0;  // of the stages whose backward is done
   for (size_t i = b.stages.size(); i-- > 0;) {
     const StagePlan& sp = b.stages[i];
@@ -335,10 +348,12 @@ MemoryPlan plan_memory(Session& s) {
     const int64_t own = scaled(sp.grads, grad);
     const int64_t now = resident + kept + scaled(sp.live - sp.dropped, act) +
                         (sp.recomputed ? sp.input + read_ahead(i) : 0) + sp.temporary +
+                        (sp.block ? block_bytes : 0) +
                         (grads_in_forward ? all_grads + own : later_grads + own);
     if (now > best) {
       best = now;
       plan.peak_moment = "backward";
+      at_block = sp.block;
     }
     later_grads += own;
   }
@@ -348,16 +363,22 @@ MemoryPlan plan_memory(Session& s) {
   if (all_grads == 0 && act == 0) {
     best = resident;
     plan.peak_moment = "forward";
-    for (const StagePlan& sp : b.stages) best = std::max(best, resident + sp.computing);
+    at_block = false;
+    for (const StagePlan& sp : b.stages) {
+      const int64_t now = resident + sp.computing + (sp.block ? block_bytes : 0);
+      if (now > best) best = now, at_block = sp.block;
+    }
   } else {
     const int64_t update = resident + all_grads + 4 * b.largest_param + update_bytes;
     if (update > best) {
       best = update;
       plan.peak_moment = "update";
+      at_block = false;
     }
   }
   plan.device_peak = best;
   for (const StagePlan& sp : b.stages) plan.stages.push_back(sp.flow);
+  if (at_block) held[TF_TIER_DEVICE][TF_MEM_TRANSIENT] += block_bytes;
   plan.at_peak = held;
   plan.device_peak_by_category = d;
   for (int k = 0; k < TF_MEM_CATEGORY_COUNT; ++k) {

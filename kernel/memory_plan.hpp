@@ -42,6 +42,7 @@ struct PlanContribution {
   bool grads_in_forward = false;
   int64_t update_bytes = 0;   // alive only during the update
   int64_t forward_bytes = 0;  // alive only at the end of forward
+  int64_t block_bytes = 0;    // alive only while a decoder block computes
   tf_residency recompute_inputs_tier = TF_TIER_DEVICE;
 };
 

@@ -126,6 +126,12 @@ TF_FROZEN(tf_memory_estimate, struct_size, 0);
 TF_FROZEN(tf_memory_estimate, delta_bytes, 8);
 TF_FROZEN(tf_memory_estimate, time_factor, 264);
 TF_FROZEN(tf_memory_estimate, grads_in_forward, 272);
+// Its tail, field by field as the minors added them (1.1, 1.4, 1.5, 1.6).
+TF_FROZEN(tf_memory_estimate, update_bytes, 280);
+TF_FROZEN(tf_memory_estimate, recompute_inputs_tier, 288);
+TF_FROZEN(tf_memory_estimate, time_from_plan, 292);
+TF_FROZEN(tf_memory_estimate, forward_bytes, 296);
+TF_FROZEN(tf_memory_estimate, block_bytes, 304);
 TF_FROZEN(tf_host_api, struct_size, 0);
 TF_FROZEN(tf_host_api, abi_version, 4);
 TF_FROZEN(tf_host_api, libtorch_version, 8);

@@ -348,7 +348,11 @@ std::map<std::string, at::Tensor> train_in_process(const std::string& text, int 
 // Pipeline placement on ["cpu", "cpu"] computes exactly what the unsplit
 // model does; a single process with ZeRO (collectives are identities; stage
 // 3 still frees and gathers each stage's weights, around recompute too) the
-// same up to the order the clipping norm is summed in.
+// same up to the clipping norm, whose held parts ZeRO sums over its flat
+// shards: a few float ulps in the clip factor, which Adam turns into up to
+// 1.4e-5 of a bias after 3 steps (an AMX machine, 2026-11-25; ZeRO without
+// clipping is checked bit for bit in ZeroComposesWithPrecisionAndOffload).
+constexpr double kClipNormOrder = 1e-4;
 TEST_F(Distributed, LayersOnTwoDevicesAndOneRankZeroEqualThePlainRun) {
   const std::string out = (dir.path() / "runs").string();
   const auto plain = train_in_process(test::tiny_recipe(corpus, out), 3);
@@ -359,11 +363,11 @@ TEST_F(Distributed, LayersOnTwoDevicesAndOneRankZeroEqualThePlainRun) {
       {"[[strategy]]\nplugin = \"shard\"\nmode = \"layers\"\nsplit = [1, 1]\n"
        "[[strategy]]\nplugin = \"checkpoint\"\n",
        0.0},
-      {"[[strategy]]\nplugin = \"shard\"\nmode = \"zero\"\nstage = 2\n", 1e-5},
-      {"[[strategy]]\nplugin = \"shard\"\nmode = \"zero\"\nstage = 3\n", 1e-5},
+      {"[[strategy]]\nplugin = \"shard\"\nmode = \"zero\"\nstage = 2\n", kClipNormOrder},
+      {"[[strategy]]\nplugin = \"shard\"\nmode = \"zero\"\nstage = 3\n", kClipNormOrder},
       {"[[strategy]]\nplugin = \"shard\"\nmode = \"zero\"\nstage = 3\n"
        "[[strategy]]\nplugin = \"checkpoint\"\n",
-       1e-5}};
+       kClipNormOrder}};
   for (const auto& [stack, tolerance] : stacks) {
     SCOPED_TRACE(stack);
     const auto got = train_in_process(test::tiny_recipe(corpus, out, "", stack), 3);
@@ -378,7 +382,7 @@ TEST_F(Distributed, LayersOnTwoDevicesAndOneRankZeroEqualThePlainRun) {
 // exactly: without clipping, every weight after 3 steps is bit-identical to
 // the run without ZeRO, on any CPU. With clipping the one difference is the
 // order the clip norm is summed in (ZeRO's held parts are summed apart and
-// added), a few ulps in the clip factor. In fp32 that stays under 1e-5; under
+// added), a few ulps in the clip factor. In fp32 that stays under 1e-4; under
 // bf16 autocast it can flip the bf16 rounding of a weight, and Adam turns a
 // near-zero gradient's change into a full step: 1.1% on a bias after 3 steps
 // on an AMD EPYC without AVX-512 (ATEN_CPU_CAPABILITY=avx2 reproduces it) —
@@ -409,7 +413,8 @@ TEST_F(Distributed, ZeroComposesWithPrecisionAndOffload) {
   const auto want = train_in_process(test::tiny_recipe(corpus, out), 3);
   const auto got = train_in_process(test::tiny_recipe(corpus, out, "", zero3 + offload), 3);
   for (const auto& [name, w] : want)
-    EXPECT_LE((got.at(name) - w).norm().item<double>() / (w.norm().item<double>() + 1e-12), 1e-5)
+    EXPECT_LE((got.at(name) - w).norm().item<double>() / (w.norm().item<double>() + 1e-12),
+              kClipNormOrder)
         << name;
 }
 

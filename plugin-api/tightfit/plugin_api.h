@@ -52,7 +52,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 5
+#define TF_ABI_VERSION_MINOR 6
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -498,6 +498,11 @@ typedef struct tf_memory_estimate {
    * in backward or the update (autocast's 16-bit copy of the head's matrix
    * while a fused head computes its chunks); kept out of delta_bytes. */
   int64_t forward_bytes;
+  /* Added in 1.6: device bytes alive only while a decoder block
+   * (TF_STAGE_BLOCK) computes — in its forward, its recompute or its
+   * backward — and not while the head computes or the update runs (a frozen
+   * weight dequantized for one projection); kept out of delta_bytes. */
+  int64_t block_bytes;
 } tf_memory_estimate;
 
 /* ------------------------------------------------------------------------- */

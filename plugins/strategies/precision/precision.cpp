@@ -246,6 +246,21 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
       // vocabularies) does not hold. It lives from the head's forward to
       // its backward, where the plan's peak is.
       const int32_t head = model->n_stages - 1;
+      // A frozen fp32 block weight is cast to 16 bits for each projection
+      // (autocast caches only the casts of weights that train): the largest
+      // such copy lives while its block computes, beside the weight itself
+      // (dequantized, when it is stored compact).
+      int64_t largest_cast = 0;
+      for (const std::string& name : s->host.param_names()) {
+        const tf_param_info info = s->host.param_info(name);
+        if (info.ndim == 2 && info.dtype == TF_DTYPE_F32 && !info.trainable && info.stage >= 0 &&
+            !(info.flags & TF_PARAM_ADAPTER) &&
+            s->host.stage_info(info.stage).kind == TF_STAGE_BLOCK &&
+            !s->host.stage_info(info.stage).skip)
+          largest_cast = std::max(largest_cast, 2 * info.numel);
+      }
+      if (out->struct_size >= offsetof(tf_memory_estimate, block_bytes) + sizeof out->block_bytes)
+        out->block_bytes = largest_cast;
       for (const std::string& name : s->host.param_names()) {
         const tf_param_info info = s->host.param_info(name);
         if (info.ndim != 2 || info.dtype != TF_DTYPE_F32 || (info.flags & TF_PARAM_ADAPTER) ||

@@ -445,7 +445,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
                           tf_memory_estimate* out) {
   auto* s = static_cast<Quantize*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    int64_t dense = 0, compact = 0, largest = 0, trainable = 0;
+    int64_t dense = 0, compact = 0, scales = 0, largest = 0, trainable = 0;
     for (const std::string& name : s->host.param_names()) {
       const tf_param_info info = s->host.param_info(name);
       if (info.trainable && !(info.flags & TF_PARAM_ADAPTER)) trainable += info.numel;
@@ -455,21 +455,31 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
           s->host.stage_info(info.stage).skip)
         continue;
       const int64_t n = info.numel, elt = tf_sdk::element_bytes(info.dtype);
-      const int64_t bytes =
+      // The codes the store holds (and a tier may move), and the scales
+      // this plugin keeps beside them on the device, whatever the codes' tier.
+      const int64_t codes = s->format == "int8" ? n : n / 2;
+      const int64_t scale_bytes =
           s->format == "int8"
-              ? n + 4 * info.shape[0]
-              // 4-bit codes, one absmax per block (int8 with double quantization)
-              : n / 2 + (n / s->block) * (s->double_quant ? 1 : 4) + 8 * (n / s->block / 256 + 1);
+              ? 4 * info.shape[0]
+              // one absmax per block (int8 with double quantization)
+              : (n / s->block) * (s->double_quant ? 1 : 4) + 8 * (n / s->block / 256 + 1);
       dense += n * elt;
-      compact += bytes;
+      compact += codes + scale_bytes;
+      scales += scale_bytes;
       largest = std::max(largest, n * elt);
       if (s->host.has_param_plan())
-        s->host.plan(name, bytes, s->format == "int8" ? TF_FORMAT_INT8 : TF_FORMAT_NF4,
+        s->host.plan(name, codes, s->format == "int8" ? TF_FORMAT_INT8 : TF_FORMAT_NF4,
                      s->host.planned(name).tier);
     }
-    if (!s->host.has_param_plan())  // an older host: as a weights delta
-      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] = compact - dense;
-    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT] = largest;
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] =
+        s->host.has_param_plan() ? scales
+                                 : compact - dense;  // an older host: all as a weights delta
+    // One weight dequantized at a time, while its block computes (ABI 1.6);
+    // an older host counts it at every moment.
+    if (out->struct_size >= offsetof(tf_memory_estimate, block_bytes) + sizeof out->block_bytes)
+      out->block_bytes = largest;
+    else
+      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT] = largest;
     if (s->adam8)  // two int8 moments and their fp32 block scales instead of two fp32 moments
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] =
           -8 * trainable + 2 * trainable + 2 * 4 * (trainable / s->state_block + 1);
