@@ -5,7 +5,7 @@ measures (tracked memory less the data, from metrics.jsonl), with the error.
 Small recipes over the three models and the strategies, then GPT-2 124M.
 
 Then the scale rows: the scale recipes' stacks at LLaMA 7B, 13B and 30B
-widths with 2 and 4 layers (--full-depth adds 7B at its 32). Pass marks
+widths with 2 to 8 layers (--full-depth adds 7B at its 32). Pass marks
 (--check): every scale row within ±5%, the median over all rows at most 2%.
 
 usage: bench/plan_accuracy.py [--json OUT] [--only NAME ...] [--quick] [--scale]
@@ -95,8 +95,8 @@ CASES = [
 QUICK = {"gpt2", "llama", "rwkv", "gpt2 checkpoint", "llama qlora"}
 
 # The scale recipes' stacks at the widths of LLaMA 7B, 13B and 30B with two
-# decoder layers (full depth does not fit this machine's time; what grows with
-# depth is checked by the 4-layer rows beside them): what grows with width is
+# to eight decoder layers (full depth does not fit this machine's time; what
+# grows with depth shows between the 2-, 4- and 8-layer rows): what grows with width is
 # planned or these rows show it. Batch 1 x 256 as configs/llama-7b-qlora-4gib.toml
 # and `bench/run largest` train them.
 QLORA_QKVO = strategy("lora", 'targets = ["q", "k", "v", "o"]\nrank = 16\nalpha = 32.0') + \
@@ -122,6 +122,7 @@ SCALE_CASES = [
     ("13B x2 bf16 fit stack", llama_at("13B", 2, "bf16"), STD_CONSTANT, STACK_FIT_13B, 1, 256),
     ("30B x2 bf16 fit stack", llama_at("30B", 2, "bf16"), STD_CONSTANT, STACK_FIT_30B, 1, 256),
     ("30B x4 bf16 fit stack", llama_at("30B", 4, "bf16"), STD_CONSTANT, STACK_FIT_30B, 1, 256),
+    ("30B x8 bf16 fit stack", llama_at("30B", 8, "bf16"), STD_CONSTANT, STACK_FIT_30B, 1, 256),
     ("30B x2 fp32 qlora 4GiB stack", llama_at("30B", 2), STD_CONSTANT, STACK_7B_4GIB, 1, 256),
 ]
 # One recipe at full depth: configs/llama-7b-qlora-4gib.toml's stack, 32 layers
