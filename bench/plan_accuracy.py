@@ -94,11 +94,11 @@ CASES = [
 ]
 QUICK = {"gpt2", "llama", "rwkv", "gpt2 checkpoint", "llama qlora"}
 
-# The scale recipes' stacks at the widths of LLaMA 7B, 13B and 30B with two
-# to eight decoder layers (full depth does not fit this machine's time; what
-# grows with depth shows between the 2-, 4- and 8-layer rows): what grows with width is
-# planned or these rows show it. Batch 1 x 256 as configs/llama-7b-qlora-4gib.toml
-# and `bench/run largest` train them.
+# The scale recipes' stacks at the widths of LLaMA 7B, 13B and 30B with two to
+# eight decoder layers (full depth does not fit this machine's time): what
+# grows with width is planned or these rows show it, and what grows with depth
+# shows between the 2-, 4- and 8-layer rows. Batch 1 x 256, as
+# configs/llama-7b-qlora-4gib.toml and `bench/run largest` train them.
 QLORA_QKVO = strategy("lora", 'targets = ["q", "k", "v", "o"]\nrank = 16\nalpha = 32.0') + \
     strategy("quantize", 'format = "nf4"\ndouble_quant = true')
 AUTOCAST = strategy("precision", 'mode = "autocast"')
