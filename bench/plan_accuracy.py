@@ -265,6 +265,7 @@ def main():
         print(f"{'PASS' if ok else 'MISS'}  {what}: {figure}")
     reference = accelerate_reference(rows)
     if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump({"recipes": rows, "within_10pct": within, "count": len(rows),
                        "median_abs_error": median, "scale_max_abs_error": scale_worst,
