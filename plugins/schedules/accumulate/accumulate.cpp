@@ -65,8 +65,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     out->time_factor = s->micro_batches;
     out->time_from_plan = 1;  // tightfit fit prices it from the plan
-    if (s->micro_batches > 1 && out->struct_size >= offsetof(tf_memory_estimate, grads_in_forward) +
-                                                        sizeof(out->grads_in_forward))
+    if (s->micro_batches > 1 && TF_SDK_REACHES(out, tf_memory_estimate, grads_in_forward))
       out->grads_in_forward = 1;
     return TF_OK;
   });

@@ -407,7 +407,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] = 12 * model->n_trainable;
     // The weights before the step, to measure its update: only while it runs.
-    if (out->struct_size >= offsetof(tf_memory_estimate, update_bytes) + sizeof(out->update_bytes))
+    if (TF_SDK_REACHES(out, tf_memory_estimate, update_bytes))
       out->update_bytes = 4 * model->n_trainable;
     else
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT] = 4 * model->n_trainable;

@@ -349,11 +349,16 @@ inline bool planning_only(const tf_run_info& info) {
   return info.dry_run != 0;
 }
 
+// Whether a size-prefixed struct is long enough to hold `member`, a field a
+// later minor of the ABI appended (TF_HAS is for function pointers, which
+// must also be set).
+#define TF_SDK_REACHES(ptr, type, member) \
+  ((ptr)->struct_size >= offsetof(type, member) + sizeof((ptr)->member))
+
 // Whether the host asks a head that declared a projection for its hidden
 // state instead of its logits (tf_stage_call.hidden_only, ABI 1.5).
 inline bool head_hidden_only(const tf_stage_call* call) {
-  return call->struct_size >= offsetof(tf_stage_call, hidden_only) + sizeof(call->hidden_only) &&
-         call->hidden_only != 0;
+  return TF_SDK_REACHES(call, tf_stage_call, hidden_only) && call->hidden_only != 0;
 }
 
 inline tf_dtype parse_dtype(const std::string& d) {

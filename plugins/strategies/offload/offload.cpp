@@ -629,8 +629,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
                       [TF_MEM_OPTIMIZER] += bytes;
     }
     if (s->activations_tier != "none" &&
-        out->struct_size >= offsetof(tf_memory_estimate, recompute_inputs_tier) +
-                                sizeof(out->recompute_inputs_tier))
+        TF_SDK_REACHES(out, tf_memory_estimate, recompute_inputs_tier))
       out->recompute_inputs_tier = s->activations_tier == "disk" ? TF_TIER_DISK : TF_TIER_HOST;
     out->time_factor = 0;
     out->time_from_plan = 1;  // tightfit fit prices it from the plan

@@ -259,8 +259,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
             !s->host.stage_info(info.stage).skip)
           largest_cast = std::max(largest_cast, 2 * info.numel);
       }
-      if (out->struct_size >= offsetof(tf_memory_estimate, block_bytes) + sizeof out->block_bytes)
-        out->block_bytes = largest_cast;
+      if (TF_SDK_REACHES(out, tf_memory_estimate, block_bytes)) out->block_bytes = largest_cast;
       for (const std::string& name : s->host.param_names()) {
         const tf_param_info info = s->host.param_info(name);
         if (info.ndim != 2 || info.dtype != TF_DTYPE_F32 || (info.flags & TF_PARAM_ADAPTER) ||
@@ -269,11 +268,9 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
         if (s->host.has_param_plan() && s->host.planned(name).format != TF_FORMAT_DENSE) continue;
         // Fused with the loss (ABI 1.5), the cast lives while forward
         // computes the chunks only; whole, until the head's backward.
-        const bool fused_head =
-            model->struct_size >=
-                offsetof(tf_model_summary, logits_tokens) + sizeof model->logits_tokens &&
-            model->logits_tokens > 0 &&
-            out->struct_size >= offsetof(tf_memory_estimate, forward_bytes) + sizeof(int64_t);
+        const bool fused_head = TF_SDK_REACHES(model, tf_model_summary, logits_tokens) &&
+                                model->logits_tokens > 0 &&
+                                TF_SDK_REACHES(out, tf_memory_estimate, forward_bytes);
         (fused_head ? out->forward_bytes : out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT]) +=
             2 * info.numel;
         // The 16-bit logits (vocabulary = the matrix's rows) stay alive

@@ -476,7 +476,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
                                  : compact - dense;  // an older host: all as a weights delta
     // One weight dequantized at a time, while its block computes (ABI 1.6);
     // an older host counts it at every moment.
-    if (out->struct_size >= offsetof(tf_memory_estimate, block_bytes) + sizeof out->block_bytes)
+    if (TF_SDK_REACHES(out, tf_memory_estimate, block_bytes))
       out->block_bytes = largest;
     else
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT] = largest;
