@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_block_cache.hpp"
+
 namespace tightfit {
 namespace {
 
@@ -25,6 +27,7 @@ thread_local std::vector<tf_mem_category> t_category_stack;
 struct CountedBlock {
   c10::DataPtr inner;
   int64_t bytes;
+  int64_t capacity;  // what `inner` holds (CpuBlockCache::capacity_for(bytes))
   tf_mem_category category;
 };
 
@@ -67,7 +70,7 @@ void counted_delete(void* data) {
   CountedBlock block;
   if (!block_table().take(data, &block)) return;
   MemoryAccounting::instance().on_free(block.category, block.bytes);
-  // block.inner frees the memory as it goes out of scope
+  cpu_block_cache().put(block.capacity, std::move(block.inner));  // kept, or freed
 }
 
 // Wraps LibTorch's default CPU allocator, counting bytes and refusing past the budget.
@@ -82,17 +85,27 @@ class CountingCpuAllocator final : public c10::Allocator {
       acct.record_refusal(message);
       TORCH_CHECK_WITH(OutOfMemoryError, false, message);
     }
-    if (acct.process_budget() > 0)
-      if (std::optional<std::string> message = acct.process_refusal(static_cast<int64_t>(n))) {
-        acct.record_refusal(*message);
-        TORCH_CHECK_WITH(OutOfMemoryError, false, *message);
-      }
-    c10::DataPtr inner = base_->allocate(n);
+    const int64_t capacity = CpuBlockCache::capacity_for(static_cast<int64_t>(n));
+    c10::DataPtr inner = cpu_block_cache().take(capacity);
+    if (!inner.get()) {
+      if (acct.process_budget() > 0)
+        if (std::optional<std::string> message = acct.process_refusal(capacity)) {
+          // Cached blocks are resident: give them back before refusing.
+          cpu_block_cache().release_all();
+          message = acct.process_refusal(capacity);
+          if (message) {
+            acct.record_refusal(*message);
+            TORCH_CHECK_WITH(OutOfMemoryError, false, *message);
+          }
+        }
+      inner = base_->allocate(static_cast<size_t>(capacity));
+    }
     void* data = inner.get();
     if (data == nullptr) return inner;  // zero-byte allocations
     const tf_mem_category c = current_category();
     acct.on_alloc(c, static_cast<int64_t>(n));
-    block_table().insert(data, CountedBlock{std::move(inner), static_cast<int64_t>(n), c});
+    block_table().insert(data,
+                         CountedBlock{std::move(inner), static_cast<int64_t>(n), capacity, c});
     return {data, data, &counted_delete, c10::Device(c10::DeviceType::CPU)};
   }
 

@@ -230,6 +230,7 @@ MemoryPlan plan_memory(Session& s) {
   plan.seq_len = s.env().run_info.seq_len;
   if (const std::optional<ProcessMemory> now = read_process_memory()) plan.host_overhead = now->rss;
   plan.process_scope = s.env().process_budget_scope();
+  plan.block_cache = s.env().run_cfg.get_size("cpu_block_cache");
 
   TierCounts held{};
   bool grads_in_forward = false;

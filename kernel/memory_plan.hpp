@@ -77,6 +77,9 @@ struct MemoryPlan {
   // made (libraries and runtime, plugins composed, nothing materialized).
   // 0 where the system does not say.
   int64_t host_overhead = 0;
+  // [run] cpu_block_cache: freed blocks the allocator may keep resident for
+  // reuse on top of that (given back before a process budget refuses).
+  int64_t block_cache = 0;
   // [run] memory_budget_scope = "process": the budget bounds the tracked
   // bytes plus that overhead.
   bool process_scope = false;

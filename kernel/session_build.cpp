@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "cpu_block_cache.hpp"
 #include "cuda_memory.hpp"
 #include "data_setup.hpp"
 #include "device_spec.hpp"
@@ -110,7 +111,9 @@ void Session::build(const PluginRegistry& base_registry) {
   if (options_.dry_run) return;
   materialize_params(base_dir);
   // What set-up read and converted stage by stage is freed; the heap keeps
-  // those pages unless asked to give them back.
+  // those pages unless asked to give them back (set-up's sizes are not the
+  // training's, so the block cache lets go of them too).
+  cpu_block_cache().release_all();
   release_free_heap();
 
   // Found now rather than after the training: [save] hf needs every weight.
@@ -145,6 +148,7 @@ void Session::read_kernel_tables() {
   const int64_t budget = options_.dry_run ? 0 : env_.run_cfg.get_size("memory_budget");
   MemoryAccounting::instance().set_budget(budget);
   MemoryAccounting::instance().set_process_budget(env_.process_budget_scope() ? budget : 0);
+  cpu_block_cache().set_limit(env_.run_cfg.get_size("cpu_block_cache"));
 }
 
 // The training device, and the process group when a launcher started ranks.

@@ -1,7 +1,11 @@
-// The counting allocator attributes bytes to categories, and a run past its
-// memory_budget stops with a clear error, not a crash.
+// The counting allocator attributes bytes to categories and keeps freed large
+// blocks for reuse, and a run past its memory_budget stops with a clear
+// error, not a crash.
 #include <gtest/gtest.h>
 
+#include <vector>
+
+#include "cpu_block_cache.hpp"
 #include "test_support.hpp"
 
 namespace tightfit {
@@ -32,6 +36,70 @@ TEST(MemoryAccounting, BudgetRefusesAllocationWithOutOfMemoryError) {
   EXPECT_THROW(at::empty({1 << 20}, at::kFloat), c10::OutOfMemoryError);
   EXPECT_NO_THROW(at::empty({1024}, at::kFloat));
   acct.set_budget(0);
+}
+
+// Freed blocks of 1 MiB and more come back for the next allocation of their
+// size class (no fresh pages to fault in), the tracked bytes stay the ones
+// asked for, and the cache holds no more than its limit.
+TEST(CpuBlockCache, SizeClassesWasteAtMostAnEighth) {
+  EXPECT_EQ(CpuBlockCache::capacity_for(1000), 1000);
+  EXPECT_EQ(CpuBlockCache::capacity_for(1 << 20), 1 << 20);
+  EXPECT_EQ(CpuBlockCache::capacity_for((1 << 20) + 1), (1 << 20) + (1 << 17));
+  for (int64_t n : {int64_t{3} << 20, int64_t{180355072}, int64_t{5} << 30, int64_t{1234567}}) {
+    const int64_t c = CpuBlockCache::capacity_for(n);
+    EXPECT_GE(c, n);
+    EXPECT_LE(c, n + n / 8) << n;
+    EXPECT_EQ(CpuBlockCache::capacity_for(c), c) << "a capacity is its own class";
+  }
+}
+
+TEST(CpuBlockCache, AFreedLargeBlockServesTheNextOfItsClass) {
+  auto& acct = MemoryAccounting::instance();
+  acct.set_budget(0);
+  cpu_block_cache().set_limit(int64_t{64} << 20);
+  cpu_block_cache().release_all();
+  const int64_t before = acct.snapshot().total_current;
+  void* first = nullptr;
+  {
+    at::Tensor t = at::empty({3 << 18}, at::kFloat);  // 3 MiB
+    first = t.data_ptr();
+    EXPECT_EQ(acct.snapshot().total_current - before, 3 << 20);
+  }
+  EXPECT_EQ(acct.snapshot().total_current, before);
+  EXPECT_EQ(cpu_block_cache().cached_bytes(), 3 << 20);
+  {
+    at::Tensor t = at::empty({(3 << 18) - 1024}, at::kFloat);  // 4 KiB less: the same class
+    EXPECT_EQ(t.data_ptr(), first);
+    EXPECT_EQ(acct.snapshot().total_current - before, (3 << 20) - 4096);
+    EXPECT_EQ(cpu_block_cache().cached_bytes(), 0);
+    at::Tensor other = at::empty({5 << 18}, at::kFloat);  // another class: fresh
+    EXPECT_NE(other.data_ptr(), first);
+  }
+  cpu_block_cache().set_limit(0);  // off: nothing kept
+  EXPECT_EQ(cpu_block_cache().cached_bytes(), 0);
+  { at::Tensor t = at::empty({3 << 18}, at::kFloat); }
+  EXPECT_EQ(cpu_block_cache().cached_bytes(), 0);
+}
+
+TEST(CpuBlockCache, HoldsAtMostItsLimitDroppingTheOldest) {
+  MemoryAccounting::instance();  // installs the counting allocator
+  cpu_block_cache().set_limit(int64_t{9} << 20);
+  cpu_block_cache().release_all();
+  void* newest = nullptr;
+  {
+    std::vector<at::Tensor> blocks;
+    for (int i = 0; i < 3; ++i) blocks.push_back(at::empty({1 << 20}, at::kFloat));  // 4 MiB
+    newest = blocks.back().data_ptr();
+    for (auto& b : blocks) b.reset();  // freed oldest first
+  }
+  EXPECT_EQ(cpu_block_cache().cached_bytes(), int64_t{8} << 20);
+  at::Tensor again = at::empty({1 << 20}, at::kFloat);
+  EXPECT_EQ(again.data_ptr(), newest);  // the most recently freed is kept
+  again.reset();
+  { at::Tensor big = at::empty({10 << 18}, at::kFloat); }  // 10 MiB: past the limit alone
+  EXPECT_EQ(cpu_block_cache().cached_bytes(), int64_t{8} << 20);
+  cpu_block_cache().set_limit(int64_t{512} << 20);
+  cpu_block_cache().release_all();
 }
 
 class BudgetTest : public ::testing::Test {

@@ -33,6 +33,7 @@ nlohmann::json plan_json(const MemoryPlan& p) {
   j["disk_bytes"] = p.disk_bytes;
   j["time_factor"] = p.time_factor;
   j["host_overhead"] = p.host_overhead;
+  j["block_cache"] = p.block_cache;
   j["safe_budget"] = p.safe_budget();
   j["n_params"] = p.n_params;
   j["n_trainable"] = p.n_trainable;
@@ -92,6 +93,9 @@ void print_plan(const std::string& source, const MemoryPlan& p, int64_t budget) 
               << " resident beyond the tracked bytes: libraries and runtime (this process now, "
                  "composed, nothing allocated)"
               << (p.disk_bytes > 0 ? ", plus the page cache of disk-tier reads" : "")
+              << (p.block_cache > 0 ? ", plus up to " + format_bytes(p.block_cache) +
+                                          " of freed blocks kept for reuse (run.cpu_block_cache)"
+                                    : "")
               << (p.process_scope ? "; counted in the budget (memory_budget_scope = \"process\")"
                                   : "")
               << ". `tightfit run` reports the measured split\n";

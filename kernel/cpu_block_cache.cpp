@@ -1,0 +1,67 @@
+#include "cpu_block_cache.hpp"
+
+#include <bit>
+#include <utility>
+
+namespace tightfit {
+
+int64_t CpuBlockCache::capacity_for(int64_t bytes) {
+  if (bytes < kSmallest) return bytes;
+  const int64_t step = int64_t{1} << (std::bit_width(static_cast<uint64_t>(bytes)) - 1 - 3);
+  return (bytes + step - 1) / step * step;
+}
+
+c10::DataPtr CpuBlockCache::take(int64_t capacity) {
+  std::lock_guard<std::mutex> lock(m_);
+  for (auto it = entries_.begin(); it != entries_.end(); ++it)
+    if (it->capacity == capacity) {
+      c10::DataPtr block = std::move(it->block);
+      cached_ -= capacity;
+      entries_.erase(it);
+      return block;
+    }
+  return {};
+}
+
+void CpuBlockCache::put(int64_t capacity, c10::DataPtr block) {
+  std::list<Entry> dropped;  // freed after the lock is released
+  {
+    std::lock_guard<std::mutex> lock(m_);
+    if (capacity < kSmallest || capacity > limit_) return;  // `block` frees itself
+    entries_.push_front(Entry{capacity, std::move(block)});
+    cached_ += capacity;
+    while (cached_ > limit_) {
+      cached_ -= entries_.back().capacity;
+      dropped.splice(dropped.begin(), entries_, std::prev(entries_.end()));
+    }
+  }
+}
+
+void CpuBlockCache::release_all() {
+  std::list<Entry> dropped;
+  std::lock_guard<std::mutex> lock(m_);
+  dropped.swap(entries_);
+  cached_ = 0;
+}
+
+void CpuBlockCache::set_limit(int64_t bytes) {
+  std::list<Entry> dropped;
+  std::lock_guard<std::mutex> lock(m_);
+  limit_ = bytes;
+  while (cached_ > limit_) {
+    cached_ -= entries_.back().capacity;
+    dropped.splice(dropped.begin(), entries_, std::prev(entries_.end()));
+  }
+}
+
+int64_t CpuBlockCache::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(m_);
+  return cached_;
+}
+
+CpuBlockCache& cpu_block_cache() {
+  static auto* cache = new CpuBlockCache();  // never destroyed: frees may come late
+  return *cache;
+}
+
+}  // namespace tightfit
