@@ -96,12 +96,46 @@ at::Tensor nf4_block_absmax(const Quantized& q) {
 // midpoints between the sorted levels (ties go to the lower level, as an
 // argmin over distances would), a chunk of blocks at a time, so the
 // temporaries stay small next to a 7B model's largest weights.
-at::Tensor quantize_nf4(const Quantize& s, const at::Tensor& w, Quantized& q) {
-  const int64_t n = w.numel(), pad = (s.block - n % s.block) % s.block;
-  const at::Tensor flat = w.flatten();
-  const int64_t n_blocks = (n + pad) / s.block;
-  const at::Tensor midpoints = (s.levels.slice(0, 1) + s.levels.slice(0, 0, -1)) / 2;
-  at::Tensor absmax = at::empty({n_blocks}, at::kFloat);
+//
+// On the CPU an fp32 weight takes one pass per block with no temporaries, and
+// the same arithmetic: the fp32 absmax (NaN kept), the fp32 quotient, and the
+// code counting the midpoints m with !(m >= v), as bucketize's lower bound
+// does (so NaN codes 15); padding codes as 0 / absmax and a last odd half
+// byte as 0.
+void quantize_nf4_cpu(const float* x, int64_t n, int64_t block, float* absmax,
+                      uint8_t* packed) {
+  const int64_t n_blocks = (n + block - 1) / block, padded = n_blocks * block;
+  std::array<float, 15> mid;
+  for (size_t k = 0; k < mid.size(); ++k) mid[k] = (kNf4[k + 1] + kNf4[k]) / 2.0f;
+  at::parallel_for(0, n_blocks, std::max<int64_t>(1, 65536 / block), [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      float a = 0.0f;
+      for (int64_t i = b * block, end = std::min(n, (b + 1) * block); i < end; ++i) {
+        const float ax = std::fabs(x[i]);
+        if (std::isnan(ax) || ax > a) a = ax;
+        if (std::isnan(a)) break;
+      }
+      absmax[b] = std::isnan(a) ? a : std::max(a, 1e-12f);
+    }
+  });
+  auto code = [&](int64_t i) -> uint8_t {
+    if (i >= padded) return 0;
+    const float v = (i < n ? x[i] : 0.0f) / absmax[i / block];
+    uint8_t c = 0;
+    for (float m : mid) c += !(m >= v);
+    return c;
+  };
+  at::parallel_for(0, (padded + 1) / 2, 32768, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j)
+      packed[j] = static_cast<uint8_t>(code(2 * j) * 16 + code(2 * j + 1));
+  });
+}
+
+// The tensor path (another device or dtype): the absmax of each block into
+// `absmax`, and the packed codes returned.
+at::Tensor quantize_nf4_codes(const Quantize& s, const at::Tensor& flat,
+                              const at::Tensor& midpoints, at::Tensor& absmax) {
+  const int64_t n = flat.numel(), n_blocks = absmax.numel();
   at::Tensor codes = at::empty({n_blocks * s.block + (n_blocks * s.block) % 2}, at::kByte);
   codes.zero_();
   constexpr int64_t kChunkBlocks = 1 << 14;
@@ -117,7 +151,24 @@ at::Tensor quantize_nf4(const Quantize& s, const at::Tensor& w, Quantized& q) {
         .copy_(at::bucketize(blocks / amax.unsqueeze(1), midpoints, /*out_int32=*/true).flatten());
   }
   codes = codes.view({-1, 2});
-  at::Tensor packed = (codes.select(1, 0) * 16 + codes.select(1, 1)).to(at::kByte);
+  return (codes.select(1, 0) * 16 + codes.select(1, 1)).to(at::kByte);
+}
+
+at::Tensor quantize_nf4(const Quantize& s, const at::Tensor& w, Quantized& q) {
+  const int64_t n = w.numel(), pad = (s.block - n % s.block) % s.block;
+  const at::Tensor flat = w.flatten();
+  const int64_t n_blocks = (n + pad) / s.block;
+  const at::Tensor midpoints = (s.levels.slice(0, 1) + s.levels.slice(0, 0, -1)) / 2;
+  at::Tensor absmax = at::empty({n_blocks}, at::kFloat);
+  at::Tensor packed;
+  if (w.is_cpu() && w.scalar_type() == at::kFloat) {
+    const at::Tensor x = flat.contiguous();
+    packed = at::empty({(n_blocks * s.block + 1) / 2}, at::kByte);
+    quantize_nf4_cpu(x.data_ptr<float>(), n, s.block, absmax.data_ptr<float>(),
+                     packed.data_ptr<uint8_t>());
+  } else {
+    packed = quantize_nf4_codes(s, flat, midpoints, absmax);
+  }
   if (!s.double_quant) {
     q.scale = absmax.contiguous();
     return packed;
