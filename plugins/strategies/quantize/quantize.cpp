@@ -9,9 +9,6 @@
 //
 // The kernel's linear keeps only the compact form for backward (it fetches the
 // weight again there), so a dequantized copy lives only while a projection runs.
-#include <ATen/Dispatch.h>
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -20,26 +17,11 @@
 #include <string>
 #include <tuple>
 
+#include "nf4_codec.hpp"
 #include "tightfit/plugin_sdk.hpp"
 
 namespace {
 
-constexpr std::array<float, 16> kNf4 = {-1.0f,
-                                        -0.6961928009986877f,
-                                        -0.5250730514526367f,
-                                        -0.39491748809814453f,
-                                        -0.28444138169288635f,
-                                        -0.18477343022823334f,
-                                        -0.09105003625154495f,
-                                        0.0f,
-                                        0.07958029955625534f,
-                                        0.16093020141124725f,
-                                        0.24611230194568634f,
-                                        0.33791524171829224f,
-                                        0.44070982933044434f,
-                                        0.5626170039176941f,
-                                        0.7229568362236023f,
-                                        1.0f};
 constexpr int64_t kDoubleQuantGroup = 256;
 
 // What dequantization needs beside the codes the store holds.
@@ -67,7 +49,6 @@ struct Quantize {
   std::string format;
   int64_t block = 64;
   bool double_quant = true;
-  at::Tensor levels;  // kNf4 as a tensor
   std::map<std::string, Quantized> weights;
   int64_t dense_bytes = 0, compact_bytes = 0;  // of the weights quantized so far
 };
@@ -92,83 +73,10 @@ at::Tensor nf4_block_absmax(const Quantized& q) {
   return (groups / 127.0 * q.scale_scale.unsqueeze(1)).flatten().slice(0, 0, n) + q.scale_mean;
 }
 
-// Codes are assigned by the nearest NF4 level: bucketize against the
-// midpoints between the sorted levels (ties go to the lower level, as an
-// argmin over distances would), a chunk of blocks at a time, so the
-// temporaries stay small next to a 7B model's largest weights.
-//
-// On the CPU an fp32 weight takes one pass per block with no temporaries, and
-// the same arithmetic: the fp32 absmax (NaN kept), the fp32 quotient, and the
-// code counting the midpoints m with !(m >= v), as bucketize's lower bound
-// does (so NaN codes 15); padding codes as 0 / absmax and a last odd half
-// byte as 0.
-void quantize_nf4_cpu(const float* x, int64_t n, int64_t block, float* absmax,
-                      uint8_t* packed) {
-  const int64_t n_blocks = (n + block - 1) / block, padded = n_blocks * block;
-  std::array<float, 15> mid;
-  for (size_t k = 0; k < mid.size(); ++k) mid[k] = (kNf4[k + 1] + kNf4[k]) / 2.0f;
-  at::parallel_for(0, n_blocks, std::max<int64_t>(1, 65536 / block), [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      float a = 0.0f;
-      for (int64_t i = b * block, end = std::min(n, (b + 1) * block); i < end; ++i) {
-        const float ax = std::fabs(x[i]);
-        if (std::isnan(ax) || ax > a) a = ax;
-        if (std::isnan(a)) break;
-      }
-      absmax[b] = std::isnan(a) ? a : std::max(a, 1e-12f);
-    }
-  });
-  auto code = [&](int64_t i) -> uint8_t {
-    if (i >= padded) return 0;
-    const float v = (i < n ? x[i] : 0.0f) / absmax[i / block];
-    uint8_t c = 0;
-    for (float m : mid) c += !(m >= v);
-    return c;
-  };
-  at::parallel_for(0, (padded + 1) / 2, 32768, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j)
-      packed[j] = static_cast<uint8_t>(code(2 * j) * 16 + code(2 * j + 1));
-  });
-}
-
-// The tensor path (another device or dtype): the absmax of each block into
-// `absmax`, and the packed codes returned.
-at::Tensor quantize_nf4_codes(const Quantize& s, const at::Tensor& flat,
-                              const at::Tensor& midpoints, at::Tensor& absmax) {
-  const int64_t n = flat.numel(), n_blocks = absmax.numel();
-  at::Tensor codes = at::empty({n_blocks * s.block + (n_blocks * s.block) % 2}, at::kByte);
-  codes.zero_();
-  constexpr int64_t kChunkBlocks = 1 << 14;
-  for (int64_t b0 = 0; b0 < n_blocks; b0 += kChunkBlocks) {
-    const int64_t nb = std::min(kChunkBlocks, n_blocks - b0);
-    const int64_t begin = b0 * s.block, end = std::min(n, (b0 + nb) * s.block);
-    at::Tensor blocks =
-        at::constant_pad_nd(flat.slice(0, begin, end), {0, nb * s.block - (end - begin)})
-            .view({nb, s.block});
-    at::Tensor amax = blocks.abs().amax(1).clamp_min(1e-12);
-    absmax.slice(0, b0, b0 + nb).copy_(amax);
-    codes.slice(0, begin, begin + nb * s.block)
-        .copy_(at::bucketize(blocks / amax.unsqueeze(1), midpoints, /*out_int32=*/true).flatten());
-  }
-  codes = codes.view({-1, 2});
-  return (codes.select(1, 0) * 16 + codes.select(1, 1)).to(at::kByte);
-}
-
+// Codes in blocks (nf4_codec.hpp), then the block absmaxes double-quantized
+// as int8 around their mean in groups of 256.
 at::Tensor quantize_nf4(const Quantize& s, const at::Tensor& w, Quantized& q) {
-  const int64_t n = w.numel(), pad = (s.block - n % s.block) % s.block;
-  const at::Tensor flat = w.flatten();
-  const int64_t n_blocks = (n + pad) / s.block;
-  const at::Tensor midpoints = (s.levels.slice(0, 1) + s.levels.slice(0, 0, -1)) / 2;
-  at::Tensor absmax = at::empty({n_blocks}, at::kFloat);
-  at::Tensor packed;
-  if (w.is_cpu() && w.scalar_type() == at::kFloat) {
-    const at::Tensor x = flat.contiguous();
-    packed = at::empty({(n_blocks * s.block + 1) / 2}, at::kByte);
-    quantize_nf4_cpu(x.data_ptr<float>(), n, s.block, absmax.data_ptr<float>(),
-                     packed.data_ptr<uint8_t>());
-  } else {
-    packed = quantize_nf4_codes(s, flat, midpoints, absmax);
-  }
+  auto [packed, absmax] = nf4::encode(w, s.block);
   if (!s.double_quant) {
     q.scale = absmax.contiguous();
     return packed;
@@ -189,68 +97,11 @@ at::Tensor quantize_nf4(const Quantize& s, const at::Tensor& w, Quantized& q) {
   return packed;
 }
 
-// On the CPU, one pass over the codes with no temporaries: element i of a
-// block is kNf4[code] * absmax, rounded once to T — the same fp32 product and
-// the same rounding as the tensor path below, so the same bits. Each block's
-// 16 values are made first, so an element is one lookup. (The tensor path
-// made six passes and four chunk-sized temporaries per weight use: a third
-// of a 7B QLoRA step on two cores.)
-template <typename T>
-void dequantize_nf4_cpu(const uint8_t* packed, const float* absmax, int64_t n, int64_t block,
-                        T* out) {
-  const int64_t n_blocks = (n + block - 1) / block;
-  at::parallel_for(0, n_blocks, std::max<int64_t>(1, 65536 / block), [&](int64_t b0, int64_t b1) {
-    std::array<T, 16> value;
-    for (int64_t b = b0; b < b1; ++b) {
-      for (size_t k = 0; k < value.size(); ++k) value[k] = static_cast<T>(kNf4[k] * absmax[b]);
-      int64_t i = b * block;
-      const int64_t end = std::min(n, (b + 1) * block);
-      if (i % 2 == 1) {  // an odd block size: this block starts on a byte's low code
-        out[i] = value[packed[i / 2] & 15];
-        ++i;
-      }
-      for (; i + 1 < end; i += 2) {
-        const uint8_t byte = packed[i / 2];
-        out[i] = value[byte >> 4];
-        out[i + 1] = value[byte & 15];
-      }
-      if (i < end) out[i] = value[packed[i / 2] >> 4];
-    }
-  });
-}
-
-// Into one tensor of `dtype`, a chunk of blocks at a time: the whole
-// matrix's int32 codes and fp32 products (three times its fp32 bytes, at a
-// 7B model's MLP 0.5 GB) never exist together, only the result and one
-// chunk's temporaries — what `plan` counts for a dequantized weight.
 at::Tensor dequantize_nf4(const Quantize& s, const at::Tensor& packed, const Quantized& q,
                           at::ScalarType dtype) {
   int64_t n = 1;
   for (auto d : q.shape) n *= d;
-  const at::Tensor absmax = nf4_block_absmax(q).contiguous();
-  at::Tensor out = at::empty({n}, packed.options().dtype(dtype));
-  if (packed.is_cpu() && packed.is_contiguous() && absmax.scalar_type() == at::kFloat &&
-      (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf)) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, dtype, "dequantize_nf4", [&] {
-      dequantize_nf4_cpu(packed.data_ptr<uint8_t>(), absmax.data_ptr<float>(), n, s.block,
-                         out.data_ptr<scalar_t>());
-    });
-    return out;
-  }
-  // An even number of blocks per chunk starts every chunk on a whole byte.
-  const int64_t chunk_blocks = std::max<int64_t>(2, ((int64_t{1} << 20) / s.block) & ~int64_t{1});
-  for (int64_t b0 = 0; b0 * s.block < n; b0 += chunk_blocks) {
-    const int64_t nb = std::min(chunk_blocks, absmax.numel() - b0);
-    const int64_t begin = b0 * s.block, end = std::min(n, (b0 + nb) * s.block);
-    const at::Tensor bytes = packed.slice(0, begin / 2, (begin + nb * s.block + 1) / 2);
-    const at::Tensor codes =
-        at::stack({bytes.div(16, "floor"), bytes.remainder(16)}, 1).flatten().to(at::kInt);
-    const at::Tensor values =
-        s.levels.index_select(0, codes.slice(0, 0, nb * s.block)).view({nb, s.block}) *
-        absmax.slice(0, b0, b0 + nb).unsqueeze(1);
-    out.slice(0, begin, end).copy_(values.flatten().slice(0, 0, end - begin));
-  }
-  return out;
+  return nf4::decode(packed, nf4_block_absmax(q).contiguous(), n, s.block, dtype);
 }
 
 // ---- 8-bit optimizer state ---------------------------------------------------
@@ -349,7 +200,6 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     s->format = s->host.get_string("format");
     s->block = s->host.get_int("block_size");
     s->double_quant = s->host.get_bool("double_quant");
-    s->levels = at::tensor(std::vector<float>(kNf4.begin(), kNf4.end()));
     *out = s.release();
     return TF_OK;
   });
