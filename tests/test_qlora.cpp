@@ -3,10 +3,12 @@
 // and resumes exactly; bad combinations are recipe errors.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <numeric>
 #include <regex>
 #include <utility>
 
+#include "nf4_codec.hpp"
 #include "test_support.hpp"
 
 namespace tightfit {
@@ -164,6 +166,44 @@ TEST_F(QloraTest, Nf4DequantizesAcrossChunksAsAWhole) {
     EXPECT_EQ(got.scalar_type(), dtype == "fp32" ? at::kFloat : at::kBFloat16);
     EXPECT_TRUE(at::equal(got, reference.to(got.scalar_type()))) << dtype << " " << block;
   }
+}
+
+// The CPU's one-pass loops give the codes, absmaxes and values the tensor
+// ops give (the path other devices take), bit for bit: fp32 and bf16
+// weights, even and odd block sizes, a length no multiple of a block, an
+// all-zero block, values exactly on the midpoints between levels (ties go to
+// the lower level), and a NaN.
+TEST(Nf4Codec, CpuLoopsMatchTheTensorOpsBitForBit) {
+  at::manual_seed(7);
+  const int64_t n = 100003;
+  at::Tensor w = at::randn({n}, at::kFloat);
+  w.slice(0, 640, 704).zero_();  // block 10 (of 64) all zero
+  // Block 20: absmax 1 and every midpoint, each just below and above.
+  std::vector<float> edge{1.0f};
+  for (size_t k = 0; k + 1 < kNf4.size(); ++k) {
+    const float m = (kNf4[k + 1] + kNf4[k]) / 2.0f;
+    edge.insert(edge.end(), {m, std::nextafter(m, -2.0f), std::nextafter(m, 2.0f)});
+  }
+  w.slice(0, 1280, 1280 + static_cast<int64_t>(edge.size())).copy_(at::tensor(edge));
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16})
+    for (const int64_t block : {64, 63, 2}) {
+      at::Tensor x = w.to(dtype);
+      if (dtype == at::kFloat && block == 63) x[5000] = std::nanf("");
+      const auto [packed, absmax] = nf4::encode(x, block);
+      const auto [ref_packed, ref_absmax] = nf4::encode_with_tensor_ops(x, block);
+      const std::string where =
+          std::string(c10::toString(dtype)) + " block " + std::to_string(block);
+      ASSERT_TRUE(at::equal(packed, ref_packed)) << where;
+      ASSERT_TRUE(at::equal(absmax.isnan(), ref_absmax.isnan())) << where;
+      ASSERT_TRUE(at::equal(absmax.nan_to_num(0), ref_absmax.nan_to_num(0))) << where;
+      for (const at::ScalarType out : {at::kFloat, at::kBFloat16, at::kHalf}) {
+        const at::Tensor got = nf4::decode(packed, absmax, n, block, out);
+        const at::Tensor ref = nf4::decode_with_tensor_ops(packed, absmax, n, block, out);
+        ASSERT_EQ(got.scalar_type(), out);
+        EXPECT_TRUE(at::equal(got.isnan(), ref.isnan())) << where;
+        EXPECT_TRUE(at::equal(got.nan_to_num(0), ref.nan_to_num(0))) << where << " to " << out;
+      }
+    }
 }
 
 TEST_F(QloraTest, CompactLinearGivesTheGradientsOfTheDequantizedWeights) {

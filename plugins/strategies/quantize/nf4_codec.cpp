@@ -14,12 +14,14 @@ const at::Tensor& levels_tensor() {
   return levels;
 }
 
-// On the CPU an fp32 weight takes one pass per block with no temporaries, and
-// the tensor path's arithmetic: the fp32 absmax (NaN kept, at least 1e-12),
-// the fp32 quotient, and the code counting the midpoints m with !(m >= v),
-// as bucketize's lower bound does (so ties go to the lower level and NaN
-// codes 15); padding codes as 0 / absmax and a last odd half byte as 0.
-void encode_cpu(const float* x, int64_t n, int64_t block, float* absmax, uint8_t* packed) {
+// On the CPU a weight takes one pass per block with no temporaries, and the
+// tensor path's arithmetic in its dtype T (fp32 or bf16): the absmax (NaN
+// kept, at least 1e-12, rounded to T), the quotient (in fp32, rounded to T),
+// and the code counting the midpoints m with !(m >= v), as bucketize's lower
+// bound does (so ties go to the lower level and NaN codes 15); padding codes
+// as 0 / absmax and a last odd half byte as 0.
+template <typename T>
+void encode_cpu(const T* x, int64_t n, int64_t block, float* absmax, uint8_t* packed) {
   const int64_t n_blocks = (n + block - 1) / block, padded = n_blocks * block;
   std::array<float, 15> mid;
   for (size_t k = 0; k < mid.size(); ++k) mid[k] = (kLevels[k + 1] + kLevels[k]) / 2.0f;
@@ -27,16 +29,17 @@ void encode_cpu(const float* x, int64_t n, int64_t block, float* absmax, uint8_t
     for (int64_t b = b0; b < b1; ++b) {
       float a = 0.0f;
       for (int64_t i = b * block, end = std::min(n, (b + 1) * block); i < end; ++i) {
-        const float ax = std::fabs(x[i]);
+        const float ax = std::fabs(static_cast<float>(x[i]));
         if (std::isnan(ax) || ax > a) a = ax;
         if (std::isnan(a)) break;
       }
-      absmax[b] = std::isnan(a) ? a : std::max(a, 1e-12f);
+      absmax[b] = std::isnan(a) ? a : static_cast<float>(static_cast<T>(std::max(a, 1e-12f)));
     }
   });
   auto code = [&](int64_t i) -> uint8_t {
     if (i >= padded) return 0;
-    const float v = (i < n ? x[i] : 0.0f) / absmax[i / block];
+    const float v = static_cast<float>(
+        static_cast<T>((i < n ? static_cast<float>(x[i]) : 0.0f) / absmax[i / block]));
     uint8_t c = 0;
     for (float m : mid) c += !(m >= v);
     return c;
@@ -125,13 +128,22 @@ void decode_tensors(const at::Tensor& packed, const at::Tensor& absmax, int64_t 
 
 std::pair<at::Tensor, at::Tensor> encode(const at::Tensor& w, int64_t block) {
   const int64_t n = w.numel(), n_blocks = (n + block - 1) / block;
-  const at::Tensor flat = w.flatten();
+  if (!w.is_cpu() || (w.scalar_type() != at::kFloat && w.scalar_type() != at::kBFloat16))
+    return encode_with_tensor_ops(w, block);
+  const at::Tensor x = w.flatten().contiguous();
   at::Tensor absmax = at::empty({n_blocks}, at::kFloat);
-  if (!w.is_cpu() || w.scalar_type() != at::kFloat)
-    return {encode_tensors(flat, block, absmax), absmax};
-  const at::Tensor x = flat.contiguous();
   at::Tensor packed = at::empty({(n_blocks * block + 1) / 2}, at::kByte);
-  encode_cpu(x.data_ptr<float>(), n, block, absmax.data_ptr<float>(), packed.data_ptr<uint8_t>());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, w.scalar_type(), "nf4::encode", [&] {
+    encode_cpu(x.data_ptr<scalar_t>(), n, block, absmax.data_ptr<float>(),
+               packed.data_ptr<uint8_t>());
+  });
+  return {packed, absmax};
+}
+
+std::pair<at::Tensor, at::Tensor> encode_with_tensor_ops(const at::Tensor& w, int64_t block) {
+  const int64_t n_blocks = (w.numel() + block - 1) / block;
+  at::Tensor absmax = at::empty({n_blocks}, at::kFloat);
+  at::Tensor packed = encode_tensors(w.flatten(), block, absmax);
   return {packed, absmax};
 }
 
@@ -147,6 +159,13 @@ at::Tensor decode(const at::Tensor& packed, const at::Tensor& absmax, int64_t n,
     });
     return out;
   }
+  decode_tensors(packed, absmax, n, block, out);
+  return out;
+}
+
+at::Tensor decode_with_tensor_ops(const at::Tensor& packed, const at::Tensor& absmax, int64_t n,
+                                  int64_t block, at::ScalarType dtype) {
+  at::Tensor out = at::empty({n}, packed.options().dtype(dtype));
   decode_tensors(packed, absmax, n, block, out);
   return out;
 }

@@ -38,4 +38,10 @@ std::pair<at::Tensor, at::Tensor> encode(const at::Tensor& w, int64_t block);
 at::Tensor decode(const at::Tensor& packed, const at::Tensor& absmax, int64_t n, int64_t block,
                   at::ScalarType dtype);
 
+// The tensor ops other devices (and dtypes other than fp32 and bf16) use,
+// callable on the CPU so tests can hold the CPU loops to them bit for bit.
+std::pair<at::Tensor, at::Tensor> encode_with_tensor_ops(const at::Tensor& w, int64_t block);
+at::Tensor decode_with_tensor_ops(const at::Tensor& packed, const at::Tensor& absmax, int64_t n,
+                                  int64_t block, at::ScalarType dtype);
+
 }  // namespace nf4
