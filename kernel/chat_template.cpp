@@ -3,14 +3,13 @@
 // operators, the loop variable, macros, loop controls and generation spans.
 #include "chat_template.hpp"
 
-#include <algorithm>
-#include <cmath>
 #include <map>
 #include <optional>
 #include <stdexcept>
 
 #include "jinja_ast.hpp"
 #include "jinja_builtins.hpp"
+#include "jinja_operators.hpp"
 #include "jinja_value.hpp"
 
 namespace tightfit {
@@ -23,8 +22,8 @@ using jinja::List;
 using jinja::Node;
 using jinja::Value;
 
-// Bounds on what a hostile template can make the host do.
-constexpr size_t kMaxOutputBytes = size_t{64} << 20;
+// Bounds on what a hostile template can make the host do (and
+// jinja::kMaxTextBytes of text).
 constexpr int64_t kMaxIterations = 1'000'000;
 constexpr int kMaxCallDepth = 64;
 
@@ -58,7 +57,7 @@ class Renderer {
 
   void emit(const std::string& s) {
     out_.text += s;
-    if (out_.text.size() > kMaxOutputBytes)
+    if (out_.text.size() > jinja::kMaxTextBytes)
       throw std::runtime_error(origin_ + ": the chat template wrote more than 64 MiB");
   }
 
@@ -214,21 +213,14 @@ class Renderer {
     return a;
   }
 
-  Value subscript(const Value& v, const Value& key, const jinja::Where& w) {
-    if (v.type == Value::kMap) {
-      const Value* x = v.map->find(key.str());
-      return x ? *x : Value();
+  // Python's operators (jinja_operators.cpp), their errors given the place.
+  template <typename F>
+  Value at_place(const jinja::Where& w, F&& f) {
+    try {
+      return f();
+    } catch (const std::runtime_error& x) {
+      fail(w, x.what());
     }
-    if ((v.type == Value::kList || v.type == Value::kString) && key.type == Value::kInt) {
-      const int64_t size =
-          static_cast<int64_t>(v.type == Value::kList ? v.list->size() : v.s.size());
-      const int64_t k = key.i < 0 ? key.i + size : key.i;
-      if (k < 0 || k >= size) return Value();
-      return v.type == Value::kList ? (*v.list)[static_cast<size_t>(k)]
-                                    : Value::string(std::string(1, v.s[static_cast<size_t>(k)]));
-    }
-    if (!v.defined()) fail(w, "indexing an undefined value");
-    return Value();
   }
 
   Value slice(const Value& v, const Expr& e) {
@@ -240,27 +232,8 @@ class Renderer {
       return b.i;
     };
     const auto start = bound(e.b), stop = bound(e.c);
-    const auto step_v = e.args.empty() ? std::nullopt : bound(e.args[0]);
-    const int64_t step = step_v.value_or(1);
-    if (step == 0) fail(e.where, "slice step must not be zero");
-    const int64_t n = static_cast<int64_t>(v.type == Value::kList ? v.list->size() : v.s.size());
-    auto clamp = [&](std::optional<int64_t> x, int64_t fallback) {
-      if (!x) return fallback;
-      int64_t k = *x < 0 ? *x + n : *x;
-      return step > 0 ? std::clamp<int64_t>(k, 0, n) : std::clamp<int64_t>(k, -1, n - 1);
-    };
-    const int64_t b = clamp(start, step > 0 ? 0 : n - 1), s = clamp(stop, step > 0 ? n : -1);
-    List out;
-    std::string str;
-    for (int64_t k = b; step > 0 ? k < s : k > s; k += step) {
-      if (v.type == Value::kList)
-        out.push_back((*v.list)[static_cast<size_t>(k)]);
-      else
-        str += v.s[static_cast<size_t>(k)];
-    }
-    if (v.type == Value::kList) return Value::of_list(std::move(out));
-    if (v.type == Value::kString) return Value::string(str);
-    fail(e.where, std::string("cannot slice a ") + v.type_name());
+    const auto step = e.args.empty() ? std::nullopt : bound(e.args[0]);
+    return at_place(e.where, [&] { return jinja::slice(v, start, stop, step.value_or(1)); });
   }
 
   Value binary(const Expr& e) {
@@ -274,73 +247,7 @@ class Renderer {
       return a.truthy() ? a : eval(*e.b);
     }
     const Value a = eval(*e.a), b = eval(*e.b);
-    if (op == "==") return Value::boolean(jinja::equal(a, b));
-    if (op == "!=") return Value::boolean(!jinja::equal(a, b));
-    if (op == "~") return Value::string(a.str() + b.str());
-    if (op == "in" || op == "not in") {
-      bool found = false;
-      if (b.type == Value::kString)
-        found = a.type == Value::kString && b.s.find(a.s) != std::string::npos;
-      else if (b.type == Value::kList)
-        for (const Value& x : *b.list) found = found || jinja::equal(a, x);
-      else if (b.type == Value::kMap)
-        found = b.map->find(a.str()) != nullptr;
-      else if (b.defined())
-        fail(e.where, std::string("'in' a ") + b.type_name());
-      return Value::boolean(found == (op == "in"));
-    }
-    if (op == "<" || op == ">" || op == "<=" || op == ">=") {
-      int cmp;
-      if (a.is_number() && b.is_number())
-        cmp = a.number() < b.number() ? -1 : a.number() > b.number();
-      else if (a.type == Value::kString && b.type == Value::kString)
-        cmp = a.s.compare(b.s);
-      else
-        fail(e.where,
-             "cannot compare a " + std::string(a.type_name()) + " with a " + b.type_name());
-      return Value::boolean(op == "<"    ? cmp < 0
-                            : op == ">"  ? cmp > 0
-                            : op == "<=" ? cmp <= 0
-                                         : cmp >= 0);
-    }
-    if (op == "+" && a.type == Value::kString && b.type == Value::kString)
-      return Value::string(a.s + b.s);
-    if (op == "+" && a.type == Value::kList && b.type == Value::kList) {
-      List l = *a.list;
-      l.insert(l.end(), b.list->begin(), b.list->end());
-      return Value::of_list(std::move(l));
-    }
-    if (op == "*" && a.type == Value::kString && b.type == Value::kInt) {
-      std::string s;
-      for (int64_t k = 0; k < b.i && s.size() < kMaxOutputBytes; ++k) s += a.s;
-      return Value::string(s);
-    }
-    if (!a.is_number() || !b.is_number())
-      fail(e.where,
-           "unsupported operand types for " + op + ": " + a.type_name() + " and " + b.type_name());
-    const bool ints = a.type != Value::kFloat && b.type != Value::kFloat;
-    const double x = a.number(), y = b.number();
-    if (op == "/") {
-      if (y == 0) fail(e.where, "division by zero");
-      return Value::real(x / y);
-    }
-    if (ints) {
-      const int64_t p = a.type == Value::kBool ? a.b : a.i, q = b.type == Value::kBool ? b.b : b.i;
-      if (op == "+") return Value::integer(p + q);
-      if (op == "-") return Value::integer(p - q);
-      if (op == "*") return Value::integer(p * q);
-      if (q == 0) fail(e.where, "division by zero");
-      const int64_t fl = p / q - ((p % q != 0) && ((p < 0) != (q < 0)));  // Python's floor division
-      if (op == "//") return Value::integer(fl);
-      if (op == "%") return Value::integer(p - fl * q);
-    }
-    if (op == "+") return Value::real(x + y);
-    if (op == "-") return Value::real(x - y);
-    if (op == "*") return Value::real(x * y);
-    if (y == 0) fail(e.where, "division by zero");
-    if (op == "//") return Value::real(std::floor(x / y));
-    if (op == "%") return Value::real(x - std::floor(x / y) * y);
-    fail(e.where, "unknown operator " + op);
+    return at_place(e.where, [&] { return jinja::binary_operator(op, a, b); });
   }
 
   Value eval(const Expr& e) {
@@ -382,8 +289,10 @@ class Renderer {
         if (!v.defined()) fail(e.where, "'" + e.text + "' of an undefined value");
         return Value();  // a method, resolved by the call around it
       }
-      case Expr::kSubscript:
-        return subscript(eval(*e.a), eval(*e.b), e.where);
+      case Expr::kSubscript: {
+        const Value v = eval(*e.a), key = eval(*e.b);
+        return at_place(e.where, [&] { return jinja::subscript(v, key); });
+      }
       case Expr::kSlice:
         return slice(eval(*e.a), e);
       case Expr::kCall: {
