@@ -3,6 +3,7 @@
 // and resumes exactly; bad combinations are recipe errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <regex>
@@ -14,22 +15,9 @@
 namespace tightfit {
 namespace {
 
-const std::vector<float> kNf4 = {-1.0f,
-                                 -0.6961928009986877f,
-                                 -0.5250730514526367f,
-                                 -0.39491748809814453f,
-                                 -0.28444138169288635f,
-                                 -0.18477343022823334f,
-                                 -0.09105003625154495f,
-                                 0.0f,
-                                 0.07958029955625534f,
-                                 0.16093020141124725f,
-                                 0.24611230194568634f,
-                                 0.33791524171829224f,
-                                 0.44070982933044434f,
-                                 0.5626170039176941f,
-                                 0.7229568362236023f,
-                                 1.0f};
+// The 16 NormalFloat4 levels as bitsandbytes publishes them (Dettmers et al.
+// 2023), pinned at a few places by Nf4Codec.LevelsAreBitsandbytes.
+const std::vector<float> kNf4(nf4::kLevels.begin(), nf4::kLevels.end());
 
 class QloraTest : public ::testing::Test {
  protected:
@@ -166,6 +154,17 @@ TEST_F(QloraTest, Nf4DequantizesAcrossChunksAsAWhole) {
     EXPECT_EQ(got.scalar_type(), dtype == "fp32" ? at::kFloat : at::kBFloat16);
     EXPECT_TRUE(at::equal(got, reference.to(got.scalar_type()))) << dtype << " " << block;
   }
+}
+
+TEST(Nf4Codec, LevelsAreBitsandbytes) {
+  ASSERT_EQ(kNf4.size(), 16u);
+  EXPECT_EQ(kNf4[0], -1.0f);
+  EXPECT_EQ(kNf4[1], -0.6961928009986877f);
+  EXPECT_EQ(kNf4[7], 0.0f);
+  EXPECT_EQ(kNf4[8], 0.07958029955625534f);
+  EXPECT_EQ(kNf4[14], 0.7229568362236023f);
+  EXPECT_EQ(kNf4[15], 1.0f);
+  EXPECT_TRUE(std::is_sorted(kNf4.begin(), kNf4.end()));
 }
 
 // The CPU's one-pass loops give the codes, absmaxes and values the tensor
