@@ -233,6 +233,29 @@ TEST(Fit, WritesARecipeThatFitsTheBudget) {
   EXPECT_EQ(Recipe::load(out).strategy_table("lora"), nullptr) << read_file_text(out);
 }
 
+// A budget the plain recipe's plan fits only inside its margin of error: a
+// run of it could stop out of budget, so a stack whose safe budget fits is
+// written instead, though the plain one is faster.
+TEST(Fit, PrefersAStackInsideItsMarginOverAFasterTightOne) {
+  test::TempDir dir;
+  private_rates_cache(dir);
+  const std::string path = test::write_file(dir, "r.toml", recipe(dir.str(), ""));
+  const int64_t plain = planned_peak(path);
+  const int64_t budget = plain + plain / 20;  // the plain plan + 5%: fits, but tight
+  const std::string out = (dir.path() / "fit.toml").string();
+  std::string log;
+  ASSERT_EQ(test::run_tightfit(
+                "fit " + path + " --budget " + std::to_string(budget) + " --out " + out, &log),
+            0)
+      << log;
+  EXPECT_NE(log.find("(fits)"), std::string::npos) << log;  // the plain recipe, by its plan
+  EXPECT_EQ(log.find("written       " + out + " (plain)"), std::string::npos) << log;
+  const int64_t fitted = planned_peak(out);
+  EXPECT_LE(static_cast<int64_t>(static_cast<double>(fitted) * (1 + MemoryPlan::kPlanMargin)),
+            budget);
+  EXPECT_EQ(log.find("tight         its plan fits"), std::string::npos) << log;
+}
+
 TEST(Fit, QualityKeepsThePlainRecipeWhenItFits) {
   test::TempDir dir;
   private_rates_cache(dir);
