@@ -432,6 +432,10 @@ void Session::materialize_params(const std::string& base_dir) {
             &tf_strategy_vtable::stage_params_ready, "stage_params_ready",
             [&](size_t i, tf_status st) { check_strategy_setup(i, st, "stage_params_ready"); },
             stage);
+    // The stage's initial values are converted and freed; the heap's free
+    // pages go back before the next stage, so set-up's resident peak is one
+    // stage and not the fragments left between the ones kept (scales, codes).
+    release_free_heap();
   });
   StrategyChain(plugins_.strategies)
       .each_with(&tf_strategy_vtable::params_ready, "params_ready",
