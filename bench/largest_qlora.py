@@ -59,15 +59,6 @@ final = false
 """ + QLORA_STRATEGIES
 
 
-def parse_size(text):
-    units = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-             "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in units:
-        sys.exit(f"--budget: not a size: {text!r} (write e.g. 4GiB)")
-    return int(float(m.group(1)) * units[m.group(2).lower()])
-
-
 def fit(recipe, budget, out):
     cmd = [str(TIGHTFIT), "fit", recipe, "--budget", budget, "--keep", "lora,quantize,precision", "--json",
            "--out", out]
@@ -140,7 +131,7 @@ def main():
                 else:
                     b = r["best"][0]
                     p = plan_json(written)
-                    tight = p["safe_budget"] > parse_size(args.budget)
+                    tight = p["safe_budget"] > r["budget"]  # fit's own reading of --budget
                     row.update(fits=not tight, tight=tight, stack=b["stack"],
                                planned_peak=p["tracked_peak"], safe_budget=p["safe_budget"],
                                disk_bytes=p["disk_bytes"], params=p["n_params"],

@@ -30,10 +30,7 @@ void CpuBlockCache::put(int64_t capacity, c10::DataPtr block) {
     if (capacity < kSmallest || capacity > limit_) return;  // `block` frees itself
     entries_.push_front(Entry{capacity, std::move(block)});
     cached_ += capacity;
-    while (cached_ > limit_) {
-      cached_ -= entries_.back().capacity;
-      dropped.splice(dropped.begin(), entries_, std::prev(entries_.end()));
-    }
+    drop_past_limit(dropped);
   }
 }
 
@@ -48,6 +45,10 @@ void CpuBlockCache::set_limit(int64_t bytes) {
   std::list<Entry> dropped;
   std::lock_guard<std::mutex> lock(m_);
   limit_ = bytes;
+  drop_past_limit(dropped);
+}
+
+void CpuBlockCache::drop_past_limit(std::list<Entry>& dropped) {
   while (cached_ > limit_) {
     cached_ -= entries_.back().capacity;
     dropped.splice(dropped.begin(), entries_, std::prev(entries_.end()));

@@ -45,6 +45,10 @@ class CpuBlockCache {
     int64_t capacity;
     c10::DataPtr block;
   };
+  // Moves the least recently freed entries into `dropped` (freed by the
+  // caller once the lock is released) until the cache is within its limit.
+  void drop_past_limit(std::list<Entry>& dropped);
+
   mutable std::mutex m_;
   std::list<Entry> entries_;  // most recently freed first
   int64_t cached_ = 0;
