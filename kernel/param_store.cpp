@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "checked_size.hpp"
@@ -98,6 +99,67 @@ void ParamStore::adopt(Param p) {
   materialized_ = true;
 }
 
+namespace {
+
+// Fills `t` (fp32) by the parameter's init kind, drawing from `gen`.
+void fill_initial(at::Tensor& t, const Param& p, at::Generator& gen) {
+  switch (p.init) {
+    case TF_INIT_NORMAL:
+      t.normal_(0.0, p.init_std, gen);
+      break;
+    case TF_INIT_UNIFORM:
+      t.uniform_(-p.init_std, p.init_std, gen);
+      break;
+    case TF_INIT_ZEROS:
+      t.zero_();
+      break;
+    case TF_INIT_ONES:
+      t.fill_(1.0);
+      break;
+    case TF_INIT_CONSTANT:
+      t.fill_(p.init_std);
+      break;
+    default:
+      throw std::invalid_argument("parameter \"" + p.name + "\" has an unknown init kind");
+  }
+}
+
+bool draws_from_generator(tf_init_kind k) { return k == TF_INIT_NORMAL || k == TF_INIT_UNIFORM; }
+
+}  // namespace
+
+at::Tensor initial_values(const Param& p, const std::optional<at::Device>& device, at::Generator& gen,
+                          int64_t chunk_values) {
+  if (chunk_values < 16 || chunk_values % 16 != 0)
+    throw std::invalid_argument("initial values are drawn in chunks of a positive multiple of 16");
+  // A CPU fp32 parameter is drawn in place, whole.
+  if (device && device->is_cpu() && p.dtype == at::kFloat) {
+    at::Tensor t = at::empty(p.shape, at::TensorOptions().dtype(at::kFloat));
+    fill_initial(t, p, gen);
+    return t;
+  }
+  at::Tensor out;
+  if (device) out = at::empty(p.shape, at::TensorOptions().dtype(p.dtype).device(*device));
+  // An absent parameter's constant values take nothing from the generator.
+  if (!device && !draws_from_generator(p.init)) return out;
+  const int64_t n = p.numel();
+  at::Tensor flat = out.defined() ? out.view({-1}) : at::Tensor();
+  at::Tensor chunk;
+  for (int64_t i = 0; i < n;) {
+    int64_t m = std::min(chunk_values, n - i);
+    // LibTorch draws fewer than 16 normal values one by one, 16 or more in
+    // blocks of 16 (redrawing the last 16 for a ragged end): a short tail
+    // rides with the chunk before it, so the numbers are the whole draw's.
+    if (n - i - m < 16) m = n - i;
+    if (!chunk.defined() || chunk.numel() != m)
+      chunk = at::empty({m}, at::TensorOptions().dtype(at::kFloat));
+    fill_initial(chunk, p, gen);
+    if (flat.defined()) flat.narrow(0, i, m).copy_(chunk);
+    i += m;
+  }
+  return out;
+}
+
 void ParamStore::materialize(uint64_t seed,
                              const std::function<std::optional<at::Device>(const Param&)>& place,
                              const std::function<void(size_t, size_t)>& after_group) {
@@ -108,34 +170,13 @@ void ParamStore::materialize(uint64_t seed,
     {
       const tf_mem_category cat = (p.flags & TF_PARAM_ADAPTER) ? TF_MEM_ADAPTERS : TF_MEM_WEIGHTS;
       CategoryScope scope(cat);
-      // Initialize in fp32 on CPU so every device and dtype starts from the same numbers.
-      at::Tensor t = at::empty(p.shape, at::TensorOptions().dtype(at::kFloat));
-      switch (p.init) {
-        case TF_INIT_NORMAL:
-          t.normal_(0.0, p.init_std, gen);
-          break;
-        case TF_INIT_UNIFORM:
-          t.uniform_(-p.init_std, p.init_std, gen);
-          break;
-        case TF_INIT_ZEROS:
-          t.zero_();
-          break;
-        case TF_INIT_ONES:
-          t.fill_(1.0);
-          break;
-        case TF_INIT_CONSTANT:
-          t.fill_(p.init_std);
-          break;
-        default:
-          throw std::invalid_argument("parameter \"" + p.name + "\" has an unknown init kind");
-      }
       const std::optional<at::Device> device = place(p);
+      at::Tensor t = initial_values(p, device, gen);
       if (!device) {
         p.absent = true;
         p.trainable = false;
         p.value = at::empty({0}, at::TensorOptions().dtype(p.dtype));
       } else {
-        if (p.dtype != at::kFloat || *device != t.device()) t = t.to(*device, p.dtype);
         p.value = t.set_requires_grad(p.trainable && at::isFloatingType(p.dtype));
       }
     }

@@ -40,6 +40,17 @@ struct Param {
 at::ScalarType to_scalar_type(tf_dtype d);
 tf_dtype to_tf_dtype(at::ScalarType t);
 
+// A parameter's initial values, drawn from `gen` in fp32 on the CPU so every
+// device and dtype starts from the same numbers, stored as p.dtype on
+// `device` (none: drawn and dropped, for an absent parameter). A parameter
+// not kept as CPU fp32 is drawn a chunk of `chunk_values` (a multiple of 16)
+// at a time and converted into place, so no whole fp32 copy lives beside it
+// (a 514M-value bf16 embedding's 2 GB at set-up); the numbers are the whole
+// draw's, bit for bit.
+inline constexpr int64_t kInitChunkValues = int64_t{1} << 20;
+at::Tensor initial_values(const Param& p, const std::optional<at::Device>& device, at::Generator& gen,
+                          int64_t chunk_values = kInitChunkValues);
+
 class ParamStore {
  public:
   // Throws std::invalid_argument on a duplicate or malformed spec.

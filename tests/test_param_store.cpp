@@ -1,0 +1,105 @@
+// The parameter store's initial values: a parameter not kept as CPU fp32 is
+// drawn a chunk at a time, with the numbers of the whole fp32 draw and
+// without a whole fp32 copy beside it.
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include "memory_accounting.hpp"
+#include "param_store.hpp"
+
+using namespace tightfit;
+
+namespace {
+
+Param param(int64_t numel, at::ScalarType dtype, tf_init_kind init) {
+  Param p;
+  p.name = "w";
+  p.shape = {numel};
+  p.dtype = dtype;
+  p.init = init;
+  p.init_std = init == TF_INIT_CONSTANT ? 0.3 : 0.02;
+  return p;
+}
+
+// The reference: the whole parameter drawn in fp32, then converted.
+at::Tensor whole_draw(Param p, at::Generator& gen) {
+  const at::ScalarType dtype = p.dtype;
+  p.dtype = at::kFloat;
+  return initial_values(p, at::Device(at::kCPU), gen).to(dtype);
+}
+
+}  // namespace
+
+TEST(ParamStore, ChunkedInitialValuesAreTheWholeDrawBitForBit) {
+  // Sizes around the 16-value blocks of LibTorch's normal_ and the 32-value
+  // chunks: a tail shorter than 16 must ride with the chunk before it.
+  for (const int64_t n : {1, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 100, 1003}) {
+    for (const tf_init_kind init : {TF_INIT_NORMAL, TF_INIT_UNIFORM, TF_INIT_CONSTANT, TF_INIT_ONES}) {
+      for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+        SCOPED_TRACE("numel " + std::to_string(n) + " init " + std::to_string(init) + " " +
+                     c10::toString(dtype));
+        const Param p = param(n, dtype, init);
+        auto gen_chunked = at::make_generator<at::CPUGeneratorImpl>(1234);
+        auto gen_whole = at::make_generator<at::CPUGeneratorImpl>(1234);
+        const at::Tensor chunked = initial_values(p, at::Device(at::kCPU), gen_chunked, 32);
+        const at::Tensor whole = whole_draw(p, gen_whole);
+        ASSERT_EQ(chunked.scalar_type(), dtype);
+        ASSERT_EQ(chunked.sizes(), whole.sizes());
+        EXPECT_TRUE(at::equal(chunked, whole));
+        // Both generators moved on alike: the next parameter gets the same numbers.
+        const Param next = param(40, at::kFloat, TF_INIT_NORMAL);
+        EXPECT_TRUE(at::equal(initial_values(next, at::Device(at::kCPU), gen_chunked),
+                              initial_values(next, at::Device(at::kCPU), gen_whole)));
+      }
+    }
+  }
+}
+
+TEST(ParamStore, AnAbsentParameterTakesItsDrawFromTheGenerator) {
+  // A skipped stage's parameter is drawn and dropped, so the ones after it
+  // get the numbers they would have had.
+  for (const tf_init_kind init : {TF_INIT_NORMAL, TF_INIT_UNIFORM, TF_INIT_ZEROS}) {
+    const Param absent = param(1003, at::kBFloat16, init);
+    auto gen_dropped = at::make_generator<at::CPUGeneratorImpl>(7);
+    auto gen_kept = at::make_generator<at::CPUGeneratorImpl>(7);
+    EXPECT_FALSE(initial_values(absent, std::nullopt, gen_dropped, 32).defined());
+    whole_draw(absent, gen_kept);
+    const Param next = param(100, at::kFloat, TF_INIT_NORMAL);
+    EXPECT_TRUE(at::equal(initial_values(next, at::Device(at::kCPU), gen_dropped),
+                          initial_values(next, at::Device(at::kCPU), gen_kept)))
+        << "init kind " << init;
+  }
+}
+
+TEST(ParamStore, ABf16ParameterIsNeverWholeInFp32) {
+  // 4M values: 8 MiB in bf16; drawn whole in fp32 first, the set-up would
+  // hold 16 MiB more (the 2 GB a 514M-value tied embedding held).
+  constexpr int64_t n = int64_t{4} << 20;
+  const int64_t shape[] = {n / 1024, 1024};
+  tf_param_spec spec{};
+  spec.struct_size = sizeof spec;
+  spec.name = "embed.weight";
+  spec.ndim = 2;
+  spec.shape = shape;
+  spec.dtype = TF_DTYPE_BF16;
+  spec.stage = 0;
+  spec.init = TF_INIT_NORMAL;
+  spec.init_std = 0.02;
+  ParamStore store;
+  store.declare(spec);
+  auto& acct = MemoryAccounting::instance();
+  acct.reset_peaks();
+  const int64_t before = acct.snapshot().total_current;
+  store.materialize(1, [](const Param&) { return std::optional<at::Device>(at::kCPU); });
+  const int64_t grown = acct.snapshot().total_peak - before;
+  const int64_t bf16_bytes = n * 2;
+  EXPECT_GE(grown, bf16_bytes);
+  // The parameter and one 4 MiB fp32 chunk at most, not its 16 MiB fp32 copy.
+  static_assert(kInitChunkValues * 4 <= (int64_t{4} << 20));
+  EXPECT_LE(grown, bf16_bytes + (int64_t{5} << 20));
+  const Param& p = store.get("embed.weight");
+  EXPECT_EQ(p.value.scalar_type(), at::kBFloat16);
+  // The numbers: the whole fp32 draw from the same seed, converted.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  EXPECT_TRUE(at::equal(p.value.detach(), whole_draw(p, gen)));
+}
