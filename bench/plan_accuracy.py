@@ -78,6 +78,10 @@ CASES = [
     ("gpt2 bf16", GPT2, STD, strategy("precision", 'mode = "bf16"'), 8, 128),
     ("llama bf16", LLAMA, STD, strategy("precision", 'mode = "bf16"'), 8, 128),
     ("rwkv bf16", RWKV, STD, strategy("precision", 'mode = "bf16"'), 8, 128),
+    # A model already in 16 bits under autocast (as QLoRA recipes keep it):
+    # its declared activations are 16-bit already.
+    ("llama bf16 weights qlora autocast", LLAMA + '\ndtype = "bf16"', STD,
+     strategy("quantize") + strategy("lora") + strategy("precision"), 8, 128),
     ("llama sparse skip", LLAMA, STD, strategy("sparse", 'first = 1\nlast = 1\nmiddle = "skip"'), 8, 128),
     ("llama lisa", LLAMA, STD, strategy("sparse", 'first = 1\nlast = 1\nmiddle = "lisa"\nk = 1'), 8, 128),
     ("gpt2 accumulate", GPT2, 'plugin = "accumulate"\nmicro_batches = 2\nwarmup_steps = 1', "", 8, 128),

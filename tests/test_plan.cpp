@@ -19,6 +19,11 @@ const char* kGpt2 =
 const char* kLlama =
     "plugin = \"llama\"\npreset = \"custom\"\nn_layer = 4\nn_embd = 256\nn_head = 4\n"
     "n_kv_head = 2\nintermediate_size = 688\nmax_positions = 128\n";
+// The model's own weights in bf16, as QLoRA recipes keep them: it declares
+// 16-bit activations, which autocast must not shrink again.
+const char* kLlamaBf16 =
+    "plugin = \"llama\"\npreset = \"custom\"\nn_layer = 4\nn_embd = 256\nn_head = 4\n"
+    "n_kv_head = 2\nintermediate_size = 688\nmax_positions = 128\ndtype = \"bf16\"\n";
 const char* kRwkv = "plugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 4\nn_embd = 192\n";
 // A vocabulary far larger than the byte tokenizer's, tied: the head's
 // logits and their gradients dominate.
@@ -166,6 +171,10 @@ INSTANTIATE_TEST_SUITE_P(
         PeakCase{"llama_qlora_bf16", kLlama, kStandard,
                  "[[strategy]]\nplugin = \"quantize\"\n[[strategy]]\nplugin = \"lora\"\n"
                  "[[strategy]]\nplugin = \"precision\"\nmode = \"bf16\"\n"},
+        // Planned 16% under when autocast shrank its 16-bit activations again.
+        PeakCase{"llama_bf16_weights_qlora_autocast", kLlamaBf16, kStandard,
+                 "[[strategy]]\nplugin = \"quantize\"\n[[strategy]]\nplugin = \"lora\"\n"
+                 "[[strategy]]\nplugin = \"precision\"\n"},
         PeakCase{"gpt2_offload_optimizer", kGpt2, kStandard,
                  "[[strategy]]\nplugin = \"offload\"\nparams = \"none\"\noptimizer = \"host\"\n"},
         PeakCase{"gpt2_fused_update", kGpt2, kStandard,
