@@ -60,6 +60,14 @@ def bound_for(name: str, args: list[str]) -> int:
     return BOUNDS.get(name, 1800) + extra_seconds(name, args)
 
 
+class Ended(Exception):
+    """This wrapper was told to end (SIGTERM, SIGHUP)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 def stop_group(child: subprocess.Popen) -> None:
     """SIGTERM to the bench's process group, SIGKILL to what is left of it 10 s later."""
     for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
@@ -87,8 +95,21 @@ def main() -> int:
     # Unbuffered: what a bench printed before its bound reaches the log even
     # when its output is a pipe or a file.
     child = subprocess.Popen(cmd, start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    # The bench's group is not ours: a `timeout` or a hang-up that ends this
+    # wrapper ends the bench with it (stopped below, out of the handler: the
+    # wait it interrupts holds Popen's lock).
+    def forward(signum, _frame):
+        raise Ended(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGHUP, forward)
     try:
         rc = child.wait(timeout=bound if bound > 0 else None)
+    except Ended as e:
+        stop_group(child)
+        child.wait()
+        return 128 + e.signum
     except subprocess.TimeoutExpired:
         stop_group(child)
         child.wait()

@@ -60,6 +60,18 @@ def main() -> int:
                 failures.append("a run the bench started outlived its bound")
         else:
             failures.append("the bench's run never started")
+        # An outer `timeout` that ends the wrapper (as scripts/gpu-check's
+        # does) ends the bench too, though its process group is its own.
+        pidfile2 = pathlib.Path(d) / "bench.pid"
+        sleeper = f"import os, time; open({str(pidfile2)!r}, 'w').write(str(os.getpid())); time.sleep(100)"
+        subprocess.run(["timeout", "3"] + WRAPPER + ["x", "--", sys.executable, "-c", sleeper],
+                       env={**os.environ, "BENCH_TIME_BOUND": "0"}, timeout=60)
+        time.sleep(0.5)
+        if not pidfile2.exists():
+            failures.append("the bench under an outer timeout never started")
+        elif alive(int(pidfile2.read_text())):
+            os.kill(int(pidfile2.read_text()), 9)
+            failures.append("a bench outlived the wrapper an outer timeout ended")
         r = subprocess.run(WRAPPER + ["x", "--", sys.executable, "-c", "import sys; sys.exit(3)"],
                            capture_output=True, text=True, env={**os.environ, "BENCH_TIME_BOUND": "60"})
         if r.returncode != 3:
