@@ -69,7 +69,11 @@ class Ended(Exception):
 
 
 def stop_group(child: subprocess.Popen) -> None:
-    """SIGTERM to the bench's process group, SIGKILL to what is left of it 10 s later."""
+    """SIGTERM to the bench's process group, SIGKILL to what is left of it 10 s later
+    (a second signal to this wrapper meanwhile changes nothing)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
         try:
             os.killpg(child.pid, sig)
