@@ -124,12 +124,14 @@ void fill_initial(at::Tensor& t, const Param& p, at::Generator& gen) {
   }
 }
 
-bool draws_from_generator(tf_init_kind k) { return k == TF_INIT_NORMAL || k == TF_INIT_UNIFORM; }
+bool draws_from_generator(tf_init_kind k) {
+  return k == TF_INIT_NORMAL || k == TF_INIT_UNIFORM;
+}
 
 }  // namespace
 
-at::Tensor initial_values(const Param& p, const std::optional<at::Device>& device, at::Generator& gen,
-                          int64_t chunk_values) {
+at::Tensor initial_values(const Param& p, const std::optional<at::Device>& device,
+                          at::Generator& gen, int64_t chunk_values) {
   if (chunk_values < 16 || chunk_values % 16 != 0)
     throw std::invalid_argument("initial values are drawn in chunks of a positive multiple of 16");
   // A CPU fp32 parameter is drawn in place, whole.

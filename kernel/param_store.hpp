@@ -48,8 +48,8 @@ tf_dtype to_tf_dtype(at::ScalarType t);
 // (a 514M-value bf16 embedding's 2 GB at set-up); the numbers are the whole
 // draw's, bit for bit.
 inline constexpr int64_t kInitChunkValues = int64_t{1} << 20;
-at::Tensor initial_values(const Param& p, const std::optional<at::Device>& device, at::Generator& gen,
-                          int64_t chunk_values = kInitChunkValues);
+at::Tensor initial_values(const Param& p, const std::optional<at::Device>& device,
+                          at::Generator& gen, int64_t chunk_values = kInitChunkValues);
 
 class ParamStore {
  public:

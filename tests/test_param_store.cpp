@@ -34,7 +34,8 @@ TEST(ParamStore, ChunkedInitialValuesAreTheWholeDrawBitForBit) {
   // Sizes around the 16-value blocks of LibTorch's normal_ and the 32-value
   // chunks: a tail shorter than 16 must ride with the chunk before it.
   for (const int64_t n : {1, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 100, 1003}) {
-    for (const tf_init_kind init : {TF_INIT_NORMAL, TF_INIT_UNIFORM, TF_INIT_CONSTANT, TF_INIT_ONES}) {
+    for (const tf_init_kind init :
+         {TF_INIT_NORMAL, TF_INIT_UNIFORM, TF_INIT_CONSTANT, TF_INIT_ONES}) {
       for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
         SCOPED_TRACE("numel " + std::to_string(n) + " init " + std::to_string(init) + " " +
                      c10::toString(dtype));
