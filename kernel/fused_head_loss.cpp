@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 
 #include "cross_entropy.hpp"
@@ -27,6 +29,44 @@ at::ScalarType compute_dtype(const at::Tensor& weight) {
   if (at::autocast::is_autocast_enabled(device) && weight.scalar_type() == at::kFloat)
     return at::autocast::get_autocast_dtype(device);
   return weight.scalar_type();
+}
+
+// Whether a 16-bit matmul on this CPU allocates a scratch of its whole
+// output beside it: oneDNN on a CPU without native bf16 (no AVX-512 BF16 or
+// AMX) computes into fp32 and rounds, so a chunk's logits had 4 more bytes
+// each than planned (the 32k-word autocast plan 25% under there, exact on a
+// CPU with AMX). Measured once per dtype on a small product.
+bool low_precision_mm_has_output_scratch(at::ScalarType dtype) {
+  static std::mutex m;
+  static std::map<at::ScalarType, bool> measured;
+  std::lock_guard<std::mutex> lock(m);
+  if (const auto it = measured.find(dtype); it != measured.end()) return it->second;
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const at::Tensor a = at::zeros({64, 256}, at::TensorOptions().dtype(dtype));
+  const at::Tensor b = at::zeros({1024, 256}, at::TensorOptions().dtype(dtype));
+  at::Tensor out = at::empty({64, 1024}, at::TensorOptions().dtype(dtype));
+  const int64_t before = thread_allocated_cpu_bytes();
+  at::mm_out(out, a, b.t());
+  return measured[dtype] = thread_allocated_cpu_bytes() - before >= out.numel() * 2;
+}
+
+// low = x w^T (+ bias). Where a 16-bit CPU matmul keeps a scratch of its
+// output, in blocks of rows whose fp32 scratch is a cross-entropy block's (8
+// MiB), not the chunk's.
+void project_chunk(at::Tensor& low, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  int64_t rows = x.size(0);
+  if (low.device().is_cpu() && low.scalar_type() != at::kFloat &&
+      low_precision_mm_has_output_scratch(low.scalar_type()))
+    rows = std::max<int64_t>(16, cross_entropy_block_rows(w.size(0)));
+  for (int64_t r = 0; r < x.size(0); r += rows) {
+    const int64_t m = std::min(rows, x.size(0) - r);
+    at::Tensor out = low.narrow(0, r, m);
+    const at::Tensor xr = x.narrow(0, r, m);
+    if (b.defined())
+      at::addmm_out(out, b, xr, w.t());
+    else
+      at::mm_out(out, xr, w.t());
+  }
 }
 
 // What forward computes for backward: the gradients of the loss times
@@ -87,10 +127,7 @@ at::Tensor chunked_loss(const at::Tensor& hidden, const at::Tensor& targets,
     const at::Tensor x = h.narrow(0, i, m).to(dtype);
     at::Tensor logits = logits_buffer.narrow(0, 0, m);
     at::Tensor low = dtype == at::kFloat ? logits : low_buffer.narrow(0, 0, m);
-    if (b.defined())
-      at::addmm_out(low, b, x, w.t());
-    else
-      at::mm_out(low, x, w.t());
+    project_chunk(low, x, w, b);
     if (!low.is_same(logits)) logits.copy_(low);
     // The chunk's gradient is written over its fp32 logits.
     total.add_(cross_entropy_rows(logits, targets.narrow(0, i, m), g.any() ? logits : at::Tensor(),

@@ -19,6 +19,7 @@ namespace tightfit {
 namespace {
 
 thread_local std::vector<tf_mem_category> t_category_stack;
+thread_local int64_t t_allocated_bytes = 0;  // counted CPU bytes this thread ever allocated
 
 // One counted allocation: the real allocation plus what we counted for it.
 // Data pointers handed out are "simple" (context == data), as LibTorch's
@@ -104,6 +105,7 @@ class CountingCpuAllocator final : public c10::Allocator {
     if (data == nullptr) return inner;  // zero-byte allocations
     const tf_mem_category c = current_category();
     acct.on_alloc(c, static_cast<int64_t>(n));
+    t_allocated_bytes += static_cast<int64_t>(n);
     block_table().insert(data,
                          CountedBlock{std::move(inner), static_cast<int64_t>(n), capacity, c});
     return {data, data, &counted_delete, c10::Device(c10::DeviceType::CPU)};
@@ -357,6 +359,10 @@ int64_t parse_byte_size(const std::string& text) {
   if (value * mult >= 9.2233720368547758e18)
     throw std::invalid_argument("byte size \"" + text + "\" is past 8 EiB");
   return static_cast<int64_t>(value * mult);
+}
+
+int64_t thread_allocated_cpu_bytes() {
+  return t_allocated_bytes;
 }
 
 }  // namespace tightfit

@@ -105,6 +105,10 @@ class MemoryAccounting {
   void record_at_peak();
 };
 
+// The counted CPU bytes the calling thread has allocated since it started
+// (never decreases): what an operation allocates is the difference across it.
+int64_t thread_allocated_cpu_bytes();
+
 // The calling thread's current category.
 tf_mem_category current_category();
 
