@@ -19,7 +19,6 @@ tracked and peak RSS.
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys

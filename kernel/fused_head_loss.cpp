@@ -50,14 +50,18 @@ bool low_precision_mm_has_output_scratch(at::ScalarType dtype) {
   return measured[dtype] = thread_allocated_cpu_bytes() - before >= out.numel() * 2;
 }
 
-// low = x w^T (+ bias). Where a 16-bit CPU matmul keeps a scratch of its
-// output, in blocks of rows whose fp32 scratch is a cross-entropy block's (8
-// MiB), not the chunk's.
-void project_chunk(at::Tensor& low, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-  int64_t rows = x.size(0);
-  if (low.device().is_cpu() && low.scalar_type() != at::kFloat &&
-      low_precision_mm_has_output_scratch(low.scalar_type()))
-    rows = std::max<int64_t>(16, cross_entropy_block_rows(w.size(0)));
+// The rows a 16-bit chunk's projection computes at once: all of them, or
+// where a 16-bit CPU matmul keeps a scratch of its output, blocks whose fp32
+// scratch is a cross-entropy block's (8 MiB), not the chunk's.
+int64_t projection_rows(const at::Tensor& w, at::ScalarType dtype, int64_t chunk_rows) {
+  if (w.device().is_cpu() && dtype != at::kFloat && low_precision_mm_has_output_scratch(dtype))
+    return std::min(chunk_rows, std::max<int64_t>(16, cross_entropy_block_rows(w.size(0))));
+  return chunk_rows;
+}
+
+// low = x w^T (+ bias), `rows` rows at a time.
+void project_chunk(at::Tensor& low, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                   int64_t rows) {
   for (int64_t r = 0; r < x.size(0); r += rows) {
     const int64_t m = std::min(rows, x.size(0) - r);
     at::Tensor out = low.narrow(0, r, m);
@@ -121,13 +125,14 @@ at::Tensor chunked_loss(const at::Tensor& hidden, const at::Tensor& targets,
     logits_buffer = at::empty({rows, vocab}, h.options().dtype(at::kFloat));
     if (dtype != at::kFloat) low_buffer = at::empty({rows, vocab}, h.options().dtype(dtype));
   }
+  const int64_t rows_at_once = projection_rows(w, dtype, chunk_rows);
   for (int64_t i = 0; i < n; i += chunk_rows) {
     const int64_t m = std::min(chunk_rows, n - i);
     CategoryScope scope(TF_MEM_TRANSIENT);
     const at::Tensor x = h.narrow(0, i, m).to(dtype);
     at::Tensor logits = logits_buffer.narrow(0, 0, m);
     at::Tensor low = dtype == at::kFloat ? logits : low_buffer.narrow(0, 0, m);
-    project_chunk(low, x, w, b);
+    project_chunk(low, x, w, b, rows_at_once);
     if (!low.is_same(logits)) logits.copy_(low);
     // The chunk's gradient is written over its fp32 logits.
     total.add_(cross_entropy_rows(logits, targets.narrow(0, i, m), g.any() ? logits : at::Tensor(),
