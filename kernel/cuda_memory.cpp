@@ -1,5 +1,6 @@
 #include "cuda_memory.hpp"
 
+#include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -7,6 +8,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 
 namespace tightfit {
 namespace {
@@ -40,6 +43,39 @@ bool cuda_memory(int device, CudaMemory* out) {
 void cuda_reset_peak(int device) {
   if (cuda_device_usable(device))
     c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(device));
+}
+
+int64_t cuda_library_workspace_bytes(int device) {
+  if (!cuda_device_usable(device)) return -1;
+  static std::mutex mutex;
+  static std::map<int, int64_t> measured;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = measured.find(device); it != measured.end()) return it->second;
+  const auto idx = static_cast<c10::DeviceIndex>(device);
+  const c10::cuda::CUDAGuard guard(idx);
+  auto allocated = [&] {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(idx).allocated_bytes[kAggregate].current;
+  };
+  const int64_t before = allocated();
+  // A linear with bias forward and backward, as the models' layers run it:
+  // addmm through cuBLASLt forward, plain GEMMs in autograd's device thread.
+  // Constants, not random values, so the device's generator is untouched.
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    try {
+      const at::AutoGradMode grad(true);
+      const auto options = at::TensorOptions().device(at::kCUDA, idx).dtype(dtype);
+      const at::Tensor x = at::full({64, 64}, 0.5, options).requires_grad_();
+      const at::Tensor w = at::full({64, 64}, 0.25, options).requires_grad_();
+      const at::Tensor b = at::zeros({64}, options).requires_grad_();
+      at::linear(x, w, b).sum().backward();
+    } catch (const c10::Error&) {
+      // A card without bf16 GEMMs: the fp32 pass has made the workspaces.
+    }
+  }
+  c10::cuda::device_synchronize();
+  const int64_t bytes = std::max<int64_t>(0, allocated() - before);
+  measured[device] = bytes;
+  return bytes;
 }
 
 bool cuda_set_budget(int device, int64_t bytes) {

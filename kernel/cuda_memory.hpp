@@ -22,6 +22,19 @@ int cuda_device_count();
 // False when CUDA is unavailable or `device` is out of range.
 bool cuda_memory(int device, CudaMemory* out);
 void cuda_reset_peak(int device);
+// The bytes cuBLAS's workspaces hold in the caching allocator once matmuls
+// have run forward and backward on `device` from this thread (one per
+// handle and stream: the calling thread's, and autograd's device thread's).
+// They stay allocated for the life of the process, so a run's peak holds
+// them. Measured once per device and process by a probe that allocates
+// nothing else that outlives it and draws no random numbers; -1 where
+// `device` is not usable here (see kAssumedCublasWorkspaceBytes).
+int64_t cuda_library_workspace_bytes(int device);
+// What a plan assumes where the card is not here to measure (a dry-run plan
+// of a GPU recipe on another machine): LibTorch's default on Hopper and
+// later, 32 MiB for each of the two threads' handles. The larger of its
+// defaults (Ampere's is a quarter), so such a plan errs high.
+constexpr int64_t kAssumedCublasWorkspaceBytes = int64_t{2} * (int64_t{32} << 20);
 // Caps the caching allocator at `bytes` (0 = no cap); returns false without CUDA.
 bool cuda_set_budget(int device, int64_t bytes);
 

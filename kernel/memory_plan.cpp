@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "checked_size.hpp"
+#include "cuda_memory.hpp"
 #include "fused_head_loss.hpp"
 #include "process_memory.hpp"
 #include "session.hpp"
@@ -261,6 +262,17 @@ MemoryPlan plan_memory(Session& s) {
         ask(s, s.plugins().schedule, "schedule " + s.plugins().schedule.plugin->name,
             s.plugins().schedule.plugin->schedule()->estimate_memory, model));
   s.plan_table().planning = false;
+  // On a GPU, cuBLAS keeps its workspaces in the caching allocator from the
+  // first matmul on: resident through every moment of every step.
+  if (const at::Device& dev = s.env().device; dev.is_cuda()) {
+    const int64_t measured = cuda_library_workspace_bytes(dev.has_index() ? dev.index() : 0);
+    PlanContribution c;
+    c.plugin = measured >= 0 ? "cuBLAS workspaces (measured on this GPU)"
+                             : "cuBLAS workspaces (assumed 2 x 32MiB: the GPU is not here)";
+    c.delta[TF_TIER_DEVICE][TF_MEM_TRANSIENT] =
+        measured >= 0 ? measured : kAssumedCublasWorkspaceBytes;
+    plan.contributions.push_back(c);
+  }
   // Weights and adapters per tier from the table.
   held[TF_TIER_DEVICE][TF_MEM_WEIGHTS] = held[TF_TIER_DEVICE][TF_MEM_ADAPTERS] = 0;
   for (const auto& [name, planned] : table) {

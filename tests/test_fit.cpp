@@ -429,7 +429,7 @@ TEST(Fit, VerifyRunsTheTopStacksAndComparesThem) {
   std::string log;
   ASSERT_EQ(test::run_tightfit("fit " + path + " --budget " + std::to_string(budget) + " --out " +
                                    (dir.path() / "fit.toml").string() +
-                                   // stacks whose plans test_plan holds within 10%
+                                   // stacks whose plans test_planned_peak holds within 10%
                                    " --without precision,quantize" +
                                    " --verify --verify-top 2 --verify-steps 3",
                                &log),

@@ -195,7 +195,7 @@ TEST(FusedLoss, MatchesLibTorchCrossEntropyWithABias) {
 }
 
 // The plan keeps a chunk of logits, not all of them: its activations shrink,
-// and its peak stays within the measured one's reach (tests/test_plan.cpp
+// and its peak stays within the measured one's reach (tests/test_planned_peak.cpp
 // holds every recipe's plan to the measured peak; this checks the fused
 // head's share moved).
 TEST(FusedLoss, ThePlanKeepsAChunkOfLogitsNotAllOfThem) {

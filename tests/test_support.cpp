@@ -52,14 +52,19 @@ std::string write_corpus(const TempDir& dir) {
   return write_file(dir, "corpus.txt", os.str());
 }
 
+std::string test_device() {
+  const char* device = std::getenv("TIGHTFIT_TEST_DEVICE");
+  return device ? device : "";
+}
+
 std::string tiny_recipe(const std::string& corpus, const std::string& out_dir,
                         const std::string& model_extra, const std::string& extra) {
   std::ostringstream os;
   // scripts/gpu-check runs the suites labelled "cuda" with
   // TIGHTFIT_TEST_DEVICE=cuda:0: the same comparisons on the GPU.
-  const char* device = std::getenv("TIGHTFIT_TEST_DEVICE");
+  const std::string device = test_device();
   os << "[run]\n";
-  if (device && *device) os << "device = \"" << device << "\"\n";
+  if (!device.empty()) os << "device = \"" << device << "\"\n";
   os << "name = \"t\"\nseed = 7\nsteps = 4\nout_dir = \"" << out_dir
      << "\"\nsample_tokens = 0\neval_batches = 1\nlog_every = 1000\n\n"
      << "[model]\nplugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = "

@@ -25,6 +25,10 @@ class TempDir {
 // Writes a small deterministic English-like corpus and returns its path.
 std::string write_corpus(const TempDir& dir);
 
+// The device the suites labelled "cuda" run on: TIGHTFIT_TEST_DEVICE
+// (cuda:0 when scripts/gpu-check runs them on the GPU), or "" for the CPU.
+std::string test_device();
+
 // A tiny GPT-2 recipe training on `corpus` with output under `out_dir`;
 // `extra` is appended verbatim (strategies, overrides of tables).
 std::string tiny_recipe(const std::string& corpus, const std::string& out_dir,
