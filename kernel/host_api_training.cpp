@@ -2,6 +2,7 @@
 // Each catches every exception (serve) so none crosses the ABI.
 #include <nlohmann/json.hpp>
 
+#include "cross_entropy.hpp"
 #include "host_api_services.hpp"
 #include "json_input.hpp"
 #include "safetensors.hpp"
@@ -55,6 +56,7 @@ tf_status h_next_batch(tf_host_context* ctx, tf_batch* out) {
           "tightfit's plugin_api.h, or set packing = false");
     tf_batch batch{};
     batch.n_tokens = b.tokens.numel();
+    batch.n_targets = b.targets.ne(kIgnoreIndex).sum().item<int64_t>();
     batch.tokens = give_handle(std::move(b.tokens));
     batch.targets = give_handle(std::move(b.targets));
     if (b.positions.defined()) batch.positions = give_handle(std::move(b.positions));

@@ -92,6 +92,9 @@ TF_FROZEN(tf_batch, struct_size, 0);
 TF_FROZEN(tf_batch, tokens, 8);
 TF_FROZEN(tf_batch, targets, 16);
 TF_FROZEN(tf_batch, n_tokens, 24);
+// Its tail as the minors added it (1.3, 1.7).
+TF_FROZEN(tf_batch, positions, 32);
+TF_FROZEN(tf_batch, n_targets, 40);
 TF_FROZEN(tf_pass_result, struct_size, 0);
 TF_FROZEN(tf_pass_result, loss, 8);
 TF_FROZEN(tf_pass_result, n_tokens, 16);

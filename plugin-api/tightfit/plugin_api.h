@@ -1,6 +1,6 @@
 /*
- * tightfit plugin ABI, version 1.5 (1.0 plus the fields marked "Added in 1.1"
- * through "Added in 1.5").
+ * tightfit plugin ABI, version 1.7 (1.0 plus the fields marked "Added in 1.1"
+ * through "Added in 1.7").
  *
  * This header is the whole contract between the tightfit host (the kernel) and
  * a plugin shared library. It is plain C: no C++ type and no exception ever
@@ -52,7 +52,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 6
+#define TF_ABI_VERSION_MINOR 7
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -383,6 +383,12 @@ typedef struct tf_batch {
    * the batch on unchanged; the host refuses to give a packed batch to a
    * caller whose tf_batch is too short to carry them. */
   tf_tensor positions;
+  /* Added in 1.7 (written when the caller's struct_size covers it): the
+   * targets that count in the loss, those not ignore_index (-100: prompts,
+   * padding, boundaries of packed examples); 0 when none do. A pass's loss
+   * is the mean over these, so a schedule that accumulates weighs each
+   * micro-batch by its share of the step's. */
+  int64_t n_targets;
 } tf_batch;
 
 /* Result of one forward (and backward) the host ran for a schedule. */

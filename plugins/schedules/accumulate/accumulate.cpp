@@ -1,11 +1,19 @@
 // Gradient accumulation: each optimizer step runs forward and backward over
-// `micro_batches` batches of data.batch_size, accumulating their gradients
-// (each scaled by 1/micro_batches), then updates once. Memory is that of one
-// micro-batch; the update is that of one batch micro_batches times as large
-// (the effective batch is batch_size x micro_batches, as in torchtune and
-// Hugging Face's gradient_accumulation_steps).
+// `micro_batches` batches of data.batch_size, accumulating their gradients,
+// then updates once. Memory is that of one micro-batch; the update is that
+// of one batch micro_batches times as large (the effective batch is
+// batch_size x micro_batches, as in torchtune and Hugging Face's
+// gradient_accumulation_steps).
+//
+// Each micro-batch's loss is the mean over its counted targets (not the
+// prompt, padding or packing boundaries), so its gradient is scaled by its
+// share of the step's counted targets: the update is that of the whole
+// batch's token mean, as transformers computes it since 4.46
+// (num_items_in_batch). The micro-batches are drawn first to count them.
+// Equal counts (plain text) give 1/micro_batches exactly.
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "tightfit/lr_schedule.hpp"
 
@@ -37,16 +45,35 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
   return tf_sdk::guard(api, ctx, [&] {
     const double lr = s->lr.apply(s->host, step, total);
     s->host.check(api->zero_grad(ctx));
+    const int32_t count = s->micro_batches;
+    std::vector<std::unique_ptr<tf_sdk::Batch>> batches;
+    int64_t counted = 0;
+    bool equal = true, known = true;
+    for (int32_t i = 0; i < count; ++i) {
+      batches.push_back(std::make_unique<tf_sdk::Batch>(s->host));
+      const int64_t n = batches.back()->n_targets();
+      known = known && n >= 0;
+      equal = equal && n == batches.front()->n_targets();
+      counted += n;
+    }
+    // A host before ABI 1.7 does not count; a step with nothing to count
+    // has no gradient either way.
+    const bool weighed = known && !equal && counted > 0;
     double loss_sum = 0;
     int64_t tokens = 0;
-    for (int32_t i = 0; i < s->micro_batches; ++i) {
-      s->host.check(api->set_micro_batch(ctx, i, s->micro_batches));
-      const tf_pass_result pass = tf_sdk::Batch(s->host).forward_backward(1.0 / s->micro_batches);
-      loss_sum += pass.loss;
+    for (int32_t i = 0; i < count; ++i) {
+      const double share = weighed
+                               ? static_cast<double>(batches[static_cast<size_t>(i)]->n_targets()) /
+                                     static_cast<double>(counted)
+                               : 1.0 / count;
+      s->host.check(api->set_micro_batch(ctx, i, count));
+      const tf_pass_result pass = batches[static_cast<size_t>(i)]->forward_backward(share);
+      loss_sum += weighed ? pass.loss * share : pass.loss;
       tokens += pass.n_tokens;
     }
+    batches.clear();
     tf_sdk::step_or_skip(s->host, step, s->skipped);
-    out->loss = loss_sum / s->micro_batches;  // equal-sized micro-batches: the batch mean
+    out->loss = weighed ? loss_sum : loss_sum / count;  // the whole batch's token mean
     out->n_tokens = tokens;
     out->backward_passes = s->micro_batches;
     out->forward_passes = s->micro_batches;

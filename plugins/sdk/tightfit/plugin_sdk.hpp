@@ -292,6 +292,10 @@ class Batch {
   Batch(const Batch&) = delete;
   Batch& operator=(const Batch&) = delete;
 
+  // The targets that count in this batch's loss (not ignore_index), or -1
+  // from a host before ABI 1.7, which does not say.
+  int64_t n_targets() const;
+
   // The loss at the current weights, no gradients.
   tf_pass_result forward() const {
     tf_pass_result pass = empty_pass();
@@ -359,6 +363,11 @@ inline bool planning_only(const tf_run_info& info) {
 // state instead of its logits (tf_stage_call.hidden_only, ABI 1.5).
 inline bool head_hidden_only(const tf_stage_call* call) {
   return TF_SDK_REACHES(call, tf_stage_call, hidden_only) && call->hidden_only != 0;
+}
+
+// The host writes no further than both structs reach and says how far.
+inline int64_t Batch::n_targets() const {
+  return TF_SDK_REACHES(&batch_, tf_batch, n_targets) ? batch_.n_targets : -1;
 }
 
 inline tf_dtype parse_dtype(const std::string& d) {
