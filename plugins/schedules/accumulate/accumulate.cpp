@@ -11,8 +11,10 @@
 // batch's token mean, as transformers computes it since 4.46
 // (num_items_in_batch). The micro-batches are drawn first to count them.
 // Equal counts (plain text) give 1/micro_batches exactly.
+#include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <numeric>
 #include <vector>
 
 #include "tightfit/lr_schedule.hpp"
@@ -47,27 +49,26 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
     s->host.check(api->zero_grad(ctx));
     const int32_t count = s->micro_batches;
     std::vector<std::unique_ptr<tf_sdk::Batch>> batches;
-    int64_t counted = 0;
-    bool equal = true, known = true;
+    std::vector<int64_t> targets;  // each micro-batch's counted targets
     for (int32_t i = 0; i < count; ++i) {
       batches.push_back(std::make_unique<tf_sdk::Batch>(s->host));
-      const int64_t n = batches.back()->n_targets();
-      known = known && n >= 0;
-      equal = equal && n == batches.front()->n_targets();
-      counted += n;
+      targets.push_back(batches.back()->n_targets());
     }
-    // A host before ABI 1.7 does not count; a step with nothing to count
-    // has no gradient either way.
+    const int64_t counted = std::accumulate(targets.begin(), targets.end(), int64_t{0});
+    // A host before ABI 1.7 does not count (-1); a step with nothing to
+    // count has no gradient either way.
+    const bool known = *std::min_element(targets.begin(), targets.end()) >= 0;
+    const bool equal = std::all_of(targets.begin(), targets.end(),
+                                   [&](int64_t n) { return n == targets.front(); });
     const bool weighed = known && !equal && counted > 0;
     double loss_sum = 0;
     int64_t tokens = 0;
     for (int32_t i = 0; i < count; ++i) {
-      const double share = weighed
-                               ? static_cast<double>(batches[static_cast<size_t>(i)]->n_targets()) /
-                                     static_cast<double>(counted)
-                               : 1.0 / count;
+      const size_t k = static_cast<size_t>(i);
+      const double share =
+          weighed ? static_cast<double>(targets[k]) / static_cast<double>(counted) : 1.0 / count;
       s->host.check(api->set_micro_batch(ctx, i, count));
-      const tf_pass_result pass = batches[static_cast<size_t>(i)]->forward_backward(share);
+      const tf_pass_result pass = batches[k]->forward_backward(share);
       loss_sum += weighed ? pass.loss * share : pass.loss;
       tokens += pass.n_tokens;
     }
