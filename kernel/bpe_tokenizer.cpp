@@ -4,24 +4,12 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "file_util.hpp"
-#include "json_input.hpp"
+#include "tokenizer_folder.hpp"
 
 namespace tightfit {
 namespace {
 
 using nlohmann::json;
-
-// Real tokenizer.json files are under 20 MB and nest 6 levels.
-constexpr size_t kMaxFileBytes = size_t{512} << 20;
-constexpr int kMaxDepth = 64;
-
-json parse_bounded(const std::string& text, const std::string& src) {
-  const json j = parse_json(text, src, kMaxDepth);
-  if (!j.is_object() || !j.contains("model") || !j["model"].is_object())
-    throw std::invalid_argument(src + " is not a Hugging Face tokenizer.json");
-  return j;
-}
 
 bool is_space(char c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
@@ -34,23 +22,13 @@ bool is_word_byte(unsigned char c) {
 
 BpeTokenizer::~BpeTokenizer() = default;
 
-std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& path_in) {
-  std::filesystem::path path = path_in;
-  if (std::filesystem::is_directory(path)) path /= "tokenizer.json";
-  const std::string src = path.string();
-  std::string text;
-  try {
-    text = read_regular_file(src, kMaxFileBytes);
-  } catch (const std::exception& e) {
-    throw std::invalid_argument("cannot read tokenizer " + src + ": " + e.what());
-  }
+std::unique_ptr<BpeTokenizer> BpeTokenizer::load(const std::string& path) {
+  const TokenizerDefinition d = read_hf_tokenizer(path);
   // A value of the wrong JSON type anywhere below is the file's defect.
   try {
-    const json j = parse_bounded(text, src);
-    return std::unique_ptr<BpeTokenizer>(
-        new BpeTokenizer(j, std::filesystem::absolute(path).string()));
+    return std::unique_ptr<BpeTokenizer>(new BpeTokenizer(d.spec, d.source));
   } catch (const json::exception& e) {
-    throw std::invalid_argument(src + " is not a tokenizer.json this can read: " + e.what());
+    throw std::invalid_argument(d.source + " is not a tokenizer.json this can read: " + e.what());
   }
 }
 

@@ -24,7 +24,8 @@ namespace tightfit {
 
 class BpeTokenizer final : public Tokenizer {
  public:
-  // `path`: a tokenizer.json, or a folder holding one. Throws
+  // `path`: a tokenizer.json, or a model folder whose tokenizer files
+  // (tokenizer_folder.hpp) are read as transformers' AutoTokenizer reads them. Throws
   // std::invalid_argument naming the file and what it cannot handle.
   static std::unique_ptr<BpeTokenizer> load(const std::string& path);
   ~BpeTokenizer() override;

@@ -14,78 +14,9 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-constexpr size_t kMaxConfigBytes = size_t{64} << 20;
 constexpr size_t kMaxDataFileBytes = size_t{16} << 30;
 
-// A special token in tokenizer_config.json: "..." or {"content": "...", ...}.
-std::string token_text(const ojson& j, const char* key, const std::string& src) {
-  if (!j.contains(key) || j[key].is_null()) return {};
-  const ojson& v = j[key];
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_object() && v.contains("content") && v["content"].is_string())
-    return v["content"].get<std::string>();
-  throw std::invalid_argument(src + ": \"" + key + "\" must be a string or {\"content\": ...}");
-}
-
 }  // namespace
-
-TokenizerConfig TokenizerConfig::load(const std::string& path) {
-  TokenizerConfig c;
-  fs::path file = path, folder = fs::path(path).parent_path();
-  if (fs::is_directory(path)) folder = path, file = fs::path(path) / "tokenizer_config.json";
-  c.source = file.string();
-  if (fs::exists(file)) {
-    std::string text;
-    try {
-      text = read_regular_file(file.string(), kMaxConfigBytes);
-    } catch (const std::exception& e) {
-      throw std::invalid_argument(e.what());
-    }
-    const ojson j = parse_ordered_json(text, c.source);
-    if (!j.is_object()) throw std::invalid_argument(c.source + " is not a JSON object");
-    c.bos_token = token_text(j, "bos_token", c.source);
-    c.eos_token = token_text(j, "eos_token", c.source);
-    c.pad_token = token_text(j, "pad_token", c.source);
-    c.unk_token = token_text(j, "unk_token", c.source);
-    if (j.contains("chat_template") && !j["chat_template"].is_null()) {
-      const ojson& t = j["chat_template"];
-      if (t.is_string()) {
-        c.chat_template = t.get<std::string>();
-      } else if (t.is_array()) {  // [{"name": "default", "template": ...}, ...]
-        for (const auto& e : t)
-          if (e.is_object() && e.value("name", std::string()) == "default" &&
-              e.contains("template") && e["template"].is_string())
-            c.chat_template = e["template"].get<std::string>();
-        if (c.chat_template.empty())
-          throw std::invalid_argument(c.source +
-                                      ": \"chat_template\" lists no \"default\" template");
-      } else {
-        throw std::invalid_argument(c.source + ": \"chat_template\" must be a string or a list");
-      }
-    }
-  }
-  const fs::path jinja = folder / "chat_template.jinja";
-  if (fs::exists(jinja)) {
-    try {
-      c.chat_template = read_regular_file(jinja.string(), kMaxConfigBytes);
-    } catch (const std::exception& e) {
-      throw std::invalid_argument(e.what());
-    }
-    c.source = jinja.string();
-  }
-  return c;
-}
-
-ojson TokenizerConfig::template_variables() const {
-  ojson v = ojson::object();
-  for (const auto& [key, value] :
-       {std::pair<const char*, const std::string*>{"bos_token", &bos_token},
-        {"eos_token", &eos_token},
-        {"pad_token", &pad_token},
-        {"unk_token", &unk_token}})
-    if (!value->empty()) v[key] = *value;
-  return v;
-}
 
 namespace {
 
@@ -181,6 +112,18 @@ Example masked(std::vector<int64_t> ids, size_t untrained_prefix) {
   return e;
 }
 
+// TRL's SFTTrainer: the first len(prompt_ids) tokens are the prompt's, even
+// where the prompt's tokens are not a prefix of the whole row's (it warns;
+// the data summary counts them).
+Example prompt_masked(const std::vector<int64_t>& prompt_ids, std::vector<int64_t> ids,
+                      TrainOn train_on) {
+  const bool prefix = prompt_ids.size() <= ids.size() &&
+                      std::equal(prompt_ids.begin(), prompt_ids.end(), ids.begin());
+  Example e = masked(std::move(ids), train_on == TrainOn::kAll ? 0 : prompt_ids.size());
+  e.prompt_not_prefix = !prefix;
+  return e;
+}
+
 }  // namespace
 
 Example ChatFormatter::prompt_completion(const std::string& prompt,
@@ -194,7 +137,7 @@ Example ChatFormatter::prompt_completion(const std::string& prompt,
     completion += eos;
   const std::vector<int64_t> prompt_ids = tokenizer_.encode_with_special_tokens(prompt);
   std::vector<int64_t> ids = tokenizer_.encode_with_special_tokens(prompt + completion);
-  return masked(std::move(ids), train_on_ == TrainOn::kAll ? 0 : prompt_ids.size());
+  return prompt_masked(prompt_ids, std::move(ids), train_on_);
 }
 
 Example ChatFormatter::chat_prompt_completion(const ojson& prompt, const ojson& completion,
@@ -206,7 +149,7 @@ Example ChatFormatter::chat_prompt_completion(const ojson& prompt, const ojson& 
   const std::vector<int64_t> prompt_ids =
       tokenizer_.encode(render(prompt, true, tools, where).text);
   std::vector<int64_t> ids = tokenizer_.encode(render(all, false, tools, where).text);
-  return masked(std::move(ids), train_on_ == TrainOn::kAll ? 0 : prompt_ids.size());
+  return prompt_masked(prompt_ids, std::move(ids), train_on_);
 }
 
 Example ChatFormatter::conversation(const ojson& row, const std::string& where) const {

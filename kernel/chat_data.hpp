@@ -22,22 +22,9 @@
 
 #include "chat_template.hpp"
 #include "data.hpp"
+#include "tokenizer_config.hpp"
 
 namespace tightfit {
-
-// The special tokens and chat template of a model folder, from its
-// tokenizer_config.json (and chat_template.jinja, which wins, as in
-// transformers). A folder without them gives an empty config.
-struct TokenizerConfig {
-  std::string bos_token, eos_token, pad_token, unk_token;  // empty when absent
-  std::string chat_template;                               // Jinja text; empty when absent
-  std::string source;                                      // the file, for messages
-  // `path`: a model folder, or a tokenizer_config.json. Throws
-  // std::invalid_argument naming the file when it is malformed.
-  static TokenizerConfig load(const std::string& path);
-  // The template's variables: bos_token, eos_token, pad_token, unk_token.
-  nlohmann::ordered_json template_variables() const;
-};
 
 enum class TrainOn { kCompletion, kAll };
 
@@ -45,6 +32,10 @@ enum class TrainOn { kCompletion, kAll };
 struct Example {
   std::vector<int64_t> ids;
   std::vector<uint8_t> trained;
+  // A prompt/completion row whose tokenized prompt is not a prefix of its
+  // tokenized prompt + completion (a merge across the boundary): masked as
+  // TRL masks it, the first len(prompt ids) tokens, and counted.
+  bool prompt_not_prefix = false;
 };
 
 class ChatFormatter {

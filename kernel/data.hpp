@@ -65,6 +65,11 @@ int64_t corpus_bytes_on_disk(const std::string& spec, const std::string& base_di
 // forms, surrogates and code points past U+10FFFF included), or npos.
 size_t first_invalid_utf8(std::string_view text);
 
+// `bytes` as UTF-8 text the way Rust's String::from_utf8_lossy makes it (as
+// the tokenizers library decodes byte-level tokens): each maximal ill-formed
+// subsequence becomes one U+FFFD.
+std::string utf8_lossy(std::string_view bytes);
+
 // Shannon entropy (nats/token) of the unigram distribution: the loss a model
 // that ignores context cannot beat.
 double unigram_entropy(const at::Tensor& tokens, int64_t vocab);

@@ -12,6 +12,7 @@
 #include "file_util.hpp"
 #include "json_input.hpp"
 #include "memory_accounting.hpp"
+#include "tokenizer_folder.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
@@ -122,6 +123,8 @@ DataSetup examples(const DataRequest& r, DataSetup d) {
   check_corpus_fits(r, corpus_bytes_on_disk(r.corpus, r.base_dir), "its rows, read whole");
   std::vector<Example> rows =
       reading_corpus(r, [&] { return load_examples(r.corpus, formatter, r.base_dir); });
+  const auto not_prefix =
+      std::count_if(rows.begin(), rows.end(), [](const Example& e) { return e.prompt_not_prefix; });
   int64_t pad = d.tokenizer->token_id(config.pad_token);
   if (pad < 0) pad = d.tokenizer->token_id(config.eos_token);
   if (pad < 0) pad = 0;  // padding is never a target, and causal attention never looks ahead to it
@@ -136,6 +139,11 @@ DataSetup examples(const DataRequest& r, DataSetup d) {
                   ", " + std::to_string(c.without_answer) +
                   " left out (no answer token within it); " + std::to_string(c.trained_tokens) +
                   " tokens trained on (train_on = " + r.train_on + ")";
+  if (not_prefix > 0)
+    d.description += "; " + std::to_string(not_prefix) +
+                     " rows whose tokenized prompt is not a prefix of their tokenized prompt + "
+                     "completion (tokens merge across the boundary), masked as TRL masks them: "
+                     "the first len(prompt) tokens";
   if (r.packing) {
     char fill[16];
     std::snprintf(fill, sizeof fill, "%.1f%%", 100 * c.row_fill);
@@ -182,12 +190,34 @@ DataSetup setup_data(const DataRequest& r) {
   DataSetup d;
   d.tokenizer_spec = r.tokenizer;
   if (d.tokenizer_spec == "auto") {
-    d.tokenizer_spec = "byte";
-    if (!r.weights.empty()) {
-      fs::path w = resolve(r.weights, r.base_dir);
-      if (!fs::is_directory(w)) w = w.parent_path();
-      if (fs::exists(w / "tokenizer.json")) d.tokenizer_spec = (w / "tokenizer.json").string();
-    }
+    // The model's own tokenizer, never a stand-in: the byte tokenizer only
+    // when the recipe names it.
+    if (r.weights.empty())
+      throw std::invalid_argument(
+          "tokenizer = \"auto\" is the tokenizer of [model] weights, and this recipe loads no "
+          "weights: set tokenizer = \"byte\" for the 256-id byte tokenizer, or tokenizer = "
+          "\"PATH\" for a model folder or tokenizer.json");
+    fs::path w = resolve(r.weights, r.base_dir);
+    if (!fs::is_directory(w)) w = w.parent_path();
+    if (w.empty()) w = ".";
+    if (!has_tokenizer_files(w.string()))
+      throw std::invalid_argument(
+          "tokenizer = \"auto\" is the tokenizer of [model] weights, and " + w.string() +
+          " has none (tokenizer.json, vocab.json + merges.txt, or tokenizer.model): copy the "
+          "model's tokenizer files into it, set tokenizer = \"PATH\" to a folder that has them, "
+          "or tokenizer = \"byte\" for the 256-id byte tokenizer");
+    d.tokenizer_spec = w.string();
+  }
+  if (d.tokenizer_spec == "byte" && !r.weights.empty()) {
+    // Pretrained weights read token ids of their own tokenizer; bytes are
+    // not those ids.
+    fs::path w = resolve(r.weights, r.base_dir);
+    if (!fs::is_directory(w)) w = w.parent_path();
+    if (!w.empty() && has_tokenizer_files(w.string()))
+      throw std::invalid_argument(
+          "tokenizer = \"byte\", and [model] weights come from " + w.string() +
+          ", which has its own tokenizer: the model's ids are that tokenizer's, not bytes; set "
+          "tokenizer = \"auto\" to use it");
   }
   d.tokenizer = make_tokenizer(d.tokenizer_spec, r.base_dir);
   if (d.tokenizer->source_file().size()) d.tokenizer_spec = d.tokenizer->source_file();

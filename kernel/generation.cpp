@@ -38,8 +38,15 @@ std::string generate_text(Session& s, const std::string& prompt, const SamplingO
   at::NoGradGuard no_grad;
   CategoryScope scope(TF_MEM_TRANSIENT);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
-  std::vector<int64_t> ids = s.data().tokenizer().encode(prompt);
-  if (ids.empty()) ids.push_back(0);
+  // As tokenizer(prompt) in transformers: with the post-processor's BOS/EOS,
+  // unless the prompt is a rendered chat template (which writes its own).
+  std::vector<int64_t> ids = o.add_special_tokens
+                                 ? s.data().tokenizer().encode_with_special_tokens(prompt)
+                                 : s.data().tokenizer().encode(prompt);
+  if (ids.empty())
+    throw std::invalid_argument(
+        "the prompt is empty and the tokenizer adds no beginning-of-sequence token: give a "
+        "prompt of at least one token");
   const size_t prompt_len = ids.size();
   auto pick = [&](const at::Tensor& logits_in) -> int64_t {
     const at::Tensor logits = logits_in.to(at::kCPU, at::kFloat);
@@ -80,13 +87,11 @@ std::string generate_text(Session& s, const std::string& prompt, const SamplingO
       x = at::full({1, 1}, ids.back(), at::TensorOptions().dtype(at::kLong).device(device));
     }
   } else {
-    // Recompute over the last seq_len tokens for every new token.
-    const int64_t ctx_len = s.env().run_info.seq_len;
+    // Recompute the whole context for every new token: the same context the
+    // cached path attends to, so a model refuses past its positions here as
+    // its decode does there (never a silent crop to the last seq_len tokens).
     for (int64_t i = 0; i < n_tokens; ++i) {
-      const size_t start =
-          ids.size() > static_cast<size_t>(ctx_len) ? ids.size() - static_cast<size_t>(ctx_len) : 0;
-      std::vector<int64_t> window(ids.begin() + static_cast<std::ptrdiff_t>(start), ids.end());
-      at::Tensor x = at::tensor(window, at::kLong).unsqueeze(0).to(device);
+      at::Tensor x = at::tensor(ids, at::kLong).unsqueeze(0).to(device);
       ids.push_back(pick(s.executor().forward_logits(x, /*training=*/false)[0][-1]));
       if (stops(ids.back())) break;
     }

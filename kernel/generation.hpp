@@ -18,6 +18,9 @@ struct SamplingOptions {
   uint64_t seed = 0;
   bool use_cache = true;          // the model's incremental decode, when it has one
   std::vector<int64_t> stop_ids;  // end-of-sequence tokens: stop there, leaving it out
+  // The tokenizer's post-processor (BOS/EOS) around the prompt, as
+  // tokenizer(prompt) does; false for a prompt rendered by a chat template.
+  bool add_special_tokens = true;
 };
 
 // What is wrong with generation's sampling values (named as the command
@@ -27,8 +30,9 @@ const char* sampling_problem(int64_t n_tokens, int64_t top_k, double temperature
 // Samples o.n_tokens after the prompt: greedy when top_k == 1 or temperature
 // == 0, else temperature, top-k and nucleus (top_p < 1) sampling. Uses the
 // model's incremental decode when it has one and use_cache, else recomputes
-// the last seq_len tokens for every new one. Throws std::invalid_argument for
-// bad sampling values.
+// the whole context for every new token (either way the model refuses a
+// context past its positions). Throws std::invalid_argument for bad sampling
+// values and a prompt of no tokens.
 std::string generate_text(Session& s, const std::string& prompt, const SamplingOptions& o);
 
 }  // namespace tightfit

@@ -108,13 +108,26 @@ void write_hf_side_files(const std::string& dir, const std::string& config_json,
   if (!config_json.empty())
     write_file_synced((fs::path(dir) / "config.json").string(), config_json);
   if (!tokenizer_json_path.empty()) {
-    write_file_synced((fs::path(dir) / "tokenizer.json").string(),
-                      read_file_text(tokenizer_json_path));
+    // The tokenizer's own files as it was read: a tokenizer.json, or the
+    // vocab.json + merges.txt or tokenizer.model transformers converts.
+    const fs::path source = tokenizer_json_path, from = source.parent_path();
+    auto copy = [&](const fs::path& file, const char* name) {
+      write_file_synced((fs::path(dir) / name).string(),
+                        read_regular_file(file.string(), size_t{512} << 20));
+    };
+    if (source.filename() == "vocab.json") {
+      copy(source, "vocab.json");
+      copy(from / "merges.txt", "merges.txt");
+    } else if (source.filename() == "tokenizer.model") {
+      copy(source, "tokenizer.model");
+    } else {
+      copy(source, "tokenizer.json");
+    }
     // What transformers reads beside it: special tokens, the chat template,
     // generation defaults (copied when the tokenizer's folder has them).
-    const fs::path from = fs::path(tokenizer_json_path).parent_path();
-    for (const char* name : {"tokenizer_config.json", "special_tokens_map.json",
-                             "chat_template.jinja", "generation_config.json"}) {
+    for (const char* name :
+         {"tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+          "chat_template.jinja", "generation_config.json"}) {
       std::error_code ec;
       if (!fs::is_regular_file(from / name, ec)) continue;
       write_file_synced((fs::path(dir) / name).string(),

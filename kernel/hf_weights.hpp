@@ -43,9 +43,11 @@ void save_hf_model(const ParamStore& store, const std::string& dir, const std::s
                    const std::string& tokenizer_json_path,
                    const std::function<at::Tensor(const Param&)>& dense = nullptr);
 
-// Beside the weights: config.json, and tokenizer.json with the files
-// transformers reads next to it (tokenizer_config.json, special_tokens_map.json,
-// chat_template.jinja, generation_config.json) when its folder has them.
+// Beside the weights: config.json, and the tokenizer's file (a tokenizer.json,
+// or the vocab.json + merges.txt or tokenizer.model it was converted from)
+// with the files transformers reads next to it (tokenizer_config.json,
+// special_tokens_map.json, added_tokens.json, chat_template.jinja,
+// generation_config.json) when its folder has them.
 void write_hf_side_files(const std::string& dir, const std::string& config_json,
                          const std::string& tokenizer_json_path);
 

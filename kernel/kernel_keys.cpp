@@ -81,8 +81,9 @@ const std::vector<KeySpec>& data_keys() {
           "builtin:fortunes, a text file, a folder of text files, a .jsonl with \"text\", or "
           "JSONL instruction/chat rows (messages, prompt/completion, instruction/output)"),
       key("tokenizer", TF_VALUE_STRING, "\"auto\"",
-          "byte, or a tokenizer.json (or its folder); auto = the [model].weights folder's "
-          "tokenizer.json, else byte"),
+          "byte (256 ids), or a model folder or tokenizer.json; auto = the [model].weights "
+          "folder's tokenizer (tokenizer.json, vocab.json + merges.txt or tokenizer.model), "
+          "refused when it has none"),
       key("seq_len", TF_VALUE_INT, "128", "tokens per sequence", 1, 1e7),
       key("batch_size", TF_VALUE_INT, "16", "sequences per batch", 1, 1e6),
       key("val_fraction", TF_VALUE_FLOAT, "0.05",

@@ -72,4 +72,8 @@ std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64
       SamplingOptions{n_tokens, top_k, temperature, top_p, seed, use_cache, stop_ids});
 }
 
+std::string Session::generate(const std::string& prompt, const SamplingOptions& options) {
+  return generate_text(*this, prompt, options);
+}
+
 }  // namespace tightfit

@@ -29,6 +29,7 @@
 
 #include "distributed.hpp"
 #include "executor.hpp"
+#include "generation.hpp"
 #include "host_api.hpp"
 #include "kernel_parts.hpp"
 #include "memory_accounting.hpp"
@@ -116,11 +117,12 @@ class Session {
   // Samples n_tokens after the prompt: greedy when top_k == 1 or temperature == 0,
   // else temperature, top-k and nucleus (top_p < 1) sampling. Uses the model's
   // incremental decode when it has one and use_cache, else recomputes the
-  // last seq_len tokens for every new one.
+  // whole context for every new one.
   // Stops early, leaving it out, at any of `stop_ids` (end-of-sequence tokens).
   std::string generate(const std::string& prompt, int64_t n_tokens, int64_t top_k,
                        double temperature, uint64_t seed, double top_p = 1.0, bool use_cache = true,
                        const std::vector<int64_t>& stop_ids = {});
+  std::string generate(const std::string& prompt, const SamplingOptions& options);
   // Writes the model as a Hugging Face folder (model.safetensors, config.json,
   // tokenizer.json when the run uses one); returns the folder.
   // merge = false leaves adapters out and writes the bases as they are (the

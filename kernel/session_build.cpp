@@ -307,9 +307,14 @@ void Session::create_model(const PluginRegistry& base_registry, const std::strin
                       "attention would cross from one example to the next in a packed row; set "
                       "packing = false");
   plugins_.declaring = true;
-  check_plugin_status(plugins_.model.plugin->model()->create(host_api(), plugins_.model.ctx.get(),
-                                                             &plugins_.model.state),
-                      plugins_.model, "create");
+  const tf_status model_st = plugins_.model.plugin->model()->create(
+      host_api(), plugins_.model.ctx.get(), &plugins_.model.state);
+  // A model that refuses the recipe's values (seq_len past its positions, a
+  // shape that does not divide) is a recipe error at its table, as a strategy's is.
+  if (model_st == TF_ERR_INVALID_ARGUMENT)
+    throw RecipeError(recipe_.where(*model_table->get("plugin")) + ": " +
+                      plugins_.model.ctx->plugin_error);
+  check_plugin_status(model_st, plugins_.model, "create");
   if (executor_.stages().empty())
     throw PluginCallError("model plugin \"" + model_name + "\" declared no stages");
   if (executor_.stages().front().kind != TF_STAGE_EMBED ||

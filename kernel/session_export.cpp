@@ -4,10 +4,12 @@
 #include <filesystem>
 #include <optional>
 
+#include "file_util.hpp"
 #include "hf_shards.hpp"
 #include "hf_weights.hpp"
 #include "session.hpp"
 #include "strategy_chain.hpp"
+#include "tokenizer_folder.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
@@ -49,6 +51,13 @@ std::string Session::export_hf(const std::string& dir, bool merge, int64_t max_s
   if (writer) {
     writer->finish();
     write_hf_side_files(dir, config ? config : "", data_.tokenizer().source_file());
+    // The byte tokenizer has no file of its own: written as one, so that the
+    // folder is whole for transformers and for tightfit (tokenizer = "auto").
+    if (dynamic_cast<const ByteTokenizer*>(&data_.tokenizer())) {
+      write_file_synced((fs::path(dir) / "tokenizer.json").string(), byte_tokenizer_json());
+      write_file_synced((fs::path(dir) / "tokenizer_config.json").string(),
+                        byte_tokenizer_config_json());
+    }
   }
   return dir;
 }

@@ -2,6 +2,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "data.hpp"
 #include "tokenizer_spec.hpp"
 #include "tokenizer_steps.hpp"
 
@@ -75,7 +76,7 @@ std::string Decoder::apply(std::vector<std::string> tokens) const {
     if (t == "ByteLevel") {
       std::string bytes;
       for (const auto& tok : tokens) step->alphabet->decode(tok, bytes);
-      tokens = {bytes};
+      tokens = {utf8_lossy(bytes)};  // as tokenizers' from_utf8_lossy
     } else if (t == "Fuse") {
       std::string all;
       for (const auto& tok : tokens) all += tok;
@@ -111,18 +112,29 @@ std::string Decoder::apply(std::vector<std::string> tokens) const {
         tok = std::move(out);
       }
     } else if (t == "ByteFallback") {
+      // A run of byte tokens is its text when it is well-formed UTF-8, else
+      // one U+FFFD per byte (as tokenizers' ByteFallback decoder).
       std::vector<std::string> out;
       std::string pending;
+      auto flush = [&] {
+        if (pending.empty()) return;
+        if (first_invalid_utf8(pending) == std::string::npos) {
+          out.push_back(std::move(pending));
+        } else {
+          for (size_t k = 0; k < pending.size(); ++k) out.push_back("\xEF\xBF\xBD");
+        }
+        pending.clear();
+      };
       for (const auto& tok : tokens) {
         const int b = byte_token(tok);
         if (b >= 0) {
           pending += static_cast<char>(b);
           continue;
         }
-        if (!pending.empty()) out.push_back(std::move(pending)), pending.clear();
+        flush();
         out.push_back(tok);
       }
-      if (!pending.empty()) out.push_back(std::move(pending));
+      flush();
       tokens = std::move(out);
     }
   }

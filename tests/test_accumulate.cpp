@@ -108,7 +108,7 @@ TEST_F(AccumulateTest, MicroBatchesOfUnequalTargetCountsEqualTheWholeBatch) {
   }
   std::string r = recipe(kAccumulate, "", 2);
   r.replace(r.find(corpus), corpus.size(), test::write_file(dir, "rows.jsonl", rows));
-  r.replace(r.find("seq_len = 32"), 12, "seq_len = 40\ntokenizer = \"byte\"");
+  r.replace(r.find("seq_len = 32"), 12, "seq_len = 40");
   const std::vector<int64_t> counts = expect_equals_whole_batch(r);
   ASSERT_EQ(counts.size(), 9u);
   // Unequal within a step: the case an equal weighting gets wrong.

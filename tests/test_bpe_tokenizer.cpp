@@ -108,7 +108,7 @@ TEST_F(BpeParity, MegabyteWordAndLineEncodeQuickly) {
 TEST_F(BpeParity, RecipeUsesTheTokenizerAndItsVocabulary) {
   test::TempDir d;
   std::string r = test::tiny_recipe(test::write_corpus(d), d.str());
-  r.replace(r.find("seq_len = 32"), 12, "seq_len = 32\ntokenizer = \"" + dir_->str() + "/gpt2\"");
+  r.replace(r.find("tokenizer = \"byte\""), 18, "tokenizer = \"" + dir_->str() + "/gpt2\"");
   auto s = test::make_session(r);
   EXPECT_EQ(s->env().run_info.vocab_size, 600);
   EXPECT_EQ(s->store().get("transformer.wte.weight").shape[0], 600);
@@ -124,7 +124,8 @@ TEST_F(BpeParity, CorpusWithInvalidUtf8IsRefusedNamingWhere) {
   for (int i = 0; i < 100; ++i) latin1 += "caf\xe9 au lait\n";
   const std::string corpus = test::write_file(d, "latin1.txt", latin1);
   std::string r = test::tiny_recipe(corpus, d.str());
-  r.replace(r.find("seq_len = 32"), 12, "seq_len = 4\ntokenizer = \"" + dir_->str() + "/gpt2\"");
+  r.replace(r.find("seq_len = 32"), 12, "seq_len = 4");
+  r.replace(r.find("tokenizer = \"byte\""), 18, "tokenizer = \"" + dir_->str() + "/gpt2\"");
   try {
     test::make_session(r);
     FAIL() << "a latin-1 corpus was tokenized";

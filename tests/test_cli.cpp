@@ -50,7 +50,39 @@ TEST_F(CliTest, PluginsListAndInfo) {
   // The plugin names the Hugging Face model types it computes (ABI 1.2).
   EXPECT_NE(out.find("Hugging Face model types: llama, mistral, qwen2, qwen3"), std::string::npos)
       << out;
-  EXPECT_EQ(test::run_tightfit("plugins info nothing", &out), 4) << out;
+  // A name the user typed that is not installed: a usage error naming what is.
+  EXPECT_EQ(test::run_tightfit("plugins info nothing", &out), 2) << out;
+  EXPECT_NE(out.find("installed: "), std::string::npos) << out;
+  EXPECT_NE(out.find("llama"), std::string::npos) << out;
+}
+
+// generate and export of a recipe with no checkpoint refuse (exit 2), naming
+// the folder and what to run; never a freshly initialized model.
+TEST_F(CliTest, GenerateAndExportWithoutACheckpointRefuse) {
+  std::string out;
+  EXPECT_EQ(test::run_tightfit("generate " + recipe + " -p Hello -n 4", &out), 2) << out;
+  EXPECT_NE(out.find("no checkpoint of " + recipe), std::string::npos) << out;
+  EXPECT_NE(out.find("tightfit run " + recipe), std::string::npos) << out;
+  EXPECT_EQ(test::run_tightfit("export " + recipe + " --out " + dir.str() + "/hf", &out), 2) << out;
+  EXPECT_NE(out.find("no checkpoint of"), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(dir.path() / "hf"));
+}
+
+// seq_len past the model's positions is the user's value: exit 2 naming it.
+TEST_F(CliTest, SeqLenPastTheModelsPositionsIsARecipeError) {
+  std::string out;
+  EXPECT_EQ(test::run_tightfit("run " + recipe + " -q --set data.seq_len=128", &out), 2) << out;
+  EXPECT_NE(out.find("seq_len = 128 exceeds n_positions = 64"), std::string::npos) << out;
+}
+
+// plan without --budget gives its verdict against the recipe's memory_budget.
+TEST_F(CliTest, PlanJudgesAgainstTheRecipesOwnBudget) {
+  std::string out;
+  EXPECT_EQ(test::run_tightfit("plan " + recipe + " --set run.memory_budget=1MiB", &out), 3) << out;
+  EXPECT_NE(out.find("budget        1.0MiB (run.memory_budget): does NOT fit"), std::string::npos)
+      << out;
+  EXPECT_EQ(test::run_tightfit("plan " + recipe + " --set run.memory_budget=4GiB", &out), 0) << out;
+  EXPECT_NE(out.find("(run.memory_budget): fits"), std::string::npos) << out;
 }
 
 // A plugin hook that reports an error mid-training: the run stops with exit

@@ -70,7 +70,8 @@ std::string tiny_recipe(const std::string& corpus, const std::string& out_dir,
      << "[model]\nplugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = "
         "2\nn_positions = 64\n"
      << model_extra << "\n"
-     << "[data]\ncorpus = \"" << corpus << "\"\nseq_len = 32\nbatch_size = 4\n\n"
+     << "[data]\ncorpus = \"" << corpus
+     << "\"\ntokenizer = \"byte\"\nseq_len = 32\nbatch_size = 4\n\n"
      << "[optimizer]\nlr = 1e-3\n\n"
      << "[schedule]\nplugin = \"standard\"\nwarmup_steps = 2\n\n"
      << extra;

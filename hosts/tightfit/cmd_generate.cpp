@@ -79,6 +79,14 @@ std::string read_prompts(const std::string& file) {
   }
 }
 
+// A prompt to answer: its text, where to stop, and whether a chat template
+// rendered it (then it holds its own special tokens).
+struct Prompt {
+  std::string text;
+  std::vector<int64_t> stop_ids;
+  bool rendered = false;
+};
+
 // Prompts in a model's chat template, for --chat and --prompts.
 class ChatPrompter {
  public:
@@ -116,10 +124,9 @@ class ChatPrompter {
   }
   // Each line: plain text (continued as it is), or a JSONL row with
   // "messages" or "prompt" (rendered with the chat template).
-  std::vector<std::pair<std::string, std::vector<int64_t>>> prompts_in(
-      const std::string& file) const {
+  std::vector<Prompt> prompts_in(const std::string& file) const {
     std::istringstream in(read_prompts(file));
-    std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+    std::vector<Prompt> out;
     size_t n = 0;
     for (std::string line; std::getline(in, line);) {
       ++n;
@@ -131,16 +138,16 @@ class ChatPrompter {
         row = line;  // not JSON: a plain prompt
       }
       if (row.is_object() && row.contains("messages"))
-        out.emplace_back(render(row["messages"]), eos_ids());
+        out.push_back({render(row["messages"]), eos_ids(), true});
       else if (row.is_object() && row.contains("prompt") && row["prompt"].is_string())
-        out.emplace_back(template_ ? render_user(row["prompt"].get<std::string>())
-                                   : row["prompt"].get<std::string>(),
-                         template_ ? eos_ids() : std::vector<int64_t>{});
+        out.push_back(template_
+                          ? Prompt{render_user(row["prompt"].get<std::string>()), eos_ids(), true}
+                          : Prompt{row["prompt"].get<std::string>(), {}, false});
       else if (row.is_object())
         throw std::invalid_argument(file + ":" + std::to_string(n) +
                                     ": a JSON row needs \"messages\" or \"prompt\"");
       else
-        out.emplace_back(line, std::vector<int64_t>{});
+        out.push_back({line, {}, false});
     }
     return out;
   }
@@ -162,9 +169,11 @@ std::unique_ptr<Session> load_target(const std::string& target,
   so.skip_data = true;
   so.resume = !folder;
   auto session = std::make_unique<Session>(recipe, std::move(plugins), so);
+  // Never a freshly initialized model in place of a trained one.
   if (!folder && session->step() == 0)
-    std::cerr << "tightfit: no checkpoint for " << target << " in "
-              << session->env().checkpoint_dir() << "; using the freshly initialized model\n";
+    throw RecipeError("no checkpoint of " + target + " in " + session->env().checkpoint_dir() +
+                      ": train it first (tightfit run " + target +
+                      "), or give a Hugging Face model folder instead of the recipe");
   return session;
 }
 
@@ -233,20 +242,29 @@ int generate_command(const std::vector<std::string>& args) {
     auto session = load_target(vm);
     const bool greedy = vm.count("greedy") > 0;
     const ChatPrompter chat(*session);
-    auto answer = [&](const std::string& prompt, const std::vector<int64_t>& stop_ids) {
-      return session->generate(
-          prompt, vm["tokens"].as<int64_t>(), greedy ? 1 : vm["top-k"].as<int64_t>(),
-          greedy ? 0.0 : vm["temperature"].as<double>(), vm["seed"].as<uint64_t>(),
-          vm["top-p"].as<double>(), !vm.count("no-cache"), stop_ids);
+    // `rendered`: the prompt is a chat template's text, which writes its own
+    // special tokens; plain text gets the tokenizer's, as tokenizer(text).
+    auto answer = [&](const Prompt& p) {
+      SamplingOptions o;
+      o.n_tokens = vm["tokens"].as<int64_t>();
+      o.top_k = greedy ? 1 : vm["top-k"].as<int64_t>();
+      o.temperature = greedy ? 0.0 : vm["temperature"].as<double>();
+      o.top_p = vm["top-p"].as<double>();
+      o.seed = vm["seed"].as<uint64_t>();
+      o.use_cache = !vm.count("no-cache");
+      o.stop_ids = p.stop_ids;
+      o.add_special_tokens = !p.rendered;
+      return session->generate(p.text, o);
     };
     if (vm.count("chat")) {
-      std::cout << answer(chat.render_user(vm["chat"].as<std::string>()), chat.eos_ids()) << "\n";
+      std::cout << answer({chat.render_user(vm["chat"].as<std::string>()), chat.eos_ids(), true})
+                << "\n";
     } else if (vm.count("prompts")) {
-      for (const auto& [prompt, stop] : chat.prompts_in(vm["prompts"].as<std::string>()))
-        std::cout << "### " << prompt << "\n" << answer(prompt, stop) << "\n\n";
+      for (const Prompt& p : chat.prompts_in(vm["prompts"].as<std::string>()))
+        std::cout << "### " << p.text << "\n" << answer(p) << "\n\n";
     } else {
       const std::string prompt = vm["prompt"].as<std::string>();
-      std::cout << prompt << answer(prompt, {}) << "\n";
+      std::cout << prompt << answer({prompt, {}, false}) << "\n";
     }
     return kOk;
   } catch (const std::exception& e) {

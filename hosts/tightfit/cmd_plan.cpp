@@ -58,7 +58,9 @@ nlohmann::json plan_json(const MemoryPlan& p) {
   return j;
 }
 
-void print_plan(const std::string& source, const MemoryPlan& p, int64_t budget) {
+// `budget_from`: "--budget" or "run.memory_budget", named beside the verdict.
+void print_plan(const std::string& source, const MemoryPlan& p, int64_t budget,
+                const char* budget_from) {
   std::cout << "== plan: " << source << " ==\n";
   std::cout << "model         " << p.n_params << " parameters (" << p.n_trainable
             << " trainable), batch " << p.batch_size << " x " << p.seq_len << " tokens\n";
@@ -105,7 +107,7 @@ void print_plan(const std::string& source, const MemoryPlan& p, int64_t budget) 
             << "%, its largest measured miss rounded up; the corpus's tokens come on top)\n";
   if (budget > 0) {
     const int64_t room = budget - p.budget_need();
-    std::cout << "budget        " << format_bytes(budget) << ": "
+    std::cout << "budget        " << format_bytes(budget) << " (" << budget_from << "): "
               << (budget >= p.safe_budget() ? "fits, " + format_bytes(room) + " to spare"
                   : room >= 0               ? "tight: the plan fits with " + format_bytes(room) +
                                     " to spare, but within its margin of error; a run may stop "
@@ -228,17 +230,23 @@ int plan_command(const std::vector<std::string>& args) {
     so.plan_world_size = vm["ranks"].as<int>();
     Session session(recipe, registry, so);
     const MemoryPlan plan = plan_memory(session);
+    // Without --budget, the verdict is against the recipe's own budget.
+    const char* budget_from = "--budget";
+    if (!vm.count("budget")) {
+      budget = session.env().run_cfg.get_size("memory_budget");
+      budget_from = "run.memory_budget";
+    }
     if (vm.count("gpus")) {
       std::vector<GpuModel> gpus;
       if (!select_gpus(vm["gpus"].as<std::string>(), gpus)) return kUsage;
-      print_plan(recipe.source(), plan, budget);
+      print_plan(recipe.source(), plan, budget, budget_from);
       print_gpu_table(recipe, registry, plan, gpus);
       return kOk;
     }
     if (vm.count("json"))
       std::cout << plan_json(plan).dump(2) << "\n";
     else
-      print_plan(recipe.source(), plan, budget);
+      print_plan(recipe.source(), plan, budget, budget_from);
     return budget > 0 && plan.budget_need() > budget ? kOutOfBudget : kOk;
   } catch (const std::exception&) {
     return report_current_error();

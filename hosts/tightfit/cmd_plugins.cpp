@@ -141,9 +141,11 @@ int plugins_command(const std::vector<std::string>& args_in) {
       const PluginRegistry reg = registry_for(recipe_path);
       const PluginInfo* p = reg.find_any(args[1]);
       if (!p) {
-        std::cerr << "tightfit: no plugin named \"" << args[1]
-                  << "\" (see `tightfit plugins list`)\n";
-        return kPluginError;
+        std::string names;
+        for (const PluginInfo* q : reg.all()) names += (names.empty() ? "" : ", ") + q->name;
+        std::cerr << "tightfit: no plugin named \"" << args[1] << "\"; installed: " << names
+                  << " (see `tightfit plugins list`)\n";
+        return kUsage;
       }
       print_info(*p);
       return kOk;
