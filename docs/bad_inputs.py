@@ -71,6 +71,18 @@ def tightfit(*args, env=None, shell_prefix=None):
     return p.returncode, " ".join(l.strip() for l in lines[starts[-1]:])
 
 
+def negate_second_moment(path):
+    """Sets the first value of the first exp_avg_sq tensor of a safetensors file to -1."""
+    import json
+    import struct
+    with open(path, "r+b") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        name = next(k for k in header if k.endswith(".exp_avg_sq"))
+        f.seek(8 + n + header[name]["data_offsets"][0])
+        f.write(struct.pack("<f", -1.0))
+
+
 def main():
     work = tempfile.mkdtemp()
     rows = []
@@ -166,6 +178,48 @@ def main():
             out.write(f.read())
     case("corpus with invalid UTF-8, tokenizer.json",
          tightfit("run", bpe_recipe(work, "utf8bpe", work + "/utf8.txt", tok)))
+
+    # Tokenizers: never a stand-in for the model's own (docs/fine-tune.md, section 5).
+    case("tokenizer = \"auto\" and no [model] weights",
+         tightfit("run", bpe_recipe(work, "auto", "builtin:fortunes", "auto")))
+    base = recipe(work, "base")
+    tightfit("run", base, "-q")
+    folder = os.path.join(work, "exported")
+    tightfit("export", base, "--out", folder)
+    os.remove(os.path.join(folder, "tokenizer.json"))
+    os.remove(os.path.join(folder, "tokenizer_config.json"))
+    case("model folder without a tokenizer, tokenizer = \"auto\"",
+         tightfit("generate", folder, "-p", "Hello"))
+    shutil.copy(tok, os.path.join(folder, "tokenizer.json"))
+    case("tokenizer = \"byte\" for weights with a tokenizer of their own",
+         tightfit("run", recipe(work, "bytes", model=f'config = "{folder}"\nweights = "{folder}"')))
+    os.remove(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer.model"), "wb") as f:
+        # A SentencePiece ModelProto: one piece "<unk>" (type UNKNOWN), trainer_spec model_type 1.
+        piece = b"\x0a\x05<unk>\x18\x02"
+        f.write(b"\x0a" + bytes([len(piece)]) + piece + b"\x12\x02\x18\x01")
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        f.write('{"tokenizer_class": "LlamaTokenizer"}')
+    case("SentencePiece Unigram tokenizer.model", tightfit("generate", folder, "-p", "Hello"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        f.write('{"tokenizer_class": "T5Tokenizer"}')
+    case("tokenizer class tightfit does not reproduce", tightfit("generate", folder, "-p", "Hi"))
+    # Commands that would otherwise use freshly initialized weights.
+    fresh = recipe(work, "fresh")
+    case("generate RECIPE with no checkpoint", tightfit("generate", fresh, "-p", "Hello"))
+    case("export RECIPE with no checkpoint",
+         tightfit("export", fresh, "--out", os.path.join(work, "out")))
+    case("plugins info of a name not installed", tightfit("plugins", "info", "lorra"))
+    # An optimizer state with a negative second moment, in the newest checkpoint only.
+    opt = recipe(work, "opt")
+    tightfit("run", opt, "-q", "--stop-after", "2")
+    tightfit("run", opt, "-q", "--resume", "--stop-after", "2")
+    negate_second_moment(os.path.join(work, "runs", "opt", "b", "checkpoints", "step-00000004",
+                                      "optimizer.safetensors"))
+    p = subprocess.run([TIGHTFIT, "run", opt, "--resume", "-q"], capture_output=True, text=True)
+    warn = [l for l in p.stderr.splitlines() if "cannot be used" in l]
+    rows.append(("negative second moment in the newest checkpoint's optimizer state", p.returncode,
+                 (warn[0] if warn else "(no warning)") + " — and it resumed from the one before"))
 
     print("| bad input | exit | message |")
     print("|---|---|---|")

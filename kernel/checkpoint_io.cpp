@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "checkpoint_checks.hpp"
 #include "checkpoint_manifest.hpp"
 #include "file_util.hpp"
 #include "safetensors.hpp"
@@ -38,6 +39,20 @@ std::vector<std::pair<std::string, at::Device>> Session::rng_devices() const {
 // Its partial folder is removed to give the space back, and the message says
 // which checkpoint a --resume will continue from.
 std::string Session::save_checkpoint(int64_t step) {
+  // Never a checkpoint that holds a NaN or an infinity: it would be the one
+  // --resume (and rotation) trust.
+  const std::string bad = non_finite_training_state();
+  if (!bad.empty()) {
+    const fs::path dir = env_.checkpoint_dir();
+    const std::vector<std::string> names = read_checkpoint_manifest(dir / "manifest.json");
+    throw NonFiniteError("step " + std::to_string(step) + ": " + bad +
+                         " holds a NaN or an infinity, so its checkpoint is not saved. " +
+                         (names.empty()
+                              ? std::string("No earlier checkpoint exists")
+                              : "The saved checkpoint " + (dir / names.back()).string() +
+                                    " is intact, and `tightfit run --resume` continues from it") +
+                         "; lower the learning rate or set optimizer.grad_clip");
+  }
   try {
     return write_checkpoint(step);
   } catch (const std::exception& e) {
@@ -204,6 +219,37 @@ std::string Session::write_checkpoint(int64_t step) {
   return final_path.string();
 }
 
+std::string Session::non_finite_training_state() {
+  std::string bad;
+  at::NoGradGuard no_grad;
+  for (Param& p : store_.all()) {
+    // Trained parameters: frozen ones are the recipe's weights as they came.
+    if (!p.trainable || p.residency == TF_TIER_SHARDED || !p.value.defined() ||
+        !p.value.is_floating_point())
+      continue;
+    auto finite = [&] { return p.value.numel() == 0 || p.value.isfinite().all().item<bool>(); };
+    bool ok = true;
+    if (p.residency != TF_TIER_DEVICE)
+      executor_.with_resident(p, [&] { ok = finite(); });
+    else
+      ok = finite();
+    if (!ok) {
+      bad = "parameter \"" + p.name + "\"";
+      break;
+    }
+  }
+  if (bad.empty())
+    if (const std::string s = first_non_finite(update_.optimizer().state()); !s.empty())
+      bad = "optimizer state \"" + s + "\"";
+  // Every rank saves or none does: the ranks agree on the verdict.
+  if (env_.pg) {
+    at::Tensor flag = at::full({1}, bad.empty() ? 0.0f : 1.0f, at::kFloat).to(env_.device);
+    env_.pg->all_reduce(flag, ReduceOp::Max);
+    if (bad.empty() && flag.item<float>() > 0) bad = "another rank's state";
+  }
+  return bad;
+}
+
 bool Session::load_latest_checkpoint() {
   const fs::path dir = env_.checkpoint_dir();
   std::vector<std::string> names = read_checkpoint_manifest(dir / "manifest.json");
@@ -215,8 +261,17 @@ bool Session::load_latest_checkpoint() {
           read_file_text((cp / "trainer.json").string()), (cp / "trainer.json").string());
       // Read and validate everything before changing any state.
       SafetensorsFile model = read_safetensors((cp / "model.safetensors").string());
-      SafetensorsFile opt = read_safetensors((cp / "optimizer.safetensors").string());
+      // Read in its own category: on the CPU the loaded tensors are the state.
+      SafetensorsFile opt = [&] {
+        CategoryScope scope(TF_MEM_OPTIMIZER);
+        return read_safetensors((cp / "optimizer.safetensors").string());
+      }();
       SafetensorsFile state = read_safetensors((cp / "state.safetensors").string());
+      validate_optimizer_state(opt.tensors, store_, update_.optimizer().slot_names(),
+                               (cp / "optimizer.safetensors").string());
+      if (const std::string bad = first_non_finite(model.tensors); !bad.empty())
+        throw std::runtime_error((cp / "model.safetensors").string() + ": \"" + bad +
+                                 "\" holds a NaN or an infinity");
       // Sharded plugin state from every rank of the run that saved it (any
       // number of ranks may load it: plugins re-slice by the saved world size).
       for (int64_t r = 1; r < trainer.world_size; ++r) {

@@ -198,6 +198,12 @@ DataSetup setup_data(const DataRequest& r) {
           "weights: set tokenizer = \"byte\" for the 256-id byte tokenizer, or tokenizer = "
           "\"PATH\" for a model folder or tokenizer.json");
     fs::path w = resolve(r.weights, r.base_dir);
+    std::error_code ec;
+    if (!fs::exists(w, ec))
+      throw std::invalid_argument("[model] weights \"" + r.weights +
+                                  "\" is not a file or folder (nor is it under " + r.base_dir +
+                                  "): give the model folder, whose tokenizer tokenizer = "
+                                  "\"auto\" reads");
     if (!fs::is_directory(w)) w = w.parent_path();
     if (w.empty()) w = ".";
     if (!has_tokenizer_files(w.string()))
@@ -213,7 +219,15 @@ DataSetup setup_data(const DataRequest& r) {
     // not those ids.
     fs::path w = resolve(r.weights, r.base_dir);
     if (!fs::is_directory(w)) w = w.parent_path();
-    if (!w.empty() && has_tokenizer_files(w.string()))
+    // (A folder tightfit exported from a byte-tokenizer run holds the byte
+    // tokenizer written as a tokenizer.json: that one is bytes.)
+    std::error_code ec;
+    const bool byte_export =
+        fs::is_regular_file(w / "tokenizer.json", ec) &&
+        fs::file_size(w / "tokenizer.json", ec) == byte_tokenizer_json().size() &&
+        read_regular_file((w / "tokenizer.json").string(), size_t{1} << 20) ==
+            byte_tokenizer_json();
+    if (!w.empty() && has_tokenizer_files(w.string()) && !byte_export)
       throw std::invalid_argument(
           "tokenizer = \"byte\", and [model] weights come from " + w.string() +
           ", which has its own tokenizer: the model's ids are that tokenizer's, not bytes; set "

@@ -194,6 +194,11 @@ Param* ParamStore::find(const std::string& name) {
   return it == index_.end() ? nullptr : &params_[it->second];
 }
 
+const Param* ParamStore::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &params_[it->second];
+}
+
 Param& ParamStore::get(const std::string& name) {
   if (Param* p = find(name)) return *p;
   throw std::out_of_range("no parameter named \"" + name + "\"");

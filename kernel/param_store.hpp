@@ -74,6 +74,7 @@ class ParamStore {
   Param& get(const std::string& name);
   const Param& get(const std::string& name) const;
   Param* find(const std::string& name);
+  const Param* find(const std::string& name) const;
   std::vector<Param>& all() { return params_; }
   const std::vector<Param>& all() const { return params_; }
   std::vector<Param*> trainable();

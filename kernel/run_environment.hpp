@@ -20,9 +20,10 @@ struct RunEnvironment {
   // [run], [data], [optimizer] and [save], validated against kernel_keys.
   ConfigTable run_cfg, data_cfg, opt_cfg, save_cfg;
   at::Device device{at::kCPU};
-  std::string device_str;   // what run_info.device points to
-  std::string run_dir;      // out_dir/name (numbered when that name holds another run)
-  std::string run_dir_abs;  // what run_info.run_dir points to
+  std::string device_str;    // what run_info.device points to
+  std::string run_dir;       // out_dir/name (numbered when that name holds another run)
+  std::string run_dir_abs;   // what run_info.run_dir points to
+  std::string model_source;  // what run_info.model_source points to
   tf_run_info run_info{};
   // The process group of a multi-process run; nullptr in a single process.
   std::unique_ptr<ProcessGroup> pg;

@@ -73,6 +73,9 @@ struct TrainSummary {
   ProcessMemory process;
   std::string process_memory;
   std::string run_dir, metrics_path, checkpoint_dir, sample;
+  // The folders this run wrote that are there at its end: its checkpoints
+  // (those rotation kept), hf/ and adapter/.
+  std::vector<std::string> saved;
   std::string data;  // instruction/chat examples and what became of them; "" for text
 };
 
@@ -187,6 +190,9 @@ class Session {
   bool handle_non_finite();
   // save_checkpoint's work; save_checkpoint reports its failures.
   std::string write_checkpoint(int64_t step);
+  // The first parameter or optimizer state holding a NaN or an infinity (on
+  // any rank), named for a message; "" when all are finite.
+  std::string non_finite_training_state();
   // profile.json in the run folder ([run] profile_ops).
   void write_op_profile(const OpTimer& timer, double wall_s) const;
 

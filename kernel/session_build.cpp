@@ -214,6 +214,16 @@ void Session::set_up_data(const std::string& base_dir, int64_t world_size) {
     req.base_dir = base_dir;
     if (const toml::table* mt = recipe_.table("model"); mt && mt->contains("weights"))
       req.weights = (*mt)["weights"].value_or(std::string{});
+    if (!req.weights.empty()) {
+      // The folder the weights come from (as materialize_params resolves it).
+      fs::path w = req.weights;
+      std::error_code ec;
+      if (w.is_relative() && !fs::exists(w, ec)) w = fs::path(base_dir) / w;
+      if (!fs::is_directory(w, ec)) w = w.parent_path();
+      env_.model_source = fs::absolute(w, ec).lexically_normal().string();
+      if (!env_.model_source.empty() && env_.model_source.back() == '/')
+        env_.model_source.pop_back();
+    }
     req.chat_template = env_.data_cfg.get_string("chat_template");
     req.train_on = env_.data_cfg.get_string("train_on");
     req.packing = env_.data_cfg.get_bool("packing");
@@ -281,6 +291,7 @@ void Session::set_up_run_folder(const std::optional<DistEnv>& dist) {
   env_.run_info.total_steps = env_.run_cfg.get_int("steps");
   env_.run_info.seed = static_cast<uint64_t>(env_.run_cfg.get_int("seed"));
   env_.run_info.run_dir = env_.run_dir_abs.c_str();
+  env_.run_info.model_source = env_.model_source.c_str();
 }
 
 // The registry (with the recipe's plugin paths) and the model, declared.

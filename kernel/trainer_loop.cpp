@@ -2,6 +2,7 @@
 // non-finite policy, and the run's summary.
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -76,6 +77,12 @@ TrainSummary Session::train() {
   const int64_t log_every = env_.run_cfg.get_int("log_every");
   const int64_t save_every = env_.save_cfg.get_int("every");
   const int64_t eval_interval = env_.run_cfg.get_int("eval_interval");
+  if (!env_.save_cfg.get_bool("final") && save_every == 0 && !env_.save_cfg.get_bool("hf") &&
+      !env_.save_cfg.get_bool("adapter"))
+    log(TF_LOG_WARN,
+        "this run keeps nothing: [save] final = false, and no every, hf or adapter; what it "
+        "trains is gone when it ends (set [save] final = true, every = N, hf = true or "
+        "adapter = true to keep it)");
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
   std::optional<OpTimer> op_timer;
@@ -154,7 +161,8 @@ TrainSummary Session::train() {
         p.memory = mem;
         emit_progress(p);
       }
-      if (save_every > 0 && done % save_every == 0 && done < stop_at) save_checkpoint(done);
+      if (save_every > 0 && done % save_every == 0 && done < stop_at)
+        sum.saved.push_back(save_checkpoint(done));
     }
     sum.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     sum.memory = env_.memory_snapshot();
@@ -167,10 +175,19 @@ TrainSummary Session::train() {
     if (op_timer && env_.is_rank0()) write_op_profile(*op_timer, sum.wall_s);
     // An interrupted run always saves, so that --resume can continue it.
     if ((env_.save_cfg.get_bool("final") || step_ < total) && step_ > sum.first_step)
-      save_checkpoint(step_);
-    if (env_.save_cfg.get_bool("hf")) export_hf((fs::path(env_.run_dir) / "hf").string());
+      sum.saved.push_back(save_checkpoint(step_));
+    if (env_.save_cfg.get_bool("hf"))
+      sum.saved.push_back(export_hf((fs::path(env_.run_dir) / "hf").string()));
     if (env_.is_rank0() && env_.save_cfg.get_bool("adapter"))
-      export_adapter((fs::path(env_.run_dir) / "adapter").string());
+      sum.saved.push_back(export_adapter((fs::path(env_.run_dir) / "adapter").string()));
+    // Rotation may have removed checkpoints saved earlier in this run.
+    std::vector<std::string> kept;
+    for (const std::string& f : sum.saved) {
+      std::error_code ec;
+      if (fs::exists(f, ec) && std::find(kept.begin(), kept.end(), f) == kept.end())
+        kept.push_back(f);
+    }
+    sum.saved = std::move(kept);
     sum.steps_run = step_ - sum.first_step;
     sum.tokens_per_s = sum.wall_s > 0 ? static_cast<double>(tokens) / sum.wall_s : 0;
     sum.final_loss = sum.losses.empty() ? std::nan("") : sum.losses.back();

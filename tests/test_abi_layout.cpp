@@ -56,6 +56,7 @@ TF_FROZEN(tf_run_info, total_steps, 56);
 TF_FROZEN(tf_run_info, seed, 64);
 TF_FROZEN(tf_run_info, run_dir, 72);
 TF_FROZEN(tf_run_info, dry_run, 80);
+TF_FROZEN(tf_run_info, model_source, 88);
 TF_FROZEN(tf_param_plan, struct_size, 0);
 TF_FROZEN(tf_param_plan, bytes, 8);
 TF_FROZEN(tf_param_plan, format, 16);

@@ -75,6 +75,24 @@ TEST_F(CliTest, SeqLenPastTheModelsPositionsIsARecipeError) {
   EXPECT_NE(out.find("seq_len = 128 exceeds n_positions = 64"), std::string::npos) << out;
 }
 
+// The summary names exactly the folders the run wrote; a run that will keep
+// nothing says so when it starts.
+TEST_F(CliTest, SummaryNamesWhatTheRunSavedAndWarnsWhenNothingIsKept) {
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("run " + recipe + " --set save.hf=true", &out), 0) << out;
+  const auto line = out.find("saved         ");
+  ASSERT_NE(line, std::string::npos) << out;
+  EXPECT_NE(out.find("step-00000004", line), std::string::npos) << out;
+  EXPECT_NE(out.find("/hf\n", line), std::string::npos) << out;
+  EXPECT_EQ(out.find("adapter", line), std::string::npos) << out;
+  EXPECT_EQ(out.find("keeps nothing"), std::string::npos) << out;
+  ASSERT_EQ(test::run_tightfit("run " + recipe + " --set save.final=false --set run.name=n", &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("this run keeps nothing"), std::string::npos) << out;
+  EXPECT_NE(out.find("saved         nothing"), std::string::npos) << out;
+}
+
 // plan without --budget gives its verdict against the recipe's memory_budget.
 TEST_F(CliTest, PlanJudgesAgainstTheRecipesOwnBudget) {
   std::string out;
@@ -255,6 +273,52 @@ TEST_F(CliTest, UnknownCommandIsAUsageError) {
 namespace tightfit {
 namespace {
 
+// A recipe for a model folder the user brings (config = weights = "MODEL"):
+// checked with the shape of the model it names and the byte tokenizer.
+std::string model_folder_stand_in(const std::filesystem::path& recipe) {
+  return recipe.filename() == "deepseek-r1-distill-qwen-1.5b-finetune.toml"
+             ? " --set model.config= --set model.preset=qwen2-1.5B --set data.tokenizer=byte "
+               "--set data.corpus=builtin:fortunes"
+             : "";
+}
+
+// The documented fine-tune recipe, run as docs/fine-tune.md says on a small
+// Qwen2 folder and chat rows: it trains, keeps checkpoints, and writes a
+// folder transformers loads and an adapter PEFT loads onto the base.
+TEST(Configs, TheFineTuneRecipeKeepsWhatItTrained) {
+  test::TempDir d;
+  const std::string model = d.str() + "/model", chat = d.str() + "/chat.jsonl";
+  const std::string py = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python ";
+  ASSERT_EQ(std::system((py + TIGHTFIT_SOURCE_DIR + "/tests/peers/make_hf_folder.py make " + model +
+                         " " + chat)
+                            .c_str()),
+            0);
+  std::string out;
+  ASSERT_EQ(
+      test::run_tightfit(
+          "run " + std::string(TIGHTFIT_SOURCE_DIR) +
+              "/configs/deepseek-r1-distill-qwen-1.5b-finetune.toml -q --set model.config=" +
+              model + " --set model.weights=" + model + " --set data.corpus=" + chat +
+              " --set run.out_dir=" + d.str() +
+              "/runs --set run.steps=4 --set save.every=2 --set data.seq_len=64 "
+              "--set data.batch_size=2 --set schedule.micro_batches=2 --set run.eval_interval=0",
+          &out),
+      0)
+      << out;
+  const std::string run = d.str() + "/runs/deepseek-r1-distill-qwen-1.5b-finetune";
+  for (const char* f : {"checkpoints/step-00000002", "checkpoints/step-00000004", "hf/config.json",
+                        "hf/tokenizer.json", "hf/tokenizer_config.json",
+                        "adapter/adapter_config.json", "adapter/adapter_model.safetensors"})
+    EXPECT_TRUE(std::filesystem::exists(run + "/" + f)) << f << "\n" << out;
+  const std::string load =
+      py +
+      "-c \"import sys; from transformers import AutoModelForCausalLM as M; "
+      "from peft import AutoPeftModelForCausalLM as P; M.from_pretrained(sys.argv[1]); "
+      "P.from_pretrained(sys.argv[2])\" " +
+      run + "/hf " + run + "/adapter";
+  EXPECT_EQ(std::system(load.c_str()), 0) << "transformers or PEFT could not load the results";
+}
+
 // Every shipped recipe is valid: tables, keys, plugins and their configuration.
 TEST(Configs, EveryShippedRecipeValidates) {
   int checked = 0;
@@ -265,6 +329,7 @@ TEST(Configs, EveryShippedRecipeValidates) {
     // The fine-tune recipe needs the folder llama-tiny.toml writes; check it with a stand-in shape.
     const bool needs_folder = e.path().filename() == "llama-finetune.toml";
     std::string extra = needs_folder ? " --set model.config= --set model.preset=tiny" : "";
+    extra += model_folder_stand_in(e.path());
     // GPU recipes are checked on this machine's CPU when it has no GPU.
     const Recipe recipe = Recipe::load(e.path().string());
     if (!at::hasCUDA() &&
@@ -298,7 +363,10 @@ TEST(Configs, EveryShippedBudgetIsMetByThePlan) {
     const auto budget = (*recipe.table("run"))["memory_budget"].value<std::string>();
     if (!budget) continue;
     std::string out;
-    EXPECT_EQ(test::run_tightfit("plan " + e.path().string() + " --budget " + *budget, &out), 0)
+    EXPECT_EQ(test::run_tightfit("plan " + e.path().string() + " --budget " + *budget +
+                                     model_folder_stand_in(e.path()),
+                                 &out),
+              0)
         << e.path() << "\n"
         << out;
     EXPECT_NE(out.find(": fits,"), std::string::npos) << out;

@@ -35,7 +35,8 @@ std::string recipe(const TempDir& dir, const std::string& corpus, const std::str
      << "dist_timeout = " << timeout << "\n\n"
      << "[model]\nplugin = \"gpt2\"\npreset = \"custom\"\nn_layer = 4\nn_embd = 32\nn_head = 2\n"
      << "n_positions = 64\n\n"
-     << "[data]\ncorpus = \"" << corpus << "\"\nseq_len = 32\nbatch_size = " << batch << "\n\n"
+     << "[data]\ncorpus = \"" << corpus
+     << "\"\ntokenizer = \"byte\"\nseq_len = 32\nbatch_size = " << batch << "\n\n"
      << "[optimizer]\n"
      << optimizer << "\n\n"
      << "[schedule]\nplugin = \"standard\"\nwarmup_steps = 2\n\n"

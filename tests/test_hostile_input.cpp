@@ -309,6 +309,7 @@ TEST(NotARegularFile, FifosAndFoldersAreRefusedWithoutWaiting) {
   std::string out;
   const std::string recipe =
       test::write_file(d, "r.toml", test::tiny_recipe(test::write_corpus(d), d.str()));
+  ASSERT_EQ(test::run_tightfit("run " + recipe + " -q", &out), 0) << out;  // a checkpoint to load
   EXPECT_NE(test::run_tightfit("generate " + recipe + " --prompts " + prompts, &out), 0);
   EXPECT_NE(out.find("regular file"), std::string::npos) << out;
   EXPECT_FALSE(watchdog.unblocked()) << "a reader waited on a FIFO";

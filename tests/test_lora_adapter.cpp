@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "file_util.hpp"
 #include "safetensors.hpp"
@@ -91,6 +92,24 @@ TEST_P(PeftAdapter, ARunStartsFromTheAdapterWhereTheWriterStopped) {
   auto u = test::make_session(
       lora_recipe(dir3, c.model_table + "weights = \"" + dir.str() + "/base\"\n", c.targets));
   EXPECT_GT((logits_of(*u, tokens) - expected).abs().max().item<double>(), 1e-3);
+  // Its adapter names the base folder, so PEFT's AutoPeftModelForCausalLM finds it.
+  const std::string adapter = u->export_adapter(dir3.str() + "/adapter");
+  const auto config = nlohmann::json::parse(read_file_text(adapter + "/adapter_config.json"));
+  EXPECT_EQ(config["base_model_name_or_path"],
+            std::filesystem::absolute(dir.path() / "base").lexically_normal().string());
+  if (std::string(c.name) == "llama") {
+    const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) +
+                            "/.venv/bin/python -c \"import sys; from peft import "
+                            "AutoPeftModelForCausalLM as A; m = A.from_pretrained(sys.argv[1]); "
+                            "sys.exit(0 if sum('lora_A' in n for n, _ in m.named_parameters()) "
+                            "else 1)\" " +
+                            adapter;
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << "AutoPeftModelForCausalLM could not load " << adapter;
+  }
+  // A model from the recipe's init has no base folder to name.
+  const auto own = nlohmann::json::parse(
+      read_file_text(s->export_adapter(dir3.str() + "/own") + "/adapter_config.json"));
+  EXPECT_TRUE(own["base_model_name_or_path"].is_null());
 }
 
 INSTANTIATE_TEST_SUITE_P(

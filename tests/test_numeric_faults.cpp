@@ -5,7 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
 
+#include "checkpoint_checks.hpp"
+#include "file_util.hpp"
+#include "memory_accounting.hpp"
+#include "safetensors.hpp"
 #include "test_support.hpp"
 
 namespace tightfit {
@@ -87,6 +95,133 @@ TEST_F(NumericFaults, RollbackWithoutACheckpointStopsClearly) {
   } catch (const NonFiniteError& e) {
     EXPECT_NE(std::string(e.what()).find("no checkpoint to roll back to"), std::string::npos)
         << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tightfit
+
+namespace tightfit {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A checkpoint is never saved with a NaN or an infinity in the trained
+// weights or the optimizer state; the one saved before stays the newest
+// (keep_last = 1 rotates nothing away) and --resume continues from it.
+TEST_F(NumericFaults, NonFiniteStateIsNeverSavedAndRotationKeepsTheGoodOne) {
+  const std::string out = dir.str() + "/nan";
+  const std::string r = recipe(out, "", "[save]\nkeep_last = 1\nevery = 2\n");
+  auto s = test::make_session(r);
+  s->train();
+  const fs::path good = fs::path(s->env().checkpoint_dir()) / "step-00000008";
+  ASSERT_TRUE(fs::exists(good));
+  Param& p = *s->store().trainable().front();
+  {
+    at::NoGradGuard no_grad;
+    p.value.view(-1)[0] = std::nan("");
+  }
+  try {
+    s->save_checkpoint(9);
+    FAIL() << "a NaN weight was saved";
+  } catch (const NonFiniteError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("parameter \"" + p.name + "\""), std::string::npos) << m;
+    EXPECT_NE(m.find(good.string() + " is intact"), std::string::npos) << m;
+  }
+  EXPECT_TRUE(fs::exists(good));
+  EXPECT_FALSE(fs::exists(good.parent_path() / "step-00000009"));
+  // An infinite optimizer state is refused the same way.
+  {
+    at::NoGradGuard no_grad;
+    p.value.view(-1)[0] = 0.0f;
+    auto& state = s->update().optimizer().state();
+    ASSERT_FALSE(state.empty());
+    state.begin()->second.view(-1)[0] = std::numeric_limits<float>::infinity();
+  }
+  try {
+    s->save_checkpoint(9);
+    FAIL() << "an infinite optimizer state was saved";
+  } catch (const NonFiniteError& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer state \""), std::string::npos) << e.what();
+  }
+  SessionOptions o;
+  o.resume = true;
+  s.reset();  // the counts below are the resumed session's alone
+  auto resumed = test::make_session(r, o);
+  EXPECT_EQ(resumed->step(), 8);
+  // The loaded optimizer state is counted as optimizer state.
+  int64_t state_bytes = 0;
+  for (const auto& [k, t] : resumed->update().optimizer().state())
+    state_bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  ASSERT_GT(state_bytes, 0);
+  EXPECT_GE(MemoryAccounting::instance().snapshot().current[TF_MEM_OPTIMIZER], state_bytes);
+}
+
+// On --resume the optimizer state is validated; a bad newest checkpoint
+// falls back to the one before, saying which file and why.
+TEST_F(NumericFaults, ResumeRefusesBadOptimizerStateAndFallsBack) {
+  const std::string out = dir.str() + "/opt";
+  const std::string r = recipe(out, "", "[save]\nkeep_last = 3\nevery = 2\n");
+  {
+    auto s = test::make_session(r);
+    s->train();
+  }
+  SessionOptions o;
+  o.resume = true;
+  const fs::path newest = fs::path(test::make_session(r, o)->env().checkpoint_dir()) /
+                          "step-00000008" / "optimizer.safetensors";
+  ASSERT_TRUE(fs::exists(newest));
+  for (const auto& [what, edit] :
+       std::vector<std::pair<std::string,
+                             std::function<void(std::map<std::string,
+                                                         at::Tensor>&)>>>{{"negative second moment",
+                                                                           [](auto& m) {
+                                                                             for (auto& [k, t] : m)
+                                                                               if (k.size() > 11 &&
+                                                                                   k.compare(
+                                                                                       k.size() -
+                                                                                           11,
+                                                                                       11,
+                                                                                       ".exp_avg_"
+                                                                                       "sq") == 0) {
+                                                                                 t.view(-1)[0] =
+                                                                                     -1.0f;
+                                                                                 return;
+                                                                               }
+                                                                           }},
+                                                                          {"names no parameter",
+                                                                           [](auto& m) {
+                                                                             m["no.such.weight.exp_"
+                                                                               "avg"] =
+                                                                                 at::zeros({2});
+                                                                           }},
+                                                                          {"has shape",
+                                                                           [](auto& m) {
+                                                                             m.begin()->second =
+                                                                                 at::zeros({3});
+                                                                           }},
+                                                                          {"holds a NaN",
+                                                                           [](auto& m) {
+                                                                             m.begin()->second.view(
+                                                                                 -1)[0] =
+                                                                                 std::nan("");
+                                                                           }},
+                                                                          {"not float32",
+                                                                           [](auto& m) {
+                                                                             m.begin()->second =
+                                                                                 m.begin()->second.to(
+                                                                                     at::kDouble);
+                                                                           }}}) {
+    auto file = read_safetensors(newest.string());
+    const std::string saved = read_file_text(newest.string());
+    std::map<std::string, at::Tensor> state;
+    for (auto& [k, t] : file.tensors) state[k] = t.clone();
+    edit(state);
+    write_safetensors(newest.string(), state);
+    auto s = test::make_session(r, o);
+    EXPECT_EQ(s->step(), 6) << what;  // the one before the damaged newest
+    write_file_synced(newest.string(), saved);
   }
 }
 

@@ -225,7 +225,10 @@ int run_command(const std::vector<std::string>& args) {
     }
     if (!s.process_memory.empty()) std::cout << "process RSS   peak " << s.process_memory << "\n";
     std::cout << "metrics       " << s.metrics_path << "\n";
-    std::cout << "checkpoints   " << s.checkpoint_dir << "\n";
+    if (s.saved.empty())
+      std::cout << "saved         nothing (no checkpoint, hf/ or adapter/ was written)\n";
+    for (size_t i = 0; i < s.saved.size(); ++i)
+      std::cout << (i ? "              " : "saved         ") << s.saved[i] << "\n";
     if (!s.sample.empty()) std::cout << "sample        ----\n" << s.sample << "\n----\n";
     return kOk;
   } catch (const RecipeError& e) {

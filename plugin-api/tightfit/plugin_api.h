@@ -52,7 +52,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 7
+#define TF_ABI_VERSION_MINOR 8
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -325,6 +325,11 @@ typedef struct tf_run_info {
    * and `device` may not exist on this machine (a GPU recipe planned on a
    * laptop), so create/configure must not touch it. */
   int32_t dry_run;
+  /* Added in 1.8 (read it when struct_size covers it): the Hugging Face
+   * model folder the weights come from ([model] weights, absolute; the
+   * folder of a weights file), "" when the model starts from the recipe's
+   * init. A PEFT adapter names it as base_model_name_or_path. */
+  const char* model_source;
 } tf_run_info;
 
 /* A parameter as `plan` expects it to be stored (plan_param_get/set). */

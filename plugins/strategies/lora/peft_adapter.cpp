@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -94,6 +95,17 @@ void write_text_atomically(const std::string& path, const std::string& text) {
   }
 }
 
+// The base model's folder (ABI 1.8's run_info.model_source), so that
+// AutoPeftModelForCausalLM.from_pretrained finds it; null when the model
+// started from the recipe's init or the host is older.
+nlohmann::json base_model(const Lora& s) {
+  const tf_run_info info = s.host.run_info();
+  if (info.struct_size < offsetof(tf_run_info, model_source) + sizeof info.model_source ||
+      !info.model_source || !*info.model_source)
+    return nullptr;
+  return info.model_source;
+}
+
 }  // namespace
 
 void write_peft_adapter(const Lora& s, const std::string& dir) {
@@ -136,7 +148,7 @@ void write_peft_adapter(const Lora& s, const std::string& dir) {
       {"layers_pattern", nullptr},
       {"rank_pattern", nlohmann::json::object()},
       {"alpha_pattern", nlohmann::json::object()},
-      {"base_model_name_or_path", nullptr},
+      {"base_model_name_or_path", base_model(s)},
       {"revision", nullptr},
   };
   write_text_atomically(dir + "/adapter_config.json", config.dump(2) + "\n");
