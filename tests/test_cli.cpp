@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "file_util.hpp"
 #include "test_support.hpp"
 
 namespace tightfit {
@@ -317,6 +318,21 @@ TEST(Configs, TheFineTuneRecipeKeepsWhatItTrained) {
       "P.from_pretrained(sys.argv[2])\" " +
       run + "/hf " + run + "/adapter";
   EXPECT_EQ(std::system(load.c_str()), 0) << "transformers or PEFT could not load the results";
+}
+
+// docs/recipes.md's key reference is the binary's key schema, word for word.
+TEST(Configs, RecipesPageListsEveryKey) {
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("plugins keys", &out), 0) << out;
+  const std::string page = read_file_text(std::string(TIGHTFIT_SOURCE_DIR) + "/docs/recipes.md");
+  const std::string begin = "<!-- keys:begin -->\n", end = "<!-- keys:end -->";
+  const auto b = page.find(begin), e = page.find(end);
+  ASSERT_NE(b, std::string::npos);
+  ASSERT_NE(e, std::string::npos);
+  EXPECT_EQ(page.substr(b + begin.size(), e - b - begin.size()), out)
+      << "docs/recipes.md's key reference differs from `tightfit plugins keys`: regenerate it";
+  for (const char* table : {"### [run]", "### [data]", "### [save]", "plugin = \"lora\""})
+    EXPECT_NE(out.find(table), std::string::npos) << table;
 }
 
 // Every shipped recipe is valid: tables, keys, plugins and their configuration.
