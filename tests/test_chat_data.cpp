@@ -12,6 +12,7 @@
 #include "bpe_tokenizer.hpp"
 #include "chat_data.hpp"
 #include "cross_entropy.hpp"
+#include "data_setup.hpp"
 #include "example_batcher.hpp"
 #include "safetensors.hpp"
 #include "test_support.hpp"
@@ -64,6 +65,41 @@ TEST_F(ChatData, MasksEqualTrlCompletionOnlyLoss) {
     EXPECT_EQ(std::count(every[i].trained.begin(), every[i].trained.end(), 1),
               static_cast<long>(every[i].ids.size()));
   }
+}
+
+// A LlamaTokenizerFast with add_bos_token = false: no BOS on any row, as
+// TRL's tokens; rows whose prompt tokens are not a prefix of the row's (a
+// word split between prompt and completion) are masked as TRL masks them
+// and counted in the data summary.
+TEST_F(ChatData, AddBosTokenFalseAndSplitWordsCountAsTrl) {
+  const std::string folder = dir_->str() + "/nobos";
+  auto tok = BpeTokenizer::load(folder);
+  const ChatFormatter formatter(*tok, TokenizerConfig::load(folder), TrainOn::kCompletion);
+  const std::vector<Example> got = load_examples(folder + "/rows.jsonl", formatter);
+  std::ifstream in(folder + "/expected.json");
+  const ojson expected = ojson::parse(in);
+  ASSERT_EQ(got.size(), expected.size());
+  int64_t trained = 0, trl_trained = 0, not_prefix = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].ids, expected[i]["input_ids"].get<std::vector<int64_t>>()) << "row " << i;
+    std::vector<uint8_t> mask;
+    for (const auto& v : expected[i]["completion_mask"]) mask.push_back(v.get<uint8_t>());
+    EXPECT_EQ(got[i].trained, mask) << "row " << i;
+    trained += std::count(got[i].trained.begin(), got[i].trained.end(), 1);
+    trl_trained += std::count(mask.begin(), mask.end(), 1);
+    not_prefix += got[i].prompt_not_prefix;
+  }
+  EXPECT_EQ(trained, trl_trained);
+  EXPECT_EQ(not_prefix, 2);  // "The weat|her", "It stre|amed"; "The memory bud|get" splits cleanly
+  DataRequest r;
+  r.corpus = folder + "/rows.jsonl";
+  r.tokenizer = folder;
+  r.seq_len = 64;
+  r.batch_size = 2;
+  r.val_fraction = 0;
+  const DataSetup d = setup_data(r);
+  EXPECT_NE(d.description.find("2 rows whose tokenized prompt is not a prefix"), std::string::npos)
+      << d.description;
 }
 
 TEST_F(ChatData, MalformedRowsNameFileLineAndField) {

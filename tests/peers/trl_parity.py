@@ -31,6 +31,9 @@ PLAIN = [{"prompt": "Translate to French: cheese", "completion": " fromage"},
          {"prompt": "2+2=", "completion": "4</s>"},
          {"prompt": "Write a haiku about memory.\n", "completion": "Weights on the disk 🙂\nstreamed in"},
          {"prompt": "  leading spaces", "completion": "\n\ttabbed answer"}]
+SPLIT_WORDS = [{"prompt": "The weat", "completion": "her is fine"},
+               {"prompt": "It stre", "completion": "amed in"},
+               {"prompt": "The memory bud", "completion": "get is eight"}]
 CONVERSATIONAL = [{"prompt": [{"role": "user", "content": "Hello!"}],
                    "completion": [{"role": "assistant", "content": "Hi, how can I help?"}]},
                   {"prompt": [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "2+2?"}],
@@ -84,6 +87,25 @@ def main(out: pathlib.Path) -> None:
         for row in PLAIN + CONVERSATIONAL + ALPACA + MESSAGES:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     (out / "expected.json").write_text(json.dumps(expected))
+
+    # The same tokenizer as a LlamaTokenizerFast with add_bos_token = false:
+    # its class rebuilds the post-processor, so no row gets a BOS. The last
+    # rows' prompts end inside a word their completions finish, so their
+    # tokenized prompt is not a prefix of the whole row's tokens.
+    nobos = out / "nobos"
+    nobos.mkdir(exist_ok=True)
+    (nobos / "tokenizer.json").write_text((out / "tokenizer.json").read_text())
+    (nobos / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "</s>", "unk_token": "<unk>",
+         "tokenizer_class": "LlamaTokenizerFast", "add_bos_token": False, "add_eos_token": False}))
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(nobos))
+    assert type(tok).__name__ == "LlamaTokenizerFast", type(tok)
+    rows = PLAIN + SPLIT_WORDS
+    with open(nobos / "rows.jsonl", "w") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    (nobos / "expected.json").write_text(json.dumps(prepare(tok, model, rows)))
 
 
 if __name__ == "__main__":
