@@ -376,6 +376,19 @@ void check_class_known(const TokenizerConfig& cfg) {
                               "than tokenized differently from transformers");
 }
 
+// Files without a tokenizer.json whose class is not one tightfit converts.
+[[noreturn]] void refuse_unconverted(const fs::path& folder, const TokenizerConfig& cfg,
+                                     const std::string& files, const std::string& classes) {
+  throw std::invalid_argument(
+      folder.string() + " has " + files + " but no tokenizer.json, and its " +
+      (cfg.tokenizer_class.empty() ? std::string("tokenizer class is not named")
+                                   : "tokenizer class is \"" + cfg.tokenizer_class + "\"") +
+      ": tightfit converts them as " + classes +
+      " does; name the class in tokenizer_config.json's \"tokenizer_class\", or save the "
+      "tokenizer with transformers (AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)) to "
+      "get a tokenizer.json");
+}
+
 }  // namespace
 
 std::string byte_tokenizer_json() {
@@ -443,24 +456,13 @@ TokenizerDefinition read_hf_tokenizer(const std::string& path) {
   } else if (!from_slow && fs::exists(folder / "vocab.json", ec) &&
              fs::exists(folder / "merges.txt", ec)) {
     if (cfg.tokenizer_class != "GPT2Tokenizer" && cfg.tokenizer_class != "Qwen2Tokenizer")
-      throw std::invalid_argument(
-          folder.string() + " has vocab.json and merges.txt but no tokenizer.json, and its " +
-          (cfg.tokenizer_class.empty() ? std::string("tokenizer class is not named")
-                                       : "tokenizer class is \"" + cfg.tokenizer_class + "\"") +
-          ": tightfit converts them as GPT2Tokenizer or Qwen2Tokenizer do; name one in "
-          "tokenizer_config.json's \"tokenizer_class\", or save the tokenizer with transformers "
-          "(AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)) to get a tokenizer.json");
+      refuse_unconverted(folder, cfg, "vocab.json and merges.txt",
+                         "GPT2Tokenizer or Qwen2Tokenizer");
     d.source = fs::absolute(folder / "vocab.json").string();
     d.spec = byte_level_bpe(folder, cfg);
   } else if (fs::exists(folder / "tokenizer.model", ec)) {
     if (cfg.tokenizer_class != "LlamaTokenizer")
-      throw std::invalid_argument(
-          folder.string() + " has a SentencePiece tokenizer.model but no tokenizer.json, and its " +
-          (cfg.tokenizer_class.empty() ? std::string("tokenizer class is not named")
-                                       : "tokenizer class is \"" + cfg.tokenizer_class + "\"") +
-          ": tightfit converts tokenizer.model as LlamaTokenizer does; name it in "
-          "tokenizer_config.json's \"tokenizer_class\", or save the tokenizer with transformers "
-          "to get a tokenizer.json");
+      refuse_unconverted(folder, cfg, "a SentencePiece tokenizer.model", "LlamaTokenizer");
     d.source = fs::absolute(folder / "tokenizer.model").string();
     d.spec = sentencepiece_bpe(folder, cfg);
   } else if (from_slow) {
