@@ -194,9 +194,24 @@ TrainSummary Session::train() {
     sum.val_loss = eval_loss(env_.run_cfg.get_int("eval_batches"));
     if (std::isfinite(sum.val_loss) && !(sum.val_loss >= sum.best_val_loss))
       sum.best_val_loss = sum.val_loss;
-    if (const int64_t n = env_.run_cfg.get_int("sample_tokens"); n > 0)
-      sum.sample = generate(env_.run_cfg.get_string("sample_prompt"), n,
-                            env_.run_cfg.get_int("sample_top_k"), 0.8, env_.run_info.seed);
+    if (const int64_t n = env_.run_cfg.get_int("sample_tokens"); n > 0) {
+      try {
+        sum.sample = generate(env_.run_cfg.get_string("sample_prompt"), n,
+                              env_.run_cfg.get_int("sample_top_k"), 0.8, env_.run_info.seed);
+      } catch (const std::exception& e) {
+        // The sample never crops its context (as `generate`): a sample past
+        // the model's positions is the recipe's request, refused by name.
+        const std::string why = dynamic_cast<const c10::Error*>(&e)
+                                    ? static_cast<const c10::Error&>(e).what_without_backtrace()
+                                    : e.what();
+        throw RecipeError(
+            recipe_.source() + ": [run] sample_tokens = " + std::to_string(n) +
+            ": the sample after training failed (" + why +
+            "). Training finished and what [save] asked for is saved; lower run.sample_tokens so "
+            "that the prompt and the sample fit the model's positions, and sample with "
+            "`tightfit generate`");
+      }
+    }
   } catch (const c10::Error& e) {
     if (auto refusal = budget_refusal(e)) throw OutOfBudgetError(*refusal);
     throw;

@@ -94,6 +94,20 @@ TEST_F(CliTest, SummaryNamesWhatTheRunSavedAndWarnsWhenNothingIsKept) {
   EXPECT_NE(out.find("saved         nothing"), std::string::npos) << out;
 }
 
+// A sample past the model's positions is never cropped: the run refuses it
+// by name (exit 2) after saving what it trained.
+TEST_F(CliTest, ASamplePastTheModelsPositionsIsRefusedAfterSaving) {
+  std::string out;
+  EXPECT_EQ(test::run_tightfit("run " + recipe + " -q --set run.sample_tokens=100", &out), 2)
+      << out;
+  EXPECT_NE(out.find("[run] sample_tokens = 100"), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(dir.path() / "t" / "checkpoints" / "step-00000004")) << out;
+  EXPECT_EQ(
+      test::run_tightfit("run " + recipe + " -q --set run.sample_tokens=40 --set run.name=s", &out),
+      0)
+      << out;
+}
+
 // plan without --budget gives its verdict against the recipe's memory_budget.
 TEST_F(CliTest, PlanJudgesAgainstTheRecipesOwnBudget) {
   std::string out;
