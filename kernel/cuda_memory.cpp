@@ -23,7 +23,13 @@ int cuda_device_count() {
 }
 
 bool cuda_device_usable(int device) {
-  return at::hasCUDA() && device >= 0 && device < static_cast<int>(c10::cuda::device_count());
+  if (!at::hasCUDA() || device < 0 || device >= static_cast<int>(c10::cuda::device_count()))
+    return false;
+  // The caching allocator is set up by CUDA's lazy init, which LibTorch runs
+  // at the first CUDA tensor; its statistics and memory fraction, asked
+  // before that, throw "Invalid device argument". (Idempotent, once per process.)
+  at::globalContext().lazyInitDevice(at::kCUDA);
+  return true;
 }
 
 bool cuda_memory(int device, CudaMemory* out) {
@@ -76,6 +82,27 @@ int64_t cuda_library_workspace_bytes(int device) {
   const int64_t bytes = std::max<int64_t>(0, allocated() - before);
   measured[device] = bytes;
   return bytes;
+}
+
+void cuda_set_deterministic(bool on) {
+  // cuBLAS picks its reduction order by workspace; a fixed configuration is
+  // what makes its GEMMs repeat bit for bit (CUDA's reproducibility notes).
+  // It is read when a handle is made, so it is set before the first GEMM;
+  // a user's own setting wins.
+  if (on) setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  auto& ctx = at::globalContext();
+  // warn_only: an operator with no deterministic kernel warns instead of
+  // stopping the run. Memory-efficient attention is one (its backward sums
+  // with atomics even in this mode: seen on an H100, 2026-11-26), and
+  // cuDNN's attention makes no promise, so both are off; flash attention
+  // takes the deterministic backward from this flag, and the math kernel
+  // is deterministic.
+  ctx.setDeterministicAlgorithms(on, /*warn_only=*/true);
+  ctx.setDeterministicFillUninitializedMemory(false);  // no NaN fill of every empty()
+  ctx.setDeterministicCuDNN(on);
+  ctx.setBenchmarkCuDNN(false);
+  ctx.setSDPUseMemEfficient(!on);
+  ctx.setSDPUseCuDNN(!on);
 }
 
 bool cuda_set_budget(int device, int64_t bytes) {

@@ -35,6 +35,9 @@ int64_t cuda_library_workspace_bytes(int device);
 // later, 32 MiB for each of the two threads' handles. The larger of its
 // defaults (Ampere's is a quarter), so such a plan errs high.
 constexpr int64_t kAssumedCublasWorkspaceBytes = int64_t{2} * (int64_t{32} << 20);
+// On: LibTorch's deterministic algorithms and cuBLAS's fixed workspace
+// ([run] deterministic), so CUDA runs repeat bit for bit; off: the defaults.
+void cuda_set_deterministic(bool on);
 // Caps the caching allocator at `bytes` (0 = no cap); returns false without CUDA.
 bool cuda_set_budget(int device, int64_t bytes);
 

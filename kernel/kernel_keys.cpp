@@ -59,6 +59,10 @@ const std::vector<KeySpec>& run_keys() {
           "seconds a rank waits for the others (joining, and in each collective) before the "
           "run stops with an error naming it",
           1, 1e6),
+      key("deterministic", TF_VALUE_BOOL, "true",
+          "on a CUDA device, LibTorch's deterministic algorithms and cuBLAS's fixed workspace, "
+          "so a rerun, a resume and an exact strategy give the same bits (as on a CPU); false = "
+          "the faster atomics-based kernels, whose sums vary in the last bits from run to run"),
       key("plugin_paths", TF_VALUE_STRING_LIST, "[]",
           "extra plugin files or folders (relative to the recipe)"),
       key("on_non_finite", TF_VALUE_STRING, "\"skip\"",

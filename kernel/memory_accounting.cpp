@@ -174,12 +174,34 @@ std::string describe_budget_refusal(size_t requested, const MemorySnapshot& s) {
   return os.str();
 }
 
+std::string describe_device_refusal(const std::string& allocator_message, int64_t budget) {
+  // LibTorch's message runs on over several sentences of allocator detail:
+  // its first two say what ran out and what was asked ("CUDA out of memory.
+  // Tried to allocate 2.00 MiB.").
+  size_t cut = allocator_message.find(". ");
+  if (cut != std::string::npos) cut = allocator_message.find(". ", cut + 2);
+  const std::string first =
+      cut == std::string::npos ? allocator_message : allocator_message.substr(0, cut + 1);
+  std::ostringstream os;
+  if (budget > 0)
+    os << "out of memory budget: the device's allocator would pass run.memory_budget = "
+       << format_bytes(budget) << " (" << first << ")";
+  else
+    os << "out of device memory (" << first << ")";
+  os << ". Fix: " << (budget > 0 ? "raise run.memory_budget, " : "")
+     << "lower data.batch_size or data.seq_len, or add a [[strategy]] such as checkpoint or "
+        "offload (tightfit plan RECIPE shows what each part takes)";
+  return os.str();
+}
+
 std::optional<std::string> budget_refusal(const std::exception& e) {
   auto& acct = MemoryAccounting::instance();
   if (dynamic_cast<const OutOfBudgetError*>(&e)) return e.what();
   if (const auto* oom = dynamic_cast<const c10::OutOfMemoryError*>(&e)) {
-    acct.take_refusal();  // claimed: this is it
-    return oom->what_without_backtrace();
+    // The counting CPU allocator's refusal is its own message (claimed:
+    // this is it); anything else is a device's allocator refusing.
+    if (acct.take_refusal()) return oom->what_without_backtrace();
+    return describe_device_refusal(oom->what_without_backtrace(), acct.device_budget());
   }
   if (dynamic_cast<const c10::Error*>(&e)) return acct.take_refusal();
   return std::nullopt;

@@ -43,6 +43,10 @@ const char* category_name(tf_mem_category c);
 
 // Thrown (as c10::OutOfMemoryError) when an allocation would pass the budget.
 std::string describe_budget_refusal(size_t requested, const MemorySnapshot& s);
+// A device allocator's out-of-memory (LibTorch's CUDA message), said as the
+// budget refusing it when `budget` (the run's memory_budget, below the
+// card's memory) is what it hit, else as the device being full; with the fix.
+std::string describe_device_refusal(const std::string& allocator_message, int64_t budget);
 
 // When `e` is the budget refusing an allocation, its message (without
 // LibTorch's C++ backtrace); nullopt otherwise. Known by type
@@ -59,6 +63,10 @@ class MemoryAccounting {
   // 0 disables the budget.
   void set_budget(int64_t bytes) { budget_.store(bytes); }
   int64_t budget() const { return budget_.load(); }
+  // A CUDA run's run.memory_budget, which the caching allocator enforces as
+  // its memory fraction (cuda_set_budget): kept to name it when it refuses.
+  void set_device_budget(int64_t bytes) { device_budget_.store(bytes); }
+  int64_t device_budget() const { return device_budget_.load(); }
   // [run] memory_budget_scope = "process": the process's resident memory
   // (RSS) must stay under `bytes` too. The allocator checks it every 16 MiB
   // of allocations and before any larger one; 0 disables it.
@@ -99,6 +107,7 @@ class MemoryAccounting {
   std::array<std::atomic<int64_t>, TF_MEM_CATEGORY_COUNT> at_peak_{};
   std::atomic<int64_t> budget_{0};
   std::atomic<int64_t> process_budget_{0};
+  std::atomic<int64_t> device_budget_{0};
   std::atomic<int64_t> since_process_check_{0};
   std::mutex refusal_mutex_;
   std::optional<std::string> refusal_;

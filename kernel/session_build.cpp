@@ -198,8 +198,14 @@ std::optional<DistEnv> Session::set_up_device_and_ranks() {
   if (env_.device.is_cuda() && !options_.dry_run) {
     // The budget is the device's: the caching allocator's memory fraction.
     const int idx = env_.device.has_index() ? env_.device.index() : 0;
-    cuda_set_budget(idx, env_.run_cfg.get_size("memory_budget"));
+    const int64_t budget = env_.run_cfg.get_size("memory_budget");
+    cuda_set_budget(idx, budget);
     MemoryAccounting::instance().set_budget(0);
+    // Named in a refusal only where it is below the card (the cap it sets).
+    CudaMemory card;
+    const bool capped = budget > 0 && cuda_memory(idx, &card) && budget < card.total;
+    MemoryAccounting::instance().set_device_budget(capped ? budget : 0);
+    cuda_set_deterministic(env_.run_cfg.get_bool("deterministic"));
   }
 
   return dist;

@@ -41,6 +41,36 @@ TEST(MemoryAccounting, BudgetRefusesAllocationWithOutOfMemoryError) {
 // Freed blocks of 1 MiB and more come back for the next allocation of their
 // size class (no fresh pages to fault in), the tracked bytes stay the ones
 // asked for, and the cache holds no more than its limit.
+// On a CUDA device the caching allocator enforces the budget (its memory
+// fraction) and throws its own OutOfMemoryError: said as the budget's
+// refusal, naming the key and the fix, as the CPU allocator's is (the
+// message LibTorch 2.11 gave on an H100, 2026-11-26).
+TEST(MemoryAccounting, ADeviceAllocatorsRefusalNamesTheBudgetAndTheFix) {
+  const std::string cuda =
+      "CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity of 79.18 GiB "
+      "of which 77.91 GiB is free. 1024.00 KiB allowed; Of the allocated memory 0 bytes is "
+      "allocated by PyTorch";
+  const std::string budget = describe_device_refusal(cuda, int64_t{1} << 20);
+  EXPECT_EQ(budget.rfind("out of memory budget", 0), 0u) << budget;
+  EXPECT_NE(budget.find("run.memory_budget = 1.0MiB"), std::string::npos) << budget;
+  EXPECT_NE(budget.find("Tried to allocate 2.00 MiB."), std::string::npos) << budget;
+  EXPECT_EQ(budget.find("77.91 GiB"), std::string::npos) << budget;  // LibTorch's detail is cut
+  EXPECT_NE(budget.find("Fix: raise run.memory_budget"), std::string::npos) << budget;
+  const std::string full = describe_device_refusal(cuda, 0);
+  EXPECT_EQ(full.rfind("out of device memory", 0), 0u) << full;
+  EXPECT_EQ(full.find("run.memory_budget ="), std::string::npos) << full;
+  EXPECT_NE(full.find("Fix: lower data.batch_size"), std::string::npos) << full;
+  // A budget refusal through budget_refusal: an OutOfMemoryError the CPU
+  // allocator did not record is the device's.
+  MemoryAccounting::instance().clear_refusal();
+  MemoryAccounting::instance().set_device_budget(int64_t{1} << 20);
+  const c10::OutOfMemoryError e(c10::SourceLocation{"f", "file", 1}, cuda);
+  const std::optional<std::string> said = budget_refusal(e);
+  MemoryAccounting::instance().set_device_budget(0);
+  ASSERT_TRUE(said.has_value());
+  EXPECT_EQ(said->rfind("out of memory budget: the device's allocator", 0), 0u) << *said;
+}
+
 TEST(CpuBlockCache, SizeClassesWasteAtMostAnEighth) {
   EXPECT_EQ(CpuBlockCache::capacity_for(1000), 1000);
   EXPECT_EQ(CpuBlockCache::capacity_for(1 << 20), 1 << 20);

@@ -52,6 +52,12 @@ std::string write_corpus(const TempDir& dir) {
   return write_file(dir, "corpus.txt", os.str());
 }
 
+std::string categories_not_counted_here() {
+  if (test_device().rfind("cuda", 0) != 0) return {};
+  return "device memory is counted as the caching allocator's totals, not by category "
+         "(docs/gpu.md): this category's bytes are checked on the CPU";
+}
+
 std::string test_device() {
   const char* device = std::getenv("TIGHTFIT_TEST_DEVICE");
   return device ? device : "";

@@ -28,6 +28,10 @@ std::string write_corpus(const TempDir& dir);
 // The device the suites labelled "cuda" run on: TIGHTFIT_TEST_DEVICE
 // (cuda:0 when scripts/gpu-check runs them on the GPU), or "" for the CPU.
 std::string test_device();
+// On a CUDA test device the kernel counts device memory as the caching
+// allocator's totals only, not by category (docs/gpu.md): assertions on a
+// category's bytes hold on the CPU. Why, for a GTEST_SKIP, or empty on a CPU.
+std::string categories_not_counted_here();
 
 // A tiny GPT-2 recipe training on `corpus` with output under `out_dir`;
 // `extra` is appended verbatim (strategies, overrides of tables).

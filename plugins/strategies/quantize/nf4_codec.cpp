@@ -55,8 +55,10 @@ void encode_cpu(const T* x, int64_t n, int64_t block, float* absmax, uint8_t* pa
 at::Tensor encode_tensors(const at::Tensor& flat, int64_t block, at::Tensor& absmax) {
   const int64_t n = flat.numel(), n_blocks = absmax.numel();
   const at::Tensor& levels = levels_tensor();
-  const at::Tensor midpoints = (levels.slice(0, 1) + levels.slice(0, 0, -1)) / 2;
-  at::Tensor codes = at::zeros({n_blocks * block + (n_blocks * block) % 2}, at::kByte);
+  const at::Tensor midpoints =
+      ((levels.slice(0, 1) + levels.slice(0, 0, -1)) / 2).to(flat.device());
+  at::Tensor codes = at::zeros({n_blocks * block + (n_blocks * block) % 2},
+                               flat.options().dtype(at::kByte));
   constexpr int64_t kChunkBlocks = 1 << 14;
   for (int64_t b0 = 0; b0 < n_blocks; b0 += kChunkBlocks) {
     const int64_t nb = std::min(kChunkBlocks, n_blocks - b0);
@@ -142,7 +144,7 @@ std::pair<at::Tensor, at::Tensor> encode(const at::Tensor& w, int64_t block) {
 
 std::pair<at::Tensor, at::Tensor> encode_with_tensor_ops(const at::Tensor& w, int64_t block) {
   const int64_t n_blocks = (w.numel() + block - 1) / block;
-  at::Tensor absmax = at::empty({n_blocks}, at::kFloat);
+  at::Tensor absmax = at::empty({n_blocks}, w.options().dtype(at::kFloat));
   at::Tensor packed = encode_tensors(w.flatten(), block, absmax);
   return {packed, absmax};
 }

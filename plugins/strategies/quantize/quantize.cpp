@@ -149,10 +149,12 @@ tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* na
     AdamState8& st = s->adam[name];
     if (!st.m_codes.defined()) {  // zero codes and scales decode to zero moments
       s->host.check(api->memory_push_category(ctx, TF_MEM_OPTIMIZER));
-      st.m_codes = at::zeros({n_blocks * block}, at::kChar);
-      st.r_codes = at::zeros({n_blocks * block}, at::kByte);
-      st.m_absmax = at::zeros({n_blocks}, at::kFloat);
-      st.r_absmax = at::zeros({n_blocks}, at::kFloat);
+      // On the parameter's device, where the update runs.
+      const at::TensorOptions on = flat_param.options();
+      st.m_codes = at::zeros({n_blocks * block}, on.dtype(at::kChar));
+      st.r_codes = at::zeros({n_blocks * block}, on.dtype(at::kByte));
+      st.m_absmax = at::zeros({n_blocks}, on.dtype(at::kFloat));
+      st.r_absmax = at::zeros({n_blocks}, on.dtype(at::kFloat));
       api->memory_pop_category(ctx);
     }
     const bool decay =
