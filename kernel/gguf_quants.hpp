@@ -1,0 +1,21 @@
+// ggml's block formats, decoded to float32 as ggml's reference
+// dequantizers (and the gguf Python package) do, value for value: the same
+// products in the same order, rounded to float32 at the same steps.
+#pragma once
+
+#include <cstdint>
+
+#include "gguf_file.hpp"
+
+namespace tightfit::gguf {
+
+// Whether `type` can be decoded here (F32, F16, BF16, Q4_0, Q4_1, Q5_0,
+// Q5_1, Q8_0, Q4_K, Q5_K, Q6_K).
+bool can_dequantize(const TensorType& type);
+
+// Decodes `n` elements (a whole number of the type's blocks) from `src`,
+// which holds n / block * bytes bytes, into `dst`. Throws GgufError for a
+// type can_dequantize refuses.
+void dequantize(const TensorType& type, const uint8_t* src, int64_t n, float* dst);
+
+}  // namespace tightfit::gguf

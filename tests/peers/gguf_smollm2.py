@@ -1,0 +1,42 @@
+"""The real SmolLM2-135M-Instruct GGUF (scripts/setup's .cache/models), as
+ggml's gguf package reads it, for test_gguf: a few tensors of each of its
+types (Q8_0, Q4_1, F32) dequantized, and what the metadata holds.
+
+  gguf_smollm2.py FILE.gguf OUT
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+import gguf
+
+r = gguf.GGUFReader(sys.argv[1])
+out = Path(sys.argv[2])
+out.mkdir(parents=True, exist_ok=True)
+names = ["token_embd.weight", "blk.0.attn_q.weight", "blk.29.ffn_down.weight", "blk.0.attn_norm.weight",
+         "output_norm.weight"]
+tensors = {t.name: t for t in r.tensors}
+expected = {}
+for n in names:
+    t = tensors[n]
+    expected[n] = torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)))
+save_file(expected, str(out / "smollm2_expected.safetensors"))
+f = r.fields
+summary = {
+    "tensor_count": len(r.tensors),
+    "types": {t.name: t.tensor_type.name for t in r.tensors},
+    "tokens": len(f["tokenizer.ggml.tokens"].data),
+    "token_1000": f["tokenizer.ggml.tokens"].contents(1000),
+    "merges": len(f["tokenizer.ggml.merges"].data),
+    "merge_0": f["tokenizer.ggml.merges"].contents(0),
+    "chat_template": f["tokenizer.chat_template"].contents(),
+    "block_count": f["llama.block_count"].contents(),
+    "rope_freq_base": f["llama.rope.freq_base"].contents(),
+    "data_offset": int(r.data_offset),
+}
+(out / "smollm2.json").write_text(json.dumps(summary, ensure_ascii=False))
