@@ -156,6 +156,10 @@ def main():
         f.write(text)
     case("edited trainer.json (a value out of range), no older checkpoint",
          tightfit("run", only, "--resume", "-q"))
+    shutil.copy(os.path.join(ROOT, "fuzz", "corpus", "gguf", "k_quants.gguf"),
+                os.path.join(work, "model.gguf"))
+    case("a GGUF file as [model] weights (not yet read as weights)",
+         tightfit("run", recipe(work, "gguf", model=f'weights = "{work}/model.gguf"')))
     case("the corpus alone over memory_budget",
          tightfit("run", recipe(work, "data", run='memory_budget = "4MiB"')))
     case("out of memory_budget",

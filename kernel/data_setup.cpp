@@ -10,6 +10,7 @@
 #include "checked_size.hpp"
 #include "example_batcher.hpp"
 #include "file_util.hpp"
+#include "gguf_model.hpp"
 #include "json_input.hpp"
 #include "memory_accounting.hpp"
 #include "tokenizer_folder.hpp"
@@ -189,6 +190,9 @@ bool is_example_data(const std::string& spec, const std::string& base_dir) {
 DataSetup setup_data(const DataRequest& r) {
   DataSetup d;
   d.tokenizer_spec = r.tokenizer;
+  if (!r.weights.empty() && gguf::looks_like_gguf(resolve(r.weights, r.base_dir).string()))
+    throw std::invalid_argument(
+        gguf::gguf_weights_not_supported_yet(resolve(r.weights, r.base_dir).string()));
   if (d.tokenizer_spec == "auto") {
     // The model's own tokenizer, never a stand-in: the byte tokenizer only
     // when the recipe names it.

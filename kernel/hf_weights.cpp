@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "file_util.hpp"
+#include "gguf_model.hpp"
 #include "hf_shards.hpp"
 #include "json_input.hpp"
 #include "memory_accounting.hpp"
@@ -18,6 +19,8 @@ namespace tightfit {
 namespace fs = std::filesystem;
 
 HfWeightSource::HfWeightSource(const std::string& path) {
+  if (gguf::looks_like_gguf(path))
+    throw std::runtime_error(gguf::gguf_weights_not_supported_yet(path));
   auto open = [&](const std::string& file) {
     readers_.emplace_back(file);
     for (const auto& name : readers_.back().names()) where_[name] = readers_.size() - 1;

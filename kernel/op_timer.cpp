@@ -17,21 +17,36 @@ std::atomic<bool> g_installed{false};
 // Nesting on this thread: only the outermost op's time counts (an aten op
 // calls others; an autograd node runs ops).
 thread_local int t_depth = 0;
-thread_local std::chrono::steady_clock::time_point t_start;
+// Across threads, the time during which at least one outermost op runs:
+// ops on LibTorch's intra-op workers (a parallel_for of tensor ops) overlap
+// the caller's, and summing them would count one second twice and pass the
+// step's wall time (seen under load). Each such busy interval is charged to
+// the op that opened it. Guarded by g_by_name_mutex.
+int g_running = 0;
+std::chrono::steady_clock::time_point g_busy_since;
+std::string g_busy_opener;
 
-std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction&) {
-  if (t_depth++ == 0) t_start = std::chrono::steady_clock::now();
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (t_depth++ == 0) {
+    std::lock_guard<std::mutex> lock(g_by_name_mutex);
+    if (g_running++ == 0) {
+      g_busy_since = std::chrono::steady_clock::now();
+      g_busy_opener = fn.name();
+    }
+  }
   return nullptr;
 }
 
-void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+void on_end(const at::RecordFunction&, at::ObserverContext*) {
   if (t_depth > 0 && --t_depth == 0) {
-    const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           std::chrono::steady_clock::now() - t_start)
-                           .count();
-    g_op_nanoseconds += ns;
     std::lock_guard<std::mutex> lock(g_by_name_mutex);
-    g_by_name[fn.name()] += ns;
+    if (g_running > 0 && --g_running == 0) {
+      const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now() - g_busy_since)
+                             .count();
+      g_op_nanoseconds += ns;
+      g_by_name[g_busy_opener] += ns;
+    }
   }
 }
 
@@ -43,6 +58,7 @@ OpTimer::OpTimer() {
   {
     std::lock_guard<std::mutex> lock(g_by_name_mutex);
     g_by_name.clear();
+    g_running = 0;
   }
   handle_ = at::addGlobalCallback(
       at::RecordFunctionCallback(on_start, on_end)

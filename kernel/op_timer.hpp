@@ -23,10 +23,13 @@ class OpTimer {
   OpTimer(const OpTimer&) = delete;
   OpTimer& operator=(const OpTimer&) = delete;
 
-  // Seconds inside outermost operators (summed over threads) since made.
+  // Seconds during which an outermost operator ran on some thread, since
+  // made (overlapping ops on several threads count once, so never more than
+  // the wall time).
   double seconds() const;
-  // The same by operator name (aten::mm, autograd::engine::evaluate_function:
-  // MmBackward0, ...), largest first.
+  // The same split by the operator that began each such interval (aten::mm,
+  // autograd::engine::evaluate_function: MmBackward0, ...), largest first;
+  // the parts add up to seconds().
   std::vector<std::pair<std::string, double>> by_name() const;
 
  private:

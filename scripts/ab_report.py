@@ -59,11 +59,14 @@ def table(report) -> str:
         gap = fmt(m["eval_gap"])
         if m.get("eval_gap_ci95") is not None and math.isfinite(m["eval_gap_ci95"]):
             gap += f" ± {m['eval_gap_ci95']:.4f}"
-        cells = [html.escape(v["name"]), fmt(p["total"] / mib, 1)] + \
-                [fmt(p[c] / mib, 1) for c in ("weights", "grads", "optimizer", "activations", "adapters")] + \
+        # A variant whose every run failed has no figures: "-" in its row.
+        def in_mib(x):
+            return None if x is None else x / mib
+        cells = [html.escape(v["name"]), fmt(in_mib(p.get("total")), 1)] + \
+                [fmt(in_mib(p.get(c)), 1) for c in ("weights", "grads", "optimizer", "activations", "adapters")] + \
                 [fmt(m["tokens_per_s"], 0), fmt(m["wall_s"], 1), fmt(m["final_eval_loss"]),
                  fmt(m["best_eval_loss"]), gap, fmt(m["divergences"], 0),
-                 f"{100 * m['backward_skipped']:.0f}%" if m["backward_skipped"] is not None else "-"]
+                 f"{100 * m['backward_skipped']:.0f}%" if m.get("backward_skipped") is not None else "-"]
         rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     head = ["variant", "peak MiB", "weights", "grads", "optimizer", "activations", "adapters", "tokens/s",
             "wall s", "eval loss", "best eval", "gap to first (95% CI)", "divergences", "backward skipped"]

@@ -99,5 +99,30 @@ TEST(Ab, BadArgumentsAreUsageErrors) {
   EXPECT_NE(log.find("missing.toml"), std::string::npos) << log;
 }
 
+// A variant whose every run fails (here: out of its budget) keeps its row,
+// with no figures, in the table and the HTML report, and ab says it failed.
+TEST(Ab, AVariantThatFailsKeepsARowWithoutFigures) {
+  test::TempDir dir;
+  const std::string corpus = test::write_corpus(dir);
+  const std::string base =
+      test::write_file(dir, "plain.toml", test::tiny_recipe(corpus, dir.str()));
+  const fs::path out = dir.path() / "ab";
+  std::string log;
+  EXPECT_NE(
+      test::run_tightfit(
+          "ab " + base + " --vary run.memory_budget=0,64KiB --steps 2 --out " + out.string(), &log),
+      0)
+      << log;
+  EXPECT_NE(log.find("run.memory_budget=64KiB, seed 7 ... failed (exit 3"), std::string::npos)
+      << log;
+  const json report = json::parse(std::ifstream(out / "ab.json"));
+  ASSERT_EQ(report["variants"].size(), 2u);
+  EXPECT_TRUE(report["variants"][1]["mean"]["peak_bytes"]["total"].is_null()) << report.dump();
+  if (fs::exists(fs::path(TIGHTFIT_SOURCE_DIR) / ".venv/bin/python")) {
+    std::ifstream in(out / "report.html");
+    const std::string html((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(html.find("<td>run.memory_budget=64KiB</td><td>-</td>"), std::string::npos) << log;
+  }
+}
 }  // namespace
 }  // namespace tightfit

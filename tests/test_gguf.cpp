@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gguf_file.hpp"
+#include "gguf_model.hpp"
 #include "safetensors.hpp"
 #include "test_support.hpp"
 
@@ -306,5 +307,52 @@ TEST(GgufSmolLM2, TheRealFileReadsAsGgufReadsIt) {
     ASSERT_EQ(got.sizes(), ref.sizes()) << name;
     EXPECT_TRUE(at::equal(got, ref))
         << name << ": max diff " << (got - ref).abs().max().item<double>();
+  }
+
+  // As transformers' GGUF loader: the config, and the tensors under Hugging
+  // Face names with llama's q/k permutation undone.
+  std::ifstream config_in(dir.str() + "/smollm2_config.json");
+  const nlohmann::json hf = nlohmann::json::parse(config_in);
+  const nlohmann::json config = hf_config(r);
+  for (const auto& [key, value] : config.items()) {
+    ASSERT_TRUE(hf.contains(key)) << key;
+    if (value.is_number_float())
+      EXPECT_EQ(value.get<double>(), hf[key].get<double>()) << key;
+    else
+      EXPECT_EQ(value, hf[key]) << key;
+  }
+  for (const char* key :
+       {"num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "rope_theta", "rms_norm_eps", "max_position_embeddings",
+        "vocab_size", "tie_word_embeddings"})
+    EXPECT_TRUE(config.contains(key)) << key;
+  const SafetensorsFile hf_tensors = read_safetensors(dir.str() + "/smollm2_hf.safetensors");
+  for (const auto& [name, ref] : hf_tensors.tensors) {
+    const at::Tensor got = read_hf_tensor(r, config, name);
+    ASSERT_EQ(got.sizes(), ref.sizes()) << name;
+    EXPECT_TRUE(at::equal(got, ref))
+        << name << ": max diff " << (got - ref).abs().max().item<double>();
+  }
+  EXPECT_EQ(gguf_tensor_name("model.layers.12.mlp.gate_proj.weight"), "blk.12.ffn_gate.weight");
+  EXPECT_EQ(gguf_tensor_name("model.layers.0.self_attn.q_proj.bias"), "blk.0.attn_q.bias");
+  EXPECT_EQ(gguf_tensor_name("model.layers.x.mlp.gate_proj.weight"), std::nullopt);
+  EXPECT_THROW(read_hf_tensor(r, config, "lm_head.weight"), GgufError);  // tied: no output.weight
+}
+
+// Until a GGUF file can be a run's weights, a recipe naming one is refused
+// (exit 2) with the way to convert it, never read as safetensors or trained
+// on another tokenizer.
+TEST_F(GgufPeer, AsARunsWeightsItIsRefusedWithTheWayToConvertIt) {
+  test::TempDir dir;
+  const std::string corpus = test::write_corpus(dir);
+  for (const std::string tokenizer : {"auto", "byte"}) {
+    std::string r =
+        test::tiny_recipe(corpus, dir.str(), "weights = \"" + path("types.gguf") + "\"\n");
+    r.replace(r.find("tokenizer = \"byte\""), 18, "tokenizer = \"" + tokenizer + "\"");
+    const std::string recipe = test::write_file(dir, "r.toml", r);
+    std::string out;
+    EXPECT_EQ(test::run_tightfit("run " + recipe + " --quiet", &out), 2) << out;
+    EXPECT_NE(out.find("types.gguf is a GGUF file"), std::string::npos) << out;
+    EXPECT_NE(out.find("gguf_file=NAME"), std::string::npos) << out;
   }
 }

@@ -40,3 +40,18 @@ summary = {
     "data_offset": int(r.data_offset),
 }
 (out / "smollm2.json").write_text(json.dumps(summary, ensure_ascii=False))
+
+# transformers' GGUF loader: the config and the model's tensors (dequantized,
+# llama's q/k permutation undone) under Hugging Face names.
+from transformers import AutoConfig, AutoModelForCausalLM  # noqa: E402
+
+folder, name = str(Path(sys.argv[1]).parent), Path(sys.argv[1]).name
+config = AutoConfig.from_pretrained(folder, gguf_file=name)
+model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=torch.float32)
+state = model.state_dict()
+hf_names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight",
+            "model.layers.29.self_attn.k_proj.weight", "model.layers.29.mlp.down_proj.weight",
+            "model.layers.3.post_attention_layernorm.weight", "model.norm.weight"]
+save_file({n: state[n].contiguous() for n in hf_names}, str(out / "smollm2_hf.safetensors"))
+(out / "smollm2_config.json").write_text(config.to_json_string(use_diff=False))

@@ -1,0 +1,148 @@
+#include "gguf_model.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <utility>
+
+namespace tightfit::gguf {
+namespace {
+
+std::string architecture(const GgufReader& file) {
+  return file.get("general.architecture").as_string("general.architecture");
+}
+
+}  // namespace
+
+bool looks_like_gguf(const std::string& path) {
+  std::string ext = std::filesystem::path(path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (ext == ".gguf") return true;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return false;  // never opens a FIFO
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::string(magic, 4) == "GGUF";
+}
+
+std::string gguf_weights_not_supported_yet(const std::string& path) {
+  return path +
+         " is a GGUF file: tightfit reads GGUF files (their metadata and tensors) but does not "
+         "yet train or generate from one as [model] weights. Convert it to a Hugging Face "
+         "folder with transformers (AutoModelForCausalLM.from_pretrained(FOLDER, "
+         "gguf_file=NAME).save_pretrained(OUT), and the same with AutoTokenizer) and give that "
+         "folder as [model] config and weights";
+}
+
+bool is_supported_architecture(const std::string& arch) {
+  return arch == "llama" || arch == "mistral" || arch == "qwen2" || arch == "qwen3";
+}
+
+nlohmann::json hf_config(const GgufReader& file) {
+  const std::string arch = architecture(file);
+  if (!is_supported_architecture(arch))
+    throw GgufError(file.path() + ": general.architecture is \"" + arch +
+                    "\"; tightfit reads GGUF models of the llama, mistral, qwen2 and qwen3 "
+                    "architectures");
+  nlohmann::json c;
+  c["model_type"] = arch;
+  // GGUF_CONFIG_MAPPING: "<arch>.<key>" -> config.json's key.
+  const std::pair<const char*, const char*> ints[] = {
+      {"context_length", "max_position_embeddings"},
+      {"block_count", "num_hidden_layers"},
+      {"feed_forward_length", "intermediate_size"},
+      {"embedding_length", "hidden_size"},
+      {"attention.head_count", "num_attention_heads"},
+      {"attention.head_count_kv", "num_key_value_heads"},
+      {"vocab_size", "vocab_size"},
+  };
+  for (const auto& [gguf_key, hf_key] : ints) {
+    const std::string key = arch + "." + gguf_key;
+    if (const Value* v = file.find(key)) c[hf_key] = v->as_int(key);
+  }
+  for (const auto& [gguf_key, hf_key] :
+       {std::pair{"rope.freq_base", "rope_theta"},
+        std::pair{"attention.layer_norm_rms_epsilon", "rms_norm_eps"}}) {
+    const std::string key = arch + "." + gguf_key;
+    if (const Value* v = file.find(key)) c[hf_key] = v->as_number(key);
+  }
+  // rope.dimension_count is head_dim for llama and mistral only.
+  if (arch == "llama" || arch == "mistral")
+    if (const Value* v = file.find(arch + ".rope.dimension_count"))
+      c["head_dim"] = v->as_int(arch + ".rope.dimension_count");
+  for (const char* required : {"num_hidden_layers", "hidden_size", "num_attention_heads"})
+    if (!c.contains(required))
+      throw GgufError(file.path() + ": the metadata gives no " + required + " (" + arch +
+                      ".block_count, .embedding_length, .attention.head_count are required)");
+  // A file without a vocab_size key: the number of tokens (as llama.cpp).
+  if (!c.contains("vocab_size"))
+    if (const Value* t = file.find("tokenizer.ggml.tokens"))
+      c["vocab_size"] = static_cast<int64_t>(t->as_array("tokenizer.ggml.tokens").size());
+  c["tie_word_embeddings"] = file.find_tensor("output.weight") == nullptr;
+  for (const auto& [gguf_key, hf_key] :
+       {std::pair{"bos_token_id", "bos_token_id"}, std::pair{"eos_token_id", "eos_token_id"},
+        std::pair{"unknown_token_id", "unk_token_id"},
+        std::pair{"padding_token_id", "pad_token_id"}}) {
+    const std::string key = std::string("tokenizer.ggml.") + gguf_key;
+    if (const Value* v = file.find(key)) c[hf_key] = v->as_int(key);
+  }
+  return c;
+}
+
+std::optional<std::string> gguf_tensor_name(const std::string& hf_name) {
+  static const std::pair<const char*, const char*> whole[] = {
+      {"model.embed_tokens.weight", "token_embd.weight"},
+      {"model.norm.weight", "output_norm.weight"},
+      {"lm_head.weight", "output.weight"},
+  };
+  for (const auto& [hf, gg] : whole)
+    if (hf_name == hf) return std::string(gg);
+  static const std::pair<const char*, const char*> in_block[] = {
+      {"input_layernorm", "attn_norm"},    {"post_attention_layernorm", "ffn_norm"},
+      {"self_attn.q_proj", "attn_q"},      {"self_attn.k_proj", "attn_k"},
+      {"self_attn.v_proj", "attn_v"},      {"self_attn.o_proj", "attn_output"},
+      {"self_attn.q_norm", "attn_q_norm"}, {"self_attn.k_norm", "attn_k_norm"},
+      {"mlp.gate_proj", "ffn_gate"},       {"mlp.up_proj", "ffn_up"},
+      {"mlp.down_proj", "ffn_down"},
+  };
+  static const std::regex layer(R"(model\.layers\.(\d+)\.(.+)\.(weight|bias))");
+  std::smatch m;
+  if (!std::regex_match(hf_name, m, layer)) return std::nullopt;
+  for (const auto& [hf, gg] : in_block)
+    if (m[2] == hf) return "blk." + m[1].str() + "." + gg + "." + m[3].str();
+  return std::nullopt;
+}
+
+at::Tensor read_hf_tensor(const GgufReader& file, const nlohmann::json& config,
+                          const std::string& hf_name) {
+  const std::optional<std::string> name = gguf_tensor_name(hf_name);
+  const TensorInfo* t = name ? file.find_tensor(*name) : nullptr;
+  if (!t)
+    throw GgufError(file.path() + ": no tensor for " + hf_name +
+                    (name ? " (looked for " + *name + ")" : std::string(" (no GGUF name for it)")));
+  at::Tensor w = file.read_float(*t);
+  // llama.cpp's converter permutes q and k rows per head, [n_head, 2, dim/2]
+  // -> [n_head, dim/2, 2] (convert_hf_to_gguf's LlamaModel.permute): undone
+  // as transformers' LlamaTensorProcessor undoes it, for architecture llama.
+  const bool q = name->find(".attn_q.") != std::string::npos;
+  const bool k = name->find(".attn_k.") != std::string::npos;
+  if (config.value("model_type", "") == "llama" && (q || k) &&
+      config.contains("num_attention_heads") && config.contains("num_key_value_heads")) {
+    const int64_t n_head = q ? config["num_attention_heads"].get<int64_t>()
+                             : config["num_key_value_heads"].get<int64_t>();
+    const int64_t rows = w.size(0);
+    if (n_head <= 0 || rows % (2 * n_head) != 0)
+      throw GgufError(file.path() + ": " + *name + " has " + std::to_string(rows) +
+                      " rows, not a multiple of 2 x " + std::to_string(n_head) + " heads");
+    std::vector<int64_t> split{n_head, rows / n_head / 2, 2};
+    const auto rest = w.sizes().slice(1);
+    split.insert(split.end(), rest.begin(), rest.end());
+    w = w.reshape(split).transpose(1, 2).reshape(w.sizes()).contiguous();
+  }
+  return w;
+}
+
+}  // namespace tightfit::gguf
