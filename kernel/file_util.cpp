@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -110,6 +111,33 @@ void write_file_replacing(const std::string& path, const std::function<void(int 
 
 void write_file_synced(const std::string& path, const std::string& text) {
   write_file_replacing(path, [&](int fd) { write_all(fd, text.data(), text.size(), path); });
+}
+
+std::shared_ptr<const int> open_regular_for_reading(const std::string& path, uint64_t* size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) throw std::runtime_error(std::string("cannot open: ") + std::strerror(errno));
+  std::shared_ptr<const int> owned(new int(fd), [](const int* f) {
+    ::close(*f);
+    delete f;
+  });
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw std::runtime_error("cannot stat");
+  if (!S_ISREG(st.st_mode)) throw std::runtime_error("not a regular file");
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  *size = static_cast<uint64_t>(st.st_size);
+  return owned;
+}
+
+bool read_at(int fd, void* dst, uint64_t n, uint64_t offset) {
+  auto* p = static_cast<char*>(dst);
+  while (n > 0) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, uint64_t{1} << 30));
+    const ssize_t got = ::pread(fd, p, chunk, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got, n -= static_cast<uint64_t>(got), offset += static_cast<uint64_t>(got);
+  }
+  return true;
 }
 
 }  // namespace tightfit

@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace tightfit {
@@ -25,6 +27,17 @@ std::string read_file_text(const std::string& path);
 // the opened descriptor, which a FIFO cannot stall) or is larger than
 // `max_bytes`. Throws std::runtime_error naming `path` and the reason.
 std::string read_regular_file(const std::string& path, size_t max_bytes);
+
+// Opens `path` for reading, a regular file only: opened O_NONBLOCK so a FIFO
+// never stalls the open, then refused by fstat on the descriptor. The
+// descriptor is closed when its last owner lets go; *size is the file's
+// size. Throws std::runtime_error with the bare reason ("cannot open: ...",
+// "cannot stat", "not a regular file") for the caller to prefix.
+std::shared_ptr<const int> open_regular_for_reading(const std::string& path, uint64_t* size);
+
+// Reads exactly n bytes at `offset` (pread, in chunks, EINTR retried);
+// false when the file ends first.
+bool read_at(int fd, void* dst, uint64_t n, uint64_t offset);
 
 // Writes `text` to `path` and fsyncs it, as write_file_replacing does.
 // Throws std::runtime_error.

@@ -1,11 +1,6 @@
 #include "safetensors.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -69,37 +64,15 @@ void write_safetensors(const std::string& path, const std::map<std::string, at::
   }
 }
 
-namespace {
-
-// Reads exactly n bytes at `offset`; false when the file ends first.
-bool read_at(int fd, void* dst, uint64_t n, uint64_t offset) {
-  auto* p = static_cast<char*>(dst);
-  while (n > 0) {
-    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, uint64_t{1} << 30));
-    const ssize_t got = ::pread(fd, p, chunk, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return false;
-    p += got, n -= static_cast<uint64_t>(got), offset += static_cast<uint64_t>(got);
-  }
-  return true;
-}
-
-}  // namespace
-
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   auto fail = [&](const std::string& why) { return SafetensorsError(path + ": " + why); };
-  // O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) throw fail(std::string("cannot open: ") + std::strerror(errno));
-  fd_ = std::shared_ptr<const int>(new int(fd), [](const int* f) {
-    ::close(*f);
-    delete f;
-  });
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) throw fail("cannot stat");
-  if (!S_ISREG(st.st_mode)) throw fail("not a regular file");
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  uint64_t file_size = 0;
+  try {
+    fd_ = open_regular_for_reading(path, &file_size);
+  } catch (const std::runtime_error& e) {
+    throw fail(e.what());
+  }
+  const int fd = *fd_;
   if (file_size < 8)
     throw fail("too short to be a safetensors file (" + std::to_string(file_size) + " bytes)");
   unsigned char le[8];
