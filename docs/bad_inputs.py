@@ -158,7 +158,7 @@ def main():
          tightfit("run", only, "--resume", "-q"))
     shutil.copy(os.path.join(ROOT, "fuzz", "corpus", "gguf", "k_quants.gguf"),
                 os.path.join(work, "model.gguf"))
-    case("a GGUF file as [model] weights (not yet read as weights)",
+    case("a GGUF model as [model] weights with tokenizer = \"byte\"",
          tightfit("run", recipe(work, "gguf", model=f'weights = "{work}/model.gguf"')))
     case("the corpus alone over memory_budget",
          tightfit("run", recipe(work, "data", run='memory_budget = "4MiB"')))

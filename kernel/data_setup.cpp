@@ -10,6 +10,7 @@
 #include "checked_size.hpp"
 #include "example_batcher.hpp"
 #include "file_util.hpp"
+#include "gguf_folder.hpp"
 #include "gguf_model.hpp"
 #include "json_input.hpp"
 #include "memory_accounting.hpp"
@@ -190,9 +191,20 @@ bool is_example_data(const std::string& spec, const std::string& base_dir) {
 DataSetup setup_data(const DataRequest& r) {
   DataSetup d;
   d.tokenizer_spec = r.tokenizer;
-  if (!r.weights.empty() && gguf::looks_like_gguf(resolve(r.weights, r.base_dir).string()))
-    throw std::invalid_argument(
-        gguf::gguf_weights_not_supported_yet(resolve(r.weights, r.base_dir).string()));
+  const std::string weights = r.weights.empty() ? "" : resolve(r.weights, r.base_dir).string();
+  if (!weights.empty() && gguf::looks_like_gguf(weights)) {
+    // A GGUF model's tokenizer is in its metadata (gguf_tokenizer).
+    if (d.tokenizer_spec == "byte")
+      throw std::invalid_argument(
+          "tokenizer = \"byte\", and [model] weights " + weights +
+          " is a GGUF model, which reads the ids of its own tokenizer, not bytes; set tokenizer "
+          "= \"auto\" to use the tokenizer in its metadata");
+    if (d.tokenizer_spec == "auto") {
+      const gguf::ModelFolder folder = gguf::model_folder(weights);
+      if (!folder.tokenizer_error.empty()) throw std::invalid_argument(folder.tokenizer_error);
+      d.tokenizer_spec = folder.path;
+    }
+  }
   if (d.tokenizer_spec == "auto") {
     // The model's own tokenizer, never a stand-in: the byte tokenizer only
     // when the recipe names it.

@@ -28,15 +28,6 @@ bool looks_like_gguf(const std::string& path) {
   return in.read(magic, 4) && std::string(magic, 4) == "GGUF";
 }
 
-std::string gguf_weights_not_supported_yet(const std::string& path) {
-  return path +
-         " is a GGUF file: tightfit reads GGUF files (their metadata and tensors) but does not "
-         "yet train or generate from one as [model] weights. Convert it to a Hugging Face "
-         "folder with transformers (AutoModelForCausalLM.from_pretrained(FOLDER, "
-         "gguf_file=NAME).save_pretrained(OUT), and the same with AutoTokenizer) and give that "
-         "folder as [model] config and weights";
-}
-
 bool is_supported_architecture(const std::string& arch) {
   return arch == "llama" || arch == "mistral" || arch == "qwen2" || arch == "qwen3";
 }

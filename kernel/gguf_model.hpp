@@ -18,8 +18,6 @@ namespace tightfit::gguf {
 // Whether `path` is a GGUF file: named *.gguf, or a regular file that
 // starts with GGUF's magic.
 bool looks_like_gguf(const std::string& path);
-// Why a GGUF file cannot yet be a run's [model] weights, and what to do.
-std::string gguf_weights_not_supported_yet(const std::string& path);
 
 // The architectures read: general.architecture llama (LLaMA, Mistral and
 // SmolLM files use it), mistral, qwen2, qwen3. Another is refused by name.

@@ -19,8 +19,12 @@ namespace tightfit {
 namespace fs = std::filesystem;
 
 HfWeightSource::HfWeightSource(const std::string& path) {
-  if (gguf::looks_like_gguf(path))
-    throw std::runtime_error(gguf::gguf_weights_not_supported_yet(path));
+  if (gguf::looks_like_gguf(path)) {
+    source_ = path;
+    gguf_ = std::make_shared<const gguf::GgufReader>(path);
+    gguf_config_ = gguf::hf_config(*gguf_);
+    return;
+  }
   auto open = [&](const std::string& file) {
     readers_.emplace_back(file);
     for (const auto& name : readers_.back().names()) where_[name] = readers_.size() - 1;
@@ -66,6 +70,21 @@ HfWeightSource::HfWeightSource(const std::string& path) {
 }
 
 void HfWeightSource::load(Param& p) const {
+  if (gguf_) {
+    at::NoGradGuard no_grad;
+    at::Tensor t;
+    {
+      CategoryScope scope(TF_MEM_TRANSIENT);  // dequantized only until it is in the parameter
+      t = gguf::read_hf_tensor(*gguf_, gguf_config_, p.name);
+    }
+    if ((p.flags & TF_PARAM_HF_TRANSPOSED) && t.dim() == 2) t = t.t();
+    if (t.sizes() != at::IntArrayRef(p.shape))
+      throw std::runtime_error(source_ + ": \"" + p.name + "\" has shape " + c10::str(t.sizes()) +
+                               ", the recipe's model needs " + c10::str(at::IntArrayRef(p.shape)) +
+                               " (is [model] config the GGUF file too?)");
+    p.value.detach().copy_(t);
+    return;
+  }
   auto it = where_.find(p.name);
   std::string name = p.name;
   if (it == where_.end()) {

@@ -7,6 +7,8 @@
 
 #include <functional>
 #include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -14,11 +16,15 @@
 #include "safetensors.hpp"
 
 namespace tightfit {
+namespace gguf {
+class GgufReader;
+}
 
-// Hugging Face weights to start from: a .safetensors file, or a folder
+// Hugging Face weights to start from: a .safetensors file, a folder
 // holding model.safetensors or sharded model-0000x-of-0000y.safetensors with
-// model.safetensors.index.json. Headers are read and validated when opened;
-// tensors one at a time, so a model loads stage by stage.
+// model.safetensors.index.json, or a GGUF file (its tensors dequantized
+// under their Hugging Face names, as transformers' GGUF loader reads them). Headers are read and
+// validated when opened; tensors one at a time, so a model loads stage by stage.
 class HfWeightSource {
  public:
   explicit HfWeightSource(const std::string& path);
@@ -31,7 +37,9 @@ class HfWeightSource {
  private:
   std::string source_;  // the file or index named in messages
   std::vector<SafetensorsReader> readers_;
-  std::map<std::string, size_t> where_;  // tensor name -> reader
+  std::map<std::string, size_t> where_;           // tensor name -> reader
+  std::shared_ptr<const gguf::GgufReader> gguf_;  // a GGUF file instead of safetensors
+  nlohmann::json gguf_config_;                    // its config.json (q/k un-permuted by it)
 };
 
 // Loads every parameter of `store` except adapters from `path`.

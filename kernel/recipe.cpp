@@ -165,7 +165,11 @@ double ConfigTable::get_double(const std::string& key) const {
   if (n.is_integer()) return static_cast<double>(n.value_or<int64_t>(0));
   return n.value_or(0.0);
 }
+void ConfigTable::substitute_path(const std::string& key, std::string path) {
+  substituted_[key] = std::move(path);
+}
 std::string ConfigTable::get_string(const std::string& key) const {
+  if (const auto it = substituted_.find(key); it != substituted_.end()) return it->second;
   std::string v = node(key).value_or(std::string{});
   if (spec(key).type == TF_VALUE_PATH && !v.empty() && !base_dir_.empty()) {
     const std::filesystem::path p = v;

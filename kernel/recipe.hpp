@@ -4,6 +4,7 @@
 
 #include <toml++/toml.h>
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -50,6 +51,9 @@ class ConfigTable {
   std::vector<int64_t> get_int_list(const std::string& key) const;
   const std::vector<KeySpec>& keys() const { return keys_; }
   const std::string& where() const { return where_; }
+  // A PATH key read as `path` from now on (a GGUF file named as a model's
+  // config reads as the folder converted from it).
+  void substitute_path(const std::string& key, std::string path);
 
  private:
   const KeySpec& spec(const std::string& key) const;
@@ -57,7 +61,8 @@ class ConfigTable {
   const toml::table* table_ = nullptr;
   std::vector<KeySpec> keys_;
   std::string where_, base_dir_;
-  std::vector<toml::table> defaults_;  // parsed default literals, one per key
+  std::vector<toml::table> defaults_;               // parsed default literals, one per key
+  std::map<std::string, std::string> substituted_;  // PATH key -> path read in its place
 };
 
 class Recipe {

@@ -184,6 +184,7 @@ class Session {
   PluginInstance make_instance(const std::string& name, tf_plugin_kind kind,
                                const toml::table* table, const std::string& role,
                                const std::string& where_plugin);
+  void read_gguf_paths_as_folders(ConfigTable& config);
   void emit_progress(const ProgressInfo& p);
   // After a schedule's step: skip (the update already was), roll back to the
   // last checkpoint, or stop, as the recipe says. True when it rolled back.

@@ -13,6 +13,8 @@
 #include "cuda_memory.hpp"
 #include "data_setup.hpp"
 #include "device_spec.hpp"
+#include "gguf_folder.hpp"
+#include "gguf_model.hpp"
 #include "hf_weights.hpp"
 #include "kernel_keys.hpp"
 #include "logging.hpp"
@@ -93,7 +95,27 @@ PluginInstance Session::make_instance(const std::string& name, tf_plugin_kind ki
       recipe_.validate(table, "[" + role + "] (plugin " + plugin.name + ")", plugin.keys,
                        role == "model" ? std::vector<std::string>{"plugin", "weights", "sha256"}
                                        : std::vector<std::string>{"plugin", "sha256"});
+  if (role == "model") read_gguf_paths_as_folders(inst.ctx->config);
   return inst;
+}
+
+// A model's PATH key naming a GGUF file (config = "model.gguf") reads as
+// the Hugging Face folder converted from its metadata (gguf_folder): model
+// plugins read config.json, never GGUF.
+void Session::read_gguf_paths_as_folders(ConfigTable& config) {
+  for (const KeySpec& k : config.keys()) {
+    if (k.type != TF_VALUE_PATH) continue;
+    const std::string path = config.get_string(k.name);
+    if (path.empty() || !gguf::looks_like_gguf(path)) continue;
+    try {
+      const std::string folder = gguf::model_folder(path).path;
+      config.substitute_path(k.name, folder);
+      log(TF_LOG_INFO, "[model] " + k.name + " = " + path + ": read as " + folder +
+                           " (its config.json, converted from the GGUF metadata)");
+    } catch (const std::runtime_error& e) {
+      throw RecipeError(config.where() + ": " + k.name + ": " + e.what());
+    }
+  }
 }
 
 // Composition first (everything `tightfit plan` needs, nothing allocated),

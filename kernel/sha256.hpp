@@ -9,6 +9,9 @@ namespace tightfit {
 // naming `path` when it cannot be read.
 std::string sha256_file_hex(const std::string& path);
 
+// Lower-case hex digest of `bytes`.
+std::string sha256_hex(const std::string& bytes);
+
 // The same for the bytes of an open descriptor, read from offset 0 with
 // pread (the descriptor's own offset is left as it was); `path` names it in
 // errors. A pin is checked this way on the very descriptor that is loaded.

@@ -9,23 +9,22 @@
 
 #include "file_util.hpp"
 #include "json_input.hpp"
-#include "sentencepiece_model.hpp"
+#include "sentencepiece_convert.hpp"
 #include "tokenizer_config.hpp"
+#include "tokenizer_json_parts.hpp"
 #include "tokenizer_steps.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
 using nlohmann::json;
+using tokenizer_json::byte_level;
+using tokenizer_json::template_processing;
 
 namespace {
 
 // Real tokenizer files are under 20 MB (tokenizer.json, vocab.json) and nest 6 levels.
 constexpr size_t kMaxFileBytes = size_t{512} << 20;
 constexpr int kMaxDepth = 64;
-// A SentencePiece piece is at most max_sentencepiece_length (16 by default)
-// characters; converting one costs its length squared.
-constexpr size_t kMaxPieceBytes = 1024;
-const char* const kSpace = "\u2581";  // SentencePiece's space
 
 // The classes whose tokenizer.json transformers uses as it is, and the ones
 // whose fast class rebuilds the post-processor from add_bos_token /
@@ -47,36 +46,6 @@ std::string read_file(const fs::path& p) {
   } catch (const std::exception& e) {
     throw std::invalid_argument("cannot read tokenizer " + p.string() + ": " + e.what());
   }
-}
-
-json special_token_entry(const std::string& content, int64_t id) {
-  return {{"id", content}, {"ids", {id}}, {"tokens", {content}}};
-}
-
-// TemplateProcessing of a single sequence: [bos] $A [eos].
-json template_processing(const std::string* bos, int64_t bos_id, const std::string* eos,
-                         int64_t eos_id) {
-  json single = json::array(), specials = json::object();
-  if (bos) {
-    single.push_back({{"SpecialToken", {{"id", *bos}, {"type_id", 0}}}});
-    specials[*bos] = special_token_entry(*bos, bos_id);
-  }
-  single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
-  if (eos) {
-    single.push_back({{"SpecialToken", {{"id", *eos}, {"type_id", 0}}}});
-    specials[*eos] = special_token_entry(*eos, eos_id);
-  }
-  return {{"type", "TemplateProcessing"},
-          {"single", single},
-          {"pair", json::array()},
-          {"special_tokens", specials}};
-}
-
-json byte_level(bool add_prefix_space, bool use_regex = true) {
-  return {{"type", "ByteLevel"},
-          {"add_prefix_space", add_prefix_space},
-          {"trim_offsets", true},
-          {"use_regex", use_regex}};
 }
 
 // --- vocab.json + merges.txt (GPT2Converter, Qwen2Converter) ---------------
@@ -135,16 +104,10 @@ json byte_level_bpe(const fs::path& folder, const TokenizerConfig& cfg) {
     // Qwen2Converter: NFC, Qwen2's split regex, then bytes (add_prefix_space
     // "has no effect", as Qwen2Tokenizer warns).
     t["normalizer"] = {{"type", "NFC"}};
-    t["pre_tokenizer"] = {
-        {"type", "Sequence"},
-        {"pretokenizers",
-         {{{"type", "Split"},
-           {"pattern",
-            {{"Regex",
-              R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"}}},
-           {"behavior", "Isolated"},
-           {"invert", false}},
-          byte_level(false, false)}}};
+    t["pre_tokenizer"] = {{"type", "Sequence"},
+                          {"pretokenizers",
+                           {tokenizer_json::split_isolated(tokenizer_json::kQwen2Pattern),
+                            byte_level(false, false)}}};
     t["post_processor"] = byte_level(false);
     return t;
   }
@@ -156,113 +119,6 @@ json byte_level_bpe(const fs::path& folder, const TokenizerConfig& cfg) {
       throw std::invalid_argument(cfg.source + ": add_bos_token is true but there is no bos_token");
     t["post_processor"] = json{{"type", "GPT2 BOS"}, {"bos", cfg.bos_token}};  // resolved later
   }
-  return t;
-}
-
-// --- tokenizer.model (SentencePiece BPE, LlamaConverter) -------------------
-
-// Code point boundaries of a UTF-8 string (byte offsets, the end included).
-std::vector<size_t> code_points(const std::string& s) {
-  std::vector<size_t> at;
-  for (size_t i = 0; i < s.size(); ++i)
-    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) at.push_back(i);
-  at.push_back(s.size());
-  return at;
-}
-
-json sentencepiece_bpe(const fs::path& folder, const TokenizerConfig& cfg) {
-  const fs::path file = folder / "tokenizer.model";
-  const SentencePieceModel m = SentencePieceModel::parse(read_file(file), file.string());
-  if (m.algorithm != SentencePieceModel::Algorithm::kBpe)
-    throw std::invalid_argument(
-        file.string() + " is a SentencePiece " + SentencePieceModel::name(m.algorithm) +
-        " model; tightfit reads SentencePiece BPE models only (Unigram tokenizers are not "
-        "supported): use a model whose folder has a tokenizer.json with a BPE model");
-  // LlamaConverter.vocab: the first three pieces with score 0.
-  std::vector<std::pair<std::string, float>> scores;
-  std::unordered_map<std::string, int64_t> index;  // the sentencepiece vocabulary (piece -> id)
-  json vocab = json::object();
-  for (size_t i = 0; i < m.pieces.size(); ++i) {
-    const std::string& p = m.pieces[i].piece;
-    if (p.size() > kMaxPieceBytes)
-      throw std::invalid_argument(file.string() + ": piece " + std::to_string(i) + " is " +
-                                  std::to_string(p.size()) + " bytes long (real ones are under " +
-                                  std::to_string(kMaxPieceBytes) + ")");
-    scores.emplace_back(p, i < 3 ? 0.0f : m.pieces[i].score);
-    index.emplace(p, static_cast<int64_t>(i));
-    vocab[p] = static_cast<int64_t>(i);
-  }
-  // generate_merges: every split of every piece into two known pieces, each
-  // piece's splits by (left id, right id), then all of them by score (high
-  // first), left length and right length (longer first), stably.
-  struct Merge {
-    std::string left, right;
-    float score;
-    size_t left_chars, right_chars;
-  };
-  std::vector<Merge> merges;
-  std::unordered_set<std::string> done;  // dict(vocab_scores): a repeated piece counts once
-  for (const auto& [piece, score] : scores) {
-    if (!done.insert(piece).second) continue;
-    const std::vector<size_t> cp = code_points(piece);
-    std::vector<Merge> local;
-    for (size_t k = 1; k + 1 < cp.size(); ++k) {
-      std::string l = piece.substr(0, cp[k]), r = piece.substr(cp[k]);
-      if (index.count(l) && index.count(r))
-        local.push_back({std::move(l), std::move(r), score, k, cp.size() - 1 - k});
-    }
-    std::stable_sort(local.begin(), local.end(), [&](const Merge& a, const Merge& b) {
-      const int64_t al = index.at(a.left), bl = index.at(b.left);
-      return al != bl ? al < bl : index.at(a.right) < index.at(b.right);
-    });
-    for (Merge& x : local) merges.push_back(std::move(x));
-  }
-  std::stable_sort(merges.begin(), merges.end(), [](const Merge& a, const Merge& b) {
-    if (a.score != b.score) return a.score > b.score;
-    if (a.left_chars != b.left_chars) return a.left_chars > b.left_chars;
-    return a.right_chars > b.right_chars;
-  });
-  json merge_list = json::array();
-  for (const Merge& x : merges) merge_list.push_back({x.left, x.right});
-  json model = {{"type", "BPE"},        {"vocab", vocab},
-                {"merges", merge_list}, {"unk_token", m.unk_piece},
-                {"fuse_unk", true},     {"byte_fallback", true},
-                {"dropout", nullptr}};
-  json t = {{"model", model}, {"post_processor", nullptr}};
-  // Control pieces are special added tokens, user-defined ones plain added tokens.
-  json added = json::array();
-  for (size_t i = 0; i < m.pieces.size(); ++i) {
-    const auto type = m.pieces[i].type;
-    if (type != SentencePieceModel::Type::kControl &&
-        type != SentencePieceModel::Type::kUserDefined)
-      continue;
-    const bool special = type == SentencePieceModel::Type::kControl;
-    added.push_back({{"id", static_cast<int64_t>(i)},
-                     {"content", m.pieces[i].piece},
-                     {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"normalized", false},
-                     {"special", special}});
-  }
-  t["added_tokens"] = added;
-  const bool legacy = cfg.legacy.value_or(true), prefix = cfg.add_prefix_space.value_or(true);
-  if (legacy) {
-    json steps = json::array();
-    if (prefix) steps.push_back({{"type", "Prepend"}, {"prepend", kSpace}});
-    steps.push_back({{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kSpace}});
-    t["normalizer"] = {{"type", "Sequence"}, {"normalizers", steps}};
-  } else {
-    t["pre_tokenizer"] = {{"type", "Metaspace"},
-                          {"replacement", kSpace},
-                          {"prepend_scheme", prefix ? "first" : "never"},
-                          {"split", false}};
-  }
-  json decoders = {{{"type", "Replace"}, {"pattern", {{"String", kSpace}}}, {"content", " "}},
-                   {{"type", "ByteFallback"}},
-                   {{"type", "Fuse"}}};
-  if (prefix) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
-  t["decoder"] = {{"type", "Sequence"}, {"decoders", decoders}};
   return t;
 }
 
@@ -464,7 +320,10 @@ TokenizerDefinition read_hf_tokenizer(const std::string& path) {
     if (cfg.tokenizer_class != "LlamaTokenizer")
       refuse_unconverted(folder, cfg, "a SentencePiece tokenizer.model", "LlamaTokenizer");
     d.source = fs::absolute(folder / "tokenizer.model").string();
-    d.spec = sentencepiece_bpe(folder, cfg);
+    const fs::path file = folder / "tokenizer.model";
+    d.spec = sentencepiece_bpe_tokenizer(SentencePieceModel::parse(read_file(file), file.string()),
+                                         file.string(), cfg.legacy.value_or(true),
+                                         cfg.add_prefix_space.value_or(true));
   } else if (from_slow) {
     throw std::invalid_argument(
         cfg.source + " sets add_prefix_space, with which " + cfg.tokenizer_class +

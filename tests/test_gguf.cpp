@@ -11,10 +11,15 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "bpe_tokenizer.hpp"
+#include "chat_template.hpp"
 #include "gguf_file.hpp"
+#include "gguf_folder.hpp"
 #include "gguf_model.hpp"
 #include "safetensors.hpp"
+#include "session.hpp"
 #include "test_support.hpp"
+#include "tokenizer_config.hpp"
 
 using namespace tightfit;
 using namespace tightfit::gguf;
@@ -337,22 +342,81 @@ TEST(GgufSmolLM2, TheRealFileReadsAsGgufReadsIt) {
   EXPECT_EQ(gguf_tensor_name("model.layers.0.self_attn.q_proj.bias"), "blk.0.attn_q.bias");
   EXPECT_EQ(gguf_tensor_name("model.layers.x.mlp.gate_proj.weight"), std::nullopt);
   EXPECT_THROW(read_hf_tensor(r, config, "lm_head.weight"), GgufError);  // tied: no output.weight
+
+  // As a model folder (gguf_folder): the tokenizer is the original SmolLM2
+  // one, digits split one by one as its "smollm" pre-tokenizer says (where
+  // no number is in the text, also transformers' GGUF tokenizer); its chat
+  // template renders as transformers' apply_chat_template; the model's
+  // logits are transformers' within 1e-4 and its greedy answer the same.
+  setenv("TIGHTFIT_CACHE", (dir.str() + "/cache").c_str(), 1);
+  std::ifstream tok_in(dir.str() + "/smollm2_tokenizer.json");
+  const nlohmann::json tw = nlohmann::json::parse(tok_in);
+  const ModelFolder folder = model_folder(file);
+  ASSERT_EQ(folder.tokenizer_error, "");
+  const auto tok = BpeTokenizer::load(folder.path);
+  size_t vs_original = 0, vs_transformers = 0, compared = 0;
+  for (size_t i = 0; i < tw["lines"].size(); ++i) {
+    const std::vector<int64_t> got =
+        tok->encode_with_special_tokens(tw["lines"][i].get<std::string>());
+    if (got != tw["original"][i].get<std::vector<int64_t>>() && ++vs_original <= 3)
+      ADD_FAILURE() << "line " << i << ": " << tw["lines"][i];
+    if (!tw["has_number"][i].get<bool>()) {
+      ++compared;
+      if (got != tw["transformers"][i].get<std::vector<int64_t>>()) ++vs_transformers;
+    }
+  }
+  EXPECT_EQ(vs_original, 0u);
+  EXPECT_EQ(vs_transformers, 0u) << "of " << compared;
+  EXPECT_GT(compared, 100u);
+  const TokenizerConfig tc = TokenizerConfig::load(folder.path);
+  const ChatTemplate chat(tc.chat_template, tc.source);
+  EXPECT_EQ(chat.render(tw["messages"], true, tc.template_variables()).text,
+            tw["chat"].get<std::string>());
+
+  std::string recipe = test::tiny_recipe("builtin:fortunes", dir.str());
+  const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
+  recipe.replace(
+      begin, end - begin,
+      "[model]\nplugin = \"llama\"\nconfig = \"" + file + "\"\nweights = \"" + file + "\"\n\n");
+  recipe.replace(recipe.find("tokenizer = \"byte\""), 18, "tokenizer = \"auto\"");
+  SessionOptions so;
+  so.skip_data = true;
+  auto s = test::make_session(recipe, so);
+  const auto prompt_ids = tw["prompt_ids"].get<std::vector<int64_t>>();
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor logits = s->executor().forward_logits(
+        at::tensor(prompt_ids, at::kLong).unsqueeze(0), /*training=*/false, at::Tensor());
+    const at::Tensor ref =
+        read_safetensors(dir.str() + "/smollm2_logits.safetensors").tensors.at("logits");
+    EXPECT_LE((logits[0][-1] - ref).abs().max().item<double>(), 1e-4);
+  }
+  SamplingOptions o;
+  o.n_tokens = 10;
+  o.top_k = 1;
+  o.temperature = 0;
+  o.add_special_tokens = false;  // the rendered chat holds its own
+  EXPECT_EQ(s->generate(tw["chat"].get<std::string>(), o),
+            tok->decode(tw["new_ids"].get<std::vector<int64_t>>()));
 }
 
-// Until a GGUF file can be a run's weights, a recipe naming one is refused
-// (exit 2) with the way to convert it, never read as safetensors or trained
-// on another tokenizer.
-TEST_F(GgufPeer, AsARunsWeightsItIsRefusedWithTheWayToConvertIt) {
+// A GGUF file that is not a model (no shape in its metadata) as a run's
+// weights: refused (exit 2) naming what is missing; and bytes in place of a
+// GGUF model's own tokenizer are refused too (test_gguf_tokenizer runs real
+// ones).
+TEST_F(GgufPeer, AFileThatIsNotAModelIsRefusedAsARunsWeights) {
   test::TempDir dir;
   const std::string corpus = test::write_corpus(dir);
-  for (const std::string tokenizer : {"auto", "byte"}) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"auto", "types.gguf: the metadata gives no num_hidden_layers"},
+      {"byte", "is a GGUF model, which reads the ids of its own tokenizer, not bytes"}};
+  for (const auto& [tokenizer, why] : cases) {
     std::string r =
         test::tiny_recipe(corpus, dir.str(), "weights = \"" + path("types.gguf") + "\"\n");
     r.replace(r.find("tokenizer = \"byte\""), 18, "tokenizer = \"" + tokenizer + "\"");
     const std::string recipe = test::write_file(dir, "r.toml", r);
     std::string out;
     EXPECT_EQ(test::run_tightfit("run " + recipe + " --quiet", &out), 2) << out;
-    EXPECT_NE(out.find("types.gguf is a GGUF file"), std::string::npos) << out;
-    EXPECT_NE(out.find("gguf_file=NAME"), std::string::npos) << out;
+    EXPECT_NE(out.find(why), std::string::npos) << out;
   }
 }

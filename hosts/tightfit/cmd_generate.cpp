@@ -15,6 +15,8 @@
 #include "commands.hpp"
 #include "file_util.hpp"
 #include "generation.hpp"
+#include "gguf_folder.hpp"
+#include "gguf_model.hpp"
 #include "json_input.hpp"
 #include "logging.hpp"
 #include "memory_accounting.hpp"
@@ -27,8 +29,10 @@ namespace fs = std::filesystem;
 namespace {
 
 // A recipe that builds the model a Hugging Face folder describes, with the
-// model plugin that declares its model_type.
-Recipe recipe_for_model_folder(const fs::path& folder, const PluginRegistry& plugins) {
+// model plugin that declares its model_type; its weights from `weights`
+// (the folder itself, or the GGUF file the folder was converted from).
+Recipe recipe_for_model_folder(const fs::path& folder, const PluginRegistry& plugins,
+                               const std::string& weights) {
   nlohmann::json cfg;
   try {
     cfg = read_json_file((folder / "config.json").string(), size_t{16} << 20);
@@ -61,7 +65,7 @@ Recipe recipe_for_model_folder(const fs::path& folder, const PluginRegistry& plu
     }
   // The folder's path goes into the recipe as a TOML string value, never pasted as text.
   const std::string f = fs::absolute(folder).string();
-  toml::table model{{"plugin", plugin->name}, {"config", f}, {"weights", f}};
+  toml::table model{{"plugin", plugin->name}, {"config", f}, {"weights", weights}};
   toml::table doc{{"run", toml::table{{"name", "generate"}, {"sample_tokens", 0}}},
                   {"model", model},
                   {"data", toml::table{{"seq_len", std::min<int64_t>(positions, 1024)}}}};
@@ -161,9 +165,15 @@ class ChatPrompter {
 // A session over TARGET (a recipe: its latest checkpoint; or a model folder).
 std::unique_ptr<Session> load_target(const std::string& target,
                                      const std::vector<std::string>& sets) {
-  const bool folder = fs::is_directory(target);
+  const bool gguf_file = !fs::is_directory(target) && gguf::looks_like_gguf(target);
+  const bool folder = fs::is_directory(target) || gguf_file;
   PluginRegistry plugins = PluginRegistry::discover();
-  Recipe recipe = folder ? recipe_for_model_folder(target, plugins) : Recipe::load(target);
+  // A GGUF file reads as the Hugging Face folder converted from its metadata.
+  const std::string weights = gguf_file ? fs::absolute(target).string() : "";
+  Recipe recipe = !folder ? Recipe::load(target)
+                  : gguf_file
+                      ? recipe_for_model_folder(gguf::model_folder(target).path, plugins, weights)
+                      : recipe_for_model_folder(target, plugins, fs::absolute(target).string());
   for (const auto& s : sets) recipe.apply_override(s);
   SessionOptions so;
   so.skip_data = true;
@@ -204,7 +214,7 @@ int report(const std::exception& e) {
 }  // namespace
 
 int generate_command(const std::vector<std::string>& args) {
-  po::options_description opts("tightfit generate RECIPE.toml|MODEL_FOLDER [options]");
+  po::options_description opts("tightfit generate RECIPE.toml|MODEL_FOLDER|MODEL.gguf [options]");
   opts.add_options()("help,h", "show this help")(
       "prompt,p", po::value<std::string>()->default_value("\n"), "text to continue")(
       "tokens,n", po::value<int64_t>()->default_value(200), "tokens to generate")(
@@ -227,8 +237,8 @@ int generate_command(const std::vector<std::string>& args) {
     return print_usage(
         vm, opts,
         "\nA recipe generates from its run's latest checkpoint; a folder is a Hugging Face "
-        "model "
-        "(config.json + model.safetensors [+ tokenizer.json]).\n");
+        "model (config.json + model.safetensors [+ tokenizer.json]); a .gguf file is a "
+        "llama.cpp / ollama model (its tokenizer and chat template from its metadata).\n");
   }
   // Checked before the model loads (Session::generate checks them too).
   const char* bad = sampling_problem(vm["tokens"].as<int64_t>(), vm["top-k"].as<int64_t>(),

@@ -55,3 +55,43 @@ hf_names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight
             "model.layers.3.post_attention_layernorm.weight", "model.norm.weight"]
 save_file({n: state[n].contiguous() for n in hf_names}, str(out / "smollm2_hf.safetensors"))
 (out / "smollm2_config.json").write_text(config.to_json_string(use_diff=False))
+
+# The tokenizer. transformers' GGUF converter builds a byte-level BPE with
+# GPT-2's split only (it drops the "smollm" pre-tokenizer's digit split, and
+# makes <|im_start|> both BOS and EOS); the original SmolLM2 tokenizer.json,
+# which llama.cpp's "smollm" pre-tokenizer reproduces, splits digits one by
+# one first. Both on the test lines, no special tokens added (SmolLM2 adds none).
+sys.path.insert(0, str(Path(__file__).parent))
+import unicodedata  # noqa: E402
+
+from bpe_parity import HARD, lines  # noqa: E402
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+test_lines = lines(300) + HARD + ["<|im_start|>user\nWhat is 12*34?<|im_end|>\n"]
+hf_tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+tokens = [str(t) for t in f["tokenizer.ggml.tokens"].contents()]
+merges = [tuple(m.split(" ", 1)) for m in f["tokenizer.ggml.merges"].contents()]
+types = f["tokenizer.ggml.token_type"].contents()
+original = Tokenizer(models.BPE({t: i for i, t in enumerate(tokens)}, merges))
+original.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                  pre_tokenizers.ByteLevel(add_prefix_space=False)])
+original.decoder = decoders.ByteLevel()
+original.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                             for t, ty in zip(tokens, types) if ty == 3])
+messages = [{"role": "user", "content": "What is the capital of France?"}]
+chat = hf_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+prompt_ids = original.encode(chat).ids
+with torch.no_grad():
+    ids = torch.tensor([prompt_ids])
+    logits = model(ids).logits[0, -1]
+    new = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                         max_new_tokens=10, min_new_tokens=10, eos_token_id=None, pad_token_id=2)
+(out / "smollm2_tokenizer.json").write_text(json.dumps({
+    "lines": test_lines,
+    "transformers": [hf_tok(t, add_special_tokens=False)["input_ids"] for t in test_lines],
+    "original": [original.encode(t).ids for t in test_lines],
+    "has_number": [any(unicodedata.category(c).startswith("N") for c in t) for t in test_lines],
+    "chat": chat, "messages": messages, "prompt_ids": prompt_ids,
+    "new_ids": new[0, len(prompt_ids):].tolist()}, ensure_ascii=False))
+save_file({"logits": logits.contiguous()}, str(out / "smollm2_logits.safetensors"))

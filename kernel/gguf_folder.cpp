@@ -1,0 +1,100 @@
+#include "gguf_folder.hpp"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <system_error>
+
+#include "file_util.hpp"
+#include "gguf_model.hpp"
+#include "gguf_tokenizer.hpp"
+#include "sha256.hpp"
+
+namespace tightfit::gguf {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kComplete = ".complete";  // written last: the folder is whole
+constexpr const char* kTokenizerError = "tokenizer_error.txt";
+
+std::string folder_name(const std::string& gguf_path, const std::string& content) {
+  std::string stem = fs::path(gguf_path).stem().string();
+  for (char& c : stem)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
+  if (stem.size() > 64) stem.resize(64);
+  return stem + "-" + sha256_hex(content).substr(0, 16);
+}
+
+}  // namespace
+
+std::string cache_root() {
+  if (const char* own = std::getenv("TIGHTFIT_CACHE"); own && *own) return own;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
+    return (fs::path(xdg) / "tightfit").string();
+  if (const char* home = std::getenv("HOME"); home && *home)
+    return (fs::path(home) / ".cache" / "tightfit").string();
+  throw std::runtime_error(
+      "no folder for tightfit's cache (a GGUF file's converted config and tokenizer go there): "
+      "set TIGHTFIT_CACHE (or XDG_CACHE_HOME or HOME)");
+}
+
+ModelFolder model_folder(const std::string& gguf_path) {
+  const GgufReader file(gguf_path);
+  // Everything the folder holds, made first: its hash names the folder.
+  std::vector<std::pair<std::string, std::string>> files;
+  files.emplace_back("config.json", hf_config(file).dump(2) + "\n");
+  std::string tokenizer_error;
+  try {
+    const TokenizerFiles t = tokenizer_files(file);
+    files.emplace_back("tokenizer.json", t.tokenizer.dump() + "\n");
+    files.emplace_back("tokenizer_config.json", t.tokenizer_config.dump(2) + "\n");
+    files.emplace_back("generation_config.json", t.generation_config.dump(2) + "\n");
+  } catch (const GgufError& e) {
+    tokenizer_error = e.what();
+    files.emplace_back(kTokenizerError, tokenizer_error + "\n");
+  }
+  std::string content;
+  for (const auto& [name, text] : files) content += name + '\n' + text + '\0';
+
+  ModelFolder out;
+  out.tokenizer_error = tokenizer_error;
+  const fs::path root = fs::path(cache_root()) / "gguf";
+  const fs::path dir = root / folder_name(gguf_path, content);
+  out.path = dir.string();
+  std::error_code ec;
+  if (fs::exists(dir / kComplete, ec)) return out;
+
+  fs::create_directories(root, ec);
+  if (ec)
+    throw std::runtime_error("cannot create tightfit's cache folder " + root.string() + ": " +
+                             ec.message() + " (set TIGHTFIT_CACHE to a writable folder)");
+  // Written beside its final name, then renamed into place in one step.
+  const fs::path partial = dir.string() + ".partial-" + std::to_string(::getpid());
+  remove_tree(partial.string());
+  if (!fs::create_directory(partial, ec) || ec)
+    throw std::runtime_error("cannot create " + partial.string() + ": " + ec.message());
+  try {
+    for (const auto& [name, text] : files) write_file_synced((partial / name).string(), text);
+    write_file_synced((partial / "source.txt").string(),
+                      fs::absolute(gguf_path).lexically_normal().string() + "\n");
+    create_empty_file((partial / kComplete).string());
+    fsync_path(partial.string());
+  } catch (...) {
+    remove_tree(partial.string());
+    throw;
+  }
+  fs::rename(partial, dir, ec);
+  if (ec) {
+    // Another process wrote the same folder first: theirs is identical.
+    remove_tree(partial.string());
+    if (!fs::exists(dir / kComplete))
+      throw std::runtime_error("cannot move " + partial.string() + " to " + dir.string() + ": " +
+                               ec.message());
+  }
+  fsync_path(root.string());
+  return out;
+}
+
+}  // namespace tightfit::gguf
