@@ -220,3 +220,24 @@ TEST_F(GgufModels, ARunFineTunesFromTheFileAndExportsAFolder) {
 
 }  // namespace
 }  // namespace tightfit
+
+namespace tightfit {
+namespace {
+
+// The shipped recipe that fine-tunes the real SmolLM2 GGUF (scripts/setup
+// fetches it) composes and plans: its paths, the converted folder, LoRA on
+// every projection.
+TEST(GgufRecipes, TheSmolLM2PersonaRecipePlans) {
+  test::TempDir cache;
+  setenv("TIGHTFIT_CACHE", cache.str().c_str(), 1);
+  const std::string root = TIGHTFIT_SOURCE_DIR;
+  ASSERT_TRUE(fs::is_regular_file(root + "/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+      << "run scripts/setup";
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("plan " + root + "/configs/smollm2-persona.toml", &out), 0) << out;
+  EXPECT_NE(out.find("adapters"), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(cache.path() / "gguf")) << out;
+}
+
+}  // namespace
+}  // namespace tightfit
