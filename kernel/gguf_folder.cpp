@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <system_error>
 
 #include "file_util.hpp"
@@ -48,13 +49,21 @@ ModelFolder model_folder(const std::string& gguf_path) {
   std::string tokenizer_error;
   try {
     const TokenizerFiles t = tokenizer_files(file);
-    files.emplace_back("tokenizer.json", t.tokenizer.dump() + "\n");
-    files.emplace_back("tokenizer_config.json", t.tokenizer_config.dump(2) + "\n");
-    files.emplace_back("generation_config.json", t.generation_config.dump(2) + "\n");
+    // All three made before any is kept: a folder has the tokenizer whole or not at all.
+    std::string tokenizer = t.tokenizer.dump() + "\n", config = t.tokenizer_config.dump(2) + "\n",
+                generation = t.generation_config.dump(2) + "\n";
+    files.emplace_back("tokenizer.json", std::move(tokenizer));
+    files.emplace_back("tokenizer_config.json", std::move(config));
+    files.emplace_back("generation_config.json", std::move(generation));
   } catch (const GgufError& e) {
     tokenizer_error = e.what();
-    files.emplace_back(kTokenizerError, tokenizer_error + "\n");
+  } catch (const std::invalid_argument& e) {  // the SentencePiece conversion's refusals
+    tokenizer_error = e.what();
+  } catch (const nlohmann::json::exception& e) {
+    tokenizer_error =
+        gguf_path + ": its tokenizer does not convert to tokenizer.json (" + e.what() + ")";
   }
+  if (!tokenizer_error.empty()) files.emplace_back(kTokenizerError, tokenizer_error + "\n");
   std::string content;
   for (const auto& [name, text] : files) content += name + '\n' + text + '\0';
 

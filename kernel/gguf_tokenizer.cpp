@@ -4,6 +4,7 @@
 #include <optional>
 #include <vector>
 
+#include "data.hpp"
 #include "sentencepiece_convert.hpp"
 #include "tokenizer_json_parts.hpp"
 
@@ -54,6 +55,17 @@ std::string where(const GgufReader& f, const std::string& key) {
   return f.path() + ": " + key;
 }
 
+// Text that goes into tokenizer.json must be UTF-8 (JSON is): a token,
+// merge or template that is not is refused by its place.
+const std::string& utf8(const GgufReader& f, const std::string& key, const std::string& s,
+                        size_t index = SIZE_MAX) {
+  const size_t bad = first_invalid_utf8(s);
+  if (bad < s.size())
+    throw GgufError(where(f, key) + (index == SIZE_MAX ? "" : " entry " + std::to_string(index)) +
+                    " is not UTF-8 (byte " + std::to_string(bad) + "): a damaged file");
+  return s;
+}
+
 const std::vector<Value>& array_of(const GgufReader& f, const std::string& key, ValueType item) {
   const Value& v = f.get(key);
   const std::vector<Value>& items = v.as_array(key);
@@ -81,7 +93,8 @@ Vocabulary read_vocabulary(const GgufReader& f) {
   if (tokens.empty()) throw GgufError(where(f, "tokenizer.ggml.tokens") + " is empty");
   const size_t n = tokens.size();
   v.tokens.reserve(n);
-  for (const Value& t : tokens) v.tokens.push_back(t.s);
+  for (size_t i = 0; i < n; ++i)
+    v.tokens.push_back(utf8(f, "tokenizer.ggml.tokens", tokens[i].s, i));
   v.types.assign(n, 1);
   v.scores.assign(n, 0.0f);
   if (f.has("tokenizer.ggml.token_type")) {
@@ -169,7 +182,7 @@ json byte_level_bpe(const GgufReader& f, Vocabulary& v) {
   json merges = json::array();
   for (size_t i = 0; i < merge_lines.size(); ++i) {
     // llama.cpp splits at the first space after the first byte.
-    const std::string& m = merge_lines[i].s;
+    const std::string& m = utf8(f, "tokenizer.ggml.merges", merge_lines[i].s, i);
     const size_t space = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
     if (space == std::string::npos)
       throw GgufError(where(f, "tokenizer.ggml.merges") + " entry " + std::to_string(i) +
@@ -283,7 +296,8 @@ TokenizerFiles tokenizer_files(const GgufReader& f) {
   for (const auto& [key, id] : named)
     if (*id) c[key] = v.tokens[**id];
   if (const Value* t = f.find("tokenizer.chat_template"))
-    c["chat_template"] = t->as_string("tokenizer.chat_template");
+    c["chat_template"] =
+        utf8(f, "tokenizer.chat_template", t->as_string("tokenizer.chat_template"));
   const std::string arch = f.has("general.architecture")
                                ? f.get("general.architecture").as_string("general.architecture")
                                : "";
