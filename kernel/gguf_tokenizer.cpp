@@ -197,17 +197,7 @@ json byte_level_bpe(const GgufReader& f, Vocabulary& v) {
             {"added_tokens", added_tokens(v)},
             {"normalizer", nullptr},
             {"decoder", tj::byte_level(false)},
-            {"model",
-             {{"type", "BPE"},
-              {"dropout", nullptr},
-              {"unk_token", nullptr},
-              {"continuing_subword_prefix", nullptr},
-              {"end_of_word_suffix", nullptr},
-              {"fuse_unk", false},
-              {"byte_fallback", false},
-              {"ignore_merges", llama3},
-              {"vocab", std::move(vocab)},
-              {"merges", std::move(merges)}}}};
+            {"model", tj::byte_level_bpe_model(std::move(vocab), std::move(merges), llama3)}};
   auto sequence = [](json steps) { return json{{"type", "Sequence"}, {"pretokenizers", steps}}; };
   switch (pre.kind) {
     case PreKind::kGpt2:

@@ -263,17 +263,7 @@ std::string byte_tokenizer_json() {
                   {"pre_tokenizer", bytes},
                   {"post_processor", nullptr},
                   {"decoder", bytes},
-                  {"model",
-                   {{"type", "BPE"},
-                    {"dropout", nullptr},
-                    {"unk_token", nullptr},
-                    {"continuing_subword_prefix", nullptr},
-                    {"end_of_word_suffix", nullptr},
-                    {"fuse_unk", false},
-                    {"byte_fallback", false},
-                    {"ignore_merges", false},
-                    {"vocab", vocab},
-                    {"merges", json::array()}}}};
+                  {"model", tokenizer_json::byte_level_bpe_model(vocab, json::array())}};
   return t.dump(2) + "\n";
 }
 

@@ -38,6 +38,21 @@ inline json byte_level(bool add_prefix_space, bool use_regex = true) {
           {"use_regex", use_regex}};
 }
 
+// A byte-level BPE model over `vocab` and `merges` (no unknown token, no
+// byte fallback: every byte is a token of the ByteLevel alphabet).
+inline json byte_level_bpe_model(json vocab, json merges, bool ignore_merges = false) {
+  return {{"type", "BPE"},
+          {"dropout", nullptr},
+          {"unk_token", nullptr},
+          {"continuing_subword_prefix", nullptr},
+          {"end_of_word_suffix", nullptr},
+          {"fuse_unk", false},
+          {"byte_fallback", false},
+          {"ignore_merges", ignore_merges},
+          {"vocab", std::move(vocab)},
+          {"merges", std::move(merges)}};
+}
+
 // A Split pre-tokenizer that keeps each match of `regex` as its own piece.
 inline json split_isolated(const std::string& regex) {
   return {{"type", "Split"},
