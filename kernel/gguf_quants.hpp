@@ -18,4 +18,14 @@ bool can_dequantize(const TensorType& type);
 // type can_dequantize refuses.
 void dequantize(const TensorType& type, const uint8_t* src, int64_t n, float* dst);
 
+// Whether `type` can be written here (F32, F16, BF16, Q8_0): the types
+// llama.cpp's converters write themselves; other quants are llama-quantize's.
+bool can_quantize(const TensorType& type);
+
+// Encodes `n` float32 elements (a whole number of the type's blocks) into
+// n / block * bytes bytes at `dst`, byte for byte as the gguf Python
+// package's quants.quantize and ggml's reference quantizers do. Throws
+// GgufError for a type can_quantize refuses.
+void quantize(const TensorType& type, const float* src, int64_t n, uint8_t* dst);
+
 }  // namespace tightfit::gguf

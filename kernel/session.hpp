@@ -137,6 +137,23 @@ class Session {
   // Writes the strategies' adapters on their own (LoRA: a PEFT adapter folder);
   // returns the folder. Throws when no strategy has adapters.
   std::string export_adapter(const std::string& dir);
+  // Writes the merged model as one GGUF file for llama.cpp / ollama
+  // (gguf_export): tensors of `type` ("f32", "f16", "bf16", "q8_0"), the
+  // tokenizer keys of the GGUF file the run's model came from. Returns it.
+  std::string export_gguf(const std::string& file, const std::string& type = "f16");
+  // Writes the adapters as a llama.cpp LoRA adapter GGUF; returns the file.
+  std::string export_adapter_gguf(const std::string& file, const std::string& type = "f32");
+
+  // Hands every parameter of the whole model to `sink` (rank 0 only), one at
+  // a time in stage order, dense, in Hugging Face's name and layout, merged
+  // by the strategies that rewrite it (LoRA) when `merge`.
+  void each_export_tensor(bool merge,
+                          const std::function<void(const std::string&, const at::Tensor&)>& sink);
+  // config.json as the model plugin writes it; "" when it gives none.
+  std::string model_config_json();
+  // Whether this rank takes part in an export (rank 0, or every rank when
+  // parameters are split across ranks).
+  bool exports_on_this_rank() const;
 
   // --- checkpoints (checkpoint_io.cpp) ---
   // The random generators a checkpoint saves, by key: the CPU's, and the

@@ -1,12 +1,16 @@
 // A session's weights written out: a Hugging Face folder (merged adapters
-// optionally) and a PEFT adapter folder.
+// optionally), a PEFT adapter folder, and both as GGUF files.
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <optional>
 
 #include "file_util.hpp"
+#include "gguf_export.hpp"
 #include "hf_shards.hpp"
 #include "hf_weights.hpp"
+#include "json_input.hpp"
 #include "session.hpp"
 #include "strategy_chain.hpp"
 #include "tokenizer_folder.hpp"
@@ -14,25 +18,22 @@
 namespace tightfit {
 namespace fs = std::filesystem;
 
-std::string Session::export_hf(const std::string& dir, bool merge, int64_t max_shard_bytes) {
-  // Gathering parameters split across ranks takes every rank; rank 0 writes.
-  const bool sharded = std::any_of(store_.all().begin(), store_.all().end(),
-                                   [](const Param& p) { return p.residency == TF_TIER_SHARDED; });
-  if (!env_.is_rank0() && !sharded) return dir;
+std::string Session::model_config_json() {
   const tf_model_vtable* vt = plugins_.model.plugin->model();
   const char* config = nullptr;
   if (vt->hf_config_json)
     check_plugin_status(vt->hf_config_json(plugins_.model.state, plugins_.model.ctx.get(), &config),
                         plugins_.model, "hf_config_json");
-  if (!config)
-    log(TF_LOG_WARN, "model plugin \"" + plugins_.model.plugin->name +
-                         "\" gives no config.json; exporting weights only");
+  return config ? config : "";
+}
+
+void Session::each_export_tensor(
+    bool merge, const std::function<void(const std::string&, const at::Tensor&)>& sink) {
   at::NoGradGuard no_grad;
   CategoryScope scope(TF_MEM_TRANSIENT);
-  // One parameter at a time, in stage order: dense from any tier, merged by
-  // the strategies that rewrite it (LoRA), into the current shard.
-  std::optional<HfShardWriter> writer;
-  if (env_.is_rank0()) writer.emplace(dir, max_shard_bytes);
+  // One parameter at a time, in stage order: dense from any tier (gathering
+  // one split across ranks takes every rank), merged by the strategies that
+  // rewrite it (LoRA).
   for (const Param& p : store_.all()) {
     if (p.flags & TF_PARAM_ADAPTER) continue;
     if (p.absent)
@@ -46,11 +47,30 @@ std::string Session::export_hf(const std::string& dir, bool merge, int64_t max_s
       StrategyChain(plugins_.strategies)
           .thread_tensor(&tf_strategy_vtable::export_weight, "export_weight", value,
                          p.name.c_str());
-    if (writer) writer->add(p.name, hf_layout(p, value));
+    if (env_.is_rank0()) sink(p.name, hf_layout(p, value));
   }
+}
+
+bool Session::exports_on_this_rank() const {
+  // Parameters split across ranks are gathered by every rank; rank 0 writes.
+  const bool sharded = std::any_of(store_.all().begin(), store_.all().end(),
+                                   [](const Param& p) { return p.residency == TF_TIER_SHARDED; });
+  return env_.is_rank0() || sharded;
+}
+
+std::string Session::export_hf(const std::string& dir, bool merge, int64_t max_shard_bytes) {
+  if (!exports_on_this_rank()) return dir;
+  const std::string config = model_config_json();
+  if (config.empty())
+    log(TF_LOG_WARN, "model plugin \"" + plugins_.model.plugin->name +
+                         "\" gives no config.json; exporting weights only");
+  std::optional<HfShardWriter> writer;
+  if (env_.is_rank0()) writer.emplace(dir, max_shard_bytes);
+  each_export_tensor(merge,
+                     [&](const std::string& name, const at::Tensor& t) { writer->add(name, t); });
   if (writer) {
     writer->finish();
-    write_hf_side_files(dir, config ? config : "", data_.tokenizer().source_file());
+    write_hf_side_files(dir, config, data_.tokenizer().source_file());
     // The byte tokenizer has no file of its own: written as one, so that the
     // folder is whole for transformers and for tightfit (tokenizer = "auto").
     if (dynamic_cast<const ByteTokenizer*>(&data_.tokenizer())) {
@@ -60,6 +80,24 @@ std::string Session::export_hf(const std::string& dir, bool merge, int64_t max_s
     }
   }
   return dir;
+}
+
+std::string Session::export_gguf(const std::string& file, const std::string& type) {
+  if (!exports_on_this_rank()) return file;
+  const std::string config = model_config_json();
+  if (config.empty())
+    throw std::runtime_error("model plugin \"" + plugins_.model.plugin->name +
+                             "\" gives no config.json, which a GGUF file's metadata is made from");
+  // Checked (architecture, tokenizer, type) before any weight is read.
+  std::optional<gguf::GgufModelWriter> writer;
+  if (env_.is_rank0())
+    writer.emplace(file, parse_json(config, "the model's config.json"), gguf::out_type(type),
+                   data_.tokenizer().source_file(), fs::path(file).stem().string());
+  each_export_tensor(true, [&](const std::string& name, const at::Tensor& t) {
+    writer->add(name, t, [&](const std::string& m) { log(TF_LOG_WARN, m); });
+  });
+  if (writer) writer->finish();
+  return file;
 }
 
 std::string Session::export_adapter(const std::string& dir) {
@@ -81,6 +119,29 @@ std::string Session::export_adapter(const std::string& dir) {
         "no strategy of this recipe has adapters to export (add a [[strategy]] with plugin = "
         "\"lora\"), or export the whole model without --adapter");
   return dir;
+}
+
+std::string Session::export_adapter_gguf(const std::string& file, const std::string& type) {
+  const gguf::TensorType& tt = gguf::out_type(type);
+  const nlohmann::json config = parse_json(model_config_json(), "the model's config.json");
+  gguf::gguf_architecture(config);  // refused before anything is written
+  // The PEFT folder first (the strategies write adapters only that way),
+  // then converted as convert_lora_to_gguf converts it; the folder is ours
+  // and goes.
+  const std::string peft = file + ".peft-" + std::to_string(::getpid());
+  std::error_code ec;
+  if (!fs::create_directory(peft, ec))
+    throw std::runtime_error("cannot create " + peft + (ec ? ": " + ec.message() : ": it exists") +
+                             " (the adapter is written there before it is converted)");
+  try {
+    export_adapter(peft);
+    gguf::write_lora_adapter(peft, config, file, tt, fs::path(file).stem().string());
+  } catch (...) {
+    remove_tree(peft);
+    throw;
+  }
+  remove_tree(peft);
+  return file;
 }
 
 }  // namespace tightfit
