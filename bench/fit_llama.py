@@ -55,7 +55,7 @@ def main():
     ap.add_argument("--shapes", default="1B,7B,13B")
     ap.add_argument("--budgets", default="8GiB,16GiB,24GiB")
     ap.add_argument("--verify-model", action="store_true",
-                    help="also fit --verify --verify-spread on configs/default.toml")
+                    help="also fit --verify --verify-spread on configs/fortunes-gpt2.toml")
     args = ap.parse_args()
     results = {"objective": args.objective, "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -80,13 +80,13 @@ def main():
                           f"(against {r['plain']['stack']})")
                 results["rows"].append(row)
         if args.verify_model:
-            r = fit(os.path.join(ROOT, "configs", "default.toml"), "1GiB", "quality",
+            r = fit(os.path.join(ROOT, "configs", "fortunes-gpt2.toml"), "1GiB", "quality",
                     os.path.join(tmp, "default.fit.toml"),
                     ["--verify", "--verify-spread", "--verify-top", "8", "--verify-steps", "8",
                      "--set", f"run.out_dir={os.path.join(tmp, 'runs')}"])
             results["verify"] = r.get("verify")
             results["verify_rank_correlation"] = r.get("verify_rank_correlation")
-            print("\nfit --verify --verify-spread on configs/default.toml (1GiB, quality):")
+            print("\nfit --verify --verify-spread on configs/fortunes-gpt2.toml (1GiB, quality):")
             for v in r.get("verify", []):
                 if v.get("failed"):
                     print(f"  {v['stack']}: failed")

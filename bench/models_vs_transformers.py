@@ -26,7 +26,7 @@ from tightfit_runs import finish  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIGHTFIT = ROOT / "build" / "bin" / "tightfit"
-RECIPES = {"gpt2": "default.toml", "llama": "llama-tiny.toml", "rwkv": "rwkv-tiny.toml"}
+RECIPES = {"gpt2": "fortunes-gpt2.toml", "llama": "llama-tiny.toml", "rwkv": "rwkv-tiny.toml"}
 SEQ, BATCH = 128, 16
 
 

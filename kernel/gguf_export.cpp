@@ -9,6 +9,7 @@
 #include "gguf_folder.hpp"
 #include "gguf_model.hpp"
 #include "gguf_quants.hpp"
+#include "gguf_tokenizer_export.hpp"
 #include "json_input.hpp"
 #include "safetensors.hpp"
 
@@ -103,17 +104,18 @@ std::string gguf_architecture(const nlohmann::json& config) {
                   "llama.cpp's convert_hf_to_gguf.py");
 }
 
-void copy_tokenizer_keys(const std::string& tokenizer_source_file, GgufWriter& out) {
+void write_tokenizer_keys(const std::string& tokenizer_source_file, GgufWriter& out) {
+  if (tokenizer_source_file.empty())
+    throw GgufError(
+        "the run's tokenizer is tightfit's byte tokenizer, which has no GGUF form (llama.cpp "
+        "reads gpt2 and llama tokenizers); export a Hugging Face folder (--format hf) and "
+        "convert it with llama.cpp's convert_hf_to_gguf.py");
   const fs::path folder = fs::path(tokenizer_source_file).parent_path();
   std::error_code ec;
-  if (tokenizer_source_file.empty() || !fs::is_regular_file(folder / "source.txt", ec))
-    throw GgufError(
-        "the run's tokenizer (" +
-        (tokenizer_source_file.empty() ? std::string("tightfit's byte tokenizer")
-                                       : tokenizer_source_file) +
-        ") did not come from a GGUF file, and tightfit writes a GGUF model's tokenizer only by "
-        "copying the keys of the GGUF file it came from; export a Hugging Face folder "
-        "(--format hf) and convert it with llama.cpp's convert_hf_to_gguf.py");
+  if (!fs::is_regular_file(folder / "source.txt", ec)) {
+    write_hf_tokenizer_keys(tokenizer_source_file, out);
+    return;
+  }
   std::string source = read_regular_file((folder / "source.txt").string(), 1 << 16);
   while (!source.empty() && (source.back() == '\n' || source.back() == '\r')) source.pop_back();
   // The file must still be the one the tokenizer was converted from: the
@@ -171,7 +173,7 @@ GgufModelWriter::GgufModelWriter(const std::string& path, const nlohmann::json& 
         a + "rope.dimension_count",
         static_cast<uint32_t>(has_head_dim ? config["head_dim"].get<int64_t>() : hidden / heads));
   }
-  copy_tokenizer_keys(tokenizer_source_file, out_);
+  write_tokenizer_keys(tokenizer_source_file, out_);
 }
 
 void GgufModelWriter::add(const std::string& hf_name, const at::Tensor& t,

@@ -9,7 +9,8 @@
 //   BF16, Q8_0; a matrix whose rows do not fill Q8_0 blocks in F16, as the
 //   converter does, with a warning);
 // - the tokenizer: the tokenizer.* keys of the GGUF file the model came
-//   from, copied as they were (see tokenizer_keys).
+//   from, copied as they were, or converted from a Hugging Face byte-level
+//   BPE tokenizer (write_tokenizer_keys).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -34,11 +35,11 @@ const TensorType& out_type(const std::string& name);
 std::string gguf_architecture(const nlohmann::json& config);
 
 // The tokenizer.* keys for a model whose tokenizer tightfit read from
-// `tokenizer_source_file`. A tokenizer converted from a GGUF file (a folder
-// gguf_folder wrote) gets that file's keys, unchanged. Throws GgufError
-// saying why for any other (a Hugging Face tokenizer is not converted to
-// GGUF keys yet).
-void copy_tokenizer_keys(const std::string& tokenizer_source_file, GgufWriter& out);
+// `tokenizer_source_file`: a tokenizer converted from a GGUF file (a folder
+// gguf_folder wrote) gets that file's keys, unchanged; a Hugging Face
+// byte-level BPE tokenizer.json is converted (gguf_tokenizer_export). Throws
+// GgufError saying why for any other (the byte tokenizer, SentencePiece).
+void write_tokenizer_keys(const std::string& tokenizer_source_file, GgufWriter& out);
 
 // Writes a merged model: construct, add() every tensor in Hugging Face's
 // names and layout, finish().

@@ -50,6 +50,11 @@ const std::vector<KeySpec>& run_keys() {
           0, 1e6),
       key("sample_prompt", TF_VALUE_STRING, "\"\\n\"", "prompt for the sample"),
       key("sample_top_k", TF_VALUE_INT, "40", "top-k for the sample; 1 = greedy", 1, 1e9),
+      key("answer_prompts", TF_VALUE_PATH, "\"\"",
+          "prompts (one a line, or JSONL rows with \"prompt\" or \"messages\", in the model's "
+          "chat template) answered greedily before training and after, side by side in the "
+          "summary and in the run's answers.jsonl; \"\" = none"),
+      key("answer_tokens", TF_VALUE_INT, "48", "most tokens of each answer_prompts answer", 1, 1e5),
       key("eval_batches", TF_VALUE_INT, "8", "validation batches for each eval loss", 0, 1e6),
       key("eval_interval", TF_VALUE_INT, "0",
           "steps between eval losses on the held-out split (metrics' eval_loss); 0 = at the end "

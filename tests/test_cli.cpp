@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "file_util.hpp"
 #include "test_support.hpp"
@@ -106,6 +107,53 @@ TEST_F(CliTest, ASamplePastTheModelsPositionsIsRefusedAfterSaving) {
       test::run_tightfit("run " + recipe + " -q --set run.sample_tokens=40 --set run.name=s", &out),
       0)
       << out;
+}
+
+// [run] answer_prompts: the prompts answered before the first step and after
+// the last, printed side by side and kept in answers.jsonl; the answers after
+// are what `generate` gives from the saved checkpoint. A bad prompts file is
+// refused before training.
+TEST_F(CliTest, AnswersBeforeAndAfterTrainingAreShownAndKept) {
+  const std::string prompts = test::write_file(dir, "prompts.txt", "The \nA fool\n");
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("run " + recipe + " --set run.answer_prompts=" + prompts +
+                                   " --set run.answer_tokens=6 --set run.steps=20",
+                               &out),
+            0)
+      << out;
+  const auto at = out.find("answers       " + prompts);
+  ASSERT_NE(at, std::string::npos) << out;
+  EXPECT_NE(out.find("### A fool\n  before: ", at), std::string::npos) << out;
+  EXPECT_NE(out.find("\n  after: ", at), std::string::npos) << out;
+  const std::string rows = read_file_text(dir.str() + "/t/answers.jsonl");
+  std::vector<nlohmann::json> answers;
+  for (size_t b = 0, e; (e = rows.find('\n', b)) != std::string::npos; b = e + 1)
+    answers.push_back(nlohmann::json::parse(rows.substr(b, e - b)));
+  ASSERT_EQ(answers.size(), 2u) << rows;
+  EXPECT_EQ(answers[1]["prompt"], "A fool");
+  EXPECT_EQ(answers[1]["before_step"], 0);
+  EXPECT_EQ(answers[1]["after_step"], 20);
+  std::string generated;
+  ASSERT_EQ(test::run_tightfit("generate " + recipe + " --prompts " + prompts + " -n 6 --greedy",
+                               &generated),
+            0)
+      << generated;
+  for (const auto& a : answers) {
+    EXPECT_NE(generated.find("### " + a["prompt"].get<std::string>() + "\n" +
+                             a["after"].get<std::string>() + "\n"),
+              std::string::npos)
+        << generated << "\n"
+        << rows;
+    EXPECT_NE(a["before"], a["after"]) << "20 steps changed nothing?\n" << rows;
+  }
+  const std::string bad = test::write_file(dir, "bad.jsonl", "{\"question\": \"x\"}\n");
+  EXPECT_EQ(test::run_tightfit(
+                "run " + recipe + " --set run.name=bad --set run.answer_prompts=" + bad, &out),
+            2)
+      << out;
+  EXPECT_NE(out.find("[run] answer_prompts"), std::string::npos) << out;
+  EXPECT_NE(out.find("needs \"messages\" or \"prompt\""), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(dir.path() / "bad" / "checkpoints")) << out;
 }
 
 // plan without --budget gives its verdict against the recipe's memory_budget.

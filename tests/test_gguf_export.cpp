@@ -14,7 +14,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "bpe_tokenizer.hpp"
 #include "gguf_export.hpp"
+#include "gguf_tokenizer.hpp"
 #include "session.hpp"
 #include "test_support.hpp"
 
@@ -145,9 +147,71 @@ TEST_F(GgufExport, EachExportedFileRunsInTightfitAsInTransformers) {
     o.n_tokens = 8;
     o.top_k = 1;
     o.temperature = 0;
-    EXPECT_EQ(s->generate(prompt, o),
-              tok.decode(want["new_ids"].get<std::vector<int64_t>>()))
+    EXPECT_EQ(s->generate(prompt, o), tok.decode(want["new_ids"].get<std::vector<int64_t>>()))
         << type;
+  }
+}
+
+// A Hugging Face byte-level BPE tokenizer becomes the keys convert_hf_to_gguf
+// writes (tests/peers/gguf_tokenizers.py writes them as it does): the same
+// tokens, types, merges and pre-tokenizer name, BOS/EOS and chat template;
+// read back as llama.cpp reads them, the ids of the original on every test
+// line. A SentencePiece tokenizer.model is refused by name.
+TEST_F(GgufExport, AHuggingFaceTokenizerBecomesTheKeysLlamaCppsConverterWrites) {
+  const std::string d = dir_->str();
+  const std::pair<const char*, const char*> styles[] = {
+      {"gpt2", "gpt-2"}, {"smollm", "smollm"}, {"llama3", "llama-bpe"}, {"qwen2", "qwen2"}};
+  std::ifstream lines_in(d + "/lines.json");
+  const auto lines = nlohmann::json::parse(lines_in);
+  for (const auto& [name, pre] : styles) {
+    const std::string file = d + "/export/" + name + "-tokenizer.gguf";
+    {
+      gguf::GgufWriter w(file);
+      gguf::write_tokenizer_keys(d + "/" + name + "_hf/tokenizer.json", w);
+      w.finish();
+    }
+    const gguf::GgufReader got(file), want(d + "/" + name + ".gguf");
+    EXPECT_EQ(got.get("tokenizer.ggml.pre").s, pre) << name;
+    for (const char* key : {"tokenizer.ggml.tokens", "tokenizer.ggml.merges"}) {
+      const auto &a = got.get(key).items, &b = want.get(key).items;
+      ASSERT_EQ(a.size(), b.size()) << name << " " << key;
+      size_t differ = 0;
+      for (size_t i = 0; i < a.size(); ++i) differ += a[i].s != b[i].s;
+      EXPECT_EQ(differ, 0u) << name << " " << key;
+    }
+    const auto &ta = got.get("tokenizer.ggml.token_type").items,
+               &tb = want.get("tokenizer.ggml.token_type").items;
+    ASSERT_EQ(ta.size(), tb.size()) << name;
+    for (size_t i = 0; i < ta.size(); ++i) EXPECT_EQ(ta[i].i, tb[i].i) << name << " token " << i;
+    EXPECT_EQ(got.get("tokenizer.ggml.add_bos_token").b, std::string(name) == "llama3") << name;
+    // Read back as llama.cpp reads it: the original's ids, line for line.
+    const gguf::TokenizerFiles files = gguf::tokenizer_files(got);
+    const std::string folder = d + "/export/" + name + "-tokenizer";
+    fs::create_directories(folder);
+    std::ofstream(folder + "/tokenizer.json") << files.tokenizer.dump();
+    std::ofstream(folder + "/tokenizer_config.json") << files.tokenizer_config.dump();
+    const auto tok = BpeTokenizer::load(folder);
+    std::ifstream ids_in(d + "/" + name + ".ids.json");
+    const auto ids = nlohmann::json::parse(ids_in)["ids"];
+    size_t mismatches = 0;
+    for (size_t i = 0; i < lines.size(); ++i)
+      mismatches += tok->encode_with_special_tokens(lines[i].get<std::string>()) !=
+                    ids[i].get<std::vector<int64_t>>();
+    EXPECT_EQ(mismatches, 0u) << name << ", of " << lines.size() << " lines";
+  }
+  // tokenizer_config.json's BOS, EOS and chat template come along.
+  const gguf::GgufReader smollm(d + "/export/smollm-tokenizer.gguf");
+  const auto& tokens = smollm.get("tokenizer.ggml.tokens").items;
+  EXPECT_EQ(tokens[smollm.get("tokenizer.ggml.bos_token_id").i].s, "<|im_start|>");
+  EXPECT_EQ(tokens[smollm.get("tokenizer.ggml.eos_token_id").i].s, "<|im_end|>");
+  EXPECT_NE(smollm.get("tokenizer.chat_template").s.find("<|im_start|>{{ m.role }}"),
+            std::string::npos);
+  gguf::GgufWriter w(d + "/export/never.gguf");
+  try {
+    gguf::write_tokenizer_keys(d + "/spm_folder/tokenizer.model", w);
+    ADD_FAILURE() << "a SentencePiece model was written as byte-level keys";
+  } catch (const gguf::GgufError& e) {
+    EXPECT_NE(std::string(e.what()).find("convert_hf_to_gguf.py"), std::string::npos) << e.what();
   }
 }
 
@@ -177,7 +241,7 @@ TEST_F(GgufExport, WhatCannotBeWrittenIsRefusedByName) {
   EXPECT_THROW(gguf::gguf_architecture({{"model_type", "gpt2"}}), gguf::GgufError);
   gguf::GgufWriter w(e + "/never.gguf");
   try {
-    gguf::copy_tokenizer_keys("", w);
+    gguf::write_tokenizer_keys("", w);
     ADD_FAILURE() << "a byte tokenizer's keys were copied";
   } catch (const gguf::GgufError& err) {
     EXPECT_NE(std::string(err.what()).find("convert_hf_to_gguf.py"), std::string::npos)

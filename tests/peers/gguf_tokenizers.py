@@ -11,6 +11,8 @@ Files in OUT:
   qwen2.gguf   pre "qwen2" (NFC, Qwen2's regex)
   spm.gguf     model "llama": SentencePiece BPE with byte fallback, control and user-defined
                pieces, no add_bos key (llama.cpp's SentencePiece default: BOS)
+  NAME_hf/     the Hugging Face tokenizer of gpt2, smollm, llama3, qwen2 (tokenizer.json; smollm
+               also a tokenizer_config.json with BOS/EOS and a chat template)
   lines.json   the test lines
   NAME.ids.json  {"ids": [...]}: the original tokenizer's ids (special tokens added as it adds them)
   NAME.model.json  {"prompt_ids", "new_ids", "logits"}: transformers' GGUF loader
@@ -175,6 +177,15 @@ def main(out: pathlib.Path) -> None:
     }
     for name, (tok, pre, add_bos) in styles.items():
         tokens, types, merges = bpe_vocab(tok)
+        # The Hugging Face tokenizer itself, for tightfit's GGUF export to convert.
+        hf = out / f"{name}_hf"
+        hf.mkdir(exist_ok=True)
+        tok.save(str(hf / "tokenizer.json"))
+        if name == "smollm":
+            (hf / "tokenizer_config.json").write_text(json.dumps({
+                "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False,
+                "chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                                 "{% endfor %}"}))
 
         def kv(w, tokens=tokens, types=types, merges=merges, pre=pre, add_bos=add_bos, tok=tok):
             w.add_tokenizer_model("gpt2")
