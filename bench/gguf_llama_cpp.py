@@ -121,7 +121,9 @@ def main() -> int:
                 "MB": round((model.stat().st_size + (adapter.stat().st_size if adapter else 0)) / 1e6, 1),
                 "same answers": f"{same}/{len(questions)}",
                 "llama.cpp answers in the persona": f"{with_persona}/{len(questions)}",
-                "first llama.cpp answer": theirs[0], "first tightfit answer": ours[0]}
+                "first llama.cpp answer": theirs[0], "first tightfit answer": ours[0],
+                "answers that differ": [{"question": q, "llama.cpp": b, "tightfit": a}
+                                        for q, a, b in zip(questions, ours, theirs) if a.strip() != b.strip()]}
             print(f"{name:26s} same {same}/{len(questions)}, persona {with_persona}/{len(questions)}", flush=True)
             marks.append((f"llama.cpp loads {name} and answers in the persona",
                           with_persona == len(questions), f"{with_persona}/{len(questions)}"))

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes configs/data/persona-{train,test}.jsonl (and the test questions
-alone, persona-questions.jsonl): a small chat dataset made
+alone, persona-questions.jsonl, one of each kind in persona-show.jsonl): a small chat dataset made
 here (no outside text, so no licence question) that teaches a pretrained chat
 model a persona and a format it does not have. Every answer starts with
 "In short:", stays one line, and ends with "-- Tightfit"; asked who it is,
@@ -94,6 +94,16 @@ def main():
     # The test questions alone, as `tightfit generate --prompts` reads them.
     with open(out / "persona-questions.jsonl", "w") as f:
         for q, _ in test:
+            f.write(json.dumps({"prompt": q}) + "\n")
+    # One held-out question of each kind: what the main job asks before
+    # training and after ([run] answer_prompts in configs/default.toml).
+    shown, kinds = [], set()
+    for kind, q, _ in everything:
+        if (q, _) in test and kind not in kinds:
+            kinds.add(kind)
+            shown.append(q)
+    with open(out / "persona-show.jsonl", "w") as f:
+        for q in shown:
             f.write(json.dumps({"prompt": q}) + "\n")
     print(f"{len(train)} training and {len(test)} test conversations in {out}")
 

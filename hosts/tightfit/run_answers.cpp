@@ -50,10 +50,16 @@ void AnswersBeforeAfter::finish(Session& session, std::ostream& out) {
   out << "answers       " << file_ << " (greedy, at most " << tokens_
       << " tokens): before training, then after\n";
   std::string lines;
+  // One line each: an answer's line breaks shown as "\n".
+  auto line = [](std::string s) {
+    for (size_t at = 0; (at = s.find('\n', at)) != std::string::npos; at += 2)
+      s.replace(at, 1, "\\n");
+    return s;
+  };
   for (size_t i = 0; i < prompts_.size(); ++i) {
-    out << "  ### " << prompts_[i].shown << "\n"
-        << "  " << before_label << ": " << before_[i] << "\n"
-        << "  " << after_label << ": " << after[i] << "\n";
+    out << "  ### " << line(prompts_[i].shown) << "\n"
+        << "  " << before_label << ": " << line(before_[i]) << "\n"
+        << "  " << after_label << ": " << line(after[i]) << "\n";
     lines += nlohmann::json{{"prompt", prompts_[i].shown},
                             {"before", before_[i]},
                             {"after", after[i]},
