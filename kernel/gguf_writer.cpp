@@ -66,44 +66,35 @@ class Encoder {
   }
 };
 
+template <typename Set>
+Value value_of(ValueType type, Set&& set) {
+  Value v;
+  v.type = type;
+  set(v);
+  return v;
+}
 }  // namespace
 
 Value string_value(const std::string& s) {
-  Value v;
-  v.type = ValueType::STRING;
-  v.s = s;
-  return v;
+  return value_of(ValueType::STRING, [&](Value& v) { v.s = s; });
 }
 Value u32_value(uint32_t x) {
-  Value v;
-  v.type = ValueType::UINT32;
-  v.i = x;
-  return v;
+  return value_of(ValueType::UINT32, [&](Value& v) { v.i = x; });
 }
 Value i32_value(int32_t x) {
-  Value v;
-  v.type = ValueType::INT32;
-  v.i = x;
-  return v;
+  return value_of(ValueType::INT32, [&](Value& v) { v.i = x; });
 }
 Value f32_value(float x) {
-  Value v;
-  v.type = ValueType::FLOAT32;
-  v.f = x;
-  return v;
+  return value_of(ValueType::FLOAT32, [&](Value& v) { v.f = x; });
 }
 Value bool_value(bool x) {
-  Value v;
-  v.type = ValueType::BOOL;
-  v.b = x;
-  return v;
+  return value_of(ValueType::BOOL, [&](Value& v) { v.b = x; });
 }
 Value array_value(ValueType item_type, std::vector<Value> items) {
-  Value v;
-  v.type = ValueType::ARRAY;
-  v.item_type = item_type;
-  v.items = std::move(items);
-  return v;
+  return value_of(ValueType::ARRAY, [&](Value& v) {
+    v.item_type = item_type;
+    v.items = std::move(items);
+  });
 }
 
 GgufWriter::GgufWriter(std::string path) : path_(std::move(path)) {

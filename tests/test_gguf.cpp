@@ -16,6 +16,7 @@
 #include "gguf_file.hpp"
 #include "gguf_folder.hpp"
 #include "gguf_model.hpp"
+#include "gguf_recipe.hpp"
 #include "safetensors.hpp"
 #include "session.hpp"
 #include "test_support.hpp"
@@ -373,12 +374,7 @@ TEST(GgufSmolLM2, TheRealFileReadsAsGgufReadsIt) {
   EXPECT_EQ(chat.render(tw["messages"], true, tc.template_variables()).text,
             tw["chat"].get<std::string>());
 
-  std::string recipe = test::tiny_recipe("builtin:fortunes", dir.str());
-  const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
-  recipe.replace(
-      begin, end - begin,
-      "[model]\nplugin = \"llama\"\nconfig = \"" + file + "\"\nweights = \"" + file + "\"\n\n");
-  recipe.replace(recipe.find("tokenizer = \"byte\""), 18, "tokenizer = \"auto\"");
+  const std::string recipe = test::gguf_recipe("builtin:fortunes", dir.str(), file);
   SessionOptions so;
   so.skip_data = true;
   auto s = test::make_session(recipe, so);

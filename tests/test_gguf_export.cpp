@@ -16,6 +16,7 @@
 
 #include "bpe_tokenizer.hpp"
 #include "gguf_export.hpp"
+#include "gguf_recipe.hpp"
 #include "gguf_tokenizer.hpp"
 #include "session.hpp"
 #include "test_support.hpp"
@@ -29,18 +30,6 @@ std::string python() {
          "/tests/peers/";
 }
 
-// A recipe whose model is the GGUF file `gguf`.
-std::string gguf_recipe(const std::string& corpus, const std::string& out, const std::string& gguf,
-                        const std::string& extra = "") {
-  std::string recipe = test::tiny_recipe(corpus, out, "", extra);
-  const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
-  recipe.replace(
-      begin, end - begin,
-      "[model]\nplugin = \"llama\"\nconfig = \"" + gguf + "\"\nweights = \"" + gguf + "\"\n\n");
-  recipe.replace(recipe.find("tokenizer = \"byte\""), 18, "tokenizer = \"auto\"");
-  return recipe;
-}
-
 class GgufExport : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -52,10 +41,10 @@ class GgufExport : public ::testing::Test {
         0)
         << "the Python peer failed (see its log); scripts/setup installs gguf and transformers";
     // A LoRA run on the Llama-3-style file (its lr moves B off zero in 4 steps).
-    const std::string recipe =
-        gguf_recipe(test::write_corpus(*dir_), d + "/runs", d + "/llama3.gguf",
-                    "[[strategy]]\nplugin = \"lora\"\nrank = 4\nalpha = 8\ntargets = [\"q_proj\", "
-                    "\"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\"]\n");
+    const std::string recipe = test::gguf_recipe(
+        test::write_corpus(*dir_), d + "/runs", d + "/llama3.gguf",
+        "[[strategy]]\nplugin = \"lora\"\nrank = 4\nalpha = 8\ntargets = [\"q_proj\", "
+        "\"k_proj\", \"v_proj\", \"o_proj\", \"gate_proj\"]\n");
     recipe_ =
         new std::string(test::write_file(*dir_, "lora.toml",
                                          recipe.substr(0, recipe.find("lr = 1e-3")) + "lr = 1e-2" +
@@ -132,7 +121,7 @@ TEST_F(GgufExport, EachExportedFileRunsInTightfitAsInTransformers) {
     const std::string file = dir_->str() + "/export/m-" + type + ".gguf";
     SessionOptions so;
     so.skip_data = true;
-    auto s = test::make_session(gguf_recipe("builtin:fortunes", out.str(), file), so);
+    auto s = test::make_session(test::gguf_recipe("builtin:fortunes", out.str(), file), so);
     const auto& want = (*report_)["logits"][type];
     const auto prompt_ids = want["prompt_ids"].get<std::vector<int64_t>>();
     const std::string prompt = want["prompt"].get<std::string>();

@@ -15,6 +15,7 @@
 #include "bpe_tokenizer.hpp"
 #include "gguf_file.hpp"
 #include "gguf_folder.hpp"
+#include "gguf_recipe.hpp"
 #include "session.hpp"
 #include "test_support.hpp"
 
@@ -125,12 +126,8 @@ TEST_F(GgufTokenizers, ATokenizerTightfitCannotReproduceIsRefusedByName) {
   }
   // As a run's tokenizer ("auto"): the same reason, as a recipe error.
   test::TempDir out;
-  std::string recipe = test::tiny_recipe(test::write_corpus(out), out.str());
-  const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
-  recipe.replace(begin, end - begin,
-                 "[model]\nplugin = \"llama\"\nconfig = \"" + path("bad/unknown_pre.gguf") +
-                     "\"\nweights = \"" + path("bad/unknown_pre.gguf") + "\"\n\n");
-  recipe.replace(recipe.find("tokenizer = \"byte\""), 18, "tokenizer = \"auto\"");
+  std::string recipe =
+      test::gguf_recipe(test::write_corpus(out), out.str(), path("bad/unknown_pre.gguf"));
   const std::string error = test::recipe_error(recipe);
   EXPECT_NE(error.find("mystery-pre"), std::string::npos) << error;
   // And bytes in place of a GGUF model's own tokenizer are refused.
@@ -148,12 +145,8 @@ TEST_F(GgufTokenizers, ATokenizerTightfitCannotReproduceIsRefusedByName) {
 class GgufModels : public GgufTokenizers {
  protected:
   std::unique_ptr<Session> session(const std::string& name) {
-    std::string recipe = test::tiny_recipe("builtin:fortunes", out_.str());
-    const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
-    recipe.replace(begin, end - begin,
-                   "[model]\nplugin = \"llama\"\nconfig = \"" + path(name + ".gguf") +
-                       "\"\nweights = \"" + path(name + ".gguf") + "\"\n\n");
-    recipe.replace(recipe.find("tokenizer = \"byte\""), 18, "tokenizer = \"auto\"");
+    const std::string recipe =
+        test::gguf_recipe("builtin:fortunes", out_.str(), path(name + ".gguf"));
     SessionOptions so;
     so.skip_data = true;
     return test::make_session(recipe, so);
@@ -201,12 +194,8 @@ TEST_F(GgufModels, SentencePieceFileLogitsAndGreedyTokensEqualTransformers) {
 // tokenizer is the converted one.
 TEST_F(GgufModels, ARunFineTunesFromTheFileAndExportsAFolder) {
   test::TempDir out;
-  std::string recipe = test::tiny_recipe(test::write_corpus(out), out.str());
-  const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
-  recipe.replace(begin, end - begin,
-                 "[model]\nplugin = \"llama\"\nconfig = \"" + path("smollm.gguf") +
-                     "\"\nweights = \"" + path("smollm.gguf") + "\"\n\n");
-  recipe.replace(recipe.find("tokenizer = \"byte\""), 18, "tokenizer = \"auto\"");
+  const std::string recipe =
+      test::gguf_recipe(test::write_corpus(out), out.str(), path("smollm.gguf"));
   const std::string file = test::write_file(out, "r.toml", recipe);
   std::string log;
   ASSERT_EQ(test::run_tightfit("run " + file + " --quiet", &log), 0) << log;
