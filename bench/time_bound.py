@@ -37,6 +37,7 @@ BOUNDS = {
     "fit": 900,
     "largest": 300,
     "generation": 600,
+    "real-lora": 900,
     "llama-cpp": 3000,  # with the one-time llama.cpp build (about 20 minutes on 2 cores)
 }
 
