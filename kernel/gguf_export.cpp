@@ -11,6 +11,7 @@
 #include "gguf_quants.hpp"
 #include "gguf_tokenizer_export.hpp"
 #include "json_input.hpp"
+#include "logging.hpp"
 #include "safetensors.hpp"
 
 namespace tightfit::gguf {
@@ -241,6 +242,7 @@ void write_lora_adapter(const std::string& peft_dir, const nlohmann::json& confi
     (m[2] == "A" ? pair.first : pair.second) = key;
   }
   if (pairs.empty()) throw GgufError(weights.path() + ": no LoRA tensors");
+  size_t in_f16 = 0;
   for (const auto& [base, keys] : pairs) {
     if (keys.first.empty() || keys.second.empty())
       throw GgufError(weights.path() + ": " + base + " has only one of lora_A and lora_B");
@@ -257,10 +259,20 @@ void write_lora_adapter(const std::string& peft_dir, const nlohmann::json& confi
     if (const int64_t n = permuted_heads(arch, config, *name)) b = permute_rows(b, n, base);
     for (auto& [suffix, t] : {std::pair{".lora_a", a}, std::pair{".lora_b", b}}) {
       const TensorType* tt = &type;
-      if (tt->block > 1 && t.size(-1) % tt->block != 0) tt = tensor_type(1);
+      if (tt->block > 1 && t.size(-1) % tt->block != 0) {
+        // As convert_lora_to_gguf: F16 where rows do not fill the blocks (B's r columns).
+        ++in_f16;
+        tt = tensor_type(1);
+      }
       add_encoded(out, *name + suffix, t, *tt);
     }
   }
+  if (in_f16 > 0)
+    log_message(TF_LOG_WARN,
+                std::to_string(in_f16) + " adapter matrices have rows that do not fill " +
+                    type.name + " blocks of " + std::to_string(type.block) +
+                    " (lora_b's rows are r = " + std::to_string(static_cast<int64_t>(r)) +
+                    " long): written as F16, as convert_lora_to_gguf writes them");
   out.finish();
 }
 
