@@ -94,4 +94,9 @@ with torch.no_grad():
     "has_number": [any(unicodedata.category(c).startswith("N") for c in t) for t in test_lines],
     "chat": chat, "messages": messages, "prompt_ids": prompt_ids,
     "new_ids": new[0, len(prompt_ids):].tolist()}, ensure_ascii=False))
-save_file({"logits": logits.contiguous()}, str(out / "smollm2_logits.safetensors"))
+# The same logits in float64: the exact answer both float32 runs are measured
+# against (30 layers of float32 differ by summation order, CPU to CPU).
+with torch.no_grad():
+    exact = model.double()(ids).logits[0, -1]
+save_file({"logits": logits.contiguous(), "exact": exact.contiguous()},
+          str(out / "smollm2_logits.safetensors"))
