@@ -206,6 +206,12 @@ const TensorType* tensor_type(uint32_t id) {
   return nullptr;
 }
 
+const TensorType* tensor_type_named(const std::string& name) {
+  for (const TensorType& t : kTypes)
+    if (name == t.name) return &t;
+  return nullptr;
+}
+
 bool Value::is_integer() const {
   switch (type) {
     case ValueType::FLOAT32:

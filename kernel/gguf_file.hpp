@@ -70,6 +70,8 @@ struct TensorType {
 // The types this reader knows the layout of (it can check their sizes);
 // nullptr for another id.
 const TensorType* tensor_type(uint32_t id);
+// The type named `name` ("Q4_1", "F16"), nullptr for none.
+const TensorType* tensor_type_named(const std::string& name);
 
 struct TensorInfo {
   std::string name;

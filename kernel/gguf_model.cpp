@@ -107,33 +107,67 @@ std::optional<std::string> gguf_tensor_name(const std::string& hf_name) {
   return std::nullopt;
 }
 
-at::Tensor read_hf_tensor(const GgufReader& file, const nlohmann::json& config,
-                          const std::string& hf_name) {
+namespace {
+
+// llama.cpp's converter permutes q and k rows per head, [n_head, 2, dim/2]
+// -> [n_head, dim/2, 2] (convert_hf_to_gguf's LlamaModel.permute): undone
+// as transformers' LlamaTensorProcessor undoes it, for architecture llama.
+// `w` is [rows, ...]: the values, or each row's stored blocks (a block
+// never spans two rows, so moving rows moves whole blocks).
+at::Tensor undo_qk_permutation(const GgufReader& file, const nlohmann::json& config,
+                               const std::string& name, at::Tensor w) {
+  const bool q = name.find(".attn_q.") != std::string::npos;
+  const bool k = name.find(".attn_k.") != std::string::npos;
+  if (config.value("model_type", "") != "llama" || !(q || k) ||
+      !config.contains("num_attention_heads") || !config.contains("num_key_value_heads"))
+    return w;
+  const int64_t n_head = q ? config["num_attention_heads"].get<int64_t>()
+                           : config["num_key_value_heads"].get<int64_t>();
+  const int64_t rows = w.size(0);
+  if (n_head <= 0 || rows % (2 * n_head) != 0)
+    throw GgufError(file.path() + ": " + name + " has " + std::to_string(rows) +
+                    " rows, not a multiple of 2 x " + std::to_string(n_head) + " heads");
+  std::vector<int64_t> split{n_head, rows / n_head / 2, 2};
+  const auto rest = w.sizes().slice(1);
+  split.insert(split.end(), rest.begin(), rest.end());
+  return w.reshape(split).transpose(1, 2).reshape(w.sizes()).contiguous();
+}
+
+const TensorInfo& hf_tensor_info(const GgufReader& file, const std::string& hf_name,
+                                 std::string& gguf_name) {
   const std::optional<std::string> name = gguf_tensor_name(hf_name);
   const TensorInfo* t = name ? file.find_tensor(*name) : nullptr;
   if (!t)
     throw GgufError(file.path() + ": no tensor for " + hf_name +
                     (name ? " (looked for " + *name + ")" : std::string(" (no GGUF name for it)")));
-  at::Tensor w = file.read_float(*t);
-  // llama.cpp's converter permutes q and k rows per head, [n_head, 2, dim/2]
-  // -> [n_head, dim/2, 2] (convert_hf_to_gguf's LlamaModel.permute): undone
-  // as transformers' LlamaTensorProcessor undoes it, for architecture llama.
-  const bool q = name->find(".attn_q.") != std::string::npos;
-  const bool k = name->find(".attn_k.") != std::string::npos;
-  if (config.value("model_type", "") == "llama" && (q || k) &&
-      config.contains("num_attention_heads") && config.contains("num_key_value_heads")) {
-    const int64_t n_head = q ? config["num_attention_heads"].get<int64_t>()
-                             : config["num_key_value_heads"].get<int64_t>();
-    const int64_t rows = w.size(0);
-    if (n_head <= 0 || rows % (2 * n_head) != 0)
-      throw GgufError(file.path() + ": " + *name + " has " + std::to_string(rows) +
-                      " rows, not a multiple of 2 x " + std::to_string(n_head) + " heads");
-    std::vector<int64_t> split{n_head, rows / n_head / 2, 2};
-    const auto rest = w.sizes().slice(1);
-    split.insert(split.end(), rest.begin(), rest.end());
-    w = w.reshape(split).transpose(1, 2).reshape(w.sizes()).contiguous();
-  }
-  return w;
+  gguf_name = *name;
+  return *t;
+}
+
+}  // namespace
+
+at::Tensor read_hf_tensor(const GgufReader& file, const nlohmann::json& config,
+                          const std::string& hf_name) {
+  std::string name;
+  const TensorInfo& t = hf_tensor_info(file, hf_name, name);
+  return undo_qk_permutation(file, config, name, file.read_float(t));
+}
+
+HfBlocks read_hf_blocks(const GgufReader& file, const nlohmann::json& config,
+                        const std::string& hf_name, bool with_bytes) {
+  std::string name;
+  const TensorInfo& t = hf_tensor_info(file, hf_name, name);
+  if (t.dims.size() != 2)
+    throw GgufError(file.path() + ": " + name +
+                    " is not a matrix; only matrices keep their blocks");
+  HfBlocks b;
+  b.type = t.type;
+  b.rows = t.dims[1];
+  b.cols = t.dims[0];
+  b.row_bytes = b.cols / t.type->block * t.type->bytes;
+  if (with_bytes)
+    b.bytes = undo_qk_permutation(file, config, name, file.read_raw(t).view({b.rows, b.row_bytes}));
+  return b;
 }
 
 }  // namespace tightfit::gguf

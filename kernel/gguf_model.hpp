@@ -39,4 +39,16 @@ std::optional<std::string> gguf_tensor_name(const std::string& hf_name);
 at::Tensor read_hf_tensor(const GgufReader& file, const nlohmann::json& config,
                           const std::string& hf_name);
 
+// A Hugging Face matrix as the file stores it: its ggml type and, per row,
+// the row's blocks (uint8 [rows, row_bytes], CPU), rows in Hugging Face's
+// order (the q/k permutation undone on whole rows). `bytes` is left
+// undefined when not asked for (sizes only, for a plan).
+struct HfBlocks {
+  const TensorType* type = nullptr;
+  int64_t rows = 0, cols = 0, row_bytes = 0;
+  at::Tensor bytes;
+};
+HfBlocks read_hf_blocks(const GgufReader& file, const nlohmann::json& config,
+                        const std::string& hf_name, bool with_bytes);
+
 }  // namespace tightfit::gguf

@@ -109,6 +109,20 @@ void HfWeightSource::load(Param& p) const {
   p.value.detach().copy_(t);
 }
 
+gguf::HfBlocks HfWeightSource::blocks(const Param& p, bool with_bytes) const {
+  if (!gguf_)
+    throw std::runtime_error("weights " + source_ +
+                             " are not a GGUF file, so there are no GGUF blocks to keep");
+  if (p.flags & TF_PARAM_HF_TRANSPOSED)
+    throw std::runtime_error(p.name + " is stored transposed, so its GGUF rows are not its rows");
+  gguf::HfBlocks b = gguf::read_hf_blocks(*gguf_, gguf_config_, p.name, with_bytes);
+  if (p.shape != std::vector<int64_t>{b.rows, b.cols})
+    throw std::runtime_error(source_ + ": \"" + p.name + "\" has shape [" + std::to_string(b.rows) +
+                             ", " + std::to_string(b.cols) + "], the recipe's model needs " +
+                             c10::str(at::IntArrayRef(p.shape)));
+  return b;
+}
+
 void load_hf_weights(ParamStore& store, const std::string& path) {
   const HfWeightSource source(path);
   for (Param& p : store.all())

@@ -18,7 +18,8 @@
 namespace tightfit {
 namespace gguf {
 class GgufReader;
-}
+struct HfBlocks;
+}  // namespace gguf
 
 // Hugging Face weights to start from: a .safetensors file, a folder
 // holding model.safetensors or sharded model-0000x-of-0000y.safetensors with
@@ -33,6 +34,13 @@ class HfWeightSource {
   // "<prefix>." (original GPT-2 files omit "transformer."). Throws
   // std::runtime_error naming a missing or mis-shaped tensor.
   void load(Param& p) const;
+  // The parameter as a GGUF file stores it (gguf_model.hpp's HfBlocks, the
+  // bytes only when `with_bytes`): for a strategy that keeps the file's
+  // own quantized blocks. Throws std::runtime_error when the source is not
+  // a GGUF file, has no such matrix, or its shape is not the parameter's.
+  gguf::HfBlocks blocks(const Param& p, bool with_bytes) const;
+  bool is_gguf() const { return gguf_ != nullptr; }
+  const std::string& source() const { return source_; }
 
  private:
   std::string source_;  // the file or index named in messages

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "executor.hpp"
+#include "hf_weights.hpp"
 #include "param_store.hpp"
 #include "plugin_set.hpp"
 #include "run_environment.hpp"
@@ -35,6 +36,8 @@ struct KernelParts {
   ParamPlanTable* plan = nullptr;
   // The trainer's record of the current step (plugins' report_metric).
   std::map<std::string, double>* step_metrics = nullptr;
+  // The recipe's [model] weights (opened on first use), nullptr when none.
+  std::function<const HfWeightSource*()> weights;
   // The session's log: kernel and plugin lines, also to the host's on_log.
   std::function<void(tf_log_level, const std::string&)> log;
 };

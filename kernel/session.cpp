@@ -26,6 +26,7 @@ Session::Session(const Recipe& recipe, const PluginRegistry& registry, SessionOp
   parts_.data = &data_;
   parts_.plan = &plan_;
   parts_.step_metrics = &step_metrics_;
+  parts_.weights = [this] { return weight_source(); };
   parts_.log = [this](tf_log_level level, const std::string& message) { log(level, message); };
   try {
     build(registry);

@@ -30,6 +30,7 @@
 #include "distributed.hpp"
 #include "executor.hpp"
 #include "generation.hpp"
+#include "hf_weights.hpp"
 #include "host_api.hpp"
 #include "kernel_parts.hpp"
 #include "memory_accounting.hpp"
@@ -195,7 +196,10 @@ class Session {
   void create_strategies();
   void check_strategy_setup(size_t i, tf_status st, const char* what);
   void create_optimizer_and_schedule();
-  void materialize_params(const std::string& base_dir);
+  void materialize_params();
+  // [model] weights, opened once when first asked for (session_weights.cpp);
+  // nullptr when the recipe has none. Throws RecipeError naming the key.
+  const HfWeightSource* weight_source();
   // Finds (and loads) the plugin `name` of `kind`, its pin checked first,
   // and validates its table; errors are RecipeErrors at `where_plugin`.
   PluginInstance make_instance(const std::string& name, tf_plugin_kind kind,
@@ -228,7 +232,9 @@ class Session {
   Snapshots snapshots_{store_, executor_, update_};
   TrainingData data_{env_};
   ParamPlanTable plan_;
-  KernelParts parts_;  // what every plugin instance's context points to
+  KernelParts parts_;             // what every plugin instance's context points to
+  std::string weights_base_dir_;  // where a relative [model] weights is looked for
+  std::unique_ptr<HfWeightSource> weight_source_;
 
   MetricsWriter metrics_;
   // The RSS before the session was built (the libraries and runtime), and

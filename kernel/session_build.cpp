@@ -124,6 +124,7 @@ void Session::build(const PluginRegistry& base_registry) {
   read_kernel_tables();
   const std::optional<DistEnv> dist = set_up_device_and_ranks();
   const std::string base_dir = fs::path(recipe_.source()).parent_path().string();
+  weights_base_dir_ = base_dir;
   set_up_data(base_dir, dist ? dist->world_size : 1);
   set_up_run_folder(dist);
   create_model(base_registry, base_dir);
@@ -131,7 +132,7 @@ void Session::build(const PluginRegistry& base_registry) {
   create_optimizer_and_schedule();
   if (options_.on_composed) options_.on_composed(*this);
   if (options_.dry_run) return;
-  materialize_params(base_dir);
+  materialize_params();
   // What set-up read and converted stage by stage is freed; the heap keeps
   // those pages unless asked to give them back (set-up's sizes are not the
   // training's, so the block cache lets go of them too).
@@ -427,28 +428,16 @@ void Session::create_optimizer_and_schedule() {
 
 // Parameters created stage by stage: initialized or read from the weights
 // folder, and handed to the strategies before the next stage exists.
-void Session::materialize_params(const std::string& base_dir) {
+void Session::materialize_params() {
   // Dropout and other ops draw from the global generators; seed them per run.
   at::manual_seed(env_.run_info.seed);
   // Stage by stage: initialize, load the stage's weights, let strategies
   // convert them (stage_params_ready); only then allocate the next stage.
-  std::unique_ptr<HfWeightSource> weights;
-  const toml::node* weights_key = recipe_.table("model")->get("weights");
+  const HfWeightSource* weights = weight_source();
   auto weights_error = [&](const std::exception& e) {
     if (dynamic_cast<const c10::Error*>(&e)) throw;
-    throw RecipeError(recipe_.where(*weights_key) + ": " + e.what());
+    throw RecipeError(recipe_.where(*recipe_.table("model")->get("weights")) + ": " + e.what());
   };
-  if (weights_key) {
-    if (!weights_key->is_string())
-      throw RecipeError(recipe_.where(*weights_key) + ": [model].weights must be a path string");
-    fs::path path = weights_key->value_or(std::string{});
-    if (path.is_relative() && !fs::exists(path)) path = fs::path(base_dir) / path;
-    try {
-      weights = std::make_unique<HfWeightSource>(path.string());
-    } catch (const std::runtime_error& e) {
-      weights_error(e);
-    }
-  }
   // A parameter lives on its stage's device (shard's layers mode places
   // stages); shared ones (tied embeddings) on the first stage's.
   // Parameters of skipped stages (sparse) are never allocated or loaded.

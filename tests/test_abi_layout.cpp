@@ -203,6 +203,8 @@ TF_FROZEN(tf_host_api, dist_broadcast, 496);
 TF_FROZEN(tf_host_api, dist_barrier, 504);
 TF_FROZEN(tf_host_api, plan_param_get, 512);
 TF_FROZEN(tf_host_api, plan_param_set, 520);
+TF_FROZEN(tf_host_api, param_source_blocks, 528);
+TF_FROZEN(tf_host_api, blocks_decode, 536);
 TF_FROZEN(tf_model_vtable, struct_size, 0);
 TF_FROZEN(tf_model_vtable, create, 8);
 TF_FROZEN(tf_model_vtable, destroy, 16);

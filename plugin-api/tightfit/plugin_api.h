@@ -1,6 +1,6 @@
 /*
- * tightfit plugin ABI, version 1.7 (1.0 plus the fields marked "Added in 1.1"
- * through "Added in 1.7").
+ * tightfit plugin ABI, version 1.9 (1.0 plus the fields marked "Added in 1.1"
+ * through "Added in 1.9").
  *
  * This header is the whole contract between the tightfit host (the kernel) and
  * a plugin shared library. It is plain C: no C++ type and no exception ever
@@ -52,7 +52,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 8
+#define TF_ABI_VERSION_MINOR 9
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -163,6 +163,7 @@ typedef enum tf_param_format {
   TF_FORMAT_DENSE = 0,   /* in the parameter's dtype */
   TF_FORMAT_INT8 = 1,    /* per-channel absmax int8 */
   TF_FORMAT_NF4 = 2,     /* block-wise NormalFloat4 with double-quantized scales */
+  TF_FORMAT_GGML = 3,    /* a GGUF file's own blocks (one of ggml's types). Added in 1.9 */
   TF_FORMAT_CUSTOM = 100, /* owned by a strategy plugin; opaque to the kernel */
   TF_PARAM_FORMAT_MAX_ENUM = 0x7FFFFFFF /* holds the enum at 32 bits; never a value */
 } tf_param_format;
@@ -331,6 +332,17 @@ typedef struct tf_run_info {
    * init. A PEFT adapter names it as base_model_name_or_path. */
   const char* model_source;
 } tf_run_info;
+
+/* A matrix as its weights file stores it, in one of ggml's block types
+ * (param_source_blocks). Added in 1.9. */
+typedef struct tf_source_blocks {
+  uint32_t struct_size;
+  char type[16];     /* ggml's type name: "Q4_1", "Q8_0", "Q4_K", "F16", ... */
+  int64_t rows;      /* the parameter's [rows, cols] */
+  int64_t cols;
+  int64_t row_bytes; /* one row's blocks (a block never spans two rows) */
+  tf_tensor bytes;   /* new: uint8 [rows, row_bytes] on CPU; NULL unless asked for */
+} tf_source_blocks;
 
 /* A parameter as `plan` expects it to be stored (plan_param_get/set). */
 typedef struct tf_param_plan {
@@ -728,7 +740,22 @@ typedef struct tf_host_api {
   tf_status (*plan_param_get)(tf_host_context* ctx, const char* name, tf_param_plan* out);
   tf_status (*plan_param_set)(tf_host_context* ctx, const char* name, const tf_param_plan* in);
 
-  void* reserved[10];
+  /* --- a weights file's own blocks (added in 1.9, in the reserved slots) ---
+   * When [model] weights is a GGUF file: how it stores parameter `name` (a
+   * matrix): its ggml type, sizes and, when with_bytes, the bytes, rows in
+   * the parameter's order (LLaMA's q/k permutation undone). Any time after
+   * create (a plan asks without bytes). TF_ERR_NOT_FOUND, with last_error
+   * saying why, when the weights are not a GGUF file or hold no matrix of
+   * the parameter's shape under its name. */
+  tf_status (*param_source_blocks)(tf_host_context* ctx, const char* name, int32_t with_bytes,
+                                   tf_source_blocks* out);
+  /* Decodes rows of ggml blocks of type `type` (`bytes`: borrowed, uint8
+   * [rows, row_bytes], any device) to float32 [rows, cols] (new, on bytes'
+   * device), value for value as ggml's reference dequantizers do. */
+  tf_status (*blocks_decode)(tf_host_context* ctx, const char* type, tf_tensor bytes, int64_t cols,
+                             tf_tensor* out);
+
+  void* reserved[8];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */

@@ -10,6 +10,7 @@
 #include <torch/version.h>
 
 #include <cstddef>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -236,6 +237,35 @@ class Host {
             tf_residency tier) const {
     const tf_param_plan p{sizeof(tf_param_plan), bytes, format, tier};
     check(api_->plan_param_set(ctx_, name.c_str(), &p));
+  }
+
+  // How a GGUF [model] weights file stores matrix `name` (hosts since 1.9),
+  // with its bytes when asked. A HostError with TF_ERR_NOT_FOUND says why
+  // there are none (the weights are not GGUF, no such matrix).
+  struct SourceBlocks {
+    std::string type;  // ggml's type name: "Q4_1", "Q8_0", "F16", ...
+    int64_t rows = 0, cols = 0, row_bytes = 0;
+    at::Tensor bytes;  // uint8 [rows, row_bytes] on CPU
+  };
+  bool has_source_blocks() const { return TF_HAS(api_, tf_host_api, blocks_decode); }
+  SourceBlocks source_blocks(const std::string& name, bool with_bytes) const {
+    if (!has_source_blocks())
+      throw HostError(TF_ERR_UNSUPPORTED, "this tightfit predates GGUF block access (ABI 1.9)");
+    tf_source_blocks b{};
+    b.struct_size = sizeof b;
+    check(api_->param_source_blocks(ctx_, name.c_str(), with_bytes ? 1 : 0, &b));
+    SourceBlocks out{std::string(b.type, strnlen(b.type, sizeof b.type)), b.rows, b.cols,
+                     b.row_bytes, at::Tensor()};
+    if (b.bytes) out.bytes = take(b.bytes);
+    return out;
+  }
+  // Rows of ggml blocks decoded to float32 [rows, cols] on bytes' device.
+  at::Tensor decode_blocks(const std::string& type, const at::Tensor& bytes, int64_t cols) const {
+    tf_tensor out = nullptr;
+    check(api_->blocks_decode(ctx_, type.c_str(),
+                              reinterpret_cast<tf_tensor>(const_cast<at::Tensor*>(&bytes)), cols,
+                              &out));
+    return take(out);
   }
 
   int32_t stage_count() const {

@@ -6,6 +6,9 @@
 //         16 NormalFloat4 levels (Dettmers et al. 2023), two codes per byte;
 //         with double quantization the block absmaxes are themselves stored as
 //         int8 in groups of 256 around their mean, with one fp32 scale a group.
+//   gguf: the GGUF weights file's own blocks (Q4_1, Q8_0, Q4_K, ...), kept
+//         as the file holds them and decoded by the kernel's ggml
+//         dequantizers: QLoRA on an ollama model's bytes, no re-quantizing.
 //
 // The kernel's linear keeps only the compact form for backward (it fetches the
 // weight again there), so a dequantized copy lives only while a projection runs.
@@ -31,6 +34,7 @@ struct Quantized {
   at::Tensor scale;        // int8: [out] fp32; nf4: block absmax, fp32 or int8 (double-quantized)
   at::Tensor scale_scale;  // nf4 double quantization: [groups] fp32
   at::Tensor scale_mean;   // [1] fp32
+  std::string ggml_type;   // gguf: the blocks' type ("Q4_1"), decoded by the host
 };
 
 // 8-bit AdamW state of one parameter: block-wise absmax codes for the first
@@ -51,7 +55,22 @@ struct Quantize {
   bool double_quant = true;
   std::map<std::string, Quantized> weights;
   int64_t dense_bytes = 0, compact_bytes = 0;  // of the weights quantized so far
+  std::map<std::string, int64_t> ggml_types;   // gguf: weights kept, by type
 };
+
+// gguf: how the weights file stores `name`, or a refusal that says why it
+// cannot be kept (another file format, no such matrix) and what to use.
+tf_sdk::Host::SourceBlocks gguf_blocks(const Quantize& s, const std::string& name,
+                                       bool with_bytes) {
+  try {
+    return s.host.source_blocks(name, with_bytes);
+  } catch (const tf_sdk::HostError& e) {
+    throw std::invalid_argument(
+        std::string("quantize: format = \"gguf\" keeps the blocks of a GGUF [model] weights "
+                    "file, and ") +
+        e.what() + ". Use format = \"nf4\" or \"int8\" to quantize other weights");
+  }
+}
 
 // ---- int8 ------------------------------------------------------------------
 at::Tensor quantize_int8(const at::Tensor& w, Quantized& q) {
@@ -228,10 +247,27 @@ int64_t quantize_stage(Quantize* s, int32_t stage) {
     }
     tf_tensor stored = nullptr;
     s->host.check(api->param_storage(ctx, name_c, &stored));
-    const at::Tensor w = tf_sdk::take(stored).detach().to(at::kFloat);
     Quantized q;
     q.shape = {info.shape[0], info.shape[1]};
     q.dtype = tf_sdk::scalar_type(info.dtype);
+    if (s->format == "gguf") {
+      const at::Device device = tf_sdk::take(stored).device();
+      at::Tensor codes;
+      {
+        const tf_sdk::MemoryCategory weights_scope(s->host, TF_MEM_WEIGHTS);
+        tf_sdk::Host::SourceBlocks b = gguf_blocks(*s, name, true);
+        codes = b.bytes.to(device);
+        q.ggml_type = b.type;
+      }
+      s->dense_bytes += info.numel * tf_sdk::element_bytes(info.dtype);
+      s->compact_bytes += codes.numel();
+      ++s->ggml_types[q.ggml_type];
+      s->host.check(api->param_set_storage(ctx, name_c, reinterpret_cast<tf_tensor>(&codes),
+                                           TF_FORMAT_GGML, TF_TIER_DEVICE));
+      s->weights[name] = std::move(q);
+      continue;
+    }
+    const at::Tensor w = tf_sdk::take(stored).detach().to(at::kFloat);
     // Working tensors are transient; only the codes and scales are weights.
     at::Tensor codes;
     {
@@ -279,9 +315,14 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
                 "[[strategy]] plugin = \"lora\" before quantize (QLoRA), so that only adapters "
                 "train"
               : "quantize: this model has no frozen block weights to quantize");
-    s->host.log(TF_LOG_INFO, s->format + ": " + std::to_string(s->weights.size()) + " weights, " +
-                                 std::to_string(s->dense_bytes >> 10) + " KiB fp32 -> " +
-                                 std::to_string(s->compact_bytes >> 10) + " KiB");
+    std::string kept;  // gguf: the file's types kept, "Q4_1 x 210"
+    for (const auto& [type, n] : s->ggml_types)
+      kept += (kept.empty() ? " (" : ", ") + type + " x " + std::to_string(n);
+    if (!kept.empty()) kept += ")";
+    s->host.log(TF_LOG_INFO, s->format + ": " + std::to_string(s->weights.size()) + " weights" +
+                                 kept + ", " + std::to_string(s->dense_bytes >> 10) +
+                                 " KiB dense -> " + std::to_string(s->compact_bytes >> 10) +
+                                 " KiB");
     return TF_OK;
   });
 }
@@ -294,8 +335,10 @@ tf_status fetch_weight(void* state, tf_host_context* ctx, const char* name, tf_t
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const at::Tensor& codes = tf_sdk::borrow(stored);
     const Quantized& q = it->second;
-    at::Tensor w = s->format == "int8" ? dequantize_int8(codes, q).to(q.dtype)
-                                       : dequantize_nf4(*s, codes, q, q.dtype);
+    at::Tensor w = s->format == "gguf"
+                       ? s->host.decode_blocks(q.ggml_type, codes, q.shape[1]).to(q.dtype)
+                   : s->format == "int8" ? dequantize_int8(codes, q).to(q.dtype)
+                                         : dequantize_nf4(*s, codes, q, q.dtype);
     *out = tf_sdk::give(w.view(q.shape));
     return TF_OK;
   });
@@ -314,6 +357,7 @@ tf_status save_state(void* state, tf_host_context* ctx) {
         s->host.check(api->state_put_tensor(ctx, ("adam8." + name + key).c_str(),
                                             reinterpret_cast<tf_tensor>(t)));
     for (auto& [name, q] : s->weights) {
+      if (!q.scale.defined()) continue;  // gguf: the blocks hold their own scales
       s->host.check(api->state_put_tensor(ctx, (name + ".scale").c_str(),
                                           reinterpret_cast<tf_tensor>(&q.scale)));
       if (q.scale_scale.defined()) {
@@ -358,6 +402,7 @@ tf_status load_state(void* state, tf_host_context* ctx) {
       }
     }
     for (auto& [name, q] : s->weights) {
+      if (!q.scale.defined()) continue;
       get(name + ".scale", q.scale);
       if (q.scale_scale.defined()) {
         get(name + ".scale_scale", q.scale_scale);
@@ -376,8 +421,9 @@ const tf_config_key kKeys[] = {
         1, 0, "fp32|int8"),
     tf_sdk::key("state_block_size", TF_VALUE_INT, "256",
                 "int8 optimizer state: values per absmax block", 2, 65536),
-    tf_sdk::key("format", TF_VALUE_STRING, "\"nf4\"", "storage of frozen block weights", 1, 0,
-                "nf4|int8"),
+    tf_sdk::key("format", TF_VALUE_STRING, "\"nf4\"",
+                "storage of frozen block weights; gguf: a GGUF weights file's own blocks", 1, 0,
+                "nf4|int8|gguf"),
     tf_sdk::key("block_size", TF_VALUE_INT, "64", "nf4: weights per absmax block", 2, 65536),
     tf_sdk::key("double_quant", TF_VALUE_BOOL, "true", "nf4: store block absmaxes as int8 (QLoRA)"),
 };
@@ -400,10 +446,16 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
         continue;
       const int64_t n = info.numel, elt = tf_sdk::element_bytes(info.dtype);
       // The codes the store holds (and a tier may move), and the scales
-      // this plugin keeps beside them on the device, whatever the codes' tier.
-      const int64_t codes = s->format == "int8" ? n : n / 2;
+      // this plugin keeps beside them on the device, whatever the codes' tier
+      // (a GGUF file's blocks carry their own).
+      int64_t codes = s->format == "int8" ? n : n / 2;
+      if (s->format == "gguf") {
+        const tf_sdk::Host::SourceBlocks b = gguf_blocks(*s, name, false);
+        codes = b.rows * b.row_bytes;
+      }
       const int64_t scale_bytes =
-          s->format == "int8"
+          s->format == "gguf" ? 0
+          : s->format == "int8"
               ? 4 * info.shape[0]
               // one absmax per block (int8 with double quantization)
               : (n / s->block) * (s->double_quant ? 1 : 4) + 8 * (n / s->block / 256 + 1);
@@ -412,7 +464,10 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
       scales += scale_bytes;
       largest = std::max(largest, n * elt);
       if (s->host.has_param_plan())
-        s->host.plan(name, codes, s->format == "int8" ? TF_FORMAT_INT8 : TF_FORMAT_NF4,
+        s->host.plan(name, codes,
+                     s->format == "gguf"   ? TF_FORMAT_GGML
+                     : s->format == "int8" ? TF_FORMAT_INT8
+                                           : TF_FORMAT_NF4,
                      s->host.planned(name).tier);
     }
     out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] =

@@ -1,0 +1,138 @@
+// QLoRA on a GGUF file's own blocks ([[strategy]] quantize, format =
+// "gguf"): the frozen base stays in the file's quantized types (Q4_0 ...
+// Q8_0, F16, the K-quants; tests/peers/gguf_qlora.py), decoded by the
+// kernel's ggml dequantizers when a block computes. The run is the LoRA run
+// on the file dequantized at load, exactly: the same base values, losses and
+// adapters; it stores the file's bytes and the plan counts them; weights
+// that are not a GGUF file are refused with the fix.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "gguf_file.hpp"
+#include "plan_recipes.hpp"
+#include "session.hpp"
+#include "test_support.hpp"
+
+namespace tightfit {
+namespace {
+
+class GgufQlora : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir();
+    const std::string d = dir_->str();
+    ASSERT_EQ(
+        std::system((std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " + TIGHTFIT_SOURCE_DIR +
+                     "/tests/peers/gguf_qlora.py " + d + " > " + d + "/peer.log 2>&1")
+                        .c_str()),
+        0)
+        << "tests/peers/gguf_qlora.py failed (see " << d
+        << "/peer.log); scripts/setup installs gguf";
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static std::string file() { return dir_->str() + "/mixed.gguf"; }
+
+  // The tiny recipe with the GGUF file as its model and tokenizer, LoRA on
+  // every projection.
+  static std::string recipe(const std::string& weights, const std::string& extra) {
+    std::string r = test::tiny_recipe(
+        "builtin:fortunes", dir_->str() + "/runs", "",
+        "[[strategy]]\nplugin = \"lora\"\nrank = 4\nalpha = 8\ntargets = [\"q\", \"k\", \"v\", "
+        "\"o\", \"gate\", \"up\", \"down\"]\n" +
+            extra);
+    r.replace(r.find("tokenizer = \"byte\""), 18, "tokenizer = \"auto\"");
+    const auto begin = r.find("[model]"), end = r.find("[data]");
+    r.replace(begin, end - begin,
+              "[model]\nplugin = \"llama\"\nconfig = \"" + file() + "\"\n" +
+                  (weights.empty() ? "" : "weights = \"" + weights + "\"\n") + "\n");
+    return r;
+  }
+  static constexpr const char* kGguf = "[[strategy]]\nplugin = \"quantize\"\nformat = \"gguf\"\n";
+  static test::TempDir* dir_;
+};
+test::TempDir* GgufQlora::dir_ = nullptr;
+
+// Every frozen block matrix is kept as the file's bytes (one byte of store
+// per byte of file), decodes to exactly what the dense load holds, and the
+// two runs take the same steps bit for bit.
+TEST_F(GgufQlora, TrainsExactlyAsTheDequantizedBaseFromTheFilesOwnBytes) {
+  auto plain = test::make_session(recipe(file(), ""));
+  auto kept = test::make_session(recipe(file(), kGguf));
+  const gguf::GgufReader r(file());
+  int64_t matrices = 0, file_bytes = 0, stored_bytes = 0;
+  for (const Param& p : kept->store().all()) {
+    if (p.shape.size() != 2 || p.stage < 0 || (p.flags & TF_PARAM_ADAPTER) ||
+        p.name.find("embed") != std::string::npos || p.name.find("lm_head") != std::string::npos)
+      continue;
+    ++matrices;
+    EXPECT_EQ(p.format, TF_FORMAT_GGML) << p.name;
+    EXPECT_EQ(p.value.scalar_type(), at::kByte) << p.name;
+    stored_bytes += p.value.numel();
+    EXPECT_TRUE(at::equal(kept->executor().fetch_weight(p.name), plain->store().get(p.name).value))
+        << p.name << " does not decode to the dense load's values";
+  }
+  for (const gguf::TensorInfo& t : r.tensors())  // the blocks' matrices
+    if (t.dims.size() == 2 && t.name.rfind("blk.", 0) == 0)
+      file_bytes += static_cast<int64_t>(t.bytes);
+  EXPECT_EQ(matrices, 14);  // 2 layers x 7 projections
+  EXPECT_EQ(stored_bytes, file_bytes);
+
+  auto batch = plain->data().batcher().next();
+  for (auto* s : {plain.get(), kept.get()}) s->update().optimizer().set_lr(1e-2);
+  for (int step = 0; step < 3; ++step) {
+    double loss[2];
+    int i = 0;
+    for (auto* s : {plain.get(), kept.get()}) {
+      s->update().zero_grad();
+      loss[i++] = s->executor().run_pass(batch.tokens, batch.targets, true, 1.0).loss;
+      ASSERT_EQ(s->update().optimizer_step(), TF_OK);
+    }
+    EXPECT_EQ(loss[0], loss[1]) << "step " << step;
+  }
+  int adapters = 0;
+  for (const Param& p : plain->store().all())
+    if (p.flags & TF_PARAM_ADAPTER) {
+      ++adapters;
+      EXPECT_TRUE(at::equal(p.value, kept->store().get(p.name).value)) << p.name;
+    }
+  EXPECT_EQ(adapters, 28);
+}
+
+// The plan counts the file's blocks as the weights (within the 2% the
+// planner's other tests hold), before anything is loaded.
+TEST_F(GgufQlora, ThePlanCountsTheFilesBlocks) {
+  const std::string text = recipe(file(), kGguf);
+  const MemoryPlan plan = test::plan_of(text);
+  const TrainSummary sum = test::make_session(text)->train();
+  const int64_t planned = plan.device_peak_by_category[TF_MEM_WEIGHTS],
+                measured = sum.memory.peak[TF_MEM_WEIGHTS];
+  EXPECT_LE(std::abs(test::relative(planned, measured)), 0.02)
+      << "planned " << planned << ", measured " << measured;
+  const MemoryPlan dense = test::plan_of(recipe(file(), ""));
+  EXPECT_LT(planned, dense.device_peak_by_category[TF_MEM_WEIGHTS]);
+}
+
+// No GGUF file to keep blocks of: refused, naming the key and the fix.
+TEST_F(GgufQlora, WeightsThatAreNotAGgufFileAreRefusedWithTheFix) {
+  test::make_session(recipe(file(), ""))->export_hf(dir_->str() + "/hf");  // as safetensors
+  for (const std::string& weights : {std::string(), dir_->str() + "/hf/model.safetensors"}) {
+    std::string message;
+    try {
+      std::string text = recipe(weights, kGguf);  // the exported folder's tokenizer
+      text.replace(text.find("tokenizer = \"auto\""), 18, "tokenizer = \"" + dir_->str() + "/hf\"");
+      test::make_session(text);
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("format = \"gguf\""), std::string::npos) << message;
+    EXPECT_NE(message.find("nf4"), std::string::npos) << message;
+    EXPECT_NE(message.find(weights.empty() ? "no [model] weights" : "not a GGUF file"),
+              std::string::npos)
+        << message;
+  }
+}
+
+}  // namespace
+}  // namespace tightfit
