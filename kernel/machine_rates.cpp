@@ -4,8 +4,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <stdexcept>
 #include <vector>
@@ -192,14 +194,18 @@ MachineRates measure_machine_rates(const at::Device& device, const std::vector<i
   }
   // The disk tier: write 64 MiB, fsync, read it back warm and cold.
   {
-    const std::string path = scratch_dir + "/.tightfit-rates-scratch";
+    // A new file of this process's own: a name planted there (a link to a
+    // user's file) is refused, never written through or truncated.
+    const std::string path = scratch_dir + "/.tightfit-rates-scratch-" + std::to_string(::getpid());
     const int64_t bytes = 64 << 20;
     std::vector<char> buf(4 << 20, 'x');
     {
-      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      const int fd =
+          ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
       if (fd < 0)
-        throw std::runtime_error("cannot write a scratch file in " + scratch_dir +
-                                 " to measure the disk (use a writable folder)");
+        throw std::runtime_error("cannot create the scratch file " + path +
+                                 " to measure the disk (" + std::strerror(errno) +
+                                 "; use a writable folder)");
       const auto t0 = Clock::now();
       bool ok = true;
       for (int64_t done = 0; done < bytes && ok; done += static_cast<int64_t>(buf.size()))

@@ -1,17 +1,59 @@
 #include "metrics.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <stdexcept>
+#include <utility>
 
 namespace tightfit {
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path), out_(path, std::ios::app) {
-  if (!out_) throw std::runtime_error("cannot open metrics file " + path);
+MetricsWriter::MetricsWriter(const std::string& path, bool resumed) : path_(path) {
+  fd_ = ::open(path.c_str(),
+               O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | (resumed ? O_APPEND : O_TRUNC), 0644);
+  if (fd_ < 0)
+    throw std::runtime_error("cannot open metrics file " + path + ": " +
+                             (errno == ELOOP ? std::string("it is a symbolic link, which tightfit "
+                                                           "does not write through")
+                                             : std::string(std::strerror(errno))));
 }
 
-void MetricsWriter::write(const nlohmann::json& record) {
-  if (!out_.is_open()) return;
-  out_ << record.dump() << '\n';
-  out_.flush();
+MetricsWriter::MetricsWriter(MetricsWriter&& other) noexcept
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)) {}
+
+MetricsWriter& MetricsWriter::operator=(MetricsWriter&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(other.path_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+// One write(2) a record where it fits: a reader rarely sees half a line.
+bool MetricsWriter::write(const nlohmann::json& record) {
+  if (fd_ < 0) return true;
+  const std::string line = record.dump() + '\n';
+  size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      error_ = "cannot write metrics file " + path_ + ": " + std::strerror(errno) +
+               "; the run goes on without its metrics rows";
+      ::close(fd_);
+      fd_ = -1;
+      return false;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return true;
 }
 
 }  // namespace tightfit

@@ -2,7 +2,6 @@
 // keeps every completed step.
 #pragma once
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -11,14 +10,27 @@ namespace tightfit {
 class MetricsWriter {
  public:
   MetricsWriter() = default;
-  // Appends to `path` (a resumed run continues the same file).
-  explicit MetricsWriter(const std::string& path);
-  void write(const nlohmann::json& record);
+  // Opens `path`: a resumed run (`resumed`) continues the file, a fresh one
+  // starts it empty (never after an earlier run's rows). A symbolic link at
+  // `path` is refused, never written through.
+  MetricsWriter(const std::string& path, bool resumed);
+  MetricsWriter(MetricsWriter&& other) noexcept;
+  MetricsWriter& operator=(MetricsWriter&& other) noexcept;
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  ~MetricsWriter();
+
+  // False when the record could not be written (disk full, a file size
+  // limit): the file is closed then and later records are dropped, so the
+  // caller says so once (error() says why); the run itself goes on.
+  bool write(const nlohmann::json& record);
+  const std::string& error() const { return error_; }
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
-  std::ofstream out_;
+  std::string error_;
+  int fd_ = -1;
 };
 
 }  // namespace tightfit

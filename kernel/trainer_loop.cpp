@@ -67,7 +67,8 @@ TrainSummary Session::train() {
   sum.total_steps = env_.run_info.total_steps;
   // Rank 0 writes the metrics (its losses are the global batch's).
   const std::string metrics_path = (fs::path(env_.run_dir) / "metrics.jsonl").string();
-  if (env_.is_rank0()) metrics_ = MetricsWriter(metrics_path);
+  // A fresh run starts the file; a resumed one (or a second train()) continues it.
+  if (env_.is_rank0()) metrics_ = MetricsWriter(metrics_path, /*resumed=*/step_ > 0);
   sum.metrics_path = metrics_path;
   auto& acct = MemoryAccounting::instance();
   acct.reset_peaks();
@@ -108,10 +109,11 @@ TrainSummary Session::train() {
         const int64_t bad_step = step_;
         if (handle_non_finite()) {
           sum.losses.push_back(r.loss);
-          metrics_.write({{"step", bad_step + 1},
-                          {"loss", nullptr},
-                          {"non_finite", 1},
-                          {"rolled_back_to", step_}});
+          if (!metrics_.write({{"step", bad_step + 1},
+                               {"loss", nullptr},
+                               {"non_finite", 1},
+                               {"rolled_back_to", step_}}))
+            log(TF_LOG_WARN, metrics_.error());
           --step_;  // the loop's ++ lands on the checkpoint's step
           continue;
         }
@@ -143,7 +145,7 @@ TrainSummary Session::train() {
         rec["eval_loss"] = std::isfinite(val) ? nlohmann::json(val) : nlohmann::json(nullptr);
         if (std::isfinite(val) && !(val >= sum.best_val_loss)) sum.best_val_loss = val;
       }
-      metrics_.write(rec);
+      if (!metrics_.write(rec)) log(TF_LOG_WARN, metrics_.error());
       const int64_t done = step_ + 1;
       if (done % log_every == 0 || done == stop_at) {
         ProgressInfo p;

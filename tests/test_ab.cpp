@@ -85,6 +85,28 @@ TEST(Ab, ComparesVariantsOnTheSameSeedsWithTheRunsOwnNumbers) {
   }
 }
 
+// The report's child process gets an argument vector, never a shell: a
+// folder whose name holds a quote and a command is only a name.
+TEST(Ab, AnOutputFolderNameIsNeverRunAsACommand) {
+  test::TempDir dir;
+  const std::string base =
+      test::write_file(dir, "plain.toml", test::tiny_recipe(test::write_corpus(dir), dir.str()));
+  const fs::path marker = dir.path() / "ran";
+  const fs::path out = dir.path() / ("ab it's; touch " + marker.string() + " #");
+  std::string log;
+  ASSERT_EQ(
+      test::run_tightfit("ab " + base + " --vary strategy=none,checkpoint --steps 2 --out \"" +
+                             out.string() + "\"",
+                         &log),
+      0)
+      << log;
+  EXPECT_FALSE(fs::exists(marker)) << "the folder name ran as a shell command";
+  EXPECT_TRUE(fs::exists(out / "ab.txt"));
+  if (fs::exists(fs::path(TIGHTFIT_SOURCE_DIR) / ".venv/bin/python")) {
+    EXPECT_TRUE(fs::exists(out / "report.html")) << log;
+  }
+}
+
 TEST(Ab, BadArgumentsAreUsageErrors) {
   test::TempDir dir;
   const std::string corpus = test::write_corpus(dir);

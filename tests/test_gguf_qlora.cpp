@@ -3,8 +3,8 @@
 // Q8_0, F16, the K-quants; tests/peers/gguf_qlora.py), decoded by the
 // kernel's ggml dequantizers when a block computes. The run is the LoRA run
 // on the file dequantized at load, exactly: the same base values, losses and
-// adapters; it stores the file's bytes and the plan counts them; weights
-// that are not a GGUF file are refused with the fix.
+// adapters; it stores the file's bytes and the plan counts them; it
+// resumes exactly; weights that are not a GGUF file are refused with the fix.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -36,9 +36,10 @@ class GgufQlora : public ::testing::Test {
 
   // The tiny recipe with the GGUF file as its model and tokenizer, LoRA on
   // every projection.
-  static std::string recipe(const std::string& weights, const std::string& extra) {
+  static std::string recipe(const std::string& weights, const std::string& extra,
+                            const std::string& out = "runs") {
     std::string r = test::tiny_recipe(
-        "builtin:fortunes", dir_->str() + "/runs", "",
+        "builtin:fortunes", dir_->str() + "/" + out, "",
         "[[strategy]]\nplugin = \"lora\"\nrank = 4\nalpha = 8\ntargets = [\"q\", \"k\", \"v\", "
         "\"o\", \"gate\", \"up\", \"down\"]\n" +
             extra);
@@ -112,6 +113,25 @@ TEST_F(GgufQlora, ThePlanCountsTheFilesBlocks) {
       << "planned " << planned << ", measured " << measured;
   const MemoryPlan dense = test::plan_of(recipe(file(), ""));
   EXPECT_LT(planned, dense.device_peak_by_category[TF_MEM_WEIGHTS]);
+}
+
+// A checkpointed run resumes exactly: the blocks come from the file again
+// (nothing of them is in the checkpoint) and the adapters from the step.
+TEST_F(GgufQlora, ResumesExactly) {
+  auto run = [&](const std::string& out, bool resume, int64_t stop) {
+    std::string r = recipe(file(), kGguf, out);
+    r.replace(r.find("steps = 4"), 9, "steps = 8");
+    SessionOptions o;
+    o.resume = resume;
+    o.stop_after_steps = stop;
+    return test::make_session(r, o)->train();
+  };
+  const TrainSummary full = run("whole", false, -1);
+  run("halves", false, 4);
+  const TrainSummary rest = run("halves", true, -1);
+  ASSERT_EQ(full.losses.size(), 8u);
+  ASSERT_EQ(rest.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(rest.losses[i], full.losses[4 + i]) << "step " << 4 + i;
 }
 
 // No GGUF file to keep blocks of: refused, naming the key and the fix.

@@ -390,6 +390,35 @@ TEST(UsersFiles, SavesTouchNothingOfTheUsers) {
                std::runtime_error);
 }
 
+// metrics.jsonl: a fresh run starts it (an earlier run's rows do not stay
+// above its own), and a symlink planted there is refused, never written
+// through.
+TEST(UsersFiles, MetricsStartFreshAndNeverFollowALink) {
+  test::TempDir d;
+  const std::string corpus = test::write_corpus(d);
+  std::filesystem::create_directories(d.str() + "/t");
+  test::write_file(d, "t/metrics.jsonl", "{\"step\": 1, \"loss\": 9.9}\n");
+  test::make_session(test::tiny_recipe(corpus, d.str()))->train();
+  std::ifstream in(d.str() + "/t/metrics.jsonl");
+  std::vector<nlohmann::json> rows;
+  for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 4u);
+  EXPECT_NE(rows.front()["loss"].get<double>(), 9.9);
+
+  const std::string precious = test::write_file(d, "precious.txt", "do not touch");
+  test::TempDir e;
+  std::filesystem::create_directories(e.str() + "/t");
+  std::filesystem::create_symlink(precious, e.str() + "/t/metrics.jsonl");
+  try {
+    test::make_session(test::tiny_recipe(corpus, e.str()))->train();
+    ADD_FAILURE() << "metrics were written through a symlink";
+  } catch (const std::runtime_error& err) {
+    EXPECT_NE(std::string(err.what()).find("symbolic link"), std::string::npos) << err.what();
+  }
+  std::ifstream p(precious);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(p), {}), "do not touch");
+}
+
 }  // namespace
 }  // namespace tightfit
 

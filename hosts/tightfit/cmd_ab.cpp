@@ -231,7 +231,7 @@ int ab_command(const std::vector<std::string>& args) {
     }
 
     add_means(report);
-    std::ofstream(out / "ab.json") << report.dump(2);
+    write_file_synced((out / "ab.json").string(), report.dump(2));
 
     // The table.
     std::ostringstream t;
@@ -263,15 +263,15 @@ int ab_command(const std::vector<std::string>& args) {
          "divergences; bwd-: backward passes skipped)\n"
       << "runs, logs and ab.json: " << out.string() << "\n";
     std::cout << t.str();
-    std::ofstream(out / "ab.txt") << t.str();
+    write_file_synced((out / "ab.txt").string(), t.str());
     if (!vm.count("no-html")) {
       // The plots come from matplotlib in the project's environment.
       const fs::path src = TIGHTFIT_SOURCE_DIR;
       const fs::path python = src / ".venv/bin/python", script = src / "scripts/ab_report.py";
-      const std::string cmd = "'" + python.string() + "' '" + script.string() + "' '" +
-                              (out / "ab.json").string() + "' > '" +
-                              (out / "logs" / "report.log").string() + "' 2>&1";
-      if (fs::exists(python) && fs::exists(script) && std::system(cmd.c_str()) == 0)
+      // An argument vector: a folder name with quotes in it is a name.
+      if (fs::exists(python) && fs::exists(script) &&
+          run_program(python.string(), {script.string(), (out / "ab.json").string()},
+                      (out / "logs" / "report.log").string()) == 0)
         std::cout << "report        " << (out / "report.html").string() << "\n";
       else
         std::cerr << "tightfit ab: no HTML report (it needs " << python.string()

@@ -459,9 +459,7 @@ int fit_command(const std::vector<std::string>& args) {
            << seconds(best.cost.total() / plain_s) << " of the plain recipe) on " << device
            << ".\n\n"
            << best.recipe.to_toml() << "\n";
-      std::ofstream f(out);
-      f << text.str();
-      if (!f) throw std::runtime_error("cannot write " + out);
+      write_file_synced(out, text.str());  // whole or not at all; a planted link is replaced
     }
 
     json result = {{"recipe", recipe_path},

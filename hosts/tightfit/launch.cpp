@@ -53,8 +53,8 @@ std::string describe(int status) {
   return "stopped";
 }
 
-// In a forked child: becomes this executable with `args`.
-[[noreturn]] void exec_self(const std::string& exe, const std::vector<std::string>& args) {
+// In a forked child: becomes the program `exe` with `args`.
+[[noreturn]] void exec_program(const std::string& exe, const std::vector<std::string>& args) {
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(exe.c_str()));
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
@@ -85,7 +85,7 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args, double g
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", port.c_str(), 1);
-      exec_self(exe, args);
+      exec_program(exe, args);
     }
     ranks[pid] = r;
   }
@@ -125,17 +125,29 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args, double g
 }
 
 int run_self(const std::vector<std::string>& args, const std::string& log) {
-  const std::string exe = self_exe();
+  return run_program(self_exe(), args, log);
+}
+
+int run_program(const std::string& exe, const std::vector<std::string>& args,
+                const std::string& log) {
+  // Opened before the fork, so that a log that cannot be made is said here;
+  // a link planted at its name is refused, never written through.
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw std::runtime_error("cannot write " + log + ": " +
+                             (errno == ELOOP ? std::string("it is a symbolic link")
+                                             : std::string(std::strerror(errno))));
   const pid_t pid = ::fork();
-  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) {
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-    }
-    exec_self(exe, args);
+  if (pid < 0) {
+    ::close(fd);
+    throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   }
+  if (pid == 0) {
+    ::dup2(fd, 1);  // dup2's copies do not inherit O_CLOEXEC
+    ::dup2(fd, 2);
+    exec_program(exe, args);
+  }
+  ::close(fd);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }

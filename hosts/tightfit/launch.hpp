@@ -18,4 +18,10 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args, double g
 // returns its exit code (128 + signal when killed).
 int run_self(const std::vector<std::string>& args, const std::string& log);
 
+// Runs the program `exe` with `args` (an argument vector: no shell reads
+// them), its output to the file `log` (a symbolic link there is refused,
+// not followed), and waits; returns its exit code, 127 when it cannot start.
+int run_program(const std::string& exe, const std::vector<std::string>& args,
+                const std::string& log);
+
 }  // namespace tightfit::host

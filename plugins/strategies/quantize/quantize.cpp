@@ -501,8 +501,8 @@ const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
 
 const tf_plugin_descriptor kDescriptor =
     tf_sdk::describe(TF_PLUGIN_STRATEGY, "quantize", "1.0.0",
-                     "frozen block weights as int8 (per channel) or NF4 "
-                     "(double-quantized), dequantized just in time",
+                     "frozen block weights as int8 (per channel), NF4 "
+                     "(double-quantized) or a GGUF file's own blocks, dequantized just in time",
                      kKeys, &kVtable);
 
 }  // namespace
