@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "file_util.hpp"
+
 namespace tightfit {
 
 MetricsWriter::MetricsWriter(const std::string& path, bool resumed) : path_(path) {
@@ -40,18 +42,13 @@ MetricsWriter::~MetricsWriter() {
 bool MetricsWriter::write(const nlohmann::json& record) {
   if (fd_ < 0) return true;
   const std::string line = record.dump() + '\n';
-  size_t done = 0;
-  while (done < line.size()) {
-    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      error_ = "cannot write metrics file " + path_ + ": " + std::strerror(errno) +
-               "; the run goes on without its metrics rows";
-      ::close(fd_);
-      fd_ = -1;
-      return false;
-    }
-    done += static_cast<size_t>(n);
+  try {
+    write_all(fd_, line.data(), line.size(), path_);
+  } catch (const std::runtime_error& e) {
+    error_ = std::string(e.what()) + "; the run goes on without its metrics rows";
+    ::close(fd_);
+    fd_ = -1;
+    return false;
   }
   return true;
 }
