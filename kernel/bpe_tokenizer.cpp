@@ -84,6 +84,15 @@ BpeTokenizer::BpeTokenizer(const json& j, const std::string& source)
   });
   added_by_id_.assign(static_cast<size_t>(vocab_size_), nullptr);
   for (const AddedToken& t : added_) added_by_id_[static_cast<size_t>(t.id)] = &t;
+  for (int kind = 0; kind < 2; ++kind) {
+    std::vector<std::string> texts;
+    for (size_t k = 0; k < added_.size(); ++k)
+      if (added_[k].normalized == (kind == 1)) {
+        texts.push_back(added_[k].content);
+        added_of_kind_[kind].push_back(k);
+      }
+    added_matcher_[kind] = std::make_unique<AddedTokenMatcher>(texts);
+  }
 
   // The post-processor: BOS/EOS around a single sequence.
   auto post = [&](const json& p, auto&& self, int depth) -> void {
@@ -115,30 +124,34 @@ BpeTokenizer::BpeTokenizer(const json& j, const std::string& source)
   post(or_null(j, "post_processor"), post, 0);
 }
 
+// As the tokenizers library's AddedVocabulary::find_matches: matches
+// leftmost-longest and non-overlapping; a single_word token with a word byte
+// beside it is not a match (the search goes on after it); lstrip and rstrip
+// take the spaces around it into the token.
 template <typename OnText, typename OnToken>
 void BpeTokenizer::split_added(const std::string& text, bool normalized, OnText&& on_text,
                                OnToken&& on_token) const {
+  const int kind = normalized ? 1 : 0;
+  const std::vector<int32_t> longest = added_matcher_[kind]->longest_from(text);
   size_t pos = 0, start = 0;
   while (pos < text.size()) {
-    bool hit = false;
-    for (const AddedToken& t : added_) {
-      if (t.normalized != normalized || text.compare(pos, t.content.size(), t.content) != 0)
-        continue;
-      size_t b = pos, e = pos + t.content.size();
-      if (t.single_word && ((b > 0 && is_word_byte(static_cast<unsigned char>(text[b - 1]))) ||
-                            (e < text.size() && is_word_byte(static_cast<unsigned char>(text[e])))))
-        continue;
-      if (t.lstrip)
-        while (b > start && is_space(text[b - 1])) --b;
-      if (t.rstrip)
-        while (e < text.size() && is_space(text[e])) ++e;
-      if (b > start) on_text(start, b);
-      on_token(t.id, b, e);
-      pos = start = e;
-      hit = true;
-      break;
+    if (longest[pos] < 0) {
+      ++pos;
+      continue;
     }
-    if (!hit) ++pos;
+    const AddedToken& t = added_[added_of_kind_[kind][static_cast<size_t>(longest[pos])]];
+    size_t b = pos, e = pos + t.content.size();
+    pos = e;
+    if (t.single_word && ((b > 0 && is_word_byte(static_cast<unsigned char>(text[b - 1]))) ||
+                          (e < text.size() && is_word_byte(static_cast<unsigned char>(text[e])))))
+      continue;
+    if (t.lstrip)
+      while (b > start && is_space(text[b - 1])) --b;
+    if (t.rstrip)
+      while (e < text.size() && is_space(text[e])) ++e;
+    if (b > start) on_text(start, b);
+    on_token(t.id, b, e);
+    pos = start = e;
   }
   if (start < text.size()) on_text(start, text.size());
 }

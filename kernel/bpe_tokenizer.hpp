@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "added_token_matcher.hpp"
 #include "bpe_model.hpp"
 #include "data.hpp"
 #include "tokenizer_steps.hpp"
@@ -74,7 +75,11 @@ class BpeTokenizer final : public Tokenizer {
   PreTokenizer pre_tokenizer_;
   BpeModel model_;
   Decoder decoder_;
-  std::vector<AddedToken> added_;                 // longest first
+  std::vector<AddedToken> added_;  // longest first
+  // The added tokens of each kind (not normalized, normalized), found in one
+  // pass: matcher index k is added_[added_of_kind_[kind][k]].
+  std::unique_ptr<AddedTokenMatcher> added_matcher_[2];
+  std::vector<size_t> added_of_kind_[2];
   std::vector<int64_t> prefix_ids_, suffix_ids_;  // the post-processor's, single sequence
   int64_t vocab_size_ = 0;
   std::vector<const AddedToken*> added_by_id_;

@@ -5,9 +5,11 @@
 
 #include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 
 #include "jinja_ast.hpp"
+#include "jinja_budget.hpp"
 #include "jinja_builtins.hpp"
 #include "jinja_operators.hpp"
 #include "jinja_value.hpp"
@@ -22,8 +24,8 @@ using jinja::List;
 using jinja::Node;
 using jinja::Value;
 
-// Bounds on what a hostile template can make the host do (and
-// jinja::kMaxTextBytes of text).
+// Bounds on what a hostile template can make the host do, beside the
+// render's budget (jinja_budget.hpp).
 constexpr int64_t kMaxIterations = 1'000'000;
 constexpr int kMaxCallDepth = 64;
 
@@ -35,6 +37,11 @@ class Renderer {
  public:
   Renderer(const std::string& origin, ChatRender& out) : origin_(origin), out_(out) {
     scopes_.emplace_back();
+  }
+  // A namespace that was assigned into may hold itself (ns.me = ns): its
+  // entries are dropped when the render ends, so no cycle outlives it.
+  ~Renderer() {
+    for (const auto& m : assigned_) m->clear();
   }
 
   void set_global(const std::string& name, Value v) { scopes_.front()[name] = std::move(v); }
@@ -56,10 +63,31 @@ class Renderer {
   }
 
   void emit(const std::string& s) {
+    if (out_.text.size() + s.size() > jinja::kMaxTextBytes)
+      throw std::runtime_error(origin_ +
+                               ": chat template: the template made a text of more "
+                               "than 64 MiB (its output)");
     out_.text += s;
-    if (out_.text.size() > jinja::kMaxTextBytes)
-      throw std::runtime_error(origin_ + ": the chat template wrote more than 64 MiB");
   }
+
+  // Nesting while rendering (blocks, expressions, macro calls), bounded so
+  // the C++ stack is; every tag and expression is a step of the budget.
+  struct Nested {
+    Nested(Renderer& r, const jinja::Where& w) : r(r) {
+      if (++r.depth_ > jinja::kMaxRenderDepth)
+        r.fail(w,
+               "rendering nested deeper than 1000 levels (macros that call each other too "
+               "deep?)");
+      try {
+        jinja::charge_steps(1);
+      } catch (const std::runtime_error& e) {
+        --r.depth_;
+        r.fail(w, e.what());
+      }
+    }
+    ~Nested() { --r.depth_; }
+    Renderer& r;
+  };
 
   void render(const Body& body, LoopControl& lc) {
     for (const auto& n : body) {
@@ -69,6 +97,7 @@ class Renderer {
   }
 
   void render(const Node& n, LoopControl& lc) {
+    const Nested nested(*this, n.where);
     switch (n.kind) {
       case Node::kText:
         return emit(n.text);
@@ -85,6 +114,7 @@ class Renderer {
         if (!n.attribute.empty()) {
           Value ns = lookup(n.targets[0]);
           if (ns.type != Value::kMap) fail(n.where, "'" + n.targets[0] + "' is not a namespace");
+          assigned_.insert(ns.map);
           ns.map->set(n.attribute, std::move(v));
         } else if (n.targets.size() == 1) {
           scopes_.back()[n.targets[0]] = std::move(v);
@@ -96,8 +126,10 @@ class Renderer {
       case Node::kSetBlock: {
         const size_t mark = out_.text.size();
         render(n.body, lc);
-        scopes_.back()[n.targets[0]] = Value::string(out_.text.substr(mark));
+        std::string captured = out_.text.substr(mark);
         out_.text.resize(mark);
+        scopes_.back()[n.targets[0]] =
+            at_place(n.where, [&] { return Value::string(std::move(captured)); });
         return;
       }
       case Node::kGeneration: {
@@ -133,7 +165,8 @@ class Renderer {
     else if (seq.type == Value::kMap)
       for (const auto& [k, v] : seq.map->items) items.push_back(Value::string(k));
     else if (seq.type == Value::kString)
-      for (char c : seq.s) items.push_back(Value::string(std::string(1, c)));
+      for (char c : seq.s())
+        items.push_back(at_place(n.where, [&] { return Value::string(std::string(1, c)); }));
     else if (seq.defined() && seq.type != Value::kNone)
       fail(n.where, std::string("cannot loop over a ") + seq.type_name());
     scopes_.emplace_back();
@@ -146,20 +179,25 @@ class Renderer {
       items = std::move(kept);
     }
     const int64_t len = static_cast<int64_t>(items.size());
+    // One loop object, updated in place as Jinja's LoopContext is.
+    static const char* const kLoopKeys[] = {"index", "index0", "revindex", "revindex0", "first",
+                                            "last",  "length", "previtem", "nextitem"};
+    Value loop = Value::of_map();
+    for (const char* key : kLoopKeys) loop.map->set(key, Value());
+    scopes_.back()["loop"] = loop;
     for (int64_t k = 0; k < len; ++k) {
       if (++iterations_ > kMaxIterations) fail(n.where, "more than 1,000,000 loop iterations");
       bind(n, items[static_cast<size_t>(k)]);
-      Value loop = Value::of_map();
-      loop.map->set("index", Value::integer(k + 1));
-      loop.map->set("index0", Value::integer(k));
-      loop.map->set("revindex", Value::integer(len - k));
-      loop.map->set("revindex0", Value::integer(len - k - 1));
-      loop.map->set("first", Value::boolean(k == 0));
-      loop.map->set("last", Value::boolean(k == len - 1));
-      loop.map->set("length", Value::integer(len));
-      loop.map->set("previtem", k > 0 ? items[static_cast<size_t>(k - 1)] : Value());
-      loop.map->set("nextitem", k + 1 < len ? items[static_cast<size_t>(k + 1)] : Value());
-      scopes_.back()["loop"] = loop;
+      auto& entries = loop.map->items;  // in kLoopKeys' order
+      entries[0].second = Value::integer(k + 1);
+      entries[1].second = Value::integer(k);
+      entries[2].second = Value::integer(len - k);
+      entries[3].second = Value::integer(len - k - 1);
+      entries[4].second = Value::boolean(k == 0);
+      entries[5].second = Value::boolean(k == len - 1);
+      entries[6].second = Value::integer(len);
+      entries[7].second = k > 0 ? items[static_cast<size_t>(k - 1)] : Value();
+      entries[8].second = k + 1 < len ? items[static_cast<size_t>(k + 1)] : Value();
       LoopControl lc;
       render(n.body, lc);
       if (lc.kind == LoopControl::kBreak) break;
@@ -197,7 +235,7 @@ class Renderer {
       out_.text.resize(mark);
       scopes_.pop_back();
       --call_depth_;
-      return Value::string(std::move(text));
+      return at_place(node->where, [&] { return Value::string(std::move(text)); });
     });
   }
 
@@ -251,6 +289,7 @@ class Renderer {
   }
 
   Value eval(const Expr& e) {
+    const Nested nested(*this, e.where);
     switch (e.kind) {
       case Expr::kLiteral:
         switch (e.literal_kind) {
@@ -259,11 +298,11 @@ class Renderer {
           case Expr::kBool:
             return Value::boolean(!e.text.empty());
           case Expr::kInt:
-            return Value::integer(std::stoll(e.text));
+            return Value::integer(e.int_value);
           case Expr::kFloat:
-            return Value::real(std::stod(e.text));
+            return Value::real(e.float_value);
           case Expr::kString:
-            return Value::string(e.text);
+            return at_place(e.where, [&] { return Value::string(e.text); });
         }
         return Value();
       case Expr::kName:
@@ -272,12 +311,15 @@ class Renderer {
       case Expr::kTuple: {
         List l;
         for (const auto& a : e.args) l.push_back(eval(*a));
-        return Value::of_list(std::move(l));
+        return at_place(e.where, [&] { return Value::of_list(std::move(l)); });
       }
       case Expr::kDict: {
         Value m = Value::of_map();
-        for (size_t k = 0; k + 1 < e.args.size(); k += 2)
-          m.map->set(eval(*e.args[k]).str(), eval(*e.args[k + 1]));
+        for (size_t k = 0; k + 1 < e.args.size(); k += 2) {
+          const Value key = eval(*e.args[k]);
+          std::string name = at_place(e.where, [&] { return Value::string(key.str()); }).s();
+          m.map->set(name, eval(*e.args[k + 1]));
+        }
         return m;
       }
       case Expr::kAttribute: {
@@ -342,6 +384,8 @@ class Renderer {
       case Expr::kUnary: {
         const Value v = eval(*e.a);
         if (e.text == "not") return Value::boolean(!v.truthy());
+        if (v.type == Value::kInt && e.text == "-" && v.i == INT64_MIN)
+          fail(e.where, "the integer result of unary - does not fit 64 bits");
         if (v.type == Value::kInt) return Value::integer(e.text == "-" ? -v.i : v.i);
         if (v.type == Value::kFloat) return Value::real(e.text == "-" ? -v.f : v.f);
         fail(e.where, "unary " + e.text + " of a " + v.type_name());
@@ -368,6 +412,8 @@ class Renderer {
   std::vector<std::map<std::string, Value>> scopes_;
   int64_t iterations_ = 0;
   int call_depth_ = 0;
+  int depth_ = 0;
+  std::set<std::shared_ptr<jinja::Map>> assigned_;
 };
 
 bool uses_generation(const Body& body) {
@@ -398,12 +444,19 @@ ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
 ChatRender ChatTemplate::render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
                                 const nlohmann::ordered_json& variables) const {
   ChatRender out;
-  Renderer r(origin_, out);
-  for (auto it = variables.begin(); it != variables.end(); ++it)
-    r.set_global(it.key(), Value::from_json(it.value()));
-  r.set_global("messages", Value::from_json(messages));
-  r.set_global("add_generation_prompt", Value::boolean(add_generation_prompt));
-  r.run(tree_->body);
+  jinja::reset_budget();
+  try {
+    Renderer r(origin_, out);
+    for (auto it = variables.begin(); it != variables.end(); ++it)
+      r.set_global(it.key(), Value::from_json(it.value()));
+    r.set_global("messages", Value::from_json(messages));
+    r.set_global("add_generation_prompt", Value::boolean(add_generation_prompt));
+    r.run(tree_->body);
+  } catch (const std::runtime_error& e) {
+    // Every error names the file: one from reading the context has no place.
+    if (std::string(e.what()).rfind(origin_, 0) == 0) throw;
+    throw std::runtime_error(origin_ + ": chat template: " + e.what());
+  }
   return out;
 }
 

@@ -16,6 +16,7 @@
 #include "checkpoint_checks.hpp"
 #include "checkpoint_manifest.hpp"
 #include "file_util.hpp"
+#include "json_output.hpp"
 #include "safetensors.hpp"
 #include "session.hpp"
 
@@ -108,8 +109,12 @@ std::string Session::write_checkpoint(int64_t step) {
     if (!save_fn) return;
     inst.ctx->state_out = &state;
     inst.ctx->state_prefix = prefix;
-    const tf_status st = save_fn(inst.state, inst.ctx.get());
-    inst.ctx->state_out = nullptr;
+    struct Done {  // the state stays out of reach after the call, however it ends
+      tf_host_context* ctx;
+      ~Done() { ctx->state_out = nullptr; }
+    } done{inst.ctx.get()};
+    const tf_status st =
+        plugin_call(inst, "save_state", [&] { return save_fn(inst.state, inst.ctx.get()); });
     check_plugin_status(st, inst, "save_state");
   };
   auto save_plugins = [&] {
@@ -169,7 +174,7 @@ std::string Session::write_checkpoint(int64_t step) {
                             {"model_plugin", plugins_.model.plugin->name},
                             {"abi", abi_version_string(TF_ABI_VERSION)},
                             {"recipe", recipe_.source()}};
-  write_file_synced((tmp / "trainer.json").string(), trainer.dump(2));
+  write_file_synced((tmp / "trainer.json").string(), dump_json(trainer, 2));
   fsync_path(tmp.string());
 
   // Move into place; an older copy of the same step is replaced only after
@@ -333,8 +338,12 @@ bool Session::load_latest_checkpoint() {
         if (!load_fn) return;
         inst.ctx->state_in = &state.tensors;
         inst.ctx->state_prefix = prefix;
-        const tf_status st = load_fn(inst.state, inst.ctx.get());
-        inst.ctx->state_in = nullptr;
+        struct Done {  // the state stays out of reach after the call, however it ends
+          tf_host_context* ctx;
+          ~Done() { ctx->state_in = nullptr; }
+        } done{inst.ctx.get()};
+        const tf_status st =
+            plugin_call(inst, "load_state", [&] { return load_fn(inst.state, inst.ctx.get()); });
         check_plugin_status(st, inst, "load_state");
       };
       for (size_t i = 0; i < plugins_.strategies.size(); ++i)

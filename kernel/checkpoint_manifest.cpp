@@ -7,6 +7,7 @@
 
 #include "file_util.hpp"
 #include "json_input.hpp"
+#include "json_output.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
@@ -54,7 +55,7 @@ std::vector<std::string> parse_checkpoint_manifest(const std::string& text,
                                                    const std::string& where) {
   nlohmann::json j;
   try {
-    j = parse_json(text, where);
+    j = parse_own_json(text, where);
   } catch (const std::invalid_argument&) {
     j = nlohmann::json();  // reported below, as any damaged manifest
   }
@@ -81,7 +82,7 @@ std::vector<std::string> parse_checkpoint_manifest(const std::string& text,
 std::string checkpoint_manifest_run(const fs::path& manifest) {
   std::error_code ec;
   if (!fs::exists(manifest, ec)) return {};
-  const nlohmann::json j = parse_json(read_file_text(manifest.string()), manifest.string());
+  const nlohmann::json j = parse_own_json(read_file_text(manifest.string()), manifest.string());
   const auto it = j.is_object() ? j.find("run") : j.end();
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
@@ -97,7 +98,7 @@ void write_checkpoint_manifest(const fs::path& dir, const std::vector<std::strin
                             {"checkpoints", names},
                             {"latest", names.empty() ? "" : names.back()},
                             {"run", run}};
-  write_file_synced((dir / "manifest.json").string(), j.dump(2));  // a new file, renamed in
+  write_file_synced((dir / "manifest.json").string(), dump_json(j, 2));  // a new file, renamed in
   fsync_path(dir.string());
 }
 
@@ -130,7 +131,7 @@ int64_t integer_field(const nlohmann::json& j, const char* key, int64_t lo, int6
 TrainerRecord parse_trainer_record(const std::string& text, const std::string& where) {
   nlohmann::json j;
   try {
-    j = parse_json(text, where);
+    j = parse_own_json(text, where);
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error(std::string(e.what()) + " (the file is cut or damaged)");
   }

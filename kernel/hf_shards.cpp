@@ -28,6 +28,11 @@ HfShardWriter::HfShardWriter(std::string dir, int64_t max_shard_bytes)
   fs::create_directories(dir_);
 }
 
+HfShardWriter::~HfShardWriter() {
+  std::error_code ec;
+  for (size_t i = renamed_; i < shards_.size(); ++i) fs::remove(fs::path(dir_) / temp_name(i), ec);
+}
+
 void HfShardWriter::add(const std::string& name, const at::Tensor& t) {
   const int64_t bytes = static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size());
   if (!current_.empty() && current_bytes_ + bytes > max_shard_bytes_) flush();
@@ -57,6 +62,7 @@ std::vector<std::string> HfShardWriter::finish() {
     if (fs::exists(fs::path(dir_) / stale)) fs::remove(fs::path(dir_) / stale);
   if (n == 1) {
     fs::rename(fs::path(dir_) / temp_name(0), fs::path(dir_) / "model.safetensors");
+    renamed_ = 1;
     return {(fs::path(dir_) / "model.safetensors").string()};
   }
   nlohmann::json index = {{"metadata", {{"total_size", total_bytes_}}},
@@ -64,6 +70,7 @@ std::vector<std::string> HfShardWriter::finish() {
   for (size_t i = 0; i < n; ++i) {
     const std::string name = shard_name(i, n);
     fs::rename(fs::path(dir_) / temp_name(i), fs::path(dir_) / name);
+    renamed_ = i + 1;
     for (const auto& t : shards_[i]) index["weight_map"][t] = name;
     files.push_back((fs::path(dir_) / name).string());
   }

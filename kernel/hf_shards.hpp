@@ -18,6 +18,11 @@ namespace tightfit {
 class HfShardWriter {
  public:
   HfShardWriter(std::string dir, int64_t max_shard_bytes);
+  // An export that failed before finish() (a full disk) leaves none of its
+  // shards behind: the ones already written are removed.
+  ~HfShardWriter();
+  HfShardWriter(const HfShardWriter&) = delete;
+  HfShardWriter& operator=(const HfShardWriter&) = delete;
   // `t` in Hugging Face's name and layout.
   void add(const std::string& name, const at::Tensor& t);
   // Returns the files written.
@@ -30,6 +35,7 @@ class HfShardWriter {
   int64_t max_shard_bytes_, current_bytes_ = 0, total_bytes_ = 0;
   std::map<std::string, at::Tensor> current_;
   std::vector<std::vector<std::string>> shards_;  // tensor names per written shard
+  size_t renamed_ = 0;                            // shards moved to their final names
 };
 
 }  // namespace tightfit

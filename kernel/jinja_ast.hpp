@@ -2,6 +2,7 @@
 // chat_template: jinja_parser.cpp builds it, jinja_eval.cpp runs it).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +40,9 @@ struct Expr {
   Where where;
   std::string text;
   enum LiteralKind { kNone, kBool, kInt, kFloat, kString } literal_kind = kNone;
+  int64_t int_value = 0;  // kInt and kFloat literals, read once by the parser
+  double float_value = 0;
+  int height = 1;  // 1 + the tallest child: bounds evaluating and freeing the tree
   bool negated = false;
   ExprPtr a, b, c;
   std::vector<ExprPtr> args;

@@ -2,8 +2,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
+#include <cmath>
 #include <ctime>
 #include <stdexcept>
+
+#include "jinja_budget.hpp"
 
 namespace tightfit::jinja {
 namespace {
@@ -12,7 +16,9 @@ namespace {
   throw std::runtime_error(what);
 }
 
-const Value& arg(const Args& a, size_t k, const char* name, const Value& fallback) {
+// By value: the fallback is often a temporary, which a returned reference
+// would outlive.
+Value arg(const Args& a, size_t k, const char* name, const Value& fallback) {
   if (k < a.positional.size()) return a.positional[k];
   if (const Value* v = a.keyword(name)) return *v;
   return fallback;
@@ -20,7 +26,8 @@ const Value& arg(const Args& a, size_t k, const char* name, const Value& fallbac
 
 const std::string& need_string(const Value& v, const char* what) {
   if (v.type != Value::kString) fail(std::string(what) + " needs a string, not " + v.type_name());
-  return v.s;
+  charge_bytes(v.s().size());  // whatever reads it scans it once
+  return v.s();
 }
 
 bool is_space(unsigned char c) {
@@ -67,9 +74,10 @@ Value split(const std::string& s, const Value& sep, int64_t maxsplit) {
   }
   const std::string& d = need_string(sep, "split");
   if (d.empty()) fail("split: empty separator");
+  const TextSearch search(d);
   size_t start = 0;
   for (;;) {
-    const size_t at = s.find(d, start);
+    const size_t at = search.find(s, start);
     if (at == std::string::npos ||
         (maxsplit >= 0 && static_cast<int64_t>(out.size()) == maxsplit)) {
       out.push_back(Value::string(s.substr(start)));
@@ -83,8 +91,8 @@ Value split(const std::string& s, const Value& sep, int64_t maxsplit) {
 
 bool affix(const Value& self, const Value& what, bool prefix) {
   auto one = [&](const std::string& p) {
-    return self.s.size() >= p.size() &&
-           self.s.compare(prefix ? 0 : self.s.size() - p.size(), p.size(), p) == 0;
+    const std::string& s = self.s();
+    return s.size() >= p.size() && s.compare(prefix ? 0 : s.size() - p.size(), p.size(), p) == 0;
   };
   if (what.type == Value::kList) {
     for (const Value& p : *what.list)
@@ -96,15 +104,18 @@ bool affix(const Value& self, const Value& what, bool prefix) {
 
 std::string replace(std::string s, const std::string& from, const std::string& to, int64_t count) {
   if (from.empty()) return s;
+  const TextSearch search(from);
   std::string out;
   size_t start = 0;
   for (int64_t n = 0; count < 0 || n < count; ++n) {
-    const size_t at = s.find(from, start);
+    const size_t at = search.find(s, start);
     if (at == std::string::npos) break;
+    check_text(out.size() + (at - start) + to.size());  // bounded before it grows
     out.append(s, start, at - start);
     out += to;
     start = at + from.size();
   }
+  check_text(out.size() + (s.size() - start));
   out.append(s, start, std::string::npos);
   return out;
 }
@@ -113,7 +124,8 @@ int64_t length(const Value& v) {
   switch (v.type) {
     case Value::kString: {
       int64_t n = 0;  // characters, not bytes
-      for (unsigned char c : v.s) n += (c & 0xC0) != 0x80;
+      charge_bytes(v.s().size());
+      for (unsigned char c : v.s()) n += (c & 0xC0) != 0x80;
       return n;
     }
     case Value::kList:
@@ -132,7 +144,54 @@ Value items(const Value& v) {
   return Value::of_list(std::move(out));
 }
 
+// Jinja's int filter: int(value), else int(float(value)), else 0; a value
+// past 64 bits is an error rather than Python's unbounded integer.
+Value to_int(const Value& v) {
+  if (v.type == Value::kInt) return v;
+  double x = v.number();
+  if (v.type == Value::kString) {
+    const std::string t = strip_chars(v.s(), nullptr, true, true);
+    std::string digits;  // Python's int() takes "1_000"
+    for (char c : t)
+      if (c != '_') digits += c;
+    int64_t whole = 0;
+    const char* end = digits.data() + digits.size();
+    const char* first = digits.data() + (!digits.empty() && digits[0] == '+');
+    const auto [p, ec] = std::from_chars(first, end, whole);
+    if (!digits.empty() && p == end) {
+      if (ec == std::errc::result_out_of_range) fail("int: '" + t + "' does not fit 64 bits");
+      if (ec == std::errc()) return Value::integer(whole);
+    }
+    char* fend = nullptr;
+    x = std::strtod(t.c_str(), &fend);
+    if (t.empty() || fend != t.c_str() + t.size()) return Value::integer(0);
+  }
+  if (std::isnan(x)) fail("int of nan");
+  const double whole = std::trunc(x);  // -2^63 <= whole < 2^63 converts exactly
+  if (!(whole >= -9223372036854775808.0 && whole < 9223372036854775808.0))
+    fail("int: " + v.str() + " does not fit 64 bits");
+  return Value::integer(static_cast<int64_t>(whole));
+}
+
 }  // namespace
+
+TextSearch::TextSearch(const std::string& needle) : needle_(needle), border_(needle.size(), 0) {
+  for (size_t k = 1, b = 0; k < needle.size(); ++k) {
+    while (b > 0 && needle[k] != needle[b]) b = border_[b - 1];
+    if (needle[k] == needle[b]) ++b;
+    border_[k] = b;
+  }
+}
+
+size_t TextSearch::find(const std::string& hay, size_t from) const {
+  if (needle_.empty()) return from <= hay.size() ? from : std::string::npos;
+  for (size_t k = from, b = 0; k < hay.size(); ++k) {
+    while (b > 0 && hay[k] != needle_[b]) b = border_[b - 1];
+    if (hay[k] == needle_[b]) ++b;
+    if (b == needle_.size()) return k + 1 - b;
+  }
+  return std::string::npos;
+}
 
 std::string strip_chars(const std::string& s, const std::string* chars, bool left, bool right) {
   auto strip_it = [&](unsigned char c) {
@@ -151,7 +210,7 @@ Value apply_filter(const std::string& name, const Value& v, const Args& a) {
   if (name == "trim") {
     const Value& chars = arg(a, 0, "chars", Value());
     return Value::string(strip_chars(
-        need_string(v, "trim"), chars.type == Value::kString ? &chars.s : nullptr, true, true));
+        need_string(v, "trim"), chars.type == Value::kString ? &chars.s() : nullptr, true, true));
   }
   if (name == "length" || name == "count") return Value::integer(length(v));
   if (name == "upper") return Value::string(ascii_upper(need_string(v, "upper")));
@@ -167,28 +226,30 @@ Value apply_filter(const std::string& name, const Value& v, const Args& a) {
     return v.type == Value::kString ? v : Value::string(v.str());
   if (name == "tojson") {
     const Value& indent = arg(a, 0, "indent", none);
-    return Value::string(v.to_json(indent.type == Value::kInt ? static_cast<int>(indent.i) : 0));
+    // json.dumps: indent=None is compact, an integer (0 too) starts lines.
+    if (indent.type != Value::kInt && indent.type != Value::kNone)
+      fail("tojson: indent must be an integer or none");
+    return Value::string(
+        v.to_json(indent.type == Value::kInt ? std::max<int64_t>(indent.i, 0) : -1));
   }
-  if (name == "int") {
-    if (v.type == Value::kString) {
-      try {
-        return Value::integer(std::stoll(v.s));
-      } catch (const std::exception&) {
-        return Value::integer(0);
-      }
-    }
-    return Value::integer(static_cast<int64_t>(v.number()));
+  if (name == "int") return to_int(v);
+  if (name == "float") {
+    if (v.type != Value::kString) return Value::real(v.number());
+    const std::string t = strip_chars(v.s(), nullptr, true, true);
+    char* end = nullptr;
+    const double x = std::strtod(t.c_str(), &end);
+    return Value::real(!t.empty() && end == t.c_str() + t.size() ? x : 0.0);  // Jinja: 0.0
   }
-  if (name == "float")
-    return Value::real(v.type == Value::kString ? std::strtod(v.s.c_str(), nullptr) : v.number());
-  if (name == "abs")
-    return v.type == Value::kInt ? Value::integer(std::llabs(v.i))
-                                 : Value::real(std::abs(v.number()));
+  if (name == "abs") {
+    if (v.type != Value::kInt) return Value::real(std::abs(v.number()));
+    if (v.i == INT64_MIN) fail("abs of the smallest integer does not fit 64 bits");
+    return Value::integer(std::llabs(v.i));
+  }
   if (name == "first" || name == "last") {
     if (v.type == Value::kList)
       return v.list->empty() ? Value() : (name == "first" ? v.list->front() : v.list->back());
-    if (v.type == Value::kString && !v.s.empty())
-      return Value::string(std::string(1, name == "first" ? v.s.front() : v.s.back()));
+    if (v.type == Value::kString && !v.s().empty())
+      return Value::string(std::string(1, name == "first" ? v.s().front() : v.s().back()));
     return Value();
   }
   if (name == "list") {
@@ -203,7 +264,7 @@ Value apply_filter(const std::string& name, const Value& v, const Args& a) {
     return Value::of_list(std::move(chars));
   }
   if (name == "reverse") {
-    if (v.type == Value::kString) return Value::string(std::string(v.s.rbegin(), v.s.rend()));
+    if (v.type == Value::kString) return Value::string(std::string(v.s().rbegin(), v.s().rend()));
     if (v.type != Value::kList) fail(std::string("reverse of a ") + v.type_name());
     return Value::of_list(List(v.list->rbegin(), v.list->rend()));
   }
@@ -212,12 +273,16 @@ Value apply_filter(const std::string& name, const Value& v, const Args& a) {
     const Value& sep = arg(a, 0, "d", Value::string(""));
     const Value& attribute = arg(a, 1, "attribute", Value());
     if (v.type != Value::kList) fail(std::string("join of a ") + v.type_name());
+    const std::string separator = sep.str();
     std::string out;
     for (size_t k = 0; k < v.list->size(); ++k) {
       const Value& e = (*v.list)[k];
       const Value* x = &e;
-      if (attribute.type == Value::kString && e.type == Value::kMap) x = e.map->find(attribute.s);
-      out += (k ? sep.str() : "") + (x ? x->str() : "");
+      if (attribute.type == Value::kString && e.type == Value::kMap) x = e.map->find(attribute.s());
+      const std::string piece = x ? x->str() : std::string();
+      check_text(out.size() + (k ? separator.size() : 0) + piece.size());  // before it grows
+      if (k) out += separator;
+      out += piece;
     }
     return Value::string(out);
   }
@@ -234,15 +299,21 @@ Value apply_filter(const std::string& name, const Value& v, const Args& a) {
   if (name == "indent") {
     const Value& width = arg(a, 0, "width", Value::integer(4));
     const bool first = arg(a, 1, "first", Value::boolean(false)).truthy();
+    if (width.type == Value::kInt) check_text(static_cast<size_t>(std::max<int64_t>(0, width.i)));
     const std::string pad =
         width.type == Value::kString
-            ? width.s
+            ? width.s()
             : std::string(static_cast<size_t>(std::max<int64_t>(0, width.i)), ' ');
-    std::string out, s = need_string(v, "indent");
+    std::string out;
+    const std::string& s = need_string(v, "indent");
     for (size_t k = 0; k < s.size(); ++k) {
       out += s[k];
-      if (s[k] == '\n' && k + 1 < s.size() && s[k + 1] != '\n') out += pad;
+      if (s[k] == '\n' && k + 1 < s.size() && s[k + 1] != '\n') {
+        check_text(out.size() + pad.size());  // bounded before it grows
+        out += pad;
+      }
     }
+    check_text(out.size() + (first ? pad.size() : 0));
     return Value::string((first ? pad : "") + out);
   }
   if (name == "map" || name == "selectattr" || name == "rejectattr") {
@@ -252,11 +323,11 @@ Value apply_filter(const std::string& name, const Value& v, const Args& a) {
     for (const Value& e : *v.list) {
       if (name == "map") {
         if (!attribute) fail("map: only map(attribute='...') is supported");
-        const Value* x = e.type == Value::kMap ? e.map->find(attribute->s) : nullptr;
+        const Value* x = e.type == Value::kMap ? e.map->find(attribute->s()) : nullptr;
         out.push_back(x ? *x : Value());
         continue;
       }
-      const std::string& key = need_string(arg(a, 0, "attr", none), name.c_str());
+      const std::string key = need_string(arg(a, 0, "attr", none), name.c_str());
       const Value* x = e.type == Value::kMap ? e.map->find(key) : nullptr;
       bool pass = x && x->truthy();
       if (a.positional.size() > 1) {
@@ -289,28 +360,29 @@ bool apply_test(const std::string& name, const Value& v, const Args& a) {
   if (name == "callable") return v.type == Value::kFunction;
   if (name == "odd" || name == "even") {
     if (v.type != Value::kInt) fail(name + " test of a " + v.type_name());
-    return (v.i % 2 != 0) == (name == "odd");
+    return (v.i % 2 != 0) == (name == "odd");  // INT64_MIN % 2 is defined
   }
   if (name == "divisibleby") {
     const Value& n = arg(a, 0, "num", none);
     if (v.type != Value::kInt || n.type != Value::kInt || n.i == 0)
       fail("divisibleby needs integers");
-    return v.i % n.i == 0;
+    return n.i == -1 || v.i % n.i == 0;  // INT64_MIN % -1 would trap
   }
   if (name == "eq" || name == "equalto" || name == "==") return equal(v, arg(a, 0, "other", none));
   if (name == "ne" || name == "!=") return !equal(v, arg(a, 0, "other", none));
-  if (name == "lower") return v.type == Value::kString && ascii_lower(v.s) == v.s;
-  if (name == "upper") return v.type == Value::kString && ascii_upper(v.s) == v.s;
+  if (name == "lower") return v.type == Value::kString && ascii_lower(v.s()) == v.s();
+  if (name == "upper") return v.type == Value::kString && ascii_upper(v.s()) == v.s();
   fail("the test '" + name + "' is not supported");
 }
 
 Value call_method(const Value& self, const std::string& name, const Args& a) {
   static const Value none = Value::none();
   if (self.type == Value::kString) {
-    const std::string& s = self.s;
+    const std::string& s = self.s();
+    charge_bytes(s.size());  // every method reads the string once
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
       const Value& chars = arg(a, 0, "chars", none);
-      return Value::string(strip_chars(s, chars.type == Value::kString ? &chars.s : nullptr,
+      return Value::string(strip_chars(s, chars.type == Value::kString ? &chars.s() : nullptr,
                                        name != "rstrip", name != "lstrip"));
     }
     if (name == "split") {
@@ -330,14 +402,16 @@ Value call_method(const Value& self, const std::string& name, const Args& a) {
                                    count.type == Value::kInt ? count.i : -1));
     }
     if (name == "find") {
-      const size_t at = s.find(need_string(arg(a, 0, "sub", none), "find"));
+      const size_t at = TextSearch(need_string(arg(a, 0, "sub", none), "find")).find(s);
       return Value::integer(at == std::string::npos ? -1 : static_cast<int64_t>(at));
     }
     if (name == "count") {
-      const std::string& sub = need_string(arg(a, 0, "sub", none), "count");
+      const std::string sub = need_string(arg(a, 0, "sub", none), "count");
+      if (sub.empty()) return Value::integer(length(self) + 1);  // Python: between characters
+      const TextSearch search(sub);
       int64_t n = 0;
-      for (size_t at = sub.empty() ? std::string::npos : s.find(sub); at != std::string::npos;
-           at = s.find(sub, at + sub.size()))
+      for (size_t at = search.find(s); at != std::string::npos;
+           at = search.find(s, at + sub.size()))
         ++n;
       return Value::integer(n);
     }
@@ -345,8 +419,12 @@ Value call_method(const Value& self, const std::string& name, const Args& a) {
       const Value& items_v = arg(a, 0, "iterable", none);
       if (items_v.type != Value::kList) fail("join needs a list");
       std::string out;
-      for (size_t k = 0; k < items_v.list->size(); ++k)
-        out += (k ? s : "") + need_string((*items_v.list)[k], "join");
+      for (size_t k = 0; k < items_v.list->size(); ++k) {
+        const std::string& piece = need_string((*items_v.list)[k], "join");
+        check_text(out.size() + (k ? s.size() : 0) + piece.size());  // before it grows
+        if (k) out += s;
+        out += piece;
+      }
       return Value::string(out);
     }
   }
@@ -380,8 +458,9 @@ Value global_function(const std::string& name) {
         start = get(0), stop = get(1);
       if (a.positional.size() == 3) step = get(2);
       if (step == 0) fail("range step must not be zero");
-      const int64_t n =
-          step > 0 ? (stop - start + step - 1) / step : (start - stop - step - 1) / -step;
+      const __int128 span = step > 0 ? __int128{stop} - start : __int128{start} - stop;
+      const __int128 stride = step > 0 ? __int128{step} : -__int128{step};
+      const __int128 n = span <= 0 ? 0 : (span + stride - 1) / stride;  // no 64-bit overflow
       if (n > 1'000'000) fail("range of more than 1,000,000 items");
       List out;
       for (int64_t k = 0; k < n; ++k) out.push_back(Value::integer(start + k * step));
@@ -406,7 +485,7 @@ Value global_function(const std::string& name) {
       std::tm tm{};
       localtime_r(&now, &tm);
       char buf[256];
-      const std::string& fmt = need_string(arg(a, 0, "format", Value::none()), "strftime_now");
+      const std::string fmt = need_string(arg(a, 0, "format", Value::none()), "strftime_now");
       const size_t n = std::strftime(buf, sizeof buf, fmt.c_str(), &tm);
       return Value::string(std::string(buf, n));
     });

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "jinja_value.hpp"
 
@@ -15,6 +16,19 @@ bool apply_test(const std::string& name, const Value& v, const Args& args);
 Value call_method(const Value& self, const std::string& name, const Args& args);
 // range, namespace, dict, raise_exception, strftime_now.
 Value global_function(const std::string& name);
+
+// Finds a needle in texts in time linear in both (Knuth-Morris-Pratt): a
+// needle that almost matches everywhere costs no more than any other.
+class TextSearch {
+ public:
+  explicit TextSearch(const std::string& needle);
+  // The first place at or after `from` where the needle starts, or npos.
+  size_t find(const std::string& hay, size_t from = 0) const;
+
+ private:
+  const std::string& needle_;
+  std::vector<size_t> border_;  // border_[k]: the longest proper border of needle[0..k]
+};
 
 // Python's str.split, str.strip and friends.
 std::string strip_chars(const std::string& s, const std::string* chars, bool left, bool right);

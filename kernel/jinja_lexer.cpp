@@ -1,27 +1,39 @@
 #include "jinja_lexer.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <stdexcept>
 
 namespace tightfit::jinja {
 namespace {
 
-Where where_at(const std::string& s, size_t pos) {
-  Where w;
-  for (size_t i = 0; i < pos && i < s.size(); ++i) {
-    if (s[i] == '\n') {
-      ++w.line;
-      w.column = 1;
-    } else {
-      ++w.column;
-    }
+// Where each line starts, found once: a place is a binary search, so
+// reporting places stays linear in the template's size however many tags it has.
+class LineStarts {
+ public:
+  explicit LineStarts(const std::string& s) {
+    starts_.push_back(0);
+    for (size_t i = 0; i < s.size(); ++i)
+      if (s[i] == '\n') starts_.push_back(i + 1);
   }
-  return w;
-}
+  Where at(size_t pos) const {
+    const auto after = std::upper_bound(starts_.begin(), starts_.end(), pos);
+    const auto line = static_cast<size_t>(after - starts_.begin());  // >= 1: starts_[0] = 0
+    Where w;
+    w.line = static_cast<int>(line);
+    w.column = static_cast<int>(pos - starts_[line - 1] + 1);
+    return w;
+  }
+
+ private:
+  std::vector<size_t> starts_;
+};
 
 class Lexer {
  public:
-  Lexer(const std::string& src, const std::string& origin) : src_(src), origin_(origin) {}
+  Lexer(const std::string& src, const std::string& origin)
+      : src_(src), origin_(origin), lines_(src) {}
+  Where where_at(size_t pos) const { return lines_.at(pos); }
 
   std::vector<Segment> segments() {
     std::vector<Segment> out;
@@ -44,7 +56,7 @@ class Lexer {
         line_starting = true;
       }
       if (open == src_.size()) {
-        if (!text.empty()) out.push_back({Segment::kText, text, where_at(src_, pos)});
+        if (!text.empty()) out.push_back({Segment::kText, text, where_at(pos)});
         break;
       }
       const char kind = src_[open + 1];  // '{', '%' or '#'
@@ -60,7 +72,7 @@ class Lexer {
             text.find_first_not_of(" \t", line_start) == std::string::npos)
           text.erase(line_start);
       }
-      if (!text.empty()) out.push_back({Segment::kText, text, where_at(src_, pos)});
+      if (!text.empty()) out.push_back({Segment::kText, text, where_at(pos)});
       const size_t inner = open + 2 + (minus || plus ? 1 : 0);
       const size_t close = find_close(inner, kind == '{' ? '}' : kind, open);
       size_t inner_end = close;
@@ -70,8 +82,8 @@ class Lexer {
       else if (inner_end > inner && src_[inner_end - 1] == '+')
         close_plus = true, --inner_end;
       const std::string body = src_.substr(inner, inner_end - inner);
-      if (kind == '{') out.push_back({Segment::kVar, body, where_at(src_, inner)});
-      if (kind == '%') out.push_back({Segment::kBlock, body, where_at(src_, inner)});
+      if (kind == '{') out.push_back({Segment::kVar, body, where_at(inner)});
+      if (kind == '%') out.push_back({Segment::kBlock, body, where_at(inner)});
       strip_next = close_minus;
       trim_newline = kind != '{' && !close_plus;
       line_starting = false;
@@ -105,11 +117,12 @@ class Lexer {
       }
       if (ch == close && src_[i + 1] == '}') return i;
     }
-    throw std::invalid_argument(origin_ + ": chat template tag at " + where_at(src_, open).str() +
+    throw std::invalid_argument(origin_ + ": chat template tag at " + where_at(open).str() +
                                 " is never closed");
   }
   const std::string& src_;
   const std::string& origin_;
+  LineStarts lines_;
 };
 
 }  // namespace
@@ -121,15 +134,17 @@ std::vector<Segment> segments(const std::string& source, const std::string& orig
 std::vector<Token> tokenize(const std::string& s, Where base, const std::string& origin) {
   std::vector<Token> out;
   size_t i = 0;
+  // Places only move forward: each is found from the last one, linear in all.
+  size_t counted = 0;
+  Where cursor = base;
   auto here = [&](size_t at) {
-    Where w = base;
-    for (size_t k = 0; k < at; ++k) {
-      if (s[k] == '\n')
-        ++w.line, w.column = 1;
+    for (; counted < at; ++counted) {
+      if (s[counted] == '\n')
+        ++cursor.line, cursor.column = 1;
       else
-        ++w.column;
+        ++cursor.column;
     }
-    return w;
+    return cursor;
   };
   while (i < s.size()) {
     const char ch = s[i];
@@ -150,6 +165,17 @@ std::vector<Token> tokenize(const std::string& s, Where base, const std::string&
                               (s[j] == '.' && !is_float && j + 1 < s.size() &&
                                std::isdigit(static_cast<unsigned char>(s[j + 1])))))
         is_float |= s[j++] == '.';
+      // An exponent, as Jinja's float literals have: 1e300, 2.5E-3.
+      if (j < s.size() && (s[j] == 'e' || s[j] == 'E')) {
+        size_t k = j + 1;
+        if (k < s.size() && (s[k] == '+' || s[k] == '-')) ++k;
+        if (k < s.size() && std::isdigit(static_cast<unsigned char>(s[k]))) {
+          while (k < s.size() && (std::isdigit(static_cast<unsigned char>(s[k])) || s[k] == '_'))
+            ++k;
+          j = k;
+          is_float = true;
+        }
+      }
       std::string num;
       for (size_t k = i; k < j; ++k)
         if (s[k] != '_') num += s[k];
@@ -167,7 +193,8 @@ std::vector<Token> tokenize(const std::string& s, Where base, const std::string&
         v += e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e == '0' ? '\0' : e;
       }
       if (j >= s.size())
-        throw std::invalid_argument(origin + ": unterminated string at " + w.str());
+        throw std::invalid_argument(origin + ": chat template " + w.str() +
+                                    ": a string that is never closed");
       out.push_back({Token::kString, v, w});
       i = j + 1;
     } else {
@@ -185,8 +212,8 @@ std::vector<Token> tokenize(const std::string& s, Where base, const std::string&
         }
       }
       if (!matched)
-        throw std::invalid_argument(origin + ": unexpected character '" + std::string(1, ch) +
-                                    "' at " + w.str());
+        throw std::invalid_argument(origin + ": chat template " + w.str() +
+                                    ": unexpected character '" + std::string(1, ch) + "'");
     }
   }
   out.push_back({Token::kEnd, "", here(s.size())});

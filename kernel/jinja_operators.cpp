@@ -4,6 +4,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "jinja_builtins.hpp"
+
 namespace tightfit::jinja {
 namespace {
 
@@ -13,11 +15,18 @@ namespace {
 
 Value membership(const std::string& op, const Value& a, const Value& b) {
   bool found = false;
-  if (b.type == Value::kString)
-    found = a.type == Value::kString && b.s.find(a.s) != std::string::npos;
-  else if (b.type == Value::kList)
-    for (const Value& x : *b.list) found = found || equal(a, x);
-  else if (b.type == Value::kMap)
+  if (b.type == Value::kString) {
+    if (a.type == Value::kString) {
+      charge_bytes(b.s().size());
+      found = TextSearch(a.s()).find(b.s()) != std::string::npos;
+    }
+  } else if (b.type == Value::kList) {
+    for (const Value& x : *b.list)
+      if (equal(a, x)) {
+        found = true;
+        break;
+      }
+  } else if (b.type == Value::kMap)
     found = b.map->find(a.str()) != nullptr;
   else if (b.defined())
     fail(std::string("'in' a ") + b.type_name());
@@ -29,7 +38,7 @@ Value comparison(const std::string& op, const Value& a, const Value& b) {
   if (a.is_number() && b.is_number())
     cmp = a.number() < b.number() ? -1 : a.number() > b.number();
   else if (a.type == Value::kString && b.type == Value::kString)
-    cmp = a.s.compare(b.s);
+    charge_bytes(std::min(a.s().size(), b.s().size())), cmp = a.s().compare(b.s());
   else
     fail("cannot compare a " + std::string(a.type_name()) + " with a " + b.type_name());
   return Value::boolean(op == "<"    ? cmp < 0
@@ -49,10 +58,19 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   }
   if (ints) {
     const int64_t p = a.type == Value::kBool ? a.b : a.i, q = b.type == Value::kBool ? b.b : b.i;
-    if (op == "+") return Value::integer(p + q);
-    if (op == "-") return Value::integer(p - q);
-    if (op == "*") return Value::integer(p * q);
+    int64_t r = 0;
+    auto fits = [&](bool overflowed) {
+      if (overflowed) fail("the integer result of " + op + " does not fit 64 bits");
+      return Value::integer(r);
+    };
+    if (op == "+") return fits(__builtin_add_overflow(p, q, &r));
+    if (op == "-") return fits(__builtin_sub_overflow(p, q, &r));
+    if (op == "*") return fits(__builtin_mul_overflow(p, q, &r));
     if (q == 0) fail("division by zero");
+    if (q == -1) {  // the one quotient that overflows: INT64_MIN // -1
+      if (op == "%") return Value::integer(0);
+      return fits(__builtin_sub_overflow(int64_t{0}, p, &r));
+    }
     const int64_t fl = p / q - ((p % q != 0) && ((p < 0) != (q < 0)));  // Python's floor division
     if (op == "//") return Value::integer(fl);
     if (op == "%") return Value::integer(p - fl * q);
@@ -71,20 +89,35 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
 Value binary_operator(const std::string& op, const Value& a, const Value& b) {
   if (op == "==") return Value::boolean(equal(a, b));
   if (op == "!=") return Value::boolean(!equal(a, b));
-  if (op == "~") return Value::string(a.str() + b.str());
+  if (op == "~") {
+    std::string x = a.str();
+    const std::string y = b.str();
+    check_text(x.size() + y.size());
+    return Value::string(std::move(x) + y);
+  }
   if (op == "in" || op == "not in") return membership(op, a, b);
   if (op == "<" || op == ">" || op == "<=" || op == ">=") return comparison(op, a, b);
-  if (op == "+" && a.type == Value::kString && b.type == Value::kString)
-    return Value::string(a.s + b.s);
+  if (op == "+" && a.type == Value::kString && b.type == Value::kString) {
+    check_text(a.s().size() + b.s().size());
+    return Value::string(a.s() + b.s());
+  }
   if (op == "+" && a.type == Value::kList && b.type == Value::kList) {
+    charge_steps(static_cast<int64_t>(a.list->size() + b.list->size()));  // before the copy
     List l = *a.list;
     l.insert(l.end(), b.list->begin(), b.list->end());
     return Value::of_list(std::move(l));
   }
   if (op == "*" && a.type == Value::kString && b.type == Value::kInt) {
+    const size_t n = static_cast<size_t>(std::max<int64_t>(b.i, 0));
+    if (!a.s().empty() && n > kMaxTextBytes / a.s().size())  // bounded before it is made
+      check_text(n > kMaxTextBytes ? n : n * a.s().size());
+    const size_t total = n * a.s().size();
     std::string s;
-    for (int64_t k = 0; k < b.i && s.size() < kMaxTextBytes; ++k) s += a.s;
-    return Value::string(s);
+    s.reserve(total);
+    if (total > 0) s = a.s();
+    while (s.size() * 2 <= total) s.append(s);  // doubling: memcpy speed, not a byte a time
+    s.append(s, 0, total - s.size());
+    return Value::string(std::move(s));
   }
   return arithmetic(op, a, b);
 }
@@ -95,11 +128,12 @@ Value subscript(const Value& v, const Value& key) {
     return x ? *x : Value();
   }
   if ((v.type == Value::kList || v.type == Value::kString) && key.type == Value::kInt) {
-    const int64_t size = static_cast<int64_t>(v.type == Value::kList ? v.list->size() : v.s.size());
+    const int64_t size =
+        static_cast<int64_t>(v.type == Value::kList ? v.list->size() : v.s().size());
     const int64_t k = key.i < 0 ? key.i + size : key.i;
     if (k < 0 || k >= size) return Value();
     return v.type == Value::kList ? (*v.list)[static_cast<size_t>(k)]
-                                  : Value::string(std::string(1, v.s[static_cast<size_t>(k)]));
+                                  : Value::string(std::string(1, v.s()[static_cast<size_t>(k)]));
   }
   if (!v.defined()) fail("indexing an undefined value");
   return Value();
@@ -110,20 +144,27 @@ Value slice(const Value& v, std::optional<int64_t> start, std::optional<int64_t>
   if (step == 0) fail("slice step must not be zero");
   if (v.type != Value::kList && v.type != Value::kString)
     fail(std::string("cannot slice a ") + v.type_name());
-  const int64_t n = static_cast<int64_t>(v.type == Value::kList ? v.list->size() : v.s.size());
+  const int64_t n = static_cast<int64_t>(v.type == Value::kList ? v.list->size() : v.s().size());
   auto clamp = [&](std::optional<int64_t> x, int64_t fallback) {
     if (!x) return fallback;
-    int64_t k = *x < 0 ? *x + n : *x;
+    const int64_t k = *x < 0 ? *x + n : *x;  // no overflow: n >= 0 is added to a negative
     return step > 0 ? std::clamp<int64_t>(k, 0, n) : std::clamp<int64_t>(k, -1, n - 1);
   };
   const int64_t b = clamp(start, step > 0 ? 0 : n - 1), s = clamp(stop, step > 0 ? n : -1);
+  // How many items, counted without stepping past the ends (a step of 2^63
+  // must not wrap around).
+  const __int128 span = step > 0 ? __int128{s} - b : __int128{b} - s;
+  const __int128 stride = step > 0 ? __int128{step} : -__int128{step};
+  const int64_t count = span <= 0 ? 0 : static_cast<int64_t>((span + stride - 1) / stride);
+  charge_steps(count);
   List out;
   std::string str;
-  for (int64_t k = b; step > 0 ? k < s : k > s; k += step) {
+  for (int64_t j = 0; j < count; ++j) {
+    const auto k = static_cast<size_t>(b + j * step);  // stays within [0, n)
     if (v.type == Value::kList)
-      out.push_back((*v.list)[static_cast<size_t>(k)]);
+      out.push_back((*v.list)[k]);
     else
-      str += v.s[static_cast<size_t>(k)];
+      str += v.s()[k];
   }
   if (v.type == Value::kList) return Value::of_list(std::move(out));
   return Value::string(str);

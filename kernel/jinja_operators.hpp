@@ -9,14 +9,13 @@
 #include <optional>
 #include <string>
 
+#include "jinja_budget.hpp"
 #include "jinja_value.hpp"
 
 namespace tightfit::jinja {
 
-// The most text a template may make: its output, or one string it repeats.
-constexpr size_t kMaxTextBytes = size_t{64} << 20;
-
 // a op b for every binary operator but the short-circuit `and` and `or`.
+// Integers are 64 bits: a result past them is an error, never a wrap.
 Value binary_operator(const std::string& op, const Value& a, const Value& b);
 
 // v[key]: a map's entry, a list's or string's item (negative counts from the

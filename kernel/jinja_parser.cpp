@@ -1,9 +1,13 @@
 // Jinja's parser for chat templates: statements (if, for, set, macro, the
 // {% generation %} tag, loop controls) and expressions with Jinja 3's
 // precedence, over the lexer's segments and tokens.
+#include <algorithm>
 #include <cctype>
+#include <charconv>
+#include <cstdlib>
 #include <set>
 #include <stdexcept>
+#include <vector>
 
 #include "jinja_ast.hpp"
 #include "jinja_lexer.hpp"
@@ -182,6 +186,19 @@ class Parser {
     e->where = w;
     return e;
   }
+  // A node whose children are set: its height, bounded. Chains (a + b + c,
+  // x.a.b, x|f|g, not not x) grow the tree without the parser recursing, so
+  // the height is what bounds evaluating and freeing it.
+  ExprPtr done(ExprPtr e) {
+    int tallest = 0;
+    for (const ExprPtr* child : {&e->a, &e->b, &e->c})
+      if (*child) tallest = std::max(tallest, (*child)->height);
+    for (const auto& arg : e->args)
+      if (arg) tallest = std::max(tallest, arg->height);
+    e->height = tallest + 1;
+    if (e->height > kMaxNesting) fail(e->where, "expression nested deeper than 200 levels");
+    return e;
+  }
 
   ExprPtr expression() {  // ternary: a if cond else b
     // Parentheses, lists and subscripts recurse through here: bound the depth.
@@ -196,7 +213,7 @@ class Parser {
       t->b = or_expr();
       if (accept_name("else")) t->c = expression();
       t->a = std::move(value);
-      value = std::move(t);
+      value = done(std::move(t));
     }
     return value;
   }
@@ -213,19 +230,22 @@ class Parser {
       e->text = t.text;
       e->a = std::move(left);
       e->b = (this->*sub)();
-      left = std::move(e);
+      left = done(std::move(e));
     }
   }
   ExprPtr or_expr() { return binary_chain(&Parser::and_expr, {"or"}, true); }
   ExprPtr and_expr() { return binary_chain(&Parser::not_expr, {"and"}, true); }
-  ExprPtr not_expr() {
-    if (peek().kind == Token::kName && peek().text == "not") {
-      auto e = make(Expr::kUnary, next().where);
+  ExprPtr not_expr() {  // not not x: a loop, not a recursion per "not"
+    std::vector<Where> nots;
+    while (peek().kind == Token::kName && peek().text == "not") nots.push_back(next().where);
+    ExprPtr value = compare();
+    for (auto w = nots.rbegin(); w != nots.rend(); ++w) {
+      auto e = make(Expr::kUnary, *w);
       e->text = "not";
-      e->a = not_expr();
-      return e;
+      e->a = std::move(value);
+      value = done(std::move(e));
     }
-    return compare();
+    return value;
   }
   ExprPtr compare() {
     ExprPtr left = concat();
@@ -246,20 +266,24 @@ class Parser {
       e->text = op;
       e->a = std::move(left);
       e->b = concat();
-      left = std::move(e);
+      left = done(std::move(e));
     }
   }
   ExprPtr concat() { return binary_chain(&Parser::add, {"~"}, false); }
   ExprPtr add() { return binary_chain(&Parser::mul, {"+", "-"}, false); }
   ExprPtr mul() { return binary_chain(&Parser::unary, {"*", "/", "//", "%"}, false); }
-  ExprPtr unary() {
-    if (peek().kind == Token::kOp && (peek().text == "-" || peek().text == "+")) {
-      auto e = make(Expr::kUnary, peek().where);
-      e->text = next().text;
-      e->a = unary();
-      return e;
+  ExprPtr unary() {  // - - x: a loop, not a recursion per sign
+    std::vector<Token> signs;
+    while (peek().kind == Token::kOp && (peek().text == "-" || peek().text == "+"))
+      signs.push_back(next());
+    ExprPtr value = postfix(primary());
+    for (auto t = signs.rbegin(); t != signs.rend(); ++t) {
+      auto e = make(Expr::kUnary, t->where);
+      e->text = t->text;
+      e->a = std::move(value);
+      value = done(std::move(e));
     }
-    return postfix(primary());
+    return value;
   }
 
   ExprPtr postfix(ExprPtr e) {
@@ -270,7 +294,7 @@ class Parser {
         auto a = make(Expr::kAttribute, next().where);
         a->text = peek().kind == Token::kInt ? next().text : name();
         a->a = std::move(e);
-        e = std::move(a);
+        e = done(std::move(a));
       } else if (t.kind == Token::kOp && t.text == "[") {
         const Where w = next().where;
         ExprPtr parts[3];
@@ -290,18 +314,18 @@ class Parser {
         s->b = std::move(parts[0]);
         s->c = std::move(parts[1]);
         if (parts[2]) s->args.push_back(std::move(parts[2]));
-        e = std::move(s);
+        e = done(std::move(s));
       } else if (t.kind == Token::kOp && t.text == "(") {
         auto c = make(Expr::kCall, next().where);
         c->a = std::move(e);
         arguments(*c);
-        e = std::move(c);
+        e = done(std::move(c));
       } else if (t.kind == Token::kOp && t.text == "|") {
         auto f = make(Expr::kFilter, next().where);
         f->text = name();
         f->a = std::move(e);
         if (accept_op("(")) arguments(*f);
-        e = std::move(f);
+        e = done(std::move(f));
       } else if (t.kind == Token::kName && t.text == "is") {
         auto f = make(Expr::kTest, next().where);
         f->negated = accept_name("not");
@@ -314,7 +338,7 @@ class Parser {
           arguments(*f);
         else if (peek().kind == Token::kString || peek().kind == Token::kInt)
           f->args.push_back(primary());  // "is divisibleby 3", "is eq 'x'"
-        e = std::move(f);
+        e = done(std::move(f));
       } else {
         --depth_;
         return e;
@@ -351,6 +375,14 @@ class Parser {
       auto e = make(Expr::kLiteral, t.where);
       e->literal_kind = t.kind == Token::kInt ? Expr::kInt : Expr::kFloat;
       e->text = t.text;
+      if (t.kind == Token::kInt) {
+        const char* end = t.text.data() + t.text.size();
+        const auto [p, ec] = std::from_chars(t.text.data(), end, e->int_value);
+        if (ec != std::errc() || p != end)  // Python's integers are unbounded; these are not
+          fail(t.where, "the integer " + t.text.substr(0, 40) + " does not fit 64 bits");
+      } else {
+        e->float_value = std::strtod(t.text.c_str(), nullptr);  // too big is inf, as Python
+      }
       return e;
     }
     if (t.kind == Token::kName) {
@@ -367,7 +399,7 @@ class Parser {
     }
     if (t.kind == Token::kOp && t.text == "(") {
       ExprPtr first = accept_op(")") ? nullptr : expression();
-      if (first && accept_op(")")) return first;
+      if (first && accept_op(")")) return first;  // (x): x itself, no taller
       auto tuple = make(Expr::kTuple, t.where);
       if (first) tuple->args.push_back(std::move(first));
       while (accept_op(",")) {
@@ -375,7 +407,7 @@ class Parser {
         tuple->args.push_back(expression());
       }
       if (!tuple->args.empty()) expect_op(")");
-      return tuple;
+      return done(std::move(tuple));
     }
     if (t.kind == Token::kOp && t.text == "[") {
       auto list = make(Expr::kList, t.where);
@@ -386,7 +418,7 @@ class Parser {
           break;
         }
       }
-      return list;
+      return done(std::move(list));
     }
     if (t.kind == Token::kOp && t.text == "{") {
       auto dict = make(Expr::kDict, t.where);
@@ -399,7 +431,7 @@ class Parser {
           break;
         }
       }
-      return dict;
+      return done(std::move(dict));
     }
     fail(t.where, t.kind == Token::kEnd ? "an expression ends too early"
                                         : "unexpected '" + t.text + "' in an expression");

@@ -1,8 +1,11 @@
 #include "jinja_value.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
+
+#include "jinja_budget.hpp"
 
 namespace tightfit::jinja {
 
@@ -12,22 +15,64 @@ const Value* Args::keyword(const std::string& name) const {
   return nullptr;
 }
 
+namespace {
+constexpr size_t kIndexFrom = 16;  // a dict this big is looked up through its index
+}  // namespace
+
 const Value* Map::find(const std::string& key) const {
+  if (!index_.empty()) {
+    const auto it = index_.find(key);
+    return it == index_.end() ? nullptr : &items[it->second].second;
+  }
   for (const auto& [k, v] : items)
     if (k == key) return &v;
   return nullptr;
 }
 
 void Map::set(const std::string& key, Value v) {
-  for (auto& [k, old] : items)
-    if (k == key) {
-      old = std::move(v);
-      return;
-    }
+  if (Value* old = const_cast<Value*>(find(key))) {
+    *old = std::move(v);
+    return;
+  }
   items.emplace_back(key, std::move(v));
+  if (!index_.empty())
+    index_.emplace(key, items.size() - 1);
+  else if (items.size() >= kIndexFrom)
+    for (size_t k = 0; k < items.size(); ++k) index_.emplace(items[k].first, k);
+}
+
+Value Value::string(std::string v) {
+  charge_text(v.size());
+  Value x = with(kString);
+  x.text = std::make_shared<const std::string>(std::move(v));
+  return x;
+}
+
+const std::string& Value::s() const {
+  static const std::string empty;
+  return text ? *text : empty;
+}
+
+Value::~Value() {
+  if (!list && !map) return;
+  // Children go to a list of this thread's that the outermost destructor
+  // empties: each level is freed by the loop, not by a deeper call.
+  thread_local std::vector<std::shared_ptr<void>> pending;
+  thread_local bool draining = false;
+  if (list) pending.push_back(std::move(list));
+  if (map) pending.push_back(std::move(map));
+  if (draining) return;
+  draining = true;
+  while (!pending.empty()) {
+    std::shared_ptr<void> last = std::move(pending.back());
+    pending.pop_back();
+    last.reset();  // may push its own children
+  }
+  draining = false;
 }
 
 Value Value::of_list(List v) {
+  charge_steps(static_cast<int64_t>(v.size()));
   Value x = with(kList);
   x.list = std::make_shared<List>(std::move(v));
   return x;
@@ -39,7 +84,8 @@ Value Value::of_map() {
   return x;
 }
 
-Value Value::from_json(const nlohmann::ordered_json& j) {
+Value Value::from_json(const nlohmann::ordered_json& j, int depth) {
+  check_value_depth(depth);
   switch (j.type()) {
     case nlohmann::ordered_json::value_t::null:
       return none();
@@ -58,12 +104,13 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
     case nlohmann::ordered_json::value_t::array: {
       List l;
       l.reserve(j.size());
-      for (const auto& e : j) l.push_back(from_json(e));
+      for (const auto& e : j) l.push_back(from_json(e, depth + 1));
       return of_list(std::move(l));
     }
     case nlohmann::ordered_json::value_t::object: {
       Value m = of_map();
-      for (auto it = j.begin(); it != j.end(); ++it) m.map->set(it.key(), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it)
+        m.map->set(it.key(), from_json(it.value(), depth + 1));
       return m;
     }
     default:
@@ -83,7 +130,7 @@ bool Value::truthy() const {
     case kFloat:
       return f != 0;
     case kString:
-      return !s.empty();
+      return !s().empty();
     case kList:
       return !list->empty();
     case kMap:
@@ -109,8 +156,16 @@ std::string python_float(double v) {
   return s;
 }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
+// Appending `n` more bytes to `out` keeps it within kMaxTextBytes: checked
+// before the bytes are made, so a list of big strings fails at the first one
+// that does not fit.
+void room_for(const std::string& out, size_t n) {
+  check_text(out.size() + n);
+}
+
+void append_json_string(std::string& out, const std::string& s) {
+  room_for(out, s.size() + 2);
+  out += '"';
   for (unsigned char c : s) {
     switch (c) {
       case '"':
@@ -144,13 +199,15 @@ std::string json_string(const std::string& s) {
         }
     }
   }
-  return out + "\"";
+  out += '"';
+  check_text(out.size());
 }
 
-std::string python_string_repr(const std::string& s) {
+void append_python_repr(std::string& out, const std::string& s) {
+  room_for(out, s.size() + 2);
   const bool has_single = s.find('\'') != std::string::npos;
   const char q = has_single && s.find('"') == std::string::npos ? '"' : '\'';
-  std::string out(1, q);
+  out += q;
   for (unsigned char c : s) {
     if (c == '\\')
       out += "\\\\";
@@ -169,7 +226,110 @@ std::string python_string_repr(const std::string& s) {
     } else
       out += static_cast<char>(c);
   }
-  return out + q;
+  out += q;
+  check_text(out.size());
+}
+
+// Python's repr of v, appended to out: one buffer for the whole value, so
+// printing is linear in what it prints however deep the value is.
+void append_repr(std::string& out, const Value& v, int depth) {
+  check_value_depth(depth);
+  switch (v.type) {
+    case Value::kString:
+      return append_python_repr(out, v.s());
+    case Value::kList:
+      out += '[';
+      for (size_t k = 0; k < v.list->size(); ++k) {
+        if (k) out += ", ";
+        append_repr(out, (*v.list)[k], depth + 1);
+      }
+      out += ']';
+      return;
+    case Value::kMap:
+      out += '{';
+      for (size_t k = 0; k < v.map->items.size(); ++k) {
+        if (k) out += ", ";
+        append_python_repr(out, v.map->items[k].first);
+        out += ": ";
+        append_repr(out, v.map->items[k].second, depth + 1);
+      }
+      out += '}';
+      return;
+    case Value::kFunction:
+      out += "<function>";
+      return;
+    default:
+      out += v.str();
+      check_text(out.size());
+  }
+}
+
+// json.dumps(v, ensure_ascii=False, indent=indent) appended to out; indent
+// < 0 is indent=None.
+void append_json(std::string& out, const Value& v, int64_t indent, int depth) {
+  check_value_depth(depth);
+  const bool pretty = indent >= 0;
+  auto newline = [&](int level) {
+    if (!pretty) return;
+    // The padding is bounded before it is made.
+    room_for(out, 1 + static_cast<size_t>(std::min<int64_t>(indent, kMaxTextBytes + 1)) *
+                          static_cast<size_t>(level));
+    out += '\n';
+    out.append(static_cast<size_t>(indent) * static_cast<size_t>(level), ' ');
+  };
+  const char* const comma = pretty ? "," : ", ";
+  switch (v.type) {
+    case Value::kUndefined:
+    case Value::kNone:
+      out += "null";
+      return;
+    case Value::kBool:
+      out += v.b ? "true" : "false";
+      return;
+    case Value::kInt:
+      out += std::to_string(v.i);
+      return;
+    case Value::kFloat:
+      out += std::isfinite(v.f) ? python_float(v.f)
+             : std::isnan(v.f)  ? "NaN"
+             : v.f > 0          ? "Infinity"
+                                : "-Infinity";
+      return;
+    case Value::kString:
+      return append_json_string(out, v.s());
+    case Value::kList:
+      if (v.list->empty()) {
+        out += "[]";
+        return;
+      }
+      out += '[';
+      for (size_t k = 0; k < v.list->size(); ++k) {
+        if (k) out += comma;
+        newline(depth + 1);
+        append_json(out, (*v.list)[k], indent, depth + 1);
+      }
+      newline(depth);
+      out += ']';
+      return;
+    case Value::kMap:
+      if (v.map->items.empty()) {
+        out += "{}";
+        return;
+      }
+      out += '{';
+      for (size_t k = 0; k < v.map->items.size(); ++k) {
+        if (k) out += comma;
+        newline(depth + 1);
+        append_json_string(out, v.map->items[k].first);
+        out += ": ";
+        append_json(out, v.map->items[k].second, indent, depth + 1);
+      }
+      newline(depth);
+      out += '}';
+      return;
+    case Value::kFunction:
+      throw std::runtime_error("tojson: a function is not JSON");
+  }
 }
 }  // namespace
 
@@ -186,76 +346,25 @@ std::string Value::str() const {
     case kFloat:
       return python_float(f);
     case kString:
-      return s;
+      charge_bytes(s().size());
+      return s();
     default:
       return repr();
   }
 }
 
 std::string Value::repr() const {
-  switch (type) {
-    case kString:
-      return python_string_repr(s);
-    case kList: {
-      std::string out = "[";
-      for (size_t k = 0; k < list->size(); ++k) out += (k ? ", " : "") + (*list)[k].repr();
-      return out + "]";
-    }
-    case kMap: {
-      std::string out = "{";
-      for (size_t k = 0; k < map->items.size(); ++k)
-        out += (k ? ", " : "") + python_string_repr(map->items[k].first) + ": " +
-               map->items[k].second.repr();
-      return out + "}";
-    }
-    case kFunction:
-      return "<function>";
-    default:
-      return str();
-  }
+  std::string out;
+  append_repr(out, *this, 0);
+  charge_bytes(out.size());
+  return out;
 }
 
-std::string Value::to_json(int indent, int depth) const {
-  if (depth > 100) throw std::runtime_error("tojson: a value nested deeper than 100 levels");
-  const std::string pad =
-      indent > 0 ? "\n" + std::string(static_cast<size_t>(indent * (depth + 1)), ' ') : "";
-  const std::string end_pad =
-      indent > 0 ? "\n" + std::string(static_cast<size_t>(indent * depth), ' ') : "";
-  const std::string comma = indent > 0 ? "," : ", ";
-  switch (type) {
-    case kUndefined:
-    case kNone:
-      return "null";
-    case kBool:
-      return b ? "true" : "false";
-    case kInt:
-      return std::to_string(i);
-    case kFloat:
-      return std::isfinite(f) ? python_float(f)
-                              : (std::isnan(f) ? "NaN"
-                                 : f > 0       ? "Infinity"
-                                               : "-Infinity");
-    case kString:
-      return json_string(s);
-    case kList: {
-      if (list->empty()) return "[]";
-      std::string out = "[";
-      for (size_t k = 0; k < list->size(); ++k)
-        out += (k ? comma : "") + pad + (*list)[k].to_json(indent, depth + 1);
-      return out + end_pad + "]";
-    }
-    case kMap: {
-      if (map->items.empty()) return "{}";
-      std::string out = "{";
-      for (size_t k = 0; k < map->items.size(); ++k)
-        out += (k ? comma : "") + pad + json_string(map->items[k].first) + ": " +
-               map->items[k].second.to_json(indent, depth + 1);
-      return out + end_pad + "}";
-    }
-    case kFunction:
-      throw std::runtime_error("tojson: a function is not JSON");
-  }
-  return "null";
+std::string Value::to_json(int64_t indent) const {
+  std::string out;
+  append_json(out, *this, indent, 0);
+  charge_bytes(out.size());
+  return out;
 }
 
 const char* Value::type_name() const {
@@ -264,25 +373,33 @@ const char* Value::type_name() const {
   return names[type];
 }
 
-bool equal(const Value& a, const Value& b) {
-  if (a.is_number() && b.is_number()) return a.number() == b.number();
+bool equal(const Value& a, const Value& b, int depth) {
+  check_value_depth(depth);
+  charge_steps(1);
+  if (a.is_number() && b.is_number()) {
+    if (a.type == Value::kInt && b.type == Value::kInt) return a.i == b.i;  // exact past 2^53
+    return a.number() == b.number();
+  }
   if (a.type != b.type) return false;
   switch (a.type) {
     case Value::kUndefined:
     case Value::kNone:
       return true;
     case Value::kString:
-      return a.s == b.s;
+      charge_bytes(std::min(a.s().size(), b.s().size()));
+      return a.s() == b.s();
     case Value::kList:
+      if (a.list == b.list) return true;  // as Python compares a container with itself
       if (a.list->size() != b.list->size()) return false;
       for (size_t k = 0; k < a.list->size(); ++k)
-        if (!equal((*a.list)[k], (*b.list)[k])) return false;
+        if (!equal((*a.list)[k], (*b.list)[k], depth + 1)) return false;
       return true;
     case Value::kMap:
+      if (a.map == b.map) return true;
       if (a.map->items.size() != b.map->items.size()) return false;
       for (const auto& [k, v] : a.map->items) {
         const Value* w = b.map->find(k);
-        if (!w || !equal(v, *w)) return false;
+        if (!w || !equal(v, *w, depth + 1)) return false;
       }
       return true;
     default:

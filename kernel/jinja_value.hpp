@@ -7,6 +7,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -29,7 +30,7 @@ struct Value {
   bool b = false;
   int64_t i = 0;
   double f = 0;
-  std::string s;
+  std::shared_ptr<const std::string> text;  // shared: looking a string up never copies it
   std::shared_ptr<List> list;
   std::shared_ptr<Map> map;  // dicts, and namespace() objects (shared, mutable)
   std::shared_ptr<Function> fn;
@@ -50,11 +51,8 @@ struct Value {
     x.f = v;
     return x;
   }
-  static Value string(std::string v) {
-    Value x = with(kString);
-    x.s = std::move(v);
-    return x;
-  }
+  // Charged to the render's budget (jinja_budget.hpp).
+  static Value string(std::string v);
   static Value of_list(List v);
   static Value of_map();
   static Value function(Function f) {
@@ -62,15 +60,28 @@ struct Value {
     x.fn = std::make_shared<Function>(std::move(f));
     return x;
   }
-  static Value from_json(const nlohmann::ordered_json& j);
+  static Value from_json(const nlohmann::ordered_json& j, int depth = 0);
+
+  Value() = default;
+  Value(const Value&) = default;
+  Value(Value&&) noexcept = default;
+  Value& operator=(const Value&) = default;
+  Value& operator=(Value&&) noexcept = default;
+  // Lists and dicts nested a million deep are freed one level at a time, not
+  // by a recursion as deep as they are.
+  ~Value();
+
+  const std::string& s() const;  // the text of a string ("" for any other value)
 
   bool defined() const { return type != kUndefined; }
   bool truthy() const;
   bool is_number() const { return type == kInt || type == kFloat || type == kBool; }
   double number() const { return type == kFloat ? f : type == kInt ? static_cast<double>(i) : b; }
-  std::string str() const;                               // as {{ value }} prints it (Python's str)
-  std::string repr() const;                              // Python's repr, for lists and dicts
-  std::string to_json(int indent, int depth = 0) const;  // json.dumps(ensure_ascii=False)
+  // Printing and converting are bounded: kMaxValueDepth levels, kMaxTextBytes.
+  std::string str() const;   // as {{ value }} prints it (Python's str)
+  std::string repr() const;  // Python's repr, for lists and dicts
+  // json.dumps(ensure_ascii=False, indent=indent); indent < 0 is indent=None.
+  std::string to_json(int64_t indent) const;
   const char* type_name() const;
 
  private:
@@ -85,8 +96,17 @@ struct Map {
   std::vector<std::pair<std::string, Value>> items;  // insertion order, as Python's dicts
   const Value* find(const std::string& key) const;
   void set(const std::string& key, Value v);
+  void clear() {
+    items.clear();
+    index_.clear();
+  }
+
+ private:
+  // key -> place in items, kept once a dict is big (a row's object with
+  // 100,000 keys is read in linear time, not quadratic).
+  std::unordered_map<std::string, size_t> index_;
 };
 
-bool equal(const Value& a, const Value& b);
+bool equal(const Value& a, const Value& b, int depth = 0);
 
 }  // namespace tightfit::jinja

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "file_util.hpp"
+#include "json_output.hpp"
 
 namespace tightfit {
 
@@ -41,7 +42,7 @@ MetricsWriter::~MetricsWriter() {
 // One write(2) a record where it fits: a reader rarely sees half a line.
 bool MetricsWriter::write(const nlohmann::json& record) {
   if (fd_ < 0) return true;
-  const std::string line = record.dump() + '\n';
+  const std::string line = dump_json(record) + '\n';
   try {
     write_all(fd_, line.data(), line.size(), path_);
   } catch (const std::runtime_error& e) {

@@ -22,11 +22,17 @@ class Pcre2Regex {
 
   // The [begin, end) byte ranges of the non-empty, non-overlapping matches,
   // left to right. Invalid UTF-8 never matches (it falls into the gaps).
+  // Throws std::runtime_error naming the source and the pattern when PCRE2
+  // gives up (its match, depth or heap limit: a pattern that backtracks
+  // without end on this text), never taking that for "no more matches".
   std::vector<std::pair<size_t, size_t>> find_all(std::string_view text) const;
 
  private:
-  void* code_ = nullptr;   // pcre2_code*
-  void* match_ = nullptr;  // pcre2_match_data*
+  void* code_ = nullptr;     // pcre2_code*
+  void* match_ = nullptr;    // pcre2_match_data*
+  void* context_ = nullptr;  // pcre2_match_context*: the limits and the JIT stack
+  void* stack_ = nullptr;    // pcre2_jit_stack*
+  std::string source_, pattern_;
 };
 
 // Length of the UTF-8 sequence starting with byte c (1 for a stray byte).

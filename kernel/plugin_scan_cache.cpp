@@ -9,6 +9,7 @@
 
 #include "file_util.hpp"
 #include "json_input.hpp"
+#include "json_output.hpp"
 #include "logging.hpp"
 
 namespace tightfit {
@@ -126,7 +127,7 @@ void PluginScanCache::save() {
         ++it;
     }
     const std::string text =
-        nlohmann::json{{"kernel", kernel_identity()}, {"entries", merged}}.dump(1);
+        dump_json(nlohmann::json{{"kernel", kernel_identity()}, {"entries", merged}}, 1);
     write_file_replacing(path_, [&](int fd) { write_all(fd, text.data(), text.size(), path_); });
     stored_ = nlohmann::json::object();
   } catch (const std::exception& e) {

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "plugin_call_scope.hpp"
 #include "plugin_loader.hpp"
 #include "recipe.hpp"
 #include "tightfit/plugin_api.h"
@@ -64,6 +65,25 @@ struct PluginInstance {
 // the message it set (OutOfBudgetError for a budget refusal).
 void check_plugin_status(tf_status status, const PluginInstance& inst, const char* what);
 
+// Inside a catch: the exception a plugin let through the C ABI in `hook`,
+// thrown again as a PluginCallError naming the plugin, its role and the hook
+// (an OutOfBudgetError when it was the budget refusing an allocation).
+[[noreturn]] void rethrow_from_plugin(const PluginInstance& inst, const char* hook);
+
+// The one door into a plugin: create, destroy, every strategy hook,
+// run_step, save_state and load_state all run `call` through it. Its host
+// services are served on this thread while it runs, and no exception gets
+// past it unnamed.
+template <class Call>
+auto plugin_call(const PluginInstance& inst, const char* hook, Call&& call) -> decltype(call()) {
+  const PluginCallScope in_plugin_call;
+  try {
+    return call();
+  } catch (...) {
+    rethrow_from_plugin(inst, hook);
+  }
+}
+
 struct PluginSet {
   PluginSet() = default;
   // Destroys the instances (destroy_all) if the owner has not.
@@ -73,7 +93,9 @@ struct PluginSet {
 
   // Each instance's destroy, schedule first and model last (the reverse of
   // creation); the libraries stay loaded (the loader never unloads one).
-  void destroy_all();
+  // Never throws (it runs in destructors): a destroy that throws is reported
+  // on stderr naming the plugin, and the others are still destroyed.
+  void destroy_all() noexcept;
 
   PluginRegistry registry;  // owns the plugin records the instances point to
   PluginInstance model;

@@ -12,6 +12,7 @@
 #include "distributed.hpp"
 #include "memory_accounting.hpp"
 #include "recipe.hpp"
+#include "run_folder_lock.hpp"
 #include "tightfit/plugin_api.h"
 
 namespace tightfit {
@@ -27,6 +28,8 @@ struct RunEnvironment {
   tf_run_info run_info{};
   // The process group of a multi-process run; nullptr in a single process.
   std::unique_ptr<ProcessGroup> pg;
+  // Rank 0's hold on the run folder (one run per folder), while the session lives.
+  std::shared_ptr<RunFolderLock> folder_lock;
 
   bool is_rank0() const { return run_info.rank == 0; }
   // [run] memory_budget_scope = "process": the budget bounds the process's RSS.

@@ -8,6 +8,7 @@
 
 #include "file_util.hpp"
 #include "generation.hpp"
+#include "json_output.hpp"
 #include "logging.hpp"
 #include "op_timer.hpp"
 
@@ -50,7 +51,7 @@ void Session::write_op_profile(const OpTimer& timer, double wall_s) const {
   nlohmann::json ops = nlohmann::json::array();
   for (const auto& [name, s] : timer.by_name()) ops.push_back({{"op", name}, {"seconds", s}});
   nlohmann::json j = {{"wall_s", wall_s}, {"inside_ops_s", timer.seconds()}, {"ops", ops}};
-  write_file_synced((fs::path(env_.run_dir) / "profile.json").string(), j.dump(1));
+  write_file_synced((fs::path(env_.run_dir) / "profile.json").string(), dump_json(j, 1));
 }
 
 double Session::eval_loss(int64_t batches) {

@@ -302,7 +302,12 @@ void Session::set_up_run_folder(const std::optional<DistEnv>& dist) {
     for (int i = 2; fs::exists(fs::path(env_.run_dir) / "checkpoints" / "manifest.json"); ++i)
       env_.run_dir = base + "." + std::to_string(i);
   }
-  if (!options_.skip_data && !options_.dry_run) fs::create_directories(env_.run_dir);
+  if (!options_.skip_data && !options_.dry_run) {
+    fs::create_directories(env_.run_dir);
+    // One run per folder: a second process training here is refused naming
+    // this one's pid (ranks of one run share it through rank 0).
+    if (!dist || dist->rank == 0) env_.folder_lock = RunFolderLock::acquire(env_.run_dir);
+  }
   env_.run_dir_abs = fs::absolute(env_.run_dir).string();
 
   env_.run_info = tf_run_info{};
@@ -347,8 +352,10 @@ void Session::create_model(const PluginRegistry& base_registry, const std::strin
                       "attention would cross from one example to the next in a packed row; set "
                       "packing = false");
   plugins_.declaring = true;
-  const tf_status model_st = plugins_.model.plugin->model()->create(
-      host_api(), plugins_.model.ctx.get(), &plugins_.model.state);
+  const tf_status model_st = plugin_call(plugins_.model, "create", [&] {
+    return plugins_.model.plugin->model()->create(host_api(), plugins_.model.ctx.get(),
+                                                  &plugins_.model.state);
+  });
   // A model that refuses the recipe's values (seq_len past its positions, a
   // shape that does not divide) is a recipe error at its table, as a strategy's is.
   if (model_st == TF_ERR_INVALID_ARGUMENT)
@@ -375,7 +382,9 @@ void Session::create_strategies() {
         make_instance(name, TF_PLUGIN_STRATEGY, t, "[strategy]", recipe_.where(*t->get("plugin"))));
     PluginInstance& s = plugins_.strategies.back();
     s.ctx->role = role;
-    const tf_status st = s.plugin->strategy()->create(host_api(), s.ctx.get(), &s.state);
+    const tf_status st = plugin_call(s, "create", [&] {
+      return s.plugin->strategy()->create(host_api(), s.ctx.get(), &s.state);
+    });
     // A strategy that refuses its keys is a recipe error at its table.
     if (st == TF_ERR_INVALID_ARGUMENT)
       throw RecipeError(recipe_.where(*t->get("plugin")) + ": " + s.ctx->plugin_error);
@@ -421,9 +430,13 @@ void Session::create_optimizer_and_schedule() {
                                     sched_table && sched_table->get("plugin")
                                         ? recipe_.where(*sched_table->get("plugin"))
                                         : recipe_.source());
-  check_plugin_status(plugins_.schedule.plugin->schedule()->create(
-                          host_api(), plugins_.schedule.ctx.get(), &plugins_.schedule.state),
-                      plugins_.schedule, "create");
+  PluginInstance& schedule = plugins_.schedule;
+  check_plugin_status(plugin_call(schedule, "create",
+                                  [&] {
+                                    return schedule.plugin->schedule()->create(
+                                        host_api(), schedule.ctx.get(), &schedule.state);
+                                  }),
+                      schedule, "create");
 }
 
 // Parameters created stage by stage: initialized or read from the weights

@@ -34,24 +34,10 @@
 
 namespace tightfit {
 
-// Calls one plugin function, letting no exception through: one thrown by a
-// plugin written in C++ becomes a PluginCallError naming it and the hook (an
-// OutOfBudgetError when it was the budget refusing an allocation).
+// Calls one strategy hook through the one door into plugins (plugin_call).
 template <class Fn, class... Args>
 tf_status guarded_call(const PluginInstance& s, const char* name, Fn fn, Args... args) {
-  const PluginCallScope in_plugin_call;  // its host services are served on this thread
-  try {
-    return fn(s.state, s.ctx.get(), args...);
-  } catch (const std::exception& e) {
-    if (auto refusal = budget_refusal(e)) throw OutOfBudgetError(*refusal);
-    throw PluginCallError(s.ctx->role + " plugin \"" + s.plugin->name +
-                          "\" threw an exception in " + name + " (" + e.what() +
-                          "); a plugin must catch its exceptions and return a status");
-  } catch (...) {
-    throw PluginCallError(s.ctx->role + " plugin \"" + s.plugin->name +
-                          "\" threw an exception in " + name +
-                          "; a plugin must catch its exceptions and return a status");
-  }
+  return plugin_call(s, name, [&] { return fn(s.state, s.ctx.get(), args...); });
 }
 
 // Whether an argument of a hook is the handle `out` (arguments that are no

@@ -94,10 +94,21 @@ class PieceBuilder {
   Piece out_;
 };
 
-Piece replace_all(const Piece& p, const Pcre2Regex& re, const std::string& with) {
+// `max_bytes`: the most the result may hold, checked before it is built
+// (a one-byte pattern replaced by a megabyte would otherwise ask for
+// terabytes); past it, std::runtime_error saying how much it would be.
+Piece replace_all(const Piece& p, const Pcre2Regex& re, const std::string& with, size_t max_bytes) {
+  const auto matches = re.find_all(p.text);
+  size_t removed = 0;
+  for (const auto& [mb, me] : matches) removed += me - mb;
+  const double would_be = static_cast<double>(p.text.size() - removed) +
+                          static_cast<double>(matches.size()) * static_cast<double>(with.size());
+  if (would_be > static_cast<double>(max_bytes))
+    throw std::runtime_error("would make " + std::to_string(static_cast<uint64_t>(would_be)) +
+                             " bytes");
   PieceBuilder b(p);
   size_t last = 0;
-  for (const auto& [mb, me] : re.find_all(p.text)) {
+  for (const auto& [mb, me] : matches) {
     b.copy(last, mb);
     b.put(with, mb, me);
     last = me;
@@ -249,7 +260,7 @@ struct Normalizer::Step {
 
 Normalizer::~Normalizer() = default;
 
-Normalizer::Normalizer(const json& spec, const std::string& source) {
+Normalizer::Normalizer(const json& spec, const std::string& source) : source_(source) {
   if (spec.is_null()) return;
   flatten(spec, source, "normalizer", "normalizers", [&](const std::string& type, const json& j) {
     auto step = std::make_unique<Step>();
@@ -301,8 +312,18 @@ Piece map_chars(const Piece& p, bool clusters, Map&& map) {
 }  // namespace
 
 void Normalizer::apply(Piece& p) const {
+  const size_t limit = kMaxGrowth * p.text.size() + kSlackBytes;
+  auto too_big = [&](const std::string& step, const std::string& what) {
+    return std::runtime_error(source_ + ": normalizer step " + step + " " + what + " from " +
+                              std::to_string(p.text.size()) + " bytes of text, past the bound of " +
+                              std::to_string(kMaxGrowth) + " x the text + " +
+                              std::to_string(kSlackBytes) +
+                              " bytes: this normalizer does not normalize, it inflates");
+  };
   for (const auto& step : steps_) {
     const std::string& t = step->type;
+    if (p.text.size() > limit)
+      throw too_big(t, "grew the text to " + std::to_string(p.text.size()));
     if (t == "Prepend") {
       if (p.text.empty()) continue;
       PieceBuilder b(p);
@@ -310,7 +331,12 @@ void Normalizer::apply(Piece& p) const {
       b.copy(0, p.text.size());
       p = b.take();
     } else if (t == "Replace") {
-      p = replace_all(p, *step->pattern, step->text);
+      try {
+        p = replace_all(p, *step->pattern, step->text, limit);
+      } catch (const std::runtime_error& e) {
+        if (std::string(e.what()).rfind("would make", 0) != 0) throw;  // the regex's own error
+        throw too_big("Replace", e.what());
+      }
     } else if (t == "Strip") {
       size_t begin = 0, end = p.text.size();
       bool leading = true;
@@ -344,6 +370,8 @@ void Normalizer::apply(Piece& p) const {
       });
     }
   }
+  if (p.text.size() > limit)
+    throw too_big(steps_.back()->type, "grew the text to " + std::to_string(p.text.size()));
 }
 
 // ---------------------------------------------------------------------------
@@ -362,7 +390,7 @@ struct PreTokenizer::Step {
 
 PreTokenizer::~PreTokenizer() = default;
 
-PreTokenizer::PreTokenizer(const json& spec, const std::string& source) {
+PreTokenizer::PreTokenizer(const json& spec, const std::string& source) : source_(source) {
   if (spec.is_null()) return;
   flatten(
       spec, source, "pre-tokenizer", "pretokenizers", [&](const std::string& type, const json& j) {
@@ -422,7 +450,16 @@ void PreTokenizer::apply(std::vector<Piece>& pieces) const {
           next.push_back(b.take());
         }
       } else if (step->type == "Metaspace") {
-        p = replace_all(p, *step->space_re, step->replacement);
+        // The replacement comes from the file: bounded as a normalizer's is.
+        try {
+          p = replace_all(p, *step->space_re, step->replacement,
+                          Normalizer::kMaxGrowth * p.text.size() + Normalizer::kSlackBytes);
+        } catch (const std::runtime_error& e) {
+          throw std::runtime_error(
+              source_ + ": pre-tokenizer Metaspace's replacement " + e.what() + " from " +
+              std::to_string(p.text.size()) + " bytes of text, past " +
+              std::to_string(Normalizer::kMaxGrowth) + " x the text: it inflates the text");
+        }
         const bool starts = p.text.compare(0, step->replacement.size(), step->replacement) == 0;
         if (!p.text.empty() && !starts &&
             (step->prepend == Prepend::kAlways ||

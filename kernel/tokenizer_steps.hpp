@@ -48,6 +48,12 @@ class Normalizer {
   // `spec` is the tokenizer.json "normalizer" value (null: none).
   Normalizer(const nlohmann::json& spec, const std::string& source);
   ~Normalizer();
+  // Normalizing is bounded: the text may grow to kMaxGrowth x its size +
+  // kSlackBytes (real normalizers stay within 11x: NFKD of U+FDFA), checked
+  // before a Replace builds it; past that, std::runtime_error naming the
+  // file and the step.
+  static constexpr size_t kMaxGrowth = 16;
+  static constexpr size_t kSlackBytes = 1024;
   std::string apply(const std::string& text) const;
   void apply(Piece& piece) const;  // keeps the piece's offsets when tracked
   bool empty() const { return steps_.empty(); }
@@ -55,6 +61,7 @@ class Normalizer {
  private:
   struct Step;
   std::vector<std::unique_ptr<Step>> steps_;
+  std::string source_;
 };
 
 // Splits normalized text into the pieces the model encodes one by one:
@@ -71,6 +78,7 @@ class PreTokenizer {
   struct Step;
   std::vector<std::unique_ptr<Step>> steps_;
   bool byte_level_ = false;
+  std::string source_;
 };
 
 // Turns token strings back into text: ByteLevel, Metaspace, Replace,

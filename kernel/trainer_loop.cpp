@@ -100,8 +100,11 @@ TrainSummary Session::train() {
       r.struct_size = sizeof r;
       update_.clear_non_finite();
       PluginInstance& schedule = plugins_.schedule;
-      check_plugin_status(schedule.plugin->schedule()->run_step(schedule.state, schedule.ctx.get(),
-                                                                step_, total, &r),
+      check_plugin_status(plugin_call(schedule, "run_step",
+                                      [&] {
+                                        return schedule.plugin->schedule()->run_step(
+                                            schedule.state, schedule.ctx.get(), step_, total, &r);
+                                      }),
                           schedule, "run_step");
       StrategyChain(plugins_.strategies)
           .each(&tf_strategy_vtable::step_end, "step_end", step_, r.loss);

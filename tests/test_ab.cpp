@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "json_output.hpp"
 #include "test_support.hpp"
 
 namespace tightfit {
@@ -105,6 +106,32 @@ TEST(Ab, AnOutputFolderNameIsNeverRunAsACommand) {
   if (fs::exists(fs::path(TIGHTFIT_SOURCE_DIR) / ".venv/bin/python")) {
     EXPECT_TRUE(fs::exists(out / "report.html")) << log;
   }
+}
+
+// A folder named in Latin-1, for the runs and the report: ab writes its
+// table, and ab.json keeps the folder's bytes (as \udcXX, read back here).
+TEST(Ab, ALatin1FolderNameKeepsItsBytes) {
+  test::TempDir dir;
+  const fs::path folder = dir.path() / "caf\xe9";
+  fs::create_directories(folder);
+  const std::string base = (folder / "plain.toml").string();
+  // A recipe is UTF-8 (TOML): its out_dir is relative, the folder it runs in is not.
+  std::ofstream(base) << test::tiny_recipe(test::write_corpus(dir), "runs");
+  const fs::path out = folder / "ab";
+  std::string log;
+  ASSERT_EQ(test::run_command("cd \"" + folder.string() + "\" && " + TIGHTFIT_BINARY +
+                                  " ab plain.toml --vary strategy=none,checkpoint --steps 2 " +
+                                  "--out \"" + out.string() + "\"",
+                              &log),
+            0)
+      << log;
+  EXPECT_TRUE(fs::exists(out / "ab.txt")) << log;
+  std::ifstream in(out / "ab.json");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("caf\\udce9"), std::string::npos) << text.substr(0, 400);
+  EXPECT_EQ(text.find("caf\xe9"), std::string::npos) << "the byte written raw: not JSON";
+  // Read back, the report is what was written, the folder's byte included.
+  EXPECT_EQ(dump_json(parse_own_json(text, "ab.json"), 2), text);
 }
 
 TEST(Ab, BadArgumentsAreUsageErrors) {

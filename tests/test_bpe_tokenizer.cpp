@@ -83,6 +83,13 @@ TEST_F(BpeParity, NfkcMetaspaceStyleMatchesTokenizers) {
 // BPE merges by a heap over linked symbols: a megabyte-long word (the whole
 // input one piece) and a megabyte-long line must not take quadratic time.
 // The bound is loose (a quadratic merge takes minutes); the figure is recorded.
+// Added tokens found in one pass (kernel/added_token_matcher.cpp) as the
+// tokenizers library finds them: leftmost-longest, overlapping texts, single
+// words, spaces stripped on either side.
+TEST_F(BpeParity, AddedTokensMatchTokenizers) {
+  compare("added");
+}
+
 TEST_F(BpeParity, MegabyteWordAndLineEncodeQuickly) {
   std::string word;
   for (size_t i = 0; i < (size_t{1} << 20); ++i) word += static_cast<char>('a' + (i * 7919) % 26);

@@ -12,6 +12,7 @@
 #include "bpe_tokenizer.hpp"
 #include "chat_data.hpp"
 #include "chat_template.hpp"
+#include "jinja_budget.hpp"
 #include "test_support.hpp"
 
 namespace tightfit {
@@ -81,6 +82,31 @@ TEST(ChatTemplate, MatchesTransformersOnTheFamiliesTemplates) {
   std::cout << "chat templates: " << texts << " texts, " << ids << " id lists, " << masks
             << " assistant masks equal to transformers'; " << raised << " raised as it does\n";
   EXPECT_GE(texts, 120);
+
+  // The interpreter's bounds leave every family's template room: a 400-message
+  // conversation with tools takes a small fraction of the render's budget.
+  ojson chat = ojson::array({{{"role", "system"}, {"content", "You are terse."}}});
+  for (int i = 0; i < 200; ++i) {
+    chat.push_back({{"role", "user"}, {"content", "Question " + std::to_string(i) + "?"}});
+    chat.push_back({{"role", "assistant"}, {"content", std::string(400, 'a')}});
+  }
+  jinja::Spent most;
+  int rendered = 0;
+  for (const auto& [name, t] : parsed) {
+    try {
+      t.render(chat, true, {{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"tools", nullptr}});
+    } catch (const std::runtime_error& e) {
+      continue;  // a template that refuses a system turn raises as transformers does
+    }
+    ++rendered;
+    most.steps = std::max(most.steps, jinja::budget_spent().steps);
+    most.bytes = std::max(most.bytes, jinja::budget_spent().bytes);
+  }
+  std::cout << "a 401-message conversation: at most " << most.steps << " steps and " << most.bytes
+            << " bytes of work over " << rendered << " templates\n";
+  EXPECT_GE(rendered, 5);
+  EXPECT_LT(most.steps, jinja::kMaxSteps / 20);
+  EXPECT_LT(most.bytes, jinja::kMaxWorkBytes / 20);
 }
 
 TEST(ChatTemplate, NamesWhatItCannotEvaluate) {

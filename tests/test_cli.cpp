@@ -254,6 +254,36 @@ TEST_F(CliTest, FailedSaveKeepsThePreviousCheckpoint) {
   EXPECT_NE(out.find("steps         2 -> 6 of 6"), std::string::npos) << out;
 }
 
+// An export that fails on a file size limit (as on a full disk; tightfit
+// ignores SIGXFSZ itself, so the write fails instead of the process dying
+// mid-file) says so and leaves no temporary file in the output folder: not
+// the shard being written, nor the shards written before it.
+TEST_F(CliTest, FailedExportLeavesNoTemporaryFiles) {
+  std::string text = test::tiny_recipe(test::write_corpus(dir), dir.str() + "/exp");
+  text.replace(text.find("n_embd = 32"), 11, "n_embd = 128");
+  const std::string path = test::write_file(dir, "exp.toml", text);
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("run " + path + " -q", &out), 0) << out;
+  const fs::path hf = fs::path(dir.str()) / "hf";
+  // Shards of 100 KB, files of 200 KiB at most: shards go until the one of
+  // the MLP's 256 KiB matrix fails.
+  EXPECT_NE(
+      test::run_command("sh -c \"ulimit -f 400; exec " + std::string(TIGHTFIT_BINARY) + " export " +
+                            path + " --out " + hf.string() + " --max-shard-size 100KB\"",
+                        &out),
+      0)
+      << out;
+  EXPECT_NE(out.find("File too large"), std::string::npos) << out;
+  for (const auto& e : fs::directory_iterator(hf))
+    EXPECT_EQ(e.path().filename().string().find("tmp"), std::string::npos) << e.path();
+  // And with room, the same export completes.
+  ASSERT_EQ(test::run_tightfit(
+                "export " + path + " --out " + hf.string() + " --max-shard-size 100KB", &out),
+            0)
+      << out;
+  EXPECT_TRUE(fs::exists(hf / "model.safetensors.index.json")) << out;
+}
+
 // A plugin that crashes the process (abort in a hook) loses nothing saved:
 // the checkpoint before the crash resumes.
 TEST_F(CliTest, PluginCrashLosesNothingSaved) {

@@ -179,5 +179,49 @@ TEST(CrashSafety, KilledRunsAlwaysResumeFromACompleteCheckpoint) {
     EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
 }
 
+// One run per run folder: while a run trains, a second `run --resume` on
+// its folder is refused naming the first one's pid, and metrics.jsonl holds
+// only the first run's rows; once the first is killed (SIGKILL: no cleanup
+// runs), the lock is gone with it and `--resume` trains again.
+TEST(CrashSafety, OneRunPerFolderAndTheLockDiesWithItsProcess) {
+  test::TempDir dir;
+  std::string text = test::tiny_recipe(test::write_corpus(dir), dir.str() + "/runs", "",
+                                       "[save]\nevery = 1\nkeep_last = 2\n");
+  text.replace(text.find("steps = 4"), 9, "steps = 100000");
+  const std::string recipe = test::write_file(dir, "r.toml", text);
+  const fs::path run_dir = dir.path() / "runs" / "t";
+  const pid_t first = start_run(recipe, dir.str() + "/first.log");
+  ASSERT_GT(first, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (newest_in_manifest(run_dir / "checkpoints") < 1 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GE(newest_in_manifest(run_dir / "checkpoints"), 1) << "the first run never saved";
+
+  std::string out;
+  const int rc = test::run_tightfit("run " + recipe + " --resume -q", &out);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("in use by another tightfit run (pid " + std::to_string(first) + ")"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find(run_dir.string()), std::string::npos) << out;
+  ASSERT_EQ(::kill(first, SIGKILL), 0);
+  int status = 0;
+  ::waitpid(first, &status, 0);
+  EXPECT_TRUE(WIFSIGNALED(status));
+  // Every row in metrics.jsonl is the first run's: steps counting up from 1.
+  int64_t expect = 1;
+  for (const auto& [step, loss] : logged_losses(run_dir / "metrics.jsonl")) {
+    EXPECT_EQ(step, expect) << "a row not from the first run";
+    expect = step + 1;
+  }
+
+  // The lock died with the killed run: a resumed run trains on.
+  std::string t2 = text;
+  t2.replace(t2.find("steps = 100000"), 14, "steps = " + std::to_string(expect + 1));
+  test::write_file(dir, "r.toml", t2);
+  EXPECT_EQ(test::run_tightfit("run " + recipe + " --resume -q", &out), 0) << out;
+}
+
 }  // namespace
 }  // namespace tightfit

@@ -82,6 +82,65 @@ TEST(HostilePlugins, ThrowsUnknownStatusesAndMissingTensorsAreErrorsNamingThePlu
   EXPECT_EQ(train_error(recipe(dir, "hostile_strategy", "none")), "");
 }
 
+// Every call into a plugin goes through one guard (plugin_call): create,
+// save_state, load_state and a schedule's run_step that throw are errors
+// naming the plugin and the call, as hooks' are; a destroy that throws (it
+// runs while the session is torn down) is a warning, and the run's result
+// stands.
+TEST(HostilePlugins, EveryCallIntoAPluginGoesThroughTheGuard) {
+  for (const std::string call : {"create", "save_state"}) {
+    test::TempDir dir;
+    const std::string err = train_error(recipe(dir, "hostile_strategy", "throw_" + call));
+    EXPECT_NE(err.find("strategy #1 plugin \"hostile_strategy\" threw an exception in " + call +
+                       " (hostile " + call + ")"),
+              std::string::npos)
+        << call << ": " << err;
+  }
+  {  // load_state: a checkpoint saved by a plugin that behaved, resumed by one that throws
+    test::TempDir dir;
+    ASSERT_EQ(train_error(recipe(dir, "hostile_strategy", "none")), "");
+    std::string text = recipe(dir, "hostile_strategy", "throw_load_state");
+    text.replace(text.find("steps = 4"), 9, "steps = 6");
+    SessionOptions resume;
+    resume.resume = true;
+    std::string err;
+    try {
+      test::make_session(text, resume)->train();
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    EXPECT_NE(err.find("threw an exception in load_state (hostile load_state)"), std::string::npos)
+        << err;
+  }
+  {  // a schedule's run_step
+    test::TempDir dir;
+    std::string text = test::tiny_recipe(test::write_corpus(dir), dir.str());
+    text.replace(text.find("[run]\n"), 6,
+                 "[run]\nplugin_paths = [\"" + kHostile + "/hostile_schedule\"]\n");
+    const std::string standard = "plugin = \"standard\"\nwarmup_steps = 2\n";
+    text.replace(text.find(standard), standard.size(),
+                 "plugin = \"hostile_schedule\"\nmode = \"throw_run_step\"\n");
+    const std::string err = train_error(text);
+    EXPECT_NE(err.find("schedule plugin \"hostile_schedule\" threw an exception in run_step "
+                       "(hostile run_step)"),
+              std::string::npos)
+        << err;
+    text.replace(text.find("throw_run_step"), 14, "none");
+    EXPECT_EQ(train_error(text), "");  // the same schedule that behaves trains
+  }
+  {  // destroy
+    test::TempDir dir;
+    const std::string path =
+        test::write_file(dir, "r.toml", recipe(dir, "hostile_strategy", "throw_destroy"));
+    std::string out;
+    EXPECT_EQ(test::run_tightfit("run " + path + " -q", &out), 0) << out;
+    EXPECT_NE(out.find("[warning] strategy #1 plugin \"hostile_strategy\" threw an exception in "
+                       "destroy (hostile destroy)"),
+              std::string::npos)
+        << out;
+  }
+}
+
 // The log lines of training `text` and the error it stopped with ("" = none).
 std::pair<std::vector<std::string>, std::string> train_logged(const std::string& text) {
   auto lines = std::make_shared<std::vector<std::string>>();

@@ -16,6 +16,7 @@
 #include "ab_stats.hpp"
 #include "commands.hpp"
 #include "file_util.hpp"
+#include "json_output.hpp"
 #include "launch.hpp"
 #include "recipe.hpp"
 #include "run_summary.hpp"
@@ -231,7 +232,7 @@ int ab_command(const std::vector<std::string>& args) {
     }
 
     add_means(report);
-    write_file_synced((out / "ab.json").string(), report.dump(2));
+    write_file_synced((out / "ab.json").string(), dump_json(report, 2));
 
     // The table.
     std::ostringstream t;

@@ -22,6 +22,7 @@
 #include "file_util.hpp"
 #include "fit_search.hpp"
 #include "json_input.hpp"
+#include "json_output.hpp"
 #include "launch.hpp"
 #include "logging.hpp"
 #include "machine_rates.hpp"
@@ -235,7 +236,7 @@ MachineRates machine_rates(const std::string& device, const std::vector<int64_t>
     try {
       fs::create_directories(file.parent_path());
       const std::string tmp = file.string() + ".tmp";
-      write_file_synced(tmp, cache.dump(2));
+      write_file_synced(tmp, dump_json(cache, 2));
       fs::rename(tmp, file);
       source += ", kept in " + file.string();
     } catch (const std::exception&) {
@@ -596,7 +597,7 @@ int fit_command(const std::vector<std::string>& args) {
                     << seconds(rho) << " over " << predicted_s.size() << " stacks\n";
       }
     }
-    if (vm.count("json")) std::cout << result.dump(2) << "\n";
+    if (vm.count("json")) std::cout << dump_json(result, 2) << "\n";
     return kOk;
   } catch (const std::exception&) {
     return report_current_error();

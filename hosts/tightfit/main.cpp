@@ -1,5 +1,6 @@
 // tightfit: train language models that do not fit. Subcommands in the style
 // of torchtune's `tune`: run, plugins.
+#include <csignal>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -33,6 +34,10 @@ void usage(std::ostream& os) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file size limit (ulimit -f) then fails the write with EFBIG, which
+  // every writer reports and cleans up after, instead of killing the process
+  // mid-file with its temporary files left behind.
+  std::signal(SIGXFSZ, SIG_IGN);
   tightfit::configure_console_logging();
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {

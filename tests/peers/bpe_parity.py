@@ -40,7 +40,10 @@ HARD = ["", " ", "  ", "   leading", "trailing   ", "\n\n\n", "\t\t tabs\t", " \
         "e\u0301 combining", "é composed", "ｆｕｌｌｗｉｄｔｈ ①②", "ﬁ ligature", "Ǆ titlecase",
         "a<|endoftext|>b", "<s>inside</s> text", "<s> spaced </s>", "[INST] hi [/INST]",
         "<|im_start|>user\nhello<|im_end|>\n", "<|begin_of_text|>start", "\r\nwindows\r\n",
-        "mixed\u00a0nbsp", "zero\u200bwidth", "\u2581already metaspace", "日本語のテキスト", "한국어 텍스트"]
+        "mixed\u00a0nbsp", "zero\u200bwidth", "\u2581already metaspace", "日本語のテキスト", "한국어 텍스트",
+        # Added tokens that overlap, nest and need words or spaces around them (style "added").
+        "abcd abc ab bcd cdab", "xabcdx abcde", "word<sw>word <sw> w<sw> <sw>w", "a  <ls>  b  <rs>  c",
+        "<ls><rs><ls>", "<both>   <both>  x", "aaaaaaa <sw><sw> <sw>", "memory budget memory budgets"]
 
 
 def lines(n: int) -> list:
@@ -134,10 +137,19 @@ def build(style: str, corpus: list) -> Tokenizer:
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPIECE, prepend_scheme="always", split=True)
         tok.decoder = decoders.Metaspace(replacement=SPIECE, prepend_scheme="always")
         return tok
+    if style == "added":  # many added tokens: overlapping, single_word, lstrip, rstrip
+        tok = byte_level(corpus, pre_tokenizers.ByteLevel(add_prefix_space=False), {}, ["<|endoftext|>"])
+        tok.add_tokens([AddedToken(t, normalized=False) for t in ["ab", "abc", "bcd", "abcd", "cda", "aaa"]])
+        tok.add_tokens([AddedToken("<sw>", single_word=True, normalized=False),
+                        AddedToken("<ls>", lstrip=True, normalized=False),
+                        AddedToken("<rs>", rstrip=True, normalized=False),
+                        AddedToken("<both>", lstrip=True, rstrip=True, normalized=False),
+                        AddedToken("memory budget", normalized=True)])
+        return tok
     raise SystemExit(f"unknown style {style}")
 
 
-STYLES = ["gpt2", "llama3", "qwen2", "llama2", "mistral", "nfkc"]
+STYLES = ["gpt2", "llama3", "qwen2", "llama2", "mistral", "nfkc", "added"]
 
 
 def main(out: pathlib.Path) -> None:
