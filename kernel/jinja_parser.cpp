@@ -309,6 +309,7 @@ class Parser {
           break;
         }
         expect_op("]");
+        if (!slice && !parts[0]) fail(w, "an empty subscript []");  // found by fuzz_chat_template
         auto s = make(slice ? Expr::kSlice : Expr::kSubscript, w);
         s->a = std::move(e);
         s->b = std::move(parts[0]);

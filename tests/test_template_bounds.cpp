@@ -64,6 +64,9 @@ TEST(TemplateBounds, ParsingIsBoundedInDepth) {
   expect_refused("{{ x" + repeat("|trim", 100000) + " }}", "nested deeper than 200");
   expect_refused("{{ x" + repeat("[0]", 100000) + " }}", "nested deeper than 200");
   expect_refused("{{ 'a'" + repeat(" if x else 'a'", 100000) + " }}", "nested deeper than 200");
+  // Found by fuzz_chat_template: an empty subscript was read through a null node.
+  expect_refused("{{ x[] }}", "an empty subscript []");
+  EXPECT_EQ(render("{{ [1, 2, 3][:] }}"), "[1, 2, 3]");
   // A chain a real template writes still parses.
   EXPECT_EQ(render("{{ 1" + repeat(" + 1", 50) + " }}"), "51");
 }
