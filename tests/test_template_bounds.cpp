@@ -139,6 +139,8 @@ TEST(TemplateBounds, TextIsBoundedBeforeItIsMade) {
       too_much + "|bytes of work");
   expect_refused("{{ 'x' * 100000000 }}", too_much);  // was cut to 64 MiB without a word
   expect_refused("{{ 'x' * 9223372036854775807 }}", too_much);
+  // Found by fuzz_chat_template: repeating into nothing looped for ever.
+  EXPECT_EQ(render("{{ ('abc' * 0) ~ ('' * 5) ~ ('ab' * -3) ~ ('ab' * 3) }}"), "ababab");
   expect_refused("{{ 'a\\nb' | indent(1000000000000) }}", too_much);
   expect_refused("{{ [[1]] | tojson(indent=1000000000000) }}", too_much);
   expect_refused("{{ ('a' * 10000000) | replace('a', 'a' * 1000) }}", too_much);
