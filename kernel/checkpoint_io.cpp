@@ -21,6 +21,17 @@
 #include "session.hpp"
 
 namespace tightfit {
+
+namespace {
+// A plugin's view of checkpoint state (state_out / state_in) ends with the
+// save_state or load_state call, however the call ends.
+template <class T>
+struct NullOnExit {
+  T*& ptr;
+  ~NullOnExit() { ptr = nullptr; }
+};
+}  // namespace
+
 namespace fs = std::filesystem;
 
 // Checkpoint keys of the random generators a run draws from.
@@ -109,10 +120,7 @@ std::string Session::write_checkpoint(int64_t step) {
     if (!save_fn) return;
     inst.ctx->state_out = &state;
     inst.ctx->state_prefix = prefix;
-    struct Done {  // the state stays out of reach after the call, however it ends
-      tf_host_context* ctx;
-      ~Done() { ctx->state_out = nullptr; }
-    } done{inst.ctx.get()};
+    const NullOnExit<std::map<std::string, at::Tensor>> done{inst.ctx->state_out};
     const tf_status st =
         plugin_call(inst, "save_state", [&] { return save_fn(inst.state, inst.ctx.get()); });
     check_plugin_status(st, inst, "save_state");
@@ -338,10 +346,7 @@ bool Session::load_latest_checkpoint() {
         if (!load_fn) return;
         inst.ctx->state_in = &state.tensors;
         inst.ctx->state_prefix = prefix;
-        struct Done {  // the state stays out of reach after the call, however it ends
-          tf_host_context* ctx;
-          ~Done() { ctx->state_in = nullptr; }
-        } done{inst.ctx.get()};
+        const NullOnExit<const std::map<std::string, at::Tensor>> done{inst.ctx->state_in};
         const tf_status st =
             plugin_call(inst, "load_state", [&] { return load_fn(inst.state, inst.ctx.get()); });
         check_plugin_status(st, inst, "load_state");
