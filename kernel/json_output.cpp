@@ -88,11 +88,27 @@ Json with_strings(const Json& j, const Fix& fix, bool& changed) {
   return j;
 }
 
+// Whether any string or key holds a byte outside UTF-8: a read-only walk,
+// so the common case (a metrics line every step) copies nothing.
+template <class Json>
+bool has_stray_bytes(const Json& j) {
+  if (j.is_string())
+    return first_invalid_utf8(j.template get_ref<const std::string&>()) != std::string::npos;
+  if (j.is_array())
+    for (const auto& e : j)
+      if (has_stray_bytes(e)) return true;
+  if (j.is_object())
+    for (auto it = j.begin(); it != j.end(); ++it)
+      if (first_invalid_utf8(it.key()) != std::string::npos || has_stray_bytes(it.value()))
+        return true;
+  return false;
+}
+
 template <class Json>
 std::string dump_any(const Json& j, int indent) {
+  if (!has_stray_bytes(j)) return j.dump(indent);
   bool marked = false;
   const Json copy = with_strings(j, mark_bytes, marked);
-  if (!marked) return j.dump(indent);
   const std::string text = copy.dump(indent);
   std::string out;
   out.reserve(text.size());
