@@ -2,7 +2,8 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <optional>
+#include <functional>
+#include <queue>
 #include <stdexcept>
 
 #include "file_util.hpp"
@@ -20,23 +21,54 @@ constexpr size_t kMaxDataFileBytes = size_t{16} << 30;
 
 namespace {
 
-// 1 for each token whose `offsets` hold a byte of one of `spans`.
+// For each byte position of `at`, the first token whose bytes [begin, end)
+// hold it (transformers' char_to_token), or kNoToken. One sweep over the
+// positions in order, the tokens that have begun in a min-heap by index:
+// O((tokens + positions) log tokens), however the tokens' bytes overlap.
+constexpr size_t kNoToken = static_cast<size_t>(-1);
+
+std::vector<size_t> first_tokens_at(const std::vector<std::pair<size_t, size_t>>& offsets,
+                                    const std::vector<size_t>& at) {
+  std::vector<size_t> by_begin(offsets.size()), by_position(at.size());
+  for (size_t k = 0; k < offsets.size(); ++k) by_begin[k] = k;
+  for (size_t k = 0; k < at.size(); ++k) by_position[k] = k;
+  std::stable_sort(by_begin.begin(), by_begin.end(),
+                   [&](size_t a, size_t b) { return offsets[a].first < offsets[b].first; });
+  std::sort(by_position.begin(), by_position.end(),
+            [&](size_t a, size_t b) { return at[a] < at[b]; });
+  std::priority_queue<size_t, std::vector<size_t>, std::greater<>> begun;
+  std::vector<size_t> found(at.size(), kNoToken);
+  size_t next = 0;
+  for (const size_t q : by_position) {
+    while (next < by_begin.size() && offsets[by_begin[next]].first <= at[q])
+      begun.push(by_begin[next++]);
+    // A token that ended before this position ended before every later one.
+    while (!begun.empty() && offsets[begun.top()].second <= at[q]) begun.pop();
+    if (!begun.empty()) found[q] = begun.top();
+  }
+  return found;
+}
+
+// 1 for each token whose `offsets` hold a byte of one of `spans`, as
+// transformers' return_assistant_tokens_mask marks them.
 std::vector<uint8_t> offsets_mask(const std::vector<std::pair<size_t, size_t>>& offsets,
                                   const std::vector<std::pair<size_t, size_t>>& spans) {
-  // The first token whose bytes hold `at`, as transformers' char_to_token.
-  auto token_at = [&](size_t at) -> std::optional<size_t> {
-    for (size_t k = 0; k < offsets.size(); ++k)
-      if (offsets[k].first <= at && at < offsets[k].second) return k;
-    return std::nullopt;
-  };
+  std::vector<size_t> at;
+  for (const auto& [begin, end] : spans)
+    if (end > begin) {
+      at.push_back(begin);
+      at.push_back(end - 1);
+    }
+  const std::vector<size_t> token = first_tokens_at(offsets, at);
   std::vector<uint8_t> mask(offsets.size(), 0);
-  for (const auto& [begin, end] : spans) {
-    if (end <= begin) continue;
-    const auto first = token_at(begin);
-    if (!first) break;  // as transformers does
-    const auto last = token_at(end - 1);
-    const size_t stop = last && *last > 0 ? *last + 1 : offsets.size();
-    for (size_t k = *first; k < stop; ++k) mask[k] = 1;
+  size_t marked_to_end = offsets.size();  // [marked_to_end, size) is all 1 already
+  for (size_t s = 0; s + 1 < token.size(); s += 2) {
+    const size_t first = token[s], last = token[s + 1];
+    if (first == kNoToken) break;  // as transformers does
+    const size_t stop =
+        std::min(last != kNoToken && last > 0 ? last + 1 : offsets.size(), marked_to_end);
+    for (size_t k = first; k < stop; ++k) mask[k] = 1;
+    if (stop == offsets.size() || stop == marked_to_end) marked_to_end = std::min(marked_to_end, first);
   }
   return mask;
 }
@@ -51,6 +83,20 @@ std::vector<uint8_t> span_token_mask(const Tokenizer& tokenizer, const std::stri
     throw std::logic_error("span_token_mask: the ids are not the encoding of the text");
   return offsets_mask(offsets, spans);
 }
+
+namespace {
+
+// The tokenizer's work on a row's text, a memory failure named as its stage.
+template <class F>
+auto tokenizing(const std::string& text, F&& encode) {
+  try {
+    return encode();
+  } catch (const std::bad_alloc&) {
+    throw DataOutOfMemory("tokenizing the row's text (" + std::to_string(text.size()) + " bytes)");
+  }
+}
+
+}  // namespace
 
 ChatFormatter::ChatFormatter(const Tokenizer& tokenizer, TokenizerConfig config, TrainOn train_on)
     : tokenizer_(tokenizer), config_(std::move(config)), train_on_(train_on) {
@@ -74,8 +120,11 @@ ChatRender ChatFormatter::render(const ojson& messages, bool add_generation_prom
                                  const ojson& tools, const std::string& where) const {
   ojson vars = config_.template_variables();
   vars["tools"] = tools;
+  ++renders_;
   try {
     return chat_template(where).render(messages, add_generation_prompt, vars);
+  } catch (const std::bad_alloc&) {
+    throw DataOutOfMemory("rendering the chat template of " + chat_template(where).origin());
   } catch (const std::runtime_error& e) {
     throw std::invalid_argument(where + ": " + e.what());
   }
@@ -135,8 +184,11 @@ Example ChatFormatter::prompt_completion(const std::string& prompt,
   if (!eos.empty() && (completion.size() < eos.size() ||
                        completion.compare(completion.size() - eos.size(), eos.size(), eos) != 0))
     completion += eos;
-  const std::vector<int64_t> prompt_ids = tokenizer_.encode_with_special_tokens(prompt);
-  std::vector<int64_t> ids = tokenizer_.encode_with_special_tokens(prompt + completion);
+  const std::vector<int64_t> prompt_ids =
+      tokenizing(prompt, [&] { return tokenizer_.encode_with_special_tokens(prompt); });
+  const std::string whole = prompt + completion;
+  std::vector<int64_t> ids =
+      tokenizing(whole, [&] { return tokenizer_.encode_with_special_tokens(whole); });
   return prompt_masked(prompt_ids, std::move(ids), train_on_);
 }
 
@@ -146,10 +198,91 @@ Example ChatFormatter::chat_prompt_completion(const ojson& prompt, const ojson& 
   check_messages(completion, where, "completion");
   ojson all = prompt;
   for (const auto& m : completion) all.push_back(m);
+  const std::string prompt_text = render(prompt, true, tools, where).text;
   const std::vector<int64_t> prompt_ids =
-      tokenizer_.encode(render(prompt, true, tools, where).text);
-  std::vector<int64_t> ids = tokenizer_.encode(render(all, false, tools, where).text);
+      tokenizing(prompt_text, [&] { return tokenizer_.encode(prompt_text); });
+  const std::string text = render(all, false, tools, where).text;
+  std::vector<int64_t> ids = tokenizing(text, [&] { return tokenizer_.encode(text); });
   return prompt_masked(prompt_ids, std::move(ids), train_on_);
+}
+
+// The bytes of each assistant turn: what rendering it adds after the prompt
+// for it (the conversation before it, rendered with the generation prompt).
+// The first and the last turn are found by rendering those prefixes, as that
+// definition says; a turn between them is read off the one rendering of the
+// whole conversation: the text its iteration of the template's loop over the
+// messages wrote, after the generation prompt the last turn showed. So the
+// work is a few renderings, linear in the conversation, however many turns
+// it has (rendering every prefix was quadratic).
+std::vector<std::pair<size_t, size_t>> ChatFormatter::assistant_spans(
+    const ojson& messages, const ojson& tools, const ChatRender& full,
+    const std::string& where) const {
+  std::vector<size_t> turns;
+  for (size_t k = 0; k < messages.size(); ++k)
+    if (messages[k]["role"] == "assistant") turns.push_back(k);
+  if (turns.empty()) return {};
+  auto refuse = [&](const char* verb, size_t k, const std::string& how) {
+    throw std::invalid_argument(
+        where + ": the chat template of " + config_.source + " " + verb + " assistant turn " +
+        std::to_string(k) + " " + how +
+        ", so its tokens cannot be found: add {% generation %} marks to the template, split the "
+        "conversation into {\"prompt\", \"completion\"} rows, or set [data] train_on = \"all\"");
+  };
+  auto prefix = [&](size_t n) {
+    ojson head = ojson::array();
+    for (size_t i = 0; i < n; ++i) head.push_back(messages[i]);
+    return head;
+  };
+  // [prompt, turn) of turn k, from rendering its prefixes.
+  auto rendered = [&](size_t k) {
+    const std::string prompt = k == 0 ? std::string() : render(prefix(k), true, tools, where).text;
+    const std::string turn =
+        k + 1 == messages.size() ? full.text : render(prefix(k + 1), false, tools, where).text;
+    if (turn.compare(0, prompt.size(), prompt) != 0 ||
+        full.text.compare(0, turn.size(), turn) != 0)
+      refuse("renders", k,
+             "differently once later turns follow (it rewrites earlier turns, as reasoning "
+             "templates drop old thoughts)");
+    return std::pair<size_t, size_t>(prompt.size(), turn.size());
+  };
+  const size_t first = turns.front(), last = turns.back();
+  std::vector<std::pair<size_t, size_t>> spans{rendered(first)};
+  if (turns.size() == 1) return spans;
+  const std::pair<size_t, size_t> last_span = rendered(last);
+  if (turns.size() > 2) {
+    // Where the loop over the messages wrote each turn in the whole text.
+    auto written = [&](size_t k) {
+      const MessageText& m = full.messages.at(k);
+      if (m.writers != 1)
+        refuse("writes", k,
+               m.writers == 0 ? "outside a loop over the messages"
+                              : "in more than one loop over the messages");
+      return m;
+    };
+    const MessageText& at_last = written(last);
+    if (last_span.first < at_last.begin)
+      refuse("renders the prompt of", last, "shorter than the text before that turn");
+    // The generation prompt the last turn's prompt ends with, and what a
+    // turn's rendering adds past its own iteration (usually nothing).
+    const std::string generation_prompt =
+        full.text.substr(at_last.begin, last_span.first - at_last.begin);
+    const MessageText& at_first = written(first);
+    if (spans[0].second < at_first.end)
+      refuse("renders", first, "shorter than its loop over the messages writes it");
+    const std::string after = full.text.substr(at_first.end, spans[0].second - at_first.end);
+    if (first > 0 && spans[0].first != at_first.begin + generation_prompt.size())
+      refuse("writes", first, "after another generation prompt than the last turn's");
+    for (size_t t = 1; t + 1 < turns.size(); ++t) {
+      const MessageText& m = written(turns[t]);
+      if (full.text.compare(m.begin, generation_prompt.size(), generation_prompt) != 0 ||
+          full.text.compare(m.end, after.size(), after) != 0 ||
+          m.begin + generation_prompt.size() > m.end + after.size())
+        refuse("writes", turns[t], "after another generation prompt than the last turn's");
+      spans.emplace_back(m.begin + generation_prompt.size(), m.end + after.size());
+    }
+  }
+  spans.push_back(last_span);
+  return spans;
 }
 
 Example ChatFormatter::conversation(const ojson& row, const std::string& where) const {
@@ -159,35 +292,17 @@ Example ChatFormatter::conversation(const ojson& row, const std::string& where) 
   const ChatRender full = render(messages, false, tools, where);
   Example e;
   std::vector<std::pair<size_t, size_t>> offsets;  // encoded once: ids and where each came from
-  e.ids = train_on_ == TrainOn::kAll ? tokenizer_.encode(full.text)
-                                     : tokenizer_.encode_with_offsets(full.text, offsets);
+  e.ids = tokenizing(full.text, [&] {
+    return train_on_ == TrainOn::kAll ? tokenizer_.encode(full.text)
+                                      : tokenizer_.encode_with_offsets(full.text, offsets);
+  });
   if (train_on_ == TrainOn::kAll) {
     e.trained.assign(e.ids.size(), 1);
     return e;
   }
-  std::vector<std::pair<size_t, size_t>> spans = full.generation_spans;
-  if (!chat_template(where).has_generation_blocks()) {
-    // Each assistant turn: what rendering it adds after the prompt for it.
-    for (size_t k = 0; k < messages.size(); ++k) {
-      if (messages[k]["role"] != "assistant") continue;
-      ojson before = ojson::array();
-      for (size_t i = 0; i < k; ++i) before.push_back(messages[i]);
-      ojson through = before;
-      through.push_back(messages[k]);
-      const std::string prompt = k == 0 ? std::string() : render(before, true, tools, where).text;
-      const std::string turn = render(through, false, tools, where).text;
-      if (turn.compare(0, prompt.size(), prompt) != 0 ||
-          full.text.compare(0, turn.size(), turn) != 0)
-        throw std::invalid_argument(
-            where + ": the chat template of " + config_.source + " renders assistant turn " +
-            std::to_string(k) +
-            " differently once later turns follow (it rewrites earlier turns, as reasoning "
-            "templates drop old thoughts), so its tokens cannot be found: add {% generation %} "
-            "marks to the template, split the conversation into {\"prompt\", \"completion\"} "
-            "rows, or set [data] train_on = \"all\"");
-      spans.emplace_back(prompt.size(), turn.size());
-    }
-  }
+  const std::vector<std::pair<size_t, size_t>> spans =
+      chat_template(where).has_generation_blocks() ? full.generation_spans
+                                                   : assistant_spans(messages, tools, full, where);
   if (spans.empty())
     throw std::invalid_argument(where + ": the conversation has no assistant message to train on");
   e.trained = offsets_mask(offsets, spans);
@@ -195,6 +310,16 @@ Example ChatFormatter::conversation(const ojson& row, const std::string& where) 
 }
 
 Example ChatFormatter::format(const ojson& row, const std::string& where) const {
+  try {
+    return format_row(row, where);
+  } catch (const DataOutOfMemory& e) {
+    throw DataOutOfMemory(where + ": " + e.what());
+  } catch (const std::bad_alloc&) {
+    throw DataOutOfMemory(where + ": making the row's example");
+  }
+}
+
+Example ChatFormatter::format_row(const ojson& row, const std::string& where) const {
   if (!row.is_object()) throw std::invalid_argument(where + ": a row must be a JSON object");
   if (row.contains("messages")) return conversation(row, where);
   if (row.contains("prompt") || row.contains("completion")) {
@@ -225,7 +350,7 @@ Example ChatFormatter::format(const ojson& row, const std::string& where) const 
     if (!eos.empty() &&
         (text.size() < eos.size() || text.compare(text.size() - eos.size(), eos.size(), eos) != 0))
       text += eos;
-    return masked(tokenizer_.encode_with_special_tokens(text), 0);
+    return masked(tokenizing(text, [&] { return tokenizer_.encode_with_special_tokens(text); }), 0);
   }
   throw std::invalid_argument(where +
                               ": a row needs \"messages\", \"prompt\" and \"completion\", "
@@ -254,6 +379,10 @@ std::vector<Example> load_examples(const std::string& spec, const ChatFormatter&
     std::string text;
     try {
       text = read_regular_file(file.string(), kMaxDataFileBytes);
+    } catch (const std::bad_alloc&) {
+      std::error_code ec;
+      throw DataOutOfMemory("reading " + file.string() + " (" +
+                            std::to_string(fs::file_size(file, ec)) + " bytes)");
     } catch (const std::exception& e) {
       throw std::invalid_argument(std::string("data: ") + e.what());
     }
@@ -266,7 +395,20 @@ std::vector<Example> load_examples(const std::string& spec, const ChatFormatter&
       pos = nl + 1;
       if (row_text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
       const std::string where = file.string() + ":" + std::to_string(line);
-      out.push_back(formatter.format(parse_ordered_json(row_text, where), where));
+      ojson row;
+      try {
+        row = parse_ordered_json(row_text, where);
+      } catch (const std::bad_alloc&) {
+        throw DataOutOfMemory(where + ": parsing the row as JSON (" +
+                              std::to_string(row_text.size()) + " bytes)");
+      }
+      Example e = formatter.format(row, where);
+      try {
+        out.push_back(std::move(e));
+      } catch (const std::bad_alloc&) {
+        throw DataOutOfMemory(where + ": keeping the tokenized rows (" +
+                              std::to_string(out.size()) + " so far)");
+      }
     }
   }
   if (out.empty()) throw std::invalid_argument("data " + p.string() + " holds no rows");

@@ -9,13 +9,15 @@
 //   {"text": "..."}                                      plain language modelling
 // Masks: prompt/completion rows as TRL's completion_only_loss; conversations
 // by the template's {% generation %} marks (transformers'
-// return_assistant_tokens_mask) or, without marks, by rendering each answer's
-// prefix with the generation prompt: every token an assistant turn adds.
+// return_assistant_tokens_mask) or, without marks, every token an assistant
+// turn adds after the prompt for it (the generation prompt included in the
+// prompt), found from a few renderings whatever the number of turns.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +29,13 @@
 namespace tightfit {
 
 enum class TrainOn { kCompletion, kAll };
+
+// The machine ran out of memory while preparing the data: what() names the
+// file (and line) and the stage (reading, parsing, rendering, tokenizing).
+class DataOutOfMemory : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // One example: ids[i] is trained on (a target of the loss) when trained[i].
 struct Example {
@@ -45,9 +54,17 @@ class ChatFormatter {
   // Throws std::invalid_argument naming `where` (file:line) and the field.
   Example format(const nlohmann::ordered_json& row, const std::string& where) const;
   const TokenizerConfig& config() const { return config_; }
+  // How many times the chat template has been rendered: a conversation
+  // takes a few renderings whatever its number of turns.
+  int64_t renders() const { return renders_; }
 
  private:
+  Example format_row(const nlohmann::ordered_json& row, const std::string& where) const;
   Example conversation(const nlohmann::ordered_json& row, const std::string& where) const;
+  std::vector<std::pair<size_t, size_t>> assistant_spans(const nlohmann::ordered_json& messages,
+                                                         const nlohmann::ordered_json& tools,
+                                                         const ChatRender& full,
+                                                         const std::string& where) const;
   Example prompt_completion(const std::string& prompt, const std::string& completion) const;
   Example chat_prompt_completion(const nlohmann::ordered_json& prompt,
                                  const nlohmann::ordered_json& completion,
@@ -61,6 +78,7 @@ class ChatFormatter {
   TokenizerConfig config_;
   TrainOn train_on_;
   std::unique_ptr<ChatTemplate> template_;
+  mutable int64_t renders_ = 0;
 };
 
 // 1 for each token of `ids` (the encoding of `text`) that holds a byte of one
@@ -70,7 +88,8 @@ std::vector<uint8_t> span_token_mask(const Tokenizer& tokenizer, const std::stri
                                      const std::vector<std::pair<size_t, size_t>>& spans);
 
 // Reads JSONL rows from a file or a folder of .jsonl files (sorted, recursive)
-// and formats each. Throws std::invalid_argument naming file:line.
+// and formats each. Throws std::invalid_argument naming file:line, and
+// DataOutOfMemory naming file:line and the stage when memory runs out.
 std::vector<Example> load_examples(const std::string& spec, const ChatFormatter& formatter,
                                    const std::string& base_dir = {});
 

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <unordered_map>
 #include <stdexcept>
 
 #include "jinja_ast.hpp"
@@ -45,6 +46,16 @@ class Renderer {
   }
 
   void set_global(const std::string& name, Value v) { scopes_.front()[name] = std::move(v); }
+
+  // The messages are dicts the template's loops visit (also through
+  // slices, filters and reversals, which share them): each one's text is
+  // found by the dict's identity.
+  void set_messages(const Value& messages) {
+    set_global("messages", messages);
+    out_.messages.assign(messages.list->size(), MessageText{});
+    for (size_t k = 0; k < messages.list->size(); ++k)
+      if ((*messages.list)[k].type == Value::kMap) message_index_[(*messages.list)[k].map.get()] = k;
+  }
 
   void run(const Body& body) {
     LoopControl lc;
@@ -125,6 +136,7 @@ class Renderer {
       }
       case Node::kSetBlock: {
         const size_t mark = out_.text.size();
+        const Capturing capturing(*this);
         render(n.body, lc);
         std::string captured = out_.text.substr(mark);
         out_.text.resize(mark);
@@ -199,11 +211,34 @@ class Renderer {
       entries[7].second = k > 0 ? items[static_cast<size_t>(k - 1)] : Value();
       entries[8].second = k + 1 < len ? items[static_cast<size_t>(k + 1)] : Value();
       LoopControl lc;
+      const size_t begin = out_.text.size();
       render(n.body, lc);
+      record_message(items[static_cast<size_t>(k)], begin);
       if (lc.kind == LoopControl::kBreak) break;
     }
     if (len == 0) render(n.else_body, outer);
     scopes_.pop_back();
+  }
+
+  // Text written while a macro or {% set %} block captures it is cut off
+  // the output again: no message's place is taken from it.
+  struct Capturing {
+    explicit Capturing(Renderer& r) : r(r) { ++r.capturing_; }
+    ~Capturing() { --r.capturing_; }
+    Renderer& r;
+  };
+
+  void record_message(const Value& item, size_t begin) {
+    if (item.type != Value::kMap || capturing_ > 0) return;
+    const auto found = message_index_.find(item.map.get());
+    if (found == message_index_.end()) return;
+    MessageText& m = out_.messages[found->second];
+    ++m.loops;
+    if (out_.text.size() == begin) return;
+    if (m.writers++ == 0) {
+      m.begin = begin;
+      m.end = out_.text.size();
+    }
   }
 
   void bind(const Node& n, const Value& item) {
@@ -230,7 +265,10 @@ class Renderer {
       }
       const size_t mark = out_.text.size();
       LoopControl lc;
-      render(node->body, lc);
+      {
+        const Capturing capturing(*this);
+        render(node->body, lc);
+      }
       std::string text = out_.text.substr(mark);
       out_.text.resize(mark);
       scopes_.pop_back();
@@ -413,7 +451,9 @@ class Renderer {
   int64_t iterations_ = 0;
   int call_depth_ = 0;
   int depth_ = 0;
+  int capturing_ = 0;
   std::set<std::shared_ptr<jinja::Map>> assigned_;
+  std::unordered_map<const jinja::Map*, size_t> message_index_;
 };
 
 bool uses_generation(const Body& body) {
@@ -449,7 +489,9 @@ ChatRender ChatTemplate::render(const nlohmann::ordered_json& messages, bool add
     Renderer r(origin_, out);
     for (auto it = variables.begin(); it != variables.end(); ++it)
       r.set_global(it.key(), Value::from_json(it.value()));
-    r.set_global("messages", Value::from_json(messages));
+    const Value list = Value::from_json(messages);
+    if (list.type != Value::kList) throw std::runtime_error("messages must be a list");
+    r.set_messages(list);
     r.set_global("add_generation_prompt", Value::boolean(add_generation_prompt));
     r.run(tree_->body);
   } catch (const std::runtime_error& e) {

@@ -51,17 +51,23 @@ void check_corpus_fits(const DataRequest& r, int64_t bytes, const std::string& w
 }
 
 // Reading and tokenizing may ask for more than the machine has even without
-// a budget: that is the out-of-memory exit with the corpus named, not a
-// bare std::bad_alloc.
+// a budget: that is the out-of-memory exit naming the file and the stage
+// (`stage`, or the file:line and stage a DataOutOfMemory names), not a bare
+// std::bad_alloc.
 template <class F>
-auto reading_corpus(const DataRequest& r, F&& read) {
+auto preparing_data(const DataRequest& r, const std::string& stage, F&& step) {
+  auto out_of_memory = [&](const std::string& what) {
+    return OutOfBudgetError("this machine ran out of memory " + what + " (corpus \"" + r.corpus +
+                            "\", " + format_bytes(corpus_bytes_on_disk(r.corpus, r.base_dir)) +
+                            " on disk): tightfit holds the tokenized corpus in memory; use a "
+                            "smaller corpus, or split it and train on the parts in turn");
+  };
   try {
-    return read();
+    return step();
+  } catch (const DataOutOfMemory& e) {
+    throw out_of_memory(std::string("at ") + e.what());
   } catch (const std::bad_alloc&) {
-    throw OutOfBudgetError("this machine ran out of memory reading corpus \"" + r.corpus + "\" (" +
-                           format_bytes(corpus_bytes_on_disk(r.corpus, r.base_dir)) +
-                           " on disk): tightfit holds the tokenized corpus in memory; use a "
-                           "smaller corpus, or split it and train on the parts in turn");
+    throw out_of_memory(stage);
   }
 }
 
@@ -71,8 +77,8 @@ DataSetup stream(const DataRequest& r, DataSetup d) {
         "packing = true packs instruction and chat rows, and corpus \"" + r.corpus +
         "\" is text, which is always one token stream cut into rows: drop packing");
   check_corpus_fits(r, corpus_bytes_on_disk(r.corpus, r.base_dir), "its text, read whole");
-  const std::string text =
-      reading_corpus(r, [&] { return load_corpus_text(r.corpus, r.base_dir); });
+  const std::string text = preparing_data(r, "reading the corpus's text",
+                                           [&] { return load_corpus_text(r.corpus, r.base_dir); });
   // The byte tokenizer makes one int64 id per byte.
   if (d.tokenizer_spec == "byte")
     check_corpus_fits(r, checked_product({static_cast<int64_t>(text.size()), 8}, "the corpus"),
@@ -89,7 +95,10 @@ DataSetup stream(const DataRequest& r, DataSetup d) {
                                " reads text: convert it (iconv -f latin1 -t utf-8) or use "
                                "tokenizer = \"byte\"");
     }
-  std::vector<int64_t> ids = reading_corpus(r, [&] { return d.tokenizer->encode(text); });
+  std::vector<int64_t> ids =
+      preparing_data(r, "tokenizing the corpus's " + std::to_string(text.size()) + " bytes with " +
+                            d.tokenizer_spec,
+                     [&] { return d.tokenizer->encode(text); });
   CategoryScope scope(TF_MEM_OTHER);
   at::Tensor tokens;
   try {
@@ -123,16 +132,17 @@ DataSetup examples(const DataRequest& r, DataSetup d) {
   const ChatFormatter formatter(*d.tokenizer, config,
                                 r.train_on == "all" ? TrainOn::kAll : TrainOn::kCompletion);
   check_corpus_fits(r, corpus_bytes_on_disk(r.corpus, r.base_dir), "its rows, read whole");
-  std::vector<Example> rows =
-      reading_corpus(r, [&] { return load_examples(r.corpus, formatter, r.base_dir); });
+  std::vector<Example> rows = preparing_data(
+      r, "reading the rows", [&] { return load_examples(r.corpus, formatter, r.base_dir); });
   const auto not_prefix =
       std::count_if(rows.begin(), rows.end(), [](const Example& e) { return e.prompt_not_prefix; });
   int64_t pad = d.tokenizer->token_id(config.pad_token);
   if (pad < 0) pad = d.tokenizer->token_id(config.eos_token);
   if (pad < 0) pad = 0;  // padding is never a target, and causal attention never looks ahead to it
-  auto batcher =
-      std::make_unique<ExampleBatcher>(std::move(rows), r.seq_len, r.batch_size * r.world_size,
-                                       r.seed, r.val_fraction, pad, r.packing);
+  auto batcher = preparing_data(r, "batching the rows", [&] {
+    return std::make_unique<ExampleBatcher>(std::move(rows), r.seq_len, r.batch_size * r.world_size,
+                                            r.seed, r.val_fraction, pad, r.packing);
+  });
   const ExampleBatcher::Counts& c = batcher->counts();
   d.unigram_entropy = unigram_entropy(batcher->train_ids(), d.tokenizer->vocab_size());
   d.description = std::to_string(c.examples) + " examples: " + std::to_string(c.train) +

@@ -145,6 +145,45 @@ TEST_F(ChatData, MalformedRowsNameFileLineAndField) {
   }
 }
 
+// A tokenizer that runs out of memory on any text: the failure names the
+// file, the line and the stage, not the corpus as a whole.
+class ExhaustedTokenizer final : public Tokenizer {
+ public:
+  int64_t vocab_size() const override { return 256; }
+  std::vector<int64_t> encode(const std::string&) const override { throw std::bad_alloc(); }
+  std::vector<int64_t> encode_with_offsets(
+      const std::string&, std::vector<std::pair<size_t, size_t>>&) const override {
+    throw std::bad_alloc();
+  }
+  std::string decode(const std::vector<int64_t>&) const override { return {}; }
+};
+
+TEST(ChatDataMemory, AFailureNamesTheFileLineAndStage) {
+  const ExhaustedTokenizer tok;
+  TokenizerConfig config;
+  config.chat_template =
+      "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+      "{% if add_generation_prompt %}<assistant>{% endif %}";
+  config.source = "chat.jinja";
+  const ChatFormatter formatter(tok, config, TrainOn::kCompletion);
+  test::TempDir d;
+  const std::pair<const char*, const char*> rows[] = {
+      {R"({"text": "plain"})", "tokenizing the row's text (5 bytes)"},
+      {R"({"prompt": "p", "completion": "c"})", "tokenizing the row's text (1 bytes)"},
+      {R"({"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]})",
+       "tokenizing the row's text (19 bytes)"},
+  };
+  for (const auto& [row, stage] : rows) {
+    const std::string file = test::write_file(d, "rows.jsonl", std::string("\n") + row + "\n");
+    try {
+      load_examples(file, formatter);
+      ADD_FAILURE() << "no failure for " << row;
+    } catch (const DataOutOfMemory& e) {
+      EXPECT_NE(std::string(e.what()).find(file + ":2: " + stage), std::string::npos) << e.what();
+    }
+  }
+}
+
 // Rows are one example each, padded; the prompt and the padding are never
 // targets; long examples are cut and counted; the split is by whole examples.
 TEST(ExampleBatcher, PadsMasksTruncatesAndSplits) {

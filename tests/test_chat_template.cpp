@@ -109,6 +109,73 @@ TEST(ChatTemplate, MatchesTransformersOnTheFamiliesTemplates) {
   EXPECT_LT(most.bytes, jinja::kMaxWorkBytes / 20);
 }
 
+// Without {% generation %} marks, a turn's loss mask is what rendering the
+// conversation through it adds after the prompt for it. The peer computes
+// that by rendering every prefix with transformers; tightfit reads the turns
+// between the first and the last off one rendering, and must find the same
+// tokens, or refuse where the definition does.
+TEST(ChatTemplate, TurnsFromOneRenderingMatchRenderingEveryPrefix) {
+  test::TempDir dir;
+  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
+                          TIGHTFIT_SOURCE_DIR + "/tests/peers/chat_template_parity.py " + dir.str();
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "the Python peer failed";
+  const ojson turns = read_json(dir.str() + "/turns.json");
+  auto tok = BpeTokenizer::load(dir.str());
+  int equal = 0, refused = 0;
+  for (auto t = turns["templates"].begin(); t != turns["templates"].end(); ++t) {
+    TokenizerConfig config;
+    config.bos_token = "<s>";
+    config.eos_token = "</s>";
+    config.chat_template = read_json(dir.str() + "/templates.json")[t.key()];
+    config.source = t.key();
+    const ChatFormatter formatter(*tok, config, TrainOn::kCompletion);
+    for (const ojson& want : t.value()) {
+      const ojson& row = turns["cases"][want["case"].get<size_t>()];
+      const std::string what = t.key() + " case " + std::to_string(want["case"].get<int>());
+      if (want.contains("refused")) {
+        EXPECT_THROW(formatter.format(row, what), std::invalid_argument) << what;
+        ++refused;
+        continue;
+      }
+      Example e;
+      try {
+        e = formatter.format(row, what);
+      } catch (const std::exception& x) {
+        ADD_FAILURE() << x.what();
+        continue;
+      }
+      std::vector<uint8_t> mask;
+      for (const auto& v : want["mask"]) mask.push_back(v.get<uint8_t>());
+      EXPECT_EQ(e.ids, want["ids"].get<std::vector<int64_t>>()) << what;
+      EXPECT_EQ(e.trained, mask) << what;
+      equal += e.ids == want["ids"].get<std::vector<int64_t>>() && e.trained == mask;
+    }
+  }
+  std::cout << "multi-turn masks: " << equal << " equal to rendering every prefix, " << refused
+            << " refused as it refuses\n";
+  EXPECT_GE(equal, 25);
+  EXPECT_GE(refused, 10);  // qwen3 and deepseek rewrite earlier turns; mistral raises
+
+  // Linear: a 2,000-turn conversation takes a few renderings, not one per turn.
+  TokenizerConfig chatml;
+  chatml.chat_template = read_json(dir.str() + "/templates.json")["chatml"];
+  chatml.source = "chatml";
+  const ChatFormatter formatter(*tok, chatml, TrainOn::kCompletion);
+  ojson chat = ojson::array();
+  for (int i = 0; i < 2000; ++i) {
+    chat.push_back({{"role", "user"}, {"content", "q " + std::to_string(i)}});
+    chat.push_back({{"role", "assistant"}, {"content", "a " + std::to_string(i)}});
+  }
+  const Example e = formatter.format({{"messages", chat}}, "long");
+  EXPECT_LE(formatter.renders(), 4);
+  // Every answer trained: the tokens of "a N", <|im_end|> and the newline
+  // after it (special tokens split the text, so each answer is encoded alone).
+  int64_t answers = 0;
+  for (int i = 0; i < 2000; ++i)
+    answers += static_cast<int64_t>(tok->encode("a " + std::to_string(i)).size()) + 2;
+  EXPECT_EQ(std::count(e.trained.begin(), e.trained.end(), 1), answers);
+}
+
 TEST(ChatTemplate, NamesWhatItCannotEvaluate) {
   const std::pair<const char*, const char*> cases[] = {
       {"{% filter upper %}x{% endfilter %}", "the statement {% filter %} is not supported"},
