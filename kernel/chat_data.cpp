@@ -68,7 +68,8 @@ std::vector<uint8_t> offsets_mask(const std::vector<std::pair<size_t, size_t>>& 
     const size_t stop =
         std::min(last != kNoToken && last > 0 ? last + 1 : offsets.size(), marked_to_end);
     for (size_t k = first; k < stop; ++k) mask[k] = 1;
-    if (stop == offsets.size() || stop == marked_to_end) marked_to_end = std::min(marked_to_end, first);
+    if (stop == offsets.size() || stop == marked_to_end)
+      marked_to_end = std::min(marked_to_end, first);
   }
   return mask;
 }
@@ -238,8 +239,7 @@ std::vector<std::pair<size_t, size_t>> ChatFormatter::assistant_spans(
     const std::string prompt = k == 0 ? std::string() : render(prefix(k), true, tools, where).text;
     const std::string turn =
         k + 1 == messages.size() ? full.text : render(prefix(k + 1), false, tools, where).text;
-    if (turn.compare(0, prompt.size(), prompt) != 0 ||
-        full.text.compare(0, turn.size(), turn) != 0)
+    if (turn.compare(0, prompt.size(), prompt) != 0 || full.text.compare(0, turn.size(), turn) != 0)
       refuse("renders", k,
              "differently once later turns follow (it rewrites earlier turns, as reasoning "
              "templates drop old thoughts)");

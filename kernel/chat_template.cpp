@@ -6,13 +6,14 @@
 #include <map>
 #include <optional>
 #include <set>
-#include <unordered_map>
 #include <stdexcept>
+#include <unordered_map>
 
 #include "jinja_ast.hpp"
 #include "jinja_budget.hpp"
 #include "jinja_builtins.hpp"
 #include "jinja_operators.hpp"
+#include "jinja_text.hpp"
 #include "jinja_value.hpp"
 
 namespace tightfit {
@@ -54,7 +55,8 @@ class Renderer {
     set_global("messages", messages);
     out_.messages.assign(messages.list->size(), MessageText{});
     for (size_t k = 0; k < messages.list->size(); ++k)
-      if ((*messages.list)[k].type == Value::kMap) message_index_[(*messages.list)[k].map.get()] = k;
+      if ((*messages.list)[k].type == Value::kMap)
+        message_index_[(*messages.list)[k].map.get()] = k;
   }
 
   void run(const Body& body) {
@@ -176,10 +178,11 @@ class Renderer {
       items = *seq.list;
     else if (seq.type == Value::kMap)
       for (const auto& [k, v] : seq.map->items) items.push_back(Value::string(k));
-    else if (seq.type == Value::kString)
-      for (char c : seq.s())
-        items.push_back(at_place(n.where, [&] { return Value::string(std::string(1, c)); }));
-    else if (seq.defined() && seq.type != Value::kNone)
+    else if (seq.type == Value::kString) {
+      const jinja::CodePoints chars(seq.s());
+      for (int64_t k = 0; k < chars.size(); ++k)
+        items.push_back(at_place(n.where, [&] { return Value::string(std::string(chars.at(k))); }));
+    } else if (seq.defined() && seq.type != Value::kNone)
       fail(n.where, std::string("cannot loop over a ") + seq.type_name());
     scopes_.emplace_back();
     if (n.filter) {  // {% for x in xs if cond %}: the loop sees only the kept items

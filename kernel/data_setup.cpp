@@ -78,7 +78,7 @@ DataSetup stream(const DataRequest& r, DataSetup d) {
         "\" is text, which is always one token stream cut into rows: drop packing");
   check_corpus_fits(r, corpus_bytes_on_disk(r.corpus, r.base_dir), "its text, read whole");
   const std::string text = preparing_data(r, "reading the corpus's text",
-                                           [&] { return load_corpus_text(r.corpus, r.base_dir); });
+                                          [&] { return load_corpus_text(r.corpus, r.base_dir); });
   // The byte tokenizer makes one int64 id per byte.
   if (d.tokenizer_spec == "byte")
     check_corpus_fits(r, checked_product({static_cast<int64_t>(text.size()), 8}, "the corpus"),
@@ -95,10 +95,10 @@ DataSetup stream(const DataRequest& r, DataSetup d) {
                                " reads text: convert it (iconv -f latin1 -t utf-8) or use "
                                "tokenizer = \"byte\"");
     }
-  std::vector<int64_t> ids =
-      preparing_data(r, "tokenizing the corpus's " + std::to_string(text.size()) + " bytes with " +
-                            d.tokenizer_spec,
-                     [&] { return d.tokenizer->encode(text); });
+  std::vector<int64_t> ids = preparing_data(
+      r,
+      "tokenizing the corpus's " + std::to_string(text.size()) + " bytes with " + d.tokenizer_spec,
+      [&] { return d.tokenizer->encode(text); });
   CategoryScope scope(TF_MEM_OTHER);
   at::Tensor tokens;
   try {

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "jinja_budget.hpp"
+#include "jinja_text.hpp"
 
 namespace tightfit::jinja {
 namespace {
@@ -122,12 +123,8 @@ std::string replace(std::string s, const std::string& from, const std::string& t
 
 int64_t length(const Value& v) {
   switch (v.type) {
-    case Value::kString: {
-      int64_t n = 0;  // characters, not bytes
-      charge_bytes(v.s().size());
-      for (unsigned char c : v.s()) n += (c & 0xC0) != 0x80;
-      return n;
-    }
+    case Value::kString:
+      return CodePoints(v.s()).size();  // characters, not bytes
     case Value::kList:
       return static_cast<int64_t>(v.list->size());
     case Value::kMap:
@@ -135,6 +132,47 @@ int64_t length(const Value& v) {
     default:
       fail(std::string("length of a ") + v.type_name());
   }
+}
+
+// transformers' tojson filter: tojson(x, ensure_ascii=False, indent=None,
+// separators=None, sort_keys=False), passed on to json.dumps as they are.
+JsonStyle json_style(const Args& a) {
+  static const Value none = Value::none();
+  for (const auto& [name, value] : a.keywords)
+    if (name != "ensure_ascii" && name != "indent" && name != "separators" && name != "sort_keys")
+      fail("tojson got an unexpected keyword argument '" + name + "'");
+  if (a.positional.size() > 4) fail("tojson takes at most 4 arguments");
+  JsonStyle style;
+  style.ensure_ascii = arg(a, 0, "ensure_ascii", Value::boolean(false)).truthy();
+  const Value indent = arg(a, 1, "indent", none);
+  // json.dumps: indent=None is compact; an integer (0 and below too) or a
+  // string starts a line for each item, indented by that many spaces or
+  // that string per level.
+  if (indent.type == Value::kInt) {
+    if (indent.i > static_cast<int64_t>(kMaxTextBytes))
+      fail("tojson: an indent of " + std::to_string(indent.i) +
+           " makes a text of more than 64 MiB");
+    style.indent.assign(static_cast<size_t>(std::max<int64_t>(indent.i, 0)), ' ');
+    style.pretty = true;
+  } else if (indent.type == Value::kString) {
+    style.indent = indent.s();
+    style.pretty = true;
+  } else if (indent.type != Value::kNone) {
+    fail("tojson: indent must be an integer, a string or none");
+  }
+  if (style.pretty) style.item_separator = ",";
+  const Value separators = arg(a, 2, "separators", none);
+  if (separators.type == Value::kList) {
+    if (separators.list->size() != 2 || (*separators.list)[0].type != Value::kString ||
+        (*separators.list)[1].type != Value::kString)
+      fail("tojson: separators must be two strings (item, key)");
+    style.item_separator = (*separators.list)[0].s();
+    style.key_separator = (*separators.list)[1].s();
+  } else if (separators.type != Value::kNone) {
+    fail("tojson: separators must be two strings (item, key) or none");
+  }
+  style.sort_keys = arg(a, 3, "sort_keys", Value::boolean(false)).truthy();
+  return style;
 }
 
 Value items(const Value& v) {
@@ -224,14 +262,7 @@ Value apply_filter(const std::string& name, const Value& v, const Args& a) {
   if (name == "string") return Value::string(v.str());
   if (name == "safe" || name == "e" || name == "escape")
     return v.type == Value::kString ? v : Value::string(v.str());
-  if (name == "tojson") {
-    const Value& indent = arg(a, 0, "indent", none);
-    // json.dumps: indent=None is compact, an integer (0 too) starts lines.
-    if (indent.type != Value::kInt && indent.type != Value::kNone)
-      fail("tojson: indent must be an integer or none");
-    return Value::string(
-        v.to_json(indent.type == Value::kInt ? std::max<int64_t>(indent.i, 0) : -1));
-  }
+  if (name == "tojson") return Value::string(v.to_json(json_style(a)));
   if (name == "int") return to_int(v);
   if (name == "float") {
     if (v.type != Value::kString) return Value::real(v.number());
@@ -259,12 +290,20 @@ Value apply_filter(const std::string& name, const Value& v, const Args& a) {
       for (const auto& [k, x] : v.map->items) keys.push_back(Value::string(k));
       return Value::of_list(std::move(keys));
     }
-    List chars;
-    for (char c : need_string(v, "list")) chars.push_back(Value::string(std::string(1, c)));
-    return Value::of_list(std::move(chars));
+    const CodePoints chars(need_string(v, "list"));
+    List out;
+    for (int64_t k = 0; k < chars.size(); ++k)
+      out.push_back(Value::string(std::string(chars.at(k))));
+    return Value::of_list(std::move(out));
   }
   if (name == "reverse") {
-    if (v.type == Value::kString) return Value::string(std::string(v.s().rbegin(), v.s().rend()));
+    if (v.type == Value::kString) {
+      const CodePoints chars(v.s());
+      std::string out;
+      out.reserve(v.s().size());
+      for (int64_t k = chars.size() - 1; k >= 0; --k) out += chars.at(k);
+      return Value::string(std::move(out));
+    }
     if (v.type != Value::kList) fail(std::string("reverse of a ") + v.type_name());
     return Value::of_list(List(v.list->rbegin(), v.list->rend()));
   }
@@ -403,7 +442,7 @@ Value call_method(const Value& self, const std::string& name, const Args& a) {
     }
     if (name == "find") {
       const size_t at = TextSearch(need_string(arg(a, 0, "sub", none), "find")).find(s);
-      return Value::integer(at == std::string::npos ? -1 : static_cast<int64_t>(at));
+      return Value::integer(at == std::string::npos ? -1 : CodePoints(s).index_of_byte(at));
     }
     if (name == "count") {
       const std::string sub = need_string(arg(a, 0, "sub", none), "count");

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "jinja_builtins.hpp"
+#include "jinja_text.hpp"
 
 namespace tightfit::jinja {
 namespace {
@@ -129,13 +130,17 @@ Value subscript(const Value& v, const Value& key) {
     const Value* x = v.map->find(key.str());
     return x ? *x : Value();
   }
-  if ((v.type == Value::kList || v.type == Value::kString) && key.type == Value::kInt) {
-    const int64_t size =
-        static_cast<int64_t>(v.type == Value::kList ? v.list->size() : v.s().size());
+  if (v.type == Value::kList && key.type == Value::kInt) {
+    const auto size = static_cast<int64_t>(v.list->size());
     const int64_t k = key.i < 0 ? key.i + size : key.i;
     if (k < 0 || k >= size) return Value();
-    return v.type == Value::kList ? (*v.list)[static_cast<size_t>(k)]
-                                  : Value::string(std::string(1, v.s()[static_cast<size_t>(k)]));
+    return (*v.list)[static_cast<size_t>(k)];
+  }
+  if (v.type == Value::kString && key.type == Value::kInt) {
+    const CodePoints chars(v.s());
+    const int64_t k = key.i < 0 ? key.i + chars.size() : key.i;
+    if (k < 0 || k >= chars.size()) return Value();
+    return Value::string(std::string(chars.at(k)));
   }
   if (!v.defined()) fail("indexing an undefined value");
   return Value();
@@ -146,7 +151,9 @@ Value slice(const Value& v, std::optional<int64_t> start, std::optional<int64_t>
   if (step == 0) fail("slice step must not be zero");
   if (v.type != Value::kList && v.type != Value::kString)
     fail(std::string("cannot slice a ") + v.type_name());
-  const int64_t n = static_cast<int64_t>(v.type == Value::kList ? v.list->size() : v.s().size());
+  std::optional<CodePoints> chars;
+  if (v.type == Value::kString) chars.emplace(v.s());
+  const int64_t n = chars ? chars->size() : static_cast<int64_t>(v.list->size());
   auto clamp = [&](std::optional<int64_t> x, int64_t fallback) {
     if (!x) return fallback;
     const int64_t k = *x < 0 ? *x + n : *x;  // no overflow: n >= 0 is added to a negative
@@ -166,7 +173,7 @@ Value slice(const Value& v, std::optional<int64_t> start, std::optional<int64_t>
     if (v.type == Value::kList)
       out.push_back((*v.list)[k]);
     else
-      str += v.s()[k];
+      str += chars->at(static_cast<int64_t>(k));
   }
   if (v.type == Value::kList) return Value::of_list(std::move(out));
   return Value::string(str);

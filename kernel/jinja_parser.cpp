@@ -276,17 +276,20 @@ class Parser {
     std::vector<Token> signs;
     while (peek().kind == Token::kOp && (peek().text == "-" || peek().text == "+"))
       signs.push_back(next());
-    ExprPtr value = postfix(primary());
+    // Jinja: a sign takes the value with its attributes, items and calls;
+    // filters and tests then apply to the signed value (-x|abs is abs(-x)).
+    ExprPtr value = postfix(primary(), /*filters=*/signs.empty());
+    if (signs.empty()) return value;
     for (auto t = signs.rbegin(); t != signs.rend(); ++t) {
       auto e = make(Expr::kUnary, t->where);
       e->text = t->text;
       e->a = std::move(value);
       value = done(std::move(e));
     }
-    return value;
+    return postfix(std::move(value));
   }
 
-  ExprPtr postfix(ExprPtr e) {
+  ExprPtr postfix(ExprPtr e, bool filters = true) {
     if (++depth_ > kMaxNesting) fail(peek().where, "expression nested deeper than 200 levels");
     for (;;) {
       const Token& t = peek();
@@ -321,13 +324,13 @@ class Parser {
         c->a = std::move(e);
         arguments(*c);
         e = done(std::move(c));
-      } else if (t.kind == Token::kOp && t.text == "|") {
+      } else if (filters && t.kind == Token::kOp && t.text == "|") {
         auto f = make(Expr::kFilter, next().where);
         f->text = name();
         f->a = std::move(e);
         if (accept_op("(")) arguments(*f);
         e = done(std::move(f));
-      } else if (t.kind == Token::kName && t.text == "is") {
+      } else if (filters && t.kind == Token::kName && t.text == "is") {
         auto f = make(Expr::kTest, next().where);
         f->negated = accept_name("not");
         f->text = peek().kind == Token::kName &&

@@ -163,44 +163,95 @@ void room_for(const std::string& out, size_t n) {
   check_text(out.size() + n);
 }
 
-void append_json_string(std::string& out, const std::string& s) {
-  room_for(out, s.size() + 2);
-  out += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
+// A code point's \uXXXX escape (a surrogate pair past U+FFFF), as
+// json.dumps(ensure_ascii=True) writes it.
+void append_u_escape(std::string& out, uint32_t cp) {
+  char buf[16];
+  if (cp > 0xFFFF) {
+    cp -= 0x10000;
+    std::snprintf(buf, sizeof buf, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+  } else {
+    std::snprintf(buf, sizeof buf, "\\u%04x", cp);
+  }
+  out += buf;
+}
+
+// The UTF-8 sequence at s[k] as a code point; advances k past it. A byte
+// that begins no whole sequence is taken alone, as a code point of its own
+// value (only text that is not UTF-8 has one).
+uint32_t next_code_point(const std::string& s, size_t& k) {
+  const auto c = static_cast<unsigned char>(s[k]);
+  const size_t extra = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
+  if (extra == 0) {
+    ++k;
+    return c;
+  }
+  uint32_t cp = c & (0x3F >> extra);
+  for (size_t i = 1; i <= extra; ++i) {
+    const auto d = k + i < s.size() ? static_cast<unsigned char>(s[k + i]) : 0;
+    if ((d & 0xC0) != 0x80) {
+      ++k;
+      return c;
     }
+    cp = (cp << 6) | (d & 0x3F);
+  }
+  k += extra + 1;
+  return cp;
+}
+
+// How json.dumps writes one character: as it is, a short escape, or \uXXXX.
+// ensure_ascii escapes everything outside ' '..'~'; without it only the
+// control characters, '"' and '\\' are escaped.
+const char* short_escape(unsigned char c) {
+  switch (c) {
+    case '"':
+      return "\\\"";
+    case '\\':
+      return "\\\\";
+    case '\n':
+      return "\\n";
+    case '\r':
+      return "\\r";
+    case '\t':
+      return "\\t";
+    case '\b':
+      return "\\b";
+    case '\f':
+      return "\\f";
+    default:
+      return nullptr;
+  }
+}
+
+void append_json_string(std::string& out, const std::string& s, bool ensure_ascii) {
+  // What the escapes will take, counted before they are made.
+  size_t bytes = 2;
+  for (size_t k = 0; k < s.size();) {
+    const auto c = static_cast<unsigned char>(s[k]);
+    if (c >= 0x80 && ensure_ascii) {
+      bytes += next_code_point(s, k) > 0xFFFF ? 12 : 6;
+      continue;
+    }
+    ++k;
+    bytes += short_escape(c) ? 2 : c < 0x20 || (ensure_ascii && c == 0x7F) ? 6 : 1;
+  }
+  room_for(out, bytes);
+  out += '"';
+  for (size_t k = 0; k < s.size();) {
+    const auto c = static_cast<unsigned char>(s[k]);
+    if (c >= 0x80 && ensure_ascii) {
+      append_u_escape(out, next_code_point(s, k));
+      continue;
+    }
+    ++k;
+    if (const char* e = short_escape(c))
+      out += e;
+    else if (c < 0x20 || (ensure_ascii && c == 0x7F))
+      append_u_escape(out, c);
+    else
+      out += static_cast<char>(c);
   }
   out += '"';
-  check_text(out.size());
 }
 
 void append_python_repr(std::string& out, const std::string& s) {
@@ -264,20 +315,20 @@ void append_repr(std::string& out, const Value& v, int depth) {
   }
 }
 
-// json.dumps(v, ensure_ascii=False, indent=indent) appended to out; indent
-// < 0 is indent=None.
-void append_json(std::string& out, const Value& v, int64_t indent, int depth) {
+// json.dumps(v, **style) appended to out.
+void append_json(std::string& out, const Value& v, const JsonStyle& style, int depth) {
   check_value_depth(depth);
-  const bool pretty = indent >= 0;
   auto newline = [&](int level) {
-    if (!pretty) return;
+    if (!style.pretty) return;
     // The padding is bounded before it is made.
-    room_for(out, 1 + static_cast<size_t>(std::min<int64_t>(indent, kMaxTextBytes + 1)) *
-                          static_cast<size_t>(level));
+    room_for(out, 1 + style.indent.size() * static_cast<size_t>(level));
     out += '\n';
-    out.append(static_cast<size_t>(indent) * static_cast<size_t>(level), ' ');
+    for (int i = 0; i < level; ++i) out += style.indent;
   };
-  const char* const comma = pretty ? "," : ", ";
+  auto separate = [&](const std::string& separator) {  // separators may be long
+    room_for(out, separator.size());
+    out += separator;
+  };
   switch (v.type) {
     case Value::kUndefined:
     case Value::kNone:
@@ -296,7 +347,7 @@ void append_json(std::string& out, const Value& v, int64_t indent, int depth) {
                                 : "-Infinity";
       return;
     case Value::kString:
-      return append_json_string(out, v.s());
+      return append_json_string(out, v.s(), style.ensure_ascii);
     case Value::kList:
       if (v.list->empty()) {
         out += "[]";
@@ -304,29 +355,38 @@ void append_json(std::string& out, const Value& v, int64_t indent, int depth) {
       }
       out += '[';
       for (size_t k = 0; k < v.list->size(); ++k) {
-        if (k) out += comma;
+        if (k) separate(style.item_separator);
         newline(depth + 1);
-        append_json(out, (*v.list)[k], indent, depth + 1);
+        append_json(out, (*v.list)[k], style, depth + 1);
       }
       newline(depth);
       out += ']';
       return;
-    case Value::kMap:
+    case Value::kMap: {
       if (v.map->items.empty()) {
         out += "{}";
         return;
       }
+      std::vector<size_t> order(v.map->items.size());
+      for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+      if (style.sort_keys) {  // Python compares str by code point: UTF-8 bytes sort the same
+        charge_steps(static_cast<int64_t>(order.size()));
+        std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+          return v.map->items[a].first < v.map->items[b].first;
+        });
+      }
       out += '{';
-      for (size_t k = 0; k < v.map->items.size(); ++k) {
-        if (k) out += comma;
+      for (size_t k = 0; k < order.size(); ++k) {
+        if (k) separate(style.item_separator);
         newline(depth + 1);
-        append_json_string(out, v.map->items[k].first);
-        out += ": ";
-        append_json(out, v.map->items[k].second, indent, depth + 1);
+        append_json_string(out, v.map->items[order[k]].first, style.ensure_ascii);
+        separate(style.key_separator);
+        append_json(out, v.map->items[order[k]].second, style, depth + 1);
       }
       newline(depth);
       out += '}';
       return;
+    }
     case Value::kFunction:
       throw std::runtime_error("tojson: a function is not JSON");
   }
@@ -360,9 +420,9 @@ std::string Value::repr() const {
   return out;
 }
 
-std::string Value::to_json(int64_t indent) const {
+std::string Value::to_json(const JsonStyle& style) const {
   std::string out;
-  append_json(out, *this, indent, 0);
+  append_json(out, *this, style, 0);
   charge_bytes(out.size());
   return out;
 }

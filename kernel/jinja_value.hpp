@@ -24,6 +24,15 @@ struct Args {
 };
 using Function = std::function<Value(const Args&)>;
 
+// json.dumps' options, as transformers' tojson filter passes them on.
+struct JsonStyle {
+  bool ensure_ascii = false;  // non-ASCII as \uXXXX escapes
+  bool pretty = false;        // indent is not None: each item on its own line
+  std::string indent;         // the text each level of nesting adds to a line
+  std::string item_separator = ", ", key_separator = ": ";
+  bool sort_keys = false;
+};
+
 struct Value {
   enum Type { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kMap, kFunction };
   Type type = kUndefined;
@@ -78,10 +87,9 @@ struct Value {
   bool is_number() const { return type == kInt || type == kFloat || type == kBool; }
   double number() const { return type == kFloat ? f : type == kInt ? static_cast<double>(i) : b; }
   // Printing and converting are bounded: kMaxValueDepth levels, kMaxTextBytes.
-  std::string str() const;   // as {{ value }} prints it (Python's str)
-  std::string repr() const;  // Python's repr, for lists and dicts
-  // json.dumps(ensure_ascii=False, indent=indent); indent < 0 is indent=None.
-  std::string to_json(int64_t indent) const;
+  std::string str() const;                            // as {{ value }} prints it (Python's str)
+  std::string repr() const;                           // Python's repr, for lists and dicts
+  std::string to_json(const JsonStyle& style) const;  // json.dumps with these options
   const char* type_name() const;
 
  private:

@@ -1,6 +1,7 @@
 #include "metrics.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,14 +14,84 @@
 
 namespace tightfit {
 
-MetricsWriter::MetricsWriter(const std::string& path, bool resumed) : path_(path) {
+namespace {
+
+constexpr size_t kMaxRowBytes = size_t{1} << 20;
+
+// The byte offset just past the last row of `fd` whose step is at most
+// `step`: rows are written in step order (a rolled-back step's row comes
+// before the steps after the checkpoint it rolled back to), so the first row
+// past it, or a line a crash cut short, ends what a resume keeps.
+off_t end_of_rows_through(int fd, int64_t step, const std::string& path) {
+  std::string line;
+  off_t offset = 0, kept = 0;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error("cannot read metrics file " + path + ": " + std::strerror(errno));
+    }
+    if (n == 0) return kept;  // a last line without its newline was cut short
+    for (ssize_t k = 0; k < n; ++k) {
+      ++offset;
+      if (buf[k] != '\n') {
+        if (line.size() >= kMaxRowBytes) return kept;  // no row of ours is this long
+        line += buf[k];
+        continue;
+      }
+      const nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!row.is_object() || !row.contains("step") || !row["step"].is_number_integer() ||
+          row["step"].get<int64_t>() > step)
+        return kept;
+      kept = offset;
+      line.clear();
+    }
+  }
+}
+
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::string& path, int64_t resumed_at_step) : path_(path) {
+  const bool resumed = resumed_at_step > 0;
+  // O_NONBLOCK: a FIFO planted there must not block the open; it is then
+  // refused, as anything but a regular file is.
   fd_ = ::open(path.c_str(),
-               O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | (resumed ? O_APPEND : O_TRUNC), 0644);
+               (resumed ? O_RDWR : O_WRONLY) | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK |
+                   (resumed ? O_APPEND : 0),
+               0644);
   if (fd_ < 0)
     throw std::runtime_error("cannot open metrics file " + path + ": " +
                              (errno == ELOOP ? std::string("it is a symbolic link, which tightfit "
                                                            "does not write through")
-                                             : std::string(std::strerror(errno))));
+                              : errno == ENXIO ? std::string("it is not a regular file")
+                                               : std::string(std::strerror(errno))));
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    fd_ = -1;
+    throw std::runtime_error("cannot open metrics file " + path +
+                             ": it is not a regular file; move it away");
+  }
+  if (!resumed) {
+    if (::ftruncate(fd_, 0) != 0) {
+      const int err = errno;
+      ::close(fd_);
+      fd_ = -1;
+      throw std::runtime_error("cannot start metrics file " + path + ": " + std::strerror(err));
+    }
+    return;
+  }
+  try {
+    if (::ftruncate(fd_, end_of_rows_through(fd_, resumed_at_step, path)) != 0)
+      throw std::runtime_error("cannot cut metrics file " + path +
+                               " back to the rows of steps 1.." + std::to_string(resumed_at_step) +
+                               ": " + std::strerror(errno));
+  } catch (...) {
+    ::close(fd_);
+    fd_ = -1;
+    throw;
+  }
 }
 
 MetricsWriter::MetricsWriter(MetricsWriter&& other) noexcept

@@ -2,6 +2,7 @@
 // keeps every completed step.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -10,10 +11,13 @@ namespace tightfit {
 class MetricsWriter {
  public:
   MetricsWriter() = default;
-  // Opens `path`: a resumed run (`resumed`) continues the file, a fresh one
-  // starts it empty (never after an earlier run's rows). A symbolic link at
-  // `path` is refused, never written through.
-  MetricsWriter(const std::string& path, bool resumed);
+  // Opens `path`: a fresh run (`resumed_at_step` 0) starts it empty (never
+  // after an earlier run's rows); a run resumed from the checkpoint of step
+  // S continues it after the rows of steps 1..S, so the rows a crashed run
+  // wrote past that checkpoint (the steps it runs again) and a line a crash
+  // cut short are dropped, as the file stood when that checkpoint was saved.
+  // A symbolic link at `path` is refused, never written through.
+  MetricsWriter(const std::string& path, int64_t resumed_at_step);
   MetricsWriter(MetricsWriter&& other) noexcept;
   MetricsWriter& operator=(MetricsWriter&& other) noexcept;
   MetricsWriter(const MetricsWriter&) = delete;

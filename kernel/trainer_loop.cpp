@@ -67,8 +67,9 @@ TrainSummary Session::train() {
   sum.total_steps = env_.run_info.total_steps;
   // Rank 0 writes the metrics (its losses are the global batch's).
   const std::string metrics_path = (fs::path(env_.run_dir) / "metrics.jsonl").string();
-  // A fresh run starts the file; a resumed one (or a second train()) continues it.
-  if (env_.is_rank0()) metrics_ = MetricsWriter(metrics_path, /*resumed=*/step_ > 0);
+  // A fresh run starts the file; a resumed one (or a second train()) continues
+  // it after the rows of the steps it has done.
+  if (env_.is_rank0()) metrics_ = MetricsWriter(metrics_path, /*resumed_at_step=*/step_);
   sum.metrics_path = metrics_path;
   auto& acct = MemoryAccounting::instance();
   acct.reset_peaks();

@@ -151,8 +151,8 @@ class ExhaustedTokenizer final : public Tokenizer {
  public:
   int64_t vocab_size() const override { return 256; }
   std::vector<int64_t> encode(const std::string&) const override { throw std::bad_alloc(); }
-  std::vector<int64_t> encode_with_offsets(
-      const std::string&, std::vector<std::pair<size_t, size_t>>&) const override {
+  std::vector<int64_t> encode_with_offsets(const std::string&,
+                                           std::vector<std::pair<size_t, size_t>>&) const override {
     throw std::bad_alloc();
   }
   std::string decode(const std::vector<int64_t>&) const override { return {}; }

@@ -23,6 +23,7 @@
 #include "data.hpp"
 #include "memory_accounting.hpp"
 #include "memory_plan.hpp"
+#include "metrics.hpp"
 #include "recipe.hpp"
 #include "safetensors.hpp"
 #include "test_support.hpp"
@@ -417,6 +418,38 @@ TEST(UsersFiles, MetricsStartFreshAndNeverFollowALink) {
   }
   std::ifstream p(precious);
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(p), {}), "do not touch");
+}
+
+// A run resumed from the checkpoint of step 3 keeps the rows of steps 1..3
+// and drops what the crashed run wrote past it (the steps it runs again,
+// a line cut short), so no step has two rows; a FIFO planted as the file is
+// refused at once, never waited on.
+TEST(UsersFiles, AResumedRunsMetricsContinueAfterItsCheckpointsStep) {
+  test::TempDir d;
+  std::string rows;
+  for (int step = 1; step <= 5; ++step)
+    rows += "{\"step\": " + std::to_string(step) + ", \"loss\": 9.0}\n";
+  const std::string path = test::write_file(d, "metrics.jsonl", rows + "{\"step\": 6, \"lo");
+  {
+    MetricsWriter w(path, /*resumed_at_step=*/3);
+    EXPECT_TRUE(w.write({{"step", 4}, {"loss", 1.0}}));
+  }
+  std::ifstream in(path);
+  std::vector<int64_t> steps;
+  for (std::string line; std::getline(in, line);)
+    steps.push_back(nlohmann::json::parse(line)["step"].get<int64_t>());
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4}));
+
+  const std::string fifo = d.str() + "/fifo.jsonl";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  for (const int64_t at : {0, 3}) {
+    try {
+      MetricsWriter w(fifo, at);
+      ADD_FAILURE() << "opened a FIFO as metrics.jsonl";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("not a regular file"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

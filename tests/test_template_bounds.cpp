@@ -169,6 +169,43 @@ TEST(TemplateBounds, IntegersAreSixtyFourBitsWithPythonsAnswersOrAnError) {
   expect_refused("{{ range(" + min + ", 9223372036854775807) | length }}", "range of more than");
 }
 
+// Python's str is code points: a template that indexes, slices, loops over,
+// reverses or searches non-ASCII text gets Jinja's answer (Python's jinja2
+// printed these), not pieces of UTF-8 bytes.
+TEST(TemplateBounds, StringsAreCodePointsAsInPython) {
+  EXPECT_EQ(
+      render("{{ '日本語'[1] }}|{{ '日本語'[::-1] }}|{{ '日本語'[-1] }}|"
+             "{% for c in 'é!' %}[{{ c }}]{% endfor %}|{{ 'aé'|list }}|{{ 'aé🙂'|reverse }}|"
+             "{{ '日本語'.find('語') }}|{{ 'añb'[1:] }}|{{ 'añb'|length }}|"
+             "{{ 'añb'[5] is defined }}"),
+      "本|語本日|語|[é][!]|['a', 'é']|🙂éa|2|ñb|3|False");
+}
+
+// tojson takes transformers' arguments (ensure_ascii, indent, separators,
+// sort_keys) and gives json.dumps' text for each (transformers printed these);
+// an argument it does not take is an error, never ignored.
+TEST(TemplateBounds, TojsonTakesTransformersArguments) {
+  EXPECT_EQ(
+      render("{{ {'b': 'é🙂', 'a': [1, 2]}|tojson(sort_keys=true) }}|"
+             "{{ {'b': 'é', 'a': [1, 2]}|tojson(true) }}|{{ '🙂'|tojson(true) }}|"
+             "{{ [1, {'k': 2}]|tojson(indent=2) }}|{{ [1, {'k': 2}]|tojson(indent='\\t') }}|"
+             "{{ [1, {'k': 2}]|tojson(separators=(',', ':')) }}|{{ [1, 2]|tojson(indent=-1) }}|"
+             "{{ 'x'|tojson(false, none, none, true) }}"),
+      "{\"a\": [1, 2], \"b\": \"é🙂\"}|{\"b\": \"\\u00e9\", \"a\": [1, 2]}|"
+      "\"\\ud83d\\ude42\"|[\n  1,\n  {\n    \"k\": 2\n  }\n]|[\n\t1,\n\t{\n\t\t\"k\": 2\n\t}\n]|"
+      "[1,{\"k\":2}]|[\n1,\n2\n]|\"x\"");
+  expect_refused("{{ 1|tojson(sortkeys=true) }}", "unexpected keyword argument 'sortkeys'");
+  expect_refused("{{ [1]|tojson(separators=(',',)) }}", "separators must be two strings");
+  expect_refused("{{ [1, 2, 3]|tojson(separators=('x' * 40000000, ':')) }}", "more than 64 MiB");
+}
+
+// A sign binds tighter than a filter or a test, as in Jinja: -3|abs is 3.
+TEST(TemplateBounds, FiltersApplyToTheSignedValueAsInJinja) {
+  EXPECT_EQ(render("{{ -3|abs }} {{ -{'y': -4}.y|abs }} {{ -2 is odd }} {{ - 3|string + 'a' }} "
+                   "{{ not 0|abs }} {{ -[3, 1][0]|abs }}"),
+            "3 4 False -3a True 3");
+}
+
 TEST(TemplateBounds, SearchingIsLinear) {
   // A needle that almost matches everywhere: quadratic with a naive search.
   const std::string hay = "{% set hay = 'a' * 8000000 %}{% set needle = 'a' * 2000000 ~ 'b' %}";
