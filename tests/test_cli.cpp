@@ -1,8 +1,10 @@
 // The tightfit command: run, export, generate, plugins — exit codes and output.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "file_util.hpp"
 #include "test_support.hpp"
@@ -358,6 +360,29 @@ TEST_F(CliTest, UnknownCommandIsAUsageError) {
   std::string out;
   EXPECT_EQ(test::run_tightfit("frobnicate", &out), 2) << out;
   EXPECT_NE(out.find("usage: tightfit"), std::string::npos) << out;
+}
+
+// One table gives the usage text and the dispatch: every command the usage
+// lists is one `tightfit` runs, whose --help answers with its own options.
+TEST_F(CliTest, EveryCommandTheUsageListsAnswersItsHelp) {
+  std::string usage;
+  ASSERT_EQ(test::run_tightfit("--help", &usage), 0) << usage;
+  std::vector<std::string> listed;
+  std::istringstream lines(usage.substr(usage.find("commands:")));
+  for (std::string line; std::getline(lines, line);)
+    if (line.size() > 2 && line.rfind("  ", 0) == 0 && line[2] != ' ') {
+      const std::string name = line.substr(2, line.find(' ', 2) - 2);
+      if (std::find(listed.begin(), listed.end(), name) == listed.end()) listed.push_back(name);
+    }
+  EXPECT_EQ(listed, (std::vector<std::string>{"run", "generate", "export", "ab", "plan", "fit",
+                                              "plugins"}));
+  for (const std::string& name : listed) {
+    std::string out;
+    const std::string args = name == "plugins" ? "plugins --help" : name + " --help";
+    EXPECT_EQ(test::run_tightfit(args, &out), 0) << name << ": " << out;
+    EXPECT_NE(out.find("tightfit " + name), std::string::npos) << name << ": " << out;
+    EXPECT_EQ(out.find("unknown command"), std::string::npos) << name << ": " << out;
+  }
 }
 
 }  // namespace

@@ -57,6 +57,9 @@ int report_current_error() {
   } catch (const PluginCallError& e) {
     write_stderr_line(std::string("tightfit: ") + e.what());
     return kPluginError;
+  } catch (const c10::Error& e) {  // LibTorch's message, without its C++ backtrace
+    write_stderr_line(std::string("tightfit: ") + e.what_without_backtrace());
+    return kFailure;
   } catch (const std::exception& e) {
     write_stderr_line(std::string("tightfit: ") + e.what());
     return kFailure;

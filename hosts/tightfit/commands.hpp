@@ -41,6 +41,9 @@ void write_stderr_line(const std::string& line);
 // plugin errors kPluginError, anything else kFailure).
 int report_current_error();
 
+// A subcommand: its arguments after the command's name, its exit code.
+using CommandFn = int (*)(const std::vector<std::string>& args);
+
 int run_command(const std::vector<std::string>& args);
 int plugins_command(const std::vector<std::string>& args);
 int generate_command(const std::vector<std::string>& args);

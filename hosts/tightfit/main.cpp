@@ -1,8 +1,10 @@
 // tightfit: train language models that do not fit. Subcommands in the style
-// of torchtune's `tune`: run, plugins.
+// of torchtune's `tune`, from one table that gives the usage text and the
+// dispatch.
 #include <csignal>
 #include <iostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "commands.hpp"
@@ -10,25 +12,65 @@
 
 namespace {
 
+using tightfit::host::CommandFn;
+
+struct Command {
+  const char* name;
+  CommandFn run;
+  // The usage lines: each a form of the command line and what it does (a
+  // '\n' in it continues under the description column).
+  std::vector<std::pair<const char*, const char*>> forms;
+};
+
+const std::vector<Command>& commands() {
+  using namespace tightfit::host;
+  static const std::vector<Command> table = {
+      {"run",
+       run_command,
+       {{"run [recipe.toml] [--set k=v]...",
+         "train as the recipe says (default: configs/default.toml)"}}},
+      {"generate",
+       generate_command,
+       {{"generate RECIPE|MODEL_DIR -p TEXT",
+         "sample from a run's latest checkpoint or a Hugging Face model"}}},
+      {"export",
+       export_command,
+       {{"export RECIPE --out DIR",
+         "write a run's latest checkpoint as a Hugging Face model folder\n"
+         "(--adapter: only the adapters, as PEFT writes them; --out F.gguf: GGUF)"}}},
+      {"ab",
+       ab_command,
+       {{"ab A.toml B.toml [--seeds N]", "compare recipes on the same seeds, data and steps"},
+        {"ab BASE.toml --vary KEY=V1,V2", "... or one recipe with a key varied"}}},
+      {"plan",
+       plan_command,
+       {{"plan RECIPE [--budget 8GiB]",
+         "predicted peak memory by category and tier, before running"}}},
+      {"fit",
+       fit_command,
+       {{"fit RECIPE --budget 8GiB",
+         "the fastest stack of strategies that fits, written as a "
+         "recipe"}}},
+      {"plugins",
+       plugins_command,
+       {{"plugins list", "installed plugins: kind, versions, origin, path"},
+        {"plugins info NAME", "a plugin's recipe keys with types, defaults, docs"}}},
+  };
+  return table;
+}
+
 void usage(std::ostream& os) {
-  os << "usage: tightfit <command> [options]\n\n"
-        "commands:\n"
-        "  run [recipe.toml] [--set k=v]...   train as the recipe says (default: "
-        "configs/default.toml)\n"
-        "  generate RECIPE|MODEL_DIR -p TEXT  sample from a run's latest checkpoint or a Hugging "
-        "Face model\n"
-        "  export RECIPE --out DIR            write a run's latest checkpoint as a Hugging Face "
-        "model folder\n"
-        "                                     (--adapter: only the adapters, as PEFT writes them)\n"
-        "  ab A.toml B.toml [--seeds N]       compare recipes on the same seeds, data and steps\n"
-        "  ab BASE.toml --vary KEY=V1,V2      ... or one recipe with a key varied\n"
-        "  plan RECIPE [--budget 8GiB]        predicted peak memory by category and tier, before "
-        "running\n"
-        "  fit RECIPE --budget 8GiB           the fastest stack of strategies that fits, written "
-        "as a recipe\n"
-        "  plugins list                       installed plugins: kind, versions, origin, path\n"
-        "  plugins info NAME                  a plugin's recipe keys with types, defaults, docs\n\n"
-        "`tightfit <command> --help` shows a command's options.\n";
+  constexpr size_t kColumn = 35;  // where the descriptions start, after "  "
+  os << "usage: tightfit <command> [options]\n\ncommands:\n";
+  for (const Command& c : commands())
+    for (const auto& [form, what] : c.forms) {
+      std::string line = std::string("  ") + form;
+      line.append(line.size() < kColumn + 2 ? kColumn + 2 - line.size() : 1, ' ');
+      for (const char* p = what; *p; ++p)
+        line += *p == '\n' ? "\n" + std::string(kColumn + 2, ' ') : std::string(1, *p);
+      os << line << "\n";
+    }
+  os << "\n`tightfit <command> --help` shows a command's options.\n";
 }
 
 }  // namespace
@@ -46,13 +88,8 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = args[0];
   args.erase(args.begin());
-  if (cmd == "run") return tightfit::host::run_command(args);
-  if (cmd == "plugins") return tightfit::host::plugins_command(args);
-  if (cmd == "generate") return tightfit::host::generate_command(args);
-  if (cmd == "export") return tightfit::host::export_command(args);
-  if (cmd == "ab") return tightfit::host::ab_command(args);
-  if (cmd == "plan") return tightfit::host::plan_command(args);
-  if (cmd == "fit") return tightfit::host::fit_command(args);
+  for (const Command& c : commands())
+    if (cmd == c.name) return c.run(args);
   std::cerr << "tightfit: unknown command \"" << cmd << "\"\n\n";
   usage(std::cerr);
   return tightfit::host::kUsage;
