@@ -26,6 +26,7 @@ plugin = "llama"
 preset = "{shape}"
 [data]
 corpus = "builtin:fortunes"
+tokenizer = "byte"  # no weights: the byte tokenizer, said (no "auto" to resolve)
 seq_len = 512
 batch_size = 8
 [optimizer]

@@ -31,6 +31,7 @@ n_kv_head = 2
 intermediate_size = 688
 max_positions = 2048
 [data]
+tokenizer = "byte"  # no weights: the byte tokenizer, said (no "auto" to resolve)
 seq_len = {seq_len}
 """
 

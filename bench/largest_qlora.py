@@ -42,6 +42,7 @@ preset = "{shape}"
 dtype = "{dtype}"
 [data]
 corpus = "builtin:fortunes"
+tokenizer = "byte"  # no weights: the byte tokenizer, said (no "auto" to resolve)
 seq_len = 256
 batch_size = 1
 [optimizer]
