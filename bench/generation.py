@@ -1,6 +1,6 @@
 """Key/value-cache decoding against recomputing the context, side by side in
-one run: `tightfit generate` on a LLaMA-shaped model (random weights, byte
-tokens) continues a 1,024-token prompt by 256 tokens, greedy, once with the
+one run: `tightfit generate` on a LLaMA-shaped model (trained one step from
+random weights, byte tokens) continues a 1,024-token prompt by 256 tokens, greedy, once with the
 model's cache and once with --no-cache (every new token recomputes the whole
 context, as generation did before the cache). The two must give the same
 text; the pass mark is the speed-up.
@@ -19,6 +19,8 @@ from tightfit_runs import TIGHTFIT, finish, report_marks  # noqa: E402
 
 RECIPE = """[run]
 name = "generation-bench"
+steps = 1
+eval_interval = 0
 sample_tokens = 0
 out_dir = "{out}"
 [model]
@@ -33,6 +35,7 @@ max_positions = 2048
 [data]
 tokenizer = "byte"  # no weights: the byte tokenizer, said (no "auto" to resolve)
 seq_len = {seq_len}
+batch_size = 1
 """
 
 
@@ -56,6 +59,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         recipe = pathlib.Path(d) / "recipe.toml"
         recipe.write_text(RECIPE.format(out=d, seq_len=args.prompt_tokens + args.new_tokens))
+        # One training step first: `generate RECIPE` samples the run's checkpoint and refuses a
+        # recipe that has none (never freshly initialized weights in a trained model's place).
+        subprocess.run([str(TIGHTFIT), "run", str(recipe), "-q"], check=True, capture_output=True)
         print(f"LLaMA 4 x 256 (GQA 4:2), prompt {args.prompt_tokens} tokens, {args.new_tokens} new, greedy")
         cached_s, cached = generate(recipe, prompt, args.new_tokens, True)
         print(f"{'key/value cache':24}{cached_s:8.2f} s", flush=True)
