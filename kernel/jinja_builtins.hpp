@@ -30,6 +30,11 @@ class TextSearch {
   std::vector<size_t> border_;  // border_[k]: the longest proper border of needle[0..k]
 };
 
+// A call's argument: positional `k`, else the keyword `name`, else `fallback`.
+Value arg(const Args& a, size_t k, const char* name, const Value& fallback);
+// v's text, charged to the budget as read; throws naming `what` when v is no string.
+const std::string& need_string(const Value& v, const char* what);
+
 // Python's str.split, str.strip and friends.
 std::string strip_chars(const std::string& s, const std::string* chars, bool left, bool right);
 

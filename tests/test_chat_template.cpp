@@ -20,6 +20,13 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
+// Writes the peer's tokenizer, templates, cases and expected renderings into `dir`.
+bool run_peer(const test::TempDir& dir) {
+  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
+                          TIGHTFIT_SOURCE_DIR + "/tests/peers/chat_template_parity.py " + dir.str();
+  return std::system(cmd.c_str()) == 0;
+}
+
 ojson read_json(const std::string& path) {
   std::ifstream in(path);
   return ojson::parse(in);
@@ -27,9 +34,7 @@ ojson read_json(const std::string& path) {
 
 TEST(ChatTemplate, MatchesTransformersOnTheFamiliesTemplates) {
   test::TempDir dir;
-  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                          TIGHTFIT_SOURCE_DIR + "/tests/peers/chat_template_parity.py " + dir.str();
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << "the Python peer failed";
+  ASSERT_TRUE(run_peer(dir)) << "the Python peer failed";
   const ojson templates = read_json(dir.str() + "/templates.json");
   const ojson cases = read_json(dir.str() + "/cases.json");
   const ojson expected = read_json(dir.str() + "/expected.json");
@@ -116,9 +121,7 @@ TEST(ChatTemplate, MatchesTransformersOnTheFamiliesTemplates) {
 // tokens, or refuse where the definition does.
 TEST(ChatTemplate, TurnsFromOneRenderingMatchRenderingEveryPrefix) {
   test::TempDir dir;
-  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                          TIGHTFIT_SOURCE_DIR + "/tests/peers/chat_template_parity.py " + dir.str();
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << "the Python peer failed";
+  ASSERT_TRUE(run_peer(dir)) << "the Python peer failed";
   const ojson turns = read_json(dir.str() + "/turns.json");
   auto tok = BpeTokenizer::load(dir.str());
   int equal = 0, refused = 0;
