@@ -4,6 +4,7 @@
 // checkpoint is built in a temporary folder, fsynced, renamed into place, and
 // only then added to the manifest (itself replaced by rename).
 #include <ATen/core/Generator.h>
+#include <c10/util/accumulate.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -115,62 +116,73 @@ std::string Session::write_checkpoint(int64_t step) {
   }
   if (env_.pg) env_.pg->barrier();
 
-  std::map<std::string, at::Tensor> state;
-  auto save_plugin = [&](PluginInstance& inst, const std::string& prefix, auto save_fn) {
+  // Plugin state goes to its file as each plugin puts it (state larger than
+  // memory, an optimizer's disk tier, streams through); so do the weights.
+  auto save_plugin = [&](SafetensorsWriter& state, PluginInstance& inst, const std::string& prefix,
+                         auto save_fn) {
     if (!save_fn) return;
     inst.ctx->state_out = &state;
     inst.ctx->state_prefix = prefix;
-    const NullOnExit<std::map<std::string, at::Tensor>> done{inst.ctx->state_out};
+    const NullOnExit<SafetensorsWriter> done{inst.ctx->state_out};
     const tf_status st =
         plugin_call(inst, "save_state", [&] { return save_fn(inst.state, inst.ctx.get()); });
     check_plugin_status(st, inst, "save_state");
   };
-  auto save_plugins = [&] {
+  auto save_plugins = [&](SafetensorsWriter& state) {
     for (size_t i = 0; i < plugins_.strategies.size(); ++i)
-      save_plugin(plugins_.strategies[i],
+      save_plugin(state, plugins_.strategies[i],
                   "strategy." + std::to_string(i) + "." + plugins_.strategies[i].plugin->name + ".",
                   plugins_.strategies[i].plugin->strategy()->save_state);
-    save_plugin(plugins_.schedule, "schedule." + plugins_.schedule.plugin->name + ".",
+    save_plugin(state, plugins_.schedule, "schedule." + plugins_.schedule.plugin->name + ".",
                 plugins_.schedule.plugin->schedule()->save_state);
   };
   if (rank != 0) {
-    save_plugins();
-    write_safetensors((tmp / ("state.rank-" + std::to_string(rank) + ".safetensors")).string(),
-                      state);
+    SafetensorsWriter state(
+        (tmp / ("state.rank-" + std::to_string(rank) + ".safetensors")).string());
+    save_plugins(state);
+    state.finish();
     env_.pg->barrier();  // this rank's file is complete
     env_.pg->barrier();  // rank 0 moved the folder into place and listed it in the manifest
     return (dir / name).string();
   }
 
-  std::map<std::string, at::Tensor> model;
-  // Trained parameters kept in another tier are saved from it; frozen ones
-  // there are saved as their placeholders (they are recreated from the
-  // recipe's init or weights).
-  // Parameters split across ranks are saved by the strategy that split them,
-  // part by part; here they are placeholders.
-  for (Param& p : store_.all()) {
-    if (p.residency == TF_TIER_SHARDED)
-      model[p.name] = at::empty({0}, at::TensorOptions().dtype(p.value.scalar_type()));
-    else if (p.trainable && p.residency != TF_TIER_DEVICE)
-      executor_.with_resident(p, [&] { model[p.name] = p.value.detach().clone(); });
-    else
-      model[p.name] = p.value;
+  {
+    // Trained parameters kept in another tier are saved from it, one at a
+    // time; frozen ones there are saved as their placeholders (they are
+    // recreated from the recipe's init or weights). Parameters split across
+    // ranks are saved by the strategy that split them, part by part; here
+    // they are placeholders.
+    uint64_t header_space = 4096;
+    for (const Param& p : store_.all()) header_space += p.name.size() + 96 + 24 * p.shape.size();
+    SafetensorsWriter model((tmp / "model.safetensors").string(),
+                            {{"format", "tightfit"}, {"model_plugin", plugins_.model.plugin->name}},
+                            header_space);
+    for (Param& p : store_.all()) {
+      if (p.residency == TF_TIER_SHARDED)
+        model.put(p.name, at::empty({0}, at::TensorOptions().dtype(p.value.scalar_type())));
+      else if (p.trainable && p.residency != TF_TIER_DEVICE)
+        executor_.with_resident(p, [&] { model.put(p.name, p.value); });
+      else
+        model.put(p.name, p.value);
+    }
+    model.finish();
   }
-  write_safetensors((tmp / "model.safetensors").string(), model,
-                    {{"format", "tightfit"}, {"model_plugin", plugins_.model.plugin->name}});
 
   write_safetensors((tmp / "optimizer.safetensors").string(), update_.optimizer().state(),
                     {{"optimizer", update_.optimizer().config().name}});
 
-  // The generators dropout draws from: the CPU's, and the run's CUDA
-  // device's when it trains there.
-  for (const auto& [key, dev] : rng_devices()) {
-    at::Generator gen = at::globalContext().defaultGenerator(dev);
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    state[key] = gen.get_state();
+  {
+    SafetensorsWriter state((tmp / "state.safetensors").string());
+    // The generators dropout draws from: the CPU's, and the run's CUDA
+    // device's when it trains there.
+    for (const auto& [key, dev] : rng_devices()) {
+      at::Generator gen = at::globalContext().defaultGenerator(dev);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      state.put(key, gen.get_state());
+    }
+    save_plugins(state);
+    state.finish();
   }
-  save_plugins();
-  write_safetensors((tmp / "state.safetensors").string(), state);
   if (env_.pg) env_.pg->barrier();  // the other ranks' state files are complete
 
   nlohmann::json trainer = {{"format", kCheckpointFormatVersion},
@@ -272,19 +284,23 @@ bool Session::load_latest_checkpoint() {
     try {
       const TrainerRecord trainer = parse_trainer_record(
           read_file_text((cp / "trainer.json").string()), (cp / "trainer.json").string());
-      // Read and validate everything before changing any state.
-      SafetensorsFile model = read_safetensors((cp / "model.safetensors").string());
+      // Validate everything before changing any state. The weights and the
+      // plugins' state are read a tensor at a time (a model or optimizer tier
+      // larger than memory), the weights twice: once to check, once to load.
+      const std::string model_path = (cp / "model.safetensors").string();
+      const SafetensorsReader model(model_path);
       // Read in its own category: on the CPU the loaded tensors are the state.
       SafetensorsFile opt = [&] {
         CategoryScope scope(TF_MEM_OPTIMIZER);
         return read_safetensors((cp / "optimizer.safetensors").string());
       }();
-      SafetensorsFile state = read_safetensors((cp / "state.safetensors").string());
+      SafetensorsSet state;
+      state.add((cp / "state.safetensors").string());
       validate_optimizer_state(opt.tensors, store_, update_.optimizer().slot_names(),
                                (cp / "optimizer.safetensors").string());
-      if (const std::string bad = first_non_finite(model.tensors); !bad.empty())
-        throw std::runtime_error((cp / "model.safetensors").string() + ": \"" + bad +
-                                 "\" holds a NaN or an infinity");
+      for (const std::string& name : model.names())
+        if (const std::string bad = first_non_finite({{name, model.read(name)}}); !bad.empty())
+          throw std::runtime_error(model_path + ": \"" + bad + "\" holds a NaN or an infinity");
       // Sharded plugin state from every rank of the run that saved it (any
       // number of ranks may load it: plugins re-slice by the saved world size).
       for (int64_t r = 1; r < trainer.world_size; ++r) {
@@ -293,7 +309,7 @@ bool Session::load_latest_checkpoint() {
           throw std::runtime_error(f.string() + " is missing: the checkpoint was saved by " +
                                    std::to_string(trainer.world_size) +
                                    " ranks and needs every rank's state file");
-        for (auto& [k, t] : read_safetensors(f.string()).tensors) state.tensors.emplace(k, t);
+        state.add(f.string());
       }
       // Frozen parameters kept in a host or disk tier are recreated from the
       // recipe's init or weights, not loaded (the checkpoint may hold their
@@ -303,21 +319,22 @@ bool Session::load_latest_checkpoint() {
         return !p.trainable && (p.residency == TF_TIER_HOST || p.residency == TF_TIER_DISK);
       };
       for (const Param& p : store_.all()) {
-        auto m = model.tensors.find(p.name);
-        if (m == model.tensors.end())
+        if (!model.contains(p.name))
           throw std::runtime_error("model.safetensors has no parameter \"" + p.name +
                                    "\" (was it saved from another model or preset?)");
+        const at::IntArrayRef saved(model.shape(p.name));
         if (frozen_away(p)) {
-          if (m->second.numel() > 0 && m->second.numel() != p.numel())
-            throw std::runtime_error(
-                "parameter \"" + p.name + "\" has " + std::to_string(m->second.numel()) +
-                " values in the checkpoint but " + std::to_string(p.numel()) + " in this recipe");
+          const int64_t n = c10::multiply_integers(saved);
+          if (n > 0 && n != p.numel())
+            throw std::runtime_error("parameter \"" + p.name + "\" has " + std::to_string(n) +
+                                     " values in the checkpoint but " + std::to_string(p.numel()) +
+                                     " in this recipe");
           continue;
         }
-        if (p.residency != TF_TIER_SHARDED && m->second.sizes() != p.value.sizes())
-          throw std::runtime_error("parameter \"" + p.name + "\" has shape " +
-                                   c10::str(m->second.sizes()) + " in the checkpoint but " +
-                                   c10::str(p.value.sizes()) + " in this recipe");
+        if (p.residency != TF_TIER_SHARDED && saved != p.value.sizes())
+          throw std::runtime_error("parameter \"" + p.name + "\" has shape " + c10::str(saved) +
+                                   " in the checkpoint but " + c10::str(p.value.sizes()) +
+                                   " in this recipe");
       }
       {
         at::NoGradGuard no_grad;
@@ -325,9 +342,9 @@ bool Session::load_latest_checkpoint() {
           if (p.residency == TF_TIER_SHARDED) continue;  // its strategy's load_state
           if (frozen_away(p)) continue;
           if (p.trainable && p.residency != TF_TIER_DEVICE)
-            executor_.with_resident(p, [&] { p.value.copy_(model.tensors.at(p.name)); });
+            executor_.with_resident(p, [&] { p.value.copy_(model.read(p.name)); });
           else
-            p.value.copy_(model.tensors.at(p.name));
+            p.value.copy_(model.read(p.name));
         }
         CategoryScope scope(TF_MEM_OPTIMIZER);
         update_.optimizer().state().clear();
@@ -337,16 +354,16 @@ bool Session::load_latest_checkpoint() {
       update_.optimizer().set_lr(trainer.lr);
       if (data_.has_batches()) data_.batcher().set_position(trainer.data_position);
       for (const auto& [key, dev] : rng_devices())
-        if (auto r = state.tensors.find(key); r != state.tensors.end()) {
+        if (state.contains(key)) {
           at::Generator gen = at::globalContext().defaultGenerator(dev);
           std::lock_guard<std::mutex> lock(gen.mutex());
-          gen.set_state(r->second);
+          gen.set_state(state.read(key));
         }
       auto load_plugin = [&](PluginInstance& inst, const std::string& prefix, auto load_fn) {
         if (!load_fn) return;
-        inst.ctx->state_in = &state.tensors;
+        inst.ctx->state_in = &state;
         inst.ctx->state_prefix = prefix;
-        const NullOnExit<const std::map<std::string, at::Tensor>> done{inst.ctx->state_in};
+        const NullOnExit<const SafetensorsSet> done{inst.ctx->state_in};
         const tf_status st =
             plugin_call(inst, "load_state", [&] { return load_fn(inst.state, inst.ctx.get()); });
         check_plugin_status(st, inst, "load_state");

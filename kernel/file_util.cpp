@@ -79,6 +79,17 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
   }
 }
 
+void write_at(int fd, const void* data, uint64_t n, uint64_t offset, const std::string& path) {
+  const char* c = static_cast<const char*>(data);
+  while (n > 0) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, uint64_t{1} << 30));
+    const ssize_t w = ::pwrite(fd, c, chunk, static_cast<off_t>(offset));
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
+    c += w, n -= static_cast<uint64_t>(w), offset += static_cast<uint64_t>(w);
+  }
+}
+
 void create_empty_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) throw std::runtime_error("cannot create " + path + ": " + std::strerror(errno));

@@ -57,4 +57,8 @@ void create_empty_file(const std::string& path);
 // Writes all of [data, data + n) to `fd`; throws std::runtime_error naming `path`.
 void write_all(int fd, const void* data, size_t n, const std::string& path);
 
+// Writes all of [data, data + n) at `offset` (pwrite, EINTR retried); throws
+// std::runtime_error naming `path`.
+void write_at(int fd, const void* data, uint64_t n, uint64_t offset, const std::string& path);
+
 }  // namespace tightfit

@@ -157,31 +157,40 @@ static std::string state_key(tf_host_context* ctx, const char* key) {
   return ctx->state_prefix + key;
 }
 // A plugin's state in the checkpoint being loaded.
-static const at::Tensor& saved_state(tf_host_context* ctx, const char* key, const char* service) {
+// Read from its file now: a tensor of its own, nothing kept.
+static at::Tensor saved_state(tf_host_context* ctx, const char* key, const char* service) {
   if (!ctx->state_in) throw WrongPhase(std::string(service) + " is only allowed inside load_state");
-  auto it = ctx->state_in->find(state_key(ctx, key));
-  if (it == ctx->state_in->end())
+  const std::string full = state_key(ctx, key);
+  if (!ctx->state_in->contains(full))
     throw std::out_of_range(std::string("checkpoint has no state \"") + key + "\"");
-  return it->second;
+  return ctx->state_in->read(full);
+}
+// Written to the checkpoint's file now, so state larger than memory (an
+// optimizer's disk tier) streams through.
+static void put_state(tf_host_context* ctx, const char* key, const at::Tensor& t,
+                      const char* service) {
+  if (!ctx->state_out)
+    throw WrongPhase(std::string(service) + " is only allowed inside save_state");
+  const std::string full = state_key(ctx, key);
+  if (ctx->state_out->contains(full))
+    throw std::invalid_argument(std::string("state \"") + key + "\" was already saved");
+  ctx->state_out->put(full, t);
 }
 tf_status h_state_put_tensor(tf_host_context* ctx, const char* key, tf_tensor value) {
   return serve(ctx, [&] {
     require(value, "value");
-    if (!ctx->state_out) throw WrongPhase("state_put_tensor is only allowed inside save_state");
-    (*ctx->state_out)[state_key(ctx, key)] = handle_tensor(value).detach().to(at::kCPU).clone();
+    put_state(ctx, key, handle_tensor(value), "state_put_tensor");
   });
 }
 tf_status h_state_get_tensor(tf_host_context* ctx, const char* key, tf_tensor* out) {
   return serve(ctx, [&] {
     require(out, "out");
-    *out = give_handle(saved_state(ctx, key, "state_get_tensor").clone());
+    *out = give_handle(saved_state(ctx, key, "state_get_tensor"));
   });
 }
 tf_status h_state_put_double(tf_host_context* ctx, const char* key, double value) {
-  return serve(ctx, [&] {
-    if (!ctx->state_out) throw WrongPhase("state_put_double is only allowed inside save_state");
-    (*ctx->state_out)[state_key(ctx, key)] = at::full({1}, value, at::kDouble);
-  });
+  return serve(ctx,
+               [&] { put_state(ctx, key, at::full({1}, value, at::kDouble), "state_put_double"); });
 }
 tf_status h_state_get_double(tf_host_context* ctx, const char* key, double* out) {
   return serve(ctx, [&] {

@@ -20,7 +20,9 @@
 
 namespace tightfit {
 struct KernelParts;
-}
+class SafetensorsWriter;
+class SafetensorsSet;
+}  // namespace tightfit
 
 // The per-plugin-instance context behind the ABI's opaque tf_host_context.
 struct tf_host_context {
@@ -38,9 +40,10 @@ struct tf_host_context {
   // A budget refusal a host service reported to this plugin and not yet
   // checked: the run stops out of budget whatever status the plugin returns.
   std::string budget_refusal;
-  // Checkpoint state I/O, set only inside save_state / load_state.
-  std::map<std::string, at::Tensor>* state_out = nullptr;
-  const std::map<std::string, at::Tensor>* state_in = nullptr;
+  // Checkpoint state I/O, set only inside save_state / load_state: each
+  // tensor is written to (read from) its file as the plugin puts (gets) it.
+  tightfit::SafetensorsWriter* state_out = nullptr;
+  const tightfit::SafetensorsSet* state_in = nullptr;
   std::string state_prefix;
   // The last tensor file this plugin read with tensors_load.
   std::string loaded_path;

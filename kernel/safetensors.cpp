@@ -1,6 +1,12 @@
 #include "safetensors.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -32,36 +38,126 @@ constexpr uint64_t kMaxHeader = 100ull << 20;  // the reference implementation's
 
 }  // namespace
 
+namespace {
+// Data moves in pieces of this size; and a file whose data is at most
+// kCompactBytes keeps no more header padding than kSlackBytes.
+constexpr uint64_t kMoveChunk = 8ull << 20;
+constexpr uint64_t kCompactBytes = 64ull << 20;
+constexpr uint64_t kSlackBytes = 4096;
+uint64_t round8(uint64_t n) {
+  return (n + 7) / 8 * 8;
+}
+}  // namespace
+
+SafetensorsWriter::SafetensorsWriter(std::string path, std::map<std::string, std::string> metadata,
+                                     uint64_t header_space)
+    : path_(std::move(path)), metadata_(std::move(metadata)) {
+  static std::atomic<uint64_t> counter{0};
+  tmp_ = path_ + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
+  fd_ = ::open(tmp_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw SafetensorsError("cannot create " + tmp_ + ": " + std::strerror(errno) +
+                           (errno == EEXIST ? " (something is in the way: remove it)" : ""));
+  data_start_ = round8(std::max<uint64_t>(header_space, 16));
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  ::unlink(tmp_.c_str());
+}
+
+void SafetensorsWriter::put(const std::string& name, const at::Tensor& t0) {
+  if (fd_ < 0) throw SafetensorsError(path_ + ": written after it was finished");
+  if (name == "__metadata__" || entries_.count(name))
+    throw SafetensorsError(path_ + ": tensor \"" + name + "\" given twice");
+  const at::Tensor t = t0.detach().to(at::kCPU).contiguous();
+  const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+  dtype_name(t.scalar_type());  // refuses a dtype the format lacks before writing
+  try {
+    write_at(fd_, t.data_ptr(), bytes, data_start_ + data_bytes_, path_);
+  } catch (const std::runtime_error& e) {
+    throw SafetensorsError(e.what());
+  }
+  entries_.emplace(name, Entry{t.scalar_type(), t.sizes().vec(), data_bytes_, data_bytes_ + bytes});
+  data_bytes_ += bytes;
+}
+
+std::string SafetensorsWriter::header_text() const {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  for (const auto& [name, e] : entries_)
+    header[name] = {
+        {"dtype", dtype_name(e.type)}, {"shape", e.shape}, {"data_offsets", {e.begin, e.end}}};
+  return header.dump();
+}
+
+// Moves the data section to start at `to`: from the end backwards when it
+// moves up, from the start when it moves down, so no byte is overwritten
+// before it is read.
+void SafetensorsWriter::move_data(uint64_t to) {
+  std::vector<char> buf(
+      static_cast<size_t>(std::min(kMoveChunk, std::max<uint64_t>(data_bytes_, 1))));
+  const uint64_t from = data_start_;
+  for (uint64_t done = 0; done < data_bytes_;) {
+    const uint64_t n = std::min<uint64_t>(buf.size(), data_bytes_ - done);
+    const uint64_t at = to > from ? data_bytes_ - done - n : done;
+    if (!read_at(fd_, buf.data(), n, from + at))
+      throw SafetensorsError(tmp_ + ": short read while moving its data (the file changed?)");
+    write_at(fd_, buf.data(), n, to + at, path_);
+    done += n;
+  }
+  data_start_ = to;
+}
+
+void SafetensorsWriter::finish() {
+  if (fd_ < 0) throw SafetensorsError(path_ + ": finished twice");
+  try {
+    std::string h = header_text();
+    const uint64_t need = round8(8 + h.size());
+    if (need > data_start_ || (data_bytes_ <= kCompactBytes && data_start_ - need > kSlackBytes)) {
+      move_data(need);
+      if (::ftruncate(fd_, static_cast<off_t>(data_start_ + data_bytes_)) != 0)
+        throw std::runtime_error("cannot truncate " + tmp_ + ": " + std::strerror(errno));
+    }
+    h.append(data_start_ - 8 - h.size(), ' ');  // the format's padding: data stays 8-aligned
+    unsigned char le[8];
+    const uint64_t len = h.size();
+    for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(len >> (8 * i));
+    write_at(fd_, le, 8, 0, path_);
+    write_at(fd_, h.data(), h.size(), 8, path_);
+    if (::fsync(fd_) != 0)
+      throw std::runtime_error("cannot flush " + path_ + ": " + std::strerror(errno));
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0 || std::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      const std::string err = std::strerror(errno);
+      ::unlink(tmp_.c_str());
+      throw std::runtime_error("cannot write " + path_ + ": " + err);
+    }
+  } catch (const SafetensorsError&) {
+    throw;
+  } catch (const std::runtime_error& e) {
+    throw SafetensorsError(e.what());
+  }
+}
+
 void write_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
+  // The header's exact size is known up front: no padding, nothing moved.
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<at::Tensor> ordered;
   uint64_t offset = 0;
-  for (const auto& [name, t0] : tensors) {
-    at::Tensor t = t0.detach().to(at::kCPU).contiguous();
+  for (const auto& [name, t] : tensors) {
     const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
     header[name] = {{"dtype", dtype_name(t.scalar_type())},
                     {"shape", t.sizes().vec()},
                     {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    ordered.push_back(t);
   }
-  std::string h = header.dump();
-  h.append((8 - h.size() % 8) % 8, ' ');  // align data to 8 bytes
-  uint64_t len = h.size();
-  unsigned char le[8];
-  for (int i = 0; i < 8; ++i) le[i] = static_cast<unsigned char>(len >> (8 * i));
-  try {
-    write_file_replacing(path, [&](int fd) {
-      write_all(fd, le, 8, path);
-      write_all(fd, h.data(), h.size(), path);
-      for (const auto& t : ordered)
-        write_all(fd, t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size(), path);
-    });
-  } catch (const std::runtime_error& e) {
-    throw SafetensorsError(e.what());
-  }
+  SafetensorsWriter out(path, metadata, 8 + header.dump().size());
+  for (const auto& [name, t] : tensors) out.put(name, t);
+  out.finish();
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
@@ -173,6 +269,23 @@ at::Tensor SafetensorsReader::read(const std::string& name) const {
   if (!read_at(*fd_, t.data_ptr(), e.end - e.begin, data_start_ + e.begin))
     throw SafetensorsError(path_ + ": short read for tensor \"" + name + "\" (the file changed?)");
   return t;
+}
+
+const std::vector<int64_t>& SafetensorsReader::shape(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw SafetensorsError(path_ + ": no tensor \"" + name + "\"");
+  return it->second.shape;
+}
+
+bool SafetensorsSet::contains(const std::string& name) const {
+  return std::any_of(files_.begin(), files_.end(),
+                     [&](const SafetensorsReader& f) { return f.contains(name); });
+}
+
+at::Tensor SafetensorsSet::read(const std::string& name) const {
+  for (const auto& f : files_)
+    if (f.contains(name)) return f.read(name);
+  throw std::out_of_range("no tensor \"" + name + "\"");
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {

@@ -662,7 +662,9 @@ typedef struct tf_host_api {
   tf_status (*log_metric)(tf_host_context* ctx, const char* key, double value);
 
   /* --- plugin state in checkpoints (inside save_state / load_state only) --- */
-  /* value: borrowed; copied by the host. */
+  /* value: borrowed; written to the checkpoint's file before the call returns
+     (the host keeps no copy, so state larger than memory streams through). A
+     key put twice in one save: TF_ERR_INVALID_ARGUMENT. */
   tf_status (*state_put_tensor)(tf_host_context* ctx, const char* key, tf_tensor value);
   /* Out: new. TF_ERR_NOT_FOUND when the checkpoint has no such key. */
   tf_status (*state_get_tensor)(tf_host_context* ctx, const char* key, tf_tensor* out);
