@@ -18,7 +18,7 @@
 
 #include "added_token_matcher.hpp"
 #include "bpe_model.hpp"
-#include "data.hpp"
+#include "tokenizer.hpp"
 #include "tokenizer_steps.hpp"
 
 namespace tightfit {

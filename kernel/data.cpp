@@ -10,44 +10,12 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "bpe_tokenizer.hpp"
 #include "file_util.hpp"
 #include "json_input.hpp"
 #include "memory_accounting.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
-
-std::vector<int64_t> ByteTokenizer::encode(const std::string& text) const {
-  std::vector<int64_t> ids(text.size());
-  for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
-  return ids;
-}
-
-std::vector<int64_t> ByteTokenizer::encode_with_offsets(
-    const std::string& text, std::vector<std::pair<size_t, size_t>>& offsets) const {
-  offsets.resize(text.size());
-  for (size_t i = 0; i < text.size(); ++i) offsets[i] = {i, i + 1};
-  return encode(text);
-}
-
-std::string ByteTokenizer::decode(const std::vector<int64_t>& ids) const {
-  std::string s;
-  s.reserve(ids.size());
-  for (int64_t id : ids) s.push_back(static_cast<char>(id & 0xff));
-  return s;
-}
-
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec, const std::string& base_dir) {
-  if (spec == "byte") return std::make_unique<ByteTokenizer>();
-  fs::path p = spec;
-  if (p.is_relative() && !fs::exists(p) && !base_dir.empty()) p = fs::path(base_dir) / p;
-  if (!fs::exists(p))
-    throw std::invalid_argument(
-        "tokenizer \"" + spec +
-        "\" is neither \"byte\" nor a tokenizer.json or a model folder holding a tokenizer");
-  return BpeTokenizer::load(p.string());
-}
 
 namespace {
 

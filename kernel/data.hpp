@@ -1,4 +1,4 @@
-// Data: tokenizers and text corpora into fixed-length batches, deterministic
+// Data: text corpora, tokenized, into fixed-length batches, deterministic
 // by seed and position (so a resumed run sees the same batches).
 #pragma once
 
@@ -11,46 +11,9 @@
 #include <utility>
 #include <vector>
 
+#include "tokenizer.hpp"
+
 namespace tightfit {
-
-class Tokenizer {
- public:
-  virtual ~Tokenizer() = default;
-  virtual int64_t vocab_size() const = 0;
-  virtual std::vector<int64_t> encode(const std::string& text) const = 0;
-  // With the tokenizer's own BOS/EOS (its post-processor), as tokenizer(text)
-  // in transformers; the byte tokenizer has none.
-  virtual std::vector<int64_t> encode_with_special_tokens(const std::string& text) const {
-    return encode(text);
-  }
-  virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
-  // Token ids with the [begin, end) bytes of `text` each came from (no
-  // special tokens added), as a fast tokenizer's offsets.
-  virtual std::vector<int64_t> encode_with_offsets(
-      const std::string& text, std::vector<std::pair<size_t, size_t>>& offsets) const = 0;
-  // The id of a token spelled `token` (special tokens included), or -1.
-  virtual int64_t token_id(const std::string& token) const {
-    (void)token;
-    return -1;
-  }
-  // The tokenizer.json it was read from; empty for built-in tokenizers.
-  virtual std::string source_file() const { return {}; }
-};
-
-// Every byte is a token: vocabulary 256, nothing to download, lossless.
-class ByteTokenizer final : public Tokenizer {
- public:
-  int64_t vocab_size() const override { return 256; }
-  std::vector<int64_t> encode(const std::string& text) const override;
-  std::vector<int64_t> encode_with_offsets(
-      const std::string& text, std::vector<std::pair<size_t, size_t>>& offsets) const override;
-  std::string decode(const std::vector<int64_t>& ids) const override;
-};
-
-// "byte", or a Hugging Face tokenizer.json (or a folder holding one; relative
-// paths from `base_dir`) with byte-level BPE. Throws std::invalid_argument.
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec,
-                                          const std::string& base_dir = {});
 
 // Reads a corpus: "builtin:fortunes" (Debian's fortunes package), a text file,
 // a folder of text files (sorted, recursive) or a JSONL file with a "text"

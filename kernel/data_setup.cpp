@@ -14,6 +14,7 @@
 #include "gguf_model.hpp"
 #include "json_input.hpp"
 #include "memory_accounting.hpp"
+#include "tokenizer_choice.hpp"
 #include "tokenizer_folder.hpp"
 
 namespace tightfit {

@@ -101,4 +101,17 @@ std::string generate_text(Session& s, const std::string& prompt, const SamplingO
       std::vector<int64_t>(ids.begin() + static_cast<std::ptrdiff_t>(prompt_len), ids.end()));
 }
 
+// The session's own door to generation (session.hpp declares it).
+std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64_t top_k,
+                              double temperature, uint64_t seed, double top_p, bool use_cache,
+                              const std::vector<int64_t>& stop_ids) {
+  return generate_text(
+      *this, prompt,
+      SamplingOptions{n_tokens, top_k, temperature, top_p, seed, use_cache, stop_ids});
+}
+
+std::string Session::generate(const std::string& prompt, const SamplingOptions& options) {
+  return generate_text(*this, prompt, options);
+}
+
 }  // namespace tightfit

@@ -14,11 +14,9 @@
 #include <string>
 #include <vector>
 
-namespace tightfit::gguf {
+#include "gguf_types.hpp"
 
-struct GgufError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+namespace tightfit::gguf {
 
 // gguf_type: the metadata value types.
 enum class ValueType : uint32_t {
@@ -58,20 +56,6 @@ struct Value {
   const std::string& as_string(const std::string& key) const;
   const std::vector<Value>& as_array(const std::string& key) const;
 };
-
-// ggml_type: how a tensor's elements are stored. `block` elements take
-// `bytes` bytes.
-struct TensorType {
-  uint32_t id;
-  const char* name;
-  int64_t block;
-  int64_t bytes;
-};
-// The types this reader knows the layout of (it can check their sizes);
-// nullptr for another id.
-const TensorType* tensor_type(uint32_t id);
-// The type named `name` ("Q4_1", "F16"), nullptr for none.
-const TensorType* tensor_type_named(const std::string& name);
 
 struct TensorInfo {
   std::string name;

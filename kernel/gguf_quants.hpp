@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "gguf_file.hpp"
+#include "gguf_types.hpp"
 
 namespace tightfit::gguf {
 

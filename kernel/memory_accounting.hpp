@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "byte_size.hpp"
 #include "process_memory.hpp"
 #include "tightfit/plugin_api.h"
 
@@ -133,10 +134,6 @@ class CategoryScope {
 // Manual push/pop for the C ABI's memory_push_category / memory_pop_category.
 void push_category(tf_mem_category c);
 bool pop_category();
-
-// Parses "8GiB", "512MB", "1.5G", "123" (bytes). Throws std::invalid_argument.
-int64_t parse_byte_size(const std::string& text);
-std::string format_bytes(int64_t bytes);
 
 // The run went past run.memory_budget.
 struct OutOfBudgetError : std::runtime_error {

@@ -122,11 +122,6 @@ std::vector<std::string> vtable_hooks(const LoadedPlugin& p) {
 
 }  // namespace
 
-FileIdentity file_identity(const struct stat& st) {
-  return {st.st_dev, st.st_ino, st.st_size,
-          static_cast<int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec};
-}
-
 LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin,
                               const std::string& sha256_pin, const FileIdentity* scanned) {
   auto fail = [&](const std::string& why) -> PluginLoadError {
@@ -307,27 +302,6 @@ std::string builtin_plugin_dir() {
   const fs::path lib_dir = fs::absolute(info.dli_fname).parent_path();
   for (const fs::path& candidate : {lib_dir / ".." / "plugins", lib_dir / "tightfit" / "plugins"})
     if (fs::is_directory(candidate)) return fs::canonical(candidate).string();
-  return {};
-}
-
-std::string plugin_path_trust_problem(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return {};  // a missing path is reported elsewhere
-  const bool folder = S_ISDIR(st.st_mode);
-  const char* what = folder ? "folder" : "file";
-  if (st.st_uid != ::geteuid() && st.st_uid != 0)
-    return std::string("plugin ") + what + " " + path + " belongs to user " +
-           std::to_string(st.st_uid) +
-           ", neither you nor root: whoever owns it decides what code tightfit runs. Copy it "
-           "into a folder of your own";
-  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    return std::string("plugin ") + what + " " + path + " is writable by " +
-           (st.st_mode & S_IWOTH ? "everyone" : "its group") + " (mode " + mode +
-           "): anyone who can write it decides what code tightfit runs. Fix it with: chmod go-w " +
-           path;
-  }
   return {};
 }
 

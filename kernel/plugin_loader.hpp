@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "plugin_info.hpp"
 #include "recipe.hpp"
 #include "tightfit/plugin_api.h"
 
@@ -30,34 +31,6 @@ struct PluginPinMismatch : PluginLoadError {
   PluginPinMismatch(const std::string& what, std::string actual_sha256)
       : PluginLoadError(what), actual(std::move(actual_sha256)) {}
   std::string actual;
-};
-
-// Which file a scan saw: a load refuses a file that changed since.
-struct FileIdentity {
-  dev_t device = 0;
-  ino_t inode = 0;
-  off_t size = 0;
-  int64_t mtime_ns = 0;
-  bool operator==(const FileIdentity&) const = default;
-};
-
-// The identity of the file `st` describes.
-FileIdentity file_identity(const struct stat& st);
-
-// What a plugin declares, known without running its code in this process.
-struct PluginInfo {
-  std::string path;
-  std::string origin;  // "built-in", "TIGHTFIT_PLUGIN_PATH", "recipe", "file"
-  FileIdentity file;
-  std::string sha256;  // of the bytes scanned (for a LoadedPlugin: the bytes loaded)
-  tf_plugin_kind kind = TF_PLUGIN_MODEL;
-  uint32_t abi_version = 0;
-  uint32_t flags = 0;  // TF_PLUGIN_FLAG_*
-  std::string name, version, description, libtorch_version;
-  std::vector<KeySpec> keys;
-  std::vector<std::string> hf_model_types;  // a model's Hugging Face model_type values
-  uint64_t model_features = 0;              // a model's TF_MODEL_FEATURE_* bits
-  std::vector<std::string> hooks;           // the hooks its vtable offers
 };
 
 // A plugin opened in this process.
@@ -97,10 +70,6 @@ LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin
 
 // The folder of plugins built with this kernel (found next to the kernel library).
 std::string builtin_plugin_dir();
-
-// Why `path` (a plugin file or folder) must not be trusted: writable by group
-// or others, or owned by someone other than this user or root; "" if fine.
-std::string plugin_path_trust_problem(const std::string& path);
 
 class PluginRegistry {
  public:

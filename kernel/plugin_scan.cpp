@@ -28,26 +28,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr size_t kMaxAnswerBytes = 1u << 20;  // one library's answer line
-constexpr size_t kMaxText = 1u << 16;         // one string in it
-
-std::string bounded_string(const nlohmann::json& j, const char* key, bool required = true) {
-  if (!j.contains(key)) {
-    if (required) throw std::invalid_argument(std::string("no \"") + key + "\"");
-    return {};
-  }
-  const std::string s = j.at(key).get<std::string>();
-  if (s.size() > kMaxText) throw std::invalid_argument(std::string("\"") + key + "\" is too long");
-  return s;
-}
-
-// JSON has no infinities: an open end of a key's range travels as null.
-nlohmann::json bound_json(double v) {
-  return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr);
-}
-double bound_from_json(const nlohmann::json& v, double open_end) {
-  return v.is_null() ? open_end : v.get<double>();
-}
-
 // Seconds a library may take to load in the scanner before it counts as hung.
 int scan_timeout_seconds() {
   if (const char* v = std::getenv("TIGHTFIT_PLUGIN_SCAN_TIMEOUT")) {
@@ -135,10 +115,10 @@ size_t run_scanner(const std::string& scanner, const std::vector<std::string>& p
       PluginScanResult& r = out[next];
       try {
         const nlohmann::json j = parse_json(line, "the plugin scanner's answer");
-        if (bounded_string(j, "path") != paths[next])
+        if (answer_string(j, "path") != paths[next])
           throw std::invalid_argument("an answer for another file");
         if (j.contains("error"))
-          r.problem = bounded_string(j, "error");
+          r.problem = answer_string(j, "error");
         else
           r.info = plugin_info_from_json(j.at("info"));
         if (r.info && r.info->path != paths[next])
@@ -189,85 +169,6 @@ std::optional<FileIdentity> identity_of(const std::string& path) {
 
 }  // namespace
 
-nlohmann::json file_identity_json(const FileIdentity& id) {
-  return {{"device", static_cast<uint64_t>(id.device)},
-          {"inode", static_cast<uint64_t>(id.inode)},
-          {"size", static_cast<int64_t>(id.size)},
-          {"mtime_ns", id.mtime_ns}};
-}
-
-nlohmann::json plugin_info_to_json(const PluginInfo& p) {
-  nlohmann::json keys = nlohmann::json::array();
-  for (const KeySpec& k : p.keys) {
-    nlohmann::json key = {{"name", k.name},
-                          {"type", static_cast<int>(k.type)},
-                          {"doc", k.doc},
-                          {"min", bound_json(k.min_value)},
-                          {"max", bound_json(k.max_value)},
-                          {"choices", k.choices}};
-    if (k.default_value) key["default"] = *k.default_value;
-    keys.push_back(std::move(key));
-  }
-  return {{"path", p.path},
-          {"file", file_identity_json(p.file)},
-          {"sha256", p.sha256},
-          {"kind", static_cast<int>(p.kind)},
-          {"abi_version", p.abi_version},
-          {"flags", p.flags},
-          {"name", p.name},
-          {"version", p.version},
-          {"description", p.description},
-          {"libtorch_version", p.libtorch_version},
-          {"keys", keys},
-          {"hf_model_types", p.hf_model_types},
-          {"model_features", p.model_features},
-          {"hooks", p.hooks}};
-}
-
-PluginInfo plugin_info_from_json(const nlohmann::json& j) {
-  try {
-    PluginInfo p;
-    p.path = bounded_string(j, "path");
-    const nlohmann::json& f = j.at("file");
-    p.file = {static_cast<dev_t>(f.at("device").get<uint64_t>()),
-              static_cast<ino_t>(f.at("inode").get<uint64_t>()), f.at("size").get<off_t>(),
-              f.at("mtime_ns").get<int64_t>()};
-    p.sha256 = bounded_string(j, "sha256");
-    const int kind = j.at("kind").get<int>();
-    if (kind != TF_PLUGIN_MODEL && kind != TF_PLUGIN_STRATEGY && kind != TF_PLUGIN_SCHEDULE)
-      throw std::invalid_argument("unknown kind " + std::to_string(kind));
-    p.kind = static_cast<tf_plugin_kind>(kind);
-    p.abi_version = j.at("abi_version").get<uint32_t>();
-    p.flags = j.at("flags").get<uint32_t>();
-    p.name = bounded_string(j, "name");
-    if (p.name.empty()) throw std::invalid_argument("no name");
-    p.version = bounded_string(j, "version");
-    p.description = bounded_string(j, "description");
-    p.libtorch_version = bounded_string(j, "libtorch_version");
-    for (const nlohmann::json& k : j.at("keys")) {
-      KeySpec s;
-      s.name = bounded_string(k, "name");
-      const int type = k.at("type").get<int>();
-      if (type < TF_VALUE_BOOL || type > TF_VALUE_PATH)
-        throw std::invalid_argument("key \"" + s.name + "\" has an unknown type");
-      s.type = static_cast<tf_value_type>(type);
-      if (k.contains("default")) s.default_value = bounded_string(k, "default");
-      s.doc = bounded_string(k, "doc");
-      s.min_value = bound_from_json(k.at("min"), -std::numeric_limits<double>::infinity());
-      s.max_value = bound_from_json(k.at("max"), std::numeric_limits<double>::infinity());
-      s.choices = bounded_string(k, "choices");
-      p.keys.push_back(std::move(s));
-    }
-    for (const nlohmann::json& t : j.at("hf_model_types"))
-      p.hf_model_types.push_back(t.get<std::string>());
-    p.model_features = j.at("model_features").get<uint64_t>();
-    for (const nlohmann::json& h : j.at("hooks")) p.hooks.push_back(h.get<std::string>());
-    return p;
-  } catch (const nlohmann::json::exception& e) {
-    throw std::invalid_argument(e.what());
-  }
-}
-
 std::string plugin_scanner_path() {
   if (const char* env = std::getenv("TIGHTFIT_PLUGIN_SCANNER"); env && *env == '/') return env;
   Dl_info info{};
@@ -315,31 +216,6 @@ std::vector<PluginScanResult> scan_plugin_files(const std::vector<std::string>& 
   for (auto& r : results)
     if (r.info) r.info->origin = origin;
   return results;
-}
-
-int plugin_scanner_main(int argc, char** argv) {
-  // Answers go to the pipe the host gave as stdout; what the libraries
-  // themselves print goes nowhere, so it cannot be taken for an answer.
-  const int answers = ::dup(1);
-  const int null_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
-  if (answers < 0 || null_fd < 0 || ::dup2(null_fd, 1) < 0) return 2;
-  ::fcntl(answers, F_SETFD, FD_CLOEXEC);
-  for (int i = 1; i < argc; ++i) {
-    nlohmann::json answer = {{"path", argv[i]}};
-    try {
-      answer["info"] = plugin_info_to_json(load_plugin_file(argv[i], "scan"));
-    } catch (const std::exception& e) {
-      answer["error"] = e.what();
-    }
-    const std::string line =
-        answer.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    try {
-      write_all(answers, line.data(), line.size(), "the plugin scanner's output");
-    } catch (const std::exception&) {
-      return 2;
-    }
-  }
-  return 0;
 }
 
 }  // namespace tightfit

@@ -10,7 +10,7 @@
 #include <optional>
 #include <string>
 
-#include "plugin_scan.hpp"
+#include "plugin_info.hpp"
 
 namespace tightfit {
 

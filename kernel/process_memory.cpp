@@ -6,7 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "memory_accounting.hpp"
+#include "byte_size.hpp"
 
 namespace tightfit {
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "recipe_error.hpp"
 #include "tightfit/plugin_api.h"
 
 namespace tightfit {
@@ -27,11 +28,6 @@ struct KeySpec {
 
 std::vector<KeySpec> key_specs_from_abi(const tf_config_key* keys, uint32_t n);
 const char* value_type_name(tf_value_type t);
-
-// A recipe error: file:line:column and what to do.
-struct RecipeError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 // A validated table: typed access with defaults applied.
 class ConfigTable {

@@ -7,7 +7,6 @@
 #include <filesystem>
 
 #include "file_util.hpp"
-#include "generation.hpp"
 #include "json_output.hpp"
 #include "logging.hpp"
 #include "op_timer.hpp"
@@ -64,18 +63,6 @@ double Session::eval_loss(int64_t batches) {
         executor_.forward_loss(b.tokens, b.targets, /*training=*/false, b.positions).item<double>();
   }
   return sum / static_cast<double>(batches);
-}
-
-std::string Session::generate(const std::string& prompt, int64_t n_tokens, int64_t top_k,
-                              double temperature, uint64_t seed, double top_p, bool use_cache,
-                              const std::vector<int64_t>& stop_ids) {
-  return generate_text(
-      *this, prompt,
-      SamplingOptions{n_tokens, top_k, temperature, top_p, seed, use_cache, stop_ids});
-}
-
-std::string Session::generate(const std::string& prompt, const SamplingOptions& options) {
-  return generate_text(*this, prompt, options);
 }
 
 }  // namespace tightfit

@@ -29,7 +29,6 @@
 
 #include "distributed.hpp"
 #include "executor.hpp"
-#include "generation.hpp"
 #include "hf_weights.hpp"
 #include "host_api.hpp"
 #include "kernel_parts.hpp"
@@ -40,6 +39,7 @@
 #include "process_memory.hpp"
 #include "recipe.hpp"
 #include "run_environment.hpp"
+#include "sampling_options.hpp"
 #include "snapshots.hpp"
 #include "tightfit/plugin_api.h"
 #include "training_data.hpp"

@@ -3,7 +3,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "recipe.hpp"
+#include "recipe_error.hpp"
 
 namespace tightfit {
 namespace {

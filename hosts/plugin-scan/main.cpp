@@ -3,7 +3,7 @@
 // why it is refused. The host runs it before any library's code runs in the
 // host itself (kernel/plugin_scan.hpp); a library that crashes or hangs here
 // ends this process, not the host.
-#include "plugin_scan.hpp"
+#include "plugin_scanner_main.hpp"
 
 int main(int argc, char** argv) {
   return tightfit::plugin_scanner_main(argc, argv);

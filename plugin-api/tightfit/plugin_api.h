@@ -1,6 +1,7 @@
 /*
  * tightfit plugin ABI, version 1.9 (1.0 plus the fields marked "Added in 1.1"
- * through "Added in 1.9").
+ * through "Added in 1.9"). What each version added, and what ABI 2.0 would
+ * drop or reshape: plugin-api/README.md, "Versions".
  *
  * This header is the whole contract between the tightfit host (the kernel) and
  * a plugin shared library. It is plain C: no C++ type and no exception ever

@@ -226,9 +226,23 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   });
 }
 
-// Quantizes every frozen 2-D weight of a block stage.
-// Quantizes the frozen dense block weights of `stage` (all stages when < 0)
-// not yet converted; returns how many trainable block weights were seen.
+// A matrix of a decoder block (not an adapter): what quantize is about.
+bool is_block_matrix(const Quantize& s, const tf_param_info& info) {
+  return info.ndim == 2 && info.stage >= 0 && !(info.flags & TF_PARAM_ADAPTER) &&
+         s.host.stage_info(info.stage).kind == TF_STAGE_BLOCK;
+}
+
+// The one rule for which weights this plugin stores compactly, used by the
+// plan (estimate_memory, from the declarations) and the run (quantize_stage):
+// the frozen dense matrices of the block stages that run.
+bool stores_compactly(const Quantize& s, const tf_param_info& info) {
+  return s.quantize_weights && is_block_matrix(s, info) && !info.trainable &&
+         info.format == TF_FORMAT_DENSE && !s.host.stage_info(info.stage).skip;
+}
+
+// Quantizes the weights stores_compactly picks in `stage` (all stages when
+// < 0) that are still on the device as made; returns how many trainable
+// block matrices were seen (a QLoRA recipe with lora after quantize).
 int64_t quantize_stage(Quantize* s, int32_t stage) {
   const tf_host_api* api = s->host.api();
   tf_host_context* ctx = s->host.ctx();
@@ -236,15 +250,11 @@ int64_t quantize_stage(Quantize* s, int32_t stage) {
   for (const std::string& name : s->host.param_names()) {
     const char* name_c = name.c_str();
     const tf_param_info info = s->host.param_info(name);
-    if (info.ndim != 2 || info.stage < 0 || (stage >= 0 && info.stage != stage) ||
-        (info.flags & TF_PARAM_ADAPTER) || s->host.stage_info(info.stage).kind != TF_STAGE_BLOCK ||
-        info.format != TF_FORMAT_DENSE || info.residency != TF_TIER_DEVICE ||
-        info.stored_bytes == 0)
+    if ((stage >= 0 && info.stage != stage) || info.format != TF_FORMAT_DENSE ||
+        info.residency != TF_TIER_DEVICE || info.stored_bytes == 0)
       continue;
-    if (info.trainable) {
-      ++trainable_block_weights;
-      continue;
-    }
+    if (info.trainable && is_block_matrix(*s, info)) ++trainable_block_weights;
+    if (!stores_compactly(*s, info)) continue;
     tf_tensor stored = nullptr;
     s->host.check(api->param_storage(ctx, name_c, &stored));
     Quantized q;
@@ -439,11 +449,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
     for (const std::string& name : s->host.param_names()) {
       const tf_param_info info = s->host.param_info(name);
       if (info.trainable && !(info.flags & TF_PARAM_ADAPTER)) trainable += info.numel;
-      if (!s->quantize_weights || info.ndim != 2 || info.stage < 0 ||
-          (info.flags & TF_PARAM_ADAPTER) || info.trainable || info.format != TF_FORMAT_DENSE ||
-          s->host.stage_info(info.stage).kind != TF_STAGE_BLOCK ||
-          s->host.stage_info(info.stage).skip)
-        continue;
+      if (!stores_compactly(*s, info)) continue;
       const int64_t n = info.numel, elt = tf_sdk::element_bytes(info.dtype);
       // The codes the store holds (and a tier may move), and the scales
       // this plugin keeps beside them on the device, whatever the codes' tier
