@@ -19,6 +19,7 @@ tracked and peak RSS.
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys

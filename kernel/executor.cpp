@@ -12,6 +12,7 @@
 #include <limits>
 #include <optional>
 
+#include "plugin_hooks.hpp"
 #include "strategy_chain.hpp"
 #include "tensor_handle.hpp"
 
@@ -120,8 +121,7 @@ struct CompactLinear : public torch::autograd::Function<CompactLinear> {
 int32_t Executor::pack_activation(int32_t stage, const at::Tensor& x, uint64_t* key) {
   // (the loader refuses a strategy with only one of the pair)
   return StrategyChain(plugins_.strategies)
-      .first_handled(&tf_strategy_vtable::pack_activation, "pack_activation", stage,
-                     borrow_handle(x), key);
+      .first_handled(TF_STRATEGY_HOOK(pack_activation), stage, borrow_handle(x), key);
 }
 
 at::Tensor Executor::unpack_activation(int32_t strategy, int32_t stage, uint64_t key) {
@@ -142,8 +142,7 @@ void Executor::raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin)
   }
   tf_stage_event ev{sizeof(tf_stage_event), stage, phase, begin ? 1 : 0, step_};
   StrategyChain(plugins_.strategies)
-      .each(&tf_strategy_vtable::stage_event, "stage_event",
-            static_cast<const tf_stage_event*>(&ev));
+      .each(TF_STRATEGY_HOOK(stage_event), static_cast<const tf_stage_event*>(&ev));
 }
 
 at::Tensor Executor::run_stage(int32_t stage, const at::Tensor& input, bool training,
@@ -297,8 +296,8 @@ void Executor::dispatch_grads(int32_t stage) {
     grads_dispatched_[i] = true;
     acct.retag(p.value.grad(), TF_MEM_GRADS);
     const int taker = StrategyChain(plugins_.strategies)
-                          .first_handled(&tf_strategy_vtable::grad_ready, "grad_ready",
-                                         p.name.c_str(), borrow_handle(p.value.grad()));
+                          .first_handled(TF_STRATEGY_HOOK(grad_ready), p.name.c_str(),
+                                         borrow_handle(p.value.grad()));
     if (taker < 0) continue;
     if (applied_loss_scale_ != 1.0)
       throw PluginCallError(
@@ -314,7 +313,7 @@ void Executor::dispatch_grads(int32_t stage) {
 
 double Executor::strategies_loss_scale() {
   double scale = 1.0;
-  StrategyChain(plugins_.strategies).each(&tf_strategy_vtable::loss_scale, "loss_scale", &scale);
+  StrategyChain(plugins_.strategies).each(TF_STRATEGY_HOOK(loss_scale), &scale);
   if (!(scale > 0) || !std::isfinite(scale))
     throw PluginCallError("strategies asked for a loss scale of " + std::to_string(scale) +
                           "; it must be finite and > 0");
@@ -355,8 +354,7 @@ at::Tensor Executor::fetch_resident(Param& p) {
   const std::string& name = p.name;
   if (std::optional<at::Tensor> w =
           StrategyChain(plugins_.strategies)
-              .first_tensor(&tf_strategy_vtable::fetch_weight, "fetch_weight", name.c_str(),
-                            borrow_handle(p.value)))
+              .first_tensor(TF_STRATEGY_HOOK(fetch_weight), name.c_str(), borrow_handle(p.value)))
     return *std::move(w);
   if (p.format != TF_FORMAT_DENSE)
     throw PluginCallError("parameter \"" + name +
@@ -386,8 +384,7 @@ at::Tensor Executor::linear(const at::Tensor& x, const std::string& weight,
     y = at::linear(in_dtype_of(x, w), w, b.defined() ? in_dtype_of(b, w) : b);
   }
   StrategyChain(plugins_.strategies)
-      .thread_tensor(&tf_strategy_vtable::linear_extend, "linear_extend", y, weight.c_str(),
-                     borrow_handle(x));
+      .thread_tensor(TF_STRATEGY_HOOK(linear_extend), y, weight.c_str(), borrow_handle(x));
   return y;
 }
 

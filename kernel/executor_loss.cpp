@@ -8,6 +8,7 @@
 #include "fused_head_loss.hpp"
 #include "logging.hpp"
 #include "memory_accounting.hpp"
+#include "plugin_hooks.hpp"
 #include "strategy_chain.hpp"
 #include "tensor_handle.hpp"
 
@@ -72,8 +73,8 @@ bool Executor::head_is_extended(const StageState& head, const at::Tensor& hidden
   at::Tensor y = at::linear(x.to(w.scalar_type()), w);
   const at::Tensor plain = y;
   StrategyChain(plugins_.strategies)
-      .thread_tensor(&tf_strategy_vtable::linear_extend, "linear_extend", y,
-                     head.projection_weight.c_str(), borrow_handle(x));
+      .thread_tensor(TF_STRATEGY_HOOK(linear_extend), y, head.projection_weight.c_str(),
+                     borrow_handle(x));
   if (y.is_same(plain)) return false;
   log_message(TF_LOG_INFO, "a strategy extends the head's projection " + head.projection_weight +
                                " (LoRA on the head): the loss takes the logits whole, not in "

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "plugin_hooks.hpp"
 #include "plugin_scan.hpp"
 #include "sha256.hpp"
 
@@ -84,39 +85,15 @@ std::vector<std::string> vtable_hooks(const LoadedPlugin& p) {
   auto add = [&](bool present, const char* name) {
     if (present) hooks.push_back(name);
   };
+#define TF_HOOK(field) add(v->field != nullptr, #field);
   if (const tf_strategy_vtable* v = p.strategy()) {
-#define TF_HOOK(field) add(v->field != nullptr, #field)
-    TF_HOOK(configure);
-    TF_HOOK(params_ready);
-    TF_HOOK(stage_params_ready);
-    TF_HOOK(step_begin);
-    TF_HOOK(step_end);
-    TF_HOOK(stage_event);
-    TF_HOOK(fetch_weight);
-    TF_HOOK(release_weight);
-    TF_HOOK(linear_extend);
-    TF_HOOK(grad_ready);
-    TF_HOOK(optimizer_step_param);
-    TF_HOOK(loss_scale);
-    TF_HOOK(estimate_memory);
-    TF_HOOK(save_state);
-    TF_HOOK(load_state);
-    TF_HOOK(export_weight);
-    TF_HOOK(export_adapter);
-    TF_HOOK(pack_activation);
-    TF_HOOK(grad_norm_sq);
-    TF_HOOK(apply_held_grads);
-#undef TF_HOOK
+    TF_STRATEGY_HOOKS(TF_HOOK)
   } else if (const tf_model_vtable* v = p.model()) {
-    add(v->stage_forward != nullptr, "stage_forward");
-    add(v->hf_config_json != nullptr, "hf_config_json");
-    add(v->decode != nullptr, "decode");
+    TF_MODEL_HOOKS(TF_HOOK)
   } else if (const tf_schedule_vtable* v = p.schedule()) {
-    add(v->run_step != nullptr, "run_step");
-    add(v->estimate_memory != nullptr, "estimate_memory");
-    add(v->save_state != nullptr, "save_state");
-    add(v->load_state != nullptr, "load_state");
+    TF_SCHEDULE_HOOKS(TF_HOOK)
   }
+#undef TF_HOOK
   return hooks;
 }
 

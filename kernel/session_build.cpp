@@ -18,6 +18,7 @@
 #include "hf_weights.hpp"
 #include "kernel_keys.hpp"
 #include "logging.hpp"
+#include "plugin_hooks.hpp"
 #include "process_memory.hpp"
 #include "session.hpp"
 #include "strategy_chain.hpp"
@@ -391,7 +392,7 @@ void Session::create_strategies() {
     check_plugin_status(st, s, "create");
   }
   StrategyChain(plugins_.strategies)
-      .each_with(&tf_strategy_vtable::configure, "configure",
+      .each_with(TF_STRATEGY_HOOK(configure),
                  [&](size_t i, tf_status st) { check_strategy_setup(i, st, "configure"); });
   plugins_.declaring = false;
 }
@@ -475,7 +476,7 @@ void Session::materialize_params() {
     if (params[first].absent) return;  // a skipped stage: nothing to convert
     StrategyChain(plugins_.strategies)
         .each_with(
-            &tf_strategy_vtable::stage_params_ready, "stage_params_ready",
+            TF_STRATEGY_HOOK(stage_params_ready),
             [&](size_t i, tf_status st) { check_strategy_setup(i, st, "stage_params_ready"); },
             stage);
     // The stage's initial values are converted and freed; the heap's free
@@ -484,7 +485,7 @@ void Session::materialize_params() {
     release_free_heap();
   });
   StrategyChain(plugins_.strategies)
-      .each_with(&tf_strategy_vtable::params_ready, "params_ready",
+      .each_with(TF_STRATEGY_HOOK(params_ready),
                  [&](size_t i, tf_status st) { check_strategy_setup(i, st, "params_ready"); });
 
   executor_.prepare_recompute();

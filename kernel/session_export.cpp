@@ -11,6 +11,7 @@
 #include "hf_shards.hpp"
 #include "hf_weights.hpp"
 #include "json_input.hpp"
+#include "plugin_hooks.hpp"
 #include "session.hpp"
 #include "strategy_chain.hpp"
 #include "tokenizer_folder.hpp"
@@ -45,8 +46,7 @@ void Session::each_export_tensor(
     at::Tensor value = executor_.fetch_weight(p.name).detach();
     if (merge)
       StrategyChain(plugins_.strategies)
-          .thread_tensor(&tf_strategy_vtable::export_weight, "export_weight", value,
-                         p.name.c_str());
+          .thread_tensor(TF_STRATEGY_HOOK(export_weight), value, p.name.c_str());
     if (env_.is_rank0()) sink(p.name, hf_layout(p, value));
   }
 }
@@ -108,7 +108,7 @@ std::string Session::export_adapter(const std::string& dir) {
   bool written = false;
   StrategyChain(plugins_.strategies)
       .each_with(
-          &tf_strategy_vtable::export_adapter, "export_adapter",
+          TF_STRATEGY_HOOK(export_adapter),
           [&](size_t i, tf_status st) {
             written = written || st == TF_OK;
             check_plugin_status(st, plugins_.strategies[i], "export_adapter");

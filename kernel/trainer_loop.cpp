@@ -10,6 +10,7 @@
 
 #include "cuda_memory.hpp"
 #include "op_timer.hpp"
+#include "plugin_hooks.hpp"
 #include "process_memory.hpp"
 #include "session.hpp"
 #include "step_record.hpp"
@@ -20,7 +21,7 @@ namespace fs = std::filesystem;
 
 void Session::step_begin(int64_t step) {
   MemoryAccounting::instance().clear_refusal();  // one a plugin recovered from is over
-  StrategyChain(plugins_.strategies).each(&tf_strategy_vtable::step_begin, "step_begin", step);
+  StrategyChain(plugins_.strategies).each(TF_STRATEGY_HOOK(step_begin), step);
 }
 
 void Session::emit_progress(const ProgressInfo& p) {
@@ -107,8 +108,7 @@ TrainSummary Session::train() {
                                             schedule.state, schedule.ctx.get(), step_, total, &r);
                                       }),
                           schedule, "run_step");
-      StrategyChain(plugins_.strategies)
-          .each(&tf_strategy_vtable::step_end, "step_end", step_, r.loss);
+      StrategyChain(plugins_.strategies).each(TF_STRATEGY_HOOK(step_end), step_, r.loss);
       if (!update_.non_finite().empty()) {
         const int64_t bad_step = step_;
         if (handle_non_finite()) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "memory_accounting.hpp"
+#include "plugin_hooks.hpp"
 #include "strategy_chain.hpp"
 #include "tensor_handle.hpp"
 
@@ -31,16 +32,15 @@ void UpdateStep::update_param(Param& p, const at::Tensor& grad, int64_t step) {
   // Strategies that keep the state themselves (8-bit AdamW, offloaded state)
   // update where it lives; otherwise the kernel's optimizer does.
   if (StrategyChain(plugins_.strategies)
-          .first_handled(&tf_strategy_vtable::optimizer_step_param, "optimizer_step_param",
-                         p.name.c_str(), borrow_handle(p.value), borrow_handle(grad),
-                         optimizer_->lr()) < 0)
+          .first_handled(TF_STRATEGY_HOOK(optimizer_step_param), p.name.c_str(),
+                         borrow_handle(p.value), borrow_handle(grad), optimizer_->lr()) < 0)
     optimizer_->update(p, grad, step);
 }
 
 void UpdateStep::zero_grad() {
   for (Param& p : store_.all())
     if (p.value.defined() && p.value.grad().defined()) p.value.mutable_grad() = at::Tensor();
-  StrategyChain(plugins_.strategies).each(&tf_strategy_vtable::drop_held_grads, "drop_held_grads");
+  StrategyChain(plugins_.strategies).each(TF_STRATEGY_HOOK(drop_held_grads));
 }
 
 void UpdateStep::set_micro_batch(int32_t index, int32_t count) {
@@ -53,7 +53,7 @@ void UpdateStep::set_micro_batch(int32_t index, int32_t count) {
 
 void UpdateStep::report_loss_scale(bool finite) {
   StrategyChain(plugins_.strategies)
-      .each(&tf_strategy_vtable::loss_scale_update, "loss_scale_update", int32_t{finite ? 1 : 0});
+      .each(TF_STRATEGY_HOOK(loss_scale_update), int32_t{finite ? 1 : 0});
 }
 
 tf_status UpdateStep::optimizer_step() {
@@ -70,8 +70,7 @@ tf_status UpdateStep::optimizer_step() {
   // Gradients strategies hold themselves (ZeRO's reduce-scattered parts)
   // count in the norm, are clipped by the same factor and updated after.
   double held_sq = 0;
-  StrategyChain(plugins_.strategies)
-      .each(&tf_strategy_vtable::grad_norm_sq, "grad_norm_sq", &held_sq);
+  StrategyChain(plugins_.strategies).each(TF_STRATEGY_HOOK(grad_norm_sq), &held_sq);
   const Optimizer::Clip clip = optimizer_->clip(params, held_sq);
   const double norm = clip.norm;
   step_metrics_["grad_norm"] = norm;
@@ -108,8 +107,7 @@ tf_status UpdateStep::optimizer_step() {
     const at::Tensor& g = p->value.grad();
     if (g.defined()) update_param(*p, g, optimizer_->steps());
   }
-  StrategyChain(plugins_.strategies)
-      .each(&tf_strategy_vtable::apply_held_grads, "apply_held_grads", clip.scale);
+  StrategyChain(plugins_.strategies).each(TF_STRATEGY_HOOK(apply_held_grads), clip.scale);
   return TF_OK;
 }
 

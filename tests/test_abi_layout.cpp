@@ -8,6 +8,7 @@
 
 #include <cstddef>
 
+#include "plugin_hooks.hpp"
 #include "tightfit/plugin_api.h"
 
 #define TF_FROZEN(type, field, offset)             \
@@ -265,6 +266,45 @@ static_assert(sizeof(tf_status) == 4 && sizeof(tf_plugin_kind) == 4 && sizeof(tf
               sizeof(tf_param_format) == 4 && sizeof(tf_value_type) == 4 &&
               sizeof(tf_stage_kind) == 4 && sizeof(tf_init_kind) == 4 &&
               sizeof(tf_reduce_op) == 4 && sizeof(tf_pass_phase) == 4 && sizeof(tf_log_level) == 4);
+
+// The kernel's hook lists (kernel/plugin_hooks.hpp), which name hooks for
+// `plugins check` and for the calls, hold every slot of each vtable in the
+// header's order: each listed hook directly after the one before it, the
+// first after destroy, the last before the vtable's next field.
+#define TF_STRATEGY_OFFSET(name) offsetof(tf_strategy_vtable, name),
+#define TF_MODEL_OFFSET(name) offsetof(tf_model_vtable, name),
+#define TF_SCHEDULE_OFFSET(name) offsetof(tf_schedule_vtable, name),
+template <size_t N>
+constexpr bool one_slot_after_another(const size_t (&offsets)[N], size_t first, size_t next) {
+  if (offsets[0] != first || offsets[N - 1] + sizeof(void*) != next) return false;
+  for (size_t i = 1; i < N; ++i)
+    if (offsets[i] != offsets[i - 1] + sizeof(void*)) return false;
+  return true;
+}
+constexpr size_t kStrategyHooks[] = {TF_STRATEGY_HOOKS(TF_STRATEGY_OFFSET)};
+constexpr size_t kModelHooks[] = {TF_MODEL_HOOKS(TF_MODEL_OFFSET)};
+constexpr size_t kScheduleHooks[] = {TF_SCHEDULE_HOOKS(TF_SCHEDULE_OFFSET)};
+static_assert(one_slot_after_another(kStrategyHooks,
+                                     offsetof(tf_strategy_vtable, destroy) + sizeof(void*),
+                                     offsetof(tf_strategy_vtable, reserved)),
+              "TF_STRATEGY_HOOKS must list every hook of tf_strategy_vtable, in order");
+static_assert(one_slot_after_another(kModelHooks,
+                                     offsetof(tf_model_vtable, destroy) + sizeof(void*),
+                                     offsetof(tf_model_vtable, hf_model_types)),
+              "TF_MODEL_HOOKS must list every hook of tf_model_vtable, in order");
+static_assert(one_slot_after_another(kScheduleHooks,
+                                     offsetof(tf_schedule_vtable, destroy) + sizeof(void*),
+                                     offsetof(tf_schedule_vtable, reserved)),
+              "TF_SCHEDULE_HOOKS must list every hook of tf_schedule_vtable, in order");
+
+// And the check itself refuses a list with a slot left out.
+TEST(AbiLayout, TheHookListCheckRefusesAGap) {
+  constexpr size_t gap[] = {24, 32, 48};
+  static_assert(!one_slot_after_another(gap, 24, 56));
+  constexpr size_t whole[] = {24, 32, 40, 48};
+  static_assert(one_slot_after_another(whole, 24, 56));
+  EXPECT_EQ(sizeof(kStrategyHooks) / sizeof(size_t), 23u);
+}
 
 // The static_asserts above are the test; this one only makes the binary
 // report that they held, and checks the one runtime fact they cannot: a
