@@ -115,9 +115,7 @@ std::vector<Trainable> trainable(const tf_sdk::Host& host) {
   for (const std::string& name : host.param_names()) {
     const tf_param_info info = host.param_info(name);
     if (!info.trainable || info.format != TF_FORMAT_DENSE) continue;
-    tf_tensor t = nullptr;
-    host.check(host.api()->param_storage(host.ctx(), name.c_str(), &t));
-    at::Tensor w = tf_sdk::take(t);
+    at::Tensor w = host.param_storage(name);
     if (w.numel() != info.numel)
       throw std::invalid_argument(
           "hybrid: parameter \"" + name +
@@ -304,12 +302,9 @@ tf_status save_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Hybrid*>(state);
   const tf_host_api* api = s->host.api();
   return tf_sdk::guard(api, ctx, [&] {
-    auto put = [&](const std::string& key, double v) {
-      s->host.check(api->state_put_double(ctx, key.c_str(), v));
-    };
+    auto put = [&](const std::string& key, double v) { s->host.save_double(key, v); };
     auto put_tensor = [&](const std::string& key, const at::Tensor& t) {
-      auto* h = reinterpret_cast<tf_tensor>(const_cast<at::Tensor*>(&t));
-      s->host.check(api->state_put_tensor(ctx, key.c_str(), h));
+      s->host.save_tensor(key, t);
     };
     put("skipped", static_cast<double>(s->skipped));
     put("full_left", static_cast<double>(s->full_left));
@@ -344,16 +339,8 @@ tf_status load_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Hybrid*>(state);
   const tf_host_api* api = s->host.api();
   return tf_sdk::guard(api, ctx, [&] {
-    auto get = [&](const char* key) {
-      double v = 0;
-      s->host.check(api->state_get_double(ctx, key, &v));
-      return static_cast<int64_t>(v);
-    };
-    auto get_tensor = [&](const std::string& key) {
-      tf_tensor t = nullptr;
-      s->host.check(api->state_get_tensor(ctx, key.c_str(), &t));
-      return tf_sdk::take(t);
-    };
+    auto get = [&](const char* key) { return static_cast<int64_t>(s->host.saved_double(key)); };
+    auto get_tensor = [&](const std::string& key) { return s->host.saved_tensor(key); };
     s->skipped = get("skipped");
     s->full_left = get("full_left");
     s->predicting = get("predicting") != 0;
@@ -370,10 +357,10 @@ tf_status load_state(void* state, tf_host_context* ctx) {
     for (int64_t i = 0; i < losses.size(0); ++i)
       s->losses.add(static_cast<int64_t>(losses[i][0].item<double>()), losses[i][1].item<double>());
     for (const Trainable& p : trainable(s->host)) {
-      tf_tensor t = nullptr;
-      const std::string fit_key = "group." + p.name + ".fit";
-      if (api->state_get_tensor(ctx, fit_key.c_str(), &t) != TF_OK) continue;  // not seen yet
-      const at::Tensor fit = tf_sdk::take(t).to(at::kDouble).contiguous();
+      const std::optional<at::Tensor> saved_fit =
+          s->host.find_saved_tensor("group." + p.name + ".fit");
+      if (!saved_fit) continue;  // not seen yet
+      const at::Tensor fit = saved_fit->to(at::kDouble).contiguous();
       const double* f = fit.data_ptr<double>();
       tf_sdk::MemoryCategory history(s->host, TF_MEM_OPTIMIZER);
       GroupState& g = s->model.group(p.name, p.weights);

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -37,6 +38,12 @@ inline at::Tensor take(tf_tensor handle) {
   at::Tensor t = std::move(*p);
   delete p;
   return t;
+}
+
+// Lends a tensor to a host service as a borrowed handle (the host copies or
+// references what it keeps; the handle is valid only for the call).
+inline tf_tensor lend(const at::Tensor& t) {
+  return reinterpret_cast<tf_tensor>(const_cast<at::Tensor*>(&t));
 }
 
 // A host service failed; carries the host's message.
@@ -282,6 +289,56 @@ class Host {
 
   void log(tf_log_level level, const std::string& msg) const {
     api_->log(ctx_, level, msg.c_str());
+  }
+
+  // The stored tensor of a parameter, in its current format and residency.
+  at::Tensor param_storage(const std::string& name) const {
+    tf_tensor out = nullptr;
+    check(api_->param_storage(ctx_, name.c_str(), &out));
+    return take(out);
+  }
+  // Replaces it (the store keeps its own reference) and records its format
+  // and residency; a non-dense format is served by this plugin's fetch_weight.
+  void set_param_storage(const std::string& name, const at::Tensor& value, tf_param_format format,
+                         tf_residency residency) const {
+    check(api_->param_set_storage(ctx_, name.c_str(), lend(value), format, residency));
+  }
+
+  // Plugin state in checkpoints (inside save_state / load_state). A tensor
+  // put is written to the checkpoint's file before the call returns.
+  void save_tensor(const std::string& key, const at::Tensor& value) const {
+    check(api_->state_put_tensor(ctx_, key.c_str(), lend(value)));
+  }
+  void save_double(const std::string& key, double value) const {
+    check(api_->state_put_double(ctx_, key.c_str(), value));
+  }
+  // The saved value; throws HostError (TF_ERR_NOT_FOUND, the host's message)
+  // when the checkpoint has no `key`.
+  at::Tensor saved_tensor(const std::string& key) const {
+    tf_tensor out = nullptr;
+    check(api_->state_get_tensor(ctx_, key.c_str(), &out));
+    return take(out);
+  }
+  double saved_double(const std::string& key) const {
+    double v = 0;
+    check(api_->state_get_double(ctx_, key.c_str(), &v));
+    return v;
+  }
+  // The saved value, or nothing when the checkpoint has no `key` (state a
+  // plugin may not have had yet); any other failure throws.
+  std::optional<at::Tensor> find_saved_tensor(const std::string& key) const {
+    tf_tensor out = nullptr;
+    const tf_status st = api_->state_get_tensor(ctx_, key.c_str(), &out);
+    if (st == TF_ERR_NOT_FOUND) return std::nullopt;
+    check(st);
+    return take(out);
+  }
+  std::optional<double> find_saved_double(const std::string& key) const {
+    double v = 0;
+    const tf_status st = api_->state_get_double(ctx_, key.c_str(), &v);
+    if (st == TF_ERR_NOT_FOUND) return std::nullopt;
+    check(st);
+    return v;
   }
 
  private:

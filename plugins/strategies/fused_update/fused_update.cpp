@@ -73,7 +73,7 @@ tf_status step_end(void* state, tf_host_context* ctx, int64_t, double) {
 tf_status save_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<FusedUpdate*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    s->host.check(s->host.api()->state_put_double(ctx, "previous_norm", s->previous_norm));
+    s->host.save_double("previous_norm", s->previous_norm);
     return TF_OK;
   });
 }
@@ -81,7 +81,7 @@ tf_status save_state(void* state, tf_host_context* ctx) {
 tf_status load_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<FusedUpdate*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    s->host.check(s->host.api()->state_get_double(ctx, "previous_norm", &s->previous_norm));
+    s->previous_norm = s->host.saved_double("previous_norm");
     return TF_OK;
   });
 }

@@ -539,11 +539,8 @@ tf_status save_state(void* state, tf_host_context* ctx) {
       const tf_param_info info = s->host.param_info(name);
       s->state->with_state(name, at::IntArrayRef(info.shape, info.ndim), n,
                            [&](std::vector<at::Tensor>& slots) {
-                             for (int32_t i = 0; i < n; ++i) {
-                               const std::string key = name + ".state" + std::to_string(i);
-                               s->host.check(s->host.api()->state_put_tensor(
-                                   ctx, key.c_str(), reinterpret_cast<tf_tensor>(&slots[i])));
-                             }
+                             for (int32_t i = 0; i < n; ++i)
+                               s->host.save_tensor(name + ".state" + std::to_string(i), slots[i]);
                            });
     }
     return TF_OK;
@@ -561,12 +558,10 @@ tf_status load_state(void* state, tf_host_context* ctx) {
       if (!info.trainable || n == 0) continue;
       std::vector<at::Tensor> saved;
       for (int32_t i = 0; i < n; ++i) {
-        tf_tensor h = nullptr;
-        const std::string key = name + ".state" + std::to_string(i);
-        const tf_status st = api->state_get_tensor(ctx, key.c_str(), &h);
-        if (st == TF_ERR_NOT_FOUND) break;
-        s->host.check(st);
-        saved.push_back(tf_sdk::take(h));
+        std::optional<at::Tensor> slot =
+            s->host.find_saved_tensor(name + ".state" + std::to_string(i));
+        if (!slot) break;
+        saved.push_back(std::move(*slot));
       }
       if (saved.empty()) continue;  // never updated before the checkpoint
       if (static_cast<int32_t>(saved.size()) != n)

@@ -133,7 +133,6 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
   const tf_host_api* api = s->host.api();
   return tf_sdk::guard(api, ctx, [&] {
     for (const std::string& name_s : s->host.param_names()) {
-      const char* name = name_s.c_str();
       const tf_param_info info = s->host.param_info(name_s);
       if (info.format != TF_FORMAT_DENSE || info.dtype != TF_DTYPE_F32) continue;
       // A weight another strategy keeps on a host or disk tier is fetched
@@ -144,14 +143,14 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
             "\" is kept on the " + (info.residency == TF_TIER_DISK ? "disk" : "host") +
             " tier by another strategy (offload params); use mode = \"autocast\", quantize "
             "those weights, or leave them on the device");
-      tf_tensor stored = nullptr;
-      s->host.check(api->param_storage(ctx, name, &stored));
-      s->host.check(api->memory_push_category(
-          ctx, (info.flags & TF_PARAM_ADAPTER) ? TF_MEM_ADAPTERS : TF_MEM_WEIGHTS));
-      at::Tensor low = tf_sdk::take(stored).detach().to(s->dtype);
-      api->memory_pop_category(ctx);
-      s->host.check(api->param_set_storage(ctx, name, reinterpret_cast<tf_tensor>(&low),
-                                           TF_FORMAT_DENSE, info.residency));
+      at::Tensor stored = s->host.param_storage(name_s);
+      at::Tensor low;
+      {
+        const tf_sdk::MemoryCategory scope(
+            s->host, (info.flags & TF_PARAM_ADAPTER) ? TF_MEM_ADAPTERS : TF_MEM_WEIGHTS);
+        low = std::exchange(stored, at::Tensor()).detach().to(s->dtype);
+      }
+      s->host.set_param_storage(name_s, low, TF_FORMAT_DENSE, info.residency);
     }
     return TF_OK;
   });
@@ -208,10 +207,9 @@ tf_status save_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Precision*>(state);
   if (!s->scaling) return TF_OK;
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    const tf_host_api* api = s->host.api();
-    s->host.check(api->state_put_double(ctx, "loss_scale", s->scale));
-    s->host.check(api->state_put_double(ctx, "good_steps", static_cast<double>(s->good_steps)));
-    s->host.check(api->state_put_double(ctx, "overflows", static_cast<double>(s->overflows)));
+    s->host.save_double("loss_scale", s->scale);
+    s->host.save_double("good_steps", static_cast<double>(s->good_steps));
+    s->host.save_double("overflows", static_cast<double>(s->overflows));
     return TF_OK;
   });
 }
@@ -220,13 +218,9 @@ tf_status load_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Precision*>(state);
   if (!s->scaling) return TF_OK;
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    const tf_host_api* api = s->host.api();
-    double good = 0, overflows = 0;
-    s->host.check(api->state_get_double(ctx, "loss_scale", &s->scale));
-    s->host.check(api->state_get_double(ctx, "good_steps", &good));
-    s->host.check(api->state_get_double(ctx, "overflows", &overflows));
-    s->good_steps = static_cast<int64_t>(good);
-    s->overflows = static_cast<int64_t>(overflows);
+    s->scale = s->host.saved_double("loss_scale");
+    s->good_steps = static_cast<int64_t>(s->host.saved_double("good_steps"));
+    s->overflows = static_cast<int64_t>(s->host.saved_double("overflows"));
     return TF_OK;
   });
 }

@@ -244,24 +244,21 @@ bool stores_compactly(const Quantize& s, const tf_param_info& info) {
 // < 0) that are still on the device as made; returns how many trainable
 // block matrices were seen (a QLoRA recipe with lora after quantize).
 int64_t quantize_stage(Quantize* s, int32_t stage) {
-  const tf_host_api* api = s->host.api();
-  tf_host_context* ctx = s->host.ctx();
   int64_t trainable_block_weights = 0;
   for (const std::string& name : s->host.param_names()) {
-    const char* name_c = name.c_str();
     const tf_param_info info = s->host.param_info(name);
     if ((stage >= 0 && info.stage != stage) || info.format != TF_FORMAT_DENSE ||
         info.residency != TF_TIER_DEVICE || info.stored_bytes == 0)
       continue;
     if (info.trainable && is_block_matrix(*s, info)) ++trainable_block_weights;
     if (!stores_compactly(*s, info)) continue;
-    tf_tensor stored = nullptr;
-    s->host.check(api->param_storage(ctx, name_c, &stored));
+    at::Tensor stored = s->host.param_storage(name);
     Quantized q;
     q.shape = {info.shape[0], info.shape[1]};
     q.dtype = tf_sdk::scalar_type(info.dtype);
     if (s->format == "gguf") {
-      const at::Device device = tf_sdk::take(stored).device();
+      const at::Device device = stored.device();
+      stored.reset();
       at::Tensor codes;
       {
         const tf_sdk::MemoryCategory weights_scope(s->host, TF_MEM_WEIGHTS);
@@ -272,12 +269,11 @@ int64_t quantize_stage(Quantize* s, int32_t stage) {
       s->dense_bytes += info.numel * tf_sdk::element_bytes(info.dtype);
       s->compact_bytes += codes.numel();
       ++s->ggml_types[q.ggml_type];
-      s->host.check(api->param_set_storage(ctx, name_c, reinterpret_cast<tf_tensor>(&codes),
-                                           TF_FORMAT_GGML, TF_TIER_DEVICE));
+      s->host.set_param_storage(name, codes, TF_FORMAT_GGML, TF_TIER_DEVICE);
       s->weights[name] = std::move(q);
       continue;
     }
-    const at::Tensor w = tf_sdk::take(stored).detach().to(at::kFloat);
+    const at::Tensor w = std::exchange(stored, at::Tensor()).detach().to(at::kFloat);
     // Working tensors are transient; only the codes and scales are weights.
     at::Tensor codes;
     {
@@ -294,9 +290,8 @@ int64_t quantize_stage(Quantize* s, int32_t stage) {
     s->compact_bytes += codes.numel() * codes.element_size() +
                         q.scale.numel() * q.scale.element_size() +
                         (q.scale_scale.defined() ? q.scale_scale.numel() * 4 + 4 : 0);
-    s->host.check(api->param_set_storage(ctx, name_c, reinterpret_cast<tf_tensor>(&codes),
-                                         s->format == "int8" ? TF_FORMAT_INT8 : TF_FORMAT_NF4,
-                                         TF_TIER_DEVICE));
+    s->host.set_param_storage(name, codes, s->format == "int8" ? TF_FORMAT_INT8 : TF_FORMAT_NF4,
+                              TF_TIER_DEVICE);
     s->weights[name] = std::move(q);
   }
   return trainable_block_weights;
@@ -364,17 +359,13 @@ tf_status save_state(void* state, tf_host_context* ctx) {
                             {".m_absmax", &a.m_absmax},
                             {".r_codes", &a.r_codes},
                             {".r_absmax", &a.r_absmax}})
-        s->host.check(api->state_put_tensor(ctx, ("adam8." + name + key).c_str(),
-                                            reinterpret_cast<tf_tensor>(t)));
+        s->host.save_tensor("adam8." + name + key, *t);
     for (auto& [name, q] : s->weights) {
       if (!q.scale.defined()) continue;  // gguf: the blocks hold their own scales
-      s->host.check(api->state_put_tensor(ctx, (name + ".scale").c_str(),
-                                          reinterpret_cast<tf_tensor>(&q.scale)));
+      s->host.save_tensor(name + ".scale", q.scale);
       if (q.scale_scale.defined()) {
-        s->host.check(api->state_put_tensor(ctx, (name + ".scale_scale").c_str(),
-                                            reinterpret_cast<tf_tensor>(&q.scale_scale)));
-        s->host.check(api->state_put_tensor(ctx, (name + ".scale_mean").c_str(),
-                                            reinterpret_cast<tf_tensor>(&q.scale_mean)));
+        s->host.save_tensor(name + ".scale_scale", q.scale_scale);
+        s->host.save_tensor(name + ".scale_mean", q.scale_mean);
       }
     }
     return TF_OK;
@@ -385,30 +376,28 @@ tf_status load_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Quantize*>(state);
   const tf_host_api* api = s->host.api();
   return tf_sdk::guard(api, ctx, [&] {
-    auto get = [&](const std::string& key, at::Tensor& into) {
-      tf_tensor t = nullptr;
-      s->host.check(api->state_get_tensor(ctx, key.c_str(), &t));
-      at::Tensor v = tf_sdk::take(t);
+    auto fill = [&](const std::string& key, const at::Tensor& v, at::Tensor& into) {
       if (into.defined() && v.sizes() != into.sizes())
         throw std::invalid_argument("quantize: checkpoint scales of " + key +
                                     " have another shape (format or block_size changed?)");
       into = v.to(into.defined() ? into.device() : v.device());
     };
+    auto get = [&](const std::string& key, at::Tensor& into) {
+      fill(key, s->host.saved_tensor(key), into);
+    };
     if (s->adam8) {
       s->adam.clear();
       for (const std::string& name_s : s->host.param_names()) {
-        const char* name = name_s.c_str();
-        tf_tensor probe = nullptr;
-        if (api->state_get_tensor(ctx, ("adam8." + std::string(name) + ".m_codes").c_str(),
-                                  &probe) != TF_OK)
-          continue;
-        api->tensor_release(probe);
-        AdamState8& a = s->adam[name];
-        for (auto [key, t] : {std::pair{".m_codes", &a.m_codes},
-                              {".m_absmax", &a.m_absmax},
+        // A parameter without 8-bit state had no update before the checkpoint.
+        const std::optional<at::Tensor> m_codes =
+            s->host.find_saved_tensor("adam8." + name_s + ".m_codes");
+        if (!m_codes) continue;
+        AdamState8& a = s->adam[name_s];
+        fill("adam8." + name_s + ".m_codes", *m_codes, a.m_codes);
+        for (auto [key, t] : {std::pair{".m_absmax", &a.m_absmax},
                               {".r_codes", &a.r_codes},
                               {".r_absmax", &a.r_absmax}})
-          get("adam8." + std::string(name) + key, *t);
+          get("adam8." + name_s + key, *t);
       }
     }
     for (auto& [name, q] : s->weights) {

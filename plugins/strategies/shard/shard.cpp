@@ -448,20 +448,14 @@ tf_status save_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Shard*>(state);
   if (s->mode != "zero") return TF_OK;
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    const tf_host_api* api = s->host.api();
-    s->host.check(api->state_put_double(ctx, "world_size", s->world));
-    for (auto& [name, w] : s->sharded) {
-      at::Tensor mine = w.own.narrow(0, 0, s->part(w.leaf).len);
-      const std::string key = name + ".part.rank" + std::to_string(s->rank);
-      s->host.check(api->state_put_tensor(ctx, key.c_str(), reinterpret_cast<tf_tensor>(&mine)));
-    }
+    s->host.save_double("world_size", s->world);
+    for (auto& [name, w] : s->sharded)
+      s->host.save_tensor(name + ".part.rank" + std::to_string(s->rank),
+                          w.own.narrow(0, 0, s->part(w.leaf).len));
     for (auto& [name, slots] : s->state)
-      for (size_t i = 0; i < slots.size(); ++i) {
-        const std::string key =
-            name + ".state" + std::to_string(i) + ".rank" + std::to_string(s->rank);
-        s->host.check(
-            api->state_put_tensor(ctx, key.c_str(), reinterpret_cast<tf_tensor>(&slots[i])));
-      }
+      for (size_t i = 0; i < slots.size(); ++i)
+        s->host.save_tensor(name + ".state" + std::to_string(i) + ".rank" + std::to_string(s->rank),
+                            slots[i]);
     return TF_OK;
   });
 }
@@ -471,12 +465,10 @@ tf_status save_state(void* state, tf_host_context* ctx) {
 at::Tensor stitch(const Shard& s, const std::string& key, int saved_world, int64_t numel) {
   std::vector<at::Tensor> parts;
   for (int r = 0; r < saved_world; ++r) {
-    const std::string k = key + ".rank" + std::to_string(r);
-    tf_tensor t = nullptr;
-    const tf_status st = s.host.api()->state_get_tensor(s.host.ctx(), k.c_str(), &t);
-    if (st == TF_ERR_NOT_FOUND) return at::Tensor();
-    s.host.check(st);
-    parts.push_back(tf_sdk::take(t).reshape({-1}));
+    const std::optional<at::Tensor> part =
+        s.host.find_saved_tensor(key + ".rank" + std::to_string(r));
+    if (!part) return at::Tensor();
+    parts.push_back(part->reshape({-1}));
   }
   at::Tensor whole = at::cat(parts);
   if (whole.numel() != numel)
@@ -490,16 +482,15 @@ tf_status load_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Shard*>(state);
   if (s->mode != "zero") return TF_OK;
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    const tf_host_api* api = s->host.api();
-    double saved = 0;
-    if (api->state_get_double(ctx, "world_size", &saved) != TF_OK) {
+    const std::optional<double> saved = s->host.find_saved_double("world_size");
+    if (!saved) {
       if (!s->sharded.empty())
         throw std::runtime_error(
             "shard: this checkpoint was not saved by ZeRO (no per-rank state), so the weights "
             "stage 3 splits cannot be restored from it; resume it without stage = 3");
       return TF_OK;
     }
-    const int saved_world = static_cast<int>(saved);
+    const int saved_world = static_cast<int>(*saved);
     for (auto& [name, w] : s->sharded) {
       const at::Tensor whole = stitch(*s, name + ".part", saved_world, w.leaf.numel());
       if (!whole.defined())
