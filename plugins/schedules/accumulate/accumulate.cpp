@@ -46,7 +46,7 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
   const tf_host_api* api = s->host.api();
   return tf_sdk::guard(api, ctx, [&] {
     const double lr = s->lr.apply(s->host, step, total);
-    s->host.check(api->zero_grad(ctx));
+    s->host.zero_grad();
     const int32_t count = s->micro_batches;
     std::vector<std::unique_ptr<tf_sdk::Batch>> batches;
     std::vector<int64_t> targets;  // each micro-batch's counted targets

@@ -79,13 +79,10 @@ Settings read_settings(const tf_sdk::Host& host) {
       c.max_predict_steps = p.max_predict_steps;
       c.correction_interval = p.correction_interval;
     }
-  const tf_host_api* api = host.api();
   // Keys the recipe sets override the preset.
-  if (api->config_has(host.ctx(), "confidence")) c.confidence = host.get_double("confidence");
-  if (api->config_has(host.ctx(), "max_predict_steps"))
-    c.max_predict_steps = host.get_int("max_predict_steps");
-  if (api->config_has(host.ctx(), "correction_interval"))
-    c.correction_interval = host.get_int("correction_interval");
+  if (host.has("confidence")) c.confidence = host.get_double("confidence");
+  if (host.has("max_predict_steps")) c.max_predict_steps = host.get_int("max_predict_steps");
+  if (host.has("correction_interval")) c.correction_interval = host.get_int("correction_interval");
   c.warmup_full_steps = host.get_int("warmup_full_steps");
   c.full_steps = host.get_int("full_steps");
   c.divergence_factor = host.get_double("divergence_factor");
@@ -127,7 +124,7 @@ std::vector<Trainable> trainable(const tf_sdk::Host& host) {
 }
 
 void log_metric(Hybrid& s, const char* key, double v) {
-  s.host.api()->log_metric(s.host.ctx(), key, v);
+  s.host.log_metric(key, v);
 }
 
 void end_run(Hybrid& s) {
@@ -158,8 +155,6 @@ void roll_back(Hybrid& s, int64_t step, double loss) {
 // (a correction) rolls back instead of updating when the loss diverged.
 tf_pass_result full_step(Hybrid& s, int64_t step, double lr, bool measure, bool guard,
                          bool* diverged) {
-  const tf_host_api* api = s.host.api();
-  tf_host_context* ctx = s.host.ctx();
   // Measured from the weights before the forward pass: a strategy may update
   // them during backward (fused_update).
   std::vector<Trainable> params;
@@ -174,10 +169,10 @@ tf_pass_result full_step(Hybrid& s, int64_t step, double lr, bool measure, bool 
       groups.push_back(&g);
     }
   }
-  s.host.check(api->zero_grad(ctx));
+  s.host.zero_grad();
   const tf_pass_result pass = tf_sdk::Batch(s.host).forward_backward(1.0);
   if (guard && s.losses.diverged(pass.loss, s.cfg.divergence_factor)) {
-    s.host.check(api->zero_grad(ctx));
+    s.host.zero_grad();
     roll_back(s, step, pass.loss);
     *diverged = true;
     return pass;

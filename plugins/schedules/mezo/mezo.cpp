@@ -69,7 +69,7 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
                                    ": the loss is not finite; no update (" +
                                    std::to_string(s->skipped) + " skipped so far)");
     }
-    api->log_metric(ctx, "projected_grad", g);
+    s->host.log_metric("projected_grad", g);
     out->loss = 0.5 * (plus.loss + minus.loss);
     out->n_tokens = plus.n_tokens;
     out->backward_passes = 0;

@@ -27,7 +27,7 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
   const tf_host_api* api = s->host.api();
   return tf_sdk::guard(api, ctx, [&] {
     const double lr = s->lr.apply(s->host, step, total);
-    s->host.check(api->zero_grad(ctx));
+    s->host.zero_grad();
     const tf_pass_result pass = tf_sdk::Batch(s->host).forward_backward(1.0);
     tf_sdk::step_or_skip(s->host, step, s->skipped);
     out->loss = pass.loss;

@@ -291,6 +291,20 @@ class Host {
     api_->log(ctx_, level, msg.c_str());
   }
 
+  // A metric on this step's line; best effort (a metric never stops a step).
+  void log_metric(const std::string& key, double value) const {
+    api_->log_metric(ctx_, key.c_str(), value);
+  }
+  // Clears every trainable parameter's gradient (a schedule, before a step).
+  void zero_grad() const { check(api_->zero_grad(ctx_)); }
+  // The run's optimizer settings and the step being taken.
+  tf_optimizer_info optimizer_info() const {
+    tf_optimizer_info o{};
+    o.struct_size = sizeof o;
+    check(api_->optimizer_info(ctx_, &o));
+    return o;
+  }
+
   // The stored tensor of a parameter, in its current format and residency.
   at::Tensor param_storage(const std::string& name) const {
     tf_tensor out = nullptr;

@@ -65,7 +65,7 @@ tf_status step_end(void* state, tf_host_context* ctx, int64_t, double) {
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     s->previous_norm = std::sqrt(s->sum_sq);
     s->sum_sq = 0;
-    s->host.api()->log_metric(ctx, "grad_norm", s->previous_norm);
+    s->host.log_metric("grad_norm", s->previous_norm);
     return TF_OK;
   });
 }

@@ -483,10 +483,7 @@ tf_status unpack_activation(void* state, tf_host_context* ctx, int32_t, uint64_t
 }
 
 int32_t state_slots(const Offload& s) {
-  tf_optimizer_info o{};
-  o.struct_size = sizeof o;
-  s.host.check(s.host.api()->optimizer_info(s.host.ctx(), &o));
-  return o.n_state;
+  return s.host.optimizer_info().n_state;
 }
 
 // The update of a trainable parameter where its optimizer state lives.

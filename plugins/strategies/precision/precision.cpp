@@ -197,8 +197,8 @@ tf_status loss_scale_update(void* state, tf_host_context* ctx, int32_t finite) {
       s->scale = std::min(s->scale * 2.0, 16777216.0 * 65536.0);
       s->good_steps = 0;
     }
-    s->host.api()->log_metric(ctx, "loss_scale", s->scale);
-    s->host.api()->log_metric(ctx, "overflows", static_cast<double>(s->overflows));
+    s->host.log_metric("loss_scale", s->scale);
+    s->host.log_metric("overflows", static_cast<double>(s->overflows));
     return TF_OK;
   });
 }

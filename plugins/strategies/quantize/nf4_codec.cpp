@@ -57,8 +57,8 @@ at::Tensor encode_tensors(const at::Tensor& flat, int64_t block, at::Tensor& abs
   const at::Tensor& levels = levels_tensor();
   const at::Tensor midpoints =
       ((levels.slice(0, 1) + levels.slice(0, 0, -1)) / 2).to(flat.device());
-  at::Tensor codes = at::zeros({n_blocks * block + (n_blocks * block) % 2},
-                               flat.options().dtype(at::kByte));
+  at::Tensor codes =
+      at::zeros({n_blocks * block + (n_blocks * block) % 2}, flat.options().dtype(at::kByte));
   constexpr int64_t kChunkBlocks = 1 << 14;
   for (int64_t b0 = 0; b0 < n_blocks; b0 += kChunkBlocks) {
     const int64_t nb = std::min(kChunkBlocks, n_blocks - b0);

@@ -150,9 +150,7 @@ tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* na
   if (!s->adam8) return TF_NOT_HANDLED;
   const tf_host_api* api = s->host.api();
   return tf_sdk::guard(api, ctx, [&] {
-    tf_optimizer_info o{};
-    o.struct_size = sizeof o;
-    s->host.check(api->optimizer_info(ctx, &o));
+    const tf_optimizer_info o = s->host.optimizer_info();
     if (std::string(o.name) != "adamw") return TF_NOT_HANDLED;
     const tf_param_info info = s->host.param_info(name);
     at::NoGradGuard no_grad;

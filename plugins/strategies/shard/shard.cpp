@@ -147,12 +147,7 @@ struct Shard {
 
   shard::Part part(const at::Tensor& t) const { return shard::part_of(t.numel(), rank, world); }
 
-  int32_t n_state() const {
-    tf_optimizer_info o{};
-    o.struct_size = sizeof o;
-    host.check(host.api()->optimizer_info(host.ctx(), &o));
-    return o.n_state;
-  }
+  int32_t n_state() const { return host.optimizer_info().n_state; }
 
   bool last_micro_batch() const {
     int32_t index = 0, count = 1;
