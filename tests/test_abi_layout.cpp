@@ -267,7 +267,7 @@ static_assert(sizeof(tf_status) == 4 && sizeof(tf_plugin_kind) == 4 && sizeof(tf
               sizeof(tf_stage_kind) == 4 && sizeof(tf_init_kind) == 4 &&
               sizeof(tf_reduce_op) == 4 && sizeof(tf_pass_phase) == 4 && sizeof(tf_log_level) == 4);
 
-// The kernel's hook lists (kernel/plugin_hooks.hpp), which name hooks for
+// The kernel's hook lists (kernel/plugins/plugin_hooks.hpp), which name hooks for
 // `plugins check` and for the calls, hold every slot of each vtable in the
 // header's order: each listed hook directly after the one before it, the
 // first after destroy, the last before the vtable's next field.

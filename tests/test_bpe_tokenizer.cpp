@@ -83,7 +83,7 @@ TEST_F(BpeParity, NfkcMetaspaceStyleMatchesTokenizers) {
 // BPE merges by a heap over linked symbols: a megabyte-long word (the whole
 // input one piece) and a megabyte-long line must not take quadratic time.
 // The bound is loose (a quadratic merge takes minutes); the figure is recorded.
-// Added tokens found in one pass (kernel/added_token_matcher.cpp) as the
+// Added tokens found in one pass (kernel/text/added_token_matcher.cpp) as the
 // tokenizers library finds them: leftmost-longest, overlapping texts, single
 // words, spaces stripped on either side.
 TEST_F(BpeParity, AddedTokensMatchTokenizers) {

@@ -3,7 +3,8 @@
 // steps, one after another, each in its own process (its own memory peaks),
 // and compares them: memory by category, speed, held-out loss and its gap to
 // the first variant with a 95% interval over seeds, divergences and backward
-// passes skipped. Writes the table, ab.json and each run's folder under --out.
+// passes skipped. Writes the table, ab.json, report.html (ab_report.hpp) and
+// each run's folder under --out.
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "ab_report.hpp"
 #include "ab_stats.hpp"
 #include "commands.hpp"
 #include "file_util.hpp"
@@ -130,7 +132,7 @@ int ab_command(const std::vector<std::string>& args) {
       "KEY=V1,V2 sets it")("out,o", po::value<std::string>()->default_value("runs/ab"),
                            "folder for the runs, ab.json and the logs")(
       "set", po::value<std::vector<std::string>>()->composing(), "override a key in every variant")(
-      "no-html", "skip the HTML report with plots")(
+      "no-html", "skip report.html (the table, notes and plots)")(
       "nproc", po::value<int>(), "run every variant on N local ranks (tightfit run --nproc N)");
   po::options_description hidden;
   hidden.add_options()("recipes", po::value<std::vector<std::string>>());
@@ -266,18 +268,8 @@ int ab_command(const std::vector<std::string>& args) {
     std::cout << t.str();
     write_file_synced((out / "ab.txt").string(), t.str());
     if (!vm.count("no-html")) {
-      // The plots come from matplotlib in the project's environment.
-      const fs::path src = TIGHTFIT_SOURCE_DIR;
-      const fs::path python = src / ".venv/bin/python", script = src / "scripts/ab_report.py";
-      // An argument vector: a folder name with quotes in it is a name.
-      if (fs::exists(python) && fs::exists(script) &&
-          run_program(python.string(), {script.string(), (out / "ab.json").string()},
-                      (out / "logs" / "report.log").string()) == 0)
-        std::cout << "report        " << (out / "report.html").string() << "\n";
-      else
-        std::cerr << "tightfit ab: no HTML report (it needs " << python.string()
-                  << " with matplotlib: run scripts/setup); see "
-                  << (out / "logs" / "report.log").string() << "\n";
+      write_file_synced((out / "report.html").string(), ab_report_html(report));
+      std::cout << "report        " << (out / "report.html").string() << "\n";
     }
     for (const auto& jv : report["variants"])
       for (const auto& r : jv["runs"])

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tokenizer.hpp"
+#include "utf8.hpp"
 
 namespace tightfit {
 
@@ -23,15 +24,6 @@ std::string load_corpus_text(const std::string& spec, const std::string& base_di
 // The bytes on disk of what load_corpus_text would read (the sum of a
 // folder's files), found without reading any; 0 when it cannot tell.
 int64_t corpus_bytes_on_disk(const std::string& spec, const std::string& base_dir = {});
-
-// Offset of the first byte that is not part of well-formed UTF-8 (overlong
-// forms, surrogates and code points past U+10FFFF included), or npos.
-size_t first_invalid_utf8(std::string_view text);
-
-// `bytes` as UTF-8 text the way Rust's String::from_utf8_lossy makes it (as
-// the tokenizers library decodes byte-level tokens): each maximal ill-formed
-// subsequence becomes one U+FFFD.
-std::string utf8_lossy(std::string_view bytes);
 
 // Shannon entropy (nats/token) of the unigram distribution: the loss a model
 // that ignores context cannot beat.

@@ -10,14 +10,12 @@
 
 #include <ATen/ATen.h>
 
+#include "ignore_index.hpp"
+
 namespace tightfit {
 
 // Rows per block: the block's exp temporary stays near 8 MiB.
 int64_t cross_entropy_block_rows(int64_t vocab);
-
-// A target that is not trained on (a prompt token, padding), as PyTorch's
-// and Hugging Face's ignore_index.
-constexpr int64_t kIgnoreIndex = -100;
 
 // logits [N, V] float, targets [N] int64; the mean over the rows whose target
 // is not kIgnoreIndex (0 when none counts).

@@ -9,7 +9,7 @@
 #include <initializer_list>
 #include <string>
 
-#include "recipe.hpp"
+#include "recipe_error.hpp"
 
 namespace tightfit {
 

@@ -2,7 +2,7 @@
 
 #include <cstdio>
 
-#include "data.hpp"
+#include "utf8.hpp"
 #include "json_input.hpp"
 
 namespace tightfit {

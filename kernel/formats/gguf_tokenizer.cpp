@@ -4,7 +4,7 @@
 #include <optional>
 #include <vector>
 
-#include "data.hpp"
+#include "utf8.hpp"
 #include "sentencepiece_convert.hpp"
 #include "tokenizer_json_parts.hpp"
 

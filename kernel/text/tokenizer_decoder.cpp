@@ -2,7 +2,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "data.hpp"
+#include "utf8.hpp"
 #include "tokenizer_spec.hpp"
 #include "tokenizer_steps.hpp"
 

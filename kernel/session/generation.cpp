@@ -7,6 +7,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "logging.hpp"
 #include "session.hpp"
 #include "strategy_chain.hpp"
 #include "tensor_handle.hpp"
@@ -68,19 +69,27 @@ std::string generate_text(Session& s, const std::string& prompt, const SamplingO
   if (can_decode) {
     // Incremental: the model carries its state (or key/value cache) between calls.
     void* cache = nullptr;
+    // Released through the one door too; a plugin that throws here is
+    // logged, as this runs while another error may be on its way out.
     struct Release {
-      const tf_model_vtable* vt;
-      void* state;
+      const PluginInstance& model;
       void** cache;
       ~Release() {
-        if (*cache) vt->release_cache(state, *cache);
+        if (!*cache) return;
+        try {
+          plugin_call(model, "release_cache",
+                      [&] { model.plugin->model()->release_cache(model.state, *cache); });
+        } catch (const std::exception& e) {
+          log_message(TF_LOG_WARN, e.what());
+        }
       }
-    } release{vt, model.state, &cache};
+    } release{model, &cache};
     at::Tensor x = at::tensor(ids, at::kLong).unsqueeze(0).to(device);
     for (int64_t i = 0; i < n_tokens; ++i) {
       tf_tensor out = nullptr;
-      check_plugin_status(guarded_call(model, "decode", vt->decode, &cache, borrow_handle(x), &out),
-                          model, "decode");
+      check_plugin_status(
+          call_hook(model, vt, TF_MODEL_HOOK(decode), &cache, borrow_handle(x), &out), model,
+          "decode");
       at::Tensor logits = adopt_handle(StrategyChain::returned(out, model, "decode"));
       ids.push_back(pick(logits[0][-1]));
       if (stops(ids.back())) break;

@@ -161,7 +161,7 @@ at::Tensor Executor::run_stage(int32_t stage, const at::Tensor& input, bool trai
   const tf_model_vtable* vt = plugins_.model.plugin->model();
   const tf_tensor lent = borrow_handle(input);
   check_plugin_status(
-      guarded_call(plugins_.model, "stage_forward", vt->stage_forward, &call, lent, &out),
+      call_hook(plugins_.model, vt, TF_MODEL_HOOK(stage_forward), &call, lent, &out),
       plugins_.model, "stage_forward");
   if (out == nullptr)
     throw PluginCallError("model plugin \"" + plugins_.model.plugin->name +

@@ -22,8 +22,8 @@ namespace fs = std::filesystem;
 std::string Session::model_config_json() {
   const tf_model_vtable* vt = plugins_.model.plugin->model();
   const char* config = nullptr;
-  if (vt->hf_config_json)
-    check_plugin_status(vt->hf_config_json(plugins_.model.state, plugins_.model.ctx.get(), &config),
+  if (vt->hf_config_json)  // through the guard: a plugin's exception is named, never let through
+    check_plugin_status(call_hook(plugins_.model, vt, TF_MODEL_HOOK(hf_config_json), &config),
                         plugins_.model, "hf_config_json");
   return config ? config : "";
 }

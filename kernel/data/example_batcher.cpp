@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "cross_entropy.hpp"
+#include "ignore_index.hpp"
 #include "memory_accounting.hpp"
 
 namespace tightfit {

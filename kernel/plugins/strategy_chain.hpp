@@ -29,6 +29,7 @@
 
 #include "memory_accounting.hpp"
 #include "plugin_call_scope.hpp"
+#include "plugin_hooks.hpp"
 #include "plugin_set.hpp"
 #include "tensor_handle.hpp"
 
@@ -38,6 +39,18 @@ namespace tightfit {
 template <class Fn, class... Args>
 tf_status guarded_call(const PluginInstance& s, const char* name, Fn fn, Args... args) {
   return plugin_call(s, name, [&] { return fn(s.state, s.ctx.get(), args...); });
+}
+
+// A model's or a schedule's hook through the same door, named by the hook
+// list: call_hook(model, model.plugin->model(), TF_MODEL_HOOK(decode), ...).
+// A hook the plugin lacks is a PluginCallError naming it; the status is the
+// caller's to check (some are expected, as TF_ERR_NON_FINITE).
+template <class Vtable, class Fn, class... Args>
+tf_status call_hook(const PluginInstance& inst, const Vtable* vt, Fn Vtable::*hook,
+                    const char* name, Args... args) {
+  const Fn fn = vt ? vt->*hook : nullptr;
+  if (!fn) throw PluginCallError("plugin \"" + inst.plugin->name + "\" has no " + name + " hook");
+  return guarded_call(inst, name, fn, args...);
 }
 
 // Whether an argument of a hook is the handle `out` (arguments that are no

@@ -102,11 +102,8 @@ TrainSummary Session::train() {
       r.struct_size = sizeof r;
       update_.clear_non_finite();
       PluginInstance& schedule = plugins_.schedule;
-      check_plugin_status(plugin_call(schedule, "run_step",
-                                      [&] {
-                                        return schedule.plugin->schedule()->run_step(
-                                            schedule.state, schedule.ctx.get(), step_, total, &r);
-                                      }),
+      check_plugin_status(call_hook(schedule, schedule.plugin->schedule(),
+                                    TF_SCHEDULE_HOOK(run_step), step_, total, &r),
                           schedule, "run_step");
       StrategyChain(plugins_.strategies).each(TF_STRATEGY_HOOK(step_end), step_, r.loss);
       if (!update_.non_finite().empty()) {

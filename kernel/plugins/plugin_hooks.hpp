@@ -1,7 +1,8 @@
 // The plugin hooks, one list per vtable in the ABI's order. The one list
 // drives what `plugins check` names (plugin_loader), how the kernel calls a
-// strategy hook (TF_STRATEGY_HOOK: a name not on the list does not compile,
-// and the string is the field's own name), and test_abi_layout's check that
+// strategy, model or schedule hook (TF_STRATEGY_HOOK, TF_MODEL_HOOK,
+// TF_SCHEDULE_HOOK: a name not on the list does not compile, and the string
+// is the field's own name), and test_abi_layout's check that
 // the list holds every slot of each vtable, in order.
 #pragma once
 
@@ -45,6 +46,20 @@ TF_STRATEGY_HOOKS(TF_LISTED_STRATEGY_HOOK)
 #undef TF_LISTED_STRATEGY_HOOK
 }  // namespace tightfit::hooks
 
+namespace tightfit::hooks {
+#define TF_LISTED_MODEL_HOOK(name) inline constexpr bool model_##name = true;
+TF_MODEL_HOOKS(TF_LISTED_MODEL_HOOK)
+#undef TF_LISTED_MODEL_HOOK
+#define TF_LISTED_SCHEDULE_HOOK(name) inline constexpr bool schedule_##name = true;
+TF_SCHEDULE_HOOKS(TF_LISTED_SCHEDULE_HOOK)
+#undef TF_LISTED_SCHEDULE_HOOK
+}  // namespace tightfit::hooks
+
 // The hook and its name as StrategyChain takes them, for a listed hook only.
 #define TF_STRATEGY_HOOK(name) \
   (static_cast<void>(::tightfit::hooks::strategy_##name), &tf_strategy_vtable::name), #name
+// The same for the model's and the schedule's hooks (call_hook, strategy_chain.hpp).
+#define TF_MODEL_HOOK(name) \
+  (static_cast<void>(::tightfit::hooks::model_##name), &tf_model_vtable::name), #name
+#define TF_SCHEDULE_HOOK(name) \
+  (static_cast<void>(::tightfit::hooks::schedule_##name), &tf_schedule_vtable::name), #name
