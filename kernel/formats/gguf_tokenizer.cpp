@@ -4,9 +4,9 @@
 #include <optional>
 #include <vector>
 
-#include "utf8.hpp"
 #include "sentencepiece_convert.hpp"
 #include "tokenizer_json_parts.hpp"
+#include "utf8.hpp"
 
 namespace tightfit::gguf {
 namespace {

@@ -2,9 +2,9 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "utf8.hpp"
 #include "tokenizer_spec.hpp"
 #include "tokenizer_steps.hpp"
+#include "utf8.hpp"
 
 namespace tightfit {
 

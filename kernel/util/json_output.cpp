@@ -2,8 +2,8 @@
 
 #include <cstdio>
 
-#include "utf8.hpp"
 #include "json_input.hpp"
+#include "utf8.hpp"
 
 namespace tightfit {
 namespace {
