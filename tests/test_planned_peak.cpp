@@ -121,6 +121,7 @@ INSTANTIATE_TEST_SUITE_P(
         PeakCase{"gpt2_fused_update", kGpt2, kStandard,
                  "[[strategy]]\nplugin = \"fused_update\"\n"},
         PeakCase{"gpt2_autocast", kGpt2, kStandard, "[[strategy]]\nplugin = \"precision\"\n"},
+        PeakCase{"gpt2_adamw8", kGpt2, kStandard, "[[strategy]]\nplugin = \"adamw8\"\n"},
         PeakCase{"llama_bf16", kLlama, kStandard,
                  "[[strategy]]\nplugin = \"precision\"\nmode = \"bf16\"\n"},
         PeakCase{"llama_sparse_skip", kLlama, kStandard,

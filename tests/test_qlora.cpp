@@ -235,7 +235,8 @@ TEST_F(QloraTest, CompactLinearGivesTheGradientsOfTheDequantizedWeights) {
 }
 
 TEST_F(QloraTest, Nf4WeightsTakeAtMostSixteenPercentOfFp32) {
-  if (const std::string why = test::categories_not_counted_here(); !why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = test::categories_not_counted_here(); !why.empty())
+    GTEST_SKIP() << why;
   auto& acct = MemoryAccounting::instance();
   const int64_t before = acct.snapshot().current[TF_MEM_WEIGHTS];
   auto s = test::make_session(recipe(lora() + quant("nf4")));
@@ -332,7 +333,45 @@ class Adam8Test : public ::testing::Test {
   }
   static constexpr const char* kAdam8 =
       "[[strategy]]\nplugin = \"quantize\"\nweights = false\noptimizer_state = \"int8\"\n";
+  // The same optimizer as its own strategy (no weight quantization about it).
+  static constexpr const char* kAdamW8 = "[[strategy]]\nplugin = \"adamw8\"\n";
 };
+
+// adamw8 and quantize's optimizer_state = "int8" are one implementation:
+// the same losses to the bit, and the kernel's fp32 state is never made.
+TEST_F(Adam8Test, TheAdamW8StrategyIsQuantizesInt8StateBitForBit) {
+  auto& acct = MemoryAccounting::instance();
+  const TrainSummary q = test::make_session(recipe(kAdam8, dir.str() + "/q"))->train();
+  const int64_t before = acct.snapshot().current[TF_MEM_OPTIMIZER];
+  auto s = test::make_session(recipe(kAdamW8, dir.str() + "/s"));
+  const TrainSummary a = s->train();
+  EXPECT_EQ(s->update().optimizer().state_bytes(), 0);
+  EXPECT_GT(acct.snapshot().current[TF_MEM_OPTIMIZER], before);  // its int8 state, counted
+  ASSERT_EQ(a.losses.size(), q.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(a.losses[i], q.losses[i]) << "step " << i;
+  // Resumed mid-run, it repeats the uninterrupted run.
+  SessionOptions o;
+  o.stop_after_steps = 8;
+  test::make_session(recipe(kAdamW8, dir.str() + "/r"), o)->train();
+  o.stop_after_steps = -1;
+  o.resume = true;
+  const TrainSummary rest = test::make_session(recipe(kAdamW8, dir.str() + "/r"), o)->train();
+  ASSERT_EQ(rest.losses.size(), 12u);
+  for (size_t i = 0; i < 12; ++i) EXPECT_EQ(rest.losses[i], a.losses[8 + i]) << "step " << 8 + i;
+}
+
+// 8-bit AdamW state with another optimizer is refused, never ignored.
+TEST_F(Adam8Test, AnOptimizerThatIsNotAdamWIsRefused) {
+  std::string r = recipe(kAdamW8, dir.str() + "/sgd");
+  r.replace(r.find("[optimizer]\n"), 12, "[optimizer]\nname = \"sgd\"\n");
+  try {
+    test::make_session(r)->train();
+    FAIL() << "adamw8 with SGD trained";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("name = \"adamw\""), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("adamw8"), std::string::npos) << e.what();
+  }
+}
 
 TEST_F(Adam8Test, FollowsFp32AdamWWithQuarterOfTheStateBytes) {
   auto& acct = MemoryAccounting::instance();

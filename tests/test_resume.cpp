@@ -101,7 +101,7 @@ INSTANTIATE_TEST_SUITE_P(
         StackCase{"lora", TF_STRATEGY("lora")},
         StackCase{"qlora", TF_STRATEGY("lora") TF_STRATEGY("quantize")},
         StackCase{"adam8", TF_STRATEGY("quantize") "weights = false\noptimizer_state = \"int8\"\n"},
-        StackCase{"autocast", TF_STRATEGY("precision")},
+        StackCase{"adamw8", TF_STRATEGY("adamw8")}, StackCase{"autocast", TF_STRATEGY("precision")},
         StackCase{"bf16", TF_STRATEGY("precision") "mode = \"bf16\"\n"},
         StackCase{"fused_update", TF_STRATEGY("fused_update")},
         StackCase{"lisa", TF_STRATEGY("sparse") "first = 0\nlast = 1\nmiddle = \"lisa\"\nk = 1\n"},

@@ -233,7 +233,7 @@ int plan_command(const std::vector<std::string>& args) {
     // Without --budget, the verdict is against the recipe's own budget.
     const char* budget_from = "--budget";
     if (!vm.count("budget")) {
-      budget = session.env().run_cfg.get_size("memory_budget");
+      budget = session.env().budget.bytes;
       budget_from = "run.memory_budget";
     }
     if (vm.count("gpus")) {

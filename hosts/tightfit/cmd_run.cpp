@@ -12,8 +12,10 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "fit_hint.hpp"
 #include "launch.hpp"
 #include "logging.hpp"
+#include "memory_budget.hpp"
 #include "memory_plan.hpp"
 #include "run_answers.hpp"
 #include "session.hpp"
@@ -197,7 +199,7 @@ int run_command(const std::vector<std::string>& args) {
     if (rank0)
       std::cerr << "tightfit: " << recipe.source() << " -> " << session.env().run_dir << "\n";
     // [run] answer_prompts: the model's answers before training, then after.
-    const std::string answer_file = session.env().run_cfg.get_string("answer_prompts");
+    const std::string answer_file = session.env().config.run.answer_prompts;
     std::optional<AnswersBeforeAfter> answers;
     if (!answer_file.empty()) answers.emplace(session, answer_file, recipe.source());
     TrainSummary s = session.train();
@@ -244,19 +246,16 @@ int run_command(const std::vector<std::string>& args) {
     write_stderr_line("\n" + who + e.what());
     // What the planner saw coming, and the command that searches the
     // installed strategies for a stack that fits.
-    const int64_t budget = MemoryAccounting::instance().budget();
+    const int64_t budget = run_memory_budget().bytes;
     if (plan && rank0) {
       std::cerr << "planned peak  " << format_bytes(plan->tracked_peak) << " ("
                 << describe_device_peak(*plan) << ")"
                 << (budget > 0 ? " against the budget of " + format_bytes(budget) : "") << "\n";
     }
     // The planner's budgets leave the data out; so does the suggestion.
-    const int64_t data = MemoryAccounting::instance().snapshot().peak[TF_MEM_OTHER];
-    if (data > 0 && budget > data && rank0)  // data 0: it was the data that did not fit
-      std::cerr << "to fit it     tightfit fit " << recipe_path << " --budget " << budget - data
-                << " --out fitted.toml\n              (the budget less the " << format_bytes(data)
-                << " the data holds; it plans every stack of the installed strategies and "
-                   "writes the fastest that fits)\n";
+    const auto hint = fit_hint(recipe_path, run_memory_budget(),
+                               MemoryAccounting::instance().snapshot().peak[TF_MEM_OTHER]);
+    if (hint && rank0) std::cerr << *hint << "\n";
     return kOutOfBudget;
   } catch (const PluginLoadError& e) {
     write_stderr_line(who + e.what());

@@ -16,7 +16,7 @@ AnswersBeforeAfter::AnswersBeforeAfter(Session& session, const std::string& file
                       ": [run] answer_prompts answers in one process; run the recipe "
                       "on one process, or compare with `tightfit generate --prompts` "
                       "after training");
-  tokens_ = session.env().run_cfg.get_int("answer_tokens");
+  tokens_ = session.env().config.run.answer_tokens;
   try {
     prompts_ = ChatPrompter(session).prompts_in(file);
   } catch (const std::exception& e) {

@@ -18,10 +18,9 @@ int64_t element_bytes(at::ScalarType t) {
 }
 
 // The state slots per trainable value the recipe's optimizer keeps (fp32).
-int64_t optimizer_slots(const ConfigTable& opt) {
-  const std::string name = opt.get_string("name");
-  if (name == "adamw") return 2;
-  return opt.get_double("momentum") != 0 ? 1 : 0;
+int64_t optimizer_slots(const OptimizerConfig& opt) {
+  if (opt.name == "adamw") return 2;
+  return opt.momentum != 0 ? 1 : 0;
 }
 
 // A head whose projection the loss computes in chunks (Executor::fusable_head).
@@ -40,7 +39,7 @@ FusedHeadPlan fused_head_plan(Session& s, int64_t tokens) {
   const Param& w = s.store().get(st.projection_weight);
   const int64_t vocab = w.shape[0], width = w.shape[1], elt = element_bytes(w.dtype);
   f.chunk_rows =
-      std::min(tokens, fused_loss_chunk_rows(vocab, s.env().run_cfg.get_int("loss_chunk_tokens")));
+      std::min(tokens, fused_loss_chunk_rows(vocab, s.env().config.run.loss_chunk_tokens));
   // fp32 logits, and their copy in the weight's dtype when it is another.
   f.chunk = checked_product({f.chunk_rows, vocab, 4 + (elt != 4 ? elt : 0)}, "a loss chunk");
   f.hidden_grad = checked_product({tokens, width, elt}, "the head's hidden gradient");
@@ -78,7 +77,7 @@ Baseline baseline(Session& s) {
   const tf_run_info& run = s.env().run_info;
   const int64_t tokens =
       checked_product({run.batch_size, run.seq_len}, "tokens per batch (batch_size x seq_len)");
-  const int64_t slots = optimizer_slots(s.env().opt_cfg);
+  const int64_t slots = optimizer_slots(s.env().config.optimizer);
   const auto& stages = s.executor().stages();
   const size_t n = stages.size();
   b.stages.resize(n);
@@ -230,8 +229,8 @@ MemoryPlan plan_memory(Session& s) {
   plan.batch_size = s.env().run_info.batch_size;
   plan.seq_len = s.env().run_info.seq_len;
   if (const std::optional<ProcessMemory> now = read_process_memory()) plan.host_overhead = now->rss;
-  plan.process_scope = s.env().process_budget_scope();
-  plan.block_cache = s.env().run_cfg.get_size("cpu_block_cache");
+  plan.process_scope = s.env().budget.scope == MemoryBudget::Scope::kProcess;
+  plan.block_cache = s.env().config.run.cpu_block_cache;
 
   TierCounts held{};
   bool grads_in_forward = false;

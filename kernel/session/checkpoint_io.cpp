@@ -217,7 +217,7 @@ std::string Session::write_checkpoint(int64_t step) {
   std::vector<std::string> names = read_checkpoint_manifest(dir / "manifest.json");
   names.erase(std::remove(names.begin(), names.end(), name), names.end());
   names.push_back(name);
-  const auto keep = static_cast<size_t>(env_.save_cfg.get_int("keep_last"));
+  const auto keep = static_cast<size_t>(env_.config.save.keep_last);
   std::vector<std::string> rotated;
   while (names.size() > keep) {
     rotated.push_back(names.front());

@@ -16,8 +16,10 @@
 #include "gguf_folder.hpp"
 #include "gguf_model.hpp"
 #include "hf_weights.hpp"
+#include "kernel_config.hpp"
 #include "kernel_keys.hpp"
 #include "logging.hpp"
+#include "memory_budget.hpp"
 #include "plugin_hooks.hpp"
 #include "process_memory.hpp"
 #include "session.hpp"
@@ -141,7 +143,7 @@ void Session::build(const PluginRegistry& base_registry) {
   release_free_heap();
 
   // Found now rather than after the training: [save] hf needs every weight.
-  if (env_.save_cfg.get_bool("hf"))
+  if (env_.config.save.hf)
     for (const Param& p : store_.all())
       if (p.absent)
         throw RecipeError(recipe_.source() + ": [save] hf = true, but " + p.name +
@@ -154,42 +156,43 @@ void Session::build(const PluginRegistry& base_registry) {
   if (env_.pg) env_.pg->barrier();  // every rank composed the same run
 }
 
-// The kernel's own tables ([run], [data], [optimizer], [save]) validated.
+// The kernel's own tables ([run], [data], [optimizer], [save]) validated
+// and read, once, into env_.config.
 void Session::read_kernel_tables() {
   recipe_.check_top_level(kernel_top_level_tables());
-  env_.run_cfg = recipe_.validate(recipe_.table("run"), "[run]", run_keys());
-  executor_.inject_nan_at(env_.run_cfg.get_int_list("debug_nan_at_steps"));
-  executor_.set_fused_loss(env_.run_cfg.get_bool("fused_loss"),
-                           env_.run_cfg.get_int("loss_chunk_tokens"));
-  env_.data_cfg = recipe_.validate(recipe_.table("data"), "[data]", data_keys());
-  env_.opt_cfg = recipe_.validate(recipe_.table("optimizer"), "[optimizer]", optimizer_keys());
-  env_.save_cfg = recipe_.validate(recipe_.table("save"), "[save]", save_keys());
-
-  if (const int64_t threads = env_.run_cfg.get_int("threads"); threads > 0)
+  env_.config.run = read_run_config(recipe_.validate(recipe_.table("run"), "[run]", run_keys()));
+  env_.config.data =
+      read_data_config(recipe_.validate(recipe_.table("data"), "[data]", data_keys()));
+  env_.config.optimizer = read_optimizer_config(
+      recipe_.validate(recipe_.table("optimizer"), "[optimizer]", optimizer_keys()));
+  env_.config.save =
+      read_save_config(recipe_.validate(recipe_.table("save"), "[save]", save_keys()));
+  executor_.inject_nan_at(env_.config.run.debug_nan_at_steps);
+  executor_.set_fused_loss(env_.config.run.fused_loss, env_.config.run.loss_chunk_tokens);
+  if (const int64_t threads = env_.config.run.threads; threads > 0)
     at::set_num_threads(static_cast<int>(threads));
-  // A dry run allocates nothing: its budget must not refuse what the
-  // process does next (fit measures this machine after planning).
-  const int64_t budget = options_.dry_run ? 0 : env_.run_cfg.get_size("memory_budget");
-  MemoryAccounting::instance().set_budget(budget);
-  MemoryAccounting::instance().set_process_budget(env_.process_budget_scope() ? budget : 0);
-  cpu_block_cache().set_limit(env_.run_cfg.get_size("cpu_block_cache"));
+  cpu_block_cache().set_limit(env_.config.run.cpu_block_cache);
 }
 
 // The training device, and the process group when a launcher started ranks.
 std::optional<DistEnv> Session::set_up_device_and_ranks() {
-  env_.device_str = env_.run_cfg.get_string("device");
+  env_.device_str = env_.config.run.device;
   try {
     env_.device = parse_training_device(env_.device_str);
   } catch (const std::invalid_argument& e) {
     throw RecipeError(recipe_.source() + ": [run].device: " + e.what());
   }
-  if (env_.device.is_cuda() && env_.process_budget_scope())
-    throw RecipeError(recipe_.source() +
-                      ": [run] memory_budget_scope = \"process\" bounds a CPU run's resident "
-                      "memory, but this run's device is " +
-                      env_.device_str +
-                      ", whose budget is the device's memory: remove the key or set it to "
-                      "\"tracked\"");
+  // The run's memory budget, decided once (memory_budget.hpp).
+  try {
+    env_.budget =
+        decide_memory_budget(env_.config.run.memory_budget, env_.config.run.memory_budget_scope,
+                             env_.device.is_cuda(), options_.dry_run);
+  } catch (const std::invalid_argument& e) {
+    throw RecipeError(recipe_.source() + ": " + e.what() + " (device = \"" + env_.device_str +
+                      "\")");
+  }
+  // A GPU run's budget is applied once its index is known (below).
+  if (!env_.budget.on_gpu || options_.dry_run) apply_memory_budget(env_.budget, 0);
   // A dry run plans a GPU recipe on a machine without one (nothing is
   // allocated); a real run needs the device.
   if (env_.device.is_cuda() && !at::hasCUDA() && !options_.dry_run)
@@ -212,24 +215,16 @@ std::optional<DistEnv> Session::set_up_device_and_ranks() {
     env_.device = at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(dist->local_rank));
   if (dist && env_.device.is_cuda()) env_.device_str = env_.device.str();
   if (dist && !options_.dry_run) {
-    const auto timeout = std::chrono::milliseconds(
-        static_cast<int64_t>(env_.run_cfg.get_double("dist_timeout") * 1000.0));
+    const auto timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(env_.config.run.dist_timeout * 1000.0));
     env_.pg = std::make_unique<ProcessGroup>(*dist, env_.device, timeout);
     log(TF_LOG_DEBUG, "rank " + std::to_string(dist->rank) + " of " +
                           std::to_string(dist->world_size) + " joined (" + env_.pg->backend() +
                           ")");
   }
-  if (env_.device.is_cuda() && !options_.dry_run) {
-    // The budget is the device's: the caching allocator's memory fraction.
-    const int idx = env_.device.has_index() ? env_.device.index() : 0;
-    const int64_t budget = env_.run_cfg.get_size("memory_budget");
-    cuda_set_budget(idx, budget);
-    MemoryAccounting::instance().set_budget(0);
-    // Named in a refusal only where it is below the card (the cap it sets).
-    CudaMemory card;
-    const bool capped = budget > 0 && cuda_memory(idx, &card) && budget < card.total;
-    MemoryAccounting::instance().set_device_budget(capped ? budget : 0);
-    cuda_set_deterministic(env_.run_cfg.get_bool("deterministic"));
+  if (env_.budget.on_gpu && !options_.dry_run) {
+    apply_memory_budget(env_.budget, env_.device.has_index() ? env_.device.index() : 0);
+    cuda_set_deterministic(env_.config.run.deterministic);
   }
 
   return dist;
@@ -239,8 +234,8 @@ std::optional<DistEnv> Session::set_up_device_and_ranks() {
 void Session::set_up_data(const std::string& base_dir, int64_t world_size) {
   try {
     DataRequest req;
-    req.corpus = env_.data_cfg.get_string("corpus");
-    req.tokenizer = env_.data_cfg.get_string("tokenizer");
+    req.corpus = env_.config.data.corpus;
+    req.tokenizer = env_.config.data.tokenizer;
     req.base_dir = base_dir;
     if (const toml::table* mt = recipe_.table("model"); mt && mt->contains("weights"))
       req.weights = (*mt)["weights"].value_or(std::string{});
@@ -254,16 +249,16 @@ void Session::set_up_data(const std::string& base_dir, int64_t world_size) {
       if (!env_.model_source.empty() && env_.model_source.back() == '/')
         env_.model_source.pop_back();
     }
-    req.chat_template = env_.data_cfg.get_string("chat_template");
-    req.train_on = env_.data_cfg.get_string("train_on");
-    req.packing = env_.data_cfg.get_bool("packing");
-    req.seq_len = env_.data_cfg.get_int("seq_len");
-    req.batch_size = env_.data_cfg.get_int("batch_size");
+    req.chat_template = env_.config.data.chat_template;
+    req.train_on = env_.config.data.train_on;
+    req.packing = env_.config.data.packing;
+    req.seq_len = env_.config.data.seq_len;
+    req.batch_size = env_.config.data.batch_size;
     req.world_size = world_size;
-    req.val_fraction = env_.data_cfg.get_double("val_fraction");
-    req.seed = static_cast<uint64_t>(env_.run_cfg.get_int("seed"));
-    req.memory_budget = env_.run_cfg.get_size("memory_budget");
-    req.budget_counts_host = !env_.device.is_cuda();
+    req.val_fraction = env_.config.data.val_fraction;
+    req.seed = static_cast<uint64_t>(env_.config.run.seed);
+    req.memory_budget = env_.budget.bytes;
+    req.budget_counts_host = env_.budget.counts_host_data();
     req.read_data = !options_.skip_data && !options_.dry_run;
     data_.set(setup_data(req));
     if (!data_.description().empty()) log(TF_LOG_INFO, "data: " + data_.description());
@@ -287,18 +282,17 @@ void Session::set_up_run_folder(const std::optional<DistEnv>& dist) {
       if (part == "..") return false;
     return true;
   };
-  if (!stays_inside(env_.run_cfg.get_string("name")))
-    throw RecipeError(recipe_.source() + ": [run].name = \"" + env_.run_cfg.get_string("name") +
+  if (!stays_inside(env_.config.run.name))
+    throw RecipeError(recipe_.source() + ": [run].name = \"" + env_.config.run.name +
                       "\" would leave out_dir (an absolute path, or ..): name the run, and set "
                       "out_dir for where its folder goes");
-  if (const std::string d = env_.save_cfg.get_string("dir");
+  if (const std::string d = env_.config.save.dir;
       !d.empty() && !fs::path(d).is_absolute() && !stays_inside(d))
     throw RecipeError(recipe_.source() + ": [save].dir = \"" + d +
                       "\" climbs out of the working folder (..): give an absolute path if that "
                       "is where checkpoints go");
-  env_.run_dir =
-      (fs::path(env_.run_cfg.get_string("out_dir")) / env_.run_cfg.get_string("name")).string();
-  if (!options_.resume && env_.save_cfg.get_string("dir").empty()) {
+  env_.run_dir = (fs::path(env_.config.run.out_dir) / env_.config.run.name).string();
+  if (!options_.resume && env_.config.save.dir.empty()) {
     const std::string base = env_.run_dir;
     for (int i = 2; fs::exists(fs::path(env_.run_dir) / "checkpoints" / "manifest.json"); ++i)
       env_.run_dir = base + "." + std::to_string(i);
@@ -321,10 +315,10 @@ void Session::set_up_run_folder(const std::optional<DistEnv>& dist) {
     env_.run_info.world_size = options_.plan_world_size;
   env_.run_info.local_rank = dist ? dist->local_rank : 0;
   env_.run_info.vocab_size = data_.tokenizer().vocab_size();
-  env_.run_info.seq_len = env_.data_cfg.get_int("seq_len");
-  env_.run_info.batch_size = env_.data_cfg.get_int("batch_size");
-  env_.run_info.total_steps = env_.run_cfg.get_int("steps");
-  env_.run_info.seed = static_cast<uint64_t>(env_.run_cfg.get_int("seed"));
+  env_.run_info.seq_len = env_.config.data.seq_len;
+  env_.run_info.batch_size = env_.config.data.batch_size;
+  env_.run_info.total_steps = env_.config.run.steps;
+  env_.run_info.seed = static_cast<uint64_t>(env_.config.run.seed);
   env_.run_info.run_dir = env_.run_dir_abs.c_str();
   env_.run_info.model_source = env_.model_source.c_str();
 }
@@ -335,7 +329,7 @@ void Session::create_model(const PluginRegistry& base_registry, const std::strin
   // twice is a conflict the registry reports when the name is used).
   plugins_.registry = base_registry;
   PluginRegistry& registry = plugins_.registry;
-  for (const auto& p : env_.run_cfg.get_string_list("plugin_paths")) {
+  for (const auto& p : env_.config.run.plugin_paths) {
     fs::path path = p;
     if (path.is_relative()) path = fs::path(base_dir) / path;
     registry.add_path(path.string(), "recipe");
@@ -346,7 +340,7 @@ void Session::create_model(const PluginRegistry& base_registry, const std::strin
   const std::string model_name = recipe_.required_string(model_table, "model", "plugin");
   plugins_.model = make_instance(model_name, TF_PLUGIN_MODEL, model_table, "model",
                                  recipe_.where(*model_table->get("plugin")));
-  if (env_.data_cfg.get_bool("packing") &&
+  if (env_.config.data.packing &&
       !(plugins_.model.plugin->model_features & TF_MODEL_FEATURE_POSITIONS))
     throw RecipeError(recipe_.source() + ": [data] packing = true: model plugin \"" + model_name +
                       "\" does not read per-token positions (TF_MODEL_FEATURE_POSITIONS), so its "
@@ -413,16 +407,7 @@ void Session::check_strategy_setup(size_t i, tf_status st, const char* what) {
 // The optimizer (it holds no state yet) and the schedule, made before
 // materialization so that a dry run (`plan`) can ask for their estimates.
 void Session::create_optimizer_and_schedule() {
-  OptimizerConfig oc;
-  oc.name = env_.opt_cfg.get_string("name");
-  oc.lr = env_.opt_cfg.get_double("lr");
-  oc.weight_decay = env_.opt_cfg.get_double("weight_decay");
-  oc.beta1 = env_.opt_cfg.get_double("beta1");
-  oc.beta2 = env_.opt_cfg.get_double("beta2");
-  oc.eps = env_.opt_cfg.get_double("eps");
-  oc.momentum = env_.opt_cfg.get_double("momentum");
-  oc.grad_clip = env_.opt_cfg.get_double("grad_clip");
-  update_.create_optimizer(oc);
+  update_.create_optimizer(env_.config.optimizer);
   const toml::table* sched_table = recipe_.table("schedule");
   const std::string sched_name = sched_table && sched_table->contains("plugin")
                                      ? recipe_.required_string(sched_table, "schedule", "plugin")

@@ -29,7 +29,7 @@ void Session::emit_progress(const ProgressInfo& p) {
 }
 
 bool Session::handle_non_finite() {
-  const std::string policy = env_.run_cfg.get_string("on_non_finite");
+  const std::string policy = env_.config.run.on_non_finite;
   step_metrics_["non_finite"] = 1;
   if (policy == "skip") return false;  // the schedule skipped the update
   if (policy == "stop")
@@ -77,11 +77,11 @@ TrainSummary Session::train() {
   if (env_.device.is_cuda()) cuda_reset_peak(env_.device.has_index() ? env_.device.index() : 0);
 
   const int64_t total = env_.run_info.total_steps;
-  const int64_t log_every = env_.run_cfg.get_int("log_every");
-  const int64_t save_every = env_.save_cfg.get_int("every");
-  const int64_t eval_interval = env_.run_cfg.get_int("eval_interval");
-  if (!env_.save_cfg.get_bool("final") && save_every == 0 && !env_.save_cfg.get_bool("hf") &&
-      !env_.save_cfg.get_bool("adapter"))
+  const int64_t log_every = env_.config.run.log_every;
+  const int64_t save_every = env_.config.save.every;
+  const int64_t eval_interval = env_.config.run.eval_interval;
+  if (!env_.config.save.final && save_every == 0 && !env_.config.save.hf &&
+      !env_.config.save.adapter)
     log(TF_LOG_WARN,
         "this run keeps nothing: [save] final = false, and no every, hf or adapter; what it "
         "trains is gone when it ends (set [save] final = true, every = N, hf = true or "
@@ -89,7 +89,7 @@ TrainSummary Session::train() {
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
   std::optional<OpTimer> op_timer;
-  if (env_.run_cfg.get_bool("profile_ops")) op_timer.emplace();
+  if (env_.config.run.profile_ops) op_timer.emplace();
   try {
     const int64_t stop_at =
         options_.stop_after_steps >= 0 ? std::min(total, step_ + options_.stop_after_steps) : total;
@@ -142,7 +142,7 @@ TrainSummary Session::train() {
       }
       // Held-out loss every eval_interval steps (and after the last).
       if (eval_interval > 0 && ((step_ + 1) % eval_interval == 0 || step_ + 1 == stop_at)) {
-        const double val = eval_loss(env_.run_cfg.get_int("eval_batches"));
+        const double val = eval_loss(env_.config.run.eval_batches);
         rec["eval_loss"] = std::isfinite(val) ? nlohmann::json(val) : nlohmann::json(nullptr);
         if (std::isfinite(val) && !(val >= sum.best_val_loss)) sum.best_val_loss = val;
       }
@@ -177,11 +177,11 @@ TrainSummary Session::train() {
     }
     if (op_timer && env_.is_rank0()) write_op_profile(*op_timer, sum.wall_s);
     // An interrupted run always saves, so that --resume can continue it.
-    if ((env_.save_cfg.get_bool("final") || step_ < total) && step_ > sum.first_step)
+    if ((env_.config.save.final || step_ < total) && step_ > sum.first_step)
       sum.saved.push_back(save_checkpoint(step_));
-    if (env_.save_cfg.get_bool("hf"))
+    if (env_.config.save.hf)
       sum.saved.push_back(export_hf((fs::path(env_.run_dir) / "hf").string()));
-    if (env_.is_rank0() && env_.save_cfg.get_bool("adapter"))
+    if (env_.is_rank0() && env_.config.save.adapter)
       sum.saved.push_back(export_adapter((fs::path(env_.run_dir) / "adapter").string()));
     // Rotation may have removed checkpoints saved earlier in this run.
     std::vector<std::string> kept;
@@ -194,13 +194,13 @@ TrainSummary Session::train() {
     sum.steps_run = step_ - sum.first_step;
     sum.tokens_per_s = sum.wall_s > 0 ? static_cast<double>(tokens) / sum.wall_s : 0;
     sum.final_loss = sum.losses.empty() ? std::nan("") : sum.losses.back();
-    sum.val_loss = eval_loss(env_.run_cfg.get_int("eval_batches"));
+    sum.val_loss = eval_loss(env_.config.run.eval_batches);
     if (std::isfinite(sum.val_loss) && !(sum.val_loss >= sum.best_val_loss))
       sum.best_val_loss = sum.val_loss;
-    if (const int64_t n = env_.run_cfg.get_int("sample_tokens"); n > 0) {
+    if (const int64_t n = env_.config.run.sample_tokens; n > 0) {
       try {
-        sum.sample = generate(env_.run_cfg.get_string("sample_prompt"), n,
-                              env_.run_cfg.get_int("sample_top_k"), 0.8, env_.run_info.seed);
+        sum.sample = generate(env_.config.run.sample_prompt, n, env_.config.run.sample_top_k, 0.8,
+                              env_.run_info.seed);
       } catch (const std::exception& e) {
         // The sample never crops its context (as `generate`): a sample past
         // the model's positions is the recipe's request, refused by name.

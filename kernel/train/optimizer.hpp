@@ -8,18 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "kernel_config.hpp"  // OptimizerConfig: the [optimizer] table
 #include "param_store.hpp"
 
 namespace tightfit {
-
-struct OptimizerConfig {
-  std::string name = "adamw";  // "adamw" | "sgd"
-  double lr = 3e-4;
-  double weight_decay = 0.1;
-  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  double momentum = 0.0;   // sgd
-  double grad_clip = 1.0;  // 0 = off
-};
 
 class Optimizer {
  public:

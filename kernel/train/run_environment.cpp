@@ -7,7 +7,7 @@
 namespace tightfit {
 
 std::string RunEnvironment::checkpoint_dir() const {
-  const std::string d = save_cfg.get_string("dir");
+  const std::string d = config.save.dir;
   return d.empty() ? (std::filesystem::path(run_dir) / "checkpoints").string() : d;
 }
 

@@ -10,7 +10,9 @@
 #include <string>
 
 #include "distributed.hpp"
+#include "kernel_config.hpp"
 #include "memory_accounting.hpp"
+#include "memory_budget.hpp"
 #include "recipe.hpp"
 #include "run_folder_lock.hpp"
 #include "tightfit/plugin_api.h"
@@ -18,8 +20,8 @@
 namespace tightfit {
 
 struct RunEnvironment {
-  // [run], [data], [optimizer] and [save], validated against kernel_keys.
-  ConfigTable run_cfg, data_cfg, opt_cfg, save_cfg;
+  // [run], [data], [optimizer] and [save], validated and read once.
+  KernelConfig config;
   at::Device device{at::kCPU};
   std::string device_str;    // what run_info.device points to
   std::string run_dir;       // out_dir/name (numbered when that name holds another run)
@@ -31,11 +33,10 @@ struct RunEnvironment {
   // Rank 0's hold on the run folder (one run per folder), while the session lives.
   std::shared_ptr<RunFolderLock> folder_lock;
 
+  // The run's memory budget, decided once from [run] and the device.
+  MemoryBudget budget;
+
   bool is_rank0() const { return run_info.rank == 0; }
-  // [run] memory_budget_scope = "process": the budget bounds the process's RSS.
-  bool process_budget_scope() const {
-    return run_cfg.get_string("memory_budget_scope") == "process";
-  }
   // [save].dir, or the run folder's checkpoints/.
   std::string checkpoint_dir() const;
   // Counted CPU bytes by category, plus the CUDA allocator's totals on a CUDA run.

@@ -67,7 +67,7 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
       const size_t k = static_cast<size_t>(i);
       const double share =
           weighed ? static_cast<double>(targets[k]) / static_cast<double>(counted) : 1.0 / count;
-      s->host.check(api->set_micro_batch(ctx, i, count));
+      s->host.set_micro_batch(i, count);
       const tf_pass_result pass = batches[k]->forward_backward(share);
       loss_sum += weighed ? pass.loss * share : pass.loss;
       tokens += pass.n_tokens;

@@ -128,20 +128,20 @@ void log_metric(Hybrid& s, const char* key, double v) {
 }
 
 void end_run(Hybrid& s) {
-  if (s.snapshot >= 0) s.host.check(s.host.api()->snapshot_drop(s.host.ctx(), s.snapshot));
+  if (s.snapshot >= 0) s.host.drop_snapshot(s.snapshot);
   s.snapshot = -1;
   s.predicting = false;
   s.full_left = s.cfg.full_steps;
 }
 
 void take_snapshot(Hybrid& s) {
-  if (s.snapshot >= 0) s.host.check(s.host.api()->snapshot_drop(s.host.ctx(), s.snapshot));
-  s.host.check(s.host.api()->snapshot_take(s.host.ctx(), 0, &s.snapshot));
+  if (s.snapshot >= 0) s.host.drop_snapshot(s.snapshot);
+  s.snapshot = s.host.take_snapshot(/*with_optimizer=*/false);
 }
 
 // The guard fired: back to the last good weights and to full steps.
 void roll_back(Hybrid& s, int64_t step, double loss) {
-  if (s.snapshot >= 0) s.host.check(s.host.api()->snapshot_restore(s.host.ctx(), s.snapshot));
+  if (s.snapshot >= 0) s.host.restore_snapshot(s.snapshot);
   ++s.divergences;
   s.host.log(TF_LOG_WARN, "step " + std::to_string(step + 1) + ": loss " + std::to_string(loss) +
                               " against a recent mean of " + std::to_string(s.losses.mean()) +
@@ -196,8 +196,6 @@ tf_pass_result full_step(Hybrid& s, int64_t step, double lr, bool measure, bool 
 // A predicted step: the loss at the current weights (forward only), then the
 // model's next update; `diverged` when the guard fired.
 tf_pass_result predict_step(Hybrid& s, int64_t step, double lr, bool* diverged) {
-  const tf_host_api* api = s.host.api();
-  tf_host_context* ctx = s.host.ctx();
   const tf_pass_result pass = tf_sdk::Batch(s.host).forward();
   if (s.losses.diverged(pass.loss, s.cfg.divergence_factor)) {
     roll_back(s, step, pass.loss);
@@ -219,9 +217,7 @@ tf_pass_result predict_step(Hybrid& s, int64_t step, double lr, bool* diverged) 
   for (const auto& p : trainable(s.host)) {
     GroupState* g = s.model.find(p.name);
     if (!g || g->observed < 2) continue;  // no history yet: no prediction
-    const at::Tensor& u_hat = s.model.predict_next(*g);
-    auto* h = reinterpret_cast<tf_tensor>(const_cast<at::Tensor*>(&u_hat));
-    s.host.check(api->param_add_(ctx, p.name.c_str(), h, scale));
+    s.host.add_to_param(p.name, s.model.predict_next(*g), scale);
   }
   ++s.run_predicted;
   ++s.since_correct;

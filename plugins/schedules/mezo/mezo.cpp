@@ -54,15 +54,15 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
     const uint64_t seed = step_seed(s->seed, step);
     const tf_sdk::Batch batch(s->host);
     auto loss_at = [&](double shift) {
-      s->host.check(api->perturb_params(ctx, seed, shift));
+      s->host.perturb_params(seed, shift);
       return batch.forward();
     };
     const tf_pass_result plus = loss_at(s->eps);
     const tf_pass_result minus = loss_at(-2 * s->eps);
-    s->host.check(api->perturb_params(ctx, seed, s->eps));  // back to theta
+    s->host.perturb_params(seed, s->eps);  // back to theta
     const double g = (plus.loss - minus.loss) / (2 * s->eps);
     if (std::isfinite(g)) {
-      s->host.check(api->perturb_params(ctx, seed, -lr * g));
+      s->host.perturb_params(seed, -lr * g);
     } else {
       ++s->skipped;
       s->host.log(TF_LOG_WARN, "mezo: step " + std::to_string(step + 1) +

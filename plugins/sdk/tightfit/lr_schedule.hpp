@@ -66,7 +66,7 @@ inline void step_or_skip(const Host& host, int64_t step, int64_t& skipped) {
   }
   ++skipped;
   host.log(TF_LOG_WARN, "step " + std::to_string(step) + ": non-finite gradient, update skipped");
-  host.api()->log_metric(host.ctx(), "skipped_steps", static_cast<double>(skipped));
+  host.log_metric("skipped_steps", static_cast<double>(skipped));
 }
 
 // save_state / load_state hooks for a schedule whose checkpointed state is

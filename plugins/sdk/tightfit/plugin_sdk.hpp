@@ -318,6 +318,89 @@ class Host {
     check(api_->param_set_storage(ctx_, name.c_str(), lend(value), format, residency));
   }
 
+  void set_param_trainable(const std::string& name, bool trainable) const {
+    check(api_->param_set_trainable(ctx_, name.c_str(), trainable ? 1 : 0));
+  }
+  // The parameter += alpha * delta, in place (delta: any device).
+  void add_to_param(const std::string& name, const at::Tensor& delta, double alpha) const {
+    check(api_->param_add_(ctx_, name.c_str(), lend(delta), alpha));
+  }
+
+  // The stages' settings strategies change while the run is composed.
+  void set_stage_recompute(int32_t stage, bool on) const {
+    check(api_->stage_set_recompute(ctx_, stage, on ? 1 : 0));
+  }
+  void set_stage_device(int32_t stage, const std::string& device) const {
+    check(api_->stage_set_device(ctx_, stage, device.c_str()));
+  }
+  void set_stage_skip(int32_t stage, bool skip) const {
+    check(api_->stage_set_skip(ctx_, stage, skip ? 1 : 0));
+  }
+
+  // In-memory snapshots of the weights (and the optimizer's state), and
+  // seeded perturbations of every trainable weight (MeZO).
+  int32_t take_snapshot(bool with_optimizer) const {
+    int32_t id = -1;
+    check(api_->snapshot_take(ctx_, with_optimizer ? 1 : 0, &id));
+    return id;
+  }
+  void restore_snapshot(int32_t id) const { check(api_->snapshot_restore(ctx_, id)); }
+  void drop_snapshot(int32_t id) const { check(api_->snapshot_drop(ctx_, id)); }
+  void perturb_params(uint64_t seed, double scale) const {
+    check(api_->perturb_params(ctx_, seed, scale));
+  }
+
+  // The run's optimizer on one parameter, now, with grad_scale * grad.
+  void optimizer_apply(const std::string& name, const at::Tensor& grad, double grad_scale) const {
+    check(api_->optimizer_apply(ctx_, name.c_str(), lend(grad), grad_scale));
+  }
+  // The run's optimizer on `param` (updated in place; a copy of the
+  // parameter will do) with state the caller keeps (optimizer_info().n_state
+  // fp32 tensors shaped like it, zero before the first update).
+  void optimizer_update(const std::string& name, const at::Tensor& param, const at::Tensor& grad,
+                        const std::vector<at::Tensor>& state) const {
+    std::vector<tf_tensor> handles;
+    handles.reserve(state.size());
+    for (const at::Tensor& t : state) handles.push_back(lend(t));
+    check(api_->optimizer_update(ctx_, name.c_str(), lend(param), lend(grad),
+                                 static_cast<int32_t>(handles.size()), handles.data()));
+  }
+
+  // Gradient accumulation: the passes that follow are micro-batch `index`
+  // of `count`; and where the current backward is (0 of 1 on a host
+  // without the service).
+  void set_micro_batch(int32_t index, int32_t count) const {
+    check(api_->set_micro_batch(ctx_, index, count));
+  }
+  std::pair<int32_t, int32_t> micro_batch() const {
+    int32_t index = 0, count = 1;
+    if (TF_HAS(api_, tf_host_api, micro_batch)) check(api_->micro_batch(ctx_, &index, &count));
+    return {index, count};
+  }
+
+  // A plugin's own tensor files (adapters): written atomically; read back a
+  // tensor at a time (nothing when the file lacks it). The host keeps the
+  // last file read open for this plugin until release_tensor_file().
+  void save_tensors(const std::string& path, const std::vector<std::string>& names,
+                    const std::vector<at::Tensor>& tensors, const char* metadata_json) const {
+    std::vector<const char*> name_ptrs;
+    std::vector<tf_tensor> handles;
+    for (size_t i = 0; i < names.size(); ++i) {
+      name_ptrs.push_back(names[i].c_str());
+      handles.push_back(lend(tensors[i]));
+    }
+    check(api_->tensors_save(ctx_, path.c_str(), static_cast<int32_t>(names.size()),
+                             name_ptrs.data(), handles.data(), metadata_json));
+  }
+  std::optional<at::Tensor> load_tensor(const std::string& path, const std::string& name) const {
+    tf_tensor out = nullptr;
+    const tf_status st = api_->tensors_load(ctx_, path.c_str(), name.c_str(), &out);
+    if (st == TF_ERR_NOT_FOUND) return std::nullopt;
+    check(st);
+    return take(out);
+  }
+  void release_tensor_file() const { api_->tensors_load(ctx_, nullptr, nullptr, nullptr); }
+
   // Plugin state in checkpoints (inside save_state / load_state). A tensor
   // put is written to the checkpoint's file before the call returns.
   void save_tensor(const std::string& key, const at::Tensor& value) const {

@@ -32,7 +32,7 @@ tf_status configure(void* state, tf_host_context* ctx) {
       // Blocks that run: a block skipped (sparse, before this strategy) has nothing to keep.
       if (info.kind != TF_STAGE_BLOCK || info.skip) continue;
       if (block++ % s->every == 0) {
-        s->host.check(s->host.api()->stage_set_recompute(ctx, i, 1));
+        s->host.set_stage_recompute(i, true);
         ++marked;
       }
     }

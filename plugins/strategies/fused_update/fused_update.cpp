@@ -45,17 +45,14 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
 tf_status grad_ready(void* state, tf_host_context* ctx, const char* name, tf_tensor grad_h) {
   auto* s = static_cast<FusedUpdate*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    if (TF_HAS(s->host.api(), tf_host_api, micro_batch)) {
-      int32_t index = 0, count = 1;
-      s->host.check(s->host.api()->micro_batch(ctx, &index, &count));
-      if (index + 1 < count) return TF_NOT_HANDLED;  // keep accumulating
-    }
+    const auto [index, count] = s->host.micro_batch();
+    if (index + 1 < count) return TF_NOT_HANDLED;  // keep accumulating
     const at::Tensor& grad = tf_sdk::borrow(grad_h);
     const double n = grad.detach().norm().item<double>();
     s->sum_sq += n * n;
     double scale = 1.0;
     if (s->clip && s->previous_norm > s->max_norm) scale = s->max_norm / (s->previous_norm + 1e-6);
-    s->host.check(s->host.api()->optimizer_apply(ctx, name, grad_h, scale));
+    s->host.optimizer_apply(name, grad, scale);
     return TF_OK;  // consumed: the kernel frees the gradient
   });
 }

@@ -52,10 +52,8 @@ tf_status configure(void* state, tf_host_context* ctx) {
   return tf_sdk::guard(api, ctx, [&] {
     std::vector<std::string> patterns;
     std::string listed;
-    for (int32_t i = 0;; ++i) {
-      const char* t = nullptr;
-      if (api->config_get_list_string(ctx, "targets", i, &t) != TF_OK) break;
-      listed += (i ? ", " : "") + std::string(t);
+    for (const std::string& t : s->host.get_string_list("targets")) {
+      listed += (listed.empty() ? "" : ", ") + t;
       auto alias = kAliases.find(t);
       if (alias != kAliases.end())
         patterns.insert(patterns.end(), alias->second.begin(), alias->second.end());
@@ -92,7 +90,7 @@ tf_status configure(void* state, tf_host_context* ctx) {
                                   "linear weights are: " +
                                   linear_weights);
     // The base is frozen; only the adapters train.
-    for (const auto& name : names) s->host.check(api->param_set_trainable(ctx, name.c_str(), 0));
+    for (const auto& name : names) s->host.set_param_trainable(name, false);
     std::ostringstream msg;
     msg << "rank " << s->rank << " adapters on " << s->adapters.size() << " weights; base frozen";
     s->host.log(TF_LOG_INFO, msg.str());

@@ -120,16 +120,8 @@ void write_peft_adapter(const Lora& s, const std::string& dir) {
       values.push_back(s.host.weight(p).detach().contiguous());
     }
   }
-  std::vector<const char*> name_ptrs;
-  std::vector<tf_tensor> handles;
-  for (size_t i = 0; i < names.size(); ++i) {
-    name_ptrs.push_back(names[i].c_str());
-    handles.push_back(reinterpret_cast<tf_tensor>(&values[i]));
-  }
   const std::string file = dir + "/adapter_model.safetensors";
-  s.host.check(s.host.api()->tensors_save(s.host.ctx(), file.c_str(),
-                                          static_cast<int32_t>(names.size()), name_ptrs.data(),
-                                          handles.data(), "{\"format\": \"pt\"}"));
+  s.host.save_tensors(file, names, values, "{\"format\": \"pt\"}");
   const nlohmann::json config = {
       {"peft_type", "LORA"},
       {"task_type", "CAUSAL_LM"},
@@ -188,28 +180,21 @@ void read_peft_adapter(const Lora& s, const std::string& dir) {
   std::string targets = config.has("target_modules") ? config.json["target_modules"].dump() : "?";
   if (targets.size() > 200) targets = targets.substr(0, 200) + "...";
   const std::string file = dir + "/adapter_model.safetensors";
-  const tf_host_api* api = s.host.api();
-  tf_host_context* ctx = s.host.ctx();
   struct Release {
-    const tf_host_api* api;
-    tf_host_context* ctx;
-    ~Release() { api->tensors_load(ctx, nullptr, nullptr, nullptr); }
-  } release{api, ctx};
+    const tf_sdk::Host& host;
+    ~Release() { host.release_tensor_file(); }
+  } release{s.host};
   at::NoGradGuard no_grad;
   for (const auto& [weight, ad] : s.adapters) {
     for (const std::string& p : {ad.a, ad.b}) {
-      tf_tensor h = nullptr;
-      const tf_status st = api->tensors_load(ctx, file.c_str(), (kPrefix + p).c_str(), &h);
-      if (st == TF_ERR_NOT_FOUND)
+      const std::optional<at::Tensor> found = s.host.load_tensor(file, kPrefix + p);
+      if (!found)
         throw std::invalid_argument(
             "lora.adapter: " + file + " has no " + kPrefix + p +
             ": the adapter was trained on other modules (its target_modules: " + targets +
             "); set targets to match");
-      s.host.check(st);
-      const at::Tensor loaded = tf_sdk::take(h);
-      tf_tensor storage_h = nullptr;
-      s.host.check(api->param_storage(ctx, p.c_str(), &storage_h));
-      const at::Tensor storage = tf_sdk::take(storage_h);
+      const at::Tensor& loaded = *found;
+      const at::Tensor storage = s.host.param_storage(p);
       if (loaded.sizes() != storage.sizes()) {
         std::ostringstream msg;
         msg << "lora.adapter: " << kPrefix << p << " in " << file << " has shape " << loaded.sizes()

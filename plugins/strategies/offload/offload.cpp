@@ -215,8 +215,7 @@ struct Offload {
         continue;
       }
       if (t.device() != at::Device(device)) t = t.to(at::Device(device), /*non_blocking=*/cuda);
-      host.check(host.api()->param_set_storage(host.ctx(), name.c_str(),
-                                               reinterpret_cast<tf_tensor>(&t), w.format, tier()));
+      host.set_param_storage(name, t, w.format, tier());
     }
   }
 
@@ -232,8 +231,7 @@ struct Offload {
         continue;
       }
       at::Tensor placeholder = at::empty({0}, at::TensorOptions().dtype(w.dtype));
-      host.check(host.api()->param_set_storage(
-          host.ctx(), name.c_str(), reinterpret_cast<tf_tensor>(&placeholder), w.format, tier()));
+      host.set_param_storage(name, placeholder, w.format, tier());
     }
     std::lock_guard<std::mutex> lock(m);
     resident.erase(stage);
@@ -243,8 +241,6 @@ struct Offload {
   // Writes the frozen block weights of `stage` (all stages when < 0) that
   // are still in memory to files, leaving placeholders.
   void offload_stage(int32_t stage) {
-    const tf_host_api* api = host.api();
-    tf_host_context* ctx = host.ctx();
     const std::vector<std::string> names = host.param_names();
     for (size_t i = 0; i < names.size(); ++i) {
       const tf_param_info info = host.param_info(names[i]);
@@ -253,9 +249,7 @@ struct Offload {
           info.residency != TF_TIER_DEVICE || info.stored_bytes == 0 ||
           host.stage_info(info.stage).kind != TF_STAGE_BLOCK)
         continue;
-      tf_tensor stored = nullptr;
-      host.check(api->param_storage(ctx, names[i].c_str(), &stored));
-      const at::Tensor w = tf_sdk::take(stored).detach().contiguous().cpu();
+      const at::Tensor w = host.param_storage(names[i]).detach().contiguous().cpu();
       Offloaded o{
           disk ? (fs::path(files()) / (std::to_string(i) + ".bin")).string() : std::string(),
           w.sizes().vec(), w.scalar_type(), info.format, info.stage};
@@ -268,32 +262,24 @@ struct Offload {
                                    " (disk full? set offload.dir)");
       } else {
         // The host tier: pinned on a CUDA run (asynchronous copies), counted as weights.
-        host.check(api->memory_push_category(ctx, TF_MEM_WEIGHTS));
+        const tf_sdk::MemoryCategory as_weights(host, TF_MEM_WEIGHTS);
         host_copies[names[i]] = cuda ? w.pin_memory() : w.clone();
-        host.check(api->memory_pop_category(ctx));
       }
       offloaded_bytes += w.numel() * static_cast<int64_t>(w.element_size());
       by_stage[info.stage].push_back(names[i]);
       if (info.trainable) {
         // The parameter stays the same tensor; it is marked as living in the
         // tier and its bytes are freed until its stage runs.
-        tf_tensor current = nullptr;
-        host.check(api->param_storage(ctx, names[i].c_str(), &current));
-        at::Tensor same = tf_sdk::take(current);
-        host.check(api->param_set_storage(ctx, names[i].c_str(), reinterpret_cast<tf_tensor>(&same),
-                                          TF_FORMAT_DENSE, tier()));
-        tf_tensor leaf = nullptr;
-        host.check(api->param_storage(ctx, names[i].c_str(), &leaf));
+        host.set_param_storage(names[i], host.param_storage(names[i]), TF_FORMAT_DENSE, tier());
         o.trainable = true;
-        o.leaf = tf_sdk::take(leaf);
+        o.leaf = host.param_storage(names[i]);
         free_bytes(o.leaf);
         weights[names[i]] = std::move(o);
         continue;
       }
       weights[names[i]] = std::move(o);
       at::Tensor placeholder = at::empty({0}, at::TensorOptions().dtype(w.scalar_type()));
-      host.check(api->param_set_storage(
-          ctx, names[i].c_str(), reinterpret_cast<tf_tensor>(&placeholder), info.format, tier()));
+      host.set_param_storage(names[i], placeholder, info.format, tier());
     }
   }
 
@@ -406,6 +392,8 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
       const tf_host_api* api = s->host.api();
       s->activations = std::make_unique<offload::ActivationStore>(
           s->activations_tier == "disk", s->activations_tier == "disk" ? s->files() : std::string(),
+          // Raw calls, unchecked: this runs on the store's own thread too,
+          // where a refused category costs only the attribution.
           s->cuda, [api, ctx](const std::function<void()>& f) {
             api->memory_push_category(ctx, TF_MEM_ACTIVATIONS);
             try {
@@ -512,10 +500,7 @@ tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* na
     at::Tensor p = here ? param.detach() : param.detach().to(at::kCPU);
     at::Tensor g = here ? grad : grad.to(at::kCPU);
     s->state->with_state(name, param.sizes(), n, [&](std::vector<at::Tensor>& slots) {
-      std::vector<tf_tensor> handles;
-      for (auto& t : slots) handles.push_back(reinterpret_cast<tf_tensor>(&t));
-      s->host.check(api->optimizer_update(ctx, name, reinterpret_cast<tf_tensor>(&p),
-                                          reinterpret_cast<tf_tensor>(&g), n, handles.data()));
+      s->host.optimizer_update(name, p, g, slots);
     });
     if (!here) param.detach().copy_(p);
     if (away) {  // (after a failure the run stops; the bytes may stay until then)

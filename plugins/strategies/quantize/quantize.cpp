@@ -20,6 +20,7 @@
 #include <string>
 #include <tuple>
 
+#include "../adamw8/adamw8_state.hpp"
 #include "nf4_codec.hpp"
 #include "tightfit/plugin_sdk.hpp"
 
@@ -37,19 +38,11 @@ struct Quantized {
   std::string ggml_type;   // gguf: the blocks' type ("Q4_1"), decoded by the host
 };
 
-// 8-bit AdamW state of one parameter: block-wise absmax codes for the first
-// moment (signed) and for the square root of the second (unsigned; the root
-// narrows its dynamic range, as bitsandbytes' non-linear maps do).
-struct AdamState8 {
-  at::Tensor m_codes, m_absmax, r_codes, r_absmax;
-};
-
 struct Quantize {
   tf_sdk::Host host;
   bool quantize_weights = true;
-  bool adam8 = false;
-  int64_t state_block = 256;
-  std::map<std::string, AdamState8> adam;
+  // optimizer_state = "int8": the adamw8 strategy's state, kept here too.
+  std::unique_ptr<adamw8::State> adam8;
   std::string format;
   int64_t block = 64;
   bool double_quant = true;
@@ -123,87 +116,12 @@ at::Tensor dequantize_nf4(const Quantize& s, const at::Tensor& packed, const Qua
   return nf4::decode(packed, nf4_block_absmax(q).contiguous(), n, s.block, dtype);
 }
 
-// ---- 8-bit optimizer state ---------------------------------------------------
-// Codes of x in blocks: signed in [-127, 127] or unsigned in [0, 255].
-std::pair<at::Tensor, at::Tensor> encode_blocks(const at::Tensor& x, int64_t block,
-                                                bool is_signed) {
-  const int64_t n = x.numel(), pad = (block - n % block) % block;
-  at::Tensor blocks = at::constant_pad_nd(x.flatten(), {0, pad}).view({-1, block});
-  at::Tensor absmax = blocks.abs().amax(1).clamp_min(1e-30);
-  const double levels = is_signed ? 127.0 : 255.0;
-  at::Tensor codes = (blocks / absmax.unsqueeze(1) * levels).round();
-  codes = is_signed ? codes.clamp(-127, 127).to(at::kChar) : codes.clamp(0, 255).to(at::kByte);
-  return {codes.flatten(), absmax};
-}
-at::Tensor decode_blocks(const at::Tensor& codes, const at::Tensor& absmax, int64_t block,
-                         bool is_signed, const at::IntArrayRef shape) {
-  int64_t n = 1;
-  for (auto d : shape) n *= d;
-  const double levels = is_signed ? 127.0 : 255.0;
-  at::Tensor x = codes.to(at::kFloat).view({-1, block}) * (absmax.unsqueeze(1) / levels);
-  return x.flatten().slice(0, 0, n).view(shape);
-}
-
 tf_status optimizer_step_param(void* state, tf_host_context* ctx, const char* name,
                                tf_tensor param_h, tf_tensor grad_h, double lr) {
   auto* s = static_cast<Quantize*>(state);
   if (!s->adam8) return TF_NOT_HANDLED;
-  const tf_host_api* api = s->host.api();
-  return tf_sdk::guard(api, ctx, [&] {
-    const tf_optimizer_info o = s->host.optimizer_info();
-    if (std::string(o.name) != "adamw") return TF_NOT_HANDLED;
-    const tf_param_info info = s->host.param_info(name);
-    at::NoGradGuard no_grad;
-    // Working fp32 copies are transient; only the int8 codes are state.
-    const tf_sdk::MemoryCategory transient(s->host, TF_MEM_TRANSIENT);
-    const at::Tensor& param = tf_sdk::borrow(param_h);
-    if (!param.is_contiguous())
-      throw std::invalid_argument("quantize: 8-bit AdamW needs contiguous parameters");
-    const at::Tensor flat_param = param.detach().view(-1);
-    const at::Tensor flat_grad = tf_sdk::borrow(grad_h).reshape(-1);
-    const int64_t n = flat_param.numel(), block = s->state_block,
-                  n_blocks = (n + block - 1) / block;
-    AdamState8& st = s->adam[name];
-    if (!st.m_codes.defined()) {  // zero codes and scales decode to zero moments
-      s->host.check(api->memory_push_category(ctx, TF_MEM_OPTIMIZER));
-      // On the parameter's device, where the update runs.
-      const at::TensorOptions on = flat_param.options();
-      st.m_codes = at::zeros({n_blocks * block}, on.dtype(at::kChar));
-      st.r_codes = at::zeros({n_blocks * block}, on.dtype(at::kByte));
-      st.m_absmax = at::zeros({n_blocks}, on.dtype(at::kFloat));
-      st.r_absmax = at::zeros({n_blocks}, on.dtype(at::kFloat));
-      api->memory_pop_category(ctx);
-    }
-    const bool decay =
-        !(info.flags & TF_PARAM_NO_WEIGHT_DECAY) && info.ndim >= 2 && o.weight_decay > 0;
-    const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(o.step));
-    const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(o.step));
-    // A chunk of blocks at a time: the fp32 working copies (parameter,
-    // gradient, both moments) stay a few MiB even for a 262M-value embedding,
-    // and each block is decoded, updated and encoded exactly as a whole-tensor
-    // update would.
-    constexpr int64_t kChunkBlocks = 4096;
-    for (int64_t b0 = 0; b0 < n_blocks; b0 += kChunkBlocks) {
-      const int64_t nb = std::min(kChunkBlocks, n_blocks - b0);
-      const int64_t begin = b0 * block, end = std::min(n, (b0 + nb) * block), len = end - begin;
-      at::Tensor p = flat_param.slice(0, begin, end).to(at::kFloat);
-      const at::Tensor g = flat_grad.slice(0, begin, end).to(at::kFloat);
-      const at::Tensor m_codes = st.m_codes.slice(0, begin, begin + nb * block);
-      const at::Tensor r_codes = st.r_codes.slice(0, begin, begin + nb * block);
-      const at::Tensor m_absmax = st.m_absmax.slice(0, b0, b0 + nb),
-                       r_absmax = st.r_absmax.slice(0, b0, b0 + nb);
-      at::Tensor m = decode_blocks(m_codes, m_absmax, block, true, {len});
-      at::Tensor v = decode_blocks(r_codes, r_absmax, block, false, {len}).square();
-      if (decay) p.mul_(1.0 - lr * o.weight_decay);
-      m.mul_(o.beta1).add_(g, 1.0 - o.beta1);
-      v.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
-      p.addcdiv_(m, (v / bc2).sqrt_().add_(o.eps), -lr / bc1);
-      flat_param.slice(0, begin, end).copy_(p);
-      auto [mc, ma] = encode_blocks(m, block, true);
-      auto [rc, ra] = encode_blocks(v.sqrt(), block, false);
-      m_codes.copy_(mc), m_absmax.copy_(ma), r_codes.copy_(rc), r_absmax.copy_(ra);
-    }
-    return TF_OK;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    return s->adam8->step(s->host, name, tf_sdk::borrow(param_h), tf_sdk::borrow(grad_h), lr);
   });
 }
 
@@ -211,8 +129,8 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
   return tf_sdk::guard(api, ctx, [&] {
     auto s = std::make_unique<Quantize>(Quantize{tf_sdk::Host(api, ctx)});
     s->quantize_weights = s->host.get_bool("weights");
-    s->adam8 = s->host.get_string("optimizer_state") == "int8";
-    s->state_block = s->host.get_int("state_block_size");
+    if (s->host.get_string("optimizer_state") == "int8")
+      s->adam8 = std::make_unique<adamw8::State>(s->host.get_int("state_block_size"));
     if (!s->quantize_weights && !s->adam8)
       throw std::invalid_argument(
           "quantize: weights = false and optimizer_state = \"fp32\" leave nothing to quantize");
@@ -352,12 +270,7 @@ tf_status save_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Quantize*>(state);
   const tf_host_api* api = s->host.api();
   return tf_sdk::guard(api, ctx, [&] {
-    for (auto& [name, a] : s->adam)
-      for (auto [key, t] : {std::pair{".m_codes", &a.m_codes},
-                            {".m_absmax", &a.m_absmax},
-                            {".r_codes", &a.r_codes},
-                            {".r_absmax", &a.r_absmax}})
-        s->host.save_tensor("adam8." + name + key, *t);
+    if (s->adam8) s->adam8->save(s->host);
     for (auto& [name, q] : s->weights) {
       if (!q.scale.defined()) continue;  // gguf: the blocks hold their own scales
       s->host.save_tensor(name + ".scale", q.scale);
@@ -383,21 +296,7 @@ tf_status load_state(void* state, tf_host_context* ctx) {
     auto get = [&](const std::string& key, at::Tensor& into) {
       fill(key, s->host.saved_tensor(key), into);
     };
-    if (s->adam8) {
-      s->adam.clear();
-      for (const std::string& name_s : s->host.param_names()) {
-        // A parameter without 8-bit state had no update before the checkpoint.
-        const std::optional<at::Tensor> m_codes =
-            s->host.find_saved_tensor("adam8." + name_s + ".m_codes");
-        if (!m_codes) continue;
-        AdamState8& a = s->adam[name_s];
-        fill("adam8." + name_s + ".m_codes", *m_codes, a.m_codes);
-        for (auto [key, t] : {std::pair{".m_absmax", &a.m_absmax},
-                              {".r_codes", &a.r_codes},
-                              {".r_absmax", &a.r_absmax}})
-          get("adam8." + name_s + key, *t);
-      }
-    }
+    if (s->adam8) s->adam8->load(s->host);
     for (auto& [name, q] : s->weights) {
       if (!q.scale.defined()) continue;
       get(name + ".scale", q.scale);
@@ -414,7 +313,8 @@ const tf_config_key kKeys[] = {
     tf_sdk::key("weights", TF_VALUE_BOOL, "true", "store frozen block weights compact"),
     tf_sdk::key(
         "optimizer_state", TF_VALUE_STRING, "\"fp32\"",
-        "AdamW moments of trainable weights: fp32 (the kernel's) or int8 (block-wise, 8-bit AdamW)",
+        "AdamW moments of trainable weights: fp32 (the kernel's) or int8 (block-wise, 8-bit AdamW; "
+        "the same as [[strategy]] plugin = \"adamw8\", which does it without quantizing weights)",
         1, 0, "fp32|int8"),
     tf_sdk::key("state_block_size", TF_VALUE_INT, "256",
                 "int8 optimizer state: values per absmax block", 2, 65536),
@@ -472,9 +372,8 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
       out->block_bytes = largest;
     else
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT] = largest;
-    if (s->adam8)  // two int8 moments and their fp32 block scales instead of two fp32 moments
-      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] =
-          -8 * trainable + 2 * trainable + 2 * 4 * (trainable / s->state_block + 1);
+    if (s->adam8)
+      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] = s->adam8->optimizer_delta(trainable);
     out->time_factor = 0;
     out->time_from_plan = 1;  // tightfit fit prices it from the plan
     return TF_OK;

@@ -68,16 +68,13 @@ struct Shard {
   // Keeps this rank's part of each dense weight of `stage` (all stages when
   // < 0) and frees the rest of its bytes.
   void split_stage(int32_t stage) {
-    const tf_host_api* api = host.api();
     for (const auto& name : host.param_names()) {
       const tf_param_info info = host.param_info(name);
       if (info.stage < 0 || (stage >= 0 && info.stage != stage) || sharded.count(name) ||
           info.format != TF_FORMAT_DENSE || info.residency != TF_TIER_DEVICE ||
           info.stored_bytes == 0 || !at::isFloatingType(tf_sdk::scalar_type(info.dtype)))
         continue;
-      tf_tensor stored = nullptr;
-      host.check(api->param_storage(host.ctx(), name.c_str(), &stored));
-      at::Tensor value = tf_sdk::take(stored);
+      at::Tensor value = host.param_storage(name);
       if (!value.is_contiguous()) continue;
       const shard::Part pt = part(value);
       Sharded w;
@@ -87,12 +84,8 @@ struct Shard {
       }
       if (pt.len > 0)
         w.own.narrow(0, 0, pt.len).copy_(value.detach().view({-1}).narrow(0, pt.lo, pt.len));
-      host.check(api->param_set_storage(host.ctx(), name.c_str(),
-                                        reinterpret_cast<tf_tensor>(&value), TF_FORMAT_DENSE,
-                                        TF_TIER_SHARDED));
-      tf_tensor leaf = nullptr;
-      host.check(api->param_storage(host.ctx(), name.c_str(), &leaf));
-      w.leaf = tf_sdk::take(leaf);
+      host.set_param_storage(name, value, TF_FORMAT_DENSE, TF_TIER_SHARDED);
+      w.leaf = host.param_storage(name);
       tf_sdk::free_bytes(w.leaf);
       by_stage[info.stage].push_back(name);
       sharded.emplace(name, std::move(w));
@@ -150,8 +143,7 @@ struct Shard {
   int32_t n_state() const { return host.optimizer_info().n_state; }
 
   bool last_micro_batch() const {
-    int32_t index = 0, count = 1;
-    host.check(host.api()->micro_batch(host.ctx(), &index, &count));
+    const auto [index, count] = host.micro_batch();
     return index + 1 == count;
   }
 
@@ -171,12 +163,7 @@ struct Shard {
   // updated in place) from `g`, with the part's own state.
   void update_slice(const std::string& name, at::Tensor p, at::Tensor g) {
     at::NoGradGuard no_grad;
-    auto& slots = state_of(name, p.numel(), p.device());
-    std::vector<tf_tensor> handles;
-    for (auto& t : slots) handles.push_back(reinterpret_cast<tf_tensor>(&t));
-    host.check(host.api()->optimizer_update(
-        host.ctx(), name.c_str(), reinterpret_cast<tf_tensor>(&p), reinterpret_cast<tf_tensor>(&g),
-        static_cast<int32_t>(handles.size()), handles.data()));
+    host.optimizer_update(name, p, g, state_of(name, p.numel(), p.device()));
   }
 
   // Updates this rank's part of `param` from `grad_part` (its part of the
@@ -230,7 +217,6 @@ tf_status configure(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Shard*>(state);
   if (s->mode != "layers") return TF_OK;
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    const tf_host_api* api = s->host.api();
     std::vector<int32_t> blocks;
     const int32_t n_stages = s->host.stage_count();
     for (int32_t i = 0; i < n_stages; ++i)
@@ -275,14 +261,11 @@ tf_status configure(void* state, tf_host_context* ctx) {
     }
     size_t b = 0;
     for (size_t d = 0; d < devices.size(); ++d)
-      for (int64_t k = 0; k < split[d]; ++k)
-        s->host.check(api->stage_set_device(ctx, blocks[b++], devices[d].c_str()));
+      for (int64_t k = 0; k < split[d]; ++k) s->host.set_stage_device(blocks[b++], devices[d]);
     for (int32_t i = 0; i < n_stages; ++i) {
       const tf_stage_kind kind = s->host.stage_info(i).kind;
-      if (kind == TF_STAGE_EMBED)
-        s->host.check(api->stage_set_device(ctx, i, devices.front().c_str()));
-      if (kind == TF_STAGE_HEAD)
-        s->host.check(api->stage_set_device(ctx, i, devices.back().c_str()));
+      if (kind == TF_STAGE_EMBED) s->host.set_stage_device(i, devices.front());
+      if (kind == TF_STAGE_HEAD) s->host.set_stage_device(i, devices.back());
     }
     return TF_OK;
   });
@@ -418,9 +401,7 @@ tf_status apply_held_grads(void* state, tf_host_context* ctx, double grad_scale)
         if (pt.len > 0)
           s->update_slice(name, w->second.own.narrow(0, 0, pt.len), g.narrow(0, 0, pt.len));
       } else {
-        tf_tensor stored = nullptr;
-        s->host.check(s->host.api()->param_storage(ctx, name.c_str(), &stored));
-        const at::Tensor param = tf_sdk::take(stored);
+        const at::Tensor param = s->host.param_storage(name);
         s->update_part(name, param, g);
       }
       s->held.erase(name);  // its memory goes as soon as it is applied

@@ -55,8 +55,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
 // Which blocks are in the middle; "skip" takes them out before anything is
 // allocated.
 void set_block(Sparse& s, size_t block, bool on) {
-  for (const auto& name : s.trainable[block])
-    s.host.check(s.host.api()->param_set_trainable(s.host.ctx(), name.c_str(), on ? 1 : 0));
+  for (const auto& name : s.trainable[block]) s.host.set_param_trainable(name, on);
 }
 
 // Records the middle blocks' trainable parameters (LISA turns exactly these
@@ -88,8 +87,7 @@ tf_status configure(void* state, tf_host_context* ctx) {
       throw std::invalid_argument("sparse: k = " + std::to_string(s->k) + " but only " +
                                   std::to_string(s->middle_stages.size()) + " middle blocks");
     if (s->middle == "skip")
-      for (int32_t stage : s->middle_stages)
-        s->host.check(s->host.api()->stage_set_skip(ctx, stage, 1));
+      for (int32_t stage : s->middle_stages) s->host.set_stage_skip(stage, true);
     else
       freeze_middle(*s);  // now, so that `plan` sees it
     return TF_OK;
