@@ -168,6 +168,25 @@ TEST_F(CliTest, PlanJudgesAgainstTheRecipesOwnBudget) {
   EXPECT_NE(out.find("(run.memory_budget): fits"), std::string::npos) << out;
 }
 
+// plan --add-strategy plans the recipe with the strategy appended, as run
+// does: 8-bit AdamW's optimizer bytes are about a quarter of AdamW's.
+TEST_F(CliTest, PlanTakesAddStrategyAsRunDoes) {
+  auto optimizer_bytes = [&](const std::string& extra) {
+    std::string out;
+    EXPECT_EQ(test::run_tightfit("plan " + recipe + extra + " --json 2>/dev/null", &out), 0) << out;
+    return nlohmann::json::parse(out)["at_peak"]["device"]["optimizer"].get<double>();
+  };
+  const double adamw = optimizer_bytes(""), adamw8 = optimizer_bytes(" --add-strategy adamw8");
+  EXPECT_GT(adamw, 0);
+  EXPECT_LT(adamw8, 0.3 * adamw) << adamw8 << " vs " << adamw;
+  // With its key set through --set, as strategy.NAME.key.
+  EXPECT_LT(optimizer_bytes(" --add-strategy adamw8 --set strategy.adamw8.state_block_size=64"),
+            0.3 * adamw);
+  std::string out;
+  EXPECT_EQ(test::run_tightfit("plan " + recipe + " --add-strategy nosuch", &out), 2) << out;
+  EXPECT_NE(out.find("nosuch"), std::string::npos) << out;
+}
+
 // A plugin hook that reports an error mid-training: the run stops with exit
 // code 4, naming the plugin, the hook and its message; the checkpoint saved
 // before stays loadable (the run resumes from it once the plugin stops failing).

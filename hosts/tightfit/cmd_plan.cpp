@@ -197,7 +197,10 @@ int plan_command(const std::vector<std::string>& args) {
   po::options_description opts("tightfit plan recipe.toml [options]");
   opts.add_options()("help,h", "show this help")(
       "set", po::value<std::vector<std::string>>()->composing(), "override a recipe key")(
-      "budget", po::value<std::string>(), "a memory budget to check the plan against, e.g. 8GiB")(
+      "add-strategy", po::value<std::vector<std::string>>()->composing(),
+      "append a [[strategy]] with this plugin, as tightfit run does (before --set, which can then "
+      "set its keys as strategy.NAME.key)")("budget", po::value<std::string>(),
+                                            "a memory budget to check the plan against, e.g. 8GiB")(
       "json", "print the plan as JSON")(
       "ranks", po::value<int>()->default_value(0),
       "plan one rank of this many (default: the launch environment's world size)")(
@@ -213,6 +216,9 @@ int plan_command(const std::vector<std::string>& args) {
   set_log_level("warn");
   try {
     Recipe recipe = Recipe::load(vm["recipe"].as<std::string>());
+    if (vm.count("add-strategy"))
+      for (const auto& p : vm["add-strategy"].as<std::vector<std::string>>())
+        recipe.add_strategy(p);
     if (vm.count("set"))
       for (const auto& s : vm["set"].as<std::vector<std::string>>()) recipe.apply_override(s);
     int64_t budget = 0;

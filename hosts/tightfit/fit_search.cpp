@@ -84,7 +84,7 @@ bool FitChoice::saves_no_more_than(const FitChoice& other) const {
 }
 
 int FitChoice::strategies() const {
-  return (weights != "dense" || optimizer == "int8") + (precision != "none") +
+  return (weights != "dense") + (optimizer == "int8") + (precision != "none") +
          (checkpoint_every > 0) +
          (optimizer == "host" || optimizer == "disk" || params_tier != "none" ||
           activations_tier != "none") +
@@ -104,8 +104,8 @@ FitSpace fit_space(const Recipe& base, const PluginRegistry& registry,
                    std::vector<int> lora_ranks, bool adapters_instead, int ranks) {
   FitSpace sp;
   auto installed = [&](const std::string& name) { return registry.find_any(name) != nullptr; };
-  for (const char* name : {"lora", "quantize", "precision", "checkpoint", "offload", "fused_update",
-                           "accumulate", "shard"})
+  for (const char* name : {"lora", "quantize", "adamw8", "precision", "checkpoint", "offload",
+                           "fused_update", "accumulate", "shard"})
     if (installed(name) && !has(keep, name) && !has(without, name)) sp.searched.push_back(name);
   auto searched = [&](const char* name) { return has(sp.searched, name); };
   const toml::table* run = base.table("run");
@@ -132,7 +132,7 @@ FitSpace fit_space(const Recipe& base, const PluginRegistry& registry,
   sp.precision = {"none"};
   if (searched("precision")) sp.precision = {"none", "autocast", "bf16"};
   sp.optimizer = {"fp32"};
-  if (searched("quantize")) sp.optimizer.push_back("int8");
+  if (searched("adamw8")) sp.optimizer.push_back("int8");  // 8-bit AdamW, its own strategy
   if (searched("offload")) {
     // On a CPU run the host tier is the same RAM: it saves nothing there.
     if (cuda) sp.optimizer.push_back("host");
@@ -256,13 +256,15 @@ Recipe apply_choice(const Recipe& base, const FitSpace& sp, const FitChoice& c) 
     if (!own_alpha) t.insert_or_assign("alpha", 2.0 * c.lora_rank);
     r.add_strategy("lora", t);
   }
-  if (searched("quantize") && (c.weights != "dense" || c.optimizer == "int8")) {
+  if (searched("quantize") && c.weights != "dense") {
     toml::table t = user_keys(base, "quantize");
-    t.insert_or_assign("weights", c.weights != "dense");
-    if (c.weights != "dense") t.insert_or_assign("format", c.weights);
-    t.insert_or_assign("optimizer_state", std::string(c.optimizer == "int8" ? "int8" : "fp32"));
+    t.insert_or_assign("weights", true);
+    t.insert_or_assign("format", c.weights);
+    t.insert_or_assign("optimizer_state", std::string("fp32"));  // 8-bit state: adamw8's
     r.add_strategy("quantize", t);
   }
+  if (searched("adamw8") && c.optimizer == "int8")
+    r.add_strategy("adamw8", user_keys(base, "adamw8"));
   if (searched("precision") && c.precision != "none") {
     toml::table t = user_keys(base, "precision");
     t.insert_or_assign("mode", c.precision);
