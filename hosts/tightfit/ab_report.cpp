@@ -41,13 +41,6 @@ std::vector<double> numbers(const json& j) {
   return out;
 }
 
-std::string fmt(double v, int digits) {
-  if (!std::isfinite(v)) return "-";
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
-
 bool finished(const json& run) {
   return !run.contains("failed");
 }
@@ -72,20 +65,20 @@ std::string table(const json& report) {
   for (const auto& v : field(report, "variants")) {
     const json& m = field(v, "mean");
     const json& p = field(m, "peak_bytes");
-    std::string gap = fmt(number(field(m, "eval_gap")), 4);
+    std::string gap = fixed(number(field(m, "eval_gap")), 4);
     if (std::isfinite(number(field(m, "eval_gap_ci95"))))
-      gap += " ± " + fmt(number(field(m, "eval_gap_ci95")), 4);
+      gap += " ± " + fixed(number(field(m, "eval_gap_ci95")), 4);
     const double skipped = number(field(m, "backward_skipped"));
     o << "<tr><td>" << escape_html(name_of(v)) << "</td><td>"
-      << fmt(number(field(p, "total")) / kMiB, 1) << "</td>";
+      << fixed(number(field(p, "total")) / kMiB, 1) << "</td>";
     for (const char* c : {"weights", "grads", "optimizer", "activations", "adapters"})
-      o << "<td>" << fmt(number(field(p, c)) / kMiB, 1) << "</td>";
-    o << "<td>" << fmt(number(field(m, "tokens_per_s")), 0) << "</td><td>"
-      << fmt(number(field(m, "wall_s")), 1) << "</td><td>"
-      << fmt(number(field(m, "final_eval_loss")), 4) << "</td><td>"
-      << fmt(number(field(m, "best_eval_loss")), 4) << "</td><td>" << gap << "</td><td>"
-      << fmt(number(field(m, "divergences")), 0) << "</td><td>"
-      << (std::isfinite(skipped) ? fmt(100 * skipped, 0) + "%" : "-") << "</td></tr>";
+      o << "<td>" << fixed(number(field(p, c)) / kMiB, 1) << "</td>";
+    o << "<td>" << fixed(number(field(m, "tokens_per_s")), 0) << "</td><td>"
+      << fixed(number(field(m, "wall_s")), 1) << "</td><td>"
+      << fixed(number(field(m, "final_eval_loss")), 4) << "</td><td>"
+      << fixed(number(field(m, "best_eval_loss")), 4) << "</td><td>" << gap << "</td><td>"
+      << fixed(number(field(m, "divergences")), 0) << "</td><td>"
+      << (std::isfinite(skipped) ? fixed(100 * skipped, 0) + "%" : "-") << "</td></tr>";
   }
   o << "</table>";
   return o.str();
@@ -202,7 +195,7 @@ std::vector<std::string> notes(const json& report, const std::vector<int>& same)
                         field(base[k], "wall_s").get<double>());
     if (diffs.size() < 2) continue;
     const double m = mean(diffs), ci = ci95(diffs);
-    const std::string figure = (m >= 0 ? "+" : "") + fmt(m, 1) + " ± " + fmt(ci, 1) + " s";
+    const std::string figure = (m >= 0 ? "+" : "") + fixed(m, 1) + " ± " + fixed(ci, 1) + " s";
     if (std::abs(m) <= ci)
       out.push_back("The wall time of <b>" + name(i) + "</b> is within noise of <b>" + name(0) +
                     "</b>'s (" + figure +

@@ -3,9 +3,19 @@
 #pragma once
 
 #include <cmath>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 namespace tightfit::host {
+
+// `v` with `digits` decimals, or "-" when it is not finite (a run that failed).
+inline std::string fixed(double v, int digits) {
+  if (!std::isfinite(v)) return "-";
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
 
 inline double mean(const std::vector<double>& v) {
   if (v.empty()) return std::nan("");

@@ -37,13 +37,6 @@ struct Variant {
   std::string add_strategy;  // --vary strategy=NAME
 };
 
-std::string fixed(double v, int digits) {
-  if (!std::isfinite(v)) return "-";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
-
 std::string stem(const std::string& path) {
   return fs::path(path).stem().string();
 }

@@ -30,7 +30,6 @@ MemoryBudget decide_memory_budget(int64_t bytes, const std::string& scope_key, b
         "\"tracked\"");
   MemoryBudget b;
   b.bytes = std::max<int64_t>(bytes, 0);
-  b.on_gpu = cuda_device;
   b.enforce = !dry_run;
   if (cuda_device)
     b.scope = MemoryBudget::Scope::kDevice;
@@ -46,7 +45,7 @@ void apply_memory_budget(const MemoryBudget& budget, int cuda_index) {
   acct.set_budget(host ? budget.bytes : 0);
   acct.set_process_budget(host && budget.scope == MemoryBudget::Scope::kProcess ? budget.bytes : 0);
   acct.set_device_budget(0);
-  if (budget.on_gpu && budget.enforce) {
+  if (budget.on_gpu() && budget.enforce) {
     // The caching allocator's memory fraction (0 lifts an earlier cap);
     // named in a refusal only where it is below the card (the cap it sets).
     const int64_t cap = budget.enforced() ? budget.bytes : 0;

@@ -21,7 +21,6 @@ struct MemoryBudget {
   int64_t bytes = 0;  // the recipe's memory_budget; 0: no limit (the scope still says what a
                       // budget would bound: plan and fit take one from --budget)
   Scope scope = Scope::kNone;
-  bool on_gpu = false;   // the device is a GPU
   bool enforce = false;  // not a dry run: a dry run allocates nothing, and its budget must
                          // not refuse what the process does next (fit measures after planning)
 
@@ -29,6 +28,9 @@ struct MemoryBudget {
   // budget is host memory): out-of-budget advice leaves it out of the
   // budget it suggests for the model.
   bool counts_host_data() const { return scope == Scope::kTracked || scope == Scope::kProcess; }
+  bool on_gpu() const {
+    return scope == Scope::kDevice;
+  }  // a GPU run's budget is always the device's
   bool enforced() const { return enforce && bytes > 0 && scope != Scope::kNone; }
 };
 

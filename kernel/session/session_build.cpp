@@ -192,7 +192,7 @@ std::optional<DistEnv> Session::set_up_device_and_ranks() {
                       "\")");
   }
   // A GPU run's budget is applied once its index is known (below).
-  if (!env_.budget.on_gpu || options_.dry_run) apply_memory_budget(env_.budget, 0);
+  if (!env_.budget.on_gpu() || options_.dry_run) apply_memory_budget(env_.budget, 0);
   // A dry run plans a GPU recipe on a machine without one (nothing is
   // allocated); a real run needs the device.
   if (env_.device.is_cuda() && !at::hasCUDA() && !options_.dry_run)
@@ -222,7 +222,7 @@ std::optional<DistEnv> Session::set_up_device_and_ranks() {
                           std::to_string(dist->world_size) + " joined (" + env_.pg->backend() +
                           ")");
   }
-  if (env_.budget.on_gpu && !options_.dry_run) {
+  if (env_.budget.on_gpu() && !options_.dry_run) {
     apply_memory_budget(env_.budget, env_.device.has_index() ? env_.device.index() : 0);
     cuda_set_deterministic(env_.config.run.deterministic);
   }
