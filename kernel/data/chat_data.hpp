@@ -57,6 +57,11 @@ class ChatFormatter {
   // How many times the chat template has been rendered: a conversation
   // takes a few renderings whatever its number of turns.
   int64_t renders() const { return renders_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  // The template rendered over `messages` (refused, naming `where`, when the
+  // tokenizer has none or the template fails on them).
+  ChatRender render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
+                    const nlohmann::ordered_json& tools, const std::string& where) const;
 
  private:
   Example format_row(const nlohmann::ordered_json& row, const std::string& where) const;
@@ -71,8 +76,6 @@ class ChatFormatter {
                                  const nlohmann::ordered_json& tools,
                                  const std::string& where) const;
   const ChatTemplate& chat_template(const std::string& where) const;
-  ChatRender render(const nlohmann::ordered_json& messages, bool add_generation_prompt,
-                    const nlohmann::ordered_json& tools, const std::string& where) const;
 
   const Tokenizer& tokenizer_;
   TokenizerConfig config_;

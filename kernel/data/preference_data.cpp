@@ -1,0 +1,262 @@
+#include "preference_data.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "jsonl_rows.hpp"
+
+namespace tightfit {
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+// TRL's is_conversational for one field: a list whose first element is a
+// message (an object with "role" and "content").
+bool conversational(const ojson& v) {
+  return v.is_array() && !v.empty() && v[0].is_object() && v[0].contains("role") &&
+         v[0].contains("content");
+}
+
+// The byte offset where each code point of `s` begins, and s.size() last:
+// Python indexes str by code points (JSON strings are valid UTF-8).
+std::vector<size_t> code_points(const std::string& s) {
+  std::vector<size_t> at;
+  for (size_t i = 0; i < s.size(); ++i)
+    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) at.push_back(i);
+  at.push_back(s.size());
+  return at;
+}
+
+// The longest common prefix of a and b, in whole code points.
+size_t common_prefix(const std::string& a, const std::string& b) {
+  size_t k = 0;
+  while (k < a.size() && k < b.size() && a[k] == b[k]) ++k;
+  while (k > 0 && k < a.size() && (static_cast<unsigned char>(a[k]) & 0xC0) == 0x80) --k;
+  return k;
+}
+
+struct Split {
+  ojson prompt, chosen, rejected;
+};
+
+// TRL's extract_prompt: the shared start of chosen and rejected. Its loop
+// stops at the first difference (one space before it goes to the
+// completions) or, where none is found, at the last shared index.
+Split extract_prompt(const ojson& chosen, const ojson& rejected, const std::string& where) {
+  auto no_prompt = [&] {
+    return std::invalid_argument(
+        where +
+        ": the row has no \"prompt\" and its \"chosen\" and \"rejected\" share no "
+        "beginning to take as the prompt: give \"prompt\" explicitly");
+  };
+  if (chosen.is_string() && rejected.is_string()) {
+    const std::string& c = chosen.get_ref<const std::string&>();
+    const std::string& r = rejected.get_ref<const std::string&>();
+    const std::vector<size_t> cp = code_points(c), rp = code_points(r);
+    const size_t n = std::min(cp.size(), rp.size()) - 1;
+    if (n == 0) throw no_prompt();
+    size_t idx = n - 1;  // Python's loop variable after a loop without break
+    for (size_t i = 0; i < n; ++i) {
+      if (c.compare(cp[i], cp[i + 1] - cp[i], r, rp[i], rp[i + 1] - rp[i]) == 0) continue;
+      // At i = 0 TRL's chosen[i - 1] is chosen's last character: a space
+      // there would cut the completions to their last characters.
+      const size_t before = i == 0 ? cp.size() - 2 : i - 1;
+      const bool space = c.compare(cp[before], cp[before + 1] - cp[before], " ") == 0;
+      if (space && i == 0) throw no_prompt();
+      idx = space ? i - 1 : i;  // an empty prompt is TRL's too
+      break;
+    }
+    return {c.substr(0, cp[idx]), c.substr(cp[idx]), r.substr(rp[idx])};
+  }
+  if (!chosen.is_array() || !rejected.is_array())
+    throw std::invalid_argument(where +
+                                ": \"chosen\" and \"rejected\" must both be strings or both be "
+                                "lists of messages");
+  const size_t n = std::min(chosen.size(), rejected.size());
+  if (n == 0) throw no_prompt();
+  size_t idx = n - 1;
+  for (size_t i = 0; i < n; ++i)
+    if (chosen[i] != rejected[i]) {
+      idx = i;
+      break;
+    }
+  if (idx == 0) throw no_prompt();
+  Split s{ojson::array(), ojson::array(), ojson::array()};
+  for (size_t i = 0; i < chosen.size(); ++i) (i < idx ? s.prompt : s.chosen).push_back(chosen[i]);
+  for (size_t i = idx; i < rejected.size(); ++i) s.rejected.push_back(rejected[i]);
+  return s;
+}
+
+void check_messages(const ojson& messages, const std::string& where, const char* field) {
+  if (!messages.is_array() || messages.empty())
+    throw std::invalid_argument(where + ": \"" + field + "\" must be a non-empty list of messages");
+  for (size_t k = 0; k < messages.size(); ++k) {
+    const ojson& m = messages[k];
+    const std::string at = where + ": \"" + field + "\"[" + std::to_string(k) + "]";
+    if (!m.is_object()) throw std::invalid_argument(at + " must be an object");
+    if (!m.contains("role") || !m["role"].is_string())
+      throw std::invalid_argument(at + ".role must be a string");
+    if (!m.contains("content") || !m["content"].is_string())
+      throw std::invalid_argument(at + ".content must be a string");
+  }
+}
+
+const std::string& need_text(const ojson& v, const std::string& where, const char* field) {
+  if (!v.is_string()) throw std::invalid_argument(where + ": \"" + field + "\" must be a string");
+  return v.get_ref<const std::string&>();
+}
+
+std::string strip(const std::string& s, bool left, bool right) {
+  constexpr const char* kSpace = " \t\n\r\f\v";
+  size_t b = left ? s.find_first_not_of(kSpace) : 0;
+  if (b == std::string::npos) return {};
+  size_t e = right ? s.find_last_not_of(kSpace) + 1 : s.size();
+  return s.substr(b, e - b);
+}
+
+// transformers' continue_final_message: the rendering cut right after the
+// last message's content, so that the model continues it.
+std::string continue_final_message(const std::string& rendered, const std::string& content,
+                                   const std::string& where) {
+  const std::string stripped = strip(content, true, true);
+  const size_t at = rendered.rfind(stripped);
+  if (at == std::string::npos)
+    throw std::invalid_argument(where +
+                                ": the prompt ends with an assistant message, to be continued, "
+                                "and the chat template does not write its content as it is");
+  const std::string lstripped = strip(content, true, false);
+  if (rendered.compare(at, lstripped.size(), content) == 0)
+    return rendered.substr(0, at + lstripped.size());
+  return rendered.substr(0, at + stripped.size());
+}
+
+}  // namespace
+
+bool is_preference_row(const ojson& row) {
+  return row.is_object() && row.contains("chosen") && row.contains("rejected");
+}
+
+Example preference_sequence(const std::vector<int64_t>& prompt,
+                            const std::vector<int64_t>& completion,
+                            const PreferenceOptions& options) {
+  Example e;
+  e.ids = prompt;
+  e.ids.insert(e.ids.end(), completion.begin(), completion.end());
+  e.trained.assign(prompt.size(), 0);
+  e.trained.resize(e.ids.size(), 1);
+  const auto n = static_cast<int64_t>(e.ids.size());
+  if (options.max_length > 0 && n > options.max_length) {
+    const auto cut = static_cast<long>(n - options.max_length);
+    if (options.keep_end) {
+      e.ids.erase(e.ids.begin(), e.ids.begin() + cut);
+      e.trained.erase(e.trained.begin(), e.trained.begin() + cut);
+    } else {
+      e.ids.resize(static_cast<size_t>(options.max_length));
+      e.trained.resize(static_cast<size_t>(options.max_length));
+    }
+  }
+  return e;
+}
+
+PreferenceFormatter::PreferenceFormatter(const ChatFormatter& chat, PreferenceOptions options)
+    : chat_(chat), options_(options) {
+  const std::string& eos = chat_.config().eos_token;
+  if (!eos.empty()) eos_id_ = chat_.tokenizer().token_id(eos);
+}
+
+PreferencePair PreferenceFormatter::format(const ojson& row, const std::string& where) const {
+  if (!row.is_object()) throw std::invalid_argument(where + ": a row must be a JSON object");
+  if (!is_preference_row(row))
+    throw std::invalid_argument(where +
+                                ": a preference row needs \"chosen\" and \"rejected\" (and "
+                                "\"prompt\", unless it is their shared beginning)");
+  for (const char* key : {"tools", "chat_template_kwargs", "images"})
+    if (row.contains(key))
+      throw std::invalid_argument(where + ": \"" + key +
+                                  "\" in a preference row is not supported (TRL's DPOTrainer "
+                                  "does not read it from the row either): leave it out");
+  if (eos_id_ < 0)
+    throw std::invalid_argument(
+        where + ": each completion ends with the tokenizer's EOS, and " +
+        (chat_.config().source.empty() ? std::string("the tokenizer") : chat_.config().source) +
+        " names none (eos_token): give a tokenizer that has one");
+  // maybe_extract_prompt: the row's prompt when it is of the completions' kind.
+  Split s;
+  const ojson& chosen = row["chosen"];
+  const ojson& rejected = row["rejected"];
+  if (row.contains("prompt") && conversational(row["prompt"]) == conversational(chosen))
+    s = {row["prompt"], chosen, rejected};
+  else
+    s = extract_prompt(chosen, rejected, where);
+  // maybe_apply_chat_template: conversations become text.
+  std::string prompt, chosen_text, rejected_text;
+  if (conversational(s.prompt)) {
+    check_messages(s.prompt, where, "prompt");
+    check_messages(s.chosen, where, "chosen");
+    check_messages(s.rejected, where, "rejected");
+    const ojson none;
+    const ojson& last = s.prompt.back();
+    const std::string& role = last["role"].get_ref<const std::string&>();
+    if (role == "user")
+      prompt = chat_.render(s.prompt, true, none, where).text;
+    else if (role == "assistant")
+      prompt = continue_final_message(chat_.render(s.prompt, false, none, where).text,
+                                      last["content"].get_ref<const std::string&>(), where);
+    else
+      throw std::invalid_argument(where + ": the prompt's last message is \"" + role +
+                                  "\"; it must be \"user\" (then the answer follows) or "
+                                  "\"assistant\" (continued)");
+    // The prompt as the whole conversation begins: their shared characters.
+    auto completion_of = [&](const ojson& answer) {
+      ojson all = s.prompt;
+      for (const auto& m : answer) all.push_back(m);
+      const std::string whole = chat_.render(all, false, none, where).text;
+      prompt.resize(common_prefix(prompt, whole));
+      return whole.substr(prompt.size());
+    };
+    chosen_text = completion_of(s.chosen);
+    rejected_text = completion_of(s.rejected);
+  } else {
+    prompt = need_text(s.prompt, where, "prompt");
+    chosen_text = need_text(s.chosen, where, "chosen");
+    rejected_text = need_text(s.rejected, where, "rejected");
+  }
+  // tokenize_row(add_special_tokens = False).
+  const Tokenizer& tok = chat_.tokenizer();
+  PreferencePair p;
+  p.prompt = tok.encode(prompt);
+  p.chosen = tok.encode(chosen_text);
+  p.rejected = tok.encode(rejected_text);
+  p.chosen.push_back(eos_id_);
+  p.rejected.push_back(eos_id_);
+  if (options_.max_prompt_length > 0 &&
+      static_cast<int64_t>(p.prompt.size()) > options_.max_prompt_length)
+    p.prompt.erase(p.prompt.begin(),
+                   p.prompt.end() - static_cast<long>(options_.max_prompt_length));
+  for (auto* c : {&p.chosen, &p.rejected})
+    if (options_.max_completion_length > 0 &&
+        static_cast<int64_t>(c->size()) > options_.max_completion_length)
+      c->resize(static_cast<size_t>(options_.max_completion_length));
+  return p;
+}
+
+std::vector<Example> load_preference_examples(const std::string& spec,
+                                              const PreferenceFormatter& formatter,
+                                              const std::string& base_dir) {
+  std::vector<Example> out;
+  for_each_jsonl_row(spec, base_dir, [&](const ojson& row, const std::string& where) {
+    try {
+      const PreferencePair p = formatter.format(row, where);
+      out.push_back(preference_sequence(p.prompt, p.chosen, formatter.options()));
+      out.push_back(preference_sequence(p.prompt, p.rejected, formatter.options()));
+    } catch (const DataOutOfMemory& e) {
+      throw DataOutOfMemory(where + ": " + e.what());
+    } catch (const std::bad_alloc&) {
+      throw DataOutOfMemory(where + ": making the row's pair (" + std::to_string(out.size() / 2) +
+                            " pairs so far)");
+    }
+  });
+  return out;
+}
+
+}  // namespace tightfit

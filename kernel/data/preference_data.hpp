@@ -1,0 +1,67 @@
+// Preference rows (JSONL) -> prompt, chosen and rejected token ids, as TRL's
+// DPOTrainer prepares them (maybe_extract_prompt, maybe_apply_chat_template,
+// tokenize_row with add_special_tokens = False), then each side as the
+// concatenated pass sees it: prompt + completion cut to max_length, the
+// completion's tokens trained.
+//
+// Row forms (TRL's preference types):
+//   {"prompt": "...", "chosen": "...", "rejected": "..."}        text
+//   {"prompt": [msgs], "chosen": [msgs], "rejected": [msgs]}     conversational
+//   {"chosen": ..., "rejected": ...}                             implicit prompt:
+//       the shared start of chosen and rejected (messages, or characters)
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "chat_data.hpp"
+
+namespace tightfit {
+
+// TRL's DPOConfig names and defaults; 0 is None (no limit).
+struct PreferenceOptions {
+  int64_t max_prompt_length = 512;    // the prompt's last tokens are kept
+  int64_t max_completion_length = 0;  // each completion's first tokens are kept
+  int64_t max_length = 1024;          // prompt + completion
+  bool keep_end = true;               // truncation_mode: "keep_end" or "keep_start"
+};
+
+// TRL's prompt_input_ids, chosen_input_ids and rejected_input_ids (each
+// completion ends with EOS).
+struct PreferencePair {
+  std::vector<int64_t> prompt, chosen, rejected;
+};
+
+// prompt + completion cut to options.max_length as TRL's concatenated_forward
+// cuts it (keep_end: the last max_length tokens; keep_start: the first);
+// trained marks the completion's tokens.
+Example preference_sequence(const std::vector<int64_t>& prompt,
+                            const std::vector<int64_t>& completion,
+                            const PreferenceOptions& options);
+
+// Whether a row is a preference row ("chosen" and "rejected").
+bool is_preference_row(const nlohmann::ordered_json& row);
+
+class PreferenceFormatter {
+ public:
+  // `chat` renders conversations (its tokenizer and template).
+  PreferenceFormatter(const ChatFormatter& chat, PreferenceOptions options);
+  // Throws std::invalid_argument naming `where` (file:line) and the field.
+  PreferencePair format(const nlohmann::ordered_json& row, const std::string& where) const;
+  const PreferenceOptions& options() const { return options_; }
+
+ private:
+  const ChatFormatter& chat_;
+  PreferenceOptions options_;
+  int64_t eos_id_ = -1;
+};
+
+// Reads preference rows as load_examples reads rows: each pair as two
+// examples, chosen then rejected (preference_sequence of each).
+std::vector<Example> load_preference_examples(const std::string& spec,
+                                              const PreferenceFormatter& formatter,
+                                              const std::string& base_dir = {});
+
+}  // namespace tightfit
