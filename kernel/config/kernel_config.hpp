@@ -40,15 +40,19 @@
   X(std::vector<int64_t>, debug_nan_at_steps, get_int_list)  \
   X(bool, profile_ops, get_bool)
 
-#define TF_DATA_CONFIG(X)               \
-  X(std::string, corpus, get_string)    \
-  X(std::string, tokenizer, get_string) \
-  X(int64_t, seq_len, get_int)          \
-  X(int64_t, batch_size, get_int)       \
-  X(double, val_fraction, get_double)   \
-  X(std::string, train_on, get_string)  \
-  X(bool, packing, get_bool)            \
-  X(std::string, chat_template, get_string)
+#define TF_DATA_CONFIG(X)                    \
+  X(std::string, corpus, get_string)         \
+  X(std::string, tokenizer, get_string)      \
+  X(int64_t, seq_len, get_int)               \
+  X(int64_t, batch_size, get_int)            \
+  X(double, val_fraction, get_double)        \
+  X(std::string, train_on, get_string)       \
+  X(bool, packing, get_bool)                 \
+  X(std::string, chat_template, get_string)  \
+  X(int64_t, max_prompt_length, get_int)     \
+  X(int64_t, max_completion_length, get_int) \
+  X(int64_t, max_length, get_int)            \
+  X(std::string, truncation_mode, get_string)
 
 #define TF_OPTIMIZER_CONFIG(X)        \
   X(std::string, name, get_string)    \

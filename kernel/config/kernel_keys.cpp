@@ -88,7 +88,8 @@ const std::vector<KeySpec>& data_keys() {
   static const std::vector<KeySpec> keys = {
       key("corpus", TF_VALUE_STRING, "\"builtin:fortunes\"",
           "builtin:fortunes, a text file, a folder of text files, a .jsonl with \"text\", or "
-          "JSONL instruction/chat rows (messages, prompt/completion, instruction/output)"),
+          "JSONL instruction/chat rows (messages, prompt/completion, instruction/output), or "
+          "preference rows (chosen/rejected, for a preference schedule such as dpo)"),
       key("tokenizer", TF_VALUE_STRING, "\"auto\"",
           "byte (256 ids), or a model folder or tokenizer.json; auto = the [model].weights "
           "folder's tokenizer (tokenizer.json, vocab.json + merges.txt or tokenizer.model), "
@@ -106,6 +107,21 @@ const std::vector<KeySpec>& data_keys() {
           "itself (false: one example per row, padded)"),
       key("chat_template", TF_VALUE_STRING, "\"\"",
           "a .jinja chat template to use instead of the tokenizer_config.json's"),
+      key("max_prompt_length", TF_VALUE_INT, "512",
+          "preference rows: the prompt's last tokens kept (TRL's max_prompt_length); 0 = all", 0,
+          1e7),
+      key("max_completion_length", TF_VALUE_INT, "0",
+          "preference rows: each completion's first tokens kept (TRL's max_completion_length); "
+          "0 = all",
+          0, 1e7),
+      key("max_length", TF_VALUE_INT, "0",
+          "preference rows: prompt + completion tokens kept (TRL's max_length); 0 = seq_len + 1, "
+          "a row's inputs and its last target",
+          0, 1e7),
+      key("truncation_mode", TF_VALUE_STRING, "\"keep_end\"",
+          "preference rows longer than max_length: keep their end (keep_end, TRL's default) or "
+          "their start (keep_start)",
+          1, 0, "keep_end|keep_start"),
   };
   return keys;
 }

@@ -39,6 +39,9 @@ class Batcher {
     // int64 [B, T] when rows are packed with several examples: each token's
     // position in its example (restarting at 0). Undefined: 0..T-1 per row.
     at::Tensor positions;
+    // Preference pairs: rows [0, pairs) are the chosen sides, rows
+    // [pairs, 2 pairs) the rejected ones in the same order; 0 otherwise.
+    int64_t pairs = 0;
   };
   // The batch at the current position; advances the position.
   virtual Batch next() = 0;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "chat_data.hpp"
 #include "checked_size.hpp"
@@ -133,8 +134,24 @@ DataSetup examples(const DataRequest& r, DataSetup d) {
   const ChatFormatter formatter(*d.tokenizer, config,
                                 r.train_on == "all" ? TrainOn::kAll : TrainOn::kCompletion);
   check_corpus_fits(r, corpus_bytes_on_disk(r.corpus, r.base_dir), "its rows, read whole");
-  std::vector<Example> rows = preparing_data(
-      r, "reading the rows", [&] { return load_examples(r.corpus, formatter, r.base_dir); });
+  const bool pairs = is_preference_data(r.corpus, r.base_dir);
+  PreferenceOptions preference = r.preference;
+  if (preference.max_length == 0) preference.max_length = r.seq_len + 1;
+  if (pairs && preference.max_length > r.seq_len + 1)
+    throw std::invalid_argument(
+        "max_length = " + std::to_string(preference.max_length) +
+        " tokens of prompt + completion do not fit a row of seq_len = " +
+        std::to_string(r.seq_len) + " (inputs) + 1 (the last target): set seq_len = " +
+        std::to_string(preference.max_length - 1) + ", or leave max_length out (seq_len + 1)");
+  if (pairs && r.train_on != "completion")
+    throw std::invalid_argument("train_on = \"" + r.train_on +
+                                "\", and preference pairs score their completions only: leave "
+                                "train_on out");
+  const PreferenceFormatter preferences(formatter, preference);
+  std::vector<Example> rows = preparing_data(r, "reading the rows", [&] {
+    return pairs ? load_preference_examples(r.corpus, preferences, r.base_dir)
+                 : load_examples(r.corpus, formatter, r.base_dir);
+  });
   const auto not_prefix =
       std::count_if(rows.begin(), rows.end(), [](const Example& e) { return e.prompt_not_prefix; });
   int64_t pad = d.tokenizer->token_id(config.pad_token);
@@ -142,16 +159,27 @@ DataSetup examples(const DataRequest& r, DataSetup d) {
   if (pad < 0) pad = 0;  // padding is never a target, and causal attention never looks ahead to it
   auto batcher = preparing_data(r, "batching the rows", [&] {
     return std::make_unique<ExampleBatcher>(std::move(rows), r.seq_len, r.batch_size * r.world_size,
-                                            r.seed, r.val_fraction, pad, r.packing);
+                                            r.seed, r.val_fraction, pad, r.packing, pairs);
   });
+  d.pairs = pairs;
   const ExampleBatcher::Counts& c = batcher->counts();
   d.unigram_entropy = unigram_entropy(batcher->train_ids(), d.tokenizer->vocab_size());
-  d.description = std::to_string(c.examples) + " examples: " + std::to_string(c.train) +
-                  " train, " + std::to_string(c.validation) + " validation; " +
-                  std::to_string(c.truncated) + " cut to seq_len " + std::to_string(r.seq_len) +
-                  ", " + std::to_string(c.without_answer) +
-                  " left out (no answer token within it); " + std::to_string(c.trained_tokens) +
-                  " tokens trained on (train_on = " + r.train_on + ")";
+  if (pairs)
+    d.description = std::to_string(c.examples) + " preference pairs: " + std::to_string(c.train) +
+                    " train, " + std::to_string(c.validation) + " validation; " +
+                    std::to_string(c.without_answer) +
+                    " with a side that keeps no completion token within max_length = " +
+                    std::to_string(preference.max_length) +
+                    " (its log-probability is 0, as in "
+                    "TRL); " +
+                    std::to_string(c.trained_tokens) + " completion tokens scored";
+  else
+    d.description = std::to_string(c.examples) + " examples: " + std::to_string(c.train) +
+                    " train, " + std::to_string(c.validation) + " validation; " +
+                    std::to_string(c.truncated) + " cut to seq_len " + std::to_string(r.seq_len) +
+                    ", " + std::to_string(c.without_answer) +
+                    " left out (no answer token within it); " + std::to_string(c.trained_tokens) +
+                    " tokens trained on (train_on = " + r.train_on + ")";
   if (not_prefix > 0)
     d.description += "; " + std::to_string(not_prefix) +
                      " rows whose tokenized prompt is not a prefix of their tokenized prompt + "
@@ -169,9 +197,12 @@ DataSetup examples(const DataRequest& r, DataSetup d) {
 
 }  // namespace
 
-bool is_example_data(const std::string& spec, const std::string& base_dir) {
+namespace {
+
+// The first row of the first .jsonl file of `spec`, when it is a JSON object.
+std::optional<nlohmann::json> first_row(const std::string& spec, const std::string& base_dir) {
   const fs::path file = first_jsonl(resolve(spec, base_dir));
-  if (file.empty()) return false;
+  if (file.empty()) return std::nullopt;
   // The first non-blank line decides, read at most 16 MiB in: a file of one
   // endless line (or of blank lines) is not read whole to find out.
   constexpr size_t kMaxProbe = size_t{16} << 20;
@@ -186,17 +217,32 @@ bool is_example_data(const std::string& spec, const std::string& base_dir) {
     if (line.find_first_not_of(" \t\r") != std::string::npos) break;
     line.clear();
   }
-  if (line.find_first_not_of(" \t\r") == std::string::npos || probed >= kMaxProbe) return false;
+  if (line.find_first_not_of(" \t\r") == std::string::npos || probed >= kMaxProbe)
+    return std::nullopt;
   nlohmann::json row;
   try {
     row = parse_json(line, file.string());
   } catch (const std::invalid_argument&) {
-    return false;  // read as text, which names the defect if it is one
+    return std::nullopt;  // read as text, which names the defect if it is one
   }
-  if (!row.is_object()) return false;
-  for (const char* key : {"messages", "prompt", "completion", "instruction", "output"})
-    if (row.contains(key)) return true;
+  if (!row.is_object()) return std::nullopt;
+  return row;
+}
+
+}  // namespace
+
+bool is_example_data(const std::string& spec, const std::string& base_dir) {
+  const std::optional<nlohmann::json> row = first_row(spec, base_dir);
+  if (!row) return false;
+  for (const char* key :
+       {"messages", "prompt", "completion", "instruction", "output", "chosen", "rejected"})
+    if (row->contains(key)) return true;
   return false;
+}
+
+bool is_preference_data(const std::string& spec, const std::string& base_dir) {
+  const std::optional<nlohmann::json> row = first_row(spec, base_dir);
+  return row && row->contains("chosen") && row->contains("rejected");
 }
 
 DataSetup setup_data(const DataRequest& r) {

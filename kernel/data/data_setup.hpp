@@ -8,6 +8,7 @@
 #include <string>
 
 #include "data.hpp"
+#include "preference_data.hpp"
 
 namespace tightfit {
 
@@ -17,6 +18,7 @@ struct DataRequest {
   std::string chat_template;  // a .jinja file that replaces the tokenizer's, "" when none
   std::string train_on = "completion";
   bool packing = false;
+  PreferenceOptions preference;  // max_length 0: seq_len + 1
   int64_t seq_len = 0, batch_size = 0, world_size = 1;
   double val_fraction = 0;
   uint64_t seed = 0;
@@ -31,6 +33,7 @@ struct DataSetup {
   std::unique_ptr<Batcher> batcher;
   double unigram_entropy = 0;
   std::string description;  // examples and what became of them; "" for a text corpus
+  bool pairs = false;       // the batches hold preference pairs (Batcher::Batch::pairs)
 };
 
 // Throws std::invalid_argument or std::runtime_error naming the file, line
@@ -38,7 +41,9 @@ struct DataSetup {
 DataSetup setup_data(const DataRequest& request);
 
 // Whether `spec` names JSONL rows of instruction or chat data (messages,
-// prompt/completion, instruction/output) rather than plain text.
+// prompt/completion, instruction/output) or preference pairs (chosen,
+// rejected) rather than plain text; and whether they are preference pairs.
 bool is_example_data(const std::string& spec, const std::string& base_dir);
+bool is_preference_data(const std::string& spec, const std::string& base_dir);
 
 }  // namespace tightfit

@@ -31,23 +31,44 @@ int64_t row_length(const Example& e) {
 }  // namespace
 
 ExampleBatcher::ExampleBatcher(std::vector<Example> examples, int64_t seq_len, int64_t batch_size,
-                               uint64_t seed, double val_fraction, int64_t pad_id, bool packing)
-    : seq_len_(seq_len), batch_size_(batch_size), pad_id_(pad_id), packing_(packing), seed_(seed) {
-  counts_.examples = static_cast<int64_t>(examples.size());
-  std::vector<Example> kept;
-  for (Example& e : examples) {
-    if (static_cast<int64_t>(e.ids.size()) > seq_len + 1) {
-      e.ids.resize(static_cast<size_t>(seq_len + 1));
-      e.trained.resize(static_cast<size_t>(seq_len + 1));
-      ++counts_.truncated;
+                               uint64_t seed, double val_fraction, int64_t pad_id, bool packing,
+                               bool pairs)
+    : seq_len_(seq_len),
+      batch_size_(batch_size),
+      pad_id_(pad_id),
+      group_(pairs ? 2 : 1),
+      packing_(packing),
+      seed_(seed) {
+  if (pairs && packing)
+    throw std::invalid_argument(
+        "packing = true packs examples, and preference pairs are two sequences each: drop packing");
+  if (pairs && examples.size() % 2 != 0)
+    throw std::logic_error("ExampleBatcher: preference pairs come as an even number of examples");
+  counts_.examples = static_cast<int64_t>(examples.size()) / group_;
+  // Whole units (an example, or a pair) are kept, held out and shuffled.
+  std::vector<std::vector<Example>> kept;
+  for (size_t u = 0; u < examples.size(); u += static_cast<size_t>(group_)) {
+    bool answered = true;
+    for (int64_t k = 0; k < group_; ++k) {
+      Example& e = examples[u + static_cast<size_t>(k)];
+      if (static_cast<int64_t>(e.ids.size()) > seq_len + 1) {
+        e.ids.resize(static_cast<size_t>(seq_len + 1));
+        e.trained.resize(static_cast<size_t>(seq_len + 1));
+        ++counts_.truncated;
+      }
+      // Position 0 is never a target: a row trains on trained[1..].
+      answered =
+          answered && e.ids.size() >= 2 &&
+          std::any_of(e.trained.begin() + 1, e.trained.end(), [](uint8_t t) { return t != 0; });
     }
-    // Position 0 is never a target: a row trains on trained[1..].
-    if (e.ids.size() < 2 ||
-        std::none_of(e.trained.begin() + 1, e.trained.end(), [](uint8_t t) { return t != 0; })) {
-      ++counts_.without_answer;
-      continue;
-    }
-    kept.push_back(std::move(e));
+    // A pair is kept as TRL keeps it: a side without a completion token
+    // has log-probability 0.
+    if (!answered) ++counts_.without_answer;
+    if (!answered && !pairs) continue;
+    std::vector<Example> unit;
+    for (int64_t k = 0; k < group_; ++k)
+      unit.push_back(std::move(examples[u + static_cast<size_t>(k)]));
+    kept.push_back(std::move(unit));
   }
   if (kept.empty())
     throw std::runtime_error(
@@ -58,9 +79,9 @@ ExampleBatcher::ExampleBatcher(std::vector<Example> examples, int64_t seq_len, i
   size_t n_val = static_cast<size_t>(static_cast<double>(kept.size()) * val_fraction);
   if (n_val >= kept.size()) n_val = kept.size() - 1;
   for (size_t k = 0; k < order.size(); ++k)
-    (k < n_val ? val_ : train_).push_back(std::move(kept[order[k]]));
-  counts_.train = static_cast<int64_t>(train_.size());
-  counts_.validation = static_cast<int64_t>(val_.size());
+    for (Example& e : kept[order[k]]) (k < n_val ? val_ : train_).push_back(std::move(e));
+  counts_.train = static_cast<int64_t>(train_.size()) / group_;
+  counts_.validation = static_cast<int64_t>(val_.size()) / group_;
   int64_t filled = 0;
   for (const Example& e : train_) {
     counts_.trained_tokens += std::count(e.trained.begin() + 1, e.trained.end(), uint8_t{1});
@@ -132,12 +153,26 @@ ExampleBatcher::Batch ExampleBatcher::batch_of(const std::vector<const Row*>& ro
     if (pos)
       for (int64_t t = used; t < T; ++t) pos[b * T + t] = t - used;
   }
-  return {tokens, targets, positions};
+  return {tokens, targets, positions, 0};
+}
+
+// The rows of `units` (each group_ rows long in `rows`): with pairs, every
+// unit's first row (chosen) and then every unit's second (rejected), as
+// TRL's concatenated_inputs stacks them.
+ExampleBatcher::Batch ExampleBatcher::units_batch(const std::vector<Row>& rows,
+                                                  const std::vector<size_t>& units) const {
+  std::vector<const Row*> picked;
+  for (int64_t k = 0; k < group_; ++k)
+    for (const size_t u : units)
+      picked.push_back(&rows[u * static_cast<size_t>(group_) + static_cast<size_t>(k)]);
+  Batch b = batch_of(picked);
+  if (group_ == 2) b.pairs = static_cast<int64_t>(units.size());
+  return b;
 }
 
 ExampleBatcher::Batch ExampleBatcher::next() {
-  const size_t n = train_rows_.size();
-  std::vector<const Row*> picked;
+  const size_t n = train_rows_.size() / static_cast<size_t>(group_);
+  std::vector<size_t> picked;
   for (int64_t k = 0; k < batch_size_; ++k) {
     const uint64_t g = static_cast<uint64_t>(position_) * static_cast<uint64_t>(batch_size_) +
                        static_cast<uint64_t>(k);
@@ -146,18 +181,19 @@ ExampleBatcher::Batch ExampleBatcher::next() {
       order_ = permutation(n, seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch));
       order_epoch_ = epoch;
     }
-    picked.push_back(&train_rows_[order_[g % n]]);
+    picked.push_back(order_[g % n]);
   }
   ++position_;
-  return batch_of(picked);
+  return units_batch(train_rows_, picked);
 }
 
 ExampleBatcher::Batch ExampleBatcher::validation(int64_t i) const {
   const std::vector<Row>& split = val_rows_.empty() ? train_rows_ : val_rows_;
-  std::vector<const Row*> picked;
+  const size_t n = split.size() / static_cast<size_t>(group_);
+  std::vector<size_t> picked;
   for (int64_t k = 0; k < batch_size_; ++k)
-    picked.push_back(&split[static_cast<size_t>(i * batch_size_ + k) % split.size()]);
-  return batch_of(picked);
+    picked.push_back(static_cast<size_t>(i * batch_size_ + k) % n);
+  return units_batch(split, picked);
 }
 
 at::Tensor ExampleBatcher::train_ids() const {

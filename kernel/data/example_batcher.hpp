@@ -7,6 +7,11 @@
 // predicts nothing). An example longer than seq_len + 1 tokens is cut there
 // and counted. Whole examples are held out for validation, chosen by the
 // seed; training walks the rows in a new seeded order each epoch.
+//
+// With `pairs`, examples come two by two (a preference pair: chosen, then
+// rejected) and stay together: held out, shuffled and batched as pairs, a
+// batch of batch_size pairs holding every chosen row, then every rejected
+// row in the same order (Batch::pairs).
 #pragma once
 
 #include <cstdint>
@@ -20,7 +25,7 @@ namespace tightfit {
 class ExampleBatcher final : public Batcher {
  public:
   ExampleBatcher(std::vector<Example> examples, int64_t seq_len, int64_t batch_size, uint64_t seed,
-                 double val_fraction, int64_t pad_id, bool packing = false);
+                 double val_fraction, int64_t pad_id, bool packing = false, bool pairs = false);
   // Rows point into the splits it holds.
   ExampleBatcher(const ExampleBatcher&) = delete;
   ExampleBatcher& operator=(const ExampleBatcher&) = delete;
@@ -29,12 +34,12 @@ class ExampleBatcher final : public Batcher {
   Batch validation(int64_t i) const override;
 
   struct Counts {
-    int64_t examples = 0, train = 0, validation = 0;
-    int64_t truncated = 0;       // longer than seq_len + 1 tokens: cut
-    int64_t without_answer = 0;  // no trained token within seq_len: left out
-    int64_t trained_tokens = 0;  // targets trained on, over the training split
-    int64_t rows = 0;            // training rows (= train unless packed)
-    double row_fill = 0;         // share of the training rows' tokens that are examples'
+    int64_t examples = 0, train = 0, validation = 0;  // pairs, with pairs
+    int64_t truncated = 0;                            // longer than seq_len + 1 tokens: cut
+    int64_t without_answer = 0;                       // no trained token within seq_len: left out
+    int64_t trained_tokens = 0;                       // targets trained on, over the training split
+    int64_t rows = 0;                                 // training rows (= train unless packed)
+    double row_fill = 0;  // share of the training rows' tokens that are examples'
   };
   const Counts& counts() const { return counts_; }
   // All ids of the training split, for the corpus statistics.
@@ -44,9 +49,11 @@ class ExampleBatcher final : public Batcher {
   using Row = std::vector<const Example*>;  // the examples of one row, in order
   std::vector<Row> make_rows(const std::vector<Example>& split) const;
   Batch batch_of(const std::vector<const Row*>& rows) const;
+  Batch units_batch(const std::vector<Row>& rows, const std::vector<size_t>& units) const;
   std::vector<Example> train_, val_;
   std::vector<Row> train_rows_, val_rows_;
   int64_t seq_len_, batch_size_, pad_id_;
+  int64_t group_;  // examples per unit: 1, or 2 for preference pairs
   bool packing_;
   uint64_t seed_;
   Counts counts_;

@@ -43,6 +43,9 @@ tf_status h_memory_pop_category(tf_host_context* ctx) {
 static bool covers_positions(const tf_batch* b) {
   return b->struct_size >= offsetof(tf_batch, positions) + sizeof(b->positions);
 }
+static bool covers_pairs(const tf_batch* b) {
+  return b->struct_size >= offsetof(tf_batch, pairs) + sizeof(b->pairs);
+}
 
 tf_status h_next_batch(tf_host_context* ctx, tf_batch* out) {
   return serve(ctx, [&] {
@@ -54,7 +57,14 @@ tf_status h_next_batch(tf_host_context* ctx, tf_batch* out) {
           "the rows are packed ([data] packing = true) and this caller's tf_batch (ABI before "
           "1.3) cannot carry their positions: rebuild the schedule plugin against this "
           "tightfit's plugin_api.h, or set packing = false");
+    // Pairs handed on as plain rows would train on the rejected answers.
+    if (b.pairs > 0 && !covers_pairs(out))
+      throw std::invalid_argument(
+          "the data holds preference pairs (chosen/rejected rows) and this caller's tf_batch "
+          "(ABI before 1.10) cannot say so: use a preference schedule ([trainer] schedule = "
+          "\"dpo\"), or rebuild this one against this tightfit's plugin_api.h");
     tf_batch batch{};
+    batch.pairs = b.pairs;
     batch.n_tokens = b.tokens.numel();
     batch.n_targets = b.targets.ne(kIgnoreIndex).sum().item<int64_t>();
     batch.tokens = give_handle(std::move(b.tokens));
@@ -81,6 +91,11 @@ static PassResult run_batch(tf_host_context* ctx, const tf_batch* in, bool backw
   const tf_batch b = read_struct(in);
   require(b.tokens, "tf_batch.tokens");
   require(b.targets, "tf_batch.targets");
+  if (b.pairs > 0)
+    throw std::invalid_argument(
+        "this batch holds preference pairs (chosen and rejected answers), and the mean "
+        "cross-entropy of forward/forward_backward would train on the rejected answers too: "
+        "train preference rows with a preference schedule ([trainer] schedule = \"dpo\")");
   return ctx->kernel->executor->run_pass(handle_tensor(b.tokens), handle_tensor(b.targets),
                                          backward, loss_scale,
                                          b.positions ? handle_tensor(b.positions) : at::Tensor());

@@ -32,13 +32,15 @@
   X(unpack_activation)       \
   X(grad_norm_sq)            \
   X(apply_held_grads)        \
-  X(drop_held_grads)
+  X(drop_held_grads)         \
+  X(set_adapters_enabled)
 
 // tf_model_vtable's hooks after create and destroy (then its data fields).
 #define TF_MODEL_HOOKS(X) X(stage_forward) X(hf_config_json) X(decode) X(release_cache)
 
 // tf_schedule_vtable's hooks after create and destroy.
-#define TF_SCHEDULE_HOOKS(X) X(run_step) X(estimate_memory) X(save_state) X(load_state)
+#define TF_SCHEDULE_HOOKS(X) \
+  X(run_step) X(estimate_memory) X(save_state) X(load_state) X(eval_batch)
 
 namespace tightfit::hooks {
 #define TF_LISTED_STRATEGY_HOOK(name) inline constexpr bool strategy_##name = true;

@@ -7,9 +7,13 @@
 #include <filesystem>
 
 #include "file_util.hpp"
+#include "ignore_index.hpp"
 #include "json_output.hpp"
 #include "logging.hpp"
 #include "op_timer.hpp"
+#include "plugin_hooks.hpp"
+#include "strategy_chain.hpp"
+#include "tensor_handle.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
@@ -56,11 +60,41 @@ void Session::write_op_profile(const OpTimer& timer, double wall_s) const {
 double Session::eval_loss(int64_t batches) {
   if (batches <= 0) return std::nan("");
   at::NoGradGuard no_grad;
+  // A schedule that defines its loss (preference training) scores the
+  // held-out batches itself; the mean cross-entropy of chosen and rejected
+  // rows together would be no loss anyone trains on.
+  PluginInstance& schedule = plugins_.schedule;
+  const bool by_schedule = schedule.plugin->schedule()->eval_batch != nullptr;
+  if (!by_schedule && data_.pairs()) {
+    if (!eval_unreported_logged_)
+      log(TF_LOG_WARN, "no held-out loss: schedule \"" + schedule.plugin->name +
+                           "\" defines none for preference pairs (eval_batch)");
+    eval_unreported_logged_ = true;
+    return std::nan("");
+  }
   double sum = 0;
   for (int64_t i = 0; i < batches; ++i) {
     auto b = data_.batcher().validation(i);
-    sum +=
-        executor_.forward_loss(b.tokens, b.targets, /*training=*/false, b.positions).item<double>();
+    if (!by_schedule) {
+      sum += executor_.forward_loss(b.tokens, b.targets, /*training=*/false, b.positions)
+                 .item<double>();
+      continue;
+    }
+    tf_batch batch{};
+    batch.struct_size = sizeof batch;
+    batch.n_tokens = b.tokens.numel();
+    batch.n_targets = b.targets.ne(kIgnoreIndex).sum().item<int64_t>();
+    batch.pairs = b.pairs;
+    batch.tokens = give_handle(b.tokens);
+    batch.targets = give_handle(b.targets);
+    batch.positions = b.positions.defined() ? give_handle(b.positions) : nullptr;
+    tf_pass_result r{};
+    r.struct_size = sizeof r;
+    const tf_status st =
+        call_hook(schedule, schedule.plugin->schedule(), TF_SCHEDULE_HOOK(eval_batch), &batch, &r);
+    for (tf_tensor t : {batch.tokens, batch.targets, batch.positions}) release_handle(t);
+    check_plugin_status(st, schedule, "eval_batch");
+    sum += r.loss;
   }
   return sum / static_cast<double>(batches);
 }

@@ -241,6 +241,7 @@ class Session {
   // the most that memory-mapped file pages grew by over the steps.
   ProcessMemory process_at_start_;
   int64_t mapped_growth_ = 0;
+  bool eval_unreported_logged_ = false;  // eval_loss warned that pairs have no loss here
   // Rollbacks ([run] on_non_finite) made at the current step without getting past it.
   int64_t rollbacks_here_ = 0, rollback_step_ = -1;
 };

@@ -252,6 +252,10 @@ void Session::set_up_data(const std::string& base_dir, int64_t world_size) {
     req.chat_template = env_.config.data.chat_template;
     req.train_on = env_.config.data.train_on;
     req.packing = env_.config.data.packing;
+    req.preference.max_prompt_length = env_.config.data.max_prompt_length;
+    req.preference.max_completion_length = env_.config.data.max_completion_length;
+    req.preference.max_length = env_.config.data.max_length;
+    req.preference.keep_end = env_.config.data.truncation_mode == "keep_end";
     req.seq_len = env_.config.data.seq_len;
     req.batch_size = env_.config.data.batch_size;
     req.world_size = world_size;
@@ -260,6 +264,15 @@ void Session::set_up_data(const std::string& base_dir, int64_t world_size) {
     req.memory_budget = env_.budget.bytes;
     req.budget_counts_host = env_.budget.counts_host_data();
     req.read_data = !options_.skip_data && !options_.dry_run;
+    // The preference keys shape preference rows only: set for other data,
+    // they would change nothing.
+    if (const toml::table* dt = recipe_.table("data"))
+      for (const char* key :
+           {"max_prompt_length", "max_completion_length", "max_length", "truncation_mode"})
+        if (dt->contains(key) && !is_preference_data(req.corpus, base_dir))
+          throw std::invalid_argument(std::string(key) +
+                                      " shapes preference rows (chosen/rejected), and corpus \"" +
+                                      req.corpus + "\" holds none: leave it out");
     data_.set(setup_data(req));
     if (!data_.description().empty()) log(TF_LOG_INFO, "data: " + data_.description());
   } catch (const std::invalid_argument& e) {

@@ -105,23 +105,32 @@ struct CrossEntropyMean : public torch::autograd::Function<CrossEntropyMean> {
 
 }  // namespace
 
-at::Tensor cross_entropy_rows(const at::Tensor& logits, const at::Tensor& targets,
-                              const at::Tensor& grad, double grad_scale) {
+at::Tensor cross_entropy_each(const at::Tensor& logits, const at::Tensor& targets,
+                              const at::Tensor& grad, double grad_scale,
+                              const at::Tensor& weights) {
   const at::Tensor lse = row_logsumexp(logits);
   const at::Tensor counted = targets.ne(kIgnoreIndex).to(logits.scalar_type());
   const at::Tensor safe = targets.clamp_min(0).unsqueeze(1);
   // Read before `grad` (which may be the logits) is written.
-  const at::Tensor sum = ((lse - logits.gather(1, safe).squeeze(1)) * counted).sum();
-  if (!grad.defined()) return sum;
+  const at::Tensor each = (lse - logits.gather(1, safe).squeeze(1)) * counted;
+  if (!grad.defined()) return each;
+  const at::Tensor factor = weights.defined()
+                                ? counted * weights.to(counted.scalar_type()) * grad_scale
+                                : counted * grad_scale;
   const int64_t n = logits.size(0), rows = cross_entropy_block_rows(logits.size(1));
   for (int64_t i = 0; i < n; i += rows) {
     const int64_t m = std::min(rows, n - i);
     at::Tensor block = grad.narrow(0, i, m);
     at::sub_out(block, logits.narrow(0, i, m), lse.narrow(0, i, m).unsqueeze(1));
-    block.exp_().mul_(counted.narrow(0, i, m).unsqueeze(1) * grad_scale);
+    block.exp_().mul_(factor.narrow(0, i, m).unsqueeze(1));
   }
-  grad.scatter_add_(1, safe, (counted * -grad_scale).unsqueeze(1));
-  return sum;
+  grad.scatter_add_(1, safe, (-factor).unsqueeze(1));
+  return each;
+}
+
+at::Tensor cross_entropy_rows(const at::Tensor& logits, const at::Tensor& targets,
+                              const at::Tensor& grad, double grad_scale) {
+  return cross_entropy_each(logits, targets, grad, grad_scale, at::Tensor()).sum();
 }
 
 at::Tensor cross_entropy_mean(const at::Tensor& logits, const at::Tensor& targets) {

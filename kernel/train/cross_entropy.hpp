@@ -29,4 +29,10 @@ at::Tensor cross_entropy_mean(const at::Tensor& logits, const at::Tensor& target
 at::Tensor cross_entropy_rows(const at::Tensor& logits, const at::Tensor& targets,
                               const at::Tensor& grad, double grad_scale);
 
+// The same per row: each row's loss ([m] fp32, 0 on ignored rows), and with
+// `grad` the gradient of sum_r weights[r] * loss_r scaled by grad_scale
+// (`weights` [m], or undefined for 1 each).
+at::Tensor cross_entropy_each(const at::Tensor& logits, const at::Tensor& targets,
+                              const at::Tensor& grad, double grad_scale, const at::Tensor& weights);
+
 }  // namespace tightfit

@@ -267,6 +267,11 @@ PassResult Executor::run_pass(const at::Tensor& tokens_in, const at::Tensor& tar
   }
   r.finite = std::isfinite(r.loss);
   if (!backward) return r;
+  backward_pass(loss, loss_scale, strategies_scale);
+  return r;
+}
+
+void Executor::backward_pass(const at::Tensor& loss, double loss_scale, double strategies_scale) {
   grads_dispatched_.assign(store_.all().size(), false);
   applied_loss_scale_ = strategies_scale;
   {
@@ -280,7 +285,6 @@ PassResult Executor::run_pass(const at::Tensor& tokens_in, const at::Tensor& tar
       break;
     }
   dispatch_grads(-1);
-  return r;
 }
 
 void Executor::dispatch_grads(int32_t stage) {

@@ -74,6 +74,8 @@ class Executor {
   }
   // The stage whose projection the loss computes (-1: the logits come whole).
   int32_t fusable_head() const;
+  // The strategies' adapters are on (the default) or off (a reference pass).
+  void set_adapters_enabled(bool on) { adapters_enabled_ = on; }
 
   // `positions` (int64 [B, T], optional): packed rows' per-token positions,
   // handed to every stage of the pass (the model must declare
@@ -91,6 +93,17 @@ class Executor {
   // as each stage's gradients finish.
   PassResult run_pass(const at::Tensor& tokens, const at::Tensor& targets, bool backward,
                       double loss_scale, const at::Tensor& positions = {});
+  // Each row's summed log-probability of its targets and how many it has
+  // (fp32 and int64 [B], on the CPU), from the head's projection a chunk at
+  // a time; with `grad_weights` ([B]) also the backward of
+  // sum_b grad_weights[b] * logps[b], as run_pass's backward (strategies'
+  // loss scale, grad_ready). A preference schedule's pass (executor_logps.cpp).
+  struct SequenceLogps {
+    at::Tensor logps, counts;
+    bool finite = true;
+  };
+  SequenceLogps sequence_logps(const at::Tensor& tokens, const at::Tensor& targets,
+                               const at::Tensor& positions, const at::Tensor& grad_weights);
   at::Tensor run_stage(int32_t stage, const at::Tensor& input, bool training, bool recompute);
   void raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin);
   // Activation offload of a recomputed stage's input: the index of the
@@ -121,12 +134,21 @@ class Executor {
     at::Tensor targets;
     double grad_scale = 1.0;
     bool computed = false;  // the head stage computed the loss (fused)
+    // Set for a weighted loss (sequence_logps): every target's cross-entropy
+    // lands in `each` and the loss is sum_t weights[t] * CE_t.
+    at::Tensor weights, each;
   };
+  // Backward of `loss` times loss_scale and the strategies' factor, then
+  // the stages' last events and grad_ready for what is left.
+  void backward_pass(const at::Tensor& loss, double loss_scale, double strategies_scale);
   // The stages in order; with `loss`, the fused head's stage returns the loss.
   at::Tensor forward_stages(const at::Tensor& tokens, bool training, const at::Tensor& positions,
                             LossRequest* loss);
   // The fused head's loss from its hidden state, inside its forward event.
   at::Tensor head_loss(int32_t stage, const at::Tensor& hidden, LossRequest& loss);
+  // The weighted loss (LossRequest::each) from whole logits.
+  at::Tensor weighted_logits_loss(const at::Tensor& logits, const at::Tensor& targets,
+                                  LossRequest& loss);
   // Whether a strategy's linear_extend changes the head's projection (LoRA
   // on the head): then the logits come whole. Asked once.
   bool head_is_extended(const StageState& head, const at::Tensor& hidden, const at::Tensor& w);
@@ -150,7 +172,8 @@ class Executor {
   bool fused_loss_ = true;
   int64_t loss_chunk_tokens_ = 0;      // 0: fused_loss_chunk_rows decides
   int32_t fused_head_ = -1;            // while a pass runs: the head asked for its hidden
-  std::optional<bool> head_extended_;  // head_is_extended, once asked
+  std::optional<bool> head_extended_;  // head_is_extended, once asked (with adapters on)
+  bool adapters_enabled_ = true;
 };
 
 // Sets a slot for a scope and puts its value back after: the device

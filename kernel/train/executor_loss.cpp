@@ -15,7 +15,7 @@
 namespace tightfit {
 
 int32_t Executor::fusable_head() const {
-  if (!fused_loss_ || head_extended_.value_or(false)) return -1;
+  if (!fused_loss_ || (adapters_enabled_ && head_extended_.value_or(false))) return -1;
   for (size_t i = stages_.size(); i-- > 0;) {
     const StageState& st = stages_[i];
     if (st.skip) continue;
@@ -43,22 +43,41 @@ at::Tensor Executor::head_loss(int32_t stage, const at::Tensor& hidden, LossRequ
   loss.computed = true;
   const at::Tensor targets = loss.targets.to(hidden.device());
   HeadProjection projection;
-  if (!head_extended_.value_or(false)) {
+  // With the adapters off nothing extends the head, and whether they do is
+  // asked (once) while they are on.
+  const bool extended = adapters_enabled_ && head_extended_.value_or(false);
+  if (!extended) {
     projection.weight = fetch_weight(st.projection_weight);
-    if (!head_extended_.has_value())
+    if (!head_extended_.has_value() && adapters_enabled_)
       head_extended_ = head_is_extended(st, hidden, projection.weight);
   }
-  if (*head_extended_) {
+  if (adapters_enabled_ && *head_extended_) {
     // The hidden state came: the projection as the head would have made it.
     projection = {};
     const at::Tensor logits = linear(hidden, st.projection_weight, st.projection_bias);
+    if (loss.each.defined()) return weighted_logits_loss(logits, targets, loss);
     return cross_entropy_mean(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
                               targets.reshape({-1}));
   }
   if (!st.projection_bias.empty()) projection.bias = fetch_weight(st.projection_bias);
-  return fused_head_loss(hidden, targets, projection,
-                         fused_loss_chunk_rows(projection.weight.size(0), loss_chunk_tokens_),
-                         loss.grad_scale);
+  const int64_t chunk = fused_loss_chunk_rows(projection.weight.size(0), loss_chunk_tokens_);
+  if (loss.each.defined())
+    return fused_head_weighted_loss(hidden, targets, projection, chunk, loss.grad_scale,
+                                    loss.weights, loss.each);
+  return fused_head_loss(hidden, targets, projection, chunk, loss.grad_scale);
+}
+
+at::Tensor Executor::weighted_logits_loss(const at::Tensor& logits, const at::Tensor& targets,
+                                          LossRequest& loss) {
+  CategoryScope scope(TF_MEM_ACTIVATIONS);
+  const at::Tensor t = targets.to(logits.device()).reshape({-1});
+  const at::Tensor lp = at::log_softmax(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), -1);
+  const at::Tensor counted = t.ne(kIgnoreIndex).to(at::kFloat);
+  const at::Tensor ce = -lp.gather(1, t.clamp_min(0).unsqueeze(1)).squeeze(1) * counted;
+  loss.each.copy_(ce.detach());
+  loss.computed = true;
+  if (!loss.weights.defined()) return ce.detach().sum();
+  return (ce * loss.weights.to(ce.device())).sum();
 }
 
 bool Executor::head_is_extended(const StageState& head, const at::Tensor& hidden,

@@ -96,11 +96,14 @@ void accumulate_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& 
   }
 }
 
-// The sum of the counted rows' losses over every chunk; fills `g` with the
-// gradients of (loss sum x row_scale) as it goes. hidden [N, C], targets [N].
+// The sum of the counted rows' losses over every chunk (each weighted by
+// `weights` [N] when defined); fills `g` with the gradients of (that sum x
+// row_scale) as it goes, and `each` ([N] fp32, when defined) with every
+// row's own loss. hidden [N, C], targets [N].
 at::Tensor chunked_loss(const at::Tensor& hidden, const at::Tensor& targets,
                         const HeadProjection& p, at::ScalarType dtype, int64_t chunk_rows,
-                        double row_scale, HeadGrads& g) {
+                        double row_scale, HeadGrads& g, const at::Tensor& weights = {},
+                        const at::Tensor& each = {}) {
   // Everything below is in explicit dtypes, as linear under autocast would be.
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   at::Tensor w, b;
@@ -135,8 +138,11 @@ at::Tensor chunked_loss(const at::Tensor& hidden, const at::Tensor& targets,
     project_chunk(low, x, w, b, rows_at_once);
     if (!low.is_same(logits)) logits.copy_(low);
     // The chunk's gradient is written over its fp32 logits.
-    total.add_(cross_entropy_rows(logits, targets.narrow(0, i, m), g.any() ? logits : at::Tensor(),
-                                  row_scale));
+    const at::Tensor row_weights = weights.defined() ? weights.narrow(0, i, m) : at::Tensor();
+    const at::Tensor losses = cross_entropy_each(
+        logits, targets.narrow(0, i, m), g.any() ? logits : at::Tensor(), row_scale, row_weights);
+    if (each.defined()) each.narrow(0, i, m).copy_(losses);
+    total.add_(row_weights.defined() ? (losses * row_weights).sum() : losses.sum());
     if (!g.any()) continue;
     const at::Tensor d = low.is_same(logits) ? logits : low.copy_(logits);
     if (g.want_hidden) {
@@ -161,19 +167,23 @@ double counted_rows(const at::Tensor& targets) {
   return static_cast<double>(std::max<int64_t>(1, targets.ne(kIgnoreIndex).sum().item<int64_t>()));
 }
 
+// The mean loss (no `weights`), or the weighted sum of the rows' losses;
+// `each` (when defined) receives every row's loss.
 struct FusedHeadLossFunction : public torch::autograd::Function<FusedHeadLossFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
                             const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                             const at::Tensor& targets, int64_t chunk_rows, double grad_scale,
-                            int64_t dtype) {
+                            int64_t dtype, const std::optional<at::Tensor>& weights,
+                            const std::optional<at::Tensor>& each) {
     const HeadProjection p{weight, bias.value_or(at::Tensor())};
     HeadGrads g;
     g.want_hidden = hidden.requires_grad();
     g.want_weight = weight.requires_grad();
     g.want_bias = p.bias.defined() && p.bias.requires_grad();
-    const double count = counted_rows(targets);
-    const at::Tensor sum = chunked_loss(hidden, targets, p, static_cast<at::ScalarType>(dtype),
-                                        chunk_rows, grad_scale / count, g);
+    const double count = weights ? 1.0 : counted_rows(targets);
+    const at::Tensor sum = chunked_loss(
+        hidden, targets, p, static_cast<at::ScalarType>(dtype), chunk_rows, grad_scale / count, g,
+        weights.value_or(at::Tensor()), each.value_or(at::Tensor()));
     ctx->saved_data["grad_scale"] = grad_scale;
     ctx->saved_data["hidden_dtype"] = static_cast<int64_t>(hidden.scalar_type());
     if (g.hidden.defined()) ctx->saved_data["hidden"] = g.hidden;
@@ -200,21 +210,28 @@ struct FusedHeadLossFunction : public torch::autograd::Function<FusedHeadLossFun
     at::Tensor dh = take("hidden"), dw = take("weight"), db = take("bias");
     const auto hidden_dtype = static_cast<at::ScalarType>(ctx->saved_data["hidden_dtype"].toInt());
     if (dh.defined() && dh.scalar_type() != hidden_dtype) dh = dh.to(hidden_dtype);
-    return {dh, dw, db, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dh,           dw,           db,           at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-at::Tensor fused_head_loss(const at::Tensor& hidden, const at::Tensor& targets,
-                           const HeadProjection& projection, int64_t chunk_rows,
-                           double grad_scale) {
+namespace {
+
+// fused_head_loss and fused_head_weighted_loss: hidden flattened, targets
+// checked, the gradient-free path taken where nothing needs a gradient.
+at::Tensor fused_head(const at::Tensor& hidden, const at::Tensor& targets,
+                      const HeadProjection& projection, int64_t chunk_rows, double grad_scale,
+                      const at::Tensor& weights, const at::Tensor& each) {
   if (chunk_rows <= 0) throw std::invalid_argument("fused loss: chunk_rows must be positive");
   const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});
   const at::Tensor t = targets.reshape({-1}).to(h.device(), at::kLong);
   if (t.size(0) != h.size(0))
     throw std::invalid_argument("fused loss: " + std::to_string(t.size(0)) + " targets for " +
                                 std::to_string(h.size(0)) + " tokens");
+  const at::Tensor w =
+      weights.defined() ? weights.reshape({-1}).to(h.device(), at::kFloat) : weights;
   const at::ScalarType dtype = compute_dtype(projection.weight);
   const bool grad = at::GradMode::is_enabled() &&
                     (h.requires_grad() || projection.weight.requires_grad() ||
@@ -222,12 +239,33 @@ at::Tensor fused_head_loss(const at::Tensor& hidden, const at::Tensor& targets,
   if (!grad) {
     at::NoGradGuard no_grad;
     HeadGrads none;
-    return chunked_loss(h, t, projection, dtype, chunk_rows, 0.0, none) / counted_rows(t);
+    const at::Tensor sum = chunked_loss(h, t, projection, dtype, chunk_rows, 0.0, none, w, each);
+    return w.defined() ? sum : sum / counted_rows(t);
   }
-  std::optional<at::Tensor> bias;
+  std::optional<at::Tensor> bias, weights_opt, each_opt;
   if (projection.bias.defined()) bias = projection.bias;
+  if (w.defined()) weights_opt = w;
+  if (each.defined()) each_opt = each;
   return FusedHeadLossFunction::apply(h, projection.weight, bias, t, chunk_rows, grad_scale,
-                                      static_cast<int64_t>(dtype));
+                                      static_cast<int64_t>(dtype), weights_opt, each_opt);
+}
+
+}  // namespace
+
+at::Tensor fused_head_loss(const at::Tensor& hidden, const at::Tensor& targets,
+                           const HeadProjection& projection, int64_t chunk_rows,
+                           double grad_scale) {
+  return fused_head(hidden, targets, projection, chunk_rows, grad_scale, at::Tensor(),
+                    at::Tensor());
+}
+
+at::Tensor fused_head_weighted_loss(const at::Tensor& hidden, const at::Tensor& targets,
+                                    const HeadProjection& projection, int64_t chunk_rows,
+                                    double grad_scale, const at::Tensor& weights,
+                                    const at::Tensor& each) {
+  if (!each.defined() || each.numel() != targets.numel())
+    throw std::invalid_argument("fused weighted loss: one loss slot per target");
+  return fused_head(hidden, targets, projection, chunk_rows, grad_scale, weights, each);
 }
 
 }  // namespace tightfit

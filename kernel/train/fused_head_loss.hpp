@@ -40,4 +40,16 @@ int64_t fused_loss_chunk_rows(int64_t vocab, int64_t requested);
 at::Tensor fused_head_loss(const at::Tensor& hidden, const at::Tensor& targets,
                            const HeadProjection& projection, int64_t chunk_rows, double grad_scale);
 
+// The same chunks for a loss that weighs each target: sum_t weights[t] *
+// CE_t (weights fp32, one per target; 0 where ignored), with its backward
+// as above; and every target's own cross-entropy (0 where ignored) written
+// into `each` (fp32, one slot per target, on hidden's device). A preference
+// schedule's pass: the summed log-probabilities of each row are -each's
+// row sums, and weights d loss / d logp make the gradient its loss's.
+// `weights` may be undefined where no gradient is wanted.
+at::Tensor fused_head_weighted_loss(const at::Tensor& hidden, const at::Tensor& targets,
+                                    const HeadProjection& projection, int64_t chunk_rows,
+                                    double grad_scale, const at::Tensor& weights,
+                                    const at::Tensor& each);
+
 }  // namespace tightfit

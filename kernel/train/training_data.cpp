@@ -5,13 +5,24 @@ namespace tightfit {
 Batcher::Batch TrainingData::next_batch() {
   Batcher::Batch b = batcher().next();
   const tf_run_info& info = env_.run_info;
-  if (info.world_size > 1) {
-    const int64_t rows = b.tokens.size(0) / info.world_size;
-    b.tokens = b.tokens.narrow(0, info.rank * rows, rows).contiguous();
-    b.targets = b.targets.narrow(0, info.rank * rows, rows).contiguous();
-    if (b.positions.defined())
-      b.positions = b.positions.narrow(0, info.rank * rows, rows).contiguous();
-  }
+  if (info.world_size <= 1) return b;
+  // This rank's rows: a share of the batch, or of the chosen rows and the
+  // same share of the rejected ones, so that pairs stay together.
+  auto mine = [&](const at::Tensor& t) {
+    if (!t.defined()) return t;
+    if (b.pairs == 0) {
+      const int64_t rows = t.size(0) / info.world_size;
+      return t.narrow(0, info.rank * rows, rows).contiguous();
+    }
+    const int64_t rows = b.pairs / info.world_size;
+    return at::cat(
+               {t.narrow(0, info.rank * rows, rows), t.narrow(0, b.pairs + info.rank * rows, rows)})
+        .contiguous();
+  };
+  b.tokens = mine(b.tokens);
+  b.targets = mine(b.targets);
+  b.positions = mine(b.positions);
+  if (b.pairs > 0) b.pairs /= info.world_size;
   return b;
 }
 

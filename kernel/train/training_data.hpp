@@ -28,6 +28,8 @@ class TrainingData {
   // times that in all, the same rows a single process with the whole batch sees).
   Batcher::Batch next_batch();
   double unigram_entropy() const { return setup_.unigram_entropy; }
+  // The batches hold preference pairs (Batcher::Batch::pairs).
+  bool pairs() const { return setup_.pairs; }
   // Instruction/chat examples and what became of them; "" for a text corpus.
   const std::string& description() const { return setup_.description; }
 

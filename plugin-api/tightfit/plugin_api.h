@@ -1,6 +1,6 @@
 /*
- * tightfit plugin ABI, version 1.9 (1.0 plus the fields marked "Added in 1.1"
- * through "Added in 1.9"). What each version added, and what ABI 2.0 would
+ * tightfit plugin ABI, version 1.10 (1.0 plus the fields marked "Added in 1.1"
+ * through "Added in 1.10"). What each version added, and what ABI 2.0 would
  * drop or reshape: plugin-api/README.md, "Versions".
  *
  * This header is the whole contract between the tightfit host (the kernel) and
@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 9
+#define TF_ABI_VERSION_MINOR 10
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -407,6 +407,14 @@ typedef struct tf_batch {
    * is the mean over these, so a schedule that accumulates weighs each
    * micro-batch by its share of the step's. */
   int64_t n_targets;
+  /* Added in 1.10: preference pairs ([data] chosen/rejected rows). When
+   * non-zero, rows [0, pairs) are the chosen answers and rows [pairs,
+   * 2 pairs) the rejected ones to the same prompts, in the same order, with
+   * targets on the answers only. forward and forward_backward refuse such a
+   * batch (their mean loss would train on the rejected answers too); a
+   * preference schedule scores it with sequence_logps. The host refuses to
+   * give pairs to a caller whose tf_batch is too short to carry this. */
+  int64_t pairs;
 } tf_batch;
 
 /* Result of one forward (and backward) the host ran for a schedule. */
@@ -758,7 +766,29 @@ typedef struct tf_host_api {
   tf_status (*blocks_decode)(tf_host_context* ctx, const char* type, tf_tensor bytes, int64_t cols,
                              tf_tensor* out);
 
-  void* reserved[8];
+  /* --- preference training (added in 1.10, in the reserved slots) ---
+   * Each row's summed log-probability of its targets (those not
+   * ignore_index) under the model as it is now, from the head's projection
+   * and the log-softmax a chunk of tokens at a time (the logits are never
+   * whole): *out_logps fp32 [rows] and *out_counts int64 [rows] (the targets
+   * scored), both new, on the CPU; either pointer may be NULL.
+   * `grad_weights` NULL: a forward without gradients (a reference model's
+   * pass). Otherwise fp32 [rows] (borrowed): also the backward of
+   * sum_r grad_weights[r] * logps[r], the gradients accumulated into the
+   * parameters' as forward_backward's are (grad_ready, loss scaling,
+   * checkpointed stages). A schedule passes d loss / d logps[r] of its loss
+   * at the logps of a gradient-free pass over the same batch, which is
+   * exactly its loss's gradient. */
+  tf_status (*sequence_logps)(tf_host_context* ctx, const tf_batch* batch, tf_tensor grad_weights,
+                              tf_tensor* out_logps, tf_tensor* out_counts);
+  /* Turns the strategies' adapters (LoRA) off (enabled 0) or back on for the
+   * passes that follow: off, the model is the base model alone, as PEFT's
+   * disable_adapter() makes it (a reference model without a second copy).
+   * *out_count (may be NULL): how many strategies hold adapters; 0 when none
+   * does, and then nothing changed. */
+  tf_status (*adapters_set_enabled)(tf_host_context* ctx, int32_t enabled, int32_t* out_count);
+
+  void* reserved[6];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */
@@ -920,7 +950,12 @@ typedef struct tf_strategy_vtable {
   tf_status (*apply_held_grads)(void* state, tf_host_context* ctx, double grad_scale);
   tf_status (*drop_held_grads)(void* state, tf_host_context* ctx);
 
-  void* reserved[6];
+  /* Added in 1.10 (a reserved slot): the strategy's adapters off (enabled
+   * 0: its linear_extend adds nothing) or on, for the passes that follow
+   * (host adapters_set_enabled). TF_NOT_HANDLED when it holds none. */
+  tf_status (*set_adapters_enabled)(void* state, tf_host_context* ctx, int32_t enabled);
+
+  void* reserved[5];
 } tf_strategy_vtable;
 
 /* A trainer schedule: decides what each step does using training services. */
@@ -935,7 +970,13 @@ typedef struct tf_schedule_vtable {
                                tf_memory_estimate* out);
   tf_status (*save_state)(void* state, tf_host_context* ctx);
   tf_status (*load_state)(void* state, tf_host_context* ctx);
-  void* reserved[8];
+  /* Added in 1.10 (a reserved slot): the held-out loss of one validation
+   * batch as this schedule defines its loss, in *out (loss, n_tokens,
+   * finite); no gradients. NULL: the kernel's mean cross-entropy, which is
+   * not reported for preference pairs (a schedule that takes them sets it). */
+  tf_status (*eval_batch)(void* state, tf_host_context* ctx, const tf_batch* batch,
+                          tf_pass_result* out);
+  void* reserved[7];
 } tf_schedule_vtable;
 
 /* ------------------------------------------------------------------------- */

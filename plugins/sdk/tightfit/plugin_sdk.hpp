@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <optional>
@@ -292,6 +293,16 @@ class Host {
   }
 
   // A metric on this step's line; best effort (a metric never stops a step).
+  // The strategies' adapters (LoRA) off or on for the passes that follow
+  // (ABI 1.10); how many strategies hold adapters (0: none, nothing changed).
+  int32_t set_adapters_enabled(bool on) const {
+    if (!TF_HAS(api_, tf_host_api, adapters_set_enabled))
+      throw std::runtime_error(
+          "this tightfit cannot switch adapters off (plugin ABI 1.10): update it");
+    int32_t holders = 0;
+    check(api_->adapters_set_enabled(ctx_, on ? 1 : 0, &holders));
+    return holders;
+  }
   void log_metric(const std::string& key, double value) const {
     api_->log_metric(ctx_, key.c_str(), value);
   }
@@ -466,19 +477,50 @@ class MemoryCategory {
 
 // The next batch of the run (next_batch), released when it goes out of
 // scope, with the host's passes over it.
+// What sequence_logps gives: each row's summed target log-probability
+// (fp32 [rows]) and how many targets it has (int64 [rows]), on the CPU.
+struct SequenceLogps {
+  at::Tensor logps, counts;
+};
+
 class Batch {
  public:
+  // The next training batch.
   explicit Batch(const Host& host) : host_(host) {
     batch_.struct_size = sizeof batch_;
     host_.check(host_.api()->next_batch(host_.ctx(), &batch_));
+    owned_ = true;
   }
-  ~Batch() { host_.api()->batch_release(host_.ctx(), &batch_); }
+  // A batch the host lends for one call (a schedule's eval_batch).
+  Batch(const Host& host, const tf_batch* lent) : host_(host) {
+    std::memcpy(&batch_, lent, std::min<size_t>(lent->struct_size, sizeof batch_));
+    batch_.struct_size = std::min<uint32_t>(lent->struct_size, sizeof batch_);
+  }
+  ~Batch() {
+    if (owned_) host_.api()->batch_release(host_.ctx(), &batch_);
+  }
   Batch(const Batch&) = delete;
   Batch& operator=(const Batch&) = delete;
 
   // The targets that count in this batch's loss (not ignore_index), or -1
   // from a host before ABI 1.7, which does not say.
   int64_t n_targets() const;
+  // Preference pairs: rows [0, pairs) chosen, [pairs, 2 pairs) rejected (0: none).
+  int64_t pairs() const;
+  int64_t n_tokens() const { return batch_.n_tokens; }
+
+  // Each row's summed target log-probability (ABI 1.10), without gradients
+  // when `grad_weights` is undefined, else also the backward of
+  // sum_r grad_weights[r] * logps[r] into the parameters' gradients.
+  SequenceLogps sequence_logps(const at::Tensor& grad_weights = {}) const {
+    if (!TF_HAS(host_.api(), tf_host_api, sequence_logps))
+      throw std::runtime_error("this tightfit has no sequence_logps (plugin ABI 1.10): update it");
+    tf_tensor logps = nullptr, counts = nullptr;
+    host_.check(host_.api()->sequence_logps(host_.ctx(), &batch_,
+                                            grad_weights.defined() ? lend(grad_weights) : nullptr,
+                                            &logps, &counts));
+    return {take(logps), take(counts)};
+  }
 
   // The loss at the current weights, no gradients.
   tf_pass_result forward() const {
@@ -501,6 +543,7 @@ class Batch {
   }
   Host host_;
   tf_batch batch_{};
+  bool owned_ = false;
 };
 
 // Runs plugin code, turning any exception into a status plus set_error.
@@ -552,6 +595,9 @@ inline bool head_hidden_only(const tf_stage_call* call) {
 // The host writes no further than both structs reach and says how far.
 inline int64_t Batch::n_targets() const {
   return TF_SDK_REACHES(&batch_, tf_batch, n_targets) ? batch_.n_targets : -1;
+}
+inline int64_t Batch::pairs() const {
+  return TF_SDK_REACHES(&batch_, tf_batch, pairs) ? batch_.pairs : 0;
 }
 
 inline tf_dtype parse_dtype(const std::string& d) {

@@ -102,7 +102,7 @@ tf_status linear_extend(void* state, tf_host_context* ctx, const char* weight, t
                         tf_tensor y_h, tf_tensor* out) {
   auto* s = static_cast<Lora*>(state);
   auto it = s->adapters.find(weight);
-  if (it == s->adapters.end()) return TF_NOT_HANDLED;
+  if (it == s->adapters.end() || !s->enabled) return TF_NOT_HANDLED;
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     at::Tensor x = tf_sdk::borrow(x_h);
     if (s->dropout > 0 && at::GradMode::is_enabled()) x = at::dropout(x, s->dropout, true);
@@ -115,6 +115,14 @@ tf_status linear_extend(void* state, tf_host_context* ctx, const char* weight, t
     *out = tf_sdk::give(y + term.to(y.scalar_type()));
     return TF_OK;
   });
+}
+
+// Off, linear_extend adds nothing: the base model, as PEFT's disable_adapter().
+tf_status set_adapters_enabled(void* state, tf_host_context*, int32_t enabled) {
+  auto* s = static_cast<Lora*>(state);
+  if (s->adapters.empty()) return TF_NOT_HANDLED;
+  s->enabled = enabled != 0;
+  return TF_OK;
 }
 
 // Exports merge the adapter into its base: W + (alpha / r) B A.
@@ -200,7 +208,8 @@ const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
                                     .linear_extend = linear_extend,
                                     .estimate_memory = estimate_memory,
                                     .export_weight = export_weight,
-                                    .export_adapter = export_adapter};
+                                    .export_adapter = export_adapter,
+                                    .set_adapters_enabled = set_adapters_enabled};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_STRATEGY, "lora", "1.0.0",

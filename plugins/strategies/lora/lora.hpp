@@ -21,6 +21,7 @@ struct Lora {
   double dropout = 0.0;
   std::string adapter_dir;                  // a PEFT adapter folder to start from
   std::map<std::string, Adapter> adapters;  // by base weight name
+  bool enabled = true;  // off: the base model alone (a preference reference pass)
 };
 
 // Writes adapter_model.safetensors and adapter_config.json (PEFT's names:

@@ -1,0 +1,191 @@
+// Direct Preference Optimization (Rafailov et al. 2023) as TRL 0.24's
+// DPOTrainer computes it, on preference pairs ([data] rows with chosen and
+// rejected). Each step:
+//   reference log-probs  the adapters off (the base model, as PEFT's
+//                        disable_adapter()), no gradients;
+//   policy log-probs     the adapters on, no gradients;
+//   loss                 TRL's dpo_loss of the two (sigmoid, ipo or hinge),
+//                        differentiated with respect to the policy log-probs;
+//   backward             sequence_logps again with those derivatives as
+//                        weights: the gradient of sum_r w_r logp_r is the
+//                        loss's gradient, with the head's log-softmax taken
+//                        a chunk of tokens at a time (never the whole logits).
+// The extra gradient-free policy pass costs a forward; it buys a backward
+// that runs through the kernel's own pass (checkpointing, offload,
+// grad_ready, fused updates) unchanged.
+#include <memory>
+
+#include "preference_loss.hpp"
+#include "tightfit/lr_schedule.hpp"
+
+namespace {
+
+struct Dpo {
+  tf_sdk::Host host;
+  tf_sdk::LrSchedule lr;
+  tf_preference::DpoOptions options;
+  int64_t skipped = 0;
+};
+
+// The adapters off while a reference pass runs, back on however it ends.
+class AdaptersOff {
+ public:
+  explicit AdaptersOff(const tf_sdk::Host& host) : host_(host) {
+    if (host_.set_adapters_enabled(false) == 0)
+      throw std::runtime_error(
+          "dpo's reference model is the base model with the adapters off, and no strategy holds "
+          "adapters: add [[strategy]] plugin = \"lora\" (a full fine-tune's frozen reference "
+          "copy is not built yet)");
+  }
+  ~AdaptersOff() {
+    try {
+      host_.set_adapters_enabled(true);
+    } catch (...) {
+      // Reported by the host's last error; a destructor must not throw.
+    }
+  }
+  AdaptersOff(const AdaptersOff&) = delete;
+  AdaptersOff& operator=(const AdaptersOff&) = delete;
+
+ private:
+  const tf_sdk::Host& host_;
+};
+
+struct Scores {
+  tf_preference::PairLogps policy, reference;
+  at::Tensor policy_rows, counts;  // [2P]: the policy's sums; the targets per row
+};
+
+// Averaged over each sequence's tokens where the loss type asks (IPO).
+at::Tensor as_used(const Dpo& s, const at::Tensor& sums, const at::Tensor& counts) {
+  return tf_preference::averages_logps(s.options) ? sums / counts.to(at::kFloat) : sums;
+}
+
+Scores score(const Dpo& s, const tf_sdk::Batch& b) {
+  const int64_t pairs = b.pairs();
+  if (pairs <= 0)
+    throw std::invalid_argument(
+        "schedule dpo trains on preference pairs, and this batch has none: give [data] corpus "
+        "rows with \"chosen\" and \"rejected\"");
+  Scores r;
+  tf_sdk::SequenceLogps ref;
+  {
+    const AdaptersOff off(s.host);
+    ref = b.sequence_logps();
+  }
+  const tf_sdk::SequenceLogps pol = b.sequence_logps();
+  r.counts = pol.counts;
+  r.policy_rows = pol.logps;
+  r.reference = tf_preference::split_pairs(as_used(s, ref.logps, ref.counts), pairs);
+  r.policy = tf_preference::split_pairs(as_used(s, pol.logps, pol.counts), pairs);
+  return r;
+}
+
+void log_metrics(const Dpo& s, const tf_preference::DpoResult& r,
+                 const tf_preference::PairLogps& policy) {
+  const at::Tensor margins = r.chosen_rewards - r.rejected_rewards;
+  s.host.log_metric("rewards/chosen", r.chosen_rewards.mean().item<double>());
+  s.host.log_metric("rewards/rejected", r.rejected_rewards.mean().item<double>());
+  s.host.log_metric("rewards/accuracies",
+                    r.chosen_rewards.gt(r.rejected_rewards).to(at::kFloat).mean().item<double>());
+  s.host.log_metric("rewards/margins", margins.mean().item<double>());
+  s.host.log_metric("logps/chosen", policy.chosen.mean().item<double>());
+  s.host.log_metric("logps/rejected", policy.rejected.mean().item<double>());
+}
+
+tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
+  return tf_sdk::guard(api, ctx, [&] {
+    auto s = std::make_unique<Dpo>(Dpo{tf_sdk::Host(api, ctx)});
+    s->lr = tf_sdk::LrSchedule::read(s->host);
+    s->options.beta = s->host.get_double("beta");
+    s->options.loss_type = s->host.get_string("loss_type");
+    s->options.label_smoothing = s->host.get_double("label_smoothing");
+    if (s->options.label_smoothing > 0 && s->options.loss_type != "sigmoid")
+      throw std::invalid_argument("label_smoothing applies to loss_type = \"sigmoid\" (cDPO); " +
+                                  s->options.loss_type + " ignores it in TRL: leave it out");
+    *out = s.release();
+    return TF_OK;
+  });
+}
+
+tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t total,
+                   tf_step_result* out) {
+  auto* s = static_cast<Dpo*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    const double lr = s->lr.apply(s->host, step, total);
+    s->host.zero_grad();
+    const tf_sdk::Batch batch(s->host);
+    const Scores sc = score(*s, batch);
+    // d loss / d logps of the policy rows, by autograd on the loss itself.
+    at::AutoGradMode grad(true);
+    const at::Tensor rows = sc.policy_rows.detach().clone().requires_grad_(true);
+    const tf_preference::PairLogps policy =
+        tf_preference::split_pairs(as_used(*s, rows, sc.counts), batch.pairs());
+    const tf_preference::DpoResult r = tf_preference::dpo_loss(policy, sc.reference, s->options);
+    r.loss.backward();
+    batch.sequence_logps(rows.grad());
+    tf_sdk::step_or_skip(s->host, step, s->skipped);
+    log_metrics(*s, r, sc.policy);
+    out->loss = r.loss.item<double>();
+    out->n_tokens = batch.n_tokens();
+    out->backward_passes = 1;
+    out->forward_passes = 3;
+    out->lr = lr;
+    out->phase = "dpo";
+    return TF_OK;
+  });
+}
+
+tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf_pass_result* out) {
+  auto* s = static_cast<Dpo*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    const tf_sdk::Batch batch(s->host, lent);
+    const Scores sc = score(*s, batch);
+    const double loss =
+        tf_preference::dpo_loss(sc.policy, sc.reference, s->options).loss.item<double>();
+    out->loss = loss;
+    out->n_tokens = batch.n_tokens();
+    out->finite = std::isfinite(loss) ? 1 : 0;
+    return TF_OK;
+  });
+}
+
+// Three forwards (reference, policy, policy again) and one backward against
+// the plain step's forward and backward (a backward ~ two forwards).
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary*,
+                          tf_memory_estimate* out) {
+  auto* s = static_cast<Dpo*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    out->time_factor = 5.0 / 3.0;
+    return TF_OK;
+  });
+}
+
+const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
+    tf_sdk::key("beta", TF_VALUE_FLOAT, "0.1",
+                "how far from the reference the policy may move (TRL's beta)", 1e-6, 1e6),
+    tf_sdk::key("loss_type", TF_VALUE_STRING, "\"sigmoid\"",
+                "sigmoid (DPO), ipo (IPO: log-probs averaged per token) or hinge (SLiC)", 1, 0,
+                "sigmoid|ipo|hinge"),
+    tf_sdk::key("label_smoothing", TF_VALUE_FLOAT, "0.0",
+                "sigmoid only: the assumed share of flipped labels (cDPO)", 0, 0.4999),
+});
+
+const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),
+                                    .create = create,
+                                    .destroy = tf_sdk::destroy_state<Dpo>,
+                                    .run_step = run_step,
+                                    .estimate_memory = estimate_memory,
+                                    .save_state = tf_sdk::save_skipped_state<Dpo>,
+                                    .load_state = tf_sdk::load_skipped_state<Dpo>,
+                                    .eval_batch = eval_batch};
+
+const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
+    TF_PLUGIN_SCHEDULE, "dpo", "1.0.0",
+    "preference pairs: DPO, IPO or SLiC loss against the base model with adapters off (TRL's "
+    "DPOTrainer)",
+    kKeys, &kVtable);
+
+}  // namespace
+
+TF_DEFINE_PLUGIN_ENTRY(kDescriptor)

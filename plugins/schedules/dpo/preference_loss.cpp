@@ -1,0 +1,41 @@
+#include "preference_loss.hpp"
+
+#include <stdexcept>
+
+namespace tf_preference {
+
+PairLogps split_pairs(const at::Tensor& rows, int64_t pairs) {
+  if (rows.dim() != 1 || rows.size(0) != 2 * pairs)
+    throw std::invalid_argument("a preference batch of " + std::to_string(pairs) +
+                                " pairs has 2 x that many rows, not " +
+                                std::to_string(rows.numel()));
+  return {rows.narrow(0, 0, pairs), rows.narrow(0, pairs, pairs)};
+}
+
+bool averages_logps(const DpoOptions& o) {
+  return o.loss_type == "ipo";
+}
+
+DpoResult dpo_loss(const PairLogps& policy, const PairLogps& reference, const DpoOptions& o) {
+  // logits = (pi_c - pi_r) - (ref_c - ref_r), as TRL's reverse-KL path.
+  const at::Tensor logratios = policy.chosen - policy.rejected;
+  const at::Tensor logits = logratios - (reference.chosen - reference.rejected);
+  at::Tensor losses;
+  if (o.loss_type == "sigmoid") {
+    losses = -at::log_sigmoid(o.beta * logits) * (1 - o.label_smoothing) -
+             at::log_sigmoid(-o.beta * logits) * o.label_smoothing;
+  } else if (o.loss_type == "hinge") {
+    losses = at::relu(1 - o.beta * logits);
+  } else if (o.loss_type == "ipo") {
+    losses = (logits - 1 / (2 * o.beta)).pow(2);
+  } else {
+    throw std::invalid_argument("loss_type \"" + o.loss_type + "\": sigmoid, ipo or hinge");
+  }
+  DpoResult r;
+  r.loss = losses.mean();
+  r.chosen_rewards = (o.beta * (policy.chosen - reference.chosen)).detach();
+  r.rejected_rewards = (o.beta * (policy.rejected - reference.rejected)).detach();
+  return r;
+}
+
+}  // namespace tf_preference

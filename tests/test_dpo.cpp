@@ -1,0 +1,196 @@
+// The dpo schedule against TRL 0.24's DPOTrainer with a PEFT LoRA adapter on
+// the same weights, rows and batch (fp32): each row's policy and reference
+// log-probabilities, the loss, the metrics TRL logs and every adapter
+// gradient, for each loss type.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "bpe_tokenizer.hpp"
+#include "file_util.hpp"
+#include "ignore_index.hpp"
+#include "plugin_hooks.hpp"
+#include "preference_data.hpp"
+#include "safetensors.hpp"
+#include "strategy_chain.hpp"
+#include "test_support.hpp"
+
+namespace tightfit {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Case {
+  const char* name;
+  const char* loss_type;
+  double beta, label_smoothing;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.name;
+}
+
+constexpr int64_t kSeqLen = 96;
+
+class DpoParity : public ::testing::TestWithParam<Case> {
+ protected:
+  // The tokenizer and the preference rows of the data test's peer.
+  static void SetUpTestSuite() {
+    data_ = new test::TempDir();
+    const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
+                            TIGHTFIT_SOURCE_DIR + "/tests/peers/dpo_data.py " + data_->str() +
+                            " > " + data_->str() + "/peer.log 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << "the TRL peer failed; scripts/setup installs trl";
+  }
+  static void TearDownTestSuite() { delete data_; }
+  static test::TempDir* data_;
+};
+test::TempDir* DpoParity::data_ = nullptr;
+
+std::string recipe(const std::string& dir, const Case& c) {
+  std::ostringstream os;
+  os << "[run]\nname = \"dpo\"\nseed = 7\nsteps = 1\nout_dir = \"" << dir
+     << "\"\nsample_tokens = 0\neval_batches = 0\nlog_every = 1000\n\n"
+     << "[model]\nplugin = \"llama\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 4\n"
+     << "n_kv_head = 2\nintermediate_size = 64\nmax_positions = 128\n\n"
+     << "[data]\ncorpus = \"" << dir << "/rows.jsonl\"\ntokenizer = \"" << dir
+     << "/tokenizer\"\nseq_len = " << kSeqLen << "\nbatch_size = 9\nval_fraction = 0\n\n"
+     << "[optimizer]\nlr = 0.0\ngrad_clip = 0.0\n\n"
+     << "[schedule]\nplugin = \"dpo\"\nwarmup_steps = 0\nloss_type = \"" << c.loss_type
+     << "\"\nbeta = " << c.beta << "\nlabel_smoothing = " << c.label_smoothing << "\n\n"
+     << "[[strategy]]\nplugin = \"lora\"\nrank = 4\nalpha = 8.0\n"
+     << "targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n";
+  return os.str();
+}
+
+// The rows as the batcher lays out pairs: every chosen row, then every rejected one.
+std::pair<at::Tensor, at::Tensor> rows_batch(const std::vector<Example>& seq, int64_t pad) {
+  const auto n = static_cast<int64_t>(seq.size());
+  at::Tensor tokens = at::full({n, kSeqLen}, pad, at::kLong);
+  at::Tensor targets = at::full({n, kSeqLen}, kIgnoreIndex, at::kLong);
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t row = k % 2 == 0 ? k / 2 : n / 2 + k / 2;
+    const Example& e = seq[static_cast<size_t>(k)];
+    for (size_t t = 0; t + 1 < e.ids.size(); ++t) {
+      tokens[row][static_cast<int64_t>(t)] = e.ids[t];
+      if (e.trained[t + 1]) targets[row][static_cast<int64_t>(t)] = e.ids[t + 1];
+    }
+  }
+  return {tokens, targets};
+}
+
+void expect_close(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const double scale = std::max(1e-3, want.abs().max().item<double>());
+  const double diff = (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>();
+  EXPECT_LE(diff, 1e-4 * scale) << what << ": max |diff| " << diff << " at scale " << scale;
+}
+
+void set_adapters(Session& s, bool on) {
+  StrategyChain(s.plugins().strategies).each(TF_STRATEGY_HOOK(set_adapters_enabled), on ? 1 : 0);
+  s.executor().set_adapters_enabled(on);
+}
+
+TEST_P(DpoParity, LogpsLossMetricsAndGradientsEqualTrl) {
+  const Case& c = GetParam();
+  test::TempDir d;
+  const std::string dir = d.str();
+  fs::create_directories(dir + "/tokenizer");
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(data_->path() / f, d.path() / "tokenizer" / f);
+  fs::copy_file(data_->path() / "rows.jsonl", d.path() / "rows.jsonl");
+  auto s = test::make_session(recipe(dir, c));
+  {
+    // Adapters away from their start (B = 0 would make policy = reference).
+    at::NoGradGuard no_grad;
+    at::manual_seed(11);
+    for (Param* p : s->store().trainable()) p->value.copy_(at::randn_like(p->value) * 0.2);
+  }
+  s->export_hf(dir + "/base", /*merge=*/false);
+  s->export_adapter(dir + "/adapter");
+  std::ofstream(dir + "/options.json") << nlohmann::json({{"loss_type", c.loss_type},
+                                                          {"beta", c.beta},
+                                                          {"label_smoothing", c.label_smoothing},
+                                                          {"max_length", kSeqLen + 1}})
+                                              .dump();
+  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
+                          TIGHTFIT_SOURCE_DIR + "/tests/peers/dpo_parity.py " + dir + " > " + dir +
+                          "/peer.log 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file_text(dir + "/peer.log");
+  const auto want = read_safetensors(dir + "/expected.safetensors").tensors;
+
+  // Each row's log-probabilities, policy and reference (adapters off).
+  auto tok = BpeTokenizer::load(dir + "/tokenizer");
+  const ChatFormatter chat(*tok, TokenizerConfig::load(dir + "/tokenizer"), TrainOn::kCompletion);
+  PreferenceOptions options;
+  options.max_length = kSeqLen + 1;
+  const PreferenceFormatter formatter(chat, options);
+  const std::vector<Example> seq = load_preference_examples(dir + "/rows.jsonl", formatter);
+  const auto [tokens, targets] = rows_batch(seq, tok->token_id("</s>"));
+  const int64_t pairs = tokens.size(0) / 2;
+  // IPO's log-probabilities are averages over each completion's tokens.
+  const bool average = std::string(c.loss_type) == "ipo";
+  auto logps_of = [&] {
+    const Executor::SequenceLogps r = s->executor().sequence_logps(tokens, targets, {}, {});
+    return average ? r.logps / r.counts.to(at::kFloat) : r.logps;
+  };
+  {
+    at::NoGradGuard no_grad;
+    const at::Tensor policy = logps_of();
+    expect_close(policy.narrow(0, 0, pairs), want.at("policy_chosen"), "policy chosen logps");
+    expect_close(policy.narrow(0, pairs, pairs), want.at("policy_rejected"), "policy rejected");
+    set_adapters(*s, false);
+    const at::Tensor ref = logps_of();
+    set_adapters(*s, true);
+    expect_close(ref.narrow(0, 0, pairs), want.at("ref_chosen"), "reference chosen logps");
+    expect_close(ref.narrow(0, pairs, pairs), want.at("ref_rejected"), "reference rejected");
+  }
+
+  // One step over all the pairs at lr 0: the loss, the metrics and the gradients.
+  const TrainSummary sum = s->train();
+  ASSERT_EQ(sum.losses.size(), 1u);
+  EXPECT_NEAR(sum.losses[0], want.at("loss").item<double>(),
+              1e-4 * std::max(1.0, std::abs(want.at("loss").item<double>())));
+  std::ifstream metrics(sum.metrics_path);
+  std::string line;
+  std::getline(metrics, line);
+  const auto rec = nlohmann::json::parse(line);
+  for (const char* m : {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                        "rewards/margins", "logps/chosen", "logps/rejected"}) {
+    // A plugin's metrics carry its name: "dpo.rewards/chosen".
+    const std::string key = std::string("dpo.") + m;
+    ASSERT_TRUE(rec.contains(key)) << line;
+    const double w = want.at(std::string("metric.") + m).item<double>();
+    EXPECT_NEAR(rec[key].get<double>(), w, 1e-4 * std::max(1.0, std::abs(w))) << m;
+  }
+  {
+    // The gradients, written under PEFT's names by the adapter writer.
+    at::NoGradGuard no_grad;
+    for (Param* p : s->store().trainable()) {
+      ASSERT_TRUE(p->value.grad().defined()) << p->name;
+      p->value.copy_(p->value.grad());
+    }
+  }
+  const auto grads =
+      read_safetensors(s->export_adapter(dir + "/grads") + "/adapter_model.safetensors").tensors;
+  int compared = 0;
+  for (const auto& [name, g] : grads) {
+    ASSERT_TRUE(want.count("grad." + name)) << name;
+    expect_close(g, want.at("grad." + name), "gradient of " + name);
+    ++compared;
+  }
+  EXPECT_EQ(compared, 2 * 2 * 7);  // A and B of 7 projections in 2 layers
+}
+
+INSTANTIATE_TEST_SUITE_P(LossTypes, DpoParity,
+                         ::testing::Values(Case{"sigmoid", "sigmoid", 0.1, 0.0},
+                                           Case{"sigmoid_smoothed", "sigmoid", 0.5, 0.2},
+                                           Case{"ipo", "ipo", 0.1, 0.0},
+                                           Case{"hinge", "hinge", 0.5, 0.0}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace tightfit
