@@ -24,18 +24,12 @@
 
 #include "chat_template.hpp"
 #include "data.hpp"
+#include "jsonl_rows.hpp"
 #include "tokenizer_config.hpp"
 
 namespace tightfit {
 
 enum class TrainOn { kCompletion, kAll };
-
-// The machine ran out of memory while preparing the data: what() names the
-// file (and line) and the stage (reading, parsing, rendering, tokenizing).
-class DataOutOfMemory : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // One example: ids[i] is trained on (a target of the loss) when trained[i].
 struct Example {

@@ -308,6 +308,8 @@ DataSetup setup_data(const DataRequest& r) {
   }
   d.tokenizer = make_tokenizer(d.tokenizer_spec, r.base_dir);
   if (d.tokenizer->source_file().size()) d.tokenizer_spec = d.tokenizer->source_file();
+  // Known without reading the rows: a plan counts a pair's two rows.
+  d.pairs = is_preference_data(r.corpus, r.base_dir);
   if (!r.read_data) return d;
   return is_example_data(r.corpus, r.base_dir) ? examples(r, std::move(d))
                                                : stream(r, std::move(d));

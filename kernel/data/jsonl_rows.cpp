@@ -4,7 +4,6 @@
 #include <filesystem>
 #include <vector>
 
-#include "chat_data.hpp"
 #include "file_util.hpp"
 #include "json_input.hpp"
 

@@ -329,7 +329,8 @@ void Session::set_up_run_folder(const std::optional<DistEnv>& dist) {
   env_.run_info.local_rank = dist ? dist->local_rank : 0;
   env_.run_info.vocab_size = data_.tokenizer().vocab_size();
   env_.run_info.seq_len = env_.config.data.seq_len;
-  env_.run_info.batch_size = env_.config.data.batch_size;
+  // Rows a batch holds: a preference pair is two (chosen, rejected).
+  env_.run_info.batch_size = env_.config.data.batch_size * (data_.pairs() ? 2 : 1);
   env_.run_info.total_steps = env_.config.run.steps;
   env_.run_info.seed = static_cast<uint64_t>(env_.config.run.seed);
   env_.run_info.run_dir = env_.run_dir_abs.c_str();

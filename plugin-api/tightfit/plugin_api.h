@@ -318,7 +318,7 @@ typedef struct tf_run_info {
   int32_t local_rank;
   int64_t vocab_size; /* the tokenizer's vocabulary */
   int64_t seq_len;
-  int64_t batch_size;
+  int64_t batch_size; /* rows a batch holds (2 per preference pair) */
   int64_t total_steps;
   uint64_t seed;
   const char* run_dir; /* folder for this run's metrics, checkpoints, disk tier */
