@@ -6,7 +6,9 @@
 // template must be refused with std::invalid_argument (naming the row) or
 // std::runtime_error; an example must have one mask entry per id; nothing
 // else may escape, nothing may crash, and every row ends within the
-// interpreter's budget (fuzz/run gives each input a time limit).
+// interpreter's budget (fuzz/run gives each input a time limit). A row with
+// "chosen" and "rejected" goes through the preference formatter too (the
+// prompt extraction, continued assistant messages, the length cuts).
 #include <cstdint>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -16,6 +18,29 @@
 #include "chat_data.hpp"
 #include "data.hpp"
 #include "expand_input.hpp"
+#include "preference_data.hpp"
+
+namespace {
+
+// The byte tokenizer with an EOS id, which preference completions end with.
+class ByteTokenizerWithEos final : public tightfit::Tokenizer {
+ public:
+  int64_t vocab_size() const override { return 256; }
+  std::vector<int64_t> encode(const std::string& text) const override {
+    return bytes_.encode(text);
+  }
+  std::string decode(const std::vector<int64_t>& ids) const override { return bytes_.decode(ids); }
+  std::vector<int64_t> encode_with_offsets(
+      const std::string& text, std::vector<std::pair<size_t, size_t>>& offsets) const override {
+    return bytes_.encode_with_offsets(text, offsets);
+  }
+  int64_t token_id(const std::string& token) const override { return token == "</s>" ? 0 : -1; }
+
+ private:
+  tightfit::ByteTokenizer bytes_;
+};
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string all = expand_input(data, size);
@@ -25,7 +50,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using ojson = nlohmann::ordered_json;
   const ojson row = ojson::parse(row_text, nullptr, /*allow_exceptions=*/false);
   if (row.is_discarded()) return 0;
-  static const tightfit::ByteTokenizer tokenizer;
+  static const ByteTokenizerWithEos tokenizer;
   tightfit::TokenizerConfig config;
   config.bos_token = "<s>";
   config.eos_token = "</s>";
@@ -34,6 +59,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const tightfit::ChatFormatter formatter(
         tokenizer, config, size % 2 ? tightfit::TrainOn::kAll : tightfit::TrainOn::kCompletion);
+    if (tightfit::is_preference_row(row)) {
+      tightfit::PreferenceOptions options;
+      options.max_prompt_length = static_cast<int64_t>(size % 7) * 4;
+      options.max_completion_length = static_cast<int64_t>(size % 5) * 3;
+      options.max_length = static_cast<int64_t>(size % 11) * 5;
+      options.keep_end = size % 3 != 0;
+      const tightfit::PreferenceFormatter preferences(formatter, options);
+      const tightfit::PreferencePair p = preferences.format(row, "fuzz/rows.jsonl:1");
+      for (const auto* completion : {&p.chosen, &p.rejected}) {
+        const tightfit::Example e = tightfit::preference_sequence(p.prompt, *completion, options);
+        if (e.ids.size() != e.trained.size()) std::abort();
+        if (options.max_length > 0 && static_cast<int64_t>(e.ids.size()) > options.max_length)
+          std::abort();
+      }
+      return 0;
+    }
     const tightfit::Example e = formatter.format(row, "fuzz/rows.jsonl:1");
     if (e.ids.size() != e.trained.size()) std::abort();
   } catch (const std::invalid_argument&) {

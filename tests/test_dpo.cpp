@@ -4,14 +4,17 @@
 // gradient, for each loss type.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "bpe_tokenizer.hpp"
 #include "file_util.hpp"
 #include "ignore_index.hpp"
+#include "plan_recipes.hpp"
 #include "plugin_hooks.hpp"
 #include "preference_data.hpp"
 #include "safetensors.hpp"
@@ -191,6 +194,169 @@ INSTANTIATE_TEST_SUITE_P(LossTypes, DpoParity,
                                            Case{"ipo", "ipo", 0.1, 0.0},
                                            Case{"hinge", "hinge", 0.5, 0.0}),
                          [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace tightfit
+
+namespace tightfit {
+namespace {
+
+// Recipes on the peer's tokenizer and preference rows.
+class DpoRecipes : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    data_ = new test::TempDir();
+    const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
+                            TIGHTFIT_SOURCE_DIR + "/tests/peers/dpo_data.py " + data_->str() +
+                            " > " + data_->str() + "/peer.log 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << "the TRL peer failed; scripts/setup installs trl";
+    std::ofstream(data_->str() + "/chat.jsonl")
+        << R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]})"
+        << "\n";
+  }
+  static void TearDownTestSuite() { delete data_; }
+
+  static std::string recipe(const std::string& out, const std::string& corpus,
+                            const std::string& data_extra, const std::string& schedule,
+                            const std::string& strategies, int64_t steps = 2,
+                            const std::string& model =
+                                "n_layer = 2\nn_embd = 32\nn_head = 4\nn_kv_head = 2\n"
+                                "intermediate_size = 64\n") {
+    return "[run]\nname = \"r\"\nseed = 3\nsteps = " + std::to_string(steps) + "\nout_dir = \"" +
+           out +
+           "\"\nsample_tokens = 0\neval_batches = 1\nlog_every = 1000\n\n[model]\nplugin = "
+           "\"llama\"\npreset = \"custom\"\nmax_positions = 128\n" +
+           model + "\n[data]\ncorpus = \"" + corpus + "\"\ntokenizer = \"" + data_->str() +
+           "/tokenizer.json\"\nseq_len = 96\nbatch_size = 2\nval_fraction = 0.25\n" + data_extra +
+           "\n[optimizer]\nlr = 1e-3\n\n[schedule]\n" + schedule + "warmup_steps = 0\n\n" +
+           strategies;
+  }
+  static std::string rows() { return data_->str() + "/rows.jsonl"; }
+  static constexpr const char* kLora = "[[strategy]]\nplugin = \"lora\"\n";
+  static test::TempDir* data_;
+};
+test::TempDir* DpoRecipes::data_ = nullptr;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Preference pairs never train as plain rows: the standard schedule's pass
+// refuses them rather than train on the rejected answers.
+TEST_F(DpoRecipes, TheStandardScheduleRefusesPairs) {
+  test::TempDir d;
+  auto s = test::make_session(recipe(d.str(), rows(), "", "plugin = \"standard\"\n", kLora));
+  const std::string e = error_of([&] { s->train(); });
+  EXPECT_NE(e.find("preference pairs"), std::string::npos) << e;
+  EXPECT_NE(e.find("schedule = \"dpo\""), std::string::npos) << e;
+}
+
+TEST_F(DpoRecipes, RecipesThatCannotWorkAreRefusedByName) {
+  test::TempDir d;
+  {
+    // No adapters: no reference model without a second copy (not built yet).
+    auto s = test::make_session(recipe(d.str(), rows(), "", "plugin = \"dpo\"\n", ""));
+    const std::string e = error_of([&] { s->train(); });
+    EXPECT_NE(e.find("no strategy holds adapters"), std::string::npos) << e;
+  }
+  {
+    // Chat rows are not pairs.
+    auto s = test::make_session(
+        recipe(d.str(), data_->str() + "/chat.jsonl", "", "plugin = \"dpo\"\n", kLora));
+    const std::string e = error_of([&] { s->train(); });
+    EXPECT_NE(e.find("trains on preference pairs"), std::string::npos) << e;
+  }
+  const std::pair<std::string, std::string> bad_data[] = {
+      {"max_length = 200\n", "do not fit a row of seq_len = 96"},
+      {"packing = true\n", "preference pairs are two sequences each"},
+      {"train_on = \"all\"\n", "score their completions only"},
+  };
+  for (const auto& [extra, message] : bad_data) {
+    const std::string e = error_of(
+        [&] { test::make_session(recipe(d.str(), rows(), extra, "plugin = \"dpo\"\n", kLora)); });
+    EXPECT_NE(e.find(message), std::string::npos) << extra << ": " << e;
+  }
+  // A preference key on data without pairs would change nothing.
+  const std::string e = error_of([&] {
+    test::make_session(recipe(d.str(), data_->str() + "/chat.jsonl", "max_prompt_length = 64\n",
+                              "plugin = \"standard\"\n", kLora));
+  });
+  EXPECT_NE(e.find("max_prompt_length shapes preference rows"), std::string::npos) << e;
+  // label_smoothing is sigmoid's.
+  const std::string ls = error_of([&] {
+    test::make_session(recipe(d.str(), rows(), "",
+                              "plugin = \"dpo\"\nloss_type = \"ipo\"\nlabel_smoothing = 0.1\n",
+                              kLora));
+  });
+  EXPECT_NE(ls.find("label_smoothing applies to loss_type = \"sigmoid\""), std::string::npos) << ls;
+}
+
+// Training lowers the DPO loss on its pairs, logs TRL's metrics and reports
+// the held-out pairs' DPO loss; the held-out split holds whole pairs.
+TEST_F(DpoRecipes, TrainsLogsAndEvaluatesPairs) {
+  test::TempDir d;
+  auto s = test::make_session(recipe(d.str(), rows(), "", "plugin = \"dpo\"\n", kLora, 12));
+  EXPECT_EQ(s->env().run_info.batch_size, 4);  // two pairs: four rows
+  const TrainSummary sum = s->train();
+  ASSERT_EQ(sum.losses.size(), 12u);
+  EXPECT_NEAR(sum.losses.front(), std::log(2.0),
+              1e-5);  // adapters start at B = 0: policy = reference
+  EXPECT_LT(sum.losses.back(), sum.losses.front());
+  EXPECT_TRUE(std::isfinite(sum.val_loss));
+  std::ifstream metrics(sum.metrics_path);
+  std::string line;
+  std::getline(metrics, line);
+  const auto first = nlohmann::json::parse(line);
+  EXPECT_EQ(first["dpo.rewards/margins"].get<double>(), 0.0);  // policy = reference at step 1
+  EXPECT_EQ(first["phase"], "dpo");
+}
+
+// A run stopped and resumed repeats the uninterrupted run's losses, with
+// the strategies the schedule composes with (QLoRA, checkpointed blocks).
+TEST_F(DpoRecipes, AResumedRunRepeatsTheUninterruptedOne) {
+  for (const std::string strategies :
+       {std::string(kLora), std::string(kLora) + "[[strategy]]\nplugin = \"quantize\"\n"
+                                                 "[[strategy]]\nplugin = \"checkpoint\"\n"}) {
+    test::TempDir d;
+    auto run = [&](const std::string& out, bool resume, int64_t stop_after) {
+      SessionOptions o;
+      o.resume = resume;
+      o.stop_after_steps = stop_after;
+      return test::make_session(recipe(out, rows(), "", "plugin = \"dpo\"\n", strategies, 6), o)
+          ->train();
+    };
+    const TrainSummary full = run(d.str() + "/a", false, -1);
+    run(d.str() + "/b", false, 3);
+    const TrainSummary second = run(d.str() + "/b", true, -1);
+    ASSERT_EQ(full.losses.size(), 6u);
+    ASSERT_EQ(second.losses.size(), 3u);
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_EQ(second.losses[i], full.losses[3 + i]) << strategies << " step " << 3 + i;
+  }
+}
+
+// The plan counts a pair's two rows: its peak within the same 10% of the
+// measured one as the other recipes' (test_planned_peak.cpp).
+TEST_F(DpoRecipes, PlannedPeakIsWithinTenPercentOfTheMeasuredPeak) {
+  test::TempDir d;
+  const std::string text =
+      recipe(d.str(), rows(), "", "plugin = \"dpo\"\n", kLora, 3,
+             "n_layer = 4\nn_embd = 256\nn_head = 4\nn_kv_head = 2\nintermediate_size = 688\n");
+  const MemoryPlan plan = test::plan_of(text);
+  EXPECT_TRUE(plan.unestimated.empty());
+  const TrainSummary sum = test::make_session(text)->train();
+  const int64_t measured = sum.memory.total_peak - sum.memory.peak[TF_MEM_OTHER];
+  std::cout << "dpo: planned " << format_bytes(plan.tracked_peak) << ", measured "
+            << format_bytes(measured) << "\n";
+  EXPECT_LE(std::abs(test::relative(plan.tracked_peak, measured)), 0.10)
+      << "planned " << format_bytes(plan.tracked_peak) << " (" << plan.peak_moment << "), measured "
+      << format_bytes(measured);
+}
 
 }  // namespace
 }  // namespace tightfit

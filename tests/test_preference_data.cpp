@@ -6,8 +6,10 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "bpe_tokenizer.hpp"
+#include "example_batcher.hpp"
 #include "preference_data.hpp"
 #include "test_support.hpp"
 
@@ -121,6 +123,55 @@ TEST_F(PreferenceData, MalformedRowsNameFileLineAndField) {
       EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
     }
   }
+}
+
+}  // namespace
+}  // namespace tightfit
+
+namespace tightfit {
+namespace {
+
+// Pairs stay together: held out and shuffled as pairs, and a batch holds
+// every chosen row, then every rejected row of the same pairs in order.
+TEST(PreferenceBatches, KeepPairsTogether) {
+  std::vector<Example> examples;
+  for (int64_t k = 0; k < 6; ++k) {
+    // pair k: prompt token k, chosen answer 100 + k, rejected answer 200 + k
+    for (const int64_t answer : {100 + k, 200 + k}) {
+      Example e;
+      e.ids = {k, answer, 7};
+      e.trained = {0, 1, 1};
+      examples.push_back(e);
+    }
+  }
+  ExampleBatcher batcher(examples, 8, 2, 5, 0.34, 9, false, /*pairs=*/true);
+  EXPECT_EQ(batcher.counts().examples, 6);
+  EXPECT_EQ(batcher.counts().validation, 2);
+  EXPECT_EQ(batcher.counts().train, 4);
+  std::set<int64_t> train_prompts, val_prompts;
+  for (int step = 0; step < 4; ++step) {
+    const Batcher::Batch b = batcher.next();
+    ASSERT_EQ(b.pairs, 2);
+    ASSERT_EQ(b.tokens.size(0), 4);
+    for (int64_t i = 0; i < 2; ++i) {
+      const int64_t prompt = b.tokens[i][0].item<int64_t>();
+      EXPECT_EQ(b.tokens[2 + i][0].item<int64_t>(), prompt);        // the same pair
+      EXPECT_EQ(b.tokens[i][1].item<int64_t>(), 100 + prompt);      // chosen first
+      EXPECT_EQ(b.tokens[2 + i][1].item<int64_t>(), 200 + prompt);  // then rejected
+      EXPECT_EQ(b.targets[i][0].item<int64_t>(), 100 + prompt);     // the answer is the target
+      train_prompts.insert(prompt);
+    }
+  }
+  for (int64_t v = 0; v < 2; ++v) {
+    const Batcher::Batch b = batcher.validation(v);
+    ASSERT_EQ(b.pairs, 2);
+    for (int64_t i = 0; i < 2; ++i) val_prompts.insert(b.tokens[i][0].item<int64_t>());
+  }
+  EXPECT_EQ(train_prompts.size(), 4u);
+  EXPECT_EQ(val_prompts.size(), 2u);
+  for (const int64_t p : val_prompts) EXPECT_EQ(train_prompts.count(p), 0u) << p;
+  // Packing would put a pair's two sides in one row's company of others.
+  EXPECT_THROW(ExampleBatcher(examples, 8, 2, 5, 0.0, 9, true, true), std::invalid_argument);
 }
 
 }  // namespace

@@ -170,6 +170,11 @@ int run_command(const std::vector<std::string>& args) {
            << rate(p.tokens_per_s) << " tok/s | peak " << memory_line(p.memory, true) << " | ETA "
            << duration(p.eta_s);
         if (p.phase != "full") os << " | " << p.phase;
+        for (const auto& [key, value] : p.schedule_metrics) {
+          char v[32];
+          std::snprintf(v, sizeof v, "%.4g", value);
+          os << " | " << key << " " << v;
+        }
         std::cerr << (tty ? "\r\033[K" : "") << os.str() << (tty && p.step < p.total ? "" : "\n")
                   << std::flush;
       };

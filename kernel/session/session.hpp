@@ -60,6 +60,9 @@ struct ProgressInfo {
   double loss = 0, lr = 0, tokens_per_s = 0, eta_s = 0, elapsed_s = 0;
   std::string phase;
   MemorySnapshot memory;
+  // What the schedule logged this step (log_metric), its name's prefix
+  // taken off: dpo's "rewards/accuracies", mezo's "projected_grad".
+  std::vector<std::pair<std::string, double>> schedule_metrics;
 };
 
 struct TrainSummary {

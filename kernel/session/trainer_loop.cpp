@@ -162,6 +162,10 @@ TrainSummary Session::train() {
                       : 0;
         p.phase = r.phase ? r.phase : "full";
         p.memory = mem;
+        const std::string prefix = plugins_.schedule.plugin->name + ".";
+        for (const auto& [key, value] : step_metrics_)
+          if (key.rfind(prefix, 0) == 0)
+            p.schedule_metrics.emplace_back(key.substr(prefix.size()), value);
         emit_progress(p);
       }
       if (save_every > 0 && done % save_every == 0 && done < stop_at)
