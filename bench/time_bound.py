@@ -38,6 +38,7 @@ BOUNDS = {
     "largest": 300,
     "generation": 600,
     "real-lora": 900,
+    "dpo": 1200,
     "llama-cpp": 3000,  # with the one-time llama.cpp build (about 20 minutes on 2 cores)
 }
 
