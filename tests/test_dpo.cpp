@@ -221,13 +221,15 @@ class DpoRecipes : public ::testing::Test {
                             const std::string& strategies, int64_t steps = 2,
                             const std::string& model =
                                 "n_layer = 2\nn_embd = 32\nn_head = 4\nn_kv_head = 2\n"
-                                "intermediate_size = 64\n") {
+                                "intermediate_size = 64\n",
+                            int64_t seq_len = 96) {
     return "[run]\nname = \"r\"\nseed = 3\nsteps = " + std::to_string(steps) + "\nout_dir = \"" +
            out +
            "\"\nsample_tokens = 0\neval_batches = 1\nlog_every = 1000\n\n[model]\nplugin = "
            "\"llama\"\npreset = \"custom\"\nmax_positions = 128\n" +
            model + "\n[data]\ncorpus = \"" + corpus + "\"\ntokenizer = \"" + data_->str() +
-           "/tokenizer.json\"\nseq_len = 96\nbatch_size = 2\nval_fraction = 0.25\n" + data_extra +
+           "/tokenizer.json\"\nseq_len = " + std::to_string(seq_len) +
+           "\nbatch_size = 2\nval_fraction = 0.25\n" + data_extra +
            "\n[optimizer]\nlr = 1e-3\n\n[schedule]\n" + schedule + "warmup_steps = 0\n\n" +
            strategies;
   }
@@ -319,7 +321,7 @@ TEST_F(DpoRecipes, TrainsLogsAndEvaluatesPairs) {
 // A run stopped and resumed repeats the uninterrupted run's losses, with
 // the strategies the schedule composes with (QLoRA, checkpointed blocks).
 TEST_F(DpoRecipes, AResumedRunRepeatsTheUninterruptedOne) {
-  for (const std::string strategies :
+  for (const std::string& strategies :
        {std::string(kLora), std::string(kLora) + "[[strategy]]\nplugin = \"quantize\"\n"
                                                  "[[strategy]]\nplugin = \"checkpoint\"\n"}) {
     test::TempDir d;
@@ -341,12 +343,14 @@ TEST_F(DpoRecipes, AResumedRunRepeatsTheUninterruptedOne) {
 }
 
 // The plan counts a pair's two rows: its peak within the same 10% of the
-// measured one as the other recipes' (test_planned_peak.cpp).
+// measured one as the other recipes' (test_planned_peak.cpp). A batch of
+// pairs is as long as its longest row, and the plan counts seq_len (the
+// longest a batch can be): seq_len here is the longest pair's, 60 tokens.
 TEST_F(DpoRecipes, PlannedPeakIsWithinTenPercentOfTheMeasuredPeak) {
   test::TempDir d;
   const std::string text =
       recipe(d.str(), rows(), "", "plugin = \"dpo\"\n", kLora, 3,
-             "n_layer = 4\nn_embd = 256\nn_head = 4\nn_kv_head = 2\nintermediate_size = 688\n");
+             "n_layer = 4\nn_embd = 256\nn_head = 4\nn_kv_head = 2\nintermediate_size = 688\n", 60);
   const MemoryPlan plan = test::plan_of(text);
   EXPECT_TRUE(plan.unestimated.empty());
   const TrainSummary sum = test::make_session(text)->train();

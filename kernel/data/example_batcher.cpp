@@ -166,7 +166,17 @@ ExampleBatcher::Batch ExampleBatcher::units_batch(const std::vector<Row>& rows,
     for (const size_t u : units)
       picked.push_back(&rows[u * static_cast<size_t>(group_) + static_cast<size_t>(k)]);
   Batch b = batch_of(picked);
-  if (group_ == 2) b.pairs = static_cast<int64_t>(units.size());
+  if (group_ != 2) return b;
+  b.pairs = static_cast<int64_t>(units.size());
+  // Pairs are padded to the batch's longest row, as TRL's collator pads
+  // them, not to seq_len: the padding would be computed for nothing.
+  int64_t longest = 1;
+  for (const Row* row : picked)
+    for (const Example* e : *row) longest = std::max(longest, std::min(row_length(*e), seq_len_));
+  if (longest < seq_len_) {
+    b.tokens = b.tokens.narrow(1, 0, longest).contiguous();
+    b.targets = b.targets.narrow(1, 0, longest).contiguous();
+  }
   return b;
 }
 

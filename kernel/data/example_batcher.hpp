@@ -11,7 +11,8 @@
 // With `pairs`, examples come two by two (a preference pair: chosen, then
 // rejected) and stay together: held out, shuffled and batched as pairs, a
 // batch of batch_size pairs holding every chosen row, then every rejected
-// row in the same order (Batch::pairs).
+// row in the same order (Batch::pairs), padded to its longest row (as TRL's
+// collator pads them) rather than to seq_len.
 #pragma once
 
 #include <cstdint>
