@@ -38,16 +38,21 @@ void PrintTo(const Case& c, std::ostream* os) {
 
 constexpr int64_t kSeqLen = 96;
 
+// The data test's peer (tests/peers/dpo_data.py): a tokenizer with a chat
+// template and preference rows of every form, in a new folder.
+test::TempDir* data_peer() {
+  auto* dir = new test::TempDir();
+  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
+                          TIGHTFIT_SOURCE_DIR + "/tests/peers/dpo_data.py " + dir->str() + " > " +
+                          dir->str() + "/peer.log 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << "the TRL peer failed; scripts/setup installs trl";
+  return dir;
+}
+
 class DpoParity : public ::testing::TestWithParam<Case> {
  protected:
   // The tokenizer and the preference rows of the data test's peer.
-  static void SetUpTestSuite() {
-    data_ = new test::TempDir();
-    const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                            TIGHTFIT_SOURCE_DIR + "/tests/peers/dpo_data.py " + data_->str() +
-                            " > " + data_->str() + "/peer.log 2>&1";
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << "the TRL peer failed; scripts/setup installs trl";
-  }
+  static void SetUpTestSuite() { data_ = data_peer(); }
   static void TearDownTestSuite() { delete data_; }
   static test::TempDir* data_;
 };
@@ -205,11 +210,7 @@ namespace {
 class DpoRecipes : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    data_ = new test::TempDir();
-    const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                            TIGHTFIT_SOURCE_DIR + "/tests/peers/dpo_data.py " + data_->str() +
-                            " > " + data_->str() + "/peer.log 2>&1";
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << "the TRL peer failed; scripts/setup installs trl";
+    data_ = data_peer();
     std::ofstream(data_->str() + "/chat.jsonl")
         << R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]})"
         << "\n";

@@ -90,6 +90,22 @@ auto tokenizing(const std::string& text, F&& encode) {
 
 }  // namespace
 
+void check_chat_messages(const ojson& messages, const std::string& where, const char* field,
+                         bool content_required) {
+  if (!messages.is_array() || messages.empty())
+    throw std::invalid_argument(where + ": \"" + field + "\" must be a non-empty list of messages");
+  for (size_t k = 0; k < messages.size(); ++k) {
+    const ojson& m = messages[k];
+    const std::string at = where + ": \"" + field + "\"[" + std::to_string(k) + "]";
+    if (!m.is_object()) throw std::invalid_argument(at + " must be an object");
+    if (!m.contains("role") || !m["role"].is_string())
+      throw std::invalid_argument(at + ".role must be a string");
+    const bool text = m.contains("content") && m["content"].is_string();
+    if (content_required ? !text : m.contains("content") && !text && !m["content"].is_null())
+      throw std::invalid_argument(at + ".content must be a string");
+  }
+}
+
 ChatFormatter::ChatFormatter(const Tokenizer& tokenizer, TokenizerConfig config, TrainOn train_on)
     : tokenizer_(tokenizer), config_(std::move(config)), train_on_(train_on) {
   if (!config_.chat_template.empty())
@@ -123,21 +139,6 @@ ChatRender ChatFormatter::render(const ojson& messages, bool add_generation_prom
 }
 
 namespace {
-
-// Checks a list of messages: objects with a string role and string (or null) content.
-void check_messages(const ojson& messages, const std::string& where, const char* field) {
-  if (!messages.is_array() || messages.empty())
-    throw std::invalid_argument(where + ": \"" + field + "\" must be a non-empty list of messages");
-  for (size_t k = 0; k < messages.size(); ++k) {
-    const ojson& m = messages[k];
-    const std::string at = where + ": \"" + field + "\"[" + std::to_string(k) + "]";
-    if (!m.is_object()) throw std::invalid_argument(at + " must be an object");
-    if (!m.contains("role") || !m["role"].is_string())
-      throw std::invalid_argument(at + ".role must be a string");
-    if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null())
-      throw std::invalid_argument(at + ".content must be a string");
-  }
-}
 
 const std::string& need_string(const ojson& row, const char* key, const std::string& where) {
   if (!row.contains(key) || !row[key].is_string())
@@ -186,8 +187,8 @@ Example ChatFormatter::prompt_completion(const std::string& prompt,
 
 Example ChatFormatter::chat_prompt_completion(const ojson& prompt, const ojson& completion,
                                               const ojson& tools, const std::string& where) const {
-  check_messages(prompt, where, "prompt");
-  check_messages(completion, where, "completion");
+  check_chat_messages(prompt, where, "prompt");
+  check_chat_messages(completion, where, "completion");
   ojson all = prompt;
   for (const auto& m : completion) all.push_back(m);
   const std::string prompt_text = render(prompt, true, tools, where).text;
@@ -278,7 +279,7 @@ std::vector<std::pair<size_t, size_t>> ChatFormatter::assistant_spans(
 
 Example ChatFormatter::conversation(const ojson& row, const std::string& where) const {
   const ojson& messages = row["messages"];
-  check_messages(messages, where, "messages");
+  check_chat_messages(messages, where, "messages");
   const ojson tools = row.contains("tools") ? row["tools"] : ojson();
   const ChatRender full = render(messages, false, tools, where);
   Example e;

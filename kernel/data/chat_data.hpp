@@ -78,6 +78,12 @@ class ChatFormatter {
   mutable int64_t renders_ = 0;
 };
 
+// Checks a list of messages: objects with a string role and string content
+// (or, unless `content_required`, none or null). Throws std::invalid_argument
+// naming `where` and "field"[k].
+void check_chat_messages(const nlohmann::ordered_json& messages, const std::string& where,
+                         const char* field, bool content_required = false);
+
 // 1 for each token of `ids` (the encoding of `text`) that holds a byte of one
 // of the [begin, end) `spans`, as transformers maps characters to tokens.
 std::vector<uint8_t> span_token_mask(const Tokenizer& tokenizer, const std::string& text,

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "jsonl_rows.hpp"
+#include "utf8.hpp"
 
 namespace tightfit {
 using ojson = nlohmann::ordered_json;
@@ -15,16 +16,6 @@ namespace {
 bool conversational(const ojson& v) {
   return v.is_array() && !v.empty() && v[0].is_object() && v[0].contains("role") &&
          v[0].contains("content");
-}
-
-// The byte offset where each code point of `s` begins, and s.size() last:
-// Python indexes str by code points (JSON strings are valid UTF-8).
-std::vector<size_t> code_points(const std::string& s) {
-  std::vector<size_t> at;
-  for (size_t i = 0; i < s.size(); ++i)
-    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) at.push_back(i);
-  at.push_back(s.size());
-  return at;
 }
 
 // The longest common prefix of a and b, in whole code points.
@@ -52,7 +43,8 @@ Split extract_prompt(const ojson& chosen, const ojson& rejected, const std::stri
   if (chosen.is_string() && rejected.is_string()) {
     const std::string& c = chosen.get_ref<const std::string&>();
     const std::string& r = rejected.get_ref<const std::string&>();
-    const std::vector<size_t> cp = code_points(c), rp = code_points(r);
+    // Python indexes str by code points (JSON strings are valid UTF-8).
+    const std::vector<size_t> cp = utf8_code_point_starts(c), rp = utf8_code_point_starts(r);
     const size_t n = std::min(cp.size(), rp.size()) - 1;
     if (n == 0) throw no_prompt();
     size_t idx = n - 1;  // Python's loop variable after a loop without break
@@ -85,20 +77,6 @@ Split extract_prompt(const ojson& chosen, const ojson& rejected, const std::stri
   for (size_t i = 0; i < chosen.size(); ++i) (i < idx ? s.prompt : s.chosen).push_back(chosen[i]);
   for (size_t i = idx; i < rejected.size(); ++i) s.rejected.push_back(rejected[i]);
   return s;
-}
-
-void check_messages(const ojson& messages, const std::string& where, const char* field) {
-  if (!messages.is_array() || messages.empty())
-    throw std::invalid_argument(where + ": \"" + field + "\" must be a non-empty list of messages");
-  for (size_t k = 0; k < messages.size(); ++k) {
-    const ojson& m = messages[k];
-    const std::string at = where + ": \"" + field + "\"[" + std::to_string(k) + "]";
-    if (!m.is_object()) throw std::invalid_argument(at + " must be an object");
-    if (!m.contains("role") || !m["role"].is_string())
-      throw std::invalid_argument(at + ".role must be a string");
-    if (!m.contains("content") || !m["content"].is_string())
-      throw std::invalid_argument(at + ".content must be a string");
-  }
 }
 
 const std::string& need_text(const ojson& v, const std::string& where, const char* field) {
@@ -191,9 +169,9 @@ PreferencePair PreferenceFormatter::format(const ojson& row, const std::string& 
   // maybe_apply_chat_template: conversations become text.
   std::string prompt, chosen_text, rejected_text;
   if (conversational(s.prompt)) {
-    check_messages(s.prompt, where, "prompt");
-    check_messages(s.chosen, where, "chosen");
-    check_messages(s.rejected, where, "rejected");
+    check_chat_messages(s.prompt, where, "prompt", /*content_required=*/true);
+    check_chat_messages(s.chosen, where, "chosen", true);
+    check_chat_messages(s.rejected, where, "rejected", true);
     const ojson none;
     const ojson& last = s.prompt.back();
     const std::string& role = last["role"].get_ref<const std::string&>();

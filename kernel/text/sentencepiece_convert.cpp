@@ -6,6 +6,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "utf8.hpp"
+
 namespace tightfit {
 using nlohmann::json;
 
@@ -15,15 +17,6 @@ namespace {
 // characters; converting one costs its length squared.
 constexpr size_t kMaxPieceBytes = 1024;
 const char* const kSpace = "\u2581";  // SentencePiece's space
-
-// Code point boundaries of a UTF-8 string (byte offsets, the end included).
-std::vector<size_t> code_points(const std::string& s) {
-  std::vector<size_t> at;
-  for (size_t i = 0; i < s.size(); ++i)
-    if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) at.push_back(i);
-  at.push_back(s.size());
-  return at;
-}
 
 }  // namespace
 
@@ -60,7 +53,7 @@ json sentencepiece_bpe_tokenizer(const SentencePieceModel& m, const std::string&
   std::unordered_set<std::string> done;  // dict(vocab_scores): a repeated piece counts once
   for (const auto& [piece, score] : scores) {
     if (!done.insert(piece).second) continue;
-    const std::vector<size_t> cp = code_points(piece);
+    const std::vector<size_t> cp = utf8_code_point_starts(piece);
     std::vector<Merge> local;
     for (size_t k = 1; k + 1 < cp.size(); ++k) {
       std::string l = piece.substr(0, cp[k]), r = piece.substr(cp[k]);

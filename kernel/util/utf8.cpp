@@ -63,4 +63,12 @@ std::string utf8_lossy(std::string_view bytes) {
   return out;
 }
 
+std::vector<size_t> utf8_code_point_starts(std::string_view text) {
+  std::vector<size_t> at;
+  for (size_t i = 0; i < text.size(); ++i)
+    if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) at.push_back(i);
+  at.push_back(text.size());
+  return at;
+}
+
 }  // namespace tightfit

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tightfit {
 
@@ -16,5 +17,9 @@ size_t first_invalid_utf8(std::string_view text);
 // the tokenizers library decodes byte-level tokens): each maximal ill-formed
 // subsequence becomes one U+FFFD.
 std::string utf8_lossy(std::string_view bytes);
+
+// The byte offset where each code point of UTF-8 `text` begins, and
+// text.size() last (Python indexes str by these).
+std::vector<size_t> utf8_code_point_starts(std::string_view text);
 
 }  // namespace tightfit
