@@ -192,7 +192,10 @@ def tightfit_args(spec: dict, batch: int, steps: int, out: str, name: str) -> li
          "--set", f"optimizer.weight_decay={0.1 if spec['optimizer'] == 'adamw' else 0.0}",
          "--set", "optimizer.beta1=0.9", "--set", "optimizer.beta2=0.95"]
     if DEVICE.type == "cuda":
-        a += ["--set", f"run.device={DEVICE}"]
+        # The peers run LibTorch's default (non-deterministic) kernels; so
+        # does tightfit here. Its default, [run] deterministic = true, cost
+        # GPT-2 124M 1.6x in step time on an H100 (2026-11-28, docs/gpu.md).
+        a += ["--set", f"run.device={DEVICE}", "--set", "run.deterministic=false"]
     if spec["family"] == "llama":  # Llama-3.2-1B's shape
         a += ["--set", "model.preset=1B", "--set", "model.vocab_size=128256"]
     return a

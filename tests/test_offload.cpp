@@ -208,6 +208,14 @@ class OffloadOptimizerTest : public ::testing::Test {
   }
   static constexpr const char* kOffload =
       "[[strategy]]\nplugin = \"offload\"\noptimizer = \"disk\"\n";
+  // The tier's update runs on the CPU, where its state is (as ZeRO-Offload's
+  // CPU Adam). On a CPU run so does the kernel's: the same bits. On a GPU the
+  // kernel's update runs in CUDA's elementwise kernels, which fuse a * b + c
+  // into one rounding: the same weights to rounding, not to the bit.
+  static bool same_weights(const at::Tensor& got, const at::Tensor& expected) {
+    if (test::test_device().rfind("cuda", 0) != 0) return at::equal(got, expected);
+    return at::allclose(got, expected, /*rtol=*/1e-5, /*atol=*/1e-7);
+  }
 };
 
 TEST_F(OffloadOptimizerTest, SameWeightsAsTheKernelsOptimizerInAnyStack) {
@@ -224,14 +232,14 @@ TEST_F(OffloadOptimizerTest, SameWeightsAsTheKernelsOptimizerInAnyStack) {
       s->train();
       EXPECT_EQ(s->update().optimizer().state_bytes(), 0) << stack;  // the tier holds it
       for (const auto& [name, w] : expected)
-        EXPECT_TRUE(at::equal(weights(*s).at(name), w)) << name << " with\n" << stack << opt;
+        EXPECT_TRUE(same_weights(weights(*s).at(name), w)) << name << " with\n" << stack << opt;
     }
   }
 }
 
 // Trained block weights on disk too (ZeRO-Infinity style): each stays the
 // same autograd leaf while its bytes come and go; updates run where the
-// state is. Bitwise the plain run's weights, in any stack, and resumable.
+// state is. The plain run's weights (same_weights), in any stack, and resumable.
 TEST_F(OffloadOptimizerTest, TrainedWeightsOnDiskGiveTheSameWeights) {
   const std::string all =
       "[[strategy]]\nplugin = \"offload\"\nparams = \"disk\"\ntrainable = true\n"
@@ -252,7 +260,7 @@ TEST_F(OffloadOptimizerTest, TrainedWeightsOnDiskGiveTheSameWeights) {
     EXPECT_EQ(s->store().get("transformer.h.1.mlp.c_fc.weight").value.storage().nbytes(), 0u);
     const auto got = weights(*s);  // (a snapshot brings each weight in)
     for (const auto& [name, t] : expected)
-      EXPECT_TRUE(at::equal(got.at(name), t)) << name << " with\n" << stack;
+      EXPECT_TRUE(same_weights(got.at(name), t)) << name << " with\n" << stack;
   }
   // Interrupted and resumed: the same losses.
   auto run = [&](const std::string& out, bool resume, int64_t stop) {

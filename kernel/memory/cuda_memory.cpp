@@ -85,24 +85,36 @@ int64_t cuda_library_workspace_bytes(int device) {
 }
 
 void cuda_set_deterministic(bool on) {
-  // cuBLAS picks its reduction order by workspace; a fixed configuration is
-  // what makes its GEMMs repeat bit for bit (CUDA's reproducibility notes).
-  // It is read when a handle is made, so it is set before the first GEMM;
-  // a user's own setting wins.
-  if (on) setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+  // cuBLAS picks its algorithm, and so its reduction order, by the
+  // workspace it is given. With CUDA's suggested :4096:8 the same GEMMs
+  // still differed in the last bits once a strategy used a side stream
+  // (offload's uploads: LoRA gradients 4.5e-7 apart from the plain run's on
+  // an H100, 2026-11-28); with no workspace they were equal, and GPT-2
+  // 124M's step no slower. It is read when the first handle is made, so it
+  // is set before the first GEMM; a user's own setting wins.
+  if (on) setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0", /*overwrite=*/0);
   auto& ctx = at::globalContext();
-  // warn_only: an operator with no deterministic kernel warns instead of
-  // stopping the run. Memory-efficient attention is one (its backward sums
-  // with atomics even in this mode: seen on an H100, 2026-11-26), and
-  // cuDNN's attention makes no promise, so both are off; flash attention
-  // takes the deterministic backward from this flag, and the math kernel
-  // is deterministic.
-  ctx.setDeterministicAlgorithms(on, /*warn_only=*/true);
+  // Strict, not warn_only: flash attention takes its deterministic backward
+  // only then (with warn_only it keeps its atomics and warns: seen on an
+  // H100, 2026-11-28), and an operator with no deterministic kernel stops
+  // the run with its name (nondeterministic_op) rather than silently
+  // breaking the promise. Memory-efficient attention sums with atomics even in this mode
+  // (2026-11-26) and cuDNN's attention makes no promise, so both are off;
+  // flash and the math kernel remain.
+  ctx.setDeterministicAlgorithms(on, /*warn_only=*/false);
   ctx.setDeterministicFillUninitializedMemory(false);  // no NaN fill of every empty()
   ctx.setDeterministicCuDNN(on);
   ctx.setBenchmarkCuDNN(false);
   ctx.setSDPUseMemEfficient(!on);
   ctx.setSDPUseCuDNN(!on);
+}
+
+std::optional<std::string> nondeterministic_op(const std::exception& e) {
+  const auto* error = dynamic_cast<const c10::Error*>(&e);
+  const std::string what = error ? error->what_without_backtrace() : e.what();
+  if (what.find("does not have a deterministic implementation") == std::string::npos)
+    return std::nullopt;
+  return what.substr(0, what.find('\n'));
 }
 
 bool cuda_set_budget(int device, int64_t bytes) {

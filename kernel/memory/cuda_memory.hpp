@@ -5,6 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
 
 namespace tightfit {
 
@@ -38,6 +41,10 @@ constexpr int64_t kAssumedCublasWorkspaceBytes = int64_t{2} * (int64_t{32} << 20
 // On: LibTorch's deterministic algorithms and cuBLAS's fixed workspace
 // ([run] deterministic), so CUDA runs repeat bit for bit; off: the defaults.
 void cuda_set_deterministic(bool on);
+// When `e` is LibTorch refusing an operator that has no deterministic CUDA
+// kernel (deterministic mode is strict), the operator's message without the
+// backtrace; nullopt otherwise.
+std::optional<std::string> nondeterministic_op(const std::exception& e);
 // Caps the caching allocator at `bytes` (0 = no cap); returns false without CUDA.
 bool cuda_set_budget(int device, int64_t bytes);
 

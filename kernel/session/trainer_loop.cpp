@@ -221,6 +221,10 @@ TrainSummary Session::train() {
     }
   } catch (const c10::Error& e) {
     if (auto refusal = budget_refusal(e)) throw OutOfBudgetError(*refusal);
+    if (auto op = nondeterministic_op(e))
+      throw RecipeError(recipe_.source() + ": [run] deterministic = true (the default on CUDA): " +
+                        *op + ". Set [run] deterministic = false to train with the faster, " +
+                        "non-repeatable kernels (a resumed run then differs in the last bits)");
     throw;
   }
   return sum;
