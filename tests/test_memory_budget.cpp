@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cpu_block_cache.hpp"
+#include "cuda_memory.hpp"
 #include "test_support.hpp"
 
 namespace tightfit {
@@ -197,6 +198,35 @@ TEST_F(BudgetTest, CommandLineRecipeErrorExitsWithCodeTwo) {
   EXPECT_NE(out.find("r.toml:" + std::to_string(line) + ":1: unknown key \"bogus\""),
             std::string::npos)
       << out;
+}
+
+}  // namespace
+}  // namespace tightfit
+
+namespace tightfit {
+namespace {
+
+// [run] deterministic is strict on CUDA: LibTorch's own refusal of an
+// operator without a deterministic kernel is recognised, named by its first
+// line, and nothing else is taken for it.
+TEST(DeterministicMode, AnOperatorWithoutADeterministicKernelIsNamed) {
+  auto& ctx = at::globalContext();
+  const bool was = ctx.deterministicAlgorithms();
+  const bool was_warn_only = ctx.deterministicAlgorithmsWarnOnly();
+  ctx.setDeterministicAlgorithms(true, /*warn_only=*/false);
+  std::optional<std::string> named;
+  try {
+    ctx.alertNotDeterministic("some_cuda_op");
+    ADD_FAILURE() << "LibTorch did not refuse";
+  } catch (const c10::Error& e) {
+    named = nondeterministic_op(e);
+  }
+  ctx.setDeterministicAlgorithms(was, was_warn_only);
+  ASSERT_TRUE(named.has_value());
+  EXPECT_EQ(named->rfind("some_cuda_op does not have a deterministic implementation", 0), 0u)
+      << *named;
+  EXPECT_EQ(named->find('\n'), std::string::npos) << *named;
+  EXPECT_FALSE(nondeterministic_op(std::runtime_error("CUDA error: device-side assert")));
 }
 
 }  // namespace
