@@ -347,8 +347,9 @@ TEST_F(Adam8Test, TheAdamW8StrategyIsQuantizesInt8StateBitForBit) {
   const TrainSummary a = s->train();
   EXPECT_EQ(s->update().optimizer().state_bytes(), 0);
   // Its int8 state, counted (by category: on the CPU only, test_support.hpp).
-  if (test::categories_not_counted_here().empty())
+  if (test::categories_not_counted_here().empty()) {
     EXPECT_GT(acct.snapshot().current[TF_MEM_OPTIMIZER], before);
+  }
   ASSERT_EQ(a.losses.size(), q.losses.size());
   for (size_t i = 0; i < a.losses.size(); ++i) EXPECT_EQ(a.losses[i], q.losses[i]) << "step " << i;
   // Resumed mid-run, it repeats the uninterrupted run.

@@ -134,7 +134,7 @@ DataSetup examples(const DataRequest& r, DataSetup d) {
   const ChatFormatter formatter(*d.tokenizer, config,
                                 r.train_on == "all" ? TrainOn::kAll : TrainOn::kCompletion);
   check_corpus_fits(r, corpus_bytes_on_disk(r.corpus, r.base_dir), "its rows, read whole");
-  const bool pairs = is_preference_data(r.corpus, r.base_dir);
+  const bool pairs = d.pairs;
   PreferenceOptions preference = r.preference;
   if (preference.max_length == 0) preference.max_length = r.seq_len + 1;
   if (pairs && preference.max_length > r.seq_len + 1)
@@ -161,7 +161,6 @@ DataSetup examples(const DataRequest& r, DataSetup d) {
     return std::make_unique<ExampleBatcher>(std::move(rows), r.seq_len, r.batch_size * r.world_size,
                                             r.seed, r.val_fraction, pad, r.packing, pairs);
   });
-  d.pairs = pairs;
   const ExampleBatcher::Counts& c = batcher->counts();
   d.unigram_entropy = unigram_entropy(batcher->train_ids(), d.tokenizer->vocab_size());
   if (pairs)
@@ -231,18 +230,14 @@ std::optional<nlohmann::json> first_row(const std::string& spec, const std::stri
 
 }  // namespace
 
-bool is_example_data(const std::string& spec, const std::string& base_dir) {
+CorpusKind corpus_kind(const std::string& spec, const std::string& base_dir) {
   const std::optional<nlohmann::json> row = first_row(spec, base_dir);
-  if (!row) return false;
+  if (!row) return CorpusKind::kText;
+  if (row->contains("chosen") && row->contains("rejected")) return CorpusKind::kPairs;
   for (const char* key :
        {"messages", "prompt", "completion", "instruction", "output", "chosen", "rejected"})
-    if (row->contains(key)) return true;
-  return false;
-}
-
-bool is_preference_data(const std::string& spec, const std::string& base_dir) {
-  const std::optional<nlohmann::json> row = first_row(spec, base_dir);
-  return row && row->contains("chosen") && row->contains("rejected");
+    if (row->contains(key)) return CorpusKind::kExamples;
+  return CorpusKind::kText;
 }
 
 DataSetup setup_data(const DataRequest& r) {
@@ -309,10 +304,16 @@ DataSetup setup_data(const DataRequest& r) {
   d.tokenizer = make_tokenizer(d.tokenizer_spec, r.base_dir);
   if (d.tokenizer->source_file().size()) d.tokenizer_spec = d.tokenizer->source_file();
   // Known without reading the rows: a plan counts a pair's two rows.
-  d.pairs = is_preference_data(r.corpus, r.base_dir);
+  const CorpusKind kind = corpus_kind(r.corpus, r.base_dir);
+  d.pairs = kind == CorpusKind::kPairs;
+  // The preference keys shape preference rows only: set for other data,
+  // they would change nothing.
+  if (!d.pairs && !r.preference_keys_set.empty())
+    throw std::invalid_argument(r.preference_keys_set.front() +
+                                " shapes preference rows (chosen/rejected), and corpus \"" +
+                                r.corpus + "\" holds none: leave it out");
   if (!r.read_data) return d;
-  return is_example_data(r.corpus, r.base_dir) ? examples(r, std::move(d))
-                                               : stream(r, std::move(d));
+  return kind == CorpusKind::kText ? stream(r, std::move(d)) : examples(r, std::move(d));
 }
 
 }  // namespace tightfit

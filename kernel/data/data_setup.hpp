@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "data.hpp"
 #include "preference_data.hpp"
@@ -19,6 +20,9 @@ struct DataRequest {
   std::string train_on = "completion";
   bool packing = false;
   PreferenceOptions preference;  // max_length 0: seq_len + 1
+  // The preference keys the recipe sets ([data] max_prompt_length, ...):
+  // refused, by name, for data that holds no preference pairs.
+  std::vector<std::string> preference_keys_set;
   int64_t seq_len = 0, batch_size = 0, world_size = 1;
   double val_fraction = 0;
   uint64_t seed = 0;
@@ -40,10 +44,10 @@ struct DataSetup {
 // and field, and OutOfBudgetError when the data alone is over the budget.
 DataSetup setup_data(const DataRequest& request);
 
-// Whether `spec` names JSONL rows of instruction or chat data (messages,
-// prompt/completion, instruction/output) or preference pairs (chosen,
-// rejected) rather than plain text; and whether they are preference pairs.
-bool is_example_data(const std::string& spec, const std::string& base_dir);
-bool is_preference_data(const std::string& spec, const std::string& base_dir);
+// What `spec` holds, told by its first JSONL row: plain text; rows of
+// instruction or chat data (messages, prompt/completion, instruction/output);
+// or preference pairs (chosen and rejected).
+enum class CorpusKind { kText, kExamples, kPairs };
+CorpusKind corpus_kind(const std::string& spec, const std::string& base_dir);
 
 }  // namespace tightfit

@@ -264,15 +264,10 @@ void Session::set_up_data(const std::string& base_dir, int64_t world_size) {
     req.memory_budget = env_.budget.bytes;
     req.budget_counts_host = env_.budget.counts_host_data();
     req.read_data = !options_.skip_data && !options_.dry_run;
-    // The preference keys shape preference rows only: set for other data,
-    // they would change nothing.
     if (const toml::table* dt = recipe_.table("data"))
       for (const char* key :
            {"max_prompt_length", "max_completion_length", "max_length", "truncation_mode"})
-        if (dt->contains(key) && !is_preference_data(req.corpus, base_dir))
-          throw std::invalid_argument(std::string(key) +
-                                      " shapes preference rows (chosen/rejected), and corpus \"" +
-                                      req.corpus + "\" holds none: leave it out");
+        if (dt->contains(key)) req.preference_keys_set.emplace_back(key);
     data_.set(setup_data(req));
     if (!data_.description().empty()) log(TF_LOG_INFO, "data: " + data_.description());
   } catch (const std::invalid_argument& e) {

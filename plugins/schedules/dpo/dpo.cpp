@@ -52,13 +52,16 @@ class AdaptersOff {
 };
 
 struct Scores {
-  tf_preference::PairLogps policy, reference;
-  at::Tensor policy_rows, counts;  // [2P]: the policy's sums; the targets per row
+  tf_preference::PairLogps reference;  // as the loss uses them
+  at::Tensor policy_rows, counts;      // [2P]: the policy's sums; the targets per row
 };
 
-// Averaged over each sequence's tokens where the loss type asks (IPO).
-at::Tensor as_used(const Dpo& s, const at::Tensor& sums, const at::Tensor& counts) {
-  return tf_preference::averages_logps(s.options) ? sums / counts.to(at::kFloat) : sums;
+// Each pair's log-probs as the loss uses them: a sequence's sum, or its
+// average over the sequence's tokens where the loss type asks (IPO).
+tf_preference::PairLogps as_used(const Dpo& s, const at::Tensor& sums, const at::Tensor& counts,
+                                 int64_t pairs) {
+  return tf_preference::split_pairs(
+      tf_preference::averages_logps(s.options) ? sums / counts.to(at::kFloat) : sums, pairs);
 }
 
 Scores score(const Dpo& s, const tf_sdk::Batch& b) {
@@ -76,8 +79,7 @@ Scores score(const Dpo& s, const tf_sdk::Batch& b) {
   const tf_sdk::SequenceLogps pol = b.sequence_logps();
   r.counts = pol.counts;
   r.policy_rows = pol.logps;
-  r.reference = tf_preference::split_pairs(as_used(s, ref.logps, ref.counts), pairs);
-  r.policy = tf_preference::split_pairs(as_used(s, pol.logps, pol.counts), pairs);
+  r.reference = as_used(s, ref.logps, ref.counts, pairs);
   return r;
 }
 
@@ -119,13 +121,12 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
     // d loss / d logps of the policy rows, by autograd on the loss itself.
     at::AutoGradMode grad(true);
     const at::Tensor rows = sc.policy_rows.detach().clone().requires_grad_(true);
-    const tf_preference::PairLogps policy =
-        tf_preference::split_pairs(as_used(*s, rows, sc.counts), batch.pairs());
+    const tf_preference::PairLogps policy = as_used(*s, rows, sc.counts, batch.pairs());
     const tf_preference::DpoResult r = tf_preference::dpo_loss(policy, sc.reference, s->options);
     r.loss.backward();
     batch.sequence_logps(rows.grad());
     tf_sdk::step_or_skip(s->host, step, s->skipped);
-    log_metrics(*s, r, sc.policy);
+    log_metrics(*s, r, policy);
     out->loss = r.loss.item<double>();
     out->n_tokens = batch.n_tokens();
     out->backward_passes = 1;
@@ -141,8 +142,9 @@ tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const tf_sdk::Batch batch(s->host, lent);
     const Scores sc = score(*s, batch);
+    const tf_preference::PairLogps policy = as_used(*s, sc.policy_rows, sc.counts, batch.pairs());
     const double loss =
-        tf_preference::dpo_loss(sc.policy, sc.reference, s->options).loss.item<double>();
+        tf_preference::dpo_loss(policy, sc.reference, s->options).loss.item<double>();
     out->loss = loss;
     out->n_tokens = batch.n_tokens();
     out->finite = std::isfinite(loss) ? 1 : 0;
