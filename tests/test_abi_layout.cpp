@@ -251,6 +251,7 @@ TF_FROZEN(tf_schedule_vtable, estimate_memory, 32);
 TF_FROZEN(tf_schedule_vtable, save_state, 40);
 TF_FROZEN(tf_schedule_vtable, load_state, 48);
 TF_FROZEN(tf_schedule_vtable, eval_batch, 56);
+TF_FROZEN(tf_schedule_vtable, preference_tokenization, 64);
 TF_FROZEN(tf_plugin_descriptor, struct_size, 0);
 TF_FROZEN(tf_plugin_descriptor, abi_version, 4);
 TF_FROZEN(tf_plugin_descriptor, kind, 8);
@@ -299,7 +300,7 @@ static_assert(one_slot_after_another(kModelHooks,
               "TF_MODEL_HOOKS must list every hook of tf_model_vtable, in order");
 static_assert(one_slot_after_another(kScheduleHooks,
                                      offsetof(tf_schedule_vtable, destroy) + sizeof(void*),
-                                     offsetof(tf_schedule_vtable, reserved)),
+                                     offsetof(tf_schedule_vtable, preference_tokenization)),
               "TF_SCHEDULE_HOOKS must list every hook of tf_schedule_vtable, in order");
 
 // And the check itself refuses a list with a slot left out.

@@ -200,6 +200,151 @@ INSTANTIATE_TEST_SUITE_P(LossTypes, DpoParity,
                                            Case{"hinge", "hinge", 0.5, 0.0}),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// The cpo schedule against TRL 0.24's CPOTrainer: no reference model, rows
+// tokenized jointly; with a LoRA adapter (PEFT) and as a full fine-tune.
+struct CpoCase {
+  const char* name;
+  const char* loss_type;
+  double beta, label_smoothing, cpo_alpha, simpo_gamma;
+  bool lora;
+};
+
+void PrintTo(const CpoCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
+class CpoParity : public ::testing::TestWithParam<CpoCase> {
+ protected:
+  static void SetUpTestSuite() { data_ = data_peer(); }
+  static void TearDownTestSuite() { delete data_; }
+  static test::TempDir* data_;
+};
+test::TempDir* CpoParity::data_ = nullptr;
+
+std::string cpo_recipe(const std::string& dir, const CpoCase& c) {
+  std::ostringstream os;
+  os << "[run]\nname = \"cpo\"\nseed = 7\nsteps = 1\nout_dir = \"" << dir
+     << "\"\nsample_tokens = 0\neval_batches = 0\nlog_every = 1000\n\n"
+     << "[model]\nplugin = \"llama\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 4\n"
+     << "n_kv_head = 2\nintermediate_size = 64\nmax_positions = 128\n\n"
+     << "[data]\ncorpus = \"" << dir << "/rows.jsonl\"\ntokenizer = \"" << dir
+     << "/tokenizer\"\nseq_len = " << kSeqLen
+     << "\nbatch_size = 9\nval_fraction = 0\nmax_prompt_length = 64\n\n"
+     << "[optimizer]\nlr = 0.0\ngrad_clip = 0.0\nweight_decay = 0.0\n\n"
+     << "[schedule]\nplugin = \"cpo\"\nwarmup_steps = 0\nloss_type = \"" << c.loss_type
+     << "\"\nbeta = " << c.beta << "\nlabel_smoothing = " << c.label_smoothing
+     << "\ncpo_alpha = " << c.cpo_alpha << "\n"
+     << (std::string(c.loss_type) == "simpo"
+             ? "simpo_gamma = " + std::to_string(c.simpo_gamma) + "\n"
+             : std::string())
+     << "\n";
+  if (c.lora)
+    os << "[[strategy]]\nplugin = \"lora\"\nrank = 4\nalpha = 8.0\n"
+       << "targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n";
+  return os.str();
+}
+
+TEST_P(CpoParity, LogpsLossMetricsAndGradientsEqualTrl) {
+  const CpoCase& c = GetParam();
+  test::TempDir d;
+  const std::string dir = d.str();
+  fs::create_directories(dir + "/tokenizer");
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(data_->path() / f, d.path() / "tokenizer" / f);
+  fs::copy_file(data_->path() / "rows.jsonl", d.path() / "rows.jsonl");
+  auto s = test::make_session(cpo_recipe(dir, c));
+  if (c.lora) {
+    at::NoGradGuard no_grad;  // adapters away from their start (B = 0)
+    at::manual_seed(11);
+    for (Param* p : s->store().trainable()) p->value.copy_(at::randn_like(p->value) * 0.2);
+  }
+  s->export_hf(dir + "/base", /*merge=*/false);
+  if (c.lora) s->export_adapter(dir + "/adapter");
+  std::ofstream(dir + "/options.json") << nlohmann::json({{"loss_type", c.loss_type},
+                                                          {"beta", c.beta},
+                                                          {"label_smoothing", c.label_smoothing},
+                                                          {"cpo_alpha", c.cpo_alpha},
+                                                          {"simpo_gamma", c.simpo_gamma},
+                                                          {"max_length", kSeqLen + 1},
+                                                          {"max_prompt_length", 64}})
+                                              .dump();
+  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
+                          TIGHTFIT_SOURCE_DIR + "/tests/peers/cpo_parity.py " + dir + " > " + dir +
+                          "/peer.log 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file_text(dir + "/peer.log");
+  const auto want = read_safetensors(dir + "/expected.safetensors").tensors;
+
+  // Each row's log-probabilities as the loss uses them.
+  auto tok = BpeTokenizer::load(dir + "/tokenizer");
+  const ChatFormatter chat(*tok, TokenizerConfig::load(dir + "/tokenizer"), TrainOn::kCompletion);
+  PreferenceOptions options;
+  options.max_length = kSeqLen + 1;
+  options.max_prompt_length = 64;
+  options.joint = true;
+  const PreferenceFormatter formatter(chat, options);
+  const std::vector<Example> seq = load_preference_examples(dir + "/rows.jsonl", formatter);
+  const auto [tokens, targets] = rows_batch(seq, tok->token_id("</s>"));
+  const int64_t pairs = tokens.size(0) / 2;
+  {
+    at::NoGradGuard no_grad;
+    const Executor::SequenceLogps r = s->executor().sequence_logps(tokens, targets, {}, {});
+    const bool average = std::string(c.loss_type) == "simpo" || std::string(c.loss_type) == "ipo";
+    const at::Tensor policy = average ? r.logps / r.counts.to(at::kFloat) : r.logps;
+    expect_close(policy.narrow(0, 0, pairs), want.at("policy_chosen"), "policy chosen logps");
+    expect_close(policy.narrow(0, pairs, pairs), want.at("policy_rejected"), "policy rejected");
+  }
+
+  // One step over all the pairs at lr 0: the loss, the metrics and the gradients.
+  const TrainSummary sum = s->train();
+  ASSERT_EQ(sum.losses.size(), 1u);
+  EXPECT_NEAR(sum.losses[0], want.at("loss").item<double>(),
+              1e-4 * std::max(1.0, std::abs(want.at("loss").item<double>())));
+  std::ifstream metrics(sum.metrics_path);
+  std::string line;
+  std::getline(metrics, line);
+  const auto rec = nlohmann::json::parse(line);
+  for (const char* m : {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                        "rewards/margins", "logps/chosen", "logps/rejected", "nll_loss"}) {
+    const std::string key = std::string("cpo.") + m;
+    ASSERT_TRUE(rec.contains(key)) << line;
+    const double w = want.at(std::string("metric.") + m).item<double>();
+    EXPECT_NEAR(rec[key].get<double>(), w, 1e-4 * std::max(1.0, std::abs(w))) << m;
+  }
+  {
+    at::NoGradGuard no_grad;  // the gradients, written under the peers' names
+    for (Param* p : s->store().trainable()) {
+      ASSERT_TRUE(p->value.grad().defined()) << p->name;
+      p->value.copy_(p->value.grad());
+    }
+  }
+  const std::string written =
+      c.lora ? s->export_adapter(dir + "/grads") + "/adapter_model.safetensors"
+             : s->export_hf(dir + "/grads", /*merge=*/false) + "/model.safetensors";
+  const auto grads = read_safetensors(written).tensors;
+  int compared = 0;
+  for (const auto& [name, g] : grads) {
+    ASSERT_TRUE(want.count("grad." + name)) << name;
+    expect_close(g, want.at("grad." + name), "gradient of " + name);
+    ++compared;
+  }
+  // A and B of 7 projections in 2 layers; or every weight of the model.
+  if (c.lora)
+    EXPECT_EQ(compared, 2 * 2 * 7);
+  else
+    EXPECT_EQ(compared, 2 * 9 + 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    LossTypes, CpoParity,
+    ::testing::Values(CpoCase{"sigmoid", "sigmoid", 0.1, 0.0, 1.0, 0.5, true},
+                      CpoCase{"simpo", "simpo", 2.0, 0.0, 0.0, 0.5, true},
+                      CpoCase{"simpo_nll_smoothed", "simpo", 2.0, 0.1, 1.0, 1.0, true},
+                      CpoCase{"hinge", "hinge", 0.5, 0.0, 1.0, 0.5, true},
+                      CpoCase{"ipo", "ipo", 0.1, 0.0, 0.5, 0.5, true},
+                      CpoCase{"sigmoid_full", "sigmoid", 0.1, 0.0, 1.0, 0.5, false},
+                      CpoCase{"simpo_full", "simpo", 2.0, 0.0, 0.0, 0.5, false}),
+    [](const auto& info) { return std::string(info.param.name); });
+
 }  // namespace
 }  // namespace tightfit
 

@@ -77,6 +77,64 @@ TEST_F(PreferenceData, IdsAndSequencesEqualTrlsDpoTrainer) {
   }
 }
 
+// Tokenized jointly (a schedule's preference_tokenization = "joint"), every
+// row form with TRL's CPOTrainer defaults and short limits in both
+// truncation modes: each side's ids and trained tokens (labels not -100)
+// equal those of CPOTrainer's prepared dataset, BOS and all.
+TEST_F(PreferenceData, JointIdsEqualTrlsCpoTrainer) {
+  auto tok = BpeTokenizer::load(dir_->str());
+  const ChatFormatter chat(*tok, TokenizerConfig::load(dir_->str()), TrainOn::kCompletion);
+  std::ifstream in(dir_->str() + "/expected_joint.json");
+  const ojson expected = ojson::parse(in);
+  ASSERT_EQ(expected.size(), 3u);
+  for (const auto& [name, want] : expected.items()) {
+    PreferenceOptions options = options_of(want["options"]);
+    options.joint = true;
+    const PreferenceFormatter formatter(chat, options);
+    const std::vector<Example> seq =
+        load_preference_examples(dir_->str() + "/rows.jsonl", formatter);
+    ASSERT_EQ(seq.size(), 2 * want["rows"].size()) << name;
+    for (size_t i = 0; i < want["rows"].size(); ++i) {
+      const ojson& w = want["rows"][i];
+      ASSERT_FALSE(w.contains("error")) << name << " row " << i << ": " << w.dump();
+      for (const char* side : {"chosen", "rejected"}) {
+        const Example& e = seq[2 * i + (std::string(side) == "rejected" ? 1 : 0)];
+        EXPECT_EQ(e.ids, w[std::string(side) + "_input_ids"].get<std::vector<int64_t>>())
+            << name << " row " << i << " " << side;
+        std::vector<uint8_t> trained;
+        for (const auto& label : w[std::string(side) + "_labels"])
+          trained.push_back(label.get<int64_t>() != -100 ? 1 : 0);
+        EXPECT_EQ(e.trained, trained) << name << " row " << i << " " << side;
+      }
+    }
+  }
+}
+
+// Joint tokenization that TRL would cut to nothing, or that merges more than
+// the prompt's last token, is refused by file:line.
+TEST_F(PreferenceData, JointRowsThatCannotBeCutAreRefused) {
+  auto tok = BpeTokenizer::load(dir_->str());
+  const ChatFormatter chat(*tok, TokenizerConfig::load(dir_->str()), TrainOn::kCompletion);
+  PreferenceOptions options;
+  options.joint = true;
+  options.max_length = 8;
+  options.max_prompt_length = 8;  // no room left for the answers
+  const PreferenceFormatter formatter(chat, options);
+  const ojson row = ojson::parse(
+      R"({"prompt": "The sky is very very blue", "chosen": " blue", "rejected": " green"})");
+  try {
+    formatter.format(row, "rows.jsonl:3");
+    ADD_FAILURE() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("rows.jsonl:3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("max_prompt_length below max_length"), std::string::npos)
+        << e.what();
+  }
+  options.max_prompt_length = 4;
+  const PreferencePair p = PreferenceFormatter(chat, options).format(row, "rows.jsonl:3");
+  EXPECT_LE(p.chosen_prompt.size() + p.chosen.size(), 8u);
+}
+
 // The trained tokens are the completion's, wherever max_length cuts.
 TEST(PreferenceSequence, TrainsTheCompletionAsCut) {
   PreferenceOptions o;

@@ -143,6 +143,21 @@ DataSetup examples(const DataRequest& r, DataSetup d) {
         " tokens of prompt + completion do not fit a row of seq_len = " +
         std::to_string(r.seq_len) + " (inputs) + 1 (the last target): set seq_len = " +
         std::to_string(preference.max_length - 1) + ", or leave max_length out (seq_len + 1)");
+  if (pairs && preference.joint &&
+      (preference.max_prompt_length <= 0 || preference.max_prompt_length >= preference.max_length))
+    throw std::invalid_argument(
+        "max_prompt_length = " + std::to_string(preference.max_prompt_length) +
+        " is not below max_length = " + std::to_string(preference.max_length) +
+        (r.preference.max_length == 0 ? " (seq_len + 1)" : "") +
+        ": this schedule tokenizes its rows as TRL's CPOTrainer and ORPOTrainer do, which cut a "
+        "long row's prompt to max_prompt_length and its answers to max_length - "
+        "max_prompt_length (TRL refuses this too); set [data] max_prompt_length below it, e.g. " +
+        std::to_string(std::max<int64_t>(1, preference.max_length / 2)));
+  if (pairs && preference.joint && preference.max_completion_length > 0)
+    throw std::invalid_argument(
+        "max_completion_length = " + std::to_string(preference.max_completion_length) +
+        ": this schedule tokenizes its rows as TRL's CPOTrainer and ORPOTrainer do, which cut "
+        "completions by max_length and max_prompt_length only: leave max_completion_length out");
   if (pairs && r.train_on != "completion")
     throw std::invalid_argument("train_on = \"" + r.train_on +
                                 "\", and preference pairs score their completions only: leave "

@@ -140,6 +140,92 @@ PreferenceFormatter::PreferenceFormatter(const ChatFormatter& chat, PreferenceOp
     : chat_(chat), options_(options) {
   const std::string& eos = chat_.config().eos_token;
   if (!eos.empty()) eos_id_ = chat_.tokenizer().token_id(eos);
+  const std::string& bos = chat_.config().bos_token;
+  if (!bos.empty()) bos_id_ = chat_.tokenizer().token_id(bos);
+}
+
+namespace {
+
+// build_tokenized_answer: prompt + answer tokenized together, split where the
+// prompt's own tokens end — one earlier when the prompt's last token merged
+// with the answer's first (then the merged token is the answer's).
+struct JointSide {
+  std::vector<int64_t> prompt, answer;
+};
+JointSide tokenize_answer(const Tokenizer& tok, const std::string& prompt,
+                          const std::string& answer, const std::string& where, const char* field) {
+  const std::vector<int64_t> full = tok.encode(prompt + answer);
+  const std::vector<int64_t> alone = tok.encode(prompt);
+  if (alone.size() > full.size())
+    throw std::invalid_argument(where + ": \"" + field +
+                                "\": the prompt alone makes more tokens than prompt + answer "
+                                "(TRL's tokenize_row refuses such a row too): check the row");
+  size_t start = alone.size();
+  if (!std::equal(alone.begin(), alone.end(), full.begin())) --start;
+  return {std::vector<int64_t>(full.begin(), full.begin() + static_cast<long>(start)),
+          std::vector<int64_t>(full.begin() + static_cast<long>(start), full.end())};
+}
+
+}  // namespace
+
+PreferencePair PreferenceFormatter::tokenize_jointly(const std::string& prompt,
+                                                     const std::string& chosen,
+                                                     const std::string& rejected,
+                                                     const std::string& where) const {
+  const Tokenizer& tok = chat_.tokenizer();
+  JointSide c = tokenize_answer(tok, prompt, chosen, where, "chosen");
+  JointSide r = tokenize_answer(tok, prompt, rejected, where, "rejected");
+  // The two prompts may differ only in a last token that merged.
+  size_t differ = 0;
+  for (size_t i = 0; i < std::min(c.prompt.size(), r.prompt.size()); ++i)
+    differ += c.prompt[i] != r.prompt[i];
+  const size_t longer = std::max(c.prompt.size(), r.prompt.size());
+  if (differ > 1 || longer - std::min(c.prompt.size(), r.prompt.size()) > 1)
+    throw std::invalid_argument(where +
+                                ": the prompt tokenizes differently before \"chosen\" and "
+                                "before \"rejected\" (more than a last merged token; TRL's "
+                                "tokenize_row refuses such a row too): check the row");
+  PreferencePair p;
+  p.prompt = tok.encode(prompt);
+  p.prompt.resize(std::min(c.prompt.size(), r.prompt.size()));
+  // add_bos_token_if_needed, add_eos_token_if_needed.
+  for (auto* ids : {&p.prompt, &c.prompt, &r.prompt})
+    if (bos_id_ >= 0 && (ids->empty() || ids->front() != bos_id_))
+      ids->insert(ids->begin(), bos_id_);
+  for (auto* ids : {&c.answer, &r.answer})
+    if (ids->empty() || ids->back() != eos_id_) ids->push_back(eos_id_);
+  // Too long: the prompts cut to max_prompt_length first, then the answers
+  // to max_length - max_prompt_length (TRL's order, with the longer answer's
+  // length for both sides).
+  const auto longest = static_cast<int64_t>(std::max(c.answer.size(), r.answer.size()));
+  const int64_t max_length = options_.max_length, max_prompt = options_.max_prompt_length;
+  auto too_long = [&](const JointSide& side) {
+    return static_cast<int64_t>(side.prompt.size()) + longest > max_length;
+  };
+  if ((too_long(c) || too_long(r)) && (max_prompt <= 0 || max_prompt >= max_length))
+    throw std::invalid_argument(
+        where + ": prompt + answer make " +
+        std::to_string(std::max(c.prompt.size(), r.prompt.size()) + static_cast<size_t>(longest)) +
+        " tokens, over max_length = " + std::to_string(max_length) +
+        ", and max_prompt_length = " + std::to_string(max_prompt) +
+        " leaves the answers no room (TRL would cut them to max_length - max_prompt_length): "
+        "set [data] max_prompt_length below max_length");
+  for (JointSide* side : {&c, &r})
+    if (too_long(*side) && static_cast<int64_t>(side->prompt.size()) > max_prompt) {
+      const auto cut = static_cast<long>(side->prompt.size() - static_cast<size_t>(max_prompt));
+      if (options_.keep_end)
+        side->prompt.erase(side->prompt.begin(), side->prompt.begin() + cut);
+      else
+        side->prompt.resize(static_cast<size_t>(max_prompt));
+    }
+  for (JointSide* side : {&c, &r})
+    if (too_long(*side) && static_cast<int64_t>(side->answer.size()) > max_length - max_prompt)
+      side->answer.resize(static_cast<size_t>(max_length - max_prompt));
+  p.chosen = std::move(c.answer);
+  p.rejected = std::move(r.answer);
+  p.chosen_prompt = std::move(c.prompt);
+  p.rejected_prompt = std::move(r.prompt);
+  return p;
 }
 
 PreferencePair PreferenceFormatter::format(const ojson& row, const std::string& where) const {
@@ -199,6 +285,7 @@ PreferencePair PreferenceFormatter::format(const ojson& row, const std::string& 
     chosen_text = need_text(s.chosen, where, "chosen");
     rejected_text = need_text(s.rejected, where, "rejected");
   }
+  if (options_.joint) return tokenize_jointly(prompt, chosen_text, rejected_text, where);
   // tokenize_row(add_special_tokens = False).
   const Tokenizer& tok = chat_.tokenizer();
   PreferencePair p;
@@ -215,6 +302,7 @@ PreferencePair PreferenceFormatter::format(const ojson& row, const std::string& 
     if (options_.max_completion_length > 0 &&
         static_cast<int64_t>(c->size()) > options_.max_completion_length)
       c->resize(static_cast<size_t>(options_.max_completion_length));
+  p.chosen_prompt = p.rejected_prompt = p.prompt;
   return p;
 }
 
@@ -225,8 +313,8 @@ std::vector<Example> load_preference_examples(const std::string& spec,
   for_each_jsonl_row(spec, base_dir, [&](const ojson& row, const std::string& where) {
     try {
       const PreferencePair p = formatter.format(row, where);
-      out.push_back(preference_sequence(p.prompt, p.chosen, formatter.options()));
-      out.push_back(preference_sequence(p.prompt, p.rejected, formatter.options()));
+      out.push_back(preference_sequence(p.chosen_prompt, p.chosen, formatter.options()));
+      out.push_back(preference_sequence(p.rejected_prompt, p.rejected, formatter.options()));
     } catch (const DataOutOfMemory& e) {
       throw DataOutOfMemory(where + ": " + e.what());
     } catch (const std::bad_alloc&) {

@@ -26,12 +26,19 @@ struct PreferenceOptions {
   int64_t max_completion_length = 0;  // each completion's first tokens are kept
   int64_t max_length = 1024;          // prompt + completion
   bool keep_end = true;               // truncation_mode: "keep_end" or "keep_start"
+  // Tokenized as TRL's CPOTrainer and ORPOTrainer do (a schedule's
+  // preference_tokenization = "joint"): prompt + completion together, the
+  // tokenizer's BOS before the prompt, their truncation; false: DPOTrainer's.
+  bool joint = false;
 };
 
 // TRL's prompt_input_ids, chosen_input_ids and rejected_input_ids (each
-// completion ends with EOS).
+// completion ends with EOS). Tokenized jointly, each completion has its own
+// prompt (the prompt's last token may merge into the completion's first):
+// chosen_prompt and rejected_prompt; otherwise both equal `prompt`.
 struct PreferencePair {
   std::vector<int64_t> prompt, chosen, rejected;
+  std::vector<int64_t> chosen_prompt, rejected_prompt;
 };
 
 // prompt + completion cut to options.max_length as TRL's concatenated_forward
@@ -53,9 +60,14 @@ class PreferenceFormatter {
   const PreferenceOptions& options() const { return options_; }
 
  private:
+  // TRL's CPOTrainer/ORPOTrainer tokenize_row on the rendered texts.
+  PreferencePair tokenize_jointly(const std::string& prompt, const std::string& chosen,
+                                  const std::string& rejected, const std::string& where) const;
+
   const ChatFormatter& chat_;
   PreferenceOptions options_;
   int64_t eos_id_ = -1;
+  int64_t bos_id_ = -1;  // -1: the tokenizer names none (no BOS is added)
 };
 
 // Reads preference rows as load_examples reads rows: each pair as two

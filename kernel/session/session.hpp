@@ -195,7 +195,11 @@ class Session {
   std::optional<DistEnv> set_up_device_and_ranks();
   void set_up_data(const std::string& base_dir, int64_t world_size);
   void set_up_run_folder(const std::optional<DistEnv>& dist);
-  void create_model(const PluginRegistry& base_registry, const std::string& base_dir);
+  void set_up_registry(const PluginRegistry& base_registry, const std::string& base_dir);
+  std::string schedule_name() const;
+  bool schedule_tokenizes_jointly() const;
+  std::string pinned_sha256(const toml::table* table) const;
+  void create_model(const std::string& base_dir);
   void create_strategies();
   void check_strategy_setup(size_t i, tf_status st, const char* what);
   void create_optimizer_and_schedule();

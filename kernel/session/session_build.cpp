@@ -52,23 +52,28 @@ void check_head_projection(const StageState& head, ParamStore& store,
 
 }  // namespace
 
+// "sha256" in any plugin table pins the plugin's file: checked on the
+// bytes that are loaded, before any of their code runs in this process.
+// Lower-case hex, or "" when the table pins nothing.
+std::string Session::pinned_sha256(const toml::table* table) const {
+  const toml::node* pin = table ? table->get("sha256") : nullptr;
+  if (!pin) return "";
+  const std::optional<std::string> want = pin->value<std::string>();
+  if (!want || want->size() != 64 ||
+      want->find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+    throw RecipeError(recipe_.where(*pin) +
+                      ": sha256 must be the 64 hex digits of the plugin file's SHA-256 "
+                      "(`tightfit plugins check FILE` prints it)");
+  std::string pinned = *want;
+  for (char& c : pinned) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return pinned;
+}
+
 PluginInstance Session::make_instance(const std::string& name, tf_plugin_kind kind,
                                       const toml::table* table, const std::string& role,
                                       const std::string& where_plugin) {
-  // "sha256" in any plugin table pins the plugin's file: checked on the
-  // bytes that are loaded, before any of their code runs in this process.
-  std::string pinned;
+  const std::string pinned = pinned_sha256(table);
   const toml::node* pin = table ? table->get("sha256") : nullptr;
-  if (pin) {
-    const std::optional<std::string> want = pin->value<std::string>();
-    if (!want || want->size() != 64 ||
-        want->find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
-      throw RecipeError(recipe_.where(*pin) +
-                        ": sha256 must be the 64 hex digits of the plugin file's SHA-256 "
-                        "(`tightfit plugins check FILE` prints it)");
-    pinned = *want;
-    for (char& c : pinned) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  }
   const LoadedPlugin* found = nullptr;
   try {
     found = &plugins_.registry.find(name, kind, pinned);
@@ -128,9 +133,10 @@ void Session::build(const PluginRegistry& base_registry) {
   const std::optional<DistEnv> dist = set_up_device_and_ranks();
   const std::string base_dir = fs::path(recipe_.source()).parent_path().string();
   weights_base_dir_ = base_dir;
+  set_up_registry(base_registry, base_dir);
   set_up_data(base_dir, dist ? dist->world_size : 1);
   set_up_run_folder(dist);
-  create_model(base_registry, base_dir);
+  create_model(base_dir);
   create_strategies();
   create_optimizer_and_schedule();
   if (options_.on_composed) options_.on_composed(*this);
@@ -256,6 +262,7 @@ void Session::set_up_data(const std::string& base_dir, int64_t world_size) {
     req.preference.max_completion_length = env_.config.data.max_completion_length;
     req.preference.max_length = env_.config.data.max_length;
     req.preference.keep_end = env_.config.data.truncation_mode == "keep_end";
+    req.preference.joint = schedule_tokenizes_jointly();
     req.seq_len = env_.config.data.seq_len;
     req.batch_size = env_.config.data.batch_size;
     req.world_size = world_size;
@@ -332,10 +339,9 @@ void Session::set_up_run_folder(const std::optional<DistEnv>& dist) {
   env_.run_info.model_source = env_.model_source.c_str();
 }
 
-// The registry (with the recipe's plugin paths) and the model, declared.
-void Session::create_model(const PluginRegistry& base_registry, const std::string& base_dir) {
-  // Plugins: the recipe's own paths add to the installed ones (a name taken
-  // twice is a conflict the registry reports when the name is used).
+// The registry: the recipe's own plugin paths add to the installed ones (a
+// name taken twice is a conflict the registry reports when the name is used).
+void Session::set_up_registry(const PluginRegistry& base_registry, const std::string& base_dir) {
   plugins_.registry = base_registry;
   PluginRegistry& registry = plugins_.registry;
   for (const auto& p : env_.config.run.plugin_paths) {
@@ -344,7 +350,41 @@ void Session::create_model(const PluginRegistry& base_registry, const std::strin
     registry.add_path(path.string(), "recipe");
   }
   for (const auto& prob : registry.problems()) log_message(TF_LOG_DEBUG, prob);
+}
 
+// The recipe's schedule as [schedule] plugin names it ("standard" when none).
+std::string Session::schedule_name() const {
+  const toml::table* sched_table = recipe_.table("schedule");
+  return sched_table && sched_table->contains("plugin")
+             ? recipe_.required_string(sched_table, "schedule", "plugin")
+             : "standard";
+}
+
+// How the recipe's schedule tokenizes preference rows (its vtable's
+// preference_tokenization), read before the schedule is made: the data
+// comes first. A schedule the registry cannot give is reported when it is
+// made; until then its rows are read as DPO's.
+bool Session::schedule_tokenizes_jointly() const {
+  const std::string name = schedule_name();
+  const tf_schedule_vtable* vt = nullptr;
+  try {
+    vt = plugins_.registry.find(name, TF_PLUGIN_SCHEDULE, pinned_sha256(recipe_.table("schedule")))
+             .schedule();
+  } catch (const std::exception&) {
+    return false;
+  }
+  if (!vt || !vt->preference_tokenization) return false;
+  const std::string how = vt->preference_tokenization;
+  if (how == "joint") return true;
+  if (how == "dpo") return false;
+  throw RecipeError(recipe_.source() + ": schedule plugin \"" + name +
+                    "\" asks for preference_tokenization \"" + how +
+                    "\", which this host does not know (\"dpo\" or \"joint\"): update tightfit or "
+                    "the plugin");
+}
+
+// The model, declared.
+void Session::create_model(const std::string& base_dir) {
   const toml::table* model_table = recipe_.table("model");
   const std::string model_name = recipe_.required_string(model_table, "model", "plugin");
   plugins_.model = make_instance(model_name, TF_PLUGIN_MODEL, model_table, "model",
@@ -418,9 +458,7 @@ void Session::check_strategy_setup(size_t i, tf_status st, const char* what) {
 void Session::create_optimizer_and_schedule() {
   update_.create_optimizer(env_.config.optimizer);
   const toml::table* sched_table = recipe_.table("schedule");
-  const std::string sched_name = sched_table && sched_table->contains("plugin")
-                                     ? recipe_.required_string(sched_table, "schedule", "plugin")
-                                     : "standard";
+  const std::string sched_name = schedule_name();
   plugins_.schedule = make_instance(sched_name, TF_PLUGIN_SCHEDULE, sched_table, "schedule",
                                     sched_table && sched_table->get("plugin")
                                         ? recipe_.where(*sched_table->get("plugin"))

@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 10
+#define TF_ABI_VERSION_MINOR 11
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -976,7 +976,14 @@ typedef struct tf_schedule_vtable {
    * not reported for preference pairs (a schedule that takes them sets it). */
   tf_status (*eval_batch)(void* state, tf_host_context* ctx, const tf_batch* batch,
                           tf_pass_result* out);
-  void* reserved[7];
+  /* Added in 1.11 (a reserved slot): how preference rows become tokens for
+   * this schedule. NULL or "dpo": as TRL's DPOTrainer (prompt and each
+   * completion tokenized apart, EOS after each completion); "joint": as TRL's
+   * CPOTrainer and ORPOTrainer (prompt + completion tokenized together, the
+   * tokenizer's BOS before the prompt, EOS after the completion, their
+   * truncation). The host refuses any other value by name. */
+  const char* preference_tokenization;
+  void* reserved[6];
 } tf_schedule_vtable;
 
 /* ------------------------------------------------------------------------- */

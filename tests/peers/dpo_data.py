@@ -2,12 +2,16 @@
 rows (maybe_extract_prompt, maybe_apply_chat_template, tokenize_row) and its
 concatenated_forward cuts each side to max_length; the prompt, chosen and
 rejected ids and the sequences the model is given are written beside the
-rows tightfit reads itself.
+rows tightfit reads itself. Then the same rows as TRL's CPOTrainer tokenizes
+them (prompt + answer together, BOS, its truncation; ORPOTrainer's
+tokenize_row is the same code).
 
-Writes OUT/tokenizer.json, OUT/tokenizer_config.json, OUT/rows.jsonl and
+Writes OUT/tokenizer.json, OUT/tokenizer_config.json, OUT/rows.jsonl,
 OUT/expected.json: {config name: {"options", "pairs": [{prompt_input_ids,
 chosen_input_ids, rejected_input_ids}], "sequences": [[chosen ids, rejected
-ids]]}}.
+ids]]}}, and OUT/expected_joint.json: {config name: {"options", "rows":
+[{chosen_input_ids, chosen_labels, rejected_input_ids, rejected_labels} or
+{"error": TRL's message}]}}.
 usage: dpo_data.py OUT_DIR
 """
 import json
@@ -19,7 +23,7 @@ import tempfile
 import torch
 from datasets import Dataset, disable_progress_bars
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-from trl import DPOConfig, DPOTrainer
+from trl import CPOConfig, CPOTrainer, DPOConfig, DPOTrainer
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from chat_template_parity import tokenizer  # noqa: E402
@@ -60,6 +64,30 @@ CONFIGS = {
     "short_keep_start": {"max_prompt_length": 20, "max_completion_length": None, "max_length": 9,
                          "truncation_mode": "keep_start"},
 }
+
+JOINT_CONFIGS = {
+    "cpo_defaults": {},
+    "cpo_short_keep_end": {"max_prompt_length": 5, "max_length": 12, "truncation_mode": "keep_end"},
+    "cpo_short_keep_start": {"max_prompt_length": 4, "max_length": 10, "truncation_mode": "keep_start"},
+}
+
+
+def run_joint(tok, model, options):
+    rows = []
+    for row in ROWS:
+        with tempfile.TemporaryDirectory() as tmp:
+            args = CPOConfig(output_dir=tmp, report_to="none", bf16=False, use_cpu=True,
+                             per_device_train_batch_size=1, dataset_num_proc=None, **options)
+            try:
+                trainer = CPOTrainer(model=model, args=args, train_dataset=Dataset.from_list([row]),
+                                     processing_class=tok)
+            except ValueError as e:
+                rows.append({"error": str(e)})
+                continue
+            r = trainer.train_dataset[0]
+            rows.append({k: r[k] for k in ("chosen_input_ids", "chosen_labels", "rejected_input_ids",
+                                           "rejected_labels")})
+    return {"rows": rows}
 
 
 def run(tok, model, options):
@@ -110,6 +138,14 @@ def main(out: pathlib.Path) -> None:
                                       "max_length": args.max_length or 0,
                                       "keep_end": args.truncation_mode == "keep_end"},
                           **run(tok, model, options)}
+    joint = {}
+    for name, options in JOINT_CONFIGS.items():
+        args = CPOConfig(output_dir=str(out / "unused"), bf16=False, use_cpu=True, **options)
+        joint[name] = {"options": {"max_prompt_length": args.max_prompt_length, "max_completion_length": 0,
+                                   "max_length": args.max_length,
+                                   "keep_end": args.truncation_mode == "keep_end"},
+                       **run_joint(tok, model, options)}
+    (out / "expected_joint.json").write_text(json.dumps(joint))
     with open(out / "rows.jsonl", "w") as f:
         for row in ROWS:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")

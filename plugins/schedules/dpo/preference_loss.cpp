@@ -38,4 +38,37 @@ DpoResult dpo_loss(const PairLogps& policy, const PairLogps& reference, const Dp
   return r;
 }
 
+bool averages_logps(const CpoOptions& o) {
+  return o.loss_type == "ipo" || o.loss_type == "simpo";
+}
+
+CpoResult cpo_loss(const at::Tensor& rows, const at::Tensor& counts, int64_t pairs,
+                   const CpoOptions& o) {
+  CpoResult r;
+  const PairLogps sums = split_pairs(rows, pairs);
+  r.used = averages_logps(o) ? split_pairs(rows / counts.to(at::kFloat), pairs) : sums;
+  at::Tensor logits = r.used.chosen - r.used.rejected;
+  at::Tensor losses;
+  if (o.loss_type == "sigmoid" || o.loss_type == "simpo") {
+    if (o.loss_type == "simpo") logits = logits - o.simpo_gamma / o.beta;
+    losses = -at::log_sigmoid(o.beta * logits) * (1 - o.label_smoothing) -
+             at::log_sigmoid(-o.beta * logits) * o.label_smoothing;
+  } else if (o.loss_type == "hinge") {
+    losses = at::relu(1 - o.beta * logits);
+  } else if (o.loss_type == "ipo") {
+    losses = (logits - 1 / (2 * o.beta)).pow(2);
+  } else {
+    throw std::invalid_argument("loss_type \"" + o.loss_type + "\": sigmoid, hinge, ipo or simpo");
+  }
+  // nn.CrossEntropyLoss over the chosen rows' completion tokens: the mean
+  // over all of them, not a mean of per-row means.
+  const at::Tensor nll = -sums.chosen.sum() / counts.narrow(0, 0, pairs).sum().to(at::kFloat);
+  r.loss = losses.mean();
+  if (o.cpo_alpha != 0) r.loss = r.loss + o.cpo_alpha * nll;
+  r.nll = (o.cpo_alpha != 0 ? nll : at::zeros_like(nll)).detach();
+  r.chosen_rewards = (o.beta * r.used.chosen).detach();
+  r.rejected_rewards = (o.beta * r.used.rejected).detach();
+  return r;
+}
+
 }  // namespace tf_preference
