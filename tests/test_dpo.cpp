@@ -510,3 +510,95 @@ TEST_F(DpoRecipes, PlannedPeakIsWithinTenPercentOfTheMeasuredPeak) {
 
 }  // namespace
 }  // namespace tightfit
+
+namespace tightfit {
+namespace {
+
+// The cpo schedule in recipes: what it cannot do is refused by name; it
+// trains a whole model (no reference needed), evaluates, resumes exactly
+// and is planned within the others' 10%.
+class CpoRecipes : public DpoRecipes {
+ protected:
+  static constexpr const char* kCpo = "plugin = \"cpo\"\n";
+  static constexpr const char* kPromptLimit = "max_prompt_length = 32\n";
+};
+
+TEST_F(CpoRecipes, RecipesThatCannotWorkAreRefusedByName) {
+  test::TempDir d;
+  const std::pair<std::string, std::string> bad[] = {
+      {"", "max_prompt_length = 512 is not below max_length = 97 (seq_len + 1)"},
+      {std::string(kPromptLimit) + "max_completion_length = 5\n",
+       "leave max_completion_length out"},
+  };
+  for (const auto& [extra, message] : bad) {
+    const std::string e =
+        error_of([&] { test::make_session(recipe(d.str(), rows(), extra, kCpo, "")); });
+    EXPECT_NE(e.find(message), std::string::npos) << extra << ": " << e;
+  }
+  const std::pair<std::string, std::string> bad_keys[] = {
+      {"loss_type = \"sigmoid\"\nsimpo_gamma = 1.0\n", "simpo_gamma applies to loss_type"},
+      {"loss_type = \"hinge\"\nlabel_smoothing = 0.1\n", "label_smoothing applies to loss_type"},
+  };
+  for (const auto& [keys, message] : bad_keys) {
+    const std::string e = error_of([&] {
+      test::make_session(recipe(d.str(), rows(), kPromptLimit, std::string(kCpo) + keys, ""));
+    });
+    EXPECT_NE(e.find(message), std::string::npos) << keys << ": " << e;
+  }
+}
+
+TEST_F(CpoRecipes, TrainsAWholeModelEvaluatesAndResumesExactly) {
+  test::TempDir d;
+  auto run = [&](const std::string& out, bool resume, int64_t stop_after) {
+    SessionOptions o;
+    o.resume = resume;
+    o.stop_after_steps = stop_after;
+    return test::make_session(recipe(out, rows(), kPromptLimit,
+                                     std::string(kCpo) + "loss_type = \"simpo\"\n", "", 8),
+                              o)
+        ->train();
+  };
+  const TrainSummary full = run(d.str() + "/a", false, -1);
+  ASSERT_EQ(full.losses.size(), 8u);
+  EXPECT_LT(full.losses.back(), full.losses.front());
+  EXPECT_TRUE(std::isfinite(full.val_loss));
+  std::ifstream metrics(full.metrics_path);
+  std::string line;
+  std::getline(metrics, line);
+  const auto first = nlohmann::json::parse(line);
+  EXPECT_EQ(first["phase"], "cpo");
+  EXPECT_TRUE(first.contains("cpo.rewards/margins")) << line;
+  EXPECT_GT(first["cpo.nll_loss"].get<double>(), 0.0) << line;  // cpo_alpha = 1, TRL's default
+  run(d.str() + "/b", false, 4);
+  const TrainSummary second = run(d.str() + "/b", true, -1);
+  ASSERT_EQ(second.losses.size(), 4u);
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_EQ(second.losses[i], full.losses[4 + i]) << "step " << 4 + i;
+}
+
+// With LoRA, within the others' 10%. As a full fine-tune the plan models
+// the plain pass's backward, where every gradient and most activations are
+// alive at once; the weighted backward of sequence_logps peaked lower
+// (+20% measured, 2026-11-28), so there it is an upper bound: never under.
+TEST_F(CpoRecipes, PlannedPeakIsWithinTenPercentOfTheMeasuredPeak) {
+  for (const bool lora : {true, false}) {
+    test::TempDir d;
+    const std::string text = recipe(
+        d.str(), rows(), kPromptLimit, kCpo, lora ? kLora : "", 4,
+        "n_layer = 4\nn_embd = 256\nn_head = 4\nn_kv_head = 2\nintermediate_size = 688\n", 61);
+    const MemoryPlan plan = test::plan_of(text);
+    EXPECT_TRUE(plan.unestimated.empty());
+    const TrainSummary sum = test::make_session(text)->train();
+    const int64_t measured = sum.memory.total_peak - sum.memory.peak[TF_MEM_OTHER];
+    const double off = test::relative(plan.tracked_peak, measured);
+    std::cout << "cpo" << (lora ? " + lora" : "") << ": planned " << format_bytes(plan.tracked_peak)
+              << ", measured " << format_bytes(measured) << "\n";
+    if (lora)
+      EXPECT_LE(std::abs(off), 0.10);
+    else
+      EXPECT_TRUE(off >= 0 && off <= 0.25) << off;
+  }
+}
+
+}  // namespace
+}  // namespace tightfit
