@@ -547,6 +547,19 @@ TEST_F(CpoRecipes, RecipesThatCannotWorkAreRefusedByName) {
   }
 }
 
+// A schedule asking for a tokenization this host does not know is refused
+// by name before a row is read (never read as DPO's rows).
+TEST_F(CpoRecipes, AnUnknownPreferenceTokenizationIsRefusedByName) {
+  test::TempDir d;
+  std::string text =
+      recipe(d.str(), rows(), "", "plugin = \"unknown_tokenization_schedule\"\n", "");
+  text.replace(
+      text.find("[run]\n"), 6,
+      "[run]\nplugin_paths = [\"" + std::string(TIGHTFIT_FIXTURE_DIR) + "/tokenization\"]\n");
+  const std::string e = error_of([&] { test::make_session(text); });
+  EXPECT_NE(e.find("asks for preference_tokenization \"kto-v9\""), std::string::npos) << e;
+}
+
 TEST_F(CpoRecipes, TrainsAWholeModelEvaluatesAndResumesExactly) {
   test::TempDir d;
   auto run = [&](const std::string& out, bool resume, int64_t stop_after) {
