@@ -535,6 +535,10 @@ TEST_F(CpoRecipes, RecipesThatCannotWorkAreRefusedByName) {
         error_of([&] { test::make_session(recipe(d.str(), rows(), extra, kCpo, "")); });
     EXPECT_NE(e.find(message), std::string::npos) << extra << ": " << e;
   }
+  // Checked before a row is read: `plan` (a dry run) refuses it too.
+  const std::string planned =
+      error_of([&] { test::plan_of(recipe(d.str(), rows(), "", kCpo, "")); });
+  EXPECT_NE(planned.find("is not below max_length"), std::string::npos) << planned;
   const std::pair<std::string, std::string> bad_keys[] = {
       {"loss_type = \"sigmoid\"\nsimpo_gamma = 1.0\n", "simpo_gamma applies to loss_type"},
       {"loss_type = \"hinge\"\nlabel_smoothing = 0.1\n", "label_smoothing applies to loss_type"},

@@ -1,11 +1,13 @@
 // The plugin SDK as an outside project sees it: install tightfit to a
-// temporary prefix, build examples/third-party-strategy against that prefix
-// alone (find_package(tightfit), tightfit_add_plugin), and run its recipe with
+// temporary prefix, build examples/third-party-strategy and
+// examples/preference-schedule against that prefix alone
+// (find_package(tightfit), tightfit_add_plugin), and run their recipes with
 // the installed host.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include "test_support.hpp"
@@ -46,36 +48,60 @@ RunMetrics metrics_of(const fs::path& out_dir) {
   return m;
 }
 
-TEST(SdkInstall, OutOfTreePluginBuildsAgainstTheInstalledSdkAndRuns) {
+// tightfit installed once for the suite, in a temporary prefix.
+class SdkInstall : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir();
+    install_rc_ =
+        test::run_command(std::string(TIGHTFIT_CMAKE) + " --install " + quoted(TIGHTFIT_BUILD_DIR) +
+                              " --prefix " + quoted(prefix()),
+                          &install_out_);
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  void SetUp() override { ASSERT_EQ(install_rc_, 0) << install_out_; }
+  static fs::path prefix() { return dir_->path() / "prefix"; }
+  static std::string host() { return (prefix() / "bin" / "tightfit").string(); }
+  // Configures and builds examples/NAME with the installed prefix only:
+  // nothing of this tree is on the paths. Returns the build folder.
+  static fs::path build_example(const std::string& name, std::string* out) {
+    const fs::path example = fs::path(TIGHTFIT_SOURCE_DIR) / "examples" / name;
+    const fs::path build = dir_->path() / (name + "-build");
+    if (test::run_command(std::string(TIGHTFIT_CMAKE) + " -S " + quoted(example) + " -B " +
+                              quoted(build) + " -G " + quoted(TIGHTFIT_CMAKE_GENERATOR) +
+                              " -DCMAKE_PREFIX_PATH=" + quoted(prefix()) +
+                              " -DCMAKE_BUILD_TYPE=RelWithDebInfo",
+                          out) != 0)
+      return {};
+    if (test::run_command(std::string(TIGHTFIT_CMAKE) + " --build " + quoted(build), out) != 0)
+      return {};
+    return build;
+  }
+  static test::TempDir* dir_;
+  static int install_rc_;
+  static std::string install_out_;
+};
+test::TempDir* SdkInstall::dir_ = nullptr;
+int SdkInstall::install_rc_ = -1;
+std::string SdkInstall::install_out_;
+
+TEST_F(SdkInstall, OutOfTreePluginBuildsAgainstTheInstalledSdkAndRuns) {
   test::TempDir dir;
-  const fs::path prefix = dir.path() / "prefix", build = dir.path() / "example-build";
+  const fs::path prefix = SdkInstall::prefix();
   std::string out;
-  ASSERT_EQ(test::run_command(std::string(TIGHTFIT_CMAKE) + " --install " +
-                                  quoted(TIGHTFIT_BUILD_DIR) + " --prefix " + quoted(prefix),
-                              &out),
-            0)
-      << out;
   for (const char* installed :
        {"bin/tightfit", "include/tightfit/plugin_api.h", "include/tightfit/plugin_sdk.hpp",
         "lib/cmake/tightfit/tightfitConfig.cmake", "lib/tightfit/plugins/libtightfit_gpt2.so"})
     EXPECT_TRUE(fs::exists(prefix / installed)) << installed;
 
-  // Configured with the installed prefix only: nothing of this tree is on the paths.
   const fs::path example = fs::path(TIGHTFIT_SOURCE_DIR) / "examples" / "third-party-strategy";
-  ASSERT_EQ(test::run_command(std::string(TIGHTFIT_CMAKE) + " -S " + quoted(example) + " -B " +
-                                  quoted(build) + " -G " + quoted(TIGHTFIT_CMAKE_GENERATOR) +
-                                  " -DCMAKE_PREFIX_PATH=" + quoted(prefix) +
-                                  " -DCMAKE_BUILD_TYPE=RelWithDebInfo",
-                              &out),
-            0)
-      << out;
-  ASSERT_EQ(test::run_command(std::string(TIGHTFIT_CMAKE) + " --build " + quoted(build), &out), 0)
-      << out;
+  const fs::path build = build_example("third-party-strategy", &out);
+  ASSERT_FALSE(build.empty()) << out;
   const fs::path plugin = build / "libtightfit_selective_checkpoint.so";
   ASSERT_TRUE(fs::exists(plugin)) << out;
 
   // The installed host validates it: ABI, LibTorch, hooks.
-  const std::string host = (prefix / "bin" / "tightfit").string();
+  const std::string host = SdkInstall::host();
   ASSERT_EQ(test::run_command(host + " plugins check " + quoted(plugin), &out), 0) << out;
   EXPECT_NE(out.find("ABI " + std::to_string(TF_ABI_VERSION_MAJOR) + "." +
                      std::to_string(TF_ABI_VERSION_MINOR)),
@@ -107,6 +133,41 @@ TEST(SdkInstall, OutOfTreePluginBuildsAgainstTheInstalledSdkAndRuns) {
   ASSERT_EQ(a.losses.size(), 4u);
   EXPECT_EQ(a.losses, b.losses);
   EXPECT_LT(a.peak_activations, 0.5 * b.peak_activations);
+}
+
+// The out-of-tree preference schedule: built against the installed SDK,
+// checked by the installed host, and run on the real SmolLM2 model (which
+// scripts/setup fetches) for four steps: the adapters start at B = 0, so the
+// first loss is APO-zero's 1 - sigmoid(0) + sigmoid(0) = 1, and training
+// moves the held-out loss below it.
+TEST_F(SdkInstall, OutOfTreePreferenceScheduleBuildsAndTrains) {
+  const fs::path example = fs::path(TIGHTFIT_SOURCE_DIR) / "examples" / "preference-schedule";
+  ASSERT_TRUE(fs::is_regular_file(fs::path(TIGHTFIT_SOURCE_DIR) / ".cache" / "models" /
+                                  "SmolLM2-135M-Instruct.Q4_1.gguf"))
+      << "scripts/setup fetches the model";
+  std::string out;
+  const fs::path build = build_example("preference-schedule", &out);
+  ASSERT_FALSE(build.empty()) << out;
+  const fs::path plugin = build / "libtightfit_apo_zero.so";
+  ASSERT_TRUE(fs::exists(plugin)) << out;
+  ASSERT_EQ(test::run_command(host() + " plugins check " + quoted(plugin), &out), 0) << out;
+  EXPECT_NE(out.find("apo_zero"), std::string::npos) << out;
+
+  // The example's recipe from its own folder (its paths are relative to it),
+  // its plugin found through TIGHTFIT_PLUGIN_PATH rather than ./build.
+  test::TempDir runs;
+  const std::string cmd = "TIGHTFIT_PLUGIN_PATH=" + quoted(build) + " " + host() + " run " +
+                          quoted(example / "recipe.toml") +
+                          " --set run.steps=4 --set run.log_every=1 --set optimizer.lr=5e-4 "
+                          "--set 'run.plugin_paths=[]' --set run.out_dir=" +
+                          quoted(runs.path());
+  ASSERT_EQ(test::run_command(cmd, &out), 0) << out;
+  const RunMetrics m = metrics_of(runs.path());
+  ASSERT_EQ(m.losses.size(), 4u) << out;
+  EXPECT_NEAR(std::stod(m.losses[0]), 1.0, 1e-6) << out;
+  std::smatch val;
+  ASSERT_TRUE(std::regex_search(out, val, std::regex("final train, ([0-9.]+) validation"))) << out;
+  EXPECT_LT(std::stod(val[1]), 1.0) << out;
 }
 
 }  // namespace

@@ -121,6 +121,39 @@ DataSetup stream(const DataRequest& r, DataSetup d) {
   return d;
 }
 
+// The preference keys as the rows will be cut, checked before a row is read
+// (a dry run and `plan` refuse them too): max_length 0 is seq_len + 1.
+PreferenceOptions preference_options(const DataRequest& r) {
+  PreferenceOptions preference = r.preference;
+  if (preference.max_length == 0) preference.max_length = r.seq_len + 1;
+  if (preference.max_length > r.seq_len + 1)
+    throw std::invalid_argument(
+        "max_length = " + std::to_string(preference.max_length) +
+        " tokens of prompt + completion do not fit a row of seq_len = " +
+        std::to_string(r.seq_len) + " (inputs) + 1 (the last target): set seq_len = " +
+        std::to_string(preference.max_length - 1) + ", or leave max_length out (seq_len + 1)");
+  if (preference.joint &&
+      (preference.max_prompt_length <= 0 || preference.max_prompt_length >= preference.max_length))
+    throw std::invalid_argument(
+        "max_prompt_length = " + std::to_string(preference.max_prompt_length) +
+        " is not below max_length = " + std::to_string(preference.max_length) +
+        (r.preference.max_length == 0 ? " (seq_len + 1)" : "") +
+        ": this schedule tokenizes its rows as TRL's CPOTrainer and ORPOTrainer do, which cut a "
+        "long row's prompt to max_prompt_length and its answers to max_length - "
+        "max_prompt_length (TRL refuses this too); set [data] max_prompt_length below it, e.g. " +
+        std::to_string(std::max<int64_t>(1, preference.max_length / 2)));
+  if (preference.joint && preference.max_completion_length > 0)
+    throw std::invalid_argument(
+        "max_completion_length = " + std::to_string(preference.max_completion_length) +
+        ": this schedule tokenizes its rows as TRL's CPOTrainer and ORPOTrainer do, which cut "
+        "completions by max_length and max_prompt_length only: leave max_completion_length out");
+  if (r.train_on != "completion")
+    throw std::invalid_argument("train_on = \"" + r.train_on +
+                                "\", and preference pairs score their completions only: leave "
+                                "train_on out");
+  return preference;
+}
+
 DataSetup examples(const DataRequest& r, DataSetup d) {
   // The tokenizer's folder holds its tokenizer_config.json (special tokens, chat template).
   TokenizerConfig config;
@@ -135,33 +168,7 @@ DataSetup examples(const DataRequest& r, DataSetup d) {
                                 r.train_on == "all" ? TrainOn::kAll : TrainOn::kCompletion);
   check_corpus_fits(r, corpus_bytes_on_disk(r.corpus, r.base_dir), "its rows, read whole");
   const bool pairs = d.pairs;
-  PreferenceOptions preference = r.preference;
-  if (preference.max_length == 0) preference.max_length = r.seq_len + 1;
-  if (pairs && preference.max_length > r.seq_len + 1)
-    throw std::invalid_argument(
-        "max_length = " + std::to_string(preference.max_length) +
-        " tokens of prompt + completion do not fit a row of seq_len = " +
-        std::to_string(r.seq_len) + " (inputs) + 1 (the last target): set seq_len = " +
-        std::to_string(preference.max_length - 1) + ", or leave max_length out (seq_len + 1)");
-  if (pairs && preference.joint &&
-      (preference.max_prompt_length <= 0 || preference.max_prompt_length >= preference.max_length))
-    throw std::invalid_argument(
-        "max_prompt_length = " + std::to_string(preference.max_prompt_length) +
-        " is not below max_length = " + std::to_string(preference.max_length) +
-        (r.preference.max_length == 0 ? " (seq_len + 1)" : "") +
-        ": this schedule tokenizes its rows as TRL's CPOTrainer and ORPOTrainer do, which cut a "
-        "long row's prompt to max_prompt_length and its answers to max_length - "
-        "max_prompt_length (TRL refuses this too); set [data] max_prompt_length below it, e.g. " +
-        std::to_string(std::max<int64_t>(1, preference.max_length / 2)));
-  if (pairs && preference.joint && preference.max_completion_length > 0)
-    throw std::invalid_argument(
-        "max_completion_length = " + std::to_string(preference.max_completion_length) +
-        ": this schedule tokenizes its rows as TRL's CPOTrainer and ORPOTrainer do, which cut "
-        "completions by max_length and max_prompt_length only: leave max_completion_length out");
-  if (pairs && r.train_on != "completion")
-    throw std::invalid_argument("train_on = \"" + r.train_on +
-                                "\", and preference pairs score their completions only: leave "
-                                "train_on out");
+  const PreferenceOptions preference = pairs ? preference_options(r) : r.preference;
   const PreferenceFormatter preferences(formatter, preference);
   std::vector<Example> rows = preparing_data(r, "reading the rows", [&] {
     return pairs ? load_preference_examples(r.corpus, preferences, r.base_dir)
@@ -327,6 +334,7 @@ DataSetup setup_data(const DataRequest& r) {
     throw std::invalid_argument(r.preference_keys_set.front() +
                                 " shapes preference rows (chosen/rejected), and corpus \"" +
                                 r.corpus + "\" holds none: leave it out");
+  if (d.pairs) preference_options(r);
   if (!r.read_data) return d;
   return kind == CorpusKind::kText ? stream(r, std::move(d)) : examples(r, std::move(d));
 }
