@@ -1,5 +1,6 @@
 #include "preference_loss.hpp"
 
+#include <optional>
 #include <stdexcept>
 
 namespace tf_preference {
@@ -12,6 +13,23 @@ PairLogps split_pairs(const at::Tensor& rows, int64_t pairs) {
   return {rows.narrow(0, 0, pairs), rows.narrow(0, pairs, pairs)};
 }
 
+namespace {
+
+// The pairwise losses DPOTrainer and CPOTrainer share, of a pair's logits
+// (the margin each trainer defines): sigmoid (with label smoothing), hinge
+// and ipo; nullopt for a loss type that is neither's.
+std::optional<at::Tensor> pair_losses(const std::string& loss_type, const at::Tensor& logits,
+                                      double beta, double label_smoothing) {
+  if (loss_type == "sigmoid")
+    return -at::log_sigmoid(beta * logits) * (1 - label_smoothing) -
+           at::log_sigmoid(-beta * logits) * label_smoothing;
+  if (loss_type == "hinge") return at::relu(1 - beta * logits);
+  if (loss_type == "ipo") return (logits - 1 / (2 * beta)).pow(2);
+  return std::nullopt;
+}
+
+}  // namespace
+
 bool averages_logps(const DpoOptions& o) {
   return o.loss_type == "ipo";
 }
@@ -20,19 +38,12 @@ DpoResult dpo_loss(const PairLogps& policy, const PairLogps& reference, const Dp
   // logits = (pi_c - pi_r) - (ref_c - ref_r), as TRL's reverse-KL path.
   const at::Tensor logratios = policy.chosen - policy.rejected;
   const at::Tensor logits = logratios - (reference.chosen - reference.rejected);
-  at::Tensor losses;
-  if (o.loss_type == "sigmoid") {
-    losses = -at::log_sigmoid(o.beta * logits) * (1 - o.label_smoothing) -
-             at::log_sigmoid(-o.beta * logits) * o.label_smoothing;
-  } else if (o.loss_type == "hinge") {
-    losses = at::relu(1 - o.beta * logits);
-  } else if (o.loss_type == "ipo") {
-    losses = (logits - 1 / (2 * o.beta)).pow(2);
-  } else {
+  const std::optional<at::Tensor> losses =
+      pair_losses(o.loss_type, logits, o.beta, o.label_smoothing);
+  if (!losses)
     throw std::invalid_argument("loss_type \"" + o.loss_type + "\": sigmoid, ipo or hinge");
-  }
   DpoResult r;
-  r.loss = losses.mean();
+  r.loss = losses->mean();
   r.chosen_rewards = (o.beta * (policy.chosen - reference.chosen)).detach();
   r.rejected_rewards = (o.beta * (policy.rejected - reference.rejected)).detach();
   return r;
@@ -47,23 +58,18 @@ CpoResult cpo_loss(const at::Tensor& rows, const at::Tensor& counts, int64_t pai
   CpoResult r;
   const PairLogps sums = split_pairs(rows, pairs);
   r.used = averages_logps(o) ? split_pairs(rows / counts.to(at::kFloat), pairs) : sums;
-  at::Tensor logits = r.used.chosen - r.used.rejected;
-  at::Tensor losses;
-  if (o.loss_type == "sigmoid" || o.loss_type == "simpo") {
-    if (o.loss_type == "simpo") logits = logits - o.simpo_gamma / o.beta;
-    losses = -at::log_sigmoid(o.beta * logits) * (1 - o.label_smoothing) -
-             at::log_sigmoid(-o.beta * logits) * o.label_smoothing;
-  } else if (o.loss_type == "hinge") {
-    losses = at::relu(1 - o.beta * logits);
-  } else if (o.loss_type == "ipo") {
-    losses = (logits - 1 / (2 * o.beta)).pow(2);
-  } else {
+  // SimPO is the sigmoid loss with the target margin taken off the logits.
+  const bool simpo = o.loss_type == "simpo";
+  const at::Tensor logits =
+      r.used.chosen - r.used.rejected - (simpo ? o.simpo_gamma / o.beta : 0.0);
+  const std::optional<at::Tensor> losses =
+      pair_losses(simpo ? "sigmoid" : o.loss_type, logits, o.beta, o.label_smoothing);
+  if (!losses)
     throw std::invalid_argument("loss_type \"" + o.loss_type + "\": sigmoid, hinge, ipo or simpo");
-  }
   // nn.CrossEntropyLoss over the chosen rows' completion tokens: the mean
   // over all of them, not a mean of per-row means.
   const at::Tensor nll = -sums.chosen.sum() / counts.narrow(0, 0, pairs).sum().to(at::kFloat);
-  r.loss = losses.mean();
+  r.loss = losses->mean();
   if (o.cpo_alpha != 0) r.loss = r.loss + o.cpo_alpha * nll;
   r.nll = (o.cpo_alpha != 0 ? nll : at::zeros_like(nll)).detach();
   r.chosen_rewards = (o.beta * r.used.chosen).detach();
