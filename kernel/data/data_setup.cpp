@@ -154,7 +154,8 @@ PreferenceOptions preference_options(const DataRequest& r) {
   return preference;
 }
 
-DataSetup examples(const DataRequest& r, DataSetup d) {
+// `preference`: the checked preference options (preference_options) for pairs.
+DataSetup examples(const DataRequest& r, DataSetup d, const PreferenceOptions& preference) {
   // The tokenizer's folder holds its tokenizer_config.json (special tokens, chat template).
   TokenizerConfig config;
   if (d.tokenizer_spec != "byte")
@@ -168,7 +169,6 @@ DataSetup examples(const DataRequest& r, DataSetup d) {
                                 r.train_on == "all" ? TrainOn::kAll : TrainOn::kCompletion);
   check_corpus_fits(r, corpus_bytes_on_disk(r.corpus, r.base_dir), "its rows, read whole");
   const bool pairs = d.pairs;
-  const PreferenceOptions preference = pairs ? preference_options(r) : r.preference;
   const PreferenceFormatter preferences(formatter, preference);
   std::vector<Example> rows = preparing_data(r, "reading the rows", [&] {
     return pairs ? load_preference_examples(r.corpus, preferences, r.base_dir)
@@ -334,9 +334,10 @@ DataSetup setup_data(const DataRequest& r) {
     throw std::invalid_argument(r.preference_keys_set.front() +
                                 " shapes preference rows (chosen/rejected), and corpus \"" +
                                 r.corpus + "\" holds none: leave it out");
-  if (d.pairs) preference_options(r);
+  const PreferenceOptions preference = d.pairs ? preference_options(r) : r.preference;
   if (!r.read_data) return d;
-  return kind == CorpusKind::kText ? stream(r, std::move(d)) : examples(r, std::move(d));
+  return kind == CorpusKind::kText ? stream(r, std::move(d))
+                                   : examples(r, std::move(d), preference);
 }
 
 }  // namespace tightfit

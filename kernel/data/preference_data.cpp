@@ -153,9 +153,9 @@ struct JointSide {
   std::vector<int64_t> prompt, answer;
 };
 JointSide tokenize_answer(const Tokenizer& tok, const std::string& prompt,
-                          const std::string& answer, const std::string& where, const char* field) {
+                          const std::vector<int64_t>& alone, const std::string& answer,
+                          const std::string& where, const char* field) {
   const std::vector<int64_t> full = tok.encode(prompt + answer);
-  const std::vector<int64_t> alone = tok.encode(prompt);
   if (alone.size() > full.size())
     throw std::invalid_argument(where + ": \"" + field +
                                 "\": the prompt alone makes more tokens than prompt + answer "
@@ -173,8 +173,11 @@ PreferencePair PreferenceFormatter::tokenize_jointly(const std::string& prompt,
                                                      const std::string& rejected,
                                                      const std::string& where) const {
   const Tokenizer& tok = chat_.tokenizer();
-  JointSide c = tokenize_answer(tok, prompt, chosen, where, "chosen");
-  JointSide r = tokenize_answer(tok, prompt, rejected, where, "rejected");
+  // The prompt's own tokens, once for both sides.
+  PreferencePair p;
+  p.prompt = tok.encode(prompt);
+  JointSide c = tokenize_answer(tok, prompt, p.prompt, chosen, where, "chosen");
+  JointSide r = tokenize_answer(tok, prompt, p.prompt, rejected, where, "rejected");
   // The two prompts may differ only in a last token that merged.
   size_t differ = 0;
   for (size_t i = 0; i < std::min(c.prompt.size(), r.prompt.size()); ++i)
@@ -185,8 +188,6 @@ PreferencePair PreferenceFormatter::tokenize_jointly(const std::string& prompt,
                                 ": the prompt tokenizes differently before \"chosen\" and "
                                 "before \"rejected\" (more than a last merged token; TRL's "
                                 "tokenize_row refuses such a row too): check the row");
-  PreferencePair p;
-  p.prompt = tok.encode(prompt);
   p.prompt.resize(std::min(c.prompt.size(), r.prompt.size()));
   // add_bos_token_if_needed, add_eos_token_if_needed.
   for (auto* ids : {&p.prompt, &c.prompt, &r.prompt})
