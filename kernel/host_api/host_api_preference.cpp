@@ -1,5 +1,5 @@
-// Host services for preference training: sequence log-probabilities (and the
-// backward of a weighted sum of them), and the strategies' adapters off and on
+// Host services for preference training: sequence and token log-probabilities
+// (and the backward of a weighted sum of them), and the strategies' adapters off and on
 // for a reference model without a second copy.
 #include "host_api_services.hpp"
 #include "plugin_hooks.hpp"
@@ -19,6 +19,21 @@ tf_status h_sequence_logps(tf_host_context* ctx, const tf_batch* in, tf_tensor g
         grad_weights ? handle_tensor(grad_weights) : at::Tensor());
     if (out_logps) *out_logps = give_handle(r.logps);
     if (out_counts) *out_counts = give_handle(r.counts);
+  });
+}
+
+tf_status h_token_logps(tf_host_context* ctx, const tf_batch* in, tf_tensor grad_weights,
+                        tf_tensor* out_logps) {
+  return serve(ctx, [&] {
+    const tf_batch b = read_struct(in);
+    require(b.tokens, "tf_batch.tokens");
+    require(b.targets, "tf_batch.targets");
+    require(out_logps, "out_logps");
+    const Executor::TokenLogps r = ctx->kernel->executor->token_logps(
+        handle_tensor(b.tokens), handle_tensor(b.targets),
+        b.positions ? handle_tensor(b.positions) : at::Tensor(),
+        grad_weights ? handle_tensor(grad_weights) : at::Tensor());
+    *out_logps = give_handle(r.logps);
   });
 }
 

@@ -104,6 +104,15 @@ class Executor {
   };
   SequenceLogps sequence_logps(const at::Tensor& tokens, const at::Tensor& targets,
                                const at::Tensor& positions, const at::Tensor& grad_weights);
+  // Each target's log-probability (fp32 [B, T] on the CPU, 0 where ignored),
+  // and with `grad_weights` ([B, T]) the backward of their weighted sum: the
+  // per-token form of sequence_logps (ORPO's NLL over every token).
+  struct TokenLogps {
+    at::Tensor logps;
+    bool finite = true;
+  };
+  TokenLogps token_logps(const at::Tensor& tokens, const at::Tensor& targets,
+                         const at::Tensor& positions, const at::Tensor& grad_weights);
   at::Tensor run_stage(int32_t stage, const at::Tensor& input, bool training, bool recompute);
   void raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin);
   // Activation offload of a recomputed stage's input: the index of the
@@ -155,6 +164,11 @@ class Executor {
 
   // The product of the strategies' loss_scale factors.
   double strategies_loss_scale();
+  // A schedule's own targets (token_logps) reach the head's gather: each
+  // must be ignore_index or a row of the head's projection, refused by name
+  // before the pass (an index past it reads out of bounds; on CUDA it ends
+  // the context).
+  void check_target_ids(const at::Tensor& targets) const;
 
   PluginSet& plugins_;
   ParamStore& store_;

@@ -1,23 +1,26 @@
-// A preference schedule's pass: each row's summed target log-probability,
-// and the backward of a weighted sum of them (Executor::sequence_logps).
+// A preference schedule's pass: each target's log-probability (or each
+// row's sum), and the backward of a weighted sum of them
+// (Executor::token_logps, Executor::sequence_logps).
 #include "executor.hpp"
 #include "ignore_index.hpp"
 #include "memory_accounting.hpp"
 
 namespace tightfit {
 
-Executor::SequenceLogps Executor::sequence_logps(const at::Tensor& tokens_in,
-                                                 const at::Tensor& targets_in,
-                                                 const at::Tensor& positions_in,
-                                                 const at::Tensor& grad_weights) {
+Executor::TokenLogps Executor::token_logps(const at::Tensor& tokens_in,
+                                           const at::Tensor& targets_in,
+                                           const at::Tensor& positions_in,
+                                           const at::Tensor& grad_weights) {
   const bool backward = grad_weights.defined();
-  if (tokens_in.dim() != 2 || targets_in.sizes() != tokens_in.sizes())
-    throw std::invalid_argument("sequence_logps: tokens and targets must be int64 [B, T]");
+  if (tokens_in.dim() != 2 || targets_in.sizes() != tokens_in.sizes() ||
+      targets_in.scalar_type() != at::kLong)
+    throw std::invalid_argument("token_logps: tokens and targets must be int64 [B, T] alike");
   const int64_t B = tokens_in.size(0), T = tokens_in.size(1);
-  if (backward && (grad_weights.dim() != 1 || grad_weights.size(0) != B))
-    throw std::invalid_argument("sequence_logps: grad_weights must hold one weight per row (" +
-                                std::to_string(B) + "), not " +
-                                std::to_string(grad_weights.numel()));
+  if (backward && grad_weights.sizes() != tokens_in.sizes())
+    throw std::invalid_argument("token_logps: grad_weights must hold one weight per token [" +
+                                std::to_string(B) + ", " + std::to_string(T) + "], not " +
+                                std::to_string(grad_weights.numel()) + " values");
+  check_target_ids(targets_in);
   const at::Tensor tokens = tokens_in.to(env_.device);
   const at::Tensor positions = positions_in.defined() ? positions_in.to(env_.device) : positions_in;
   const ScopedAssign<at::Tensor> pass(pass_positions_, positions);
@@ -27,10 +30,8 @@ Executor::SequenceLogps Executor::sequence_logps(const at::Tensor& tokens_in,
   {
     CategoryScope scope(TF_MEM_ACTIVATIONS);
     request.each = at::zeros({B * T}, at::TensorOptions().dtype(at::kFloat).device(env_.device));
-    // logp_b = -sum_t CE_t over row b, so sum_b w_b logp_b = sum_t (-w_b(t)) CE_t.
-    if (backward)
-      request.weights =
-          (-grad_weights.to(env_.device, at::kFloat)).unsqueeze(1).expand({B, T}).reshape({-1});
+    // logp_t = -CE_t, so sum_t w_t logp_t = sum_t (-w_t) CE_t.
+    if (backward) request.weights = (-grad_weights.to(env_.device, at::kFloat)).reshape({-1});
   }
   at::Tensor loss;
   {
@@ -41,11 +42,57 @@ Executor::SequenceLogps Executor::sequence_logps(const at::Tensor& tokens_in,
       loss = weighted_logits_loss(loss, targets_in, request);
     }
   }
-  SequenceLogps out;
-  out.logps = (-request.each.view({B, T}).sum(1)).to(at::kCPU);
-  out.counts = targets_in.ne(kIgnoreIndex).sum(1).to(at::kCPU, at::kLong);
+  TokenLogps out;
+  out.logps = (-request.each.view({B, T})).to(at::kCPU);
   out.finite = out.logps.isfinite().all().item<bool>();
   if (backward) backward_pass(loss, 1.0, strategies_scale);
+  return out;
+}
+
+void Executor::check_target_ids(const at::Tensor& targets) const {
+  if (targets.numel() == 0) return;
+  const at::Tensor counted = targets.ne(kIgnoreIndex);
+  const int64_t lowest = at::where(counted, targets, 0).min().item<int64_t>();
+  const int64_t highest = at::where(counted, targets, 0).max().item<int64_t>();
+  // The last head the pass reaches says how many rows its projection has.
+  int64_t rows = -1;
+  for (size_t i = stages_.size(); i-- > 0;) {
+    const StageState& st = stages_[i];
+    if (st.skip) continue;
+    if (st.kind == TF_STAGE_HEAD && !st.projection_weight.empty()) {
+      const Param* w = store_.find(st.projection_weight);
+      if (w != nullptr && !w->shape.empty()) rows = w->shape[0];
+    }
+    break;
+  }
+  if (lowest < 0 || (rows >= 0 && highest >= rows))
+    throw std::invalid_argument("a target id " + std::to_string(lowest < 0 ? lowest : highest) +
+                                " is neither ignore_index (" + std::to_string(kIgnoreIndex) +
+                                ") nor a token of the " +
+                                (rows >= 0 ? std::to_string(rows) + "-token " : std::string()) +
+                                "vocabulary: a schedule's own targets must be one or the other");
+}
+
+Executor::SequenceLogps Executor::sequence_logps(const at::Tensor& tokens,
+                                                 const at::Tensor& targets,
+                                                 const at::Tensor& positions,
+                                                 const at::Tensor& grad_weights) {
+  if (tokens.dim() != 2)
+    throw std::invalid_argument("sequence_logps: tokens and targets must be int64 [B, T]");
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  if (grad_weights.defined() && (grad_weights.dim() != 1 || grad_weights.size(0) != B))
+    throw std::invalid_argument("sequence_logps: grad_weights must hold one weight per row (" +
+                                std::to_string(B) + "), not " +
+                                std::to_string(grad_weights.numel()));
+  // Every target of row b weighs grad_weights[b].
+  const at::Tensor per_token = grad_weights.defined()
+                                   ? grad_weights.to(at::kFloat).unsqueeze(1).expand({B, T})
+                                   : at::Tensor();
+  const TokenLogps each = token_logps(tokens, targets, positions, per_token);
+  SequenceLogps out;
+  out.logps = each.logps.sum(1);
+  out.counts = targets.ne(kIgnoreIndex).sum(1).to(at::kCPU, at::kLong);
+  out.finite = each.finite;
   return out;
 }
 

@@ -73,6 +73,11 @@ at::Tensor Executor::weighted_logits_loss(const at::Tensor& logits, const at::Te
   const at::Tensor t = targets.to(logits.device()).reshape({-1});
   const at::Tensor lp = at::log_softmax(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), -1);
   const at::Tensor counted = t.ne(kIgnoreIndex).to(at::kFloat);
+  // A head without a declared projection: its logits say the vocabulary.
+  if (t.numel() > 0 && t.max().item<int64_t>() >= logits.size(-1))
+    throw std::invalid_argument("a target id " + std::to_string(t.max().item<int64_t>()) +
+                                " is past the head's " + std::to_string(logits.size(-1)) +
+                                "-token vocabulary");
   const at::Tensor ce = -lp.gather(1, t.clamp_min(0).unsqueeze(1)).squeeze(1) * counted;
   loss.each.copy_(ce.detach());
   loss.computed = true;

@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 11
+#define TF_ABI_VERSION_MINOR 12
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -787,8 +787,19 @@ typedef struct tf_host_api {
    * *out_count (may be NULL): how many strategies hold adapters; 0 when none
    * does, and then nothing changed. */
   tf_status (*adapters_set_enabled)(tf_host_context* ctx, int32_t enabled, int32_t* out_count);
+  /* Added in 1.12 (a reserved slot): each target's log-probability, as
+   * sequence_logps scores them but not summed: *out_logps fp32 [B, T] (new,
+   * on the CPU), 0 where the target is ignore_index. `grad_weights` NULL: no
+   * gradients; else fp32 [B, T] (borrowed): also the backward of
+   * sum_{b,t} grad_weights[b,t] * logps[b,t], as sequence_logps's. Here and
+   * in sequence_logps the batch's targets may be the schedule's own: a copy
+   * of the tf_batch whose `targets` is another int64 [B, T] (ignore_index or
+   * a token id of the model's vocabulary; the host refuses any other), e.g.
+   * ORPO's NLL, which scores the prompt's tokens too. */
+  tf_status (*token_logps)(tf_host_context* ctx, const tf_batch* batch, tf_tensor grad_weights,
+                           tf_tensor* out_logps);
 
-  void* reserved[6];
+  void* reserved[5];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */

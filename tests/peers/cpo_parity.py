@@ -1,12 +1,14 @@
-"""Reference for the cpo schedule test: TRL 0.24's CPOTrainer on the model
-tightfit exported — with its LoRA adapter loaded by PEFT (OUT/adapter present)
+"""Reference for the cpo and orpo schedule tests: TRL 0.24's CPOTrainer (or
+ORPOTrainer, "trainer": "orpo" in the options) on the model tightfit exported
+— with its LoRA adapter loaded by PEFT (OUT/adapter present)
 or the whole model trained (no OUT/adapter) — all rows of OUT/rows.jsonl in
 one batch.
 
 Reads OUT/base (transformers folder), OUT/adapter (PEFT, optional),
-OUT/tokenizer, OUT/rows.jsonl, OUT/options.json ({"loss_type", "beta",
-"label_smoothing", "cpo_alpha", "simpo_gamma", "max_length",
-"max_prompt_length"}). Writes OUT/expected.safetensors: the loss, the
+OUT/tokenizer, OUT/rows.jsonl, OUT/options.json ({"trainer", and the
+trainer's config: "loss_type", "beta", "label_smoothing", "cpo_alpha",
+"simpo_gamma", "max_length", "max_prompt_length" for CPO; "beta",
+"max_length", "max_prompt_length" for ORPO}). Writes OUT/expected.safetensors: the loss, the
 policy's log-probabilities per row as the loss uses them ("policy_chosen",
 "policy_rejected"), the metrics TRL logs ("metric.<name>") and every trained
 parameter's gradient ("grad.<name>": PEFT's adapter key, or the
@@ -27,11 +29,13 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-from trl import CPOConfig, CPOTrainer  # noqa: E402
+from trl import CPOConfig, CPOTrainer, ORPOConfig, ORPOTrainer  # noqa: E402
+
+TRAINERS = {"cpo": (CPOConfig, CPOTrainer), "orpo": (ORPOConfig, ORPOTrainer)}
 
 
-def config(options, tmp):
-    return CPOConfig(output_dir=tmp, report_to="none", bf16=False, use_cpu=True, dataset_num_proc=None,
+def config(Config, options, tmp):
+    return Config(output_dir=tmp, report_to="none", bf16=False, use_cpu=True, dataset_num_proc=None,
                      per_device_train_batch_size=1, **options)
 
 
@@ -40,6 +44,7 @@ def main(out: pathlib.Path) -> None:
     disable_progress_bars()
     torch.use_deterministic_algorithms(True)
     options = json.loads((out / "options.json").read_text())
+    Config, Trainer = TRAINERS[options.pop("trainer", "cpo")]
     tok = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
     rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines() if line.strip()]
     # Each row tokenized on its own (a dataset column cannot mix text and
@@ -49,7 +54,7 @@ def main(out: pathlib.Path) -> None:
     features = []
     for row in rows:
         with tempfile.TemporaryDirectory() as tmp:
-            t = CPOTrainer(model=dummy, args=config(options, tmp), train_dataset=Dataset.from_list([row]),
+            t = Trainer(model=dummy, args=config(Config, options, tmp), train_dataset=Dataset.from_list([row]),
                            processing_class=tok)
             r = t.train_dataset[0]
             features.append({k: v for k, v in r.items() if k.endswith(("input_ids", "attention_mask", "labels"))})
@@ -59,7 +64,7 @@ def main(out: pathlib.Path) -> None:
     if peft:
         model = PeftModel.from_pretrained(model, str(out / "adapter"), is_trainable=True)
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = CPOTrainer(model=model, args=config(options, tmp), train_dataset=Dataset.from_list([rows[0]]),
+        trainer = Trainer(model=model, args=config(Config, options, tmp), train_dataset=Dataset.from_list([rows[0]]),
                              processing_class=tok)
         batch = trainer.data_collator(features)
         model.train()

@@ -77,4 +77,25 @@ CpoResult cpo_loss(const at::Tensor& rows, const at::Tensor& counts, int64_t pai
   return r;
 }
 
+OrpoResult orpo_loss(const at::Tensor& token_logps, const at::Tensor& scored,
+                     const at::Tensor& completion, int64_t pairs, const OrpoOptions& o) {
+  OrpoResult r;
+  const at::Tensor mask = completion.to(at::kFloat);
+  r.used = split_pairs((token_logps * mask).sum(1) / mask.sum(1), pairs);
+  const at::Tensor nll =
+      -token_logps.narrow(0, 0, pairs).sum() / scored.narrow(0, 0, pairs).sum().to(at::kFloat);
+  // log odds(y|x) = log p - log(1 - p), of the average log-probabilities.
+  const at::Tensor& c = r.used.chosen;
+  const at::Tensor& j = r.used.rejected;
+  const at::Tensor log_odds = (c - j) - (at::log1p(-at::exp(c)) - at::log1p(-at::exp(j)));
+  const at::Tensor ratio = at::log_sigmoid(log_odds);
+  r.loss = nll - (o.beta * ratio).mean();
+  r.nll = nll.detach();
+  r.chosen_rewards = (o.beta * c).detach();
+  r.rejected_rewards = (o.beta * j).detach();
+  r.log_odds_ratio = ratio.mean().detach();
+  r.log_odds_chosen = log_odds.mean().detach();
+  return r;
+}
+
 }  // namespace tf_preference

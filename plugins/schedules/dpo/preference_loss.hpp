@@ -63,4 +63,28 @@ struct CpoResult {
 CpoResult cpo_loss(const at::Tensor& rows, const at::Tensor& counts, int64_t pairs,
                    const CpoOptions& o);
 
+// TRL's ORPOConfig: beta weighs the odds-ratio term.
+struct OrpoOptions {
+  double beta = 0.1;
+};
+
+// TRL's ORPOTrainer.get_batch_loss_metrics: the chosen rows' NLL over every
+// token after the first (prompt and completion, nn.CrossEntropyLoss's mean
+// over all of them) minus beta times the mean log-sigmoid of the log odds
+// ratio of the completions' average log-probabilities.
+struct OrpoResult {
+  at::Tensor loss;                              // 0-dim
+  at::Tensor nll;                               // 0-dim, detached (TRL's nll_loss)
+  PairLogps used;                               // each completion's average log-probability
+  at::Tensor chosen_rewards, rejected_rewards;  // [P], detached
+  at::Tensor log_odds_ratio, log_odds_chosen;   // 0-dim, detached (TRL's metrics)
+};
+
+// `token_logps`: fp32 [2P, T], each token's log-probability (0 where
+// nothing is scored), chosen rows first; `scored`: bool [2P, T], the tokens
+// scored (every one after a row's first); `completion`: bool [2P, T], the
+// completions' among them.
+OrpoResult orpo_loss(const at::Tensor& token_logps, const at::Tensor& scored,
+                     const at::Tensor& completion, int64_t pairs, const OrpoOptions& o);
+
 }  // namespace tf_preference

@@ -522,6 +522,27 @@ class Batch {
     return {take(logps), take(counts)};
   }
 
+  // Each target's log-probability (ABI 1.12): fp32 [B, T] on the CPU, 0
+  // where the target is ignored. `targets` (int64 [B, T]), when given, is
+  // scored in place of the batch's (ORPO's NLL scores the prompt's tokens
+  // too); with `grad_weights` (fp32 [B, T]) also the backward of
+  // sum grad_weights * logps into the parameters' gradients.
+  at::Tensor token_logps(const at::Tensor& targets = {},
+                         const at::Tensor& grad_weights = {}) const {
+    if (!TF_HAS(host_.api(), tf_host_api, token_logps))
+      throw std::runtime_error("this tightfit has no token_logps (plugin ABI 1.12): update it");
+    tf_batch scored = batch_;
+    if (targets.defined()) scored.targets = lend(targets);
+    tf_tensor logps = nullptr;
+    host_.check(host_.api()->token_logps(
+        host_.ctx(), &scored, grad_weights.defined() ? lend(grad_weights) : nullptr, &logps));
+    return take(logps);
+  }
+  // The batch's input tokens and targets (int64 [B, T], ignore_index -100
+  // where nothing is scored), borrowed for the batch's life.
+  const at::Tensor& tokens() const { return borrow(batch_.tokens); }
+  const at::Tensor& targets() const { return borrow(batch_.targets); }
+
   // The loss at the current weights, no gradients.
   tf_pass_result forward() const {
     tf_pass_result pass = empty_pass();
