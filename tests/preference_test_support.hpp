@@ -78,9 +78,11 @@ inline int expect_step_equals_peer(Session& s, const std::map<std::string, at::T
   }
   EXPECT_NEAR(sum.losses[0], want.at("loss").item<double>(),
               1e-4 * std::max(1.0, std::abs(want.at("loss").item<double>())));
+  // The step's record: the file's last (a resumed run appends to it).
   std::ifstream in(sum.metrics_path);
   std::string line;
-  std::getline(in, line);
+  for (std::string next; std::getline(in, next);)
+    if (!next.empty()) line = next;
   const auto rec = nlohmann::json::parse(line);
   for (const char* m : metrics) {
     // A plugin's metrics carry its name: "dpo.rewards/chosen".

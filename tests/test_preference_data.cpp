@@ -135,6 +135,27 @@ TEST_F(PreferenceData, JointRowsThatCannotBeCutAreRefused) {
   EXPECT_LE(p.chosen_prompt.size() + p.chosen.size(), 8u);
 }
 
+// A BOS or EOS the tokenizer's config names but its vocabulary lacks would
+// be dropped from every row: refused by name with the fix.
+TEST_F(PreferenceData, ASpecialTokenOutsideTheVocabularyIsRefused) {
+  auto tok = BpeTokenizer::load(dir_->str());
+  for (const bool bos : {true, false}) {
+    TokenizerConfig config = TokenizerConfig::load(dir_->str());
+    (bos ? config.bos_token : config.eos_token) = "<not-a-token>";
+    const ChatFormatter chat(*tok, config, TrainOn::kCompletion);
+    PreferenceOptions options;
+    options.joint = bos;
+    try {
+      const PreferenceFormatter formatter(chat, options);
+      ADD_FAILURE() << "accepted";
+    } catch (const std::invalid_argument& e) {
+      const std::string want = std::string(bos ? "bos_token" : "eos_token") +
+                               " \"<not-a-token>\", which is not a token of its vocabulary";
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+}
+
 // The trained tokens are the completion's, wherever max_length cuts.
 TEST(PreferenceSequence, TrainsTheCompletionAsCut) {
   PreferenceOptions o;

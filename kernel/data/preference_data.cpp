@@ -138,10 +138,22 @@ Example preference_sequence(const std::vector<int64_t>& prompt,
 
 PreferenceFormatter::PreferenceFormatter(const ChatFormatter& chat, PreferenceOptions options)
     : chat_(chat), options_(options) {
-  const std::string& eos = chat_.config().eos_token;
-  if (!eos.empty()) eos_id_ = chat_.tokenizer().token_id(eos);
-  const std::string& bos = chat_.config().bos_token;
-  if (!bos.empty()) bos_id_ = chat_.tokenizer().token_id(bos);
+  // A special token the config names but the vocabulary lacks would be left
+  // out of every row here (transformers would add it with an id past the
+  // model's embedding): refused, never dropped.
+  auto special = [&](const std::string& token, const char* key) -> int64_t {
+    if (token.empty()) return -1;
+    const int64_t id = chat_.tokenizer().token_id(token);
+    if (id < 0)
+      throw std::invalid_argument("the tokenizer's config names " + std::string(key) + " \"" +
+                                  token +
+                                  "\", which is not a token of its vocabulary: preference rows "
+                                  "need it; set " +
+                                  key + " in tokenizer_config.json to a token the vocabulary has");
+    return id;
+  };
+  eos_id_ = special(chat_.config().eos_token, "eos_token");
+  bos_id_ = special(chat_.config().bos_token, "bos_token");
 }
 
 namespace {

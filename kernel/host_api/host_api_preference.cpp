@@ -51,7 +51,9 @@ tf_status h_adapters_set_enabled(tf_host_context* ctx, int32_t enabled, int32_t*
                                     "set_adapters_enabled");
             },
             enabled != 0 ? 1 : 0);
-    if (holders > 0) ctx->kernel->executor->set_adapters_enabled(enabled != 0);
+    // A plan (dry run) has no executor; the strategies answered all the same.
+    if (holders > 0 && ctx->kernel->executor)
+      ctx->kernel->executor->set_adapters_enabled(enabled != 0);
     if (out_count) *out_count = holders;
   });
 }

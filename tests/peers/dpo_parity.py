@@ -1,9 +1,11 @@
 """Reference for the DPO schedule test: TRL 0.24's DPOTrainer on the base
 model tightfit exported with its LoRA adapter loaded by PEFT (the reference
 model is the base with the adapter disabled, as TRL does for a PeftModel),
-all rows of OUT/rows.jsonl in one batch.
+all rows of OUT/rows.jsonl in one batch. Or, when OUT/policy is there, a full
+fine-tune: the policy is OUT/policy and the reference model OUT/base (the
+weights before the first update, as TRL's copy of the model it starts from).
 
-Reads OUT/base (transformers folder), OUT/adapter (PEFT), OUT/tokenizer
+Reads OUT/base (transformers folder), OUT/adapter (PEFT) or OUT/policy, OUT/tokenizer
 (tokenizer.json, tokenizer_config.json), OUT/rows.jsonl, OUT/options.json
 ({"loss_type", "beta", "label_smoothing", "max_length"}). Writes
 OUT/expected.safetensors: the loss, the policy's and the reference's
@@ -53,9 +55,14 @@ def main(out: pathlib.Path) -> None:
             pairs.append({k: r[k] for k in ("prompt_input_ids", "chosen_input_ids", "rejected_input_ids")})
 
     base = AutoModelForCausalLM.from_pretrained(str(out / "base"), torch_dtype=torch.float32)
-    model = PeftModel.from_pretrained(base, str(out / "adapter"), is_trainable=True)
+    peft = not (out / "policy").exists()
+    if peft:
+        model, ref_model = PeftModel.from_pretrained(base, str(out / "adapter"), is_trainable=True), None
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(out / "policy"), torch_dtype=torch.float32)
+        ref_model = base
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = DPOTrainer(model=model, args=config(out, options, tmp),
+        trainer = DPOTrainer(model=model, ref_model=ref_model, args=config(out, options, tmp),
                              train_dataset=Dataset.from_list([rows[0]]), processing_class=tok)
         batch = trainer.data_collator(pairs)
         model.train()
@@ -72,7 +79,7 @@ def main(out: pathlib.Path) -> None:
         tensors["metric." + name] = torch.tensor([float(value)])
     for name, p in model.named_parameters():
         if p.requires_grad:
-            tensors["grad." + name.replace(".default", "")] = p.grad.detach().clone()
+            tensors["grad." + (name.replace(".default", "") if peft else name)] = p.grad.detach().clone()
     save_file({k: v.contiguous().float() for k, v in tensors.items()}, str(out / "expected.safetensors"))
 
 

@@ -1,9 +1,11 @@
 // Direct Preference Optimization (Rafailov et al. 2023) as TRL 0.24's
 // DPOTrainer computes it, on preference pairs ([data] rows with chosen and
 // rejected). Each step:
-//   reference log-probs  the adapters off (the base model, as PEFT's
-//                        disable_adapter()), no gradients;
-//   policy log-probs     the adapters on, no gradients;
+//   reference log-probs  no gradients, from the reference model: with
+//                        adapters, the base with them off (as PEFT's
+//                        disable_adapter()); a full fine-tune's, the weights
+//                        before the first update (reference_weights.hpp);
+//   policy log-probs     the model as it is, no gradients;
 //   loss                 TRL's dpo_loss of the two (sigmoid, ipo or hinge),
 //                        differentiated with respect to the policy log-probs;
 //   backward             sequence_logps again with those derivatives as
@@ -16,6 +18,7 @@
 #include <memory>
 
 #include "preference_loss.hpp"
+#include "reference_weights.hpp"
 #include "tightfit/lr_schedule.hpp"
 
 namespace {
@@ -25,17 +28,24 @@ struct Dpo {
   tf_sdk::LrSchedule lr;
   tf_preference::DpoOptions options;
   int64_t skipped = 0;
+  // A full fine-tune's reference (empty with adapters): taken before the
+  // first update, or read from the checkpoint a run resumes from.
+  tf_preference::ReferenceWeights reference;
 };
+
+// Whether a strategy holds adapters: then the reference is the base with
+// them off, as TRL does for a PeftModel; else a copy of the whole model.
+bool has_adapters(const tf_sdk::Host& host) {
+  if (host.set_adapters_enabled(false) == 0) return false;
+  host.set_adapters_enabled(true);
+  return true;
+}
 
 // The adapters off while a reference pass runs, back on however it ends.
 class AdaptersOff {
  public:
   explicit AdaptersOff(const tf_sdk::Host& host) : host_(host) {
-    if (host_.set_adapters_enabled(false) == 0)
-      throw std::runtime_error(
-          "dpo's reference model is the base model with the adapters off, and no strategy holds "
-          "adapters: add [[strategy]] plugin = \"lora\" (a full fine-tune's frozen reference "
-          "copy is not built yet)");
+    host_.set_adapters_enabled(false);
   }
   ~AdaptersOff() {
     try {
@@ -51,6 +61,13 @@ class AdaptersOff {
   const tf_sdk::Host& host_;
 };
 
+// A full fine-tune's reference: the weights as they are before the first
+// update (the first step or an evaluation before it). A resumed run has
+// read them from its checkpoint.
+void keep_reference(Dpo& s) {
+  if (s.reference.empty() && !has_adapters(s.host)) s.reference.take(s.host);
+}
+
 struct Scores {
   tf_preference::PairLogps reference;  // as the loss uses them
   at::Tensor policy_rows, counts;      // [2P]: the policy's sums; the targets per row
@@ -64,7 +81,7 @@ tf_preference::PairLogps as_used(const Dpo& s, const at::Tensor& sums, const at:
       tf_preference::averages_logps(s.options) ? sums / counts.to(at::kFloat) : sums, pairs);
 }
 
-Scores score(const Dpo& s, const tf_sdk::Batch& b) {
+Scores score(Dpo& s, const tf_sdk::Batch& b) {
   const int64_t pairs = b.pairs();
   if (pairs <= 0)
     throw std::invalid_argument(
@@ -72,8 +89,11 @@ Scores score(const Dpo& s, const tf_sdk::Batch& b) {
         "rows with \"chosen\" and \"rejected\"");
   Scores r;
   tf_sdk::SequenceLogps ref;
-  {
+  if (s.reference.empty()) {
     const AdaptersOff off(s.host);
+    ref = b.sequence_logps();
+  } else {
+    const tf_preference::ReferenceSwapped in(s.reference, s.host);
     ref = b.sequence_logps();
   }
   const tf_sdk::SequenceLogps pol = b.sequence_logps();
@@ -116,6 +136,10 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const double lr = s->lr.apply(s->host, step, total);
     s->host.zero_grad();
+    // A resumed run read the copy from its checkpoint (load_state).
+    if (step > 0 && s->reference.empty() && !has_adapters(s->host))
+      throw std::logic_error("dpo: no reference weights at step " + std::to_string(step));
+    keep_reference(*s);
     const tf_sdk::Batch batch(s->host);
     const Scores sc = score(*s, batch);
     // d loss / d logps of the policy rows, by autograd on the loss itself.
@@ -141,6 +165,7 @@ tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf
   auto* s = static_cast<Dpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const tf_sdk::Batch batch(s->host, lent);
+    keep_reference(*s);
     const Scores sc = score(*s, batch);
     const tf_preference::PairLogps policy = as_used(*s, sc.policy_rows, sc.counts, batch.pairs());
     const double loss =
@@ -159,6 +184,31 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   auto* s = static_cast<Dpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     out->time_factor = 5.0 / 3.0;
+    // A full fine-tune keeps a copy of the trainable weights as its reference.
+    if (!has_adapters(s->host))
+      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] +=
+          tf_preference::ReferenceWeights::planned_bytes(s->host);
+    return TF_OK;
+  });
+}
+
+tf_status save_state(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<Dpo*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    s->host.save_double("skipped", static_cast<double>(s->skipped));
+    s->reference.save(s->host);
+    return TF_OK;
+  });
+}
+
+tf_status load_state(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<Dpo*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    s->skipped = static_cast<int64_t>(s->host.saved_double("skipped"));
+    if (!s->reference.load(s->host) && !has_adapters(s->host))
+      throw std::runtime_error(
+          "the checkpoint holds no reference weights for dpo's full fine-tune (it was saved with "
+          "adapters, or by another schedule): resume with the recipe that saved it");
     return TF_OK;
   });
 }
@@ -178,14 +228,14 @@ const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),
                                     .destroy = tf_sdk::destroy_state<Dpo>,
                                     .run_step = run_step,
                                     .estimate_memory = estimate_memory,
-                                    .save_state = tf_sdk::save_skipped_state<Dpo>,
-                                    .load_state = tf_sdk::load_skipped_state<Dpo>,
+                                    .save_state = save_state,
+                                    .load_state = load_state,
                                     .eval_batch = eval_batch};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_SCHEDULE, "dpo", "1.0.0",
-    "preference pairs: DPO, IPO or SLiC loss against the base model with adapters off (TRL's "
-    "DPOTrainer)",
+    "preference pairs: DPO, IPO or SLiC loss against a reference model: the base with adapters "
+    "off, or a full fine-tune's weights before the first update (TRL's DPOTrainer)",
     kKeys, &kVtable);
 
 }  // namespace
