@@ -299,6 +299,90 @@ TEST_F(DpoRecipes, AFullFineTuneStartsAtItsReferenceAndResumesExactly) {
     EXPECT_EQ(second.losses[i], full.losses[3 + i]) << "step " << 3 + i;
 }
 
+// TRL's gradient_accumulation_steps: each micro-batch's loss divided by
+// their count. Two micro-batches of two pairs give the gradient of the two
+// micro-batches' mean loss: for dpo and cpo without the NLL (means over
+// pairs) that of one batch of four pairs, metrics included; with an NLL
+// (orpo: the mean over each micro-batch's tokens) the mean of the two
+// micro-batches' own gradients, as TRL's accumulation gives it.
+class PreferenceAccumulation : public PreferenceRecipes {
+ protected:
+  struct Step {
+    double loss = 0;
+    std::map<std::string, at::Tensor> grads;
+    nlohmann::json metrics;
+  };
+  // One step at lr 0 with the adapters away from B = 0 (every gradient
+  // non-zero); `stop_after` / `resume` run it as part of a longer run.
+  static Step step(const std::string& out, const std::string& schedule, int64_t batch_pairs,
+                   int32_t accumulation, int64_t steps = 1, int64_t stop_after = -1,
+                   bool resume = false) {
+    std::string text = recipe(out, rows(), schedule == "dpo" ? "" : "max_prompt_length = 32\n",
+                              "plugin = \"" + schedule + "\"\ngradient_accumulation_steps = " +
+                                  std::to_string(accumulation) + "\n" +
+                                  (schedule == "cpo" ? "cpo_alpha = 0.0\n" : ""),
+                              kLora, steps);
+    text.replace(text.find("batch_size = 2"), 14, "batch_size = " + std::to_string(batch_pairs));
+    text.replace(text.find("lr = 1e-3"), 9, "lr = 0.0");
+    SessionOptions o;
+    o.stop_after_steps = stop_after;
+    o.resume = resume;
+    auto s = test::make_session(text, o);
+    if (!resume) {
+      at::NoGradGuard no_grad;
+      at::manual_seed(11);
+      for (Param* p : s->store().trainable()) p->value.copy_(at::randn_like(p->value) * 0.2);
+    }
+    const TrainSummary sum = s->train();
+    Step r;
+    r.loss = sum.losses.back();
+    for (Param* p : s->store().trainable()) r.grads[p->name] = p->value.grad().detach().clone();
+    std::ifstream in(sum.metrics_path);
+    std::string line;
+    for (std::string next; std::getline(in, next);)
+      if (!next.empty()) line = next;
+    r.metrics = nlohmann::json::parse(line);
+    return r;
+  }
+  static void expect_grads(const std::map<std::string, at::Tensor>& got,
+                           const std::map<std::string, at::Tensor>& want, const std::string& what) {
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [name, g] : want)
+      EXPECT_TRUE(at::allclose(got.at(name), g, 1e-4, 1e-6)) << what << " " << name;
+  }
+};
+
+TEST_F(PreferenceAccumulation, MicroBatchesOfPairsMakeTheBiggerBatch) {
+  for (const std::string schedule : {"dpo", "cpo"}) {
+    test::TempDir d;
+    const Step whole = step(d.str() + "/whole", schedule, 4, 1);
+    const Step micro = step(d.str() + "/micro", schedule, 2, 2);
+    EXPECT_NEAR(micro.loss, whole.loss, 1e-5 * std::max(1.0, std::abs(whole.loss))) << schedule;
+    expect_grads(micro.grads, whole.grads, schedule);
+    const std::string margins = schedule + ".rewards/margins";
+    ASSERT_TRUE(micro.metrics.contains(margins)) << micro.metrics.dump();
+    EXPECT_NEAR(micro.metrics[margins].get<double>(), whole.metrics[margins].get<double>(), 1e-5);
+    EXPECT_EQ(micro.metrics["backward_passes"], 2) << micro.metrics.dump();
+  }
+}
+
+TEST_F(PreferenceAccumulation, WithAnNllTheMicroBatchesLossesAreAveraged) {
+  test::TempDir d;
+  const Step micro = step(d.str() + "/micro", "orpo", 2, 2);
+  // The same two micro-batches as two steps of a run (lr 0: the same weights).
+  const Step first = step(d.str() + "/apart", "orpo", 2, 1, 2, 1);
+  const Step second = step(d.str() + "/apart", "orpo", 2, 1, 2, -1, true);
+  EXPECT_NEAR(micro.loss, (first.loss + second.loss) / 2, 1e-5);
+  std::map<std::string, at::Tensor> mean;
+  for (const auto& [name, g] : first.grads) mean[name] = (g + second.grads.at(name)) / 2;
+  expect_grads(micro.grads, mean, "orpo");
+  EXPECT_NEAR(micro.metrics["orpo.nll_loss"].get<double>(),
+              (first.metrics["orpo.nll_loss"].get<double>() +
+               second.metrics["orpo.nll_loss"].get<double>()) /
+                  2,
+              1e-5);
+}
+
 // The plan counts a pair's two rows: its peak within the same 10% of the
 // measured one as the other recipes' (test_planned_peak.cpp). A batch of
 // pairs is as long as its longest row, and the plan counts seq_len (the

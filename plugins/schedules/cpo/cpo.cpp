@@ -14,6 +14,7 @@
 #include <cmath>
 #include <memory>
 
+#include "../dpo/micro_batches.hpp"
 #include "../dpo/preference_loss.hpp"
 #include "tightfit/lr_schedule.hpp"
 
@@ -23,6 +24,7 @@ struct Cpo {
   tf_sdk::Host host;
   tf_sdk::LrSchedule lr;
   tf_preference::CpoOptions options;
+  int32_t accumulation = 1;
   int64_t skipped = 0;
 };
 
@@ -34,16 +36,15 @@ tf_sdk::SequenceLogps policy_logps(const tf_sdk::Batch& b) {
   return b.sequence_logps();
 }
 
-void log_metrics(const Cpo& s, const tf_preference::CpoResult& r) {
-  s.host.log_metric("rewards/chosen", r.chosen_rewards.mean().item<double>());
-  s.host.log_metric("rewards/rejected", r.rejected_rewards.mean().item<double>());
-  s.host.log_metric("rewards/accuracies",
-                    r.chosen_rewards.gt(r.rejected_rewards).to(at::kFloat).mean().item<double>());
-  s.host.log_metric("rewards/margins",
-                    (r.chosen_rewards - r.rejected_rewards).mean().item<double>());
-  s.host.log_metric("logps/chosen", r.used.chosen.mean().item<double>());
-  s.host.log_metric("logps/rejected", r.used.rejected.mean().item<double>());
-  s.host.log_metric("nll_loss", r.nll.item<double>());
+void add_metrics(tf_preference::Metrics& m, const tf_preference::CpoResult& r) {
+  m["rewards/chosen"] = r.chosen_rewards.mean().item<double>();
+  m["rewards/rejected"] = r.rejected_rewards.mean().item<double>();
+  m["rewards/accuracies"] =
+      r.chosen_rewards.gt(r.rejected_rewards).to(at::kFloat).mean().item<double>();
+  m["rewards/margins"] = (r.chosen_rewards - r.rejected_rewards).mean().item<double>();
+  m["logps/chosen"] = r.used.chosen.mean().item<double>();
+  m["logps/rejected"] = r.used.rejected.mean().item<double>();
+  m["nll_loss"] = r.nll.item<double>();
 }
 
 tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
@@ -56,6 +57,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     o.label_smoothing = s->host.get_double("label_smoothing");
     o.cpo_alpha = s->host.get_double("cpo_alpha");
     o.simpo_gamma = s->host.get_double("simpo_gamma");
+    s->accumulation = static_cast<int32_t>(s->host.get_int("gradient_accumulation_steps"));
     if (o.label_smoothing > 0 && o.loss_type != "sigmoid" && o.loss_type != "simpo")
       throw std::invalid_argument(
           "label_smoothing applies to loss_type = \"sigmoid\" or \"simpo\"; " + o.loss_type +
@@ -74,21 +76,25 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const double lr = s->lr.apply(s->host, step, total);
     s->host.zero_grad();
-    const tf_sdk::Batch batch(s->host);
-    const tf_sdk::SequenceLogps pol = policy_logps(batch);
-    // d loss / d logps of the rows, by autograd on the loss itself.
-    at::AutoGradMode grad(true);
-    const at::Tensor rows = pol.logps.detach().clone().requires_grad_(true);
-    const tf_preference::CpoResult r =
-        tf_preference::cpo_loss(rows, pol.counts, batch.pairs(), s->options);
-    r.loss.backward();
-    batch.sequence_logps(rows.grad());
+    const tf_preference::AccumulatedStep done = tf_preference::accumulate_pairs(
+        s->host, s->accumulation,
+        [&](const tf_sdk::Batch& batch, double scale, tf_preference::Metrics& metrics) {
+          const tf_sdk::SequenceLogps pol = policy_logps(batch);
+          // d loss / d logps of the rows, by autograd on the loss itself.
+          at::AutoGradMode grad(true);
+          const at::Tensor rows = pol.logps.detach().clone().requires_grad_(true);
+          const tf_preference::CpoResult r =
+              tf_preference::cpo_loss(rows, pol.counts, batch.pairs(), s->options);
+          r.loss.backward();
+          batch.sequence_logps(rows.grad() * scale);
+          add_metrics(metrics, r);
+          return r.loss.item<double>();
+        });
     tf_sdk::step_or_skip(s->host, step, s->skipped);
-    log_metrics(*s, r);
-    out->loss = r.loss.item<double>();
-    out->n_tokens = batch.n_tokens();
-    out->backward_passes = 1;
-    out->forward_passes = 2;
+    out->loss = done.loss;
+    out->n_tokens = done.n_tokens;
+    out->backward_passes = s->accumulation;
+    out->forward_passes = 2 * s->accumulation;
     out->lr = lr;
     out->phase = "cpo";
     return TF_OK;
@@ -115,7 +121,9 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
                           tf_memory_estimate* out) {
   auto* s = static_cast<Cpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    out->time_factor = 4.0 / 3.0;
+    out->time_factor = 4.0 / 3.0 * s->accumulation;
+    // The gradients of the earlier micro-batches live through the later ones.
+    if (s->accumulation > 1) out->grads_in_forward = 1;
     return TF_OK;
   });
 }
@@ -132,6 +140,7 @@ const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
     tf_sdk::key("cpo_alpha", TF_VALUE_FLOAT, "1.0",
                 "weight of the chosen completions' NLL (SimPO's paper uses 0)", 0, 1e6),
     tf_sdk::key("simpo_gamma", TF_VALUE_FLOAT, "0.5", "simpo: the target reward margin", 0, 1e6),
+    tf_preference::accumulation_key(),
 });
 
 const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),

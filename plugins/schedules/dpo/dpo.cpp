@@ -17,6 +17,7 @@
 // grad_ready, fused updates) unchanged.
 #include <memory>
 
+#include "micro_batches.hpp"
 #include "preference_loss.hpp"
 #include "reference_weights.hpp"
 #include "tightfit/lr_schedule.hpp"
@@ -27,6 +28,7 @@ struct Dpo {
   tf_sdk::Host host;
   tf_sdk::LrSchedule lr;
   tf_preference::DpoOptions options;
+  int32_t accumulation = 1;
   int64_t skipped = 0;
   // A full fine-tune's reference (empty with adapters): taken before the
   // first update, or read from the checkpoint a run resumes from.
@@ -103,16 +105,15 @@ Scores score(Dpo& s, const tf_sdk::Batch& b) {
   return r;
 }
 
-void log_metrics(const Dpo& s, const tf_preference::DpoResult& r,
+void add_metrics(tf_preference::Metrics& m, const tf_preference::DpoResult& r,
                  const tf_preference::PairLogps& policy) {
-  const at::Tensor margins = r.chosen_rewards - r.rejected_rewards;
-  s.host.log_metric("rewards/chosen", r.chosen_rewards.mean().item<double>());
-  s.host.log_metric("rewards/rejected", r.rejected_rewards.mean().item<double>());
-  s.host.log_metric("rewards/accuracies",
-                    r.chosen_rewards.gt(r.rejected_rewards).to(at::kFloat).mean().item<double>());
-  s.host.log_metric("rewards/margins", margins.mean().item<double>());
-  s.host.log_metric("logps/chosen", policy.chosen.mean().item<double>());
-  s.host.log_metric("logps/rejected", policy.rejected.mean().item<double>());
+  m["rewards/chosen"] = r.chosen_rewards.mean().item<double>();
+  m["rewards/rejected"] = r.rejected_rewards.mean().item<double>();
+  m["rewards/accuracies"] =
+      r.chosen_rewards.gt(r.rejected_rewards).to(at::kFloat).mean().item<double>();
+  m["rewards/margins"] = (r.chosen_rewards - r.rejected_rewards).mean().item<double>();
+  m["logps/chosen"] = policy.chosen.mean().item<double>();
+  m["logps/rejected"] = policy.rejected.mean().item<double>();
 }
 
 tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
@@ -122,6 +123,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     s->options.beta = s->host.get_double("beta");
     s->options.loss_type = s->host.get_string("loss_type");
     s->options.label_smoothing = s->host.get_double("label_smoothing");
+    s->accumulation = static_cast<int32_t>(s->host.get_int("gradient_accumulation_steps"));
     if (s->options.label_smoothing > 0 && s->options.loss_type != "sigmoid")
       throw std::invalid_argument("label_smoothing applies to loss_type = \"sigmoid\" (cDPO); " +
                                   s->options.loss_type + " ignores it in TRL: leave it out");
@@ -140,21 +142,26 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
     if (step > 0 && s->reference.empty() && !has_adapters(s->host))
       throw std::logic_error("dpo: no reference weights at step " + std::to_string(step));
     keep_reference(*s);
-    const tf_sdk::Batch batch(s->host);
-    const Scores sc = score(*s, batch);
-    // d loss / d logps of the policy rows, by autograd on the loss itself.
-    at::AutoGradMode grad(true);
-    const at::Tensor rows = sc.policy_rows.detach().clone().requires_grad_(true);
-    const tf_preference::PairLogps policy = as_used(*s, rows, sc.counts, batch.pairs());
-    const tf_preference::DpoResult r = tf_preference::dpo_loss(policy, sc.reference, s->options);
-    r.loss.backward();
-    batch.sequence_logps(rows.grad());
+    const tf_preference::AccumulatedStep done = tf_preference::accumulate_pairs(
+        s->host, s->accumulation,
+        [&](const tf_sdk::Batch& batch, double scale, tf_preference::Metrics& metrics) {
+          const Scores sc = score(*s, batch);
+          // d loss / d logps of the policy rows, by autograd on the loss itself.
+          at::AutoGradMode grad(true);
+          const at::Tensor rows = sc.policy_rows.detach().clone().requires_grad_(true);
+          const tf_preference::PairLogps policy = as_used(*s, rows, sc.counts, batch.pairs());
+          const tf_preference::DpoResult r =
+              tf_preference::dpo_loss(policy, sc.reference, s->options);
+          r.loss.backward();
+          batch.sequence_logps(rows.grad() * scale);
+          add_metrics(metrics, r, policy);
+          return r.loss.item<double>();
+        });
     tf_sdk::step_or_skip(s->host, step, s->skipped);
-    log_metrics(*s, r, policy);
-    out->loss = r.loss.item<double>();
-    out->n_tokens = batch.n_tokens();
-    out->backward_passes = 1;
-    out->forward_passes = 3;
+    out->loss = done.loss;
+    out->n_tokens = done.n_tokens;
+    out->backward_passes = s->accumulation;
+    out->forward_passes = 3 * s->accumulation;
     out->lr = lr;
     out->phase = "dpo";
     return TF_OK;
@@ -183,7 +190,9 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
                           tf_memory_estimate* out) {
   auto* s = static_cast<Dpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    out->time_factor = 5.0 / 3.0;
+    out->time_factor = 5.0 / 3.0 * s->accumulation;
+    // The gradients of the earlier micro-batches live through the later ones.
+    if (s->accumulation > 1) out->grads_in_forward = 1;
     // A full fine-tune keeps a copy of the trainable weights as its reference.
     if (!has_adapters(s->host))
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] +=
@@ -221,6 +230,7 @@ const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
                 "sigmoid|ipo|hinge"),
     tf_sdk::key("label_smoothing", TF_VALUE_FLOAT, "0.0",
                 "sigmoid only: the assumed share of flipped labels (cDPO)", 0, 0.4999),
+    tf_preference::accumulation_key(),
 });
 
 const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <memory>
 
+#include "../dpo/micro_batches.hpp"
 #include "../dpo/preference_loss.hpp"
 #include "tightfit/lr_schedule.hpp"
 
@@ -27,6 +28,7 @@ struct Orpo {
   tf_sdk::Host host;
   tf_sdk::LrSchedule lr;
   tf_preference::OrpoOptions options;
+  int32_t accumulation = 1;
   int64_t skipped = 0;
 };
 
@@ -64,18 +66,17 @@ Scored orpo_targets(const tf_sdk::Batch& b) {
   return s;
 }
 
-void log_metrics(const Orpo& s, const tf_preference::OrpoResult& r) {
-  s.host.log_metric("rewards/chosen", r.chosen_rewards.mean().item<double>());
-  s.host.log_metric("rewards/rejected", r.rejected_rewards.mean().item<double>());
-  s.host.log_metric("rewards/accuracies",
-                    r.chosen_rewards.gt(r.rejected_rewards).to(at::kFloat).mean().item<double>());
-  s.host.log_metric("rewards/margins",
-                    (r.chosen_rewards - r.rejected_rewards).mean().item<double>());
-  s.host.log_metric("logps/chosen", r.used.chosen.mean().item<double>());
-  s.host.log_metric("logps/rejected", r.used.rejected.mean().item<double>());
-  s.host.log_metric("nll_loss", r.nll.item<double>());
-  s.host.log_metric("log_odds_ratio", r.log_odds_ratio.item<double>());
-  s.host.log_metric("log_odds_chosen", r.log_odds_chosen.item<double>());
+void add_metrics(tf_preference::Metrics& m, const tf_preference::OrpoResult& r) {
+  m["rewards/chosen"] = r.chosen_rewards.mean().item<double>();
+  m["rewards/rejected"] = r.rejected_rewards.mean().item<double>();
+  m["rewards/accuracies"] =
+      r.chosen_rewards.gt(r.rejected_rewards).to(at::kFloat).mean().item<double>();
+  m["rewards/margins"] = (r.chosen_rewards - r.rejected_rewards).mean().item<double>();
+  m["logps/chosen"] = r.used.chosen.mean().item<double>();
+  m["logps/rejected"] = r.used.rejected.mean().item<double>();
+  m["nll_loss"] = r.nll.item<double>();
+  m["log_odds_ratio"] = r.log_odds_ratio.item<double>();
+  m["log_odds_chosen"] = r.log_odds_chosen.item<double>();
 }
 
 tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
@@ -83,6 +84,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     auto s = std::make_unique<Orpo>(Orpo{tf_sdk::Host(api, ctx)});
     s->lr = tf_sdk::LrSchedule::read(s->host);
     s->options.beta = s->host.get_double("beta");
+    s->accumulation = static_cast<int32_t>(s->host.get_int("gradient_accumulation_steps"));
     *out = s.release();
     return TF_OK;
   });
@@ -94,22 +96,26 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const double lr = s->lr.apply(s->host, step, total);
     s->host.zero_grad();
-    const tf_sdk::Batch batch(s->host);
-    const Scored t = orpo_targets(batch);
-    const at::Tensor logps = batch.token_logps(t.targets);
-    // d loss / d each token's log-prob, by autograd on the loss itself.
-    at::AutoGradMode grad(true);
-    const at::Tensor tokens = logps.detach().clone().requires_grad_(true);
-    const tf_preference::OrpoResult r =
-        tf_preference::orpo_loss(tokens, t.scored, t.completion, batch.pairs(), s->options);
-    r.loss.backward();
-    batch.token_logps(t.targets, tokens.grad());
+    const tf_preference::AccumulatedStep done = tf_preference::accumulate_pairs(
+        s->host, s->accumulation,
+        [&](const tf_sdk::Batch& batch, double scale, tf_preference::Metrics& metrics) {
+          const Scored t = orpo_targets(batch);
+          const at::Tensor logps = batch.token_logps(t.targets);
+          // d loss / d each token's log-prob, by autograd on the loss itself.
+          at::AutoGradMode grad(true);
+          const at::Tensor tokens = logps.detach().clone().requires_grad_(true);
+          const tf_preference::OrpoResult r =
+              tf_preference::orpo_loss(tokens, t.scored, t.completion, batch.pairs(), s->options);
+          r.loss.backward();
+          batch.token_logps(t.targets, tokens.grad() * scale);
+          add_metrics(metrics, r);
+          return r.loss.item<double>();
+        });
     tf_sdk::step_or_skip(s->host, step, s->skipped);
-    log_metrics(*s, r);
-    out->loss = r.loss.item<double>();
-    out->n_tokens = batch.n_tokens();
-    out->backward_passes = 1;
-    out->forward_passes = 2;
+    out->loss = done.loss;
+    out->n_tokens = done.n_tokens;
+    out->backward_passes = s->accumulation;
+    out->forward_passes = 2 * s->accumulation;
     out->lr = lr;
     out->phase = "orpo";
     return TF_OK;
@@ -137,7 +143,9 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
                           tf_memory_estimate* out) {
   auto* s = static_cast<Orpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    out->time_factor = 4.0 / 3.0;
+    out->time_factor = 4.0 / 3.0 * s->accumulation;
+    // The gradients of the earlier micro-batches live through the later ones.
+    if (s->accumulation > 1) out->grads_in_forward = 1;
     return TF_OK;
   });
 }
@@ -147,6 +155,7 @@ const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
                 "weight of the odds-ratio term against the NLL (TRL's ORPOConfig beta, the "
                 "paper's lambda)",
                 1e-6, 1e6),
+    tf_preference::accumulation_key(),
 });
 
 const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),

@@ -1,0 +1,51 @@
+// TRL's gradient_accumulation_steps for a preference schedule: a step runs
+// `count` micro-batches of batch_size pairs, each one's loss divided by
+// count before its backward (transformers' Trainer scaling, which TRL's
+// preference trainers keep by setting model_accepts_loss_kwargs = False),
+// and logs each metric as the mean over the micro-batches, as TRL's
+// store_metrics and log average what they stored. Memory is one
+// micro-batch's (plus the gradients kept between them).
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "tightfit/plugin_sdk.hpp"
+
+namespace tf_preference {
+
+using Metrics = std::map<std::string, double>;
+
+struct AccumulatedStep {
+  double loss = 0;  // the mean of the micro-batches' losses
+  int64_t n_tokens = 0;
+};
+
+// `pass(batch, scale, metrics)` runs one micro-batch: its backward with the
+// loss times `scale`, its metrics into `metrics`; returns its loss.
+template <class Pass>
+AccumulatedStep accumulate_pairs(const tf_sdk::Host& host, int32_t count, Pass&& pass) {
+  AccumulatedStep step;
+  Metrics sums;
+  for (int32_t i = 0; i < count; ++i) {
+    // Strategies that update as gradients arrive wait for the last one.
+    if (count > 1) host.set_micro_batch(i, count);
+    const tf_sdk::Batch batch(host);
+    Metrics metrics;
+    step.loss += pass(batch, 1.0 / count, metrics) / count;
+    step.n_tokens += batch.n_tokens();
+    for (const auto& [key, value] : metrics) sums[key] += value / count;
+  }
+  for (const auto& [key, value] : sums) host.log_metric(key, value);
+  return step;
+}
+
+// The key every preference schedule reads (TRL's name).
+inline tf_config_key accumulation_key() {
+  return tf_sdk::key("gradient_accumulation_steps", TF_VALUE_INT, "1",
+                     "micro-batches of data.batch_size pairs whose gradients make one update "
+                     "(each loss divided by their count, as TRL's trainers)",
+                     1, 1e6);
+}
+
+}  // namespace tf_preference
