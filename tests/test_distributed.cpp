@@ -120,6 +120,52 @@ TEST_F(Distributed, TwoRanksEqualOneProcessOnTheGlobalBatch) {
   }
 }
 
+// Preference pairs on 2 ranks of 2 pairs = one process with 4: each rank
+// scores its own pairs, the gradients are averaged, and the loss, TRL's
+// metrics and the held-out loss are the ranks' means (as TRL gathers them).
+TEST_F(Distributed, PreferencePairsOnTwoRanksEqualOneProcess) {
+  const fs::path peer = dir.path() / "peer";
+  fs::create_directories(peer);
+  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
+                          TIGHTFIT_SOURCE_DIR + "/tests/peers/dpo_data.py " + peer.string() +
+                          " > " + peer.string() + "/peer.log 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "the TRL data peer failed";
+  auto pairs_recipe = [&](const std::string& name, int64_t pairs, const std::string& extra) {
+    std::ostringstream os;
+    os << "[run]\nname = \"" << name << "\"\nseed = 7\nsteps = 4\nout_dir = \""
+       << (dir.path() / "runs").string()
+       << "\"\nsample_tokens = 0\neval_batches = 1\nlog_every = 1000\nthreads = 1\n\n"
+       << "[model]\nplugin = \"llama\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\n"
+       << "n_head = 4\nn_kv_head = 2\nintermediate_size = 64\nmax_positions = 128\n\n"
+       << "[data]\ncorpus = \"" << (peer / "rows.jsonl").string() << "\"\ntokenizer = \""
+       << (peer / "tokenizer.json").string()
+       << "\"\nseq_len = 96\nval_fraction = 0.25\nbatch_size = " << pairs << "\n\n"
+       << "[optimizer]\nname = \"adamw\"\nlr = 1e-2\ngrad_clip = 0\n\n"
+       << "[schedule]\nplugin = \"dpo\"\nwarmup_steps = 0\n\n[save]\nfinal = true\nhf = true\n\n"
+       << "[[strategy]]\nplugin = \"lora\"\ntargets = [\"q\", \"v\"]\n"
+       << extra;
+    return test::write_file(dir, name + ".toml", os.str());
+  };
+  run_ok("run -q " + pairs_recipe("pairs-single", 4, ""));
+  run_ok("run -q --nproc 2 " +
+         pairs_recipe("pairs-data", 2, "[[strategy]]\nplugin = \"shard\"\nmode = \"data\"\n"));
+  EXPECT_LE(max_relative_difference(trained(dir, "pairs-data"), trained(dir, "pairs-single")),
+            1e-4);
+  const auto a = metrics(dir, "pairs-data"), b = metrics(dir, "pairs-single");
+  ASSERT_EQ(a.size(), b.size());
+  size_t compared = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    for (const auto& [key, value] : b[i].items())
+      if (key == "loss" || key == "val_loss" || key.rfind("dpo.", 0) == 0) {
+        ASSERT_TRUE(a[i].contains(key)) << key;
+        EXPECT_NEAR(a[i][key].get<double>(), value.get<double>(),
+                    1e-4 * std::max(1.0, std::abs(value.get<double>())))
+            << key << " at record " << i;
+        ++compared;
+      }
+  EXPECT_GE(compared, 4u * 7);  // the loss and six metrics of each step
+}
+
 // ZeRO's AdamW on parts = AdamW on whole tensors (both on the all-reduced
 // gradients), with half the optimizer state (and, stage 2, fewer gradients)
 // per rank; the gradient norm covers the parts ranks hold.

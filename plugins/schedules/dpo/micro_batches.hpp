@@ -3,12 +3,14 @@
 // count before its backward (transformers' Trainer scaling, which TRL's
 // preference trainers keep by setting model_accepts_loss_kwargs = False),
 // and logs each metric as the mean over the micro-batches, as TRL's
-// store_metrics and log average what they stored. Memory is one
-// micro-batch's (plus the gradients kept between them).
+// store_metrics and log average what they stored; across ranks, the
+// loss and the metrics are the ranks' means, as TRL gathers them. Memory is
+// one micro-batch's (plus the gradients kept between them).
 #pragma once
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "tightfit/plugin_sdk.hpp"
 
@@ -35,6 +37,19 @@ AccumulatedStep accumulate_pairs(const tf_sdk::Host& host, int32_t count, Pass&&
     step.loss += pass(batch, 1.0 / count, metrics) / count;
     step.n_tokens += batch.n_tokens();
     for (const auto& [key, value] : metrics) sums[key] += value / count;
+  }
+  const tf_run_info info = host.run_info();
+  if (info.world_size > 1) {
+    // Each rank scored its own pairs. TRL logs the ranks' mean loss and
+    // every metric over all ranks' pairs (equal on each: the ranks' mean).
+    std::vector<double> values{step.loss};
+    for (const auto& [key, value] : sums) values.push_back(value);
+    at::Tensor all = at::tensor(values, at::kDouble).to(at::Device(info.device));
+    host.all_reduce(all, TF_REDUCE_AVG);
+    all = all.cpu();
+    step.loss = all[0].item<double>();
+    int64_t i = 1;
+    for (auto& [key, value] : sums) value = all[i++].item<double>();
   }
   for (const auto& [key, value] : sums) host.log_metric(key, value);
   return step;
