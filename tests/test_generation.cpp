@@ -49,7 +49,8 @@ TEST_P(KvCache, GreedyTokensEqualRecomputing) {
 
 INSTANTIATE_TEST_SUITE_P(Families, KvCache,
                          ::testing::Values(Case{"llama", ""}, Case{"mistral_window", "mistral"},
-                                           Case{"qwen3", "qwen3"}, Case{"qwen2", "qwen2"}),
+                                           Case{"qwen3", "qwen3"}, Case{"qwen2", "qwen2"},
+                                           Case{"gemma", "gemma"}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -108,6 +108,9 @@ const std::vector<Family>& families() {
       Family{"qwen2_window", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 12 + 2},
       // Per-head q/k RMSNorm, head_dim 16 != 32 / 4, tied head.
       Family{"qwen3", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 11 + 2},
+      // sqrt(C)-scaled embeddings, (1 + w) norms in fp32, GeGLU, head_dim 16, tied, pad_token_id
+      // 0 (its row has no lookup gradient, as nn.Embedding's padding_idx).
+      Family{"gemma", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 9 + 2},
       // WKV in chunks of 5 over 16 tokens: the carried state is exercised.
       Family{"rwkv", "plugin = \"rwkv\"\nconfig = \"@DIR@\"\nwkv_chunk = 5\n", 2 * 18 + 2 + 4}};
   return all;
@@ -118,7 +121,7 @@ const std::vector<Family>& families() {
 std::vector<Family> packed_families() {
   std::vector<Family> out;
   for (const Family& f : families())
-    for (const char* name : {"gpt2", "llama", "mistral", "qwen2_window", "qwen3"})
+    for (const char* name : {"gpt2", "llama", "mistral", "qwen2_window", "qwen3", "gemma"})
       if (std::string(f.name) == name) out.push_back(f);
   return out;
 }
@@ -205,6 +208,7 @@ INSTANTIATE_TEST_SUITE_P(
         Family{"mistral", "plugin = \"llama\"\n@PEER@", 0},
         Family{"qwen2", "plugin = \"llama\"\n@PEER@", 0},
         Family{"qwen3", "plugin = \"llama\"\n@PEER@", 0},
+        Family{"gemma", "plugin = \"llama\"\n@PEER@", 0},
         Family{"gpt2_inner", "plugin = \"gpt2\"\n@PEER@", 0},
         Family{"rwkv",
                "plugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nwkv_chunk = 7\n",

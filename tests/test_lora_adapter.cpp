@@ -128,6 +128,11 @@ INSTANTIATE_TEST_SUITE_P(
              "plugin = \"llama\"\npreset = \"qwen2-1.5B\"\nn_layer = 2\nn_embd = 32\nn_head = 4\n"
              "n_kv_head = 2\nintermediate_size = 80\nmax_positions = 64\nvocab_size = 256\n",
              "targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n"},
+        // Gemma (a small config.json): (1 + w) norms, scaled embeddings, tied head.
+        Case{"gemma",
+             "plugin = \"llama\"\nconfig = \"" + std::string(TIGHTFIT_SOURCE_DIR) +
+                 "/tests/fixtures/gemma-tiny\"\n",
+             "targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n"},
         // RWKV starts with zero output projections, so "o" is adapted for gradients to reach k and
         // v.
         Case{"rwkv", "plugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\n",

@@ -7,7 +7,7 @@ restart at each (transformers then keeps attention inside an example, as
 TRL's padding-free packing relies on) and are written as "positions".
 
 usage: hf_parity.py FAMILY OUT_DIR [packed]
-FAMILY: gpt2 | gpt2_inner | llama | llama3 | llama_bias | mistral | qwen2 | qwen2_window | qwen3 | rwkv
+FAMILY: gpt2 | gpt2_inner | llama | llama3 | llama_bias | mistral | qwen2 | qwen2_window | qwen3 | gemma | rwkv
 """
 import pathlib
 import sys
@@ -80,6 +80,13 @@ def build(family: str) -> torch.nn.Module:
                                        head_dim=16, max_position_embeddings=64, rope_theta=1000000.0,
                                        rms_norm_eps=1e-6, tie_word_embeddings=True)
         return transformers.Qwen3ForCausalLM(cfg)
+    if family == "gemma":  # sqrt(hidden)-scaled embeddings, (1 + w) norms, GeGLU, head_dim 16, tied
+        cfg = transformers.GemmaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=80,
+                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+                                       head_dim=16, max_position_embeddings=64, rope_theta=10000.0,
+                                       rms_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh",
+                                       tie_word_embeddings=True)
+        return transformers.GemmaForCausalLM(cfg)
     if family == "rwkv":
         cfg = transformers.RwkvConfig(vocab_size=VOCAB, context_length=64, hidden_size=32, num_hidden_layers=2,
                                       attention_hidden_size=32, intermediate_size=128, layer_norm_epsilon=1e-5,

@@ -40,7 +40,8 @@ struct TypeDefaults {
 constexpr TypeDefaults kDefaults[] = {{"llama", 2048, 1e-6},
                                       {"mistral", 4096 * 32, 1e-6},
                                       {"qwen2", 32768, 1e-6},
-                                      {"qwen3", 32768, 1e-6}};
+                                      {"qwen3", 32768, 1e-6},
+                                      {"gemma", 8192, 1e-6}};
 
 const char* const kActivations = "silu, swish, gelu, gelu_new, gelu_pytorch_tanh, relu";
 bool activation_supported(const std::string& act) {
@@ -198,16 +199,24 @@ Shape shape_from_hf_config(const std::string& path) {
   s.intermediate = c.need("intermediate_size", 1, 10'000'000);
   s.vocab = c.need("vocab_size", 1, 10'000'000);
   s.max_positions = c.get("max_position_embeddings", d->max_positions, 1, 100'000'000);
-  s.head_dim = c.get("head_dim", s.model_type == "qwen3" ? 128 : 0, 2, 100'000);
+  const bool gemma = s.model_type == "gemma";
+  s.head_dim = c.get("head_dim", s.model_type == "qwen3" ? 128 : gemma ? 256 : 0, 2, 100'000);
   s.rope_theta = c.real("rope_theta", 10000.0, 1.0, 1e12, false);
   s.rms_eps = c.real("rms_norm_eps", d->rms_eps, 0.0, 1.0);
-  s.tie_embeddings = c.flag("tie_word_embeddings", false);
-  if (s.model_type == "llama" || s.model_type == "qwen3")
+  s.tie_embeddings = c.flag("tie_word_embeddings", gemma);
+  if (s.model_type == "llama" || s.model_type == "qwen3" || gemma)
     s.qkv_bias = s.o_bias = c.flag("attention_bias", false);
   if (s.model_type == "qwen2") s.qkv_bias = true;  // Qwen2 always, and never on o_proj
   if (s.model_type == "llama") s.mlp_bias = c.flag("mlp_bias", false);
   s.qk_norm = s.model_type == "qwen3";
-  s.act = c.text("hidden_act", "silu");
+  s.unit_offset_norm = s.scaled_embeddings = gemma;
+  // GemmaConfig's default is 0, the others' None; an explicit null is None.
+  s.pad_token_id = c.json.contains("pad_token_id") && c.json["pad_token_id"].is_null()
+                       ? -1
+                       : c.get("pad_token_id", gemma ? 0 : -1, 0, s.vocab - 1);
+  // GemmaMLP reads hidden_act (transformers 4.57); hidden_activation is
+  // left unread there, and so here.
+  s.act = c.text("hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
   if (!activation_supported(s.act))
     throw std::invalid_argument(c.source + ": hidden_act \"" + s.act + "\" is not supported (" +
                                 kActivations + ")");
@@ -232,6 +241,9 @@ void validate(const Shape& s, const std::string& where) {
     bad("n_head = " + std::to_string(s.n_head) +
         " is not a multiple of n_kv_head = " + std::to_string(s.n_kv_head));
   if (s.n_head * s.d_head() > 10'000'000) bad("heads x head_dim is past 1e7");
+  if (s.pad_token_id >= s.vocab && s.vocab > 0)
+    bad("pad_token_id = " + std::to_string(s.pad_token_id) + " is past the vocabulary of " +
+        std::to_string(s.vocab));
   if (s.rope_scaling == "yarn" && s.rope_original_max_positions <= 0)
     bad("yarn scaling needs original_max_position_embeddings");
   if (static_cast<int64_t>(s.sliding_layers.size()) < s.n_layer && s.sliding_window > 0)

@@ -1,4 +1,4 @@
-// The shape of a LLaMA-family decoder (LLaMA 1/2/3, Mistral, Qwen2, Qwen3):
+// The shape of a LLaMA-family decoder (LLaMA 1/2/3, Mistral, Qwen2, Qwen3, Gemma):
 // presets, reading it from a Hugging Face config.json, and writing one back
 // for export. Every config.json key that changes the maths is honoured here or
 // refused by name; nothing that matters is skipped silently.
@@ -12,7 +12,7 @@
 namespace llama {
 
 // The Hugging Face model types this plugin computes.
-constexpr const char* kModelTypes = "llama,mistral,qwen2,qwen3";
+constexpr const char* kModelTypes = "llama,mistral,qwen2,qwen3,gemma";
 
 struct Shape {
   std::string model_type = "llama";
@@ -25,6 +25,13 @@ struct Shape {
   bool o_bias = false;    // the output projection too (LLaMA's attention_bias)
   bool mlp_bias = false;  // gate, up and down (LLaMA's mlp_bias)
   bool qk_norm = false;   // RMSNorm over each head of q and k before rotary (Qwen3)
+  // Gemma: every RMSNorm scales by (1 + w), in fp32 before the cast back,
+  // and the embeddings are multiplied by sqrt(hidden size).
+  bool unit_offset_norm = false;
+  bool scaled_embeddings = false;
+  // config.json's pad_token_id: transformers' nn.Embedding(padding_idx) gives
+  // that row no gradient from lookups (-1: none).
+  int64_t pad_token_id = -1;
   std::string act = "silu";
   // Rotary scaling: none | linear | dynamic | llama3 | yarn.
   std::string rope_scaling = "none";

@@ -1,6 +1,6 @@
 // LLaMA-family decoders (Touvron et al. 2023; LLaMA-2, LLaMA-3, Mistral,
-// Qwen2, Qwen3) as one tightfit model plugin, with Hugging Face parameter
-// names (LlamaForCausalLM and its kin).
+// Qwen2, Qwen3, Gemma) as one tightfit model plugin, with Hugging Face
+// parameter names (LlamaForCausalLM and its kin).
 //
 //   h_0    = E[x]
 //   a_l    = h_{l-1} + W_o Attn(RoPE(W_q u), RoPE(W_k u), W_v u),   u = RMSNorm_1(h_{l-1})
@@ -15,6 +15,8 @@
 //   Qwen3   q and k RMS-normalized per head before rotary; head_dim != C/H
 //   Mistral each query sees the sliding_window latest keys
 //   LLaMA   attention_bias (q, k, v, o) and mlp_bias (gate, up, down) when set
+//   Gemma   h_0 = sqrt(C) E[x]; RMSNorm(x) = x / rms(x) * (1 + w) in fp32;
+//           GeGLU (gelu_pytorch_tanh); head_dim 256 unless given; tied head
 #include <ATen/ATen.h>
 
 #include <array>
@@ -61,6 +63,9 @@ struct Llama {
     // In fp32, as the reference does, then back to the activations' dtype.
     at::Tensor xf = x.to(at::kFloat);
     xf = xf * at::rsqrt(xf.pow(2).mean(-1, true) + s.rms_eps);
+    // Gemma scales before the cast, by 1 + w (its weights start at zero).
+    if (s.unit_offset_norm)
+      return (xf * (1.0 + host.weight(weight).to(at::kFloat))).to(x.scalar_type());
     return host.weight(weight) * xf.to(x.scalar_type());
   }
 
@@ -163,8 +168,12 @@ struct Llama {
     // Tied, E is also the head, whose dense gradient reaches it first: the
     // lookup's sparse gradient adds its rows into it (no second [V, C] tensor).
     // Untied, the lookup's gradient is E's whole gradient and stays dense.
-    return at::embedding(host.weight("model.embed_tokens.weight"), tokens, -1, false,
-                         /*sparse=*/s.tie_embeddings);
+    const at::Tensor e =
+        at::embedding(host.weight("model.embed_tokens.weight"), tokens, s.pad_token_id, false,
+                      /*sparse=*/s.tie_embeddings);
+    if (!s.scaled_embeddings) return e;
+    // Gemma: sqrt(C) rounded to the activations' dtype first, as transformers.
+    return e * at::scalar_tensor(std::sqrt(static_cast<double>(s.n_embd)), e.options());
   }
 
   const char* head_weight() const {
@@ -245,6 +254,8 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     const int64_t KV = s.n_kv_head * D, Q = s.n_head * D, T = info.seq_len;
     const int64_t elt = m->dtype == at::kFloat ? 4 : 2;
     const uint32_t no_decay = TF_PARAM_NO_WEIGHT_DECAY;
+    // A norm's identity: w = 1, or Gemma's w = 0 (it scales by 1 + w).
+    const tf_init_kind norm_init = s.unit_offset_norm ? TF_INIT_ZEROS : TF_INIT_ONES;
     const double std = 0.02, proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(L));
 
     // Activation bytes per token autograd keeps (for `plan`). RMSNorm keeps
@@ -273,7 +284,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
           "block." + std::to_string(l), TF_STAGE_BLOCK,
           {block_bytes, frozen_block_bytes, C * elt, backward_bytes, frozen_backward_bytes},
           2 * (2 * C * Q + 2 * C * KV + 3 * C * I) + 2 * T * Q);
-      declare(*m, m->layer(l, "input_layernorm.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);
+      declare(*m, m->layer(l, "input_layernorm.weight"), {C}, st, norm_init, 0, no_decay);
       declare(*m, m->layer(l, "self_attn.q_proj.weight"), {Q, C}, st, TF_INIT_NORMAL, std, 0);
       declare(*m, m->layer(l, "self_attn.k_proj.weight"), {KV, C}, st, TF_INIT_NORMAL, std, 0);
       declare(*m, m->layer(l, "self_attn.v_proj.weight"), {KV, C}, st, TF_INIT_NORMAL, std, 0);
@@ -289,8 +300,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       declare(*m, m->layer(l, "self_attn.o_proj.weight"), {C, Q}, st, TF_INIT_NORMAL, proj_std, 0);
       if (s.o_bias)
         declare(*m, m->layer(l, "self_attn.o_proj.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
-      declare(*m, m->layer(l, "post_attention_layernorm.weight"), {C}, st, TF_INIT_ONES, 0,
-              no_decay);
+      declare(*m, m->layer(l, "post_attention_layernorm.weight"), {C}, st, norm_init, 0, no_decay);
       declare(*m, m->layer(l, "mlp.gate_proj.weight"), {I, C}, st, TF_INIT_NORMAL, std, 0);
       declare(*m, m->layer(l, "mlp.up_proj.weight"), {I, C}, st, TF_INIT_NORMAL, std, 0);
       declare(*m, m->layer(l, "mlp.down_proj.weight"), {C, I}, st, TF_INIT_NORMAL, proj_std, 0);
@@ -304,7 +314,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     const int32_t head = m->host.declare_stage(
         "head", TF_STAGE_HEAD, {rms_norm_bytes + loss, frozen_norm_bytes + loss, V * elt},
         2 * C * V, {m->head_weight(), "", loss});
-    declare(*m, "model.norm.weight", {C}, head, TF_INIT_ONES, 0, no_decay);
+    declare(*m, "model.norm.weight", {C}, head, norm_init, 0, no_decay);
     if (!s.tie_embeddings) declare(*m, "lm_head.weight", {V, C}, head, TF_INIT_NORMAL, std, 0);
     const nlohmann::json cfg = llama::hf_config_for_export(s, host.get_string("dtype"));
     m->hf_config = cfg.dump(2);
@@ -349,7 +359,7 @@ tf_status decode(void* state, tf_host_context* ctx, void** cache, tf_tensor toke
       throw std::invalid_argument(
           "generation reached max_positions = " + std::to_string(m->s.max_positions) +
           " tokens (prompt and new tokens together)");
-    at::Tensor h = at::embedding(m->host.weight("model.embed_tokens.weight"), x);
+    at::Tensor h = m->embed(x);  // Gemma's scaling too
     for (int64_t l = 0; l < m->s.n_layer; ++l) h = m->block(h, l, &c);
     c.length += x.size(1);
     *out = tf_sdk::give(m->head(h));
@@ -369,7 +379,7 @@ const tf_config_key kKeys[] = {
                 1, 0, "tiny|1B|7B|13B|30B|70B|qwen2-1.5B|custom"),
     tf_sdk::key("config", TF_VALUE_PATH, "\"\"",
                 "Hugging Face config.json (or its folder) giving the shape; model_type llama, "
-                "mistral, qwen2 or qwen3"),
+                "mistral, qwen2, qwen3 or gemma"),
     tf_sdk::key("n_layer", TF_VALUE_INT, "0", "decoder layers (overrides)", 0, 1e4),
     tf_sdk::key("n_embd", TF_VALUE_INT, "0", "hidden size (overrides)", 0, 1e6),
     tf_sdk::key("n_head", TF_VALUE_INT, "0", "query heads (overrides)", 0, 1e4),
