@@ -39,6 +39,36 @@ inline test::TempDir* data_peer() {
   return dir;
 }
 
+// A parity test's folder: the data peer's tokenizer (in tokenizer/) and rows.
+inline void copy_peer_data(const test::TempDir& data, const test::TempDir& d) {
+  fs::create_directories(d.path() / "tokenizer");
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
+    fs::copy_file(data.path() / f, d.path() / "tokenizer" / f);
+  fs::copy_file(data.path() / "rows.jsonl", d.path() / "rows.jsonl");
+}
+
+// Runs a TRL peer (tests/peers/`script`) on `dir` and reads what it expects;
+// empty (and a failure recorded, with the peer's log) when it failed.
+inline std::map<std::string, at::Tensor> run_trl_peer(const std::string& script,
+                                                      const std::string& dir) {
+  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
+                          TIGHTFIT_SOURCE_DIR + "/tests/peers/" + script + " " + dir + " > " + dir +
+                          "/peer.log 2>&1";
+  if (std::system(cmd.c_str()) != 0) {
+    ADD_FAILURE() << script << " failed: " << read_file_text(dir + "/peer.log");
+    return {};
+  }
+  return read_safetensors(dir + "/expected.safetensors").tensors;
+}
+
+// Trainable weights (adapters) moved away from their start (LoRA's B = 0
+// would make the policy its own reference), the same way in every test.
+inline void randomize_trainable(Session& s) {
+  at::NoGradGuard no_grad;
+  at::manual_seed(11);
+  for (Param* p : s.store().trainable()) p->value.copy_(at::randn_like(p->value) * 0.2);
+}
+
 // The rows as the batcher lays out pairs: every chosen row, then every rejected one.
 inline std::pair<at::Tensor, at::Tensor> rows_batch(const std::vector<Example>& seq, int64_t pad) {
   const auto n = static_cast<int64_t>(seq.size());

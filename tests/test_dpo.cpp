@@ -53,17 +53,9 @@ TEST_P(DpoParity, LogpsLossMetricsAndGradientsEqualTrl) {
   const Case& c = GetParam();
   test::TempDir d;
   const std::string dir = d.str();
-  fs::create_directories(dir + "/tokenizer");
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
-    fs::copy_file(data_->path() / f, d.path() / "tokenizer" / f);
-  fs::copy_file(data_->path() / "rows.jsonl", d.path() / "rows.jsonl");
+  copy_peer_data(*data_, d);
   auto s = test::make_session(recipe(dir, c));
-  {
-    // Adapters away from their start (B = 0 would make policy = reference).
-    at::NoGradGuard no_grad;
-    at::manual_seed(11);
-    for (Param* p : s->store().trainable()) p->value.copy_(at::randn_like(p->value) * 0.2);
-  }
+  randomize_trainable(*s);
   s->export_hf(dir + "/base", /*merge=*/false);
   s->export_adapter(dir + "/adapter");
   std::ofstream(dir + "/options.json") << nlohmann::json({{"loss_type", c.loss_type},
@@ -71,11 +63,8 @@ TEST_P(DpoParity, LogpsLossMetricsAndGradientsEqualTrl) {
                                                           {"label_smoothing", c.label_smoothing},
                                                           {"max_length", kSeqLen + 1}})
                                               .dump();
-  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                          TIGHTFIT_SOURCE_DIR + "/tests/peers/dpo_parity.py " + dir + " > " + dir +
-                          "/peer.log 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file_text(dir + "/peer.log");
-  const auto want = read_safetensors(dir + "/expected.safetensors").tensors;
+  const auto want = run_trl_peer("dpo_parity.py", dir);
+  ASSERT_FALSE(want.empty());
 
   // Each row's log-probabilities, policy and reference (adapters off).
   auto tok = BpeTokenizer::load(dir + "/tokenizer");
@@ -122,10 +111,7 @@ TEST_P(DpoParity, LogpsLossMetricsAndGradientsEqualTrl) {
 TEST_F(DpoParity, AFullFineTuneAgainstItsStartingWeightsEqualsTrlAfterAResume) {
   test::TempDir d;
   const std::string dir = d.str();
-  fs::create_directories(dir + "/tokenizer");
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
-    fs::copy_file(data_->path() / f, d.path() / "tokenizer" / f);
-  fs::copy_file(data_->path() / "rows.jsonl", d.path() / "rows.jsonl");
+  copy_peer_data(*data_, d);
   std::string text = recipe(dir, Case{"sigmoid", "sigmoid", 0.5, 0.0});
   text = text.substr(0, text.find("[[strategy]]"));
   text.replace(text.find("steps = 1"), 9, "steps = 2");
@@ -143,11 +129,8 @@ TEST_F(DpoParity, AFullFineTuneAgainstItsStartingWeightsEqualsTrlAfterAResume) {
                                                           {"label_smoothing", 0.0},
                                                           {"max_length", kSeqLen + 1}})
                                               .dump();
-  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                          TIGHTFIT_SOURCE_DIR + "/tests/peers/dpo_parity.py " + dir + " > " + dir +
-                          "/peer.log 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file_text(dir + "/peer.log");
-  const auto want = read_safetensors(dir + "/expected.safetensors").tensors;
+  const auto want = run_trl_peer("dpo_parity.py", dir);
+  ASSERT_FALSE(want.empty());
   // The policy moved: its rewards are not zero.
   EXPECT_GT(std::abs(want.at("metric.rewards/margins").item<double>()), 1e-3);
   SessionOptions o;
@@ -328,11 +311,7 @@ class PreferenceAccumulation : public PreferenceRecipes {
     o.stop_after_steps = stop_after;
     o.resume = resume;
     auto s = test::make_session(text, o);
-    if (!resume) {
-      at::NoGradGuard no_grad;
-      at::manual_seed(11);
-      for (Param* p : s->store().trainable()) p->value.copy_(at::randn_like(p->value) * 0.2);
-    }
+    if (!resume) randomize_trainable(*s);
     const TrainSummary sum = s->train();
     Step r;
     r.loss = sum.losses.back();

@@ -48,16 +48,9 @@ TEST_P(OrpoParity, LogpsLossMetricsAndGradientsEqualTrl) {
   const OrpoCase& c = GetParam();
   test::TempDir d;
   const std::string dir = d.str();
-  fs::create_directories(dir + "/tokenizer");
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json"})
-    fs::copy_file(data_->path() / f, d.path() / "tokenizer" / f);
-  fs::copy_file(data_->path() / "rows.jsonl", d.path() / "rows.jsonl");
+  copy_peer_data(*data_, d);
   auto s = test::make_session(orpo_recipe(dir, c));
-  if (c.lora) {
-    at::NoGradGuard no_grad;  // adapters away from their start (B = 0)
-    at::manual_seed(11);
-    for (Param* p : s->store().trainable()) p->value.copy_(at::randn_like(p->value) * 0.2);
-  }
+  if (c.lora) randomize_trainable(*s);
   s->export_hf(dir + "/base", /*merge=*/false);
   if (c.lora) s->export_adapter(dir + "/adapter");
   std::ofstream(dir + "/options.json") << nlohmann::json({{"trainer", "orpo"},
@@ -65,11 +58,8 @@ TEST_P(OrpoParity, LogpsLossMetricsAndGradientsEqualTrl) {
                                                           {"max_length", kSeqLen + 1},
                                                           {"max_prompt_length", 64}})
                                               .dump();
-  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                          TIGHTFIT_SOURCE_DIR + "/tests/peers/cpo_parity.py " + dir + " > " + dir +
-                          "/peer.log 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file_text(dir + "/peer.log");
-  const auto want = read_safetensors(dir + "/expected.safetensors").tensors;
+  const auto want = run_trl_peer("cpo_parity.py", dir);
+  ASSERT_FALSE(want.empty());
 
   // Each completion's average log-probability, from the per-token service.
   auto tok = BpeTokenizer::load(dir + "/tokenizer");

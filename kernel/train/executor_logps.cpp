@@ -51,9 +51,8 @@ Executor::TokenLogps Executor::token_logps(const at::Tensor& tokens_in,
 
 void Executor::check_target_ids(const at::Tensor& targets) const {
   if (targets.numel() == 0) return;
-  const at::Tensor counted = targets.ne(kIgnoreIndex);
-  const int64_t lowest = at::where(counted, targets, 0).min().item<int64_t>();
-  const int64_t highest = at::where(counted, targets, 0).max().item<int64_t>();
+  const at::Tensor ids = at::where(targets.ne(kIgnoreIndex), targets, 0);
+  const int64_t lowest = ids.min().item<int64_t>(), highest = ids.max().item<int64_t>();
   // The last head the pass reaches says how many rows its projection has.
   int64_t rows = -1;
   for (size_t i = stages_.size(); i-- > 0;) {

@@ -37,13 +37,8 @@ tf_sdk::SequenceLogps policy_logps(const tf_sdk::Batch& b) {
 }
 
 void add_metrics(tf_preference::Metrics& m, const tf_preference::CpoResult& r) {
-  m["rewards/chosen"] = r.chosen_rewards.mean().item<double>();
-  m["rewards/rejected"] = r.rejected_rewards.mean().item<double>();
-  m["rewards/accuracies"] =
-      r.chosen_rewards.gt(r.rejected_rewards).to(at::kFloat).mean().item<double>();
-  m["rewards/margins"] = (r.chosen_rewards - r.rejected_rewards).mean().item<double>();
-  m["logps/chosen"] = r.used.chosen.mean().item<double>();
-  m["logps/rejected"] = r.used.rejected.mean().item<double>();
+  tf_preference::add_reward_metrics(m, r.chosen_rewards, r.rejected_rewards, r.used.chosen,
+                                    r.used.rejected);
   m["nll_loss"] = r.nll.item<double>();
 }
 

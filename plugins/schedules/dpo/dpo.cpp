@@ -16,6 +16,7 @@
 // that runs through the kernel's own pass (checkpointing, offload,
 // grad_ready, fused updates) unchanged.
 #include <memory>
+#include <optional>
 
 #include "micro_batches.hpp"
 #include "preference_loss.hpp"
@@ -33,21 +34,27 @@ struct Dpo {
   // A full fine-tune's reference (empty with adapters): taken before the
   // first update, or read from the checkpoint a run resumes from.
   tf_preference::ReferenceWeights reference;
+  std::optional<bool> adapters;  // whether a strategy holds adapters, asked once
 };
 
 // Whether a strategy holds adapters: then the reference is the base with
 // them off, as TRL does for a PeftModel; else a copy of the whole model.
-bool has_adapters(const tf_sdk::Host& host) {
-  if (host.set_adapters_enabled(false) == 0) return false;
-  host.set_adapters_enabled(true);
-  return true;
+// The strategies do not change during a run: asked once.
+bool has_adapters(Dpo& s) {
+  if (!s.adapters) {
+    s.adapters = s.host.set_adapters_enabled(false) > 0;
+    if (*s.adapters) s.host.set_adapters_enabled(true);
+  }
+  return *s.adapters;
 }
 
 // The adapters off while a reference pass runs, back on however it ends.
 class AdaptersOff {
  public:
   explicit AdaptersOff(const tf_sdk::Host& host) : host_(host) {
-    host_.set_adapters_enabled(false);
+    // Nothing turned off would score the policy as its own reference.
+    if (host_.set_adapters_enabled(false) == 0)
+      throw std::logic_error("dpo: a reference pass with neither adapters nor a reference copy");
   }
   ~AdaptersOff() {
     try {
@@ -67,7 +74,7 @@ class AdaptersOff {
 // update (the first step or an evaluation before it). A resumed run has
 // read them from its checkpoint.
 void keep_reference(Dpo& s) {
-  if (s.reference.empty() && !has_adapters(s.host)) s.reference.take(s.host);
+  if (s.reference.empty() && !has_adapters(s)) s.reference.take(s.host);
 }
 
 struct Scores {
@@ -107,13 +114,8 @@ Scores score(Dpo& s, const tf_sdk::Batch& b) {
 
 void add_metrics(tf_preference::Metrics& m, const tf_preference::DpoResult& r,
                  const tf_preference::PairLogps& policy) {
-  m["rewards/chosen"] = r.chosen_rewards.mean().item<double>();
-  m["rewards/rejected"] = r.rejected_rewards.mean().item<double>();
-  m["rewards/accuracies"] =
-      r.chosen_rewards.gt(r.rejected_rewards).to(at::kFloat).mean().item<double>();
-  m["rewards/margins"] = (r.chosen_rewards - r.rejected_rewards).mean().item<double>();
-  m["logps/chosen"] = policy.chosen.mean().item<double>();
-  m["logps/rejected"] = policy.rejected.mean().item<double>();
+  tf_preference::add_reward_metrics(m, r.chosen_rewards, r.rejected_rewards, policy.chosen,
+                                    policy.rejected);
 }
 
 tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
@@ -139,7 +141,7 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
     const double lr = s->lr.apply(s->host, step, total);
     s->host.zero_grad();
     // A resumed run read the copy from its checkpoint (load_state).
-    if (step > 0 && s->reference.empty() && !has_adapters(s->host))
+    if (step > 0 && s->reference.empty() && !has_adapters(*s))
       throw std::logic_error("dpo: no reference weights at step " + std::to_string(step));
     keep_reference(*s);
     const tf_preference::AccumulatedStep done = tf_preference::accumulate_pairs(
@@ -194,7 +196,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
     // The gradients of the earlier micro-batches live through the later ones.
     if (s->accumulation > 1) out->grads_in_forward = 1;
     // A full fine-tune keeps a copy of the trainable weights as its reference.
-    if (!has_adapters(s->host))
+    if (!has_adapters(*s))
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] +=
           tf_preference::ReferenceWeights::planned_bytes(s->host);
     return TF_OK;
@@ -214,7 +216,7 @@ tf_status load_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Dpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     s->skipped = static_cast<int64_t>(s->host.saved_double("skipped"));
-    if (!s->reference.load(s->host) && !has_adapters(s->host))
+    if (!s->reference.load(s->host) && !has_adapters(*s))
       throw std::runtime_error(
           "the checkpoint holds no reference weights for dpo's full fine-tune (it was saved with "
           "adapters, or by another schedule): resume with the recipe that saved it");

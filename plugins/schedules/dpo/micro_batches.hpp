@@ -18,6 +18,20 @@ namespace tf_preference {
 
 using Metrics = std::map<std::string, double>;
 
+// The metrics every TRL preference trainer logs, from the rewards (beta
+// times what each trainer calls them) and the log-probs its loss used.
+inline void add_reward_metrics(Metrics& m, const at::Tensor& chosen_rewards,
+                               const at::Tensor& rejected_rewards, const at::Tensor& chosen_logps,
+                               const at::Tensor& rejected_logps) {
+  m["rewards/chosen"] = chosen_rewards.mean().item<double>();
+  m["rewards/rejected"] = rejected_rewards.mean().item<double>();
+  m["rewards/accuracies"] =
+      chosen_rewards.gt(rejected_rewards).to(at::kFloat).mean().item<double>();
+  m["rewards/margins"] = (chosen_rewards - rejected_rewards).mean().item<double>();
+  m["logps/chosen"] = chosen_logps.mean().item<double>();
+  m["logps/rejected"] = rejected_logps.mean().item<double>();
+}
+
 struct AccumulatedStep {
   double loss = 0;  // the mean of the micro-batches' losses
   int64_t n_tokens = 0;

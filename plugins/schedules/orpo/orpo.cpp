@@ -67,13 +67,8 @@ Scored orpo_targets(const tf_sdk::Batch& b) {
 }
 
 void add_metrics(tf_preference::Metrics& m, const tf_preference::OrpoResult& r) {
-  m["rewards/chosen"] = r.chosen_rewards.mean().item<double>();
-  m["rewards/rejected"] = r.rejected_rewards.mean().item<double>();
-  m["rewards/accuracies"] =
-      r.chosen_rewards.gt(r.rejected_rewards).to(at::kFloat).mean().item<double>();
-  m["rewards/margins"] = (r.chosen_rewards - r.rejected_rewards).mean().item<double>();
-  m["logps/chosen"] = r.used.chosen.mean().item<double>();
-  m["logps/rejected"] = r.used.rejected.mean().item<double>();
+  tf_preference::add_reward_metrics(m, r.chosen_rewards, r.rejected_rewards, r.used.chosen,
+                                    r.used.rejected);
   m["nll_loss"] = r.nll.item<double>();
   m["log_odds_ratio"] = r.log_odds_ratio.item<double>();
   m["log_odds_chosen"] = r.log_odds_chosen.item<double>();
