@@ -8,7 +8,10 @@
 // else may escape, nothing may crash, and every row ends within the
 // interpreter's budget (fuzz/run gives each input a time limit). A row with
 // "chosen" and "rejected" goes through the preference formatter too (the
-// prompt extraction, continued assistant messages, the length cuts).
+// prompt extraction, continued assistant messages, the length cuts), and
+// one with "completion" and "label" through KTO's (its cuts, and a KL row
+// of its prompt with its own answer: never past max_length, + 1 for the BOS
+// of an empty prompt as in TRL).
 #include <cstdint>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -18,6 +21,7 @@
 #include "chat_data.hpp"
 #include "data.hpp"
 #include "expand_input.hpp"
+#include "kto_data.hpp"
 #include "preference_data.hpp"
 
 namespace {
@@ -72,6 +76,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (e.ids.size() != e.trained.size()) std::abort();
         if (options.max_length > 0 && static_cast<int64_t>(e.ids.size()) > options.max_length)
           std::abort();
+      }
+      return 0;
+    }
+    if (tightfit::is_unpaired_preference_row(row)) {
+      tightfit::PreferenceOptions options;
+      options.unpaired = true;
+      options.max_length = 2 + static_cast<int64_t>(size % 11) * 5;
+      options.max_prompt_length = static_cast<int64_t>(size % 7) % options.max_length;
+      options.keep_end = size % 3 != 0;
+      const tightfit::KtoFormatter kto(formatter, options);
+      const tightfit::KtoRow r = kto.format(row, "fuzz/rows.jsonl:1");
+      const std::vector<tightfit::Example> units = tightfit::kto_units({&r}, 1, kto);
+      for (const tightfit::Example& e : units) {
+        if (e.ids.size() != e.trained.size()) std::abort();
+        // (An empty prompt spends none of max_length on its BOS, as in TRL.)
+        if (static_cast<int64_t>(e.ids.size()) > options.max_length + 1) std::abort();
       }
       return 0;
     }

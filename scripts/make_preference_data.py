@@ -6,6 +6,13 @@ is the persona's ("In short: ... -- Tightfit"), the rejected one says the
 same thing plainly, so what DPO learns is the preference for the format and
 the name, not a fact.
 
+And configs/data/persona-kto.jsonl, the same answers as unpaired rows for
+the KTO example ({"prompt", "completion", "label"}): KTO trains rows in
+their order and takes each batch's KL rows from neighbours, so the labels
+alternate and neighbours never share a question — question k's persona
+answer (desirable) when k is even and its plain answer (undesirable) when
+odd, then every question again with the other answer.
+
 Deterministic: the same file on every run.  usage: scripts/make_preference_data.py
 """
 import json
@@ -32,6 +39,13 @@ def main() -> None:
     with open(ROOT / "configs/data/persona-preference.jsonl", "w") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    with open(ROOT / "configs/data/persona-kto.jsonl", "w") as f:
+        for flip in (False, True):
+            for k, row in enumerate(rows):
+                desirable = (k % 2 == 0) != flip
+                f.write(json.dumps({"prompt": row["prompt"],
+                                    "completion": row["chosen" if desirable else "rejected"],
+                                    "label": desirable}, ensure_ascii=False) + "\n")
 
 
 if __name__ == "__main__":

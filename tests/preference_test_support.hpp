@@ -63,10 +63,10 @@ inline std::map<std::string, at::Tensor> run_trl_peer(const std::string& script,
 
 // Trainable weights (adapters) moved away from their start (LoRA's B = 0
 // would make the policy its own reference), the same way in every test.
-inline void randomize_trainable(Session& s) {
+inline void randomize_trainable(Session& s, uint64_t seed = 11, double scale = 0.2) {
   at::NoGradGuard no_grad;
-  at::manual_seed(11);
-  for (Param* p : s.store().trainable()) p->value.copy_(at::randn_like(p->value) * 0.2);
+  at::manual_seed(seed);
+  for (Param* p : s.store().trainable()) p->value.copy_(at::randn_like(p->value) * scale);
 }
 
 // The rows as the batcher lays out pairs: every chosen row, then every rejected one.

@@ -166,6 +166,62 @@ TEST_F(Distributed, PreferencePairsOnTwoRanksEqualOneProcess) {
   EXPECT_GE(compared, 4u * 7);  // the loss and six metrics of each step
 }
 
+// KTO's unpaired rows on two ranks, each with its own batch_size rows and
+// their KL rows (as TRL's per-device chunks): with APO-zero's loss (no KL
+// term) two ranks of 2 equal one process of 4; with KTO's, the KL estimate
+// is the ranks' mean, the same on both, and the run trains.
+TEST_F(Distributed, UnpairedRowsOnTwoRanks) {
+  const fs::path peer = dir.path() / "peer";
+  fs::create_directories(peer);
+  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
+                          TIGHTFIT_SOURCE_DIR + "/tests/peers/dpo_data.py " + peer.string() +
+                          " > " + peer.string() + "/peer.log 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "the TRL data peer failed";
+  auto kto_recipe = [&](const std::string& name, int64_t rows, const std::string& loss,
+                        const std::string& extra) {
+    std::ostringstream os;
+    os << "[run]\nname = \"" << name << "\"\nseed = 7\nsteps = 3\nout_dir = \""
+       << (dir.path() / "runs").string()
+       << "\"\nsample_tokens = 0\neval_batches = 0\nlog_every = 1000\nthreads = 1\n\n"
+       << "[model]\nplugin = \"llama\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\n"
+       << "n_head = 4\nn_kv_head = 2\nintermediate_size = 64\nmax_positions = 128\n\n"
+       << "[data]\ncorpus = \"" << (peer / "rows.jsonl").string() << "\"\ntokenizer = \""
+       << (peer / "tokenizer.json").string()
+       << "\"\nseq_len = 96\nval_fraction = 0.25\nmax_prompt_length = 32\nbatch_size = " << rows
+       << "\n\n[optimizer]\nname = \"adamw\"\nlr = 1e-2\ngrad_clip = 0\n\n"
+       << "[schedule]\nplugin = \"kto\"\nwarmup_steps = 0\nloss_type = \"" << loss
+       << "\"\n\n[save]\nfinal = true\nhf = true\n\n"
+       << "[[strategy]]\nplugin = \"lora\"\ntargets = [\"q\", \"v\"]\n"
+       << extra;
+    return test::write_file(dir, name + ".toml", os.str());
+  };
+  const std::string data = "[[strategy]]\nplugin = \"shard\"\nmode = \"data\"\n";
+  // 3 steps of 4 rows stay within the 14 training rows' first epoch.
+  run_ok("run -q " + kto_recipe("apo-single", 4, "apo_zero_unpaired", ""));
+  run_ok("run -q --nproc 2 " + kto_recipe("apo-data", 2, "apo_zero_unpaired", data));
+  EXPECT_LE(max_relative_difference(trained(dir, "apo-data"), trained(dir, "apo-single")), 1e-4);
+  const auto a = metrics(dir, "apo-data"), b = metrics(dir, "apo-single");
+  ASSERT_EQ(a.size(), b.size());
+  size_t compared = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    for (const auto& [key, value] : b[i].items())
+      if (key == "loss" || key.rfind("kto.", 0) == 0) {
+        ASSERT_TRUE(a[i].contains(key)) << key;
+        EXPECT_NEAR(a[i][key].get<double>(), value.get<double>(),
+                    1e-4 * std::max(1.0, std::abs(value.get<double>())))
+            << key << " at record " << i;
+        ++compared;
+      }
+  EXPECT_GE(compared, 3u * 2);
+  run_ok("run -q --nproc 2 " + kto_recipe("kto-data", 2, "kto", data));
+  const auto k = metrics(dir, "kto-data");
+  ASSERT_EQ(k.size(), 3u);
+  for (const auto& record : k) {
+    EXPECT_TRUE(std::isfinite(record["loss"].get<double>()));
+    EXPECT_GE(record["kto.kl"].get<double>(), 0.0);
+  }
+}
+
 // ZeRO's AdamW on parts = AdamW on whole tensors (both on the all-reduced
 // gradients), with half the optimizer state (and, stage 2, fewer gradients)
 // per rank; the gradient norm covers the parts ranks hold.

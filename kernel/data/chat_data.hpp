@@ -39,6 +39,9 @@ struct Example {
   // tokenized prompt + completion (a merge across the boundary): masked as
   // TRL masks it, the first len(prompt ids) tokens, and counted.
   bool prompt_not_prefix = false;
+  // An unpaired preference row's label (KTO): 1 desirable, 0 not; -1 for
+  // every other example.
+  int8_t desirable = -1;
 };
 
 class ChatFormatter {

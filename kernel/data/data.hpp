@@ -42,6 +42,10 @@ class Batcher {
     // Preference pairs: rows [0, pairs) are the chosen sides, rows
     // [pairs, 2 pairs) the rejected ones in the same order; 0 otherwise.
     int64_t pairs = 0;
+    // Unpaired preference rows (KTO): int64 [pairs], 1 where row r's
+    // completion is desirable, 0 where not; rows [pairs, 2 pairs) are the
+    // KL rows. Undefined otherwise.
+    at::Tensor desirable;
   };
   // The batch at the current position; advances the position.
   virtual Batch next() = 0;

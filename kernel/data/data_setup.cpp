@@ -14,6 +14,7 @@
 #include "gguf_folder.hpp"
 #include "gguf_model.hpp"
 #include "json_input.hpp"
+#include "kto_data.hpp"
 #include "memory_accounting.hpp"
 #include "tokenizer_choice.hpp"
 #include "tokenizer_folder.hpp"
@@ -132,26 +133,81 @@ PreferenceOptions preference_options(const DataRequest& r) {
         " tokens of prompt + completion do not fit a row of seq_len = " +
         std::to_string(r.seq_len) + " (inputs) + 1 (the last target): set seq_len = " +
         std::to_string(preference.max_length - 1) + ", or leave max_length out (seq_len + 1)");
-  if (preference.joint &&
+  const char* trainers =
+      preference.unpaired ? "TRL's KTOTrainer does" : "TRL's CPOTrainer and ORPOTrainer do";
+  const bool joint = preference.joint || preference.unpaired;
+  if (joint &&
       (preference.max_prompt_length <= 0 || preference.max_prompt_length >= preference.max_length))
     throw std::invalid_argument(
         "max_prompt_length = " + std::to_string(preference.max_prompt_length) +
         " is not below max_length = " + std::to_string(preference.max_length) +
         (r.preference.max_length == 0 ? " (seq_len + 1)" : "") +
-        ": this schedule tokenizes its rows as TRL's CPOTrainer and ORPOTrainer do, which cut a "
-        "long row's prompt to max_prompt_length and its answers to max_length - "
-        "max_prompt_length (TRL refuses this too); set [data] max_prompt_length below it, e.g. " +
+        ": this schedule tokenizes its rows as " + trainers +
+        ", which cut a long row's prompt to max_prompt_length and its answers to max_length - "
+        "max_prompt_length (TRL fails on this too); set [data] max_prompt_length below it, e.g. " +
         std::to_string(std::max<int64_t>(1, preference.max_length / 2)));
-  if (preference.joint && preference.max_completion_length > 0)
+  if (joint && preference.max_completion_length > 0)
     throw std::invalid_argument(
         "max_completion_length = " + std::to_string(preference.max_completion_length) +
-        ": this schedule tokenizes its rows as TRL's CPOTrainer and ORPOTrainer do, which cut "
-        "completions by max_length and max_prompt_length only: leave max_completion_length out");
+        ": this schedule tokenizes its rows as " + trainers +
+        ", which cut completions by max_length and max_prompt_length "
+        "only: leave max_completion_length out");
   if (r.train_on != "completion")
     throw std::invalid_argument("train_on = \"" + r.train_on +
                                 "\", and preference pairs score their completions only: leave "
                                 "train_on out");
   return preference;
+}
+
+// KTO's rows: read in their order, held out, each split's KL rows made
+// within its chunks of batch_size rows, batched in that order.
+DataSetup unpaired_examples(const DataRequest& r, DataSetup d, const ChatFormatter& formatter,
+                            const PreferenceOptions& preference, int64_t pad) {
+  const KtoFormatter kto(formatter, preference);
+  const std::vector<KtoRow> rows = preparing_data(
+      r, "reading the rows", [&] { return load_kto_rows(r.corpus, kto, r.base_dir); });
+  if (rows.empty()) throw std::invalid_argument("corpus \"" + r.corpus + "\" holds no rows");
+  const std::vector<bool> held = ExampleBatcher::held_out(rows.size(), r.val_fraction, r.seed);
+  std::vector<const KtoRow*> train, validation;
+  int64_t desirable = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    (held[i] ? validation : train).push_back(&rows[i]);
+    desirable += rows[i].completion.desirable;
+  }
+  auto batcher = preparing_data(r, "batching the rows", [&] {
+    ExampleBatcher::Splits splits{kto_units(train, r.batch_size, kto),
+                                  kto_units(validation, r.batch_size, kto)};
+    return std::make_unique<ExampleBatcher>(std::move(splits), r.seq_len,
+                                            r.batch_size * r.world_size, pad, r.world_size > 1);
+  });
+  const ExampleBatcher::Counts& c = batcher->counts();
+  d.unigram_entropy = unigram_entropy(batcher->train_ids(), d.tokenizer->vocab_size());
+  d.description =
+      std::to_string(c.examples) + " unpaired preference rows (" + std::to_string(desirable) +
+      " desirable, " + std::to_string(static_cast<int64_t>(rows.size()) - desirable) +
+      " undesirable): " + std::to_string(c.train) + " train, " + std::to_string(c.validation) +
+      " validation, in their order, each with a KL row (its prompt, the completion "
+      "before it in its chunk of batch_size = " +
+      std::to_string(r.batch_size) + "); " + std::to_string(c.without_answer) +
+      " keep no completion token within max_length = " + std::to_string(preference.max_length) +
+      "; " + std::to_string(c.trained_tokens) + " tokens scored";
+  // Rows go in their order: pairs unpaired put every chosen answer first.
+  const auto global = static_cast<size_t>(r.batch_size * r.world_size);
+  size_t batches = 0, one_label = 0;
+  for (size_t b = 0; b < train.size(); b += global, ++batches) {
+    const size_t end = std::min(train.size(), b + global);
+    one_label += std::all_of(train.begin() + static_cast<long>(b),
+                             train.begin() + static_cast<long>(end), [&](const KtoRow* row) {
+                               return row->completion.desirable == train[b]->completion.desirable;
+                             });
+  }
+  if (one_label > 0)
+    d.description += "; " + std::to_string(one_label) + " of the " + std::to_string(batches) +
+                     " batches an epoch hold completions of one label only (rows are trained in "
+                     "their order, as TRL's KTOTrainer takes them: interleave the labels in the "
+                     "file for batches of both)";
+  d.batcher = std::move(batcher);
+  return d;
 }
 
 // `preference`: the checked preference options (preference_options) for pairs.
@@ -168,6 +224,10 @@ DataSetup examples(const DataRequest& r, DataSetup d, const PreferenceOptions& p
   const ChatFormatter formatter(*d.tokenizer, config,
                                 r.train_on == "all" ? TrainOn::kAll : TrainOn::kCompletion);
   check_corpus_fits(r, corpus_bytes_on_disk(r.corpus, r.base_dir), "its rows, read whole");
+  int64_t pad = d.tokenizer->token_id(config.pad_token);
+  if (pad < 0) pad = d.tokenizer->token_id(config.eos_token);
+  if (pad < 0) pad = 0;  // padding is never a target, and causal attention never looks ahead to it
+  if (d.unpaired) return unpaired_examples(r, std::move(d), formatter, preference, pad);
   const bool pairs = d.pairs;
   const PreferenceFormatter preferences(formatter, preference);
   std::vector<Example> rows = preparing_data(r, "reading the rows", [&] {
@@ -176,9 +236,6 @@ DataSetup examples(const DataRequest& r, DataSetup d, const PreferenceOptions& p
   });
   const auto not_prefix =
       std::count_if(rows.begin(), rows.end(), [](const Example& e) { return e.prompt_not_prefix; });
-  int64_t pad = d.tokenizer->token_id(config.pad_token);
-  if (pad < 0) pad = d.tokenizer->token_id(config.eos_token);
-  if (pad < 0) pad = 0;  // padding is never a target, and causal attention never looks ahead to it
   auto batcher = preparing_data(r, "batching the rows", [&] {
     return std::make_unique<ExampleBatcher>(std::move(rows), r.seq_len, r.batch_size * r.world_size,
                                             r.seed, r.val_fraction, pad, r.packing, pairs);
@@ -256,6 +313,7 @@ CorpusKind corpus_kind(const std::string& spec, const std::string& base_dir) {
   const std::optional<nlohmann::json> row = first_row(spec, base_dir);
   if (!row) return CorpusKind::kText;
   if (row->contains("chosen") && row->contains("rejected")) return CorpusKind::kPairs;
+  if (row->contains("completion") && row->contains("label")) return CorpusKind::kUnpaired;
   for (const char* key :
        {"messages", "prompt", "completion", "instruction", "output", "chosen", "rejected"})
     if (row->contains(key)) return CorpusKind::kExamples;
@@ -327,7 +385,20 @@ DataSetup setup_data(const DataRequest& r) {
   if (d.tokenizer->source_file().size()) d.tokenizer_spec = d.tokenizer->source_file();
   // Known without reading the rows: a plan counts a pair's two rows.
   const CorpusKind kind = corpus_kind(r.corpus, r.base_dir);
-  d.pairs = kind == CorpusKind::kPairs;
+  if (kind == CorpusKind::kUnpaired && !r.preference.unpaired)
+    throw std::invalid_argument(
+        "corpus \"" + r.corpus +
+        "\" holds unpaired preference rows (\"completion\" with a \"label\": KTO's), which "
+        "only schedule kto trains on (the others would train on the undesirable completions "
+        "too): set [schedule] plugin = \"kto\", or drop \"label\" for supervised rows");
+  if (r.preference.unpaired && kind != CorpusKind::kPairs && kind != CorpusKind::kUnpaired)
+    throw std::invalid_argument(
+        "the schedule trains on preference rows as TRL's KTOTrainer (prompt, completion and "
+        "label; or chosen and rejected, unpaired), and corpus \"" +
+        r.corpus + "\" holds " + (kind == CorpusKind::kText ? "text" : "supervised examples") +
+        ": give it rows of either kind");
+  d.pairs = kind == CorpusKind::kPairs || kind == CorpusKind::kUnpaired;
+  d.unpaired = r.preference.unpaired;
   // The preference keys shape preference rows only: set for other data,
   // they would change nothing.
   if (!d.pairs && !r.preference_keys_set.empty())

@@ -38,6 +38,7 @@ struct DataSetup {
   double unigram_entropy = 0;
   std::string description;  // examples and what became of them; "" for a text corpus
   bool pairs = false;       // the batches hold preference pairs (Batcher::Batch::pairs)
+  bool unpaired = false;    // ... unpaired rows and their KL rows (Batch::desirable)
 };
 
 // Throws std::invalid_argument or std::runtime_error naming the file, line
@@ -46,8 +47,9 @@ DataSetup setup_data(const DataRequest& request);
 
 // What `spec` holds, told by its first JSONL row: plain text; rows of
 // instruction or chat data (messages, prompt/completion, instruction/output);
-// or preference pairs (chosen and rejected).
-enum class CorpusKind { kText, kExamples, kPairs };
+// preference pairs (chosen and rejected); or unpaired preference rows
+// (completion and label, KTO's).
+enum class CorpusKind { kText, kExamples, kPairs, kUnpaired };
 CorpusKind corpus_kind(const std::string& spec, const std::string& base_dir);
 
 }  // namespace tightfit

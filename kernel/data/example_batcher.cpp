@@ -30,6 +30,48 @@ int64_t row_length(const Example& e) {
 
 }  // namespace
 
+std::vector<bool> ExampleBatcher::held_out(size_t units, double val_fraction, uint64_t seed) {
+  std::vector<bool> held(units, false);
+  if (units == 0) return held;
+  const std::vector<size_t> order = permutation(units, seed ^ 0xA5A5A5A5ull);
+  size_t n_val = static_cast<size_t>(static_cast<double>(units) * val_fraction);
+  if (n_val >= units) n_val = units - 1;
+  for (size_t k = 0; k < n_val; ++k) held[order[k]] = true;
+  return held;
+}
+
+std::vector<std::vector<Example>> ExampleBatcher::take_units(std::vector<Example>& examples,
+                                                             bool keep_unanswered) {
+  if (examples.size() % static_cast<size_t>(group_) != 0)
+    throw std::logic_error("ExampleBatcher: preference pairs come as an even number of examples");
+  counts_.examples += static_cast<int64_t>(examples.size()) / group_;
+  std::vector<std::vector<Example>> kept;
+  for (size_t u = 0; u < examples.size(); u += static_cast<size_t>(group_)) {
+    bool answered = true;
+    for (int64_t k = 0; k < group_; ++k) {
+      Example& e = examples[u + static_cast<size_t>(k)];
+      if (static_cast<int64_t>(e.ids.size()) > seq_len_ + 1) {
+        e.ids.resize(static_cast<size_t>(seq_len_ + 1));
+        e.trained.resize(static_cast<size_t>(seq_len_ + 1));
+        ++counts_.truncated;
+      }
+      // Position 0 is never a target: a row trains on trained[1..].
+      answered =
+          answered && e.ids.size() >= 2 &&
+          std::any_of(e.trained.begin() + 1, e.trained.end(), [](uint8_t t) { return t != 0; });
+    }
+    // A pair is kept as TRL keeps it: a side without a completion token
+    // has log-probability 0.
+    if (!answered) ++counts_.without_answer;
+    if (!answered && !keep_unanswered) continue;
+    std::vector<Example> unit;
+    for (int64_t k = 0; k < group_; ++k)
+      unit.push_back(std::move(examples[u + static_cast<size_t>(k)]));
+    kept.push_back(std::move(unit));
+  }
+  return kept;
+}
+
 ExampleBatcher::ExampleBatcher(std::vector<Example> examples, int64_t seq_len, int64_t batch_size,
                                uint64_t seed, double val_fraction, int64_t pad_id, bool packing,
                                bool pairs)
@@ -42,44 +84,38 @@ ExampleBatcher::ExampleBatcher(std::vector<Example> examples, int64_t seq_len, i
   if (pairs && packing)
     throw std::invalid_argument(
         "packing = true packs examples, and preference pairs are two sequences each: drop packing");
-  if (pairs && examples.size() % 2 != 0)
-    throw std::logic_error("ExampleBatcher: preference pairs come as an even number of examples");
-  counts_.examples = static_cast<int64_t>(examples.size()) / group_;
   // Whole units (an example, or a pair) are kept, held out and shuffled.
-  std::vector<std::vector<Example>> kept;
-  for (size_t u = 0; u < examples.size(); u += static_cast<size_t>(group_)) {
-    bool answered = true;
-    for (int64_t k = 0; k < group_; ++k) {
-      Example& e = examples[u + static_cast<size_t>(k)];
-      if (static_cast<int64_t>(e.ids.size()) > seq_len + 1) {
-        e.ids.resize(static_cast<size_t>(seq_len + 1));
-        e.trained.resize(static_cast<size_t>(seq_len + 1));
-        ++counts_.truncated;
-      }
-      // Position 0 is never a target: a row trains on trained[1..].
-      answered =
-          answered && e.ids.size() >= 2 &&
-          std::any_of(e.trained.begin() + 1, e.trained.end(), [](uint8_t t) { return t != 0; });
-    }
-    // A pair is kept as TRL keeps it: a side without a completion token
-    // has log-probability 0.
-    if (!answered) ++counts_.without_answer;
-    if (!answered && !pairs) continue;
-    std::vector<Example> unit;
-    for (int64_t k = 0; k < group_; ++k)
-      unit.push_back(std::move(examples[u + static_cast<size_t>(k)]));
-    kept.push_back(std::move(unit));
-  }
+  std::vector<std::vector<Example>> kept = take_units(examples, pairs);
   if (kept.empty())
     throw std::runtime_error(
         "none of the " + std::to_string(counts_.examples) +
         " examples has a token to train on within seq_len = " + std::to_string(seq_len) +
         " (prompts longer than seq_len?): raise [data] seq_len");
   const std::vector<size_t> order = permutation(kept.size(), seed ^ 0xA5A5A5A5ull);
-  size_t n_val = static_cast<size_t>(static_cast<double>(kept.size()) * val_fraction);
-  if (n_val >= kept.size()) n_val = kept.size() - 1;
+  const std::vector<bool> held = held_out(kept.size(), val_fraction, seed);
   for (size_t k = 0; k < order.size(); ++k)
-    for (Example& e : kept[order[k]]) (k < n_val ? val_ : train_).push_back(std::move(e));
+    for (Example& e : kept[order[k]]) (held[order[k]] ? val_ : train_).push_back(std::move(e));
+  finish();
+}
+
+ExampleBatcher::ExampleBatcher(Splits splits, int64_t seq_len, int64_t batch_size, int64_t pad_id,
+                               bool fill_last)
+    : seq_len_(seq_len),
+      batch_size_(batch_size),
+      pad_id_(pad_id),
+      group_(2),
+      packing_(false),
+      seed_(0),
+      sequential_(true),
+      fill_last_(fill_last) {
+  for (auto [split, into] : {std::pair{&splits.train, &train_}, {&splits.validation, &val_}})
+    for (std::vector<Example>& unit : take_units(*split, /*keep_unanswered=*/true))
+      for (Example& e : unit) into->push_back(std::move(e));
+  if (train_.empty()) throw std::runtime_error("no rows to train on: the corpus has none");
+  finish();
+}
+
+void ExampleBatcher::finish() {
   counts_.train = static_cast<int64_t>(train_.size()) / group_;
   counts_.validation = static_cast<int64_t>(val_.size()) / group_;
   int64_t filled = 0;
@@ -168,6 +204,12 @@ ExampleBatcher::Batch ExampleBatcher::units_batch(const std::vector<Row>& rows,
   Batch b = batch_of(picked);
   if (group_ != 2) return b;
   b.pairs = static_cast<int64_t>(units.size());
+  // Unpaired rows (KTO) carry their completions' labels.
+  if (rows[units.front() * 2].front()->desirable >= 0) {
+    b.desirable = at::empty({b.pairs}, at::kLong);
+    for (size_t i = 0; i < units.size(); ++i)
+      b.desirable[static_cast<int64_t>(i)] = rows[units[i] * 2].front()->desirable;
+  }
   // Pairs are padded to the batch's longest row, as TRL's collator pads
   // them, not to seq_len: the padding would be computed for nothing.
   int64_t longest = 1;
@@ -183,6 +225,16 @@ ExampleBatcher::Batch ExampleBatcher::units_batch(const std::vector<Row>& rows,
 ExampleBatcher::Batch ExampleBatcher::next() {
   const size_t n = train_rows_.size() / static_cast<size_t>(group_);
   std::vector<size_t> picked;
+  if (sequential_) {
+    // The rows in their order, epoch after epoch; the epoch's last batch is
+    // shorter, or completed with the first rows (fill_last).
+    const auto size = static_cast<size_t>(batch_size_);
+    const size_t per_epoch = (n + size - 1) / size;
+    const size_t first = static_cast<size_t>(position_) % per_epoch * size;
+    for (size_t k = first; k < first + size && (k < n || fill_last_); ++k) picked.push_back(k % n);
+    ++position_;
+    return units_batch(train_rows_, picked);
+  }
   for (int64_t k = 0; k < batch_size_; ++k) {
     const uint64_t g = static_cast<uint64_t>(position_) * static_cast<uint64_t>(batch_size_) +
                        static_cast<uint64_t>(k);

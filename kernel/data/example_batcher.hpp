@@ -31,6 +31,19 @@ class ExampleBatcher final : public Batcher {
   ExampleBatcher(const ExampleBatcher&) = delete;
   ExampleBatcher& operator=(const ExampleBatcher&) = delete;
 
+  // Units already split (two examples each: kto_units), batched in their
+  // order (TRL's SequentialSampler): each epoch goes through the training
+  // units once, its last batch shorter, or completed with the first units
+  // when `fill_last` (accelerate's even_batches, for several processes).
+  struct Splits {
+    std::vector<Example> train, validation;
+  };
+  ExampleBatcher(Splits splits, int64_t seq_len, int64_t batch_size, int64_t pad_id,
+                 bool fill_last);
+  // Which of `units` the constructor above holds out for validation (the
+  // same draw as the shuffling constructor's).
+  static std::vector<bool> held_out(size_t units, double val_fraction, uint64_t seed);
+
   Batch next() override;
   Batch validation(int64_t i) const override;
 
@@ -51,12 +64,18 @@ class ExampleBatcher final : public Batcher {
   std::vector<Row> make_rows(const std::vector<Example>& split) const;
   Batch batch_of(const std::vector<const Row*>& rows) const;
   Batch units_batch(const std::vector<Row>& rows, const std::vector<size_t>& units) const;
+  // Units of group_ examples, cut to seq_len + 1 (counted); a unit without
+  // a trained token is dropped unless `keep_unanswered`.
+  std::vector<std::vector<Example>> take_units(std::vector<Example>& examples,
+                                               bool keep_unanswered);
+  void finish();  // counts and rows of the splits
   std::vector<Example> train_, val_;
   std::vector<Row> train_rows_, val_rows_;
   int64_t seq_len_, batch_size_, pad_id_;
   int64_t group_;  // examples per unit: 1, or 2 for preference pairs
   bool packing_;
   uint64_t seed_;
+  bool sequential_ = false, fill_last_ = false;
   Counts counts_;
   mutable int64_t order_epoch_ = -1;
   mutable std::vector<size_t> order_;

@@ -11,13 +11,6 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-// TRL's is_conversational for one field: a list whose first element is a
-// message (an object with "role" and "content").
-bool conversational(const ojson& v) {
-  return v.is_array() && !v.empty() && v[0].is_object() && v[0].contains("role") &&
-         v[0].contains("content");
-}
-
 // The longest common prefix of a and b, in whole code points.
 size_t common_prefix(const std::string& a, const std::string& b) {
   size_t k = 0;
@@ -26,14 +19,11 @@ size_t common_prefix(const std::string& a, const std::string& b) {
   return k;
 }
 
-struct Split {
-  ojson prompt, chosen, rejected;
-};
-
 // TRL's extract_prompt: the shared start of chosen and rejected. Its loop
 // stops at the first difference (one space before it goes to the
 // completions) or, where none is found, at the last shared index.
-Split extract_prompt(const ojson& chosen, const ojson& rejected, const std::string& where) {
+PreferenceSplit extract_prompt(const ojson& chosen, const ojson& rejected,
+                               const std::string& where) {
   auto no_prompt = [&] {
     return std::invalid_argument(
         where +
@@ -73,7 +63,7 @@ Split extract_prompt(const ojson& chosen, const ojson& rejected, const std::stri
       break;
     }
   if (idx == 0) throw no_prompt();
-  Split s{ojson::array(), ojson::array(), ojson::array()};
+  PreferenceSplit s{ojson::array(), ojson::array(), ojson::array()};
   for (size_t i = 0; i < chosen.size(); ++i) (i < idx ? s.prompt : s.chosen).push_back(chosen[i]);
   for (size_t i = idx; i < rejected.size(); ++i) s.rejected.push_back(rejected[i]);
   return s;
@@ -110,6 +100,11 @@ std::string continue_final_message(const std::string& rendered, const std::strin
 
 }  // namespace
 
+bool conversational(const ojson& v) {
+  return v.is_array() && !v.empty() && v[0].is_object() && v[0].contains("role") &&
+         v[0].contains("content");
+}
+
 bool is_preference_row(const ojson& row) {
   return row.is_object() && row.contains("chosen") && row.contains("rejected");
 }
@@ -136,14 +131,13 @@ Example preference_sequence(const std::vector<int64_t>& prompt,
   return e;
 }
 
-PreferenceFormatter::PreferenceFormatter(const ChatFormatter& chat, PreferenceOptions options)
-    : chat_(chat), options_(options) {
+PreferenceSpecialTokens::PreferenceSpecialTokens(const ChatFormatter& chat) {
   // A special token the config names but the vocabulary lacks would be left
   // out of every row here (transformers would add it with an id past the
   // model's embedding): refused, never dropped.
   auto special = [&](const std::string& token, const char* key) -> int64_t {
     if (token.empty()) return -1;
-    const int64_t id = chat_.tokenizer().token_id(token);
+    const int64_t id = chat.tokenizer().token_id(token);
     if (id < 0)
       throw std::invalid_argument("the tokenizer's config names " + std::string(key) + " \"" +
                                   token +
@@ -152,21 +146,20 @@ PreferenceFormatter::PreferenceFormatter(const ChatFormatter& chat, PreferenceOp
                                   key + " in tokenizer_config.json to a token the vocabulary has");
     return id;
   };
-  eos_id_ = special(chat_.config().eos_token, "eos_token");
-  bos_id_ = special(chat_.config().bos_token, "bos_token");
+  eos = special(chat.config().eos_token, "eos_token");
+  bos = special(chat.config().bos_token, "bos_token");
 }
 
-namespace {
+PreferenceFormatter::PreferenceFormatter(const ChatFormatter& chat, PreferenceOptions options)
+    : chat_(chat), options_(options) {
+  const PreferenceSpecialTokens special(chat_);
+  eos_id_ = special.eos;
+  bos_id_ = special.bos;
+}
 
-// build_tokenized_answer: prompt + answer tokenized together, split where the
-// prompt's own tokens end — one earlier when the prompt's last token merged
-// with the answer's first (then the merged token is the answer's).
-struct JointSide {
-  std::vector<int64_t> prompt, answer;
-};
-JointSide tokenize_answer(const Tokenizer& tok, const std::string& prompt,
-                          const std::vector<int64_t>& alone, const std::string& answer,
-                          const std::string& where, const char* field) {
+JointSide split_prompt_answer(const Tokenizer& tok, const std::string& prompt,
+                              const std::vector<int64_t>& alone, const std::string& answer,
+                              const std::string& where, const char* field) {
   const std::vector<int64_t> full = tok.encode(prompt + answer);
   if (alone.size() > full.size())
     throw std::invalid_argument(where + ": \"" + field +
@@ -178,8 +171,6 @@ JointSide tokenize_answer(const Tokenizer& tok, const std::string& prompt,
           std::vector<int64_t>(full.begin() + static_cast<long>(start), full.end())};
 }
 
-}  // namespace
-
 PreferencePair PreferenceFormatter::tokenize_jointly(const std::string& prompt,
                                                      const std::string& chosen,
                                                      const std::string& rejected,
@@ -188,8 +179,8 @@ PreferencePair PreferenceFormatter::tokenize_jointly(const std::string& prompt,
   // The prompt's own tokens, once for both sides.
   PreferencePair p;
   p.prompt = tok.encode(prompt);
-  JointSide c = tokenize_answer(tok, prompt, p.prompt, chosen, where, "chosen");
-  JointSide r = tokenize_answer(tok, prompt, p.prompt, rejected, where, "rejected");
+  JointSide c = split_prompt_answer(tok, prompt, p.prompt, chosen, where, "chosen");
+  JointSide r = split_prompt_answer(tok, prompt, p.prompt, rejected, where, "rejected");
   // The two prompts may differ only in a last token that merged.
   size_t differ = 0;
   for (size_t i = 0; i < std::min(c.prompt.size(), r.prompt.size()); ++i)
@@ -241,63 +232,76 @@ PreferencePair PreferenceFormatter::tokenize_jointly(const std::string& prompt,
   return p;
 }
 
+PreferenceSplit split_preference_row(const ojson& row, const std::string& where) {
+  if (row.contains("prompt") && conversational(row["prompt"]) == conversational(row["chosen"]))
+    return {row["prompt"], row["chosen"], row["rejected"]};
+  return extract_prompt(row["chosen"], row["rejected"], where);
+}
+
+PromptTexts render_preference_texts(
+    const ChatFormatter& chat, const ojson& prompt_in,
+    const std::vector<std::pair<const ojson*, const char*>>& answers, const std::string& where) {
+  PromptTexts out;
+  if (!conversational(prompt_in)) {
+    out.prompt = need_text(prompt_in, where, "prompt");
+    for (const auto& [answer, field] : answers)
+      out.completions.push_back(need_text(*answer, where, field));
+    return out;
+  }
+  check_chat_messages(prompt_in, where, "prompt", /*content_required=*/true);
+  for (const auto& [answer, field] : answers) check_chat_messages(*answer, where, field, true);
+  const ojson none;
+  const ojson& last = prompt_in.back();
+  const std::string& role = last["role"].get_ref<const std::string&>();
+  std::string& prompt = out.prompt;
+  if (role == "user")
+    prompt = chat.render(prompt_in, true, none, where).text;
+  else if (role == "assistant")
+    prompt = continue_final_message(chat.render(prompt_in, false, none, where).text,
+                                    last["content"].get_ref<const std::string&>(), where);
+  else
+    throw std::invalid_argument(where + ": the prompt's last message is \"" + role +
+                                "\"; it must be \"user\" (then the answer follows) or "
+                                "\"assistant\" (continued)");
+  // The prompt as the whole conversation begins: their shared characters
+  // (each answer cut after the prompt as the earlier ones left it, as TRL).
+  for (const auto& entry : answers) {
+    ojson all = prompt_in;
+    for (const auto& m : *entry.first) all.push_back(m);
+    const std::string whole = chat.render(all, false, none, where).text;
+    prompt.resize(common_prefix(prompt, whole));
+    out.completions.push_back(whole.substr(prompt.size()));
+  }
+  return out;
+}
+
+void check_preference_row_keys(const ojson& row, const std::string& where) {
+  for (const char* key : {"tools", "chat_template_kwargs", "images"})
+    if (row.contains(key))
+      throw std::invalid_argument(where + ": \"" + key +
+                                  "\" in a preference row is not supported (TRL's preference "
+                                  "trainers do not read it from the row either): leave it out");
+}
+
 PreferencePair PreferenceFormatter::format(const ojson& row, const std::string& where) const {
   if (!row.is_object()) throw std::invalid_argument(where + ": a row must be a JSON object");
   if (!is_preference_row(row))
     throw std::invalid_argument(where +
                                 ": a preference row needs \"chosen\" and \"rejected\" (and "
                                 "\"prompt\", unless it is their shared beginning)");
-  for (const char* key : {"tools", "chat_template_kwargs", "images"})
-    if (row.contains(key))
-      throw std::invalid_argument(where + ": \"" + key +
-                                  "\" in a preference row is not supported (TRL's DPOTrainer "
-                                  "does not read it from the row either): leave it out");
+  check_preference_row_keys(row, where);
   if (eos_id_ < 0)
     throw std::invalid_argument(
         where + ": each completion ends with the tokenizer's EOS, and " +
         (chat_.config().source.empty() ? std::string("the tokenizer") : chat_.config().source) +
         " names none (eos_token): give a tokenizer that has one");
-  // maybe_extract_prompt: the row's prompt when it is of the completions' kind.
-  Split s;
-  const ojson& chosen = row["chosen"];
-  const ojson& rejected = row["rejected"];
-  if (row.contains("prompt") && conversational(row["prompt"]) == conversational(chosen))
-    s = {row["prompt"], chosen, rejected};
-  else
-    s = extract_prompt(chosen, rejected, where);
-  // maybe_apply_chat_template: conversations become text.
-  std::string prompt, chosen_text, rejected_text;
-  if (conversational(s.prompt)) {
-    check_chat_messages(s.prompt, where, "prompt", /*content_required=*/true);
-    check_chat_messages(s.chosen, where, "chosen", true);
-    check_chat_messages(s.rejected, where, "rejected", true);
-    const ojson none;
-    const ojson& last = s.prompt.back();
-    const std::string& role = last["role"].get_ref<const std::string&>();
-    if (role == "user")
-      prompt = chat_.render(s.prompt, true, none, where).text;
-    else if (role == "assistant")
-      prompt = continue_final_message(chat_.render(s.prompt, false, none, where).text,
-                                      last["content"].get_ref<const std::string&>(), where);
-    else
-      throw std::invalid_argument(where + ": the prompt's last message is \"" + role +
-                                  "\"; it must be \"user\" (then the answer follows) or "
-                                  "\"assistant\" (continued)");
-    // The prompt as the whole conversation begins: their shared characters.
-    auto completion_of = [&](const ojson& answer) {
-      ojson all = s.prompt;
-      for (const auto& m : answer) all.push_back(m);
-      const std::string whole = chat_.render(all, false, none, where).text;
-      prompt.resize(common_prefix(prompt, whole));
-      return whole.substr(prompt.size());
-    };
-    chosen_text = completion_of(s.chosen);
-    rejected_text = completion_of(s.rejected);
-  } else {
-    prompt = need_text(s.prompt, where, "prompt");
-    chosen_text = need_text(s.chosen, where, "chosen");
-    rejected_text = need_text(s.rejected, where, "rejected");
-  }
+  // maybe_extract_prompt, then maybe_apply_chat_template.
+  const PreferenceSplit s = split_preference_row(row, where);
+  const PromptTexts texts = render_preference_texts(
+      chat_, s.prompt, {{&s.chosen, "chosen"}, {&s.rejected, "rejected"}}, where);
+  const std::string& prompt = texts.prompt;
+  const std::string& chosen_text = texts.completions[0];
+  const std::string& rejected_text = texts.completions[1];
   if (options_.joint) return tokenize_jointly(prompt, chosen_text, rejected_text, where);
   // tokenize_row(add_special_tokens = False).
   const Tokenizer& tok = chat_.tokenizer();

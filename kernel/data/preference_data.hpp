@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "chat_data.hpp"
@@ -30,6 +31,9 @@ struct PreferenceOptions {
   // preference_tokenization = "joint"): prompt + completion together, the
   // tokenizer's BOS before the prompt, their truncation; false: DPOTrainer's.
   bool joint = false;
+  // Tokenized as TRL's KTOTrainer does (preference_tokenization = "kto"):
+  // unpaired rows, or pairs unpaired, each with its KL row (kto_data.hpp).
+  bool unpaired = false;
 };
 
 // TRL's prompt_input_ids, chosen_input_ids and rejected_input_ids (each
@@ -50,6 +54,54 @@ Example preference_sequence(const std::vector<int64_t>& prompt,
 
 // Whether a row is a preference row ("chosen" and "rejected").
 bool is_preference_row(const nlohmann::ordered_json& row);
+
+// TRL's is_conversational for one field: a list whose first element is a
+// message (an object with "role" and "content").
+bool conversational(const nlohmann::ordered_json& v);
+
+// The tokenizer's EOS and BOS ids (-1 where its config names none); a token
+// the config names but the vocabulary lacks is refused, never dropped.
+struct PreferenceSpecialTokens {
+  explicit PreferenceSpecialTokens(const ChatFormatter& chat);
+  int64_t eos = -1, bos = -1;
+};
+
+// The steps of a preference row that every TRL preference trainer shares
+// (kto_data.hpp builds on them too).
+//
+// maybe_extract_prompt: the row's prompt, chosen and rejected (text or
+// messages); the prompt is their shared start when the row has none of the
+// answers' kind.
+struct PreferenceSplit {
+  nlohmann::ordered_json prompt, chosen, rejected;
+};
+PreferenceSplit split_preference_row(const nlohmann::ordered_json& row, const std::string& where);
+
+// maybe_apply_chat_template: the prompt and each answer as text. Messages
+// are rendered through `chat` (a prompt ending with "user" gets the
+// generation prompt, one ending with "assistant" is continued), each answer
+// the rest of prompt + answer after their shared characters.
+struct PromptTexts {
+  std::string prompt;
+  std::vector<std::string> completions;
+};
+PromptTexts render_preference_texts(
+    const ChatFormatter& chat, const nlohmann::ordered_json& prompt,
+    const std::vector<std::pair<const nlohmann::ordered_json*, const char*>>& answers,
+    const std::string& where);
+
+// "tools", "chat_template_kwargs" and "images" in a row: refused by name.
+void check_preference_row_keys(const nlohmann::ordered_json& row, const std::string& where);
+
+// prompt + answer tokenized together and split where the prompt's own
+// tokens (`alone`) end — one earlier when the prompt's last token merged
+// with the answer's first (TRL's build_tokenized_answer and KTO's _tokenize).
+struct JointSide {
+  std::vector<int64_t> prompt, answer;
+};
+JointSide split_prompt_answer(const Tokenizer& tok, const std::string& prompt,
+                              const std::vector<int64_t>& alone, const std::string& answer,
+                              const std::string& where, const char* field);
 
 class PreferenceFormatter {
  public:

@@ -46,6 +46,9 @@ static bool covers_positions(const tf_batch* b) {
 static bool covers_pairs(const tf_batch* b) {
   return b->struct_size >= offsetof(tf_batch, pairs) + sizeof(b->pairs);
 }
+static bool covers_desirable(const tf_batch* b) {
+  return b->struct_size >= offsetof(tf_batch, desirable) + sizeof(b->desirable);
+}
 
 tf_status h_next_batch(tf_host_context* ctx, tf_batch* out) {
   return serve(ctx, [&] {
@@ -63,8 +66,15 @@ tf_status h_next_batch(tf_host_context* ctx, tf_batch* out) {
           "the data holds preference pairs (chosen/rejected rows) and this caller's tf_batch "
           "(ABI before 1.10) cannot say so: use a preference schedule ([trainer] schedule = "
           "\"dpo\"), or rebuild this one against this tightfit's plugin_api.h");
+    // Unpaired rows read as pairs would score KL rows as rejected answers.
+    if (b.desirable.defined() && !covers_desirable(out))
+      throw std::invalid_argument(
+          "the data holds unpaired preference rows (KTO's) and this caller's tf_batch (ABI "
+          "before 1.13) cannot carry their labels: use schedule kto, or rebuild this one "
+          "against this tightfit's plugin_api.h");
     tf_batch batch{};
     batch.pairs = b.pairs;
+    if (b.desirable.defined()) batch.desirable = give_handle(std::move(b.desirable));
     batch.n_tokens = b.tokens.numel();
     batch.n_targets = b.targets.ne(kIgnoreIndex).sum().item<int64_t>();
     batch.tokens = give_handle(std::move(b.tokens));
@@ -81,6 +91,10 @@ void h_batch_release(tf_host_context*, tf_batch* batch) {
   if (covers_positions(batch)) {
     release_handle(batch->positions);
     batch->positions = nullptr;
+  }
+  if (covers_desirable(batch)) {
+    release_handle(batch->desirable);
+    batch->desirable = nullptr;
   }
 }
 

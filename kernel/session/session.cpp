@@ -88,11 +88,13 @@ double Session::eval_loss(int64_t batches) {
     batch.tokens = give_handle(b.tokens);
     batch.targets = give_handle(b.targets);
     batch.positions = b.positions.defined() ? give_handle(b.positions) : nullptr;
+    batch.desirable = b.desirable.defined() ? give_handle(b.desirable) : nullptr;
     tf_pass_result r{};
     r.struct_size = sizeof r;
     const tf_status st =
         call_hook(schedule, schedule.plugin->schedule(), TF_SCHEDULE_HOOK(eval_batch), &batch, &r);
-    for (tf_tensor t : {batch.tokens, batch.targets, batch.positions}) release_handle(t);
+    for (tf_tensor t : {batch.tokens, batch.targets, batch.positions, batch.desirable})
+      release_handle(t);
     check_plugin_status(st, schedule, "eval_batch");
     sum += r.loss;
   }

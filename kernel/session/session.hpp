@@ -197,7 +197,7 @@ class Session {
   void set_up_run_folder(const std::optional<DistEnv>& dist);
   void set_up_registry(const PluginRegistry& base_registry, const std::string& base_dir);
   std::string schedule_name() const;
-  bool schedule_tokenizes_jointly() const;
+  std::string schedule_preference_tokenization() const;
   std::string pinned_sha256(const toml::table* table) const;
   void create_model(const std::string& base_dir);
   void create_strategies();

@@ -262,7 +262,9 @@ void Session::set_up_data(const std::string& base_dir, int64_t world_size) {
     req.preference.max_completion_length = env_.config.data.max_completion_length;
     req.preference.max_length = env_.config.data.max_length;
     req.preference.keep_end = env_.config.data.truncation_mode == "keep_end";
-    req.preference.joint = schedule_tokenizes_jointly();
+    const std::string tokenization = schedule_preference_tokenization();
+    req.preference.joint = tokenization == "joint";
+    req.preference.unpaired = tokenization == "kto";
     req.seq_len = env_.config.data.seq_len;
     req.batch_size = env_.config.data.batch_size;
     req.world_size = world_size;
@@ -361,26 +363,25 @@ std::string Session::schedule_name() const {
 }
 
 // How the recipe's schedule tokenizes preference rows (its vtable's
-// preference_tokenization), read before the schedule is made: the data
-// comes first. A schedule the registry cannot give is reported when it is
-// made; until then its rows are read as DPO's.
-bool Session::schedule_tokenizes_jointly() const {
+// preference_tokenization: "dpo", "joint" or "kto"), read before the
+// schedule is made: the data comes first. A schedule the registry cannot
+// give is reported when it is made; until then its rows are read as DPO's.
+std::string Session::schedule_preference_tokenization() const {
   const std::string name = schedule_name();
   const tf_schedule_vtable* vt = nullptr;
   try {
     vt = plugins_.registry.find(name, TF_PLUGIN_SCHEDULE, pinned_sha256(recipe_.table("schedule")))
              .schedule();
   } catch (const std::exception&) {
-    return false;
+    return "dpo";
   }
-  if (!vt || !vt->preference_tokenization) return false;
+  if (!vt || !vt->preference_tokenization) return "dpo";
   const std::string how = vt->preference_tokenization;
-  if (how == "joint") return true;
-  if (how == "dpo") return false;
+  if (how == "joint" || how == "dpo" || how == "kto") return how;
   throw RecipeError(recipe_.source() + ": schedule plugin \"" + name +
                     "\" asks for preference_tokenization \"" + how +
-                    "\", which this host does not know (\"dpo\" or \"joint\"): update tightfit or "
-                    "the plugin");
+                    "\", which this host does not know (\"dpo\", \"joint\" or \"kto\"): "
+                    "update tightfit or the plugin");
 }
 
 // The model, declared.

@@ -21,6 +21,22 @@ Executor::TokenLogps Executor::token_logps(const at::Tensor& tokens_in,
                                 std::to_string(B) + ", " + std::to_string(T) + "], not " +
                                 std::to_string(grad_weights.numel()) + " values");
   check_target_ids(targets_in);
+  // Rows without a target (KTO's KL rows in its backward, whose targets it
+  // masks) score 0 whatever the model says: they are left out of the pass.
+  // One row always runs, so that a backward reaches the strategies.
+  const at::Tensor active = targets_in.ne(kIgnoreIndex).any(1).to(at::kCPU);
+  if (const int64_t n_active = active.sum().item<int64_t>(); n_active < B && B > 1) {
+    const at::Tensor rows = n_active > 0 ? active.nonzero().squeeze(1) : at::zeros({1}, at::kLong);
+    auto pick = [&](const at::Tensor& t) {
+      return t.defined() ? t.index_select(0, rows.to(t.device())) : t;
+    };
+    const TokenLogps part =
+        token_logps(pick(tokens_in), pick(targets_in), pick(positions_in), pick(grad_weights));
+    TokenLogps out;
+    out.logps = at::zeros({B, T}, at::kFloat).index_copy_(0, rows, part.logps);
+    out.finite = part.finite;
+    return out;
+  }
   const at::Tensor tokens = tokens_in.to(env_.device);
   const at::Tensor positions = positions_in.defined() ? positions_in.to(env_.device) : positions_in;
   const ScopedAssign<at::Tensor> pass(pass_positions_, positions);

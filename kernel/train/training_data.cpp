@@ -22,6 +22,10 @@ Batcher::Batch TrainingData::next_batch() {
   b.tokens = mine(b.tokens);
   b.targets = mine(b.targets);
   b.positions = mine(b.positions);
+  if (b.desirable.defined()) {
+    const int64_t rows = b.pairs / info.world_size;
+    b.desirable = b.desirable.narrow(0, info.rank * rows, rows).contiguous();
+  }
   if (b.pairs > 0) b.pairs /= info.world_size;
   return b;
 }

@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 12
+#define TF_ABI_VERSION_MINOR 13
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -415,6 +415,16 @@ typedef struct tf_batch {
    * preference schedule scores it with sequence_logps. The host refuses to
    * give pairs to a caller whose tf_batch is too short to carry this. */
   int64_t pairs;
+  /* Added in 1.13: unpaired preference rows (KTO: [data] rows with
+   * "prompt", "completion" and a bool "label", or pairs unpaired as TRL's
+   * KTOTrainer unpairs them), given only to a schedule whose
+   * preference_tokenization is "kto". When set (int64 [pairs], new like the
+   * others), rows [0, pairs) are completions, desirable[r] 1 where row r's
+   * is desirable and 0 where not, and rows [pairs, 2 pairs) are the KL
+   * rows: row r's prompt with the completion of the row before it in its
+   * chunk of batch_size rows (TRL's KL dataset), their answers targeted.
+   * NULL for pairs. */
+  tf_tensor desirable;
 } tf_batch;
 
 /* Result of one forward (and backward) the host ran for a schedule. */
@@ -992,7 +1002,10 @@ typedef struct tf_schedule_vtable {
    * completion tokenized apart, EOS after each completion); "joint": as TRL's
    * CPOTrainer and ORPOTrainer (prompt + completion tokenized together, the
    * tokenizer's BOS before the prompt, EOS after the completion, their
-   * truncation). The host refuses any other value by name. */
+   * truncation). Added in 1.13: "kto": as TRL's KTOTrainer (pairs
+   * unpaired, prompt + completion tokenized together, BOS and EOS, its
+   * truncation, the KL rows; tf_batch.desirable). The host refuses any
+   * other value by name. */
   const char* preference_tokenization;
   void* reserved[6];
 } tf_schedule_vtable;

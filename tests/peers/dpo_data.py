@@ -117,16 +117,22 @@ def run(tok, model, options):
     return {"pairs": pairs, "sequences": sequences}
 
 
-def main(out: pathlib.Path) -> None:
-    logging.disable(logging.WARNING)
-    disable_progress_bars()
-    tok = tokenizer(out)
+def make_tokenizer(out: pathlib.Path) -> PreTrainedTokenizerFast:
+    """The test tokenizer (BPE, ChatML template, <s> and </s>), written to OUT."""
+    tokenizer(out)
     tok = PreTrainedTokenizerFast(tokenizer_file=str(out / "tokenizer.json"), bos_token="<s>", eos_token="</s>",
                                   pad_token="</s>")
     tok.chat_template = CHATML
     (out / "tokenizer_config.json").write_text(json.dumps(
         {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "</s>", "chat_template": CHATML,
          "tokenizer_class": "PreTrainedTokenizerFast"}))
+    return tok
+
+
+def main(out: pathlib.Path) -> None:
+    logging.disable(logging.WARNING)
+    disable_progress_bars()
+    tok = make_tokenizer(out)
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32,
                                          num_hidden_layers=1, num_attention_heads=2))

@@ -16,11 +16,10 @@
 // that runs through the kernel's own pass (checkpointing, offload,
 // grad_ready, fused updates) unchanged.
 #include <memory>
-#include <optional>
 
 #include "micro_batches.hpp"
 #include "preference_loss.hpp"
-#include "reference_weights.hpp"
+#include "reference_model.hpp"
 #include "tightfit/lr_schedule.hpp"
 
 namespace {
@@ -31,51 +30,8 @@ struct Dpo {
   tf_preference::DpoOptions options;
   int32_t accumulation = 1;
   int64_t skipped = 0;
-  // A full fine-tune's reference (empty with adapters): taken before the
-  // first update, or read from the checkpoint a run resumes from.
-  tf_preference::ReferenceWeights reference;
-  std::optional<bool> adapters;  // whether a strategy holds adapters, asked once
+  tf_preference::ReferenceModel reference{"dpo"};
 };
-
-// Whether a strategy holds adapters: then the reference is the base with
-// them off, as TRL does for a PeftModel; else a copy of the whole model.
-// The strategies do not change during a run: asked once.
-bool has_adapters(Dpo& s) {
-  if (!s.adapters) {
-    s.adapters = s.host.set_adapters_enabled(false) > 0;
-    if (*s.adapters) s.host.set_adapters_enabled(true);
-  }
-  return *s.adapters;
-}
-
-// The adapters off while a reference pass runs, back on however it ends.
-class AdaptersOff {
- public:
-  explicit AdaptersOff(const tf_sdk::Host& host) : host_(host) {
-    // Nothing turned off would score the policy as its own reference.
-    if (host_.set_adapters_enabled(false) == 0)
-      throw std::logic_error("dpo: a reference pass with neither adapters nor a reference copy");
-  }
-  ~AdaptersOff() {
-    try {
-      host_.set_adapters_enabled(true);
-    } catch (...) {
-      // Reported by the host's last error; a destructor must not throw.
-    }
-  }
-  AdaptersOff(const AdaptersOff&) = delete;
-  AdaptersOff& operator=(const AdaptersOff&) = delete;
-
- private:
-  const tf_sdk::Host& host_;
-};
-
-// A full fine-tune's reference: the weights as they are before the first
-// update (the first step or an evaluation before it). A resumed run has
-// read them from its checkpoint.
-void keep_reference(Dpo& s) {
-  if (s.reference.empty() && !has_adapters(s)) s.reference.take(s.host);
-}
 
 struct Scores {
   tf_preference::PairLogps reference;  // as the loss uses them
@@ -97,14 +53,7 @@ Scores score(Dpo& s, const tf_sdk::Batch& b) {
         "schedule dpo trains on preference pairs, and this batch has none: give [data] corpus "
         "rows with \"chosen\" and \"rejected\"");
   Scores r;
-  tf_sdk::SequenceLogps ref;
-  if (s.reference.empty()) {
-    const AdaptersOff off(s.host);
-    ref = b.sequence_logps();
-  } else {
-    const tf_preference::ReferenceSwapped in(s.reference, s.host);
-    ref = b.sequence_logps();
-  }
+  const tf_sdk::SequenceLogps ref = s.reference.run(s.host, [&] { return b.sequence_logps(); });
   const tf_sdk::SequenceLogps pol = b.sequence_logps();
   r.counts = pol.counts;
   r.policy_rows = pol.logps;
@@ -140,10 +89,7 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const double lr = s->lr.apply(s->host, step, total);
     s->host.zero_grad();
-    // A resumed run read the copy from its checkpoint (load_state).
-    if (step > 0 && s->reference.empty() && !has_adapters(*s))
-      throw std::logic_error("dpo: no reference weights at step " + std::to_string(step));
-    keep_reference(*s);
+    s->reference.keep(s->host, step);
     const tf_preference::AccumulatedStep done = tf_preference::accumulate_pairs(
         s->host, s->accumulation,
         [&](const tf_sdk::Batch& batch, double scale, tf_preference::Metrics& metrics) {
@@ -174,7 +120,7 @@ tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf
   auto* s = static_cast<Dpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const tf_sdk::Batch batch(s->host, lent);
-    keep_reference(*s);
+    s->reference.keep(s->host);
     const Scores sc = score(*s, batch);
     const tf_preference::PairLogps policy = as_used(*s, sc.policy_rows, sc.counts, batch.pairs());
     const double loss =
@@ -196,9 +142,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
     // The gradients of the earlier micro-batches live through the later ones.
     if (s->accumulation > 1) out->grads_in_forward = 1;
     // A full fine-tune keeps a copy of the trainable weights as its reference.
-    if (!has_adapters(*s))
-      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] +=
-          tf_preference::ReferenceWeights::planned_bytes(s->host);
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] += s->reference.planned_bytes(s->host);
     return TF_OK;
   });
 }
@@ -216,10 +160,7 @@ tf_status load_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Dpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     s->skipped = static_cast<int64_t>(s->host.saved_double("skipped"));
-    if (!s->reference.load(s->host) && !has_adapters(*s))
-      throw std::runtime_error(
-          "the checkpoint holds no reference weights for dpo's full fine-tune (it was saved with "
-          "adapters, or by another schedule): resume with the recipe that saved it");
+    s->reference.load(s->host);
     return TF_OK;
   });
 }

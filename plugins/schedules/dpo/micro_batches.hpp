@@ -10,6 +10,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tightfit/plugin_sdk.hpp"
@@ -39,8 +40,11 @@ struct AccumulatedStep {
 
 // `pass(batch, scale, metrics)` runs one micro-batch: its backward with the
 // loss times `scale`, its metrics into `metrics`; returns its loss.
-template <class Pass>
-AccumulatedStep accumulate_pairs(const tf_sdk::Host& host, int32_t count, Pass&& pass) {
+// `finish(metrics)`, when given, turns the averaged metrics into those
+// logged (KTO's sums over counts) after the ranks' mean.
+template <class Pass, class Finish>
+AccumulatedStep accumulate_pairs(const tf_sdk::Host& host, int32_t count, Pass&& pass,
+                                 Finish&& finish) {
   AccumulatedStep step;
   Metrics sums;
   for (int32_t i = 0; i < count; ++i) {
@@ -65,8 +69,14 @@ AccumulatedStep accumulate_pairs(const tf_sdk::Host& host, int32_t count, Pass&&
     int64_t i = 1;
     for (auto& [key, value] : sums) value = all[i++].item<double>();
   }
+  finish(sums);
   for (const auto& [key, value] : sums) host.log_metric(key, value);
   return step;
+}
+
+template <class Pass>
+AccumulatedStep accumulate_pairs(const tf_sdk::Host& host, int32_t count, Pass&& pass) {
+  return accumulate_pairs(host, count, std::forward<Pass>(pass), [](Metrics&) {});
 }
 
 // The key every preference schedule reads (TRL's name).

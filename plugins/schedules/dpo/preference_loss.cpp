@@ -98,4 +98,39 @@ OrpoResult orpo_loss(const at::Tensor& token_logps, const at::Tensor& scored,
   return r;
 }
 
+bool reads_kl(const KtoOptions& o) {
+  return o.loss_type == "kto";
+}
+
+KtoResult kto_loss(const at::Tensor& policy, const at::Tensor& reference,
+                   const at::Tensor& desirable, double kl, const KtoOptions& o) {
+  if (o.loss_type != "kto" && o.loss_type != "apo_zero_unpaired")
+    throw std::invalid_argument("kto: unknown loss_type \"" + o.loss_type +
+                                "\" (kto or apo_zero_unpaired)");
+  const at::Tensor chosen = desirable.nonzero().squeeze(1);
+  const at::Tensor rejected = desirable.logical_not().nonzero().squeeze(1);
+  const at::Tensor chosen_logratios =
+      policy.index_select(0, chosen) - reference.index_select(0, chosen);
+  const at::Tensor rejected_logratios =
+      policy.index_select(0, rejected) - reference.index_select(0, rejected);
+  at::Tensor chosen_losses, rejected_losses;
+  if (o.loss_type == "kto") {
+    // Eq. (7) of the KTO paper.
+    chosen_losses = 1 - at::sigmoid(o.beta * (chosen_logratios - kl));
+    rejected_losses = 1 - at::sigmoid(o.beta * (kl - rejected_logratios));
+  } else {
+    // APO-zero, unpaired (D'Oosterlinck et al. 2024).
+    chosen_losses = 1 - at::sigmoid(o.beta * chosen_logratios);
+    rejected_losses = at::sigmoid(o.beta * rejected_logratios);
+  }
+  KtoResult r;
+  r.loss = at::cat({o.desirable_weight * chosen_losses, o.undesirable_weight * rejected_losses})
+               .nanmean();
+  r.chosen_rewards = (o.beta * chosen_logratios).detach();
+  r.rejected_rewards = (o.beta * rejected_logratios).detach();
+  r.chosen_logps = policy.index_select(0, chosen).detach();
+  r.rejected_logps = policy.index_select(0, rejected).detach();
+  return r;
+}
+
 }  // namespace tf_preference

@@ -87,4 +87,27 @@ struct OrpoResult {
 OrpoResult orpo_loss(const at::Tensor& token_logps, const at::Tensor& scored,
                      const at::Tensor& completion, int64_t pairs, const OrpoOptions& o);
 
+// TRL's KTOConfig names and defaults.
+struct KtoOptions {
+  std::string loss_type = "kto";  // kto | apo_zero_unpaired
+  double beta = 0.1;
+  double desirable_weight = 1.0;
+  double undesirable_weight = 1.0;
+};
+
+// Whether the loss reads the KL rows (TRL's calculate_KL).
+bool reads_kl(const KtoOptions& o);
+
+// TRL's KTOTrainer.kto_loss then losses.nanmean(): `policy` and `reference`
+// are the completions' summed log-probs (fp32 [N]), `desirable` bool [N],
+// `kl` the detached KL estimate (already the ranks' mean, clamped at 0; 0
+// for apo_zero_unpaired).
+struct KtoResult {
+  at::Tensor loss;                              // 0-dim
+  at::Tensor chosen_rewards, rejected_rewards;  // the desirable and the undesirable rows', detached
+  at::Tensor chosen_logps, rejected_logps;      // the policy's, detached
+};
+KtoResult kto_loss(const at::Tensor& policy, const at::Tensor& reference,
+                   const at::Tensor& desirable, double kl, const KtoOptions& o);
+
 }  // namespace tf_preference

@@ -542,6 +542,10 @@ class Batch {
   // where nothing is scored), borrowed for the batch's life.
   const at::Tensor& tokens() const { return borrow(batch_.tokens); }
   const at::Tensor& targets() const { return borrow(batch_.targets); }
+  // Unpaired preference rows (ABI 1.13, KTO): int64 [pairs], 1 where the
+  // completion of row r is desirable; rows [pairs, 2 pairs) are the KL rows.
+  // Undefined for any other batch.
+  at::Tensor desirable() const;
 
   // The loss at the current weights, no gradients.
   tf_pass_result forward() const {
@@ -619,6 +623,10 @@ inline int64_t Batch::n_targets() const {
 }
 inline int64_t Batch::pairs() const {
   return TF_SDK_REACHES(&batch_, tf_batch, pairs) ? batch_.pairs : 0;
+}
+inline at::Tensor Batch::desirable() const {
+  if (!TF_SDK_REACHES(&batch_, tf_batch, desirable) || batch_.desirable == nullptr) return {};
+  return borrow(batch_.desirable);
 }
 
 inline tf_dtype parse_dtype(const std::string& d) {
