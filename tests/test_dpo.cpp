@@ -282,6 +282,50 @@ TEST_F(DpoRecipes, AFullFineTuneStartsAtItsReferenceAndResumesExactly) {
     EXPECT_EQ(second.losses[i], full.losses[3 + i]) << "step " << 3 + i;
 }
 
+// TRL's precompute_ref_log_probs: the reference's log-probs of every row
+// computed once before the first update, then looked up by row id. The
+// losses and the held-out loss follow the per-step reference pass's (with
+// LoRA the base's; as a full fine-tune the starting weights', with no copy
+// of them kept), for dpo and kto; a run stopped and resumed repeats the
+// uninterrupted one bit for bit (the table travels in the checkpoint).
+TEST_F(DpoRecipes, PrecomputedReferenceLogpsEqualTheReferencePass) {
+  struct Case {
+    const char* schedule;
+    const char* strategies;
+    const char* data;
+  };
+  for (const Case c : {Case{"plugin = \"dpo\"\n", kLora, ""}, Case{"plugin = \"dpo\"\n", "", ""},
+                       Case{"plugin = \"kto\"\n", kLora, "max_prompt_length = 32\n"},
+                       Case{"plugin = \"kto\"\n", "", "max_prompt_length = 32\n"}}) {
+    SCOPED_TRACE(std::string(c.schedule) + (*c.strategies ? "lora" : "full fine-tune"));
+    test::TempDir d;
+    auto run = [&](const std::string& out, bool precompute, bool resume, int64_t stop_after) {
+      SessionOptions o;
+      o.resume = resume;
+      o.stop_after_steps = stop_after;
+      const std::string schedule =
+          std::string(c.schedule) + (precompute ? "precompute_ref_log_probs = true\n" : "");
+      return test::make_session(recipe(out, rows(), c.data, schedule, c.strategies, 6), o)->train();
+    };
+    const TrainSummary pass = run(d.str() + "/pass", false, false, -1);
+    const TrainSummary table = run(d.str() + "/table", true, false, -1);
+    ASSERT_EQ(pass.losses.size(), 6u);
+    ASSERT_EQ(table.losses.size(), 6u);
+    for (size_t i = 0; i < 6; ++i)
+      EXPECT_NEAR(table.losses[i], pass.losses[i], 1e-5 * std::max(1.0, std::abs(pass.losses[i])))
+          << "step " << i;
+    EXPECT_NEAR(table.val_loss, pass.val_loss, 1e-5 * std::max(1.0, std::abs(pass.val_loss)));
+    if (!*c.strategies) {  // no frozen copy of the model
+      EXPECT_LT(table.memory.peak[TF_MEM_WEIGHTS], pass.memory.peak[TF_MEM_WEIGHTS]);
+    }
+    run(d.str() + "/b", true, false, 3);
+    const TrainSummary second = run(d.str() + "/b", true, true, -1);
+    ASSERT_EQ(second.losses.size(), 3u);
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_EQ(second.losses[i], table.losses[3 + i]) << "step " << 3 + i;
+  }
+}
+
 // TRL's gradient_accumulation_steps: each micro-batch's loss divided by
 // their count. Two micro-batches of two pairs give the gradient of the two
 // micro-batches' mean loss: for dpo and cpo without the NLL (means over

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -46,11 +47,19 @@ class Batcher {
     // completion is desirable, 0 where not; rows [pairs, 2 pairs) are the
     // KL rows. Undefined otherwise.
     at::Tensor desirable;
+    // Preference batches: int64 [pairs], each pair's index among the run's
+    // preference rows (the training ones as stored, then the held-out ones).
+    at::Tensor row_ids;
   };
   // The batch at the current position; advances the position.
   virtual Batch next() = 0;
   // Validation batch i (fixed, independent of position).
   virtual Batch validation(int64_t i) const = 0;
+  // Preference rows with row_ids [first, first + count), at most up to the
+  // end of their split (pairs 0 past the last). Other batchers have none.
+  virtual Batch preference_rows(int64_t /*first*/, int64_t /*count*/) const {
+    throw std::invalid_argument("the data holds no preference rows");
+  }
   int64_t position() const { return position_; }
   void set_position(int64_t p) { position_ = p; }
 

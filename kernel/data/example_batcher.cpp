@@ -196,7 +196,8 @@ ExampleBatcher::Batch ExampleBatcher::batch_of(const std::vector<const Row*>& ro
 // unit's first row (chosen) and then every unit's second (rejected), as
 // TRL's concatenated_inputs stacks them.
 ExampleBatcher::Batch ExampleBatcher::units_batch(const std::vector<Row>& rows,
-                                                  const std::vector<size_t>& units) const {
+                                                  const std::vector<size_t>& units,
+                                                  int64_t id_offset) const {
   std::vector<const Row*> picked;
   for (int64_t k = 0; k < group_; ++k)
     for (const size_t u : units)
@@ -204,6 +205,9 @@ ExampleBatcher::Batch ExampleBatcher::units_batch(const std::vector<Row>& rows,
   Batch b = batch_of(picked);
   if (group_ != 2) return b;
   b.pairs = static_cast<int64_t>(units.size());
+  b.row_ids = at::empty({b.pairs}, at::kLong);
+  for (size_t i = 0; i < units.size(); ++i)
+    b.row_ids[static_cast<int64_t>(i)] = id_offset + static_cast<int64_t>(units[i]);
   // Unpaired rows (KTO) carry their completions' labels.
   if (rows[units.front() * 2].front()->desirable >= 0) {
     b.desirable = at::empty({b.pairs}, at::kLong);
@@ -233,7 +237,7 @@ ExampleBatcher::Batch ExampleBatcher::next() {
     const size_t first = static_cast<size_t>(position_) % per_epoch * size;
     for (size_t k = first; k < first + size && (k < n || fill_last_); ++k) picked.push_back(k % n);
     ++position_;
-    return units_batch(train_rows_, picked);
+    return units_batch(train_rows_, picked, 0);
   }
   for (int64_t k = 0; k < batch_size_; ++k) {
     const uint64_t g = static_cast<uint64_t>(position_) * static_cast<uint64_t>(batch_size_) +
@@ -246,16 +250,31 @@ ExampleBatcher::Batch ExampleBatcher::next() {
     picked.push_back(order_[g % n]);
   }
   ++position_;
-  return units_batch(train_rows_, picked);
+  return units_batch(train_rows_, picked, 0);
 }
 
 ExampleBatcher::Batch ExampleBatcher::validation(int64_t i) const {
-  const std::vector<Row>& split = val_rows_.empty() ? train_rows_ : val_rows_;
+  const bool held_out = !val_rows_.empty();
+  const std::vector<Row>& split = held_out ? val_rows_ : train_rows_;
   const size_t n = split.size() / static_cast<size_t>(group_);
   std::vector<size_t> picked;
   for (int64_t k = 0; k < batch_size_; ++k)
     picked.push_back(static_cast<size_t>(i * batch_size_ + k) % n);
-  return units_batch(split, picked);
+  return units_batch(split, picked, held_out ? counts_.train : 0);
+}
+
+ExampleBatcher::Batch ExampleBatcher::preference_rows(int64_t first, int64_t count) const {
+  if (group_ != 2) return Batcher::preference_rows(first, count);
+  if (first < 0 || count <= 0)
+    throw std::invalid_argument("preference_rows: first must be 0 or more and count positive");
+  const bool held_out = first >= counts_.train;
+  const std::vector<Row>& split = held_out ? val_rows_ : train_rows_;
+  const int64_t begin = held_out ? first - counts_.train : first;
+  const int64_t end = std::min(begin + count, static_cast<int64_t>(split.size()) / 2);
+  std::vector<size_t> picked;
+  for (int64_t k = begin; k < end; ++k) picked.push_back(static_cast<size_t>(k));
+  if (picked.empty()) return {};  // past the last row: pairs 0
+  return units_batch(split, picked, held_out ? counts_.train : 0);
 }
 
 at::Tensor ExampleBatcher::train_ids() const {

@@ -46,6 +46,7 @@ class ExampleBatcher final : public Batcher {
 
   Batch next() override;
   Batch validation(int64_t i) const override;
+  Batch preference_rows(int64_t first, int64_t count) const override;
 
   struct Counts {
     int64_t examples = 0, train = 0, validation = 0;  // pairs, with pairs
@@ -63,7 +64,10 @@ class ExampleBatcher final : public Batcher {
   using Row = std::vector<const Example*>;  // the examples of one row, in order
   std::vector<Row> make_rows(const std::vector<Example>& split) const;
   Batch batch_of(const std::vector<const Row*>& rows) const;
-  Batch units_batch(const std::vector<Row>& rows, const std::vector<size_t>& units) const;
+  // `id_offset`: the row_ids of `rows`' units start there (held-out units
+  // follow the training ones).
+  Batch units_batch(const std::vector<Row>& rows, const std::vector<size_t>& units,
+                    int64_t id_offset) const;
   // Units of group_ examples, cut to seq_len + 1 (counted); a unit without
   // a trained token is dropped unless `keep_unanswered`.
   std::vector<std::vector<Example>> take_units(std::vector<Example>& examples,

@@ -138,7 +138,8 @@ const char* intern(const std::string& s);
   X(optimizer_apply) X(optimizer_info) X(set_micro_batch) X(micro_batch) X(tensors_save) \
   X(tensors_load) X(optimizer_update) X(dist_all_reduce) X(dist_reduce_scatter) \
   X(dist_all_gather) X(dist_broadcast) X(dist_barrier) X(plan_param_get) X(plan_param_set) \
-  X(param_source_blocks) X(blocks_decode) X(sequence_logps) X(adapters_set_enabled) X(token_logps)
+  X(param_source_blocks) X(blocks_decode) X(sequence_logps) X(adapters_set_enabled) X(token_logps) \
+  X(preference_rows)
 // clang-format on
 
 // Each declared with the exact type of its slot in the table.

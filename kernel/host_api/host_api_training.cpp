@@ -49,40 +49,60 @@ static bool covers_pairs(const tf_batch* b) {
 static bool covers_desirable(const tf_batch* b) {
   return b->struct_size >= offsetof(tf_batch, desirable) + sizeof(b->desirable);
 }
+static bool covers_row_ids(const tf_batch* b) {
+  return b->struct_size >= offsetof(tf_batch, row_ids) + sizeof(b->row_ids);
+}
 
-tf_status h_next_batch(tf_host_context* ctx, tf_batch* out) {
-  return serve(ctx, [&] {
-    check_size(out, "tf_batch");
-    auto b = ctx->kernel->data->next_batch();
-    // Packed rows without their positions would attend across examples.
-    if (b.positions.defined() && !covers_positions(out))
-      throw std::invalid_argument(
-          "the rows are packed ([data] packing = true) and this caller's tf_batch (ABI before "
-          "1.3) cannot carry their positions: rebuild the schedule plugin against this "
-          "tightfit's plugin_api.h, or set packing = false");
-    // Pairs handed on as plain rows would train on the rejected answers.
-    if (b.pairs > 0 && !covers_pairs(out))
-      throw std::invalid_argument(
-          "the data holds preference pairs (chosen/rejected rows) and this caller's tf_batch "
-          "(ABI before 1.10) cannot say so: use a preference schedule ([trainer] schedule = "
-          "\"dpo\"), or rebuild this one against this tightfit's plugin_api.h");
-    // Unpaired rows read as pairs would score KL rows as rejected answers.
-    if (b.desirable.defined() && !covers_desirable(out))
-      throw std::invalid_argument(
-          "the data holds unpaired preference rows (KTO's) and this caller's tf_batch (ABI "
-          "before 1.13) cannot carry their labels: use schedule kto, or rebuild this one "
-          "against this tightfit's plugin_api.h");
-    tf_batch batch{};
-    batch.pairs = b.pairs;
-    if (b.desirable.defined()) batch.desirable = give_handle(std::move(b.desirable));
+// A batch handed to a plugin, refused to a caller whose tf_batch cannot
+// carry what it holds.
+static void write_batch(tf_batch* out, Batcher::Batch b) {
+  // Packed rows without their positions would attend across examples.
+  if (b.positions.defined() && !covers_positions(out))
+    throw std::invalid_argument(
+        "the rows are packed ([data] packing = true) and this caller's tf_batch (ABI before "
+        "1.3) cannot carry their positions: rebuild the schedule plugin against this "
+        "tightfit's plugin_api.h, or set packing = false");
+  // Pairs handed on as plain rows would train on the rejected answers.
+  if (b.pairs > 0 && !covers_pairs(out))
+    throw std::invalid_argument(
+        "the data holds preference pairs (chosen/rejected rows) and this caller's tf_batch "
+        "(ABI before 1.10) cannot say so: use a preference schedule ([trainer] schedule = "
+        "\"dpo\"), or rebuild this one against this tightfit's plugin_api.h");
+  // Unpaired rows read as pairs would score KL rows as rejected answers.
+  if (b.desirable.defined() && !covers_desirable(out))
+    throw std::invalid_argument(
+        "the data holds unpaired preference rows (KTO's) and this caller's tf_batch (ABI "
+        "before 1.13) cannot carry their labels: use schedule kto, or rebuild this one "
+        "against this tightfit's plugin_api.h");
+  tf_batch batch{};
+  batch.pairs = b.pairs;
+  if (b.tokens.defined()) {
     batch.n_tokens = b.tokens.numel();
     batch.n_targets = b.targets.ne(kIgnoreIndex).sum().item<int64_t>();
     batch.tokens = give_handle(std::move(b.tokens));
     batch.targets = give_handle(std::move(b.targets));
-    if (b.positions.defined()) batch.positions = give_handle(std::move(b.positions));
-    write_struct(out, batch);
+  }
+  if (b.positions.defined()) batch.positions = give_handle(std::move(b.positions));
+  if (b.desirable.defined()) batch.desirable = give_handle(std::move(b.desirable));
+  // Row ids are an addition a caller too old for them simply does not see.
+  if (b.row_ids.defined() && covers_row_ids(out)) batch.row_ids = give_handle(std::move(b.row_ids));
+  write_struct(out, batch);
+}
+
+tf_status h_next_batch(tf_host_context* ctx, tf_batch* out) {
+  return serve(ctx, [&] {
+    check_size(out, "tf_batch");
+    write_batch(out, ctx->kernel->data->next_batch());
   });
 }
+
+tf_status h_preference_rows(tf_host_context* ctx, int64_t first, int64_t count, tf_batch* out) {
+  return serve(ctx, [&] {
+    check_size(out, "tf_batch");
+    write_batch(out, ctx->kernel->data->batcher().preference_rows(first, count));
+  });
+}
+
 void h_batch_release(tf_host_context*, tf_batch* batch) {
   if (!batch) return;
   release_handle(batch->tokens);
@@ -95,6 +115,10 @@ void h_batch_release(tf_host_context*, tf_batch* batch) {
   if (covers_desirable(batch)) {
     release_handle(batch->desirable);
     batch->desirable = nullptr;
+  }
+  if (covers_row_ids(batch)) {
+    release_handle(batch->row_ids);
+    batch->row_ids = nullptr;
   }
 }
 

@@ -89,11 +89,13 @@ double Session::eval_loss(int64_t batches) {
     batch.targets = give_handle(b.targets);
     batch.positions = b.positions.defined() ? give_handle(b.positions) : nullptr;
     batch.desirable = b.desirable.defined() ? give_handle(b.desirable) : nullptr;
+    batch.row_ids = b.row_ids.defined() ? give_handle(b.row_ids) : nullptr;
     tf_pass_result r{};
     r.struct_size = sizeof r;
     const tf_status st =
         call_hook(schedule, schedule.plugin->schedule(), TF_SCHEDULE_HOOK(eval_batch), &batch, &r);
-    for (tf_tensor t : {batch.tokens, batch.targets, batch.positions, batch.desirable})
+    for (tf_tensor t :
+         {batch.tokens, batch.targets, batch.positions, batch.desirable, batch.row_ids})
       release_handle(t);
     check_plugin_status(st, schedule, "eval_batch");
     sum += r.loss;

@@ -22,10 +22,11 @@ Batcher::Batch TrainingData::next_batch() {
   b.tokens = mine(b.tokens);
   b.targets = mine(b.targets);
   b.positions = mine(b.positions);
-  if (b.desirable.defined()) {
-    const int64_t rows = b.pairs / info.world_size;
-    b.desirable = b.desirable.narrow(0, info.rank * rows, rows).contiguous();
-  }
+  for (at::Tensor* per_pair : {&b.desirable, &b.row_ids})
+    if (per_pair->defined()) {
+      const int64_t rows = b.pairs / info.world_size;
+      *per_pair = per_pair->narrow(0, info.rank * rows, rows).contiguous();
+    }
   if (b.pairs > 0) b.pairs /= info.world_size;
   return b;
 }

@@ -425,6 +425,12 @@ typedef struct tf_batch {
    * chunk of batch_size rows (TRL's KL dataset), their answers targeted.
    * NULL for pairs. */
   tf_tensor desirable;
+  /* Added in 1.13: for preference batches, int64 [pairs] (new like the
+   * others): each pair's (or unpaired row's) index among the run's
+   * preference rows — the training rows 0..n-1 as they are stored, then the
+   * held-out ones — so that a schedule can keep values per row (TRL's
+   * precompute_ref_log_probs); NULL otherwise. */
+  tf_tensor row_ids;
 } tf_batch;
 
 /* Result of one forward (and backward) the host ran for a schedule. */
@@ -808,8 +814,16 @@ typedef struct tf_host_api {
    * ORPO's NLL, which scores the prompt's tokens too. */
   tf_status (*token_logps)(tf_host_context* ctx, const tf_batch* batch, tf_tensor grad_weights,
                            tf_tensor* out_logps);
+  /* Added in 1.13 (a reserved slot): the run's preference rows with
+   * row_ids [first, first + count) as one batch (at most count: it stops
+   * where the training rows end and the held-out ones begin), laid out as
+   * next_batch lays them out (release with batch_release); out->pairs is 0
+   * past the last row. For a pass over every row before training (a
+   * reference model's log-probabilities, computed once); the training
+   * position does not move, and every rank gets the same rows. */
+  tf_status (*preference_rows)(tf_host_context* ctx, int64_t first, int64_t count, tf_batch* out);
 
-  void* reserved[5];
+  void* reserved[4];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */

@@ -18,6 +18,7 @@
 #include <memory>
 
 #include "micro_batches.hpp"
+#include "precomputed_reference.hpp"
 #include "preference_loss.hpp"
 #include "reference_model.hpp"
 #include "tightfit/lr_schedule.hpp"
@@ -31,7 +32,16 @@ struct Dpo {
   int32_t accumulation = 1;
   int64_t skipped = 0;
   tf_preference::ReferenceModel reference{"dpo"};
+  // precompute_ref_log_probs: every row's reference log-probs, computed
+  // before the first update (then no copy of the model is kept).
+  bool precompute = false;
+  tf_preference::PrecomputedReference table;
 };
+
+void prepare_reference(Dpo& s, int64_t step) {
+  tf_preference::prepare_reference(s.host, s.reference, s.precompute ? &s.table : nullptr, step,
+                                   "dpo");
+}
 
 struct Scores {
   tf_preference::PairLogps reference;  // as the loss uses them
@@ -53,7 +63,8 @@ Scores score(Dpo& s, const tf_sdk::Batch& b) {
         "schedule dpo trains on preference pairs, and this batch has none: give [data] corpus "
         "rows with \"chosen\" and \"rejected\"");
   Scores r;
-  const tf_sdk::SequenceLogps ref = s.reference.run(s.host, [&] { return b.sequence_logps(); });
+  const tf_sdk::SequenceLogps ref =
+      s.precompute ? s.table.of(b) : s.reference.run(s.host, [&] { return b.sequence_logps(); });
   const tf_sdk::SequenceLogps pol = b.sequence_logps();
   r.counts = pol.counts;
   r.policy_rows = pol.logps;
@@ -75,6 +86,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     s->options.loss_type = s->host.get_string("loss_type");
     s->options.label_smoothing = s->host.get_double("label_smoothing");
     s->accumulation = static_cast<int32_t>(s->host.get_int("gradient_accumulation_steps"));
+    s->precompute = s->host.get_bool("precompute_ref_log_probs");
     if (s->options.label_smoothing > 0 && s->options.loss_type != "sigmoid")
       throw std::invalid_argument("label_smoothing applies to loss_type = \"sigmoid\" (cDPO); " +
                                   s->options.loss_type + " ignores it in TRL: leave it out");
@@ -89,7 +101,7 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const double lr = s->lr.apply(s->host, step, total);
     s->host.zero_grad();
-    s->reference.keep(s->host, step);
+    prepare_reference(*s, step);
     const tf_preference::AccumulatedStep done = tf_preference::accumulate_pairs(
         s->host, s->accumulation,
         [&](const tf_sdk::Batch& batch, double scale, tf_preference::Metrics& metrics) {
@@ -120,7 +132,7 @@ tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf
   auto* s = static_cast<Dpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const tf_sdk::Batch batch(s->host, lent);
-    s->reference.keep(s->host);
+    prepare_reference(*s, -1);
     const Scores sc = score(*s, batch);
     const tf_preference::PairLogps policy = as_used(*s, sc.policy_rows, sc.counts, batch.pairs());
     const double loss =
@@ -138,11 +150,14 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
                           tf_memory_estimate* out) {
   auto* s = static_cast<Dpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    out->time_factor = 5.0 / 3.0 * s->accumulation;
+    // Precomputed, the reference pass is gone from the step.
+    out->time_factor = (s->precompute ? 4.0 : 5.0) / 3.0 * s->accumulation;
     // The gradients of the earlier micro-batches live through the later ones.
     if (s->accumulation > 1) out->grads_in_forward = 1;
-    // A full fine-tune keeps a copy of the trainable weights as its reference.
-    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] += s->reference.planned_bytes(s->host);
+    // A full fine-tune keeps a copy of the trainable weights as its reference
+    // (unless its log-probs are precomputed).
+    if (!s->precompute)
+      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] += s->reference.planned_bytes(s->host);
     return TF_OK;
   });
 }
@@ -152,6 +167,7 @@ tf_status save_state(void* state, tf_host_context* ctx) {
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     s->host.save_double("skipped", static_cast<double>(s->skipped));
     s->reference.save(s->host);
+    s->table.save(s->host);
     return TF_OK;
   });
 }
@@ -160,7 +176,12 @@ tf_status load_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Dpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     s->skipped = static_cast<int64_t>(s->host.saved_double("skipped"));
-    s->reference.load(s->host);
+    if (!s->precompute)
+      s->reference.load(s->host);
+    else if (!s->table.load(s->host))
+      throw std::runtime_error(
+          "the checkpoint holds no precomputed reference log-probs (it was saved without "
+          "precompute_ref_log_probs): resume with the recipe that saved it");
     return TF_OK;
   });
 }
@@ -174,6 +195,7 @@ const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
     tf_sdk::key("label_smoothing", TF_VALUE_FLOAT, "0.0",
                 "sigmoid only: the assumed share of flipped labels (cDPO)", 0, 0.4999),
     tf_preference::accumulation_key(),
+    tf_preference::precompute_key(),
 });
 
 const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),

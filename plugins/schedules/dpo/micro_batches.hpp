@@ -87,4 +87,12 @@ inline tf_config_key accumulation_key() {
                      1, 1e6);
 }
 
+// TRL's precompute_ref_log_probs (precomputed_reference.hpp).
+inline tf_config_key precompute_key() {
+  return tf_sdk::key("precompute_ref_log_probs", TF_VALUE_BOOL, "false",
+                     "the reference model's log-probs of every row computed once before the "
+                     "first update, then looked up: no reference pass a step and, for a full "
+                     "fine-tune, no copy of the model (TRL's precompute_ref_log_probs)");
+}
+
 }  // namespace tf_preference

@@ -22,6 +22,7 @@
 #include <memory>
 
 #include "../dpo/micro_batches.hpp"
+#include "../dpo/precomputed_reference.hpp"
 #include "../dpo/preference_loss.hpp"
 #include "../dpo/reference_model.hpp"
 #include "tightfit/lr_schedule.hpp"
@@ -37,7 +38,16 @@ struct Kto {
   int32_t accumulation = 1;
   int64_t skipped = 0;
   tf_preference::ReferenceModel reference{"kto"};
+  // precompute_ref_log_probs: every row's and KL row's reference log-probs,
+  // computed before the first update.
+  bool precompute = false;
+  tf_preference::PrecomputedReference table;
 };
+
+void prepare_reference(Kto& s, int64_t step) {
+  tf_preference::prepare_reference(s.host, s.reference, s.precompute ? &s.table : nullptr, step,
+                                   "kto");
+}
 
 // The batch's targets with the KL rows' (rows [n, 2n)) ignored.
 at::Tensor completion_targets(const tf_sdk::Batch& b) {
@@ -65,7 +75,7 @@ Scores score(Kto& s, const tf_sdk::Batch& b, bool across_ranks) {
   const bool kl_rows = tf_preference::reads_kl(s.options);
   const at::Tensor targets = kl_rows ? b.targets() : completion_targets(b);
   auto sums = [&] { return b.token_logps(targets).sum(1); };
-  const at::Tensor ref = s.reference.run(s.host, sums);
+  const at::Tensor ref = s.precompute ? s.table.of(b).logps : s.reference.run(s.host, sums);
   const at::Tensor pol = sums();
   Scores r;
   r.policy = pol.narrow(0, 0, n);
@@ -122,6 +132,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     s->options.desirable_weight = s->host.get_double("desirable_weight");
     s->options.undesirable_weight = s->host.get_double("undesirable_weight");
     s->accumulation = static_cast<int32_t>(s->host.get_int("gradient_accumulation_steps"));
+    s->precompute = s->host.get_bool("precompute_ref_log_probs");
     // A batch's KL rows are its own completions shifted by one: with one
     // row, the KL term is the row's own reward (TRL refuses it too).
     const tf_run_info info = s->host.run_info();
@@ -141,7 +152,7 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const double lr = s->lr.apply(s->host, step, total);
     s->host.zero_grad();
-    s->reference.keep(s->host, step);
+    prepare_reference(*s, step);
     const tf_preference::AccumulatedStep done = tf_preference::accumulate_pairs(
         s->host, s->accumulation,
         [&](const tf_sdk::Batch& batch, double scale, tf_preference::Metrics& metrics) {
@@ -177,7 +188,7 @@ tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf
   auto* s = static_cast<Kto*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const tf_sdk::Batch batch(s->host, lent);
-    s->reference.keep(s->host);
+    prepare_reference(*s, -1);
     const Scores sc = score(*s, batch, /*across_ranks=*/false);
     const double loss =
         tf_preference::kto_loss(sc.policy, sc.reference, sc.desirable, sc.kl, s->options)
@@ -198,11 +209,12 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
                           tf_memory_estimate* out) {
   auto* s = static_cast<Kto*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    out->time_factor = (2.0 + 1.5) / 3.0 * s->accumulation;
+    out->time_factor = ((s->precompute ? 1.0 : 2.0) + 1.5) / 3.0 * s->accumulation;
     if (model != nullptr)
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] -= model->activation_bytes / 2;
     if (s->accumulation > 1) out->grads_in_forward = 1;
-    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] += s->reference.planned_bytes(s->host);
+    if (!s->precompute)
+      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] += s->reference.planned_bytes(s->host);
     return TF_OK;
   });
 }
@@ -212,6 +224,7 @@ tf_status save_state(void* state, tf_host_context* ctx) {
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     s->host.save_double("skipped", static_cast<double>(s->skipped));
     s->reference.save(s->host);
+    s->table.save(s->host);
     return TF_OK;
   });
 }
@@ -220,7 +233,12 @@ tf_status load_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Kto*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     s->skipped = static_cast<int64_t>(s->host.saved_double("skipped"));
-    s->reference.load(s->host);
+    if (!s->precompute)
+      s->reference.load(s->host);
+    else if (!s->table.load(s->host))
+      throw std::runtime_error(
+          "the checkpoint holds no precomputed reference log-probs (it was saved without "
+          "precompute_ref_log_probs): resume with the recipe that saved it");
     return TF_OK;
   });
 }
@@ -237,6 +255,7 @@ const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
     tf_sdk::key("undesirable_weight", TF_VALUE_FLOAT, "1.0",
                 "weight of the undesirable completions' losses (TRL's undesirable_weight)", 0, 1e6),
     tf_preference::accumulation_key(),
+    tf_preference::precompute_key(),
 });
 
 const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),

@@ -491,6 +491,15 @@ class Batch {
     host_.check(host_.api()->next_batch(host_.ctx(), &batch_));
     owned_ = true;
   }
+  // The run's preference rows with row_ids [first, first + count) (ABI
+  // 1.13), at most up to the end of their split; pairs() 0 past the last.
+  Batch(const Host& host, int64_t first, int64_t count) : host_(host) {
+    if (!TF_HAS(host_.api(), tf_host_api, preference_rows))
+      throw std::runtime_error("this tightfit has no preference_rows (plugin ABI 1.13): update it");
+    batch_.struct_size = sizeof batch_;
+    host_.check(host_.api()->preference_rows(host_.ctx(), first, count, &batch_));
+    owned_ = true;
+  }
   // A batch the host lends for one call (a schedule's eval_batch).
   Batch(const Host& host, const tf_batch* lent) : host_(host) {
     std::memcpy(&batch_, lent, std::min<size_t>(lent->struct_size, sizeof batch_));
@@ -546,6 +555,9 @@ class Batch {
   // completion of row r is desirable; rows [pairs, 2 pairs) are the KL rows.
   // Undefined for any other batch.
   at::Tensor desirable() const;
+  // Preference batches (ABI 1.13): int64 [pairs], each pair's index among
+  // the run's preference rows (training rows as stored, then held-out ones).
+  at::Tensor row_ids() const;
 
   // The loss at the current weights, no gradients.
   tf_pass_result forward() const {
@@ -627,6 +639,10 @@ inline int64_t Batch::pairs() const {
 inline at::Tensor Batch::desirable() const {
   if (!TF_SDK_REACHES(&batch_, tf_batch, desirable) || batch_.desirable == nullptr) return {};
   return borrow(batch_.desirable);
+}
+inline at::Tensor Batch::row_ids() const {
+  if (!TF_SDK_REACHES(&batch_, tf_batch, row_ids) || batch_.row_ids == nullptr) return {};
+  return borrow(batch_.row_ids);
 }
 
 inline tf_dtype parse_dtype(const std::string& d) {
