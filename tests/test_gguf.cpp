@@ -247,6 +247,10 @@ TEST(GgufHostile, EachDefectIsRefusedByName) {
   };
   EXPECT_PRED2(has, one_tensor({1, 1, 1, 1, 1}, 0, 0), "has 5 dimensions");
   EXPECT_PRED2(has, one_tensor({uint64_t{1} << 40, uint64_t{1} << 40}, 0, 0), "absurd shape");
+  // 2^62 F32 elements: the count fits int64 but its 2^64 bytes wrapped to 0
+  // and passed the bounds check (found by fuzz_gguf); refused, not allocated.
+  EXPECT_PRED2(has, one_tensor({uint64_t{1} << 31, uint64_t{1} << 31}, 0, 0), "absurd shape");
+  EXPECT_PRED2(has, one_tensor({uint64_t{1} << 61, 2}, 1, 0), "absurd shape");
   EXPECT_PRED2(has, one_tensor({8}, 99, 0), "type 99, which tightfit does not know");
   EXPECT_PRED2(has, one_tensor({33}, 2, 0), "not a multiple of Q4_0's block of 32");
   EXPECT_PRED2(has, one_tensor({8}, 0, 4), "is not aligned to 32");

@@ -308,7 +308,13 @@ GgufReader::GgufReader(const std::string& path, const Limits& limits) : path_(pa
       in.fail("tensor " + t.name + ": its first dimension " + std::to_string(t.dims[0]) +
               " is not a multiple of " + t.type->name + "'s block of " +
               std::to_string(t.type->block));
-    t.bytes = static_cast<uint64_t>(numel / t.type->block) * static_cast<uint64_t>(t.type->bytes);
+    // Checked: a shape near 2^62 elements would wrap the byte count to a small
+    // number that passes the bounds check below, and so would its float size.
+    int64_t float_bytes = 0;
+    if (__builtin_mul_overflow(static_cast<uint64_t>(numel / t.type->block),
+                               static_cast<uint64_t>(t.type->bytes), &t.bytes) ||
+        __builtin_mul_overflow(numel, static_cast<int64_t>(sizeof(float)), &float_bytes))
+      in.fail("tensor " + t.name + " has an absurd shape (its size in bytes passes 64 bits)");
     if (t.offset % alignment_ != 0)
       in.fail("tensor " + t.name + "'s offset " + std::to_string(t.offset) + " is not aligned to " +
               std::to_string(alignment_));
