@@ -128,8 +128,40 @@ TEST(CpuBlockCache, HoldsAtMostItsLimitDroppingTheOldest) {
   at::Tensor again = at::empty({1 << 20}, at::kFloat);
   EXPECT_EQ(again.data_ptr(), newest);  // the most recently freed is kept
   again.reset();
-  { at::Tensor big = at::empty({10 << 18}, at::kFloat); }  // 10 MiB: past the limit alone
+  // 10 MiB: past the limit alone, so not kept when freed (10 MiB cached
+  // else); its fresh pages also pushed the cached 8 MiB out (12 MiB mark).
+  { at::Tensor big = at::empty({10 << 18}, at::kFloat); }
+  EXPECT_EQ(cpu_block_cache().cached_bytes(), 0);
+  cpu_block_cache().set_limit(int64_t{512} << 20);
+  cpu_block_cache().release_all();
+}
+
+TEST(CpuBlockCache, NeverHoldsTheProcessAboveItsLiveHighWaterMark) {
+  MemoryAccounting::instance();  // installs the counting allocator
+  cpu_block_cache().set_limit(int64_t{64} << 20);
+  cpu_block_cache().release_all();  // the mark starts at the live bytes
+  const int64_t live = cpu_block_cache().live_bytes();
+  {
+    std::vector<at::Tensor> blocks;
+    for (int i = 0; i < 3; ++i) blocks.push_back(at::empty({1 << 20}, at::kFloat));  // 4 MiB
+    EXPECT_EQ(cpu_block_cache().live_bytes() - live, int64_t{12} << 20);
+  }
+  EXPECT_EQ(cpu_block_cache().live_bytes(), live);
+  EXPECT_EQ(cpu_block_cache().cached_bytes(), int64_t{12} << 20);  // the mark: 12 MiB
+  at::Tensor hit = at::empty({1 << 20}, at::kFloat);  // from the cache: 4 live + 8 cached
   EXPECT_EQ(cpu_block_cache().cached_bytes(), int64_t{8} << 20);
+  // A size the cache does not hold (a longer batch): 6 MiB fresh would make
+  // 18 MiB resident; the oldest cached block goes, 14 MiB, then the next, 10.
+  at::Tensor fresh = at::empty({6 << 18}, at::kFloat);
+  EXPECT_EQ(cpu_block_cache().cached_bytes(), 0);
+  EXPECT_EQ(cpu_block_cache().live_bytes() - live, int64_t{10} << 20);
+  hit.reset();
+  fresh.reset();
+  EXPECT_EQ(cpu_block_cache().cached_bytes(), int64_t{10} << 20);  // both kept: within the mark
+  {
+    at::Tensor small = at::empty({1 << 19}, at::kFloat);  // 2 MiB, a miss: 12 MiB, the mark
+    EXPECT_EQ(cpu_block_cache().cached_bytes(), int64_t{10} << 20);
+  }
   cpu_block_cache().set_limit(int64_t{512} << 20);
   cpu_block_cache().release_all();
 }

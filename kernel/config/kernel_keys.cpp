@@ -34,7 +34,8 @@ const std::vector<KeySpec>& run_keys() {
       key("cpu_block_cache", TF_VALUE_SIZE, "\"512MiB\"",
           "freed CPU blocks of 1 MiB and more kept for the next allocation of their size "
           "(weights dequantized, cast or read from a disk tier once per pass), so the kernel "
-          "does not fault in and zero fresh pages each time; resident, not tracked; 0 = off"),
+          "does not fault in and zero fresh pages each time; resident, not tracked, never "
+          "beyond the most the live blocks needed; 0 = off"),
       key("fused_loss", TF_VALUE_BOOL, "true",
           "compute the head's projection together with the loss a chunk of tokens at a time, "
           "so the [tokens x vocabulary] logits and their gradient never exist whole (models "

@@ -1,5 +1,6 @@
 #include "cpu_block_cache.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <utility>
 
@@ -17,16 +18,26 @@ c10::DataPtr CpuBlockCache::take(int64_t capacity) {
     if (it->capacity == capacity) {
       c10::DataPtr block = std::move(it->block);
       cached_ -= capacity;
+      live_ += capacity;  // cached + live unchanged: within the mark
       entries_.erase(it);
       return block;
     }
   return {};
 }
 
+void CpuBlockCache::add_fresh(int64_t capacity) {
+  std::list<Entry> dropped;  // freed after the lock is released
+  std::lock_guard<std::mutex> lock(m_);
+  live_ += capacity;
+  high_water_ = std::max(high_water_, live_);
+  drop_past_high_water(dropped);
+}
+
 void CpuBlockCache::put(int64_t capacity, c10::DataPtr block) {
   std::list<Entry> dropped;  // freed after the lock is released
   {
     std::lock_guard<std::mutex> lock(m_);
+    live_ -= capacity;
     if (capacity < kSmallest || capacity > limit_) return;  // `block` frees itself
     entries_.push_front(Entry{capacity, std::move(block)});
     cached_ += capacity;
@@ -39,6 +50,7 @@ void CpuBlockCache::release_all() {
   std::lock_guard<std::mutex> lock(m_);
   dropped.swap(entries_);
   cached_ = 0;
+  high_water_ = live_;
 }
 
 void CpuBlockCache::set_limit(int64_t bytes) {
@@ -49,15 +61,26 @@ void CpuBlockCache::set_limit(int64_t bytes) {
 }
 
 void CpuBlockCache::drop_past_limit(std::list<Entry>& dropped) {
-  while (cached_ > limit_) {
-    cached_ -= entries_.back().capacity;
-    dropped.splice(dropped.begin(), entries_, std::prev(entries_.end()));
-  }
+  while (cached_ > limit_) drop_oldest(dropped);
+}
+
+void CpuBlockCache::drop_past_high_water(std::list<Entry>& dropped) {
+  while (cached_ > 0 && cached_ + live_ > high_water_) drop_oldest(dropped);
+}
+
+void CpuBlockCache::drop_oldest(std::list<Entry>& dropped) {
+  cached_ -= entries_.back().capacity;
+  dropped.splice(dropped.begin(), entries_, std::prev(entries_.end()));
 }
 
 int64_t CpuBlockCache::cached_bytes() const {
   std::lock_guard<std::mutex> lock(m_);
   return cached_;
+}
+
+int64_t CpuBlockCache::live_bytes() const {
+  std::lock_guard<std::mutex> lock(m_);
+  return live_;
 }
 
 CpuBlockCache& cpu_block_cache() {

@@ -100,6 +100,7 @@ class CountingCpuAllocator final : public c10::Allocator {
           }
         }
       inner = base_->allocate(static_cast<size_t>(capacity));
+      if (inner.get()) cpu_block_cache().add_fresh(capacity);
     }
     void* data = inner.get();
     if (data == nullptr) return inner;  // zero-byte allocations
