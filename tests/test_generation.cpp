@@ -50,7 +50,7 @@ TEST_P(KvCache, GreedyTokensEqualRecomputing) {
 INSTANTIATE_TEST_SUITE_P(Families, KvCache,
                          ::testing::Values(Case{"llama", ""}, Case{"mistral_window", "mistral"},
                                            Case{"qwen3", "qwen3"}, Case{"qwen2", "qwen2"},
-                                           Case{"gemma", "gemma"}),
+                                           Case{"gemma", "gemma"}, Case{"gemma2", "gemma2"}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -111,6 +111,9 @@ const std::vector<Family>& families() {
       // sqrt(C)-scaled embeddings, (1 + w) norms in fp32, GeGLU, head_dim 16, tied, pad_token_id
       // 0 (its row has no lookup gradient, as nn.Embedding's padding_idx).
       Family{"gemma", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 9 + 2},
+      // Gemma 2: capped attention scores and logits, query_pre_attn_scalar, pre- and post-norms
+      // around each sub-layer (11 weights a layer), layer 0 sliding over 5 keys, layer 1 full.
+      Family{"gemma2", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 11 + 2},
       // WKV in chunks of 5 over 16 tokens: the carried state is exercised.
       Family{"rwkv", "plugin = \"rwkv\"\nconfig = \"@DIR@\"\nwkv_chunk = 5\n", 2 * 18 + 2 + 4}};
   return all;
@@ -121,7 +124,8 @@ const std::vector<Family>& families() {
 std::vector<Family> packed_families() {
   std::vector<Family> out;
   for (const Family& f : families())
-    for (const char* name : {"gpt2", "llama", "mistral", "qwen2_window", "qwen3", "gemma"})
+    for (const char* name :
+         {"gpt2", "llama", "mistral", "qwen2_window", "qwen3", "gemma", "gemma2"})
       if (std::string(f.name) == name) out.push_back(f);
   return out;
 }
@@ -209,6 +213,7 @@ INSTANTIATE_TEST_SUITE_P(
         Family{"qwen2", "plugin = \"llama\"\n@PEER@", 0},
         Family{"qwen3", "plugin = \"llama\"\n@PEER@", 0},
         Family{"gemma", "plugin = \"llama\"\n@PEER@", 0},
+        Family{"gemma2", "plugin = \"llama\"\n@PEER@", 0},
         Family{"gpt2_inner", "plugin = \"gpt2\"\n@PEER@", 0},
         Family{"rwkv",
                "plugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nwkv_chunk = 7\n",

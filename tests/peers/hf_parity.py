@@ -7,7 +7,7 @@ restart at each (transformers then keeps attention inside an example, as
 TRL's padding-free packing relies on) and are written as "positions".
 
 usage: hf_parity.py FAMILY OUT_DIR [packed]
-FAMILY: gpt2 | gpt2_inner | llama | llama3 | llama_bias | mistral | qwen2 | qwen2_window | qwen3 | gemma | rwkv
+FAMILY: gpt2 | gpt2_inner | llama | llama3 | llama_bias | mistral | qwen2 | qwen2_window | qwen3 | gemma | gemma2 | rwkv
 """
 import pathlib
 import sys
@@ -87,6 +87,17 @@ def build(family: str) -> torch.nn.Module:
                                        rms_norm_eps=1e-6, hidden_act="gelu_pytorch_tanh",
                                        tie_word_embeddings=True)
         return transformers.GemmaForCausalLM(cfg)
+    if family == "gemma2":  # gemma, plus: capped scores and logits (caps small enough to bend
+        # these random weights' values), query_pre_attn_scalar 24 != head_dim 16, sandwich norms,
+        # layer 0 sliding over 5 keys and layer 1 full
+        cfg = transformers.Gemma2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=80,
+                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                        head_dim=16, max_position_embeddings=64, rope_theta=10000.0,
+                                        rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
+                                        query_pre_attn_scalar=24, sliding_window=5,
+                                        attn_logit_softcapping=0.02, final_logit_softcapping=0.2,
+                                        tie_word_embeddings=True)
+        return transformers.Gemma2ForCausalLM(cfg)
     if family == "rwkv":
         cfg = transformers.RwkvConfig(vocab_size=VOCAB, context_length=64, hidden_size=32, num_hidden_layers=2,
                                       attention_hidden_size=32, intermediate_size=128, layer_norm_epsilon=1e-5,

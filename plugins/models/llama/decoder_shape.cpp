@@ -37,11 +37,9 @@ struct TypeDefaults {
   int64_t max_positions;
   double rms_eps;
 };
-constexpr TypeDefaults kDefaults[] = {{"llama", 2048, 1e-6},
-                                      {"mistral", 4096 * 32, 1e-6},
-                                      {"qwen2", 32768, 1e-6},
-                                      {"qwen3", 32768, 1e-6},
-                                      {"gemma", 8192, 1e-6}};
+constexpr TypeDefaults kDefaults[] = {{"llama", 2048, 1e-6},  {"mistral", 4096 * 32, 1e-6},
+                                      {"qwen2", 32768, 1e-6}, {"qwen3", 32768, 1e-6},
+                                      {"gemma", 8192, 1e-6},  {"gemma2", 8192, 1e-6}};
 
 const char* const kActivations = "silu, swish, gelu, gelu_new, gelu_pytorch_tanh, relu";
 bool activation_supported(const std::string& act) {
@@ -117,9 +115,14 @@ void read_sliding_window(const tf_sdk::HfConfig& c, Shape& s) {
     s.sliding_layers.assign(static_cast<size_t>(s.n_layer), s.sliding_window > 0);
     return;
   }
-  if (s.model_type != "qwen2" && s.model_type != "qwen3") return;  // LLaMA has no window
-  if (!c.flag("use_sliding_window", false)) return;
+  const bool gemma2 = s.model_type == "gemma2";
+  if (s.model_type != "qwen2" && s.model_type != "qwen3" && !gemma2) return;  // LLaMA: none
+  if (!gemma2 && !c.flag("use_sliding_window", false)) return;
   s.sliding_window = c.get("sliding_window", 4096, 1, 1'000'000'000);
+  if (gemma2 && !c.has("layer_types")) {  // Gemma2Config: even layers slide, odd are full
+    for (int64_t l = 0; l < s.n_layer; ++l) s.sliding_layers[static_cast<size_t>(l)] = l % 2 == 0;
+    return;
+  }
   if (c.has("layer_types")) {
     const nlohmann::json& types = j["layer_types"];
     if (!types.is_array() || static_cast<int64_t>(types.size()) != s.n_layer)
@@ -152,8 +155,9 @@ void refuse_unsupported(const tf_sdk::HfConfig& c, const Shape& s) {
   if (c.real("attention_dropout", 0.0, 0.0, 1.0, false) != 0.0)
     refuse("attention_dropout",
            "is not supported: training would differ from transformers'; set it to 0.0");
-  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"})
-    if (c.has(key)) refuse(key, "(logit soft-capping) is not supported");
+  if (s.model_type != "gemma2")
+    for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"})
+      if (c.has(key)) refuse(key, "(logit soft-capping) is computed for model_type gemma2 only");
   if (s.model_type != "qwen3")
     for (const char* key : {"use_qk_norm", "qk_layernorm", "qk_norm"})
       if (c.has(key) && (!c.json[key].is_boolean() || c.json[key].get<bool>()))
@@ -199,7 +203,8 @@ Shape shape_from_hf_config(const std::string& path) {
   s.intermediate = c.need("intermediate_size", 1, 10'000'000);
   s.vocab = c.need("vocab_size", 1, 10'000'000);
   s.max_positions = c.get("max_position_embeddings", d->max_positions, 1, 100'000'000);
-  const bool gemma = s.model_type == "gemma";
+  const bool gemma2 = s.model_type == "gemma2";
+  const bool gemma = s.model_type == "gemma" || gemma2;  // gemma2 is gemma, plus its terms
   s.head_dim = c.get("head_dim", s.model_type == "qwen3" ? 128 : gemma ? 256 : 0, 2, 100'000);
   s.rope_theta = c.real("rope_theta", 10000.0, 1.0, 1e12, false);
   s.rms_eps = c.real("rms_norm_eps", d->rms_eps, 0.0, 1.0);
@@ -215,8 +220,20 @@ Shape shape_from_hf_config(const std::string& path) {
                        ? -1
                        : c.get("pad_token_id", gemma ? 0 : -1, 0, s.vocab - 1);
   // GemmaMLP reads hidden_act (transformers 4.57); hidden_activation is
-  // left unread there, and so here.
-  s.act = c.text("hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
+  // left unread there, and so here. Gemma2MLP reads hidden_activation only.
+  s.act = gemma2 ? c.text("hidden_activation", "gelu_pytorch_tanh")
+                 : c.text("hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
+  if (gemma2) {
+    s.sandwich_norms = true;
+    s.query_pre_attn_scalar = c.real("query_pre_attn_scalar", 256.0, 1e-12, 1e12);
+    // null (None) turns a cap off, as in Gemma2Config; absent is its default.
+    auto cap = [&](const char* key, double fallback) {
+      if (c.json.contains(key) && c.json[key].is_null()) return 0.0;
+      return c.real(key, fallback, 1e-6, 1e12);
+    };
+    s.attn_softcap = cap("attn_logit_softcapping", 50.0);
+    s.final_softcap = cap("final_logit_softcapping", 30.0);
+  }
   if (!activation_supported(s.act))
     throw std::invalid_argument(c.source + ": hidden_act \"" + s.act + "\" is not supported (" +
                                 kActivations + ")");

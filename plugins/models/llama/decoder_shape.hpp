@@ -1,4 +1,4 @@
-// The shape of a LLaMA-family decoder (LLaMA 1/2/3, Mistral, Qwen2, Qwen3, Gemma):
+// The shape of a LLaMA-family decoder (LLaMA 1/2/3, Mistral, Qwen2, Qwen3, Gemma, Gemma 2):
 // presets, reading it from a Hugging Face config.json, and writing one back
 // for export. Every config.json key that changes the maths is honoured here or
 // refused by name; nothing that matters is skipped silently.
@@ -12,7 +12,7 @@
 namespace llama {
 
 // The Hugging Face model types this plugin computes.
-constexpr const char* kModelTypes = "llama,mistral,qwen2,qwen3,gemma";
+constexpr const char* kModelTypes = "llama,mistral,qwen2,qwen3,gemma,gemma2";
 
 struct Shape {
   std::string model_type = "llama";
@@ -29,6 +29,14 @@ struct Shape {
   // and the embeddings are multiplied by sqrt(hidden size).
   bool unit_offset_norm = false;
   bool scaled_embeddings = false;
+  // Gemma 2: attention scores scaled by query_pre_attn_scalar^-1/2 (0: by
+  // head_dim's), attention scores and final logits soft-capped as
+  // cap * tanh(x / cap) (0: not), and each sub-layer's output normed before
+  // its residual add (post_attention_layernorm on the attention's output,
+  // pre_/post_feedforward_layernorm around the MLP).
+  double query_pre_attn_scalar = 0.0;
+  double attn_softcap = 0.0, final_softcap = 0.0;
+  bool sandwich_norms = false;
   // config.json's pad_token_id: transformers' nn.Embedding(padding_idx) gives
   // that row no gradient from lookups (-1: none).
   int64_t pad_token_id = -1;

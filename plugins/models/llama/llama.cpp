@@ -17,11 +17,19 @@
 //   LLaMA   attention_bias (q, k, v, o) and mlp_bias (gate, up, down) when set
 //   Gemma   h_0 = sqrt(C) E[x]; RMSNorm(x) = x / rms(x) * (1 + w) in fp32;
 //           GeGLU (gelu_pytorch_tanh); head_dim 256 unless given; tied head
+//   Gemma 2 Gemma, and: scores q k^T / sqrt(query_pre_attn_scalar), capped
+//           as c tanh(s / c) before the mask; every sub-layer's output normed
+//           before its residual add,
+//             a_l = h + RMSNorm_pa(Attn(RMSNorm_1(h)))
+//             h_l = a_l + RMSNorm_pf(MLP(RMSNorm_f1(a_l)));
+//           alternate layers slide; logits capped as c_f tanh(z / c_f)
 #include <ATen/ATen.h>
 
 #include <array>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -83,26 +91,46 @@ struct Llama {
     return x * cos + rotated * sin;
   }
 
-  // Causal attention of T queries at positions pos0.. over S keys at 0..S-1
-  // (S = pos0 + T); with a window W, the query at t sees keys t-W+1 .. t.
-  // Packed rows (`positions` given) keep each query inside its own example.
+  // The keys each query may see: T queries at positions pos0.. over S keys
+  // at 0..S-1 (S = pos0 + T), causal; with a window W, the query at t sees
+  // keys t-W+1 .. t. Packed rows (`positions` given) keep each query inside
+  // its own example. Bool [T, S] or [B, 1, T, S].
+  at::Tensor allowed_keys(int64_t T, int64_t S, int64_t pos0, bool window,
+                          const at::Tensor& positions, const at::Device& device) const {
+    if (positions.defined())
+      return tf_sdk::packed_causal_mask(positions, window ? s.sliding_window : 0);
+    const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
+    at::Tensor gap = (at::arange(T, opts) + pos0).unsqueeze(1) - at::arange(S, opts).unsqueeze(0);
+    at::Tensor allowed = gap.ge(0);
+    if (window) allowed = allowed.logical_and(gap.lt(s.sliding_window));
+    return allowed;
+  }
+
+  // Attention of q [B, H, T, D] over k, v [B, H, S, D] in layer l.
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t l,
                     int64_t pos0, const at::Tensor& positions) const {
     const int64_t T = q.size(2), S = k.size(2);
     const bool window = s.windowed(l) && s.sliding_window < S;
-    if (positions.defined())
-      return at::scaled_dot_product_attention(
-          q, k, v, tf_sdk::packed_causal_mask(positions, window ? s.sliding_window : 0), 0.0,
-          /*is_causal=*/false);
-    if (pos0 == 0 && !window)
-      return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
-    if (T == 1 && !window)  // one new query sees every key
-      return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/false);
-    const auto opts = at::TensorOptions().dtype(at::kLong).device(q.device());
-    at::Tensor gap = (at::arange(T, opts) + pos0).unsqueeze(1) - at::arange(S, opts).unsqueeze(0);
-    at::Tensor allowed = gap.ge(0);
-    if (window) allowed = allowed.logical_and(gap.lt(s.sliding_window));
-    return at::scaled_dot_product_attention(q, k, v, allowed, 0.0, /*is_causal=*/false);
+    const std::optional<double> scale =
+        s.query_pre_attn_scalar > 0
+            ? std::optional<double>(1.0 / std::sqrt(s.query_pre_attn_scalar))
+            : std::nullopt;
+    if (s.attn_softcap > 0) {  // Gemma 2: scores capped before the mask, spelled out
+      at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) *
+                          scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+      scores = at::tanh(scores / s.attn_softcap) * s.attn_softcap;
+      scores =
+          scores.masked_fill(allowed_keys(T, S, pos0, window, positions, q.device()).logical_not(),
+                             -std::numeric_limits<double>::infinity());
+      return at::matmul(at::softmax(scores, -1, at::kFloat).to(q.scalar_type()), v);
+    }
+    if (!positions.defined() && pos0 == 0 && !window)
+      return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, scale);
+    if (!positions.defined() && T == 1 && !window)  // one new query sees every key
+      return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/false, scale);
+    return at::scaled_dot_product_attention(
+        q, k, v, allowed_keys(T, S, pos0, window, positions, q.device()), 0.0,
+        /*is_causal=*/false, scale);
   }
 
   // `cache`: null in training; in decoding, the keys and values so far
@@ -157,8 +185,14 @@ struct Llama {
 
   at::Tensor block(const at::Tensor& h, int64_t l, KvCache* cache,
                    const at::Tensor& positions = {}) const {
-    at::Tensor a =
-        h + attention(rms_norm(h, layer(l, "input_layernorm.weight")), l, cache, positions);
+    const at::Tensor y =
+        attention(rms_norm(h, layer(l, "input_layernorm.weight")), l, cache, positions);
+    if (s.sandwich_norms) {  // Gemma 2
+      const at::Tensor a = h + rms_norm(y, layer(l, "post_attention_layernorm.weight"));
+      const at::Tensor m = mlp(rms_norm(a, layer(l, "pre_feedforward_layernorm.weight")), l);
+      return a + rms_norm(m, layer(l, "post_feedforward_layernorm.weight"));
+    }
+    const at::Tensor a = h + y;
     return a + mlp(rms_norm(a, layer(l, "post_attention_layernorm.weight")), l);
   }
 
@@ -179,10 +213,14 @@ struct Llama {
   const char* head_weight() const {
     return s.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
   }
-  // The logits, or (hidden_only) the hidden state the host projects itself.
+  // The logits, or (hidden_only) the hidden state the host projects itself
+  // (never asked when the logits are capped: the head declares no projection).
   at::Tensor head(const at::Tensor& h, bool hidden_only = false) const {
     const at::Tensor hidden = rms_norm(h, "model.norm.weight");
-    return hidden_only ? hidden : host.linear(hidden, head_weight());
+    if (hidden_only) return hidden;
+    const at::Tensor logits = host.linear(hidden, head_weight());
+    if (s.final_softcap <= 0) return logits;
+    return at::tanh(logits / s.final_softcap) * s.final_softcap;  // Gemma 2
   }
 };
 
@@ -268,10 +306,15 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     // Frozen, a norm keeps only its fp32 input and the MLP gate's input, silu
     // of it and up (3 I): the linears' inputs and the norms' outputs go.
     const int64_t rms_norm_bytes = 4 * C + 2 * elt * C, frozen_norm_bytes = 4 * C;
+    // Gemma 2's capped attention keeps its [T, T] scores per head: the
+    // scaled scores, their tanh and the probabilities (fp32), and two norms more.
+    const int64_t n_norms = s.sandwich_norms ? 4 : 2;
     const int64_t extra = 72 + tf_sdk::attention_lse_bytes(s.n_head) +
-                          (s.qk_norm ? 4 * (Q + KV) + 2 * elt * (Q + KV) : 0);
-    const int64_t block_bytes = 2 * rms_norm_bytes + 4 * elt * Q + 4 * elt * I + extra;
-    const int64_t frozen_block_bytes = 2 * frozen_norm_bytes + 4 * elt * Q + 3 * elt * I + extra;
+                          (s.qk_norm ? 4 * (Q + KV) + 2 * elt * (Q + KV) : 0) +
+                          (s.attn_softcap > 0 ? 3 * 4 * s.n_head * T : 0);
+    const int64_t block_bytes = n_norms * rms_norm_bytes + 4 * elt * Q + 4 * elt * I + extra;
+    const int64_t frozen_block_bytes =
+        n_norms * frozen_norm_bytes + 4 * elt * Q + 3 * elt * I + extra;
     // Gradients alive at once at the peak of a block's backward, measured:
     // in the MLP, those of h, silu(gate) and up with the residual's; trained,
     // the saved inputs the weight gradients used are gone by then.
@@ -301,6 +344,10 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       if (s.o_bias)
         declare(*m, m->layer(l, "self_attn.o_proj.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
       declare(*m, m->layer(l, "post_attention_layernorm.weight"), {C}, st, norm_init, 0, no_decay);
+      if (s.sandwich_norms)
+        for (const char* norm :
+             {"pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"})
+          declare(*m, m->layer(l, norm), {C}, st, norm_init, 0, no_decay);
       declare(*m, m->layer(l, "mlp.gate_proj.weight"), {I, C}, st, TF_INIT_NORMAL, std, 0);
       declare(*m, m->layer(l, "mlp.up_proj.weight"), {I, C}, st, TF_INIT_NORMAL, std, 0);
       declare(*m, m->layer(l, "mlp.down_proj.weight"), {C, I}, st, TF_INIT_NORMAL, proj_std, 0);
@@ -313,7 +360,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     const int64_t loss = tf_sdk::loss_activation_bytes(V, elt);
     const int32_t head = m->host.declare_stage(
         "head", TF_STAGE_HEAD, {rms_norm_bytes + loss, frozen_norm_bytes + loss, V * elt},
-        2 * C * V, {m->head_weight(), "", loss});
+        2 * C * V, {s.final_softcap > 0 ? "" : m->head_weight(), "", loss});
     declare(*m, "model.norm.weight", {C}, head, norm_init, 0, no_decay);
     if (!s.tie_embeddings) declare(*m, "lm_head.weight", {V, C}, head, TF_INIT_NORMAL, std, 0);
     const nlohmann::json cfg = llama::hf_config_for_export(s, host.get_string("dtype"));
@@ -379,7 +426,7 @@ const tf_config_key kKeys[] = {
                 1, 0, "tiny|1B|7B|13B|30B|70B|qwen2-1.5B|custom"),
     tf_sdk::key("config", TF_VALUE_PATH, "\"\"",
                 "Hugging Face config.json (or its folder) giving the shape; model_type llama, "
-                "mistral, qwen2, qwen3 or gemma"),
+                "mistral, qwen2, qwen3, gemma or gemma2"),
     tf_sdk::key("n_layer", TF_VALUE_INT, "0", "decoder layers (overrides)", 0, 1e4),
     tf_sdk::key("n_embd", TF_VALUE_INT, "0", "hidden size (overrides)", 0, 1e6),
     tf_sdk::key("n_head", TF_VALUE_INT, "0", "query heads (overrides)", 0, 1e4),
@@ -424,7 +471,7 @@ const tf_model_vtable kVtable = {.struct_size = sizeof(tf_model_vtable),
 
 const tf_plugin_descriptor kDescriptor =
     tf_sdk::describe(TF_PLUGIN_MODEL, "llama", "1.0.0",
-                     "LLaMA 1/2/3, Mistral, Qwen2, Qwen3 decoders: RMSNorm, rotary "
+                     "LLaMA 1/2/3, Mistral, Qwen2, Qwen3, Gemma, Gemma 2 decoders: RMSNorm, rotary "
                      "(linear/dynamic/llama3/yarn), SwiGLU, grouped-query and sliding-window "
                      "attention; Hugging Face names",
                      kKeys, &kVtable);
