@@ -52,7 +52,8 @@ TEST_F(CliTest, PluginsListAndInfo) {
   EXPECT_NE(out.find("tiny|1B|7B|13B|30B|70B|qwen2-1.5B|custom"), std::string::npos) << out;
   EXPECT_NE(out.find("n_kv_head"), std::string::npos) << out;
   // The plugin names the Hugging Face model types it computes (ABI 1.2).
-  EXPECT_NE(out.find("Hugging Face model types: llama, mistral, qwen2, qwen3, gemma, gemma2"),
+  EXPECT_NE(out.find("Hugging Face model types: llama, mistral, qwen2, qwen3, gemma, gemma2, "
+                     "gemma3_text, phi3"),
             std::string::npos)
       << out;
   // A name the user typed that is not installed: a usage error naming what is.

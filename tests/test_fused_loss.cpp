@@ -31,6 +31,9 @@ const Model kModels[] = {
      "n_head = 4\nintermediate_size = 64\nmax_positions = 64\n"
      "tie_embeddings = true\n"},
     {"rwkv", "plugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nwkv_chunk = 4\n"},
+    // Gemma 2's capped logits (final_logit_softcapping 0.2): the cap and its slope per chunk.
+    {"gemma2_capped",
+     "plugin = \"llama\"\nconfig = \"" TIGHTFIT_SOURCE_DIR "/tests/fixtures/gemma2-tiny\"\n"},
 };
 
 std::string recipe(const test::TempDir& dir, const std::string& model, const std::string& run,
@@ -192,6 +195,44 @@ TEST(FusedLoss, MatchesLibTorchCrossEntropyWithABias) {
       EXPECT_LE((fused_grads[i] - plain_grads[i]).abs().max().item<double>(), 1e-6 * scale) << i;
     }
   }
+}
+
+// A capped head (ABI 1.14 projection_softcap): c tanh(z / c) per chunk and
+// its slope in the gradients, against the capped whole logits in double, with
+// a cap the logits reach (|z| up to about 3c) so that the slope is far from 1.
+TEST(FusedLoss, CapsEachChunkAsTheWholeCappedLogits) {
+  at::manual_seed(5);
+  const at::Tensor hidden = at::randn({3, 7, 16}, at::kDouble).requires_grad_(true);
+  const at::Tensor w = (at::randn({40, 16}, at::kDouble) * 0.5).requires_grad_(true);
+  const at::Tensor b = at::randn({40}, at::kDouble).requires_grad_(true);
+  const at::Tensor targets = at::randint(40, {3, 7}, at::kLong);
+  const double cap = 2.0;
+  HeadProjection p{w, b, cap};
+  const at::Tensor fused = fused_head_loss(hidden, targets, p, 4, 1.0);
+  const auto fused_grads = torch::autograd::grad({fused}, {hidden, w, b});
+  const at::Tensor z = at::linear(hidden, w, b).reshape({-1, 40});
+  ASSERT_GT(z.abs().max().item<double>(), 2 * cap);
+  const at::Tensor capped = at::tanh(z / cap) * cap;
+  const at::Tensor plain = at::cross_entropy_loss(capped, targets.reshape({-1}));
+  const auto plain_grads = torch::autograd::grad({plain}, {hidden, w, b});
+  EXPECT_NEAR(fused.item<double>(), plain.item<double>(), 1e-6 * plain.item<double>());
+  for (size_t i = 0; i < 3; ++i) {
+    const double scale = plain_grads[i].abs().max().item<double>();
+    EXPECT_LE((fused_grads[i] - plain_grads[i]).abs().max().item<double>(), 1e-6 * scale) << i;
+  }
+  // Each target's own loss (the weighted form token_logps uses) is capped too.
+  const at::Tensor each = at::empty({21}, at::kFloat);
+  {
+    at::NoGradGuard no_grad;
+    fused_head_weighted_loss(hidden, targets, p, 4, 1.0, at::Tensor(), each);
+  }
+  const at::Tensor expected =
+      at::cross_entropy_loss(capped, targets.reshape({-1}), {}, at::Reduction::None);
+  EXPECT_LE((each.to(at::kDouble) - expected).abs().max().item<double>(), 1e-5);
+  // Without the cap the loss differs: the cap was applied.
+  EXPECT_GT(std::abs(fused_head_loss(hidden, targets, {w, b}, 4, 1.0).item<double>() -
+                     plain.item<double>()),
+            1e-2);
 }
 
 // The plan keeps a chunk of logits, not all of them: its activations shrink,

@@ -50,7 +50,9 @@ TEST_P(KvCache, GreedyTokensEqualRecomputing) {
 INSTANTIATE_TEST_SUITE_P(Families, KvCache,
                          ::testing::Values(Case{"llama", ""}, Case{"mistral_window", "mistral"},
                                            Case{"qwen3", "qwen3"}, Case{"qwen2", "qwen2"},
-                                           Case{"gemma", "gemma"}, Case{"gemma2", "gemma2"}),
+                                           Case{"gemma", "gemma"}, Case{"gemma2", "gemma2"},
+                                           Case{"gemma3_text", "gemma3_text"},
+                                           Case{"phi3", "phi3"}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

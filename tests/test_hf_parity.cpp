@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -114,6 +115,14 @@ const std::vector<Family>& families() {
       // Gemma 2: capped attention scores and logits, query_pre_attn_scalar, pre- and post-norms
       // around each sub-layer (11 weights a layer), layer 0 sliding over 5 keys, layer 1 full.
       Family{"gemma2", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 11 + 2},
+      // Gemma 3: Gemma 2's norms (no attention cap) and (1 + w) q/k norms per head; layer 0
+      // slides over 5 keys rotating by its own base, layer 1 by rope_theta, linearly scaled.
+      Family{"gemma3_text", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 13 + 2},
+      // Phi-3: fused qkv_proj and gate_up_proj, half of each head rotated, LongRoPE's long
+      // factors (16 tokens past the original 8), every layer sliding over 5 keys.
+      Family{"phi3", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 6 + 3},
+      // The same within the original context: the short factors.
+      Family{"phi3_short", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 6 + 3},
       // WKV in chunks of 5 over 16 tokens: the carried state is exercised.
       Family{"rwkv", "plugin = \"rwkv\"\nconfig = \"@DIR@\"\nwkv_chunk = 5\n", 2 * 18 + 2 + 4}};
   return all;
@@ -124,8 +133,8 @@ const std::vector<Family>& families() {
 std::vector<Family> packed_families() {
   std::vector<Family> out;
   for (const Family& f : families())
-    for (const char* name :
-         {"gpt2", "llama", "mistral", "qwen2_window", "qwen3", "gemma", "gemma2"})
+    for (const char* name : {"gpt2", "llama", "mistral", "qwen2_window", "qwen3", "gemma", "gemma2",
+                             "gemma3_text", "phi3"})
       if (std::string(f.name) == name) out.push_back(f);
   return out;
 }
@@ -214,6 +223,8 @@ INSTANTIATE_TEST_SUITE_P(
         Family{"qwen3", "plugin = \"llama\"\n@PEER@", 0},
         Family{"gemma", "plugin = \"llama\"\n@PEER@", 0},
         Family{"gemma2", "plugin = \"llama\"\n@PEER@", 0},
+        Family{"gemma3_text", "plugin = \"llama\"\n@PEER@", 0},
+        Family{"phi3", "plugin = \"llama\"\n@PEER@", 0},
         Family{"gpt2_inner", "plugin = \"gpt2\"\n@PEER@", 0},
         Family{"rwkv",
                "plugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nwkv_chunk = 7\n",
@@ -316,6 +327,99 @@ TEST(HfExport, ShardedExportStreamsAndTransformersLoadsIt) {
   at::NoGradGuard no_grad;
   EXPECT_LE((r->executor().forward_logits(tokens, false) - logits).abs().max().item<double>(),
             1e-4);
+}
+
+}  // namespace
+}  // namespace tightfit
+
+namespace tightfit {
+namespace {
+
+// A session of the llama plugin on `config_json` (written as a model folder's
+// config.json), or the error it stops with.
+struct ConfigOutcome {
+  std::unique_ptr<Session> session;
+  std::string error;
+};
+ConfigOutcome session_for_config(const test::TempDir& dir, const std::string& name,
+                                 const nlohmann::json& config_json) {
+  const std::string folder = dir.str() + "/" + name;
+  std::filesystem::create_directories(folder);
+  std::ofstream(folder + "/config.json") << config_json.dump();
+  std::string recipe = test::tiny_recipe(test::write_corpus(dir), dir.str());
+  recipe.replace(recipe.find("[model]"), recipe.find("[data]") - recipe.find("[model]"),
+                 "[model]\nplugin = \"llama\"\nconfig = \"" + folder + "\"\n\n");
+  ConfigOutcome out;
+  try {
+    out.session = test::make_session(recipe);
+  } catch (const std::exception& e) {
+    out.error = e.what();
+  }
+  return out;
+}
+
+nlohmann::json small_gemma3() {
+  return {
+      {"model_type", "gemma3_text"}, {"num_hidden_layers", 4},   {"hidden_size", 32},
+      {"num_attention_heads", 4},    {"num_key_value_heads", 2}, {"head_dim", 16},
+      {"intermediate_size", 80},     {"vocab_size", 256},        {"max_position_embeddings", 64},
+      {"sliding_window", 5}};
+}
+
+// Gemma 3 configs on the Hub give the pattern (every n-th layer full) rather
+// than layer_types; the exported config spells it out as transformers reads it.
+TEST(GemmaConfig, SlidingWindowPatternBecomesLayerTypes) {
+  test::TempDir dir;
+  nlohmann::json config = small_gemma3();
+  config["sliding_window_pattern"] = 3;
+  ConfigOutcome o = session_for_config(dir, "pattern", config);
+  ASSERT_TRUE(o.session) << o.error;
+  const std::string out = o.session->export_hf(dir.str() + "/hf");
+  std::ifstream in(out + "/config.json");
+  const nlohmann::json written = nlohmann::json::parse(in);
+  EXPECT_EQ(written["layer_types"], nlohmann::json({"sliding_attention", "sliding_attention",
+                                                    "full_attention", "sliding_attention"}));
+  EXPECT_EQ(written["model_type"], "gemma3_text");
+  // transformers' default: five sliding layers in six (all four here).
+  config.erase("sliding_window_pattern");
+  o = session_for_config(dir, "default", config);
+  ASSERT_TRUE(o.session) << o.error;
+  std::ifstream in2(o.session->export_hf(dir.str() + "/hf2") + "/config.json");
+  EXPECT_EQ(nlohmann::json::parse(in2)["layer_types"],
+            nlohmann::json(std::vector<std::string>(4, "sliding_attention")));
+}
+
+// Keys whose maths transformers would not apply here, or that are not a
+// causal language model, are refused by name rather than ignored.
+TEST(GemmaConfig, KeysTransformersDoesNotApplyAreRefusedByName) {
+  test::TempDir dir;
+  struct Case {
+    const char* model_type;
+    const char* key;
+    nlohmann::json value;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {"gemma3_text", "attn_logit_softcapping", 50.0, "set it to null"},
+      {"gemma3_text", "use_bidirectional_attention", true, "set it to false"},
+      {"gemma", "final_logit_softcapping", 30.0, "gemma2 and gemma3_text only"},
+      {"llama", "attn_logit_softcapping", 50.0, "gemma2 and gemma3_text only"},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    nlohmann::json config = small_gemma3();
+    config["model_type"] = c.model_type;
+    config[c.key] = c.value;
+    const ConfigOutcome o = session_for_config(dir, "c" + std::to_string(++n), config);
+    EXPECT_FALSE(o.session) << c.key;
+    EXPECT_NE(o.error.find(std::string("\"") + c.key + "\""), std::string::npos) << o.error;
+    EXPECT_NE(o.error.find(c.expect), std::string::npos) << o.error;
+    EXPECT_NE(o.error.find("config.json"), std::string::npos) << o.error;
+  }
+  // null is None: no cap, accepted.
+  nlohmann::json config = small_gemma3();
+  config["attn_logit_softcapping"] = nullptr;
+  EXPECT_TRUE(session_for_config(dir, "null_cap", config).session);
 }
 
 }  // namespace

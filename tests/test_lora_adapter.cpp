@@ -133,6 +133,22 @@ INSTANTIATE_TEST_SUITE_P(
              "plugin = \"llama\"\nconfig = \"" + std::string(TIGHTFIT_SOURCE_DIR) +
                  "/tests/fixtures/gemma-tiny\"\n",
              "targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n"},
+        // Gemma 2: capped scores and logits, sandwich norms, a sliding layer.
+        Case{"gemma2",
+             "plugin = \"llama\"\nconfig = \"" + std::string(TIGHTFIT_SOURCE_DIR) +
+                 "/tests/fixtures/gemma2-tiny\"\n",
+             "targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n"},
+        // Gemma 3: q/k norms, local and global rotary bases.
+        Case{"gemma3_text",
+             "plugin = \"llama\"\nconfig = \"" + std::string(TIGHTFIT_SOURCE_DIR) +
+                 "/tests/fixtures/gemma3-tiny\"\n",
+             "targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n"},
+        // Phi-3: q, k and v in one projection, gate and up in one (PEFT targets qkv_proj and
+        // gate_up_proj).
+        Case{"phi3",
+             "plugin = \"llama\"\nconfig = \"" + std::string(TIGHTFIT_SOURCE_DIR) +
+                 "/tests/fixtures/phi3-tiny\"\n",
+             "targets = [\"q\", \"o\", \"gate\", \"down\"]\n"},
         // RWKV starts with zero output projections, so "o" is adapted for gradients to reach k and
         // v.
         Case{"rwkv", "plugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\n",

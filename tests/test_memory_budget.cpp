@@ -85,6 +85,25 @@ TEST(CpuBlockCache, SizeClassesWasteAtMostAnEighth) {
   }
 }
 
+// Blocks under 1 MiB come from the heap's own free lists: the cache neither
+// counts them live nor keeps them (no lock round trip per small tensor).
+TEST(CpuBlockCache, SmallBlocksNeverPassTheCache) {
+  MemoryAccounting::instance();  // installs the counting allocator
+  cpu_block_cache().set_limit(int64_t{64} << 20);
+  cpu_block_cache().release_all();
+  const int64_t live = cpu_block_cache().live_bytes(), cached = cpu_block_cache().cached_bytes();
+  {
+    std::vector<at::Tensor> small;
+    for (int i = 0; i < 16; ++i) small.push_back(at::empty({(1 << 18) - 1}, at::kFloat));
+    EXPECT_EQ(cpu_block_cache().live_bytes(), live);
+  }
+  EXPECT_EQ(cpu_block_cache().live_bytes(), live);
+  EXPECT_EQ(cpu_block_cache().cached_bytes(), cached);
+  { at::Tensor large = at::empty({1 << 18}, at::kFloat); }  // 1 MiB: cached
+  EXPECT_EQ(cpu_block_cache().cached_bytes(), cached + (1 << 20));
+  cpu_block_cache().release_all();
+}
+
 TEST(CpuBlockCache, AFreedLargeBlockServesTheNextOfItsClass) {
   auto& acct = MemoryAccounting::instance();
   acct.set_budget(0);

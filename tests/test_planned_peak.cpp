@@ -68,12 +68,24 @@ TEST_P(PlannedPeak, IsWithinTenPercentOfTheMeasuredPeak) {
   }
 }
 
+// Gemma 2 (capped attention spelled out, sandwich norms, the capped fused
+// head) and Phi-3 (fused projections, partial rotary) at kLlama's scale.
+const char* kGemma2 =
+    "plugin = \"llama\"\nconfig = \"" TIGHTFIT_SOURCE_DIR
+    "/tests/fixtures/gemma2-tiny\"\nn_layer = 4\nn_embd = 256\nn_head = 4\nn_kv_head = 2\n"
+    "head_dim = 64\nintermediate_size = 688\nmax_positions = 128\n";
+const char* kPhi3 =
+    "plugin = \"llama\"\nconfig = \"" TIGHTFIT_SOURCE_DIR
+    "/tests/fixtures/phi3-tiny\"\nn_layer = 4\nn_embd = 256\nn_head = 32\nn_kv_head = 8\n"
+    "intermediate_size = 688\nmax_positions = 128\n";
+
 const char* kStandard = "";
 INSTANTIATE_TEST_SUITE_P(
     Recipes, PlannedPeak,
     ::testing::Values(
         PeakCase{"gpt2", kGpt2, kStandard, ""}, PeakCase{"llama", kLlama, kStandard, ""},
-        PeakCase{"rwkv", kRwkv, kStandard, ""},
+        PeakCase{"rwkv", kRwkv, kStandard, ""}, PeakCase{"gemma2", kGemma2, kStandard, ""},
+        PeakCase{"phi3_lora", kPhi3, kStandard, "[[strategy]]\nplugin = \"lora\"\n"},
         PeakCase{"llama_big_vocab", kLlamaBigVocab, kStandard, ""},
         PeakCase{"llama_big_vocab_lora_autocast", kLlamaBigVocab, kStandard,
                  "[[strategy]]\nplugin = \"lora\"\n[[strategy]]\nplugin = \"precision\"\n"},

@@ -1,5 +1,7 @@
 // Host services: declaring and reading parameters and stages, weights and linear.
 // Each catches every exception (serve) so none crosses the ABI.
+#include <cmath>
+
 #include "checked_size.hpp"
 #include "device_spec.hpp"
 #include "host_api_services.hpp"
@@ -60,6 +62,12 @@ tf_status h_declare_stage(tf_host_context* ctx, const tf_stage_spec* spec, int32
       st.projection_weight = s.projection_weight;
       st.projection_bias = s.projection_bias ? s.projection_bias : "";
       st.projection_bytes_per_token = s.projection_bytes_per_token;
+      // !(x >= 0) also catches NaN.
+      if (!(s.projection_softcap >= 0) || !std::isfinite(s.projection_softcap))
+        throw std::invalid_argument(std::string("stage \"") + s.name +
+                                    "\" declares a projection_softcap that is not a finite "
+                                    "number >= 0 (0: no cap)");
+      st.projection_softcap = s.projection_softcap;
     }
     auto& stages = ctx->kernel->executor->stages();
     stages.push_back(st);

@@ -36,9 +36,10 @@ void CpuBlockCache::add_fresh(int64_t capacity) {
 void CpuBlockCache::put(int64_t capacity, c10::DataPtr block) {
   std::list<Entry> dropped;  // freed after the lock is released
   {
+    if (capacity < kSmallest) return;  // never counted live: `block` frees itself
     std::lock_guard<std::mutex> lock(m_);
     live_ -= capacity;
-    if (capacity < kSmallest || capacity > limit_) return;  // `block` frees itself
+    if (capacity > limit_) return;  // `block` frees itself
     entries_.push_front(Entry{capacity, std::move(block)});
     cached_ += capacity;
     drop_past_limit(dropped);

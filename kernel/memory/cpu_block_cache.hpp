@@ -38,7 +38,8 @@ class CpuBlockCache {
   c10::DataPtr take(int64_t capacity);
   // A block of `capacity` bytes the caller allocated fresh after a miss is
   // live: the least recently freed cached blocks are freed until cached and
-  // live bytes together fit within the live high-water mark.
+  // live bytes together fit within the live high-water mark. The caller
+  // passes only blocks of kSmallest bytes or more, here and to put().
   void add_fresh(int64_t capacity);
   // A live block of `capacity` bytes was freed: kept, dropping the least
   // recently freed ones past the limit, or freed at once when the cache is

@@ -71,7 +71,9 @@ void counted_delete(void* data) {
   CountedBlock block;
   if (!block_table().take(data, &block)) return;
   MemoryAccounting::instance().on_free(block.category, block.bytes);
-  cpu_block_cache().put(block.capacity, std::move(block.inner));  // kept, or freed
+  // A block the cache never holds frees itself, without the cache's lock.
+  if (block.capacity >= CpuBlockCache::kSmallest)
+    cpu_block_cache().put(block.capacity, std::move(block.inner));  // kept, or freed
 }
 
 // Wraps LibTorch's default CPU allocator, counting bytes and refusing past the budget.
@@ -87,7 +89,10 @@ class CountingCpuAllocator final : public c10::Allocator {
       TORCH_CHECK_WITH(OutOfMemoryError, false, message);
     }
     const int64_t capacity = CpuBlockCache::capacity_for(static_cast<int64_t>(n));
-    c10::DataPtr inner = cpu_block_cache().take(capacity);
+    // Small blocks come from the heap's free lists and never pass the cache:
+    // no lock round trip for them, and its live count is of cacheable blocks.
+    const bool cacheable = capacity >= CpuBlockCache::kSmallest;
+    c10::DataPtr inner = cacheable ? cpu_block_cache().take(capacity) : c10::DataPtr();
     if (!inner.get()) {
       if (acct.process_budget() > 0)
         if (std::optional<std::string> message = acct.process_refusal(capacity)) {
@@ -100,7 +105,7 @@ class CountingCpuAllocator final : public c10::Allocator {
           }
         }
       inner = base_->allocate(static_cast<size_t>(capacity));
-      if (inner.get()) cpu_block_cache().add_fresh(capacity);
+      if (inner.get() && cacheable) cpu_block_cache().add_fresh(capacity);
     }
     void* data = inner.get();
     if (data == nullptr) return inner;  // zero-byte allocations

@@ -40,8 +40,11 @@ FusedHeadPlan fused_head_plan(Session& s, int64_t tokens) {
   const int64_t vocab = w.shape[0], width = w.shape[1], elt = element_bytes(w.dtype);
   f.chunk_rows =
       std::min(tokens, fused_loss_chunk_rows(vocab, s.env().config.run.loss_chunk_tokens));
-  // fp32 logits, and their copy in the weight's dtype when it is another.
-  f.chunk = checked_product({f.chunk_rows, vocab, 4 + (elt != 4 ? elt : 0)}, "a loss chunk");
+  // fp32 logits, and their copy in the weight's dtype when it is another; a
+  // capped head's slope of its cap beside them (fp32).
+  const int64_t slope = st.projection_softcap > 0 ? 4 : 0;
+  f.chunk =
+      checked_product({f.chunk_rows, vocab, 4 + (elt != 4 ? elt : 0) + slope}, "a loss chunk");
   f.hidden_grad = checked_product({tokens, width, elt}, "the head's hidden gradient");
   return f;
 }

@@ -56,11 +56,12 @@ std::string token_text(const ojson& j, const char* key, const std::string& src) 
 // model plugins load), as transformers' TOKENIZER_MAPPING_NAMES has it.
 const char* class_for_model_type(const std::string& type) {
   static const std::pair<const char*, const char*> kMap[] = {
-      {"llama", "LlamaTokenizer"},     {"mistral", "LlamaTokenizer"},
-      {"mixtral", "LlamaTokenizer"},   {"qwen2", "Qwen2Tokenizer"},
-      {"qwen2_moe", "Qwen2Tokenizer"}, {"qwen3", "Qwen2Tokenizer"},
-      {"qwen3_moe", "Qwen2Tokenizer"}, {"gpt2", "GPT2Tokenizer"},
-      {"gemma", "GemmaTokenizer"},     {"gemma2", "GemmaTokenizer"},
+      {"llama", "LlamaTokenizer"},       {"mistral", "LlamaTokenizer"},
+      {"mixtral", "LlamaTokenizer"},     {"qwen2", "Qwen2Tokenizer"},
+      {"qwen2_moe", "Qwen2Tokenizer"},   {"qwen3", "Qwen2Tokenizer"},
+      {"qwen3_moe", "Qwen2Tokenizer"},   {"gpt2", "GPT2Tokenizer"},
+      {"gemma", "GemmaTokenizer"},       {"gemma2", "GemmaTokenizer"},
+      {"gemma3_text", "GemmaTokenizer"}, {"phi3", "LlamaTokenizer"},
       {"gpt_neox", "GPTNeoXTokenizer"}};
   for (const auto& [t, c] : kMap)
     if (type == t) return c;

@@ -37,6 +37,7 @@ struct StageState {
   std::string projection_weight;
   std::string projection_bias;
   int64_t projection_bytes_per_token = 0;  // of the activation bytes: the logits
+  double projection_softcap = 0;           // logits c tanh(z / c) (ABI 1.14); 0: none
 };
 
 struct PassResult {

@@ -54,12 +54,15 @@ at::Tensor Executor::head_loss(int32_t stage, const at::Tensor& hidden, LossRequ
   if (adapters_enabled_ && *head_extended_) {
     // The hidden state came: the projection as the head would have made it.
     projection = {};
-    const at::Tensor logits = linear(hidden, st.projection_weight, st.projection_bias);
+    at::Tensor logits = linear(hidden, st.projection_weight, st.projection_bias);
+    if (st.projection_softcap > 0)  // as the head caps its output
+      logits = at::tanh(logits / st.projection_softcap) * st.projection_softcap;
     if (loss.each.defined()) return weighted_logits_loss(logits, targets, loss);
     return cross_entropy_mean(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
                               targets.reshape({-1}));
   }
   if (!st.projection_bias.empty()) projection.bias = fetch_weight(st.projection_bias);
+  projection.softcap = st.projection_softcap;
   const int64_t chunk = fused_loss_chunk_rows(projection.weight.size(0), loss_chunk_tokens_);
   if (loss.each.defined())
     return fused_head_weighted_loss(hidden, targets, projection, chunk, loss.grad_scale,

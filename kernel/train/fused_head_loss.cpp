@@ -121,12 +121,16 @@ at::Tensor chunked_loss(const at::Tensor& hidden, const at::Tensor& targets,
   // One chunk's logits (fp32) and, computing in 16 bits, its product and
   // gradient in that dtype: allocated once and reused, so the pages of a
   // chunk-sized buffer are faulted in once, not for every chunk.
-  at::Tensor logits_buffer, low_buffer;
+  // A capped head keeps, beside them, d cap(z) / dz = 1 - tanh²(z / c) of
+  // the chunk while its cross-entropy writes the gradient over the logits.
+  const double cap = p.softcap;
+  at::Tensor logits_buffer, low_buffer, slope_buffer;
   {
     CategoryScope scope(TF_MEM_TRANSIENT);
     const int64_t rows = std::min(chunk_rows, n);
     logits_buffer = at::empty({rows, vocab}, h.options().dtype(at::kFloat));
     if (dtype != at::kFloat) low_buffer = at::empty({rows, vocab}, h.options().dtype(dtype));
+    if (cap > 0 && g.any()) slope_buffer = at::empty({rows, vocab}, h.options().dtype(at::kFloat));
   }
   const int64_t rows_at_once = projection_rows(w, dtype, chunk_rows);
   for (int64_t i = 0; i < n; i += chunk_rows) {
@@ -137,6 +141,15 @@ at::Tensor chunked_loss(const at::Tensor& hidden, const at::Tensor& targets,
     at::Tensor low = dtype == at::kFloat ? logits : low_buffer.narrow(0, 0, m);
     project_chunk(low, x, w, b, rows_at_once);
     if (!low.is_same(logits)) logits.copy_(low);
+    at::Tensor slope;
+    if (cap > 0) {  // logits = c tanh(z / c), in fp32
+      logits.div_(cap).tanh_();
+      if (slope_buffer.defined()) {
+        slope = slope_buffer.narrow(0, 0, m);
+        at::mul_out(slope, logits, logits).neg_().add_(1.0);
+      }
+      logits.mul_(cap);
+    }
     // The chunk's gradient is written over its fp32 logits.
     const at::Tensor row_weights = weights.defined() ? weights.narrow(0, i, m) : at::Tensor();
     const at::Tensor losses = cross_entropy_each(
@@ -144,6 +157,7 @@ at::Tensor chunked_loss(const at::Tensor& hidden, const at::Tensor& targets,
     if (each.defined()) each.narrow(0, i, m).copy_(losses);
     total.add_(row_weights.defined() ? (losses * row_weights).sum() : losses.sum());
     if (!g.any()) continue;
+    if (slope.defined()) logits.mul_(slope);  // d loss / dz = d loss / d cap(z) * cap'(z)
     const at::Tensor d = low.is_same(logits) ? logits : low.copy_(logits);
     if (g.want_hidden) {
       at::Tensor rows = g.hidden.narrow(0, i, m);
@@ -174,8 +188,8 @@ struct FusedHeadLossFunction : public torch::autograd::Function<FusedHeadLossFun
                             const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                             const at::Tensor& targets, int64_t chunk_rows, double grad_scale,
                             int64_t dtype, const std::optional<at::Tensor>& weights,
-                            const std::optional<at::Tensor>& each) {
-    const HeadProjection p{weight, bias.value_or(at::Tensor())};
+                            const std::optional<at::Tensor>& each, double softcap) {
+    const HeadProjection p{weight, bias.value_or(at::Tensor()), softcap};
     HeadGrads g;
     g.want_hidden = hidden.requires_grad();
     g.want_weight = weight.requires_grad();
@@ -211,7 +225,7 @@ struct FusedHeadLossFunction : public torch::autograd::Function<FusedHeadLossFun
     const auto hidden_dtype = static_cast<at::ScalarType>(ctx->saved_data["hidden_dtype"].toInt());
     if (dh.defined() && dh.scalar_type() != hidden_dtype) dh = dh.to(hidden_dtype);
     return {dh,           dw,           db,           at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -247,7 +261,8 @@ at::Tensor fused_head(const at::Tensor& hidden, const at::Tensor& targets,
   if (w.defined()) weights_opt = w;
   if (each.defined()) each_opt = each;
   return FusedHeadLossFunction::apply(h, projection.weight, bias, t, chunk_rows, grad_scale,
-                                      static_cast<int64_t>(dtype), weights_opt, each_opt);
+                                      static_cast<int64_t>(dtype), weights_opt, each_opt,
+                                      projection.softcap);
 }
 
 }  // namespace

@@ -21,16 +21,18 @@ namespace tightfit {
 // The projection as the loss computes with it: the weights the head would
 // have used, differentiable back to their parameters when those train.
 struct HeadProjection {
-  at::Tensor weight;  // [V, C]
-  at::Tensor bias;    // [V], or undefined
+  at::Tensor weight;   // [V, C]
+  at::Tensor bias;     // [V], or undefined
+  double softcap = 0;  // logits c tanh(z / c) (Gemma 2's final cap); 0: none
 };
 
 // Tokens per chunk: `requested` when positive, else as many as keep a
 // chunk's fp32 logits near 64 MiB (a multiple of 16 rows, at least 16).
 int64_t fused_loss_chunk_rows(int64_t vocab, int64_t requested);
 
-// The mean cross-entropy of hidden W^T + b against `targets` (kIgnoreIndex
-// rows count nothing), as cross_entropy_mean of the whole logits. hidden
+// The mean cross-entropy of hidden W^T + b (capped as c tanh(z / c) when the
+// projection has a softcap c) against `targets` (kIgnoreIndex rows count
+// nothing), as cross_entropy_mean of the whole logits. hidden
 // [..., C]; targets of hidden's leading shape, int64. Computes with W's
 // dtype, or the autocast dtype where autocast is on, as linear would.
 // When grad mode is on and any input requires grad, the result has a

@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 13
+#define TF_ABI_VERSION_MINOR 14
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -282,6 +282,12 @@ typedef struct tf_stage_spec {
   const char* projection_weight;
   const char* projection_bias; /* NULL: no bias */
   int64_t projection_bytes_per_token;
+  /* Added in 1.14, with projection_weight: the head's output is
+   * c * tanh(linear(hidden, projection_weight, projection_bias) / c) with
+   * c = projection_softcap (Gemma 2's final_logit_softcapping), which the
+   * host's fused loss then applies to each chunk, and its derivative in
+   * backward; 0 = no cap. A finite value >= 0. */
+  double projection_softcap;
 } tf_stage_spec;
 
 /* What a stage forward call is asked to do. */

@@ -7,7 +7,8 @@ restart at each (transformers then keeps attention inside an example, as
 TRL's padding-free packing relies on) and are written as "positions".
 
 usage: hf_parity.py FAMILY OUT_DIR [packed]
-FAMILY: gpt2 | gpt2_inner | llama | llama3 | llama_bias | mistral | qwen2 | qwen2_window | qwen3 | gemma | gemma2 | rwkv
+FAMILY: gpt2 | gpt2_inner | llama | llama3 | llama_bias | mistral | qwen2 | qwen2_window | qwen3 | gemma | gemma2
+        | gemma3_text | phi3 | phi3_short | rwkv
 """
 import pathlib
 import sys
@@ -98,6 +99,30 @@ def build(family: str) -> torch.nn.Module:
                                         attn_logit_softcapping=0.02, final_logit_softcapping=0.2,
                                         tie_word_embeddings=True)
         return transformers.Gemma2ForCausalLM(cfg)
+    if family == "gemma3_text":  # gemma2's norms and scalar, plus per-head (1 + w) q/k norms; layer 0
+        # slides over 5 keys rotating by rope_local_base_freq 50, layer 1 is full (pattern 2) rotating
+        # by rope_theta 1000 with linear scaling; logits capped, scores not (Gemma 3 never caps them)
+        cfg = transformers.Gemma3TextConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=80,
+                                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                            head_dim=16, max_position_embeddings=64, rope_theta=1000.0,
+                                            rope_local_base_freq=50.0,
+                                            rope_scaling={"rope_type": "linear", "factor": 2.0},
+                                            rms_norm_eps=1e-6, hidden_activation="gelu_pytorch_tanh",
+                                            query_pre_attn_scalar=24, sliding_window=5, sliding_window_pattern=2,
+                                            final_logit_softcapping=0.2, tie_word_embeddings=True)
+        return transformers.Gemma3ForCausalLM(cfg)
+    if family in ("phi3", "phi3_short"):  # fused qkv_proj and gate_up_proj, half of each head rotated,
+        # LongRoPE (16 tokens past the original 8 positions: the long factors, attention factor sqrt(2);
+        # phi3_short: within the original 32, the short factors), every layer sliding over 5 keys
+        original = 8 if family == "phi3" else 32
+        cfg = transformers.Phi3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=80,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=64, original_max_position_embeddings=original,
+                                      rope_theta=10000.0, rms_norm_eps=1e-5, partial_rotary_factor=0.5,
+                                      rope_scaling={"type": "longrope", "short_factor": [1.0, 1.5],
+                                                    "long_factor": [2.0, 5.0]},
+                                      sliding_window=5, pad_token_id=0, tie_word_embeddings=False)
+        return transformers.Phi3ForCausalLM(cfg)
     if family == "rwkv":
         cfg = transformers.RwkvConfig(vocab_size=VOCAB, context_length=64, hidden_size=32, num_hidden_layers=2,
                                       attention_hidden_size=32, intermediate_size=128, layer_norm_epsilon=1e-5,

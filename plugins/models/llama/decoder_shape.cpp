@@ -37,9 +37,10 @@ struct TypeDefaults {
   int64_t max_positions;
   double rms_eps;
 };
-constexpr TypeDefaults kDefaults[] = {{"llama", 2048, 1e-6},  {"mistral", 4096 * 32, 1e-6},
-                                      {"qwen2", 32768, 1e-6}, {"qwen3", 32768, 1e-6},
-                                      {"gemma", 8192, 1e-6},  {"gemma2", 8192, 1e-6}};
+constexpr TypeDefaults kDefaults[] = {{"llama", 2048, 1e-6},         {"mistral", 4096 * 32, 1e-6},
+                                      {"qwen2", 32768, 1e-6},        {"qwen3", 32768, 1e-6},
+                                      {"gemma", 8192, 1e-6},         {"gemma2", 8192, 1e-6},
+                                      {"gemma3_text", 131072, 1e-6}, {"phi3", 4096, 1e-5}};
 
 const char* const kActivations = "silu, swish, gelu, gelu_new, gelu_pytorch_tanh, relu";
 bool activation_supported(const std::string& act) {
@@ -48,9 +49,38 @@ bool activation_supported(const std::string& act) {
   return false;
 }
 
+// Phi3Config's rope_scaling: exactly "type" (longrope; su and yarn are its
+// old names) and the short and long divisors, rotary_dim / 2 of each.
+void read_longrope(const tf_sdk::HfConfig& c, const nlohmann::json& r, Shape& s) {
+  auto bad = [&](const std::string& what) {
+    throw std::invalid_argument(c.source + ": rope_scaling " + what);
+  };
+  const nlohmann::json type = r.contains("type") ? r["type"] : nlohmann::json();
+  if (!type.is_string() || (type != "longrope" && type != "su" && type != "yarn"))
+    bad("of a phi3 model needs \"type\": \"longrope\" (as Phi3Config validates it)");
+  for (const auto& [key, value] : r.items())
+    if (key != "type" && key != "short_factor" && key != "long_factor")
+      bad("of a phi3 model has \"" + key +
+          "\", which Phi3Config refuses: it takes type, short_factor and long_factor only");
+  const size_t n = static_cast<size_t>(s.rotary_dim() / 2);
+  for (const char* key : {"short_factor", "long_factor"}) {
+    const nlohmann::json& f = r.contains(key) ? r[key] : nlohmann::json();
+    if (!f.is_array() || f.size() != n)
+      bad(std::string(key) + " must list " + std::to_string(n) +
+          " numbers (one per rotated frequency)");
+    std::vector<double>& out =
+        std::string(key) == "short_factor" ? s.longrope_short : s.longrope_long;
+    out.clear();
+    for (size_t i = 0; i < n; ++i)
+      out.push_back(c.real_of(f[i], std::string("rope_scaling.") + key, 0.0, 1e12));
+  }
+  s.rope_scaling = "longrope";
+}
+
 void read_rope(const tf_sdk::HfConfig& c, const nlohmann::json& r, Shape& s) {
   if (!r.is_object())
     throw std::invalid_argument(c.source + ": \"rope_scaling\" must be an object or null");
+  if (s.model_type == "phi3") return read_longrope(c, r, s);
   std::string type = "default";
   for (const char* k : {"rope_type", "type"})
     if (r.contains(k) && !r[k].is_null()) {
@@ -108,6 +138,12 @@ void read_rope(const tf_sdk::HfConfig& c, const nlohmann::json& r, Shape& s) {
 void read_sliding_window(const tf_sdk::HfConfig& c, Shape& s) {
   s.sliding_layers.assign(static_cast<size_t>(s.n_layer), false);
   const nlohmann::json& j = c.json;
+  if (s.model_type == "phi3") {  // Phi-3: every layer, when sliding_window is given
+    if (!c.has("sliding_window")) return;
+    s.sliding_window = c.get("sliding_window", 0, 1, 1'000'000'000);
+    s.sliding_layers.assign(static_cast<size_t>(s.n_layer), true);
+    return;
+  }
   if (s.model_type == "mistral") {
     // Mistral windows every layer; transformers' default is 4096 when the key is absent.
     s.sliding_window =
@@ -115,12 +151,17 @@ void read_sliding_window(const tf_sdk::HfConfig& c, Shape& s) {
     s.sliding_layers.assign(static_cast<size_t>(s.n_layer), s.sliding_window > 0);
     return;
   }
-  const bool gemma2 = s.model_type == "gemma2";
-  if (s.model_type != "qwen2" && s.model_type != "qwen3" && !gemma2) return;  // LLaMA: none
-  if (!gemma2 && !c.flag("use_sliding_window", false)) return;
+  const bool gemma2 = s.model_type == "gemma2", gemma3 = s.model_type == "gemma3_text";
+  if (s.model_type != "qwen2" && s.model_type != "qwen3" && !gemma2 && !gemma3)
+    return;  // LLaMA: none
+  if (!gemma2 && !gemma3 && !c.flag("use_sliding_window", false)) return;
   s.sliding_window = c.get("sliding_window", 4096, 1, 1'000'000'000);
-  if (gemma2 && !c.has("layer_types")) {  // Gemma2Config: even layers slide, odd are full
-    for (int64_t l = 0; l < s.n_layer; ++l) s.sliding_layers[static_cast<size_t>(l)] = l % 2 == 0;
+  if ((gemma2 || gemma3) && !c.has("layer_types")) {
+    // Gemma2Config: even layers slide, odd are full. Gemma3TextConfig: every
+    // sliding_window_pattern-th layer is full (the key its configs on the Hub keep).
+    const int64_t pattern = gemma2 ? 2 : c.get("sliding_window_pattern", 6, 1, 1'000'000);
+    for (int64_t l = 0; l < s.n_layer; ++l)
+      s.sliding_layers[static_cast<size_t>(l)] = (l + 1) % pattern != 0;
     return;
   }
   if (c.has("layer_types")) {
@@ -150,14 +191,32 @@ void refuse_unsupported(const tf_sdk::HfConfig& c, const Shape& s) {
     refuse("quantization_config",
            "names a pre-quantized checkpoint, which tightfit does not load: start from the "
            "unquantized model and add [[strategy]] plugin = \"quantize\"");
-  if (c.has("partial_rotary_factor") && c.real("partial_rotary_factor", 1.0, 0.0, 1.0) != 1.0)
-    refuse("partial_rotary_factor", "below 1 (rotary on part of each head) is not supported");
-  if (c.real("attention_dropout", 0.0, 0.0, 1.0, false) != 0.0)
-    refuse("attention_dropout",
-           "is not supported: training would differ from transformers'; set it to 0.0");
-  if (s.model_type != "gemma2")
+  const bool phi3 = s.model_type == "phi3";
+  if (!phi3 && c.has("partial_rotary_factor") &&
+      c.real("partial_rotary_factor", 1.0, 0.0, 1.0) != 1.0)
+    refuse("partial_rotary_factor",
+           "below 1 (rotary on part of each head) is computed for model_type phi3 only");
+  for (const char* key : {"attention_dropout", "resid_pdrop", "embd_pdrop"})
+    if ((phi3 || std::string(key) == "attention_dropout") &&
+        c.real(key, 0.0, 0.0, 1.0, false) != 0.0)
+      refuse(key,
+             "(dropout) is not supported: training would differ from transformers'; set "
+             "it to 0.0");
+  const bool gemma3 = s.model_type == "gemma3_text";
+  if (s.model_type != "gemma2" && !gemma3)
     for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"})
-      if (c.has(key)) refuse(key, "(logit soft-capping) is computed for model_type gemma2 only");
+      if (c.has(key))
+        refuse(key, "(logit soft-capping) is computed for model_type gemma2 and gemma3_text only");
+  // Gemma3Attention (transformers 4.57) keeps the cap but never passes it to
+  // its attention: a value would be silently unused there, so it is refused.
+  if (gemma3 && c.has("attn_logit_softcapping"))
+    refuse("attn_logit_softcapping",
+           "is not applied by transformers' gemma3_text attention, so tightfit does not apply "
+           "it either: set it to null");
+  if (gemma3 && c.flag("use_bidirectional_attention", false))
+    refuse("use_bidirectional_attention",
+           "(EmbeddingGemma's attention both ways) is not a causal language model: set it to "
+           "false");
   if (s.model_type != "qwen3")
     for (const char* key : {"use_qk_norm", "qk_layernorm", "qk_norm"})
       if (c.has(key) && (!c.json[key].is_boolean() || c.json[key].get<bool>()))
@@ -203,17 +262,25 @@ Shape shape_from_hf_config(const std::string& path) {
   s.intermediate = c.need("intermediate_size", 1, 10'000'000);
   s.vocab = c.need("vocab_size", 1, 10'000'000);
   s.max_positions = c.get("max_position_embeddings", d->max_positions, 1, 100'000'000);
+  const bool gemma3 = s.model_type == "gemma3_text";
   const bool gemma2 = s.model_type == "gemma2";
-  const bool gemma = s.model_type == "gemma" || gemma2;  // gemma2 is gemma, plus its terms
+  // gemma2 is gemma plus its terms; gemma3_text is gemma2 plus q/k norms and
+  // a rotary base of its own for the sliding layers.
+  const bool gemma = s.model_type == "gemma" || gemma2 || gemma3;
   s.head_dim = c.get("head_dim", s.model_type == "qwen3" ? 128 : gemma ? 256 : 0, 2, 100'000);
-  s.rope_theta = c.real("rope_theta", 10000.0, 1.0, 1e12, false);
+  s.rope_theta = c.real("rope_theta", gemma3 ? 1'000'000.0 : 10000.0, 1.0, 1e12, false);
   s.rms_eps = c.real("rms_norm_eps", d->rms_eps, 0.0, 1.0);
   s.tie_embeddings = c.flag("tie_word_embeddings", gemma);
   if (s.model_type == "llama" || s.model_type == "qwen3" || gemma)
     s.qkv_bias = s.o_bias = c.flag("attention_bias", false);
   if (s.model_type == "qwen2") s.qkv_bias = true;  // Qwen2 always, and never on o_proj
+  if (s.model_type == "phi3") {
+    s.fused_projections = true;
+    s.partial_rotary = c.real("partial_rotary_factor", 1.0, 0.0, 1.0);
+    s.rope_original_max_positions = c.get("original_max_position_embeddings", 4096, 1, 100'000'000);
+  }
   if (s.model_type == "llama") s.mlp_bias = c.flag("mlp_bias", false);
-  s.qk_norm = s.model_type == "qwen3";
+  s.qk_norm = s.model_type == "qwen3" || gemma3;
   s.unit_offset_norm = s.scaled_embeddings = gemma;
   // GemmaConfig's default is 0, the others' None; an explicit null is None.
   s.pad_token_id = c.json.contains("pad_token_id") && c.json["pad_token_id"].is_null()
@@ -221,19 +288,21 @@ Shape shape_from_hf_config(const std::string& path) {
                        : c.get("pad_token_id", gemma ? 0 : -1, 0, s.vocab - 1);
   // GemmaMLP reads hidden_act (transformers 4.57); hidden_activation is
   // left unread there, and so here. Gemma2MLP reads hidden_activation only.
-  s.act = gemma2 ? c.text("hidden_activation", "gelu_pytorch_tanh")
-                 : c.text("hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
-  if (gemma2) {
+  s.act = gemma2 || gemma3 ? c.text("hidden_activation", "gelu_pytorch_tanh")
+                           : c.text("hidden_act", gemma ? "gelu_pytorch_tanh" : "silu");
+  if (gemma2 || gemma3) {
     s.sandwich_norms = true;
     s.query_pre_attn_scalar = c.real("query_pre_attn_scalar", 256.0, 1e-12, 1e12);
-    // null (None) turns a cap off, as in Gemma2Config; absent is its default.
+    // null (None) turns a cap off; absent is the config class's default
+    // (Gemma 2: 50 and 30; Gemma 3: none, its attention cap refused when set).
     auto cap = [&](const char* key, double fallback) {
       if (c.json.contains(key) && c.json[key].is_null()) return 0.0;
       return c.real(key, fallback, 1e-6, 1e12);
     };
-    s.attn_softcap = cap("attn_logit_softcapping", 50.0);
-    s.final_softcap = cap("final_logit_softcapping", 30.0);
+    if (gemma2) s.attn_softcap = cap("attn_logit_softcapping", 50.0);
+    s.final_softcap = cap("final_logit_softcapping", gemma2 ? 30.0 : 0.0);
   }
+  if (gemma3) s.rope_local_theta = c.real("rope_local_base_freq", 10000.0, 1.0, 1e12, false);
   if (!activation_supported(s.act))
     throw std::invalid_argument(c.source + ": hidden_act \"" + s.act + "\" is not supported (" +
                                 kActivations + ")");
@@ -263,6 +332,17 @@ void validate(const Shape& s, const std::string& where) {
         std::to_string(s.vocab));
   if (s.rope_scaling == "yarn" && s.rope_original_max_positions <= 0)
     bad("yarn scaling needs original_max_position_embeddings");
+  if (s.rotary_dim() < 2 || s.rotary_dim() % 2 != 0)
+    bad("rotary turns " + std::to_string(s.rotary_dim()) +
+        " dimensions of each head (head_dim x partial_rotary_factor): it must be even and at "
+        "least 2");
+  const size_t pairs = static_cast<size_t>(s.rotary_dim() / 2);
+  if (s.rope_scaling == "longrope" &&
+      (s.longrope_short.size() != pairs || s.longrope_long.size() != pairs))
+    bad("longrope needs short_factor and long_factor of " + std::to_string(pairs) +
+        " numbers each (rotary dimensions / 2)");
+  if (s.rope_scaling == "longrope" && s.model_type != "phi3")
+    bad("longrope scaling is read from a phi3 config.json only");
   if (static_cast<int64_t>(s.sliding_layers.size()) < s.n_layer && s.sliding_window > 0)
     bad("the sliding-window layer list is shorter than n_layer");
 }
@@ -305,6 +385,9 @@ nlohmann::json hf_config_for_export(const Shape& s, const std::string& dtype) {
             {"low_freq_factor", s.rope_low_freq_factor},
             {"high_freq_factor", s.rope_high_freq_factor},
             {"original_max_position_embeddings", s.rope_original_max_positions}};
+  if (s.rope_scaling == "longrope")  // Phi3Config's three keys
+    rope = {
+        {"type", "longrope"}, {"short_factor", s.longrope_short}, {"long_factor", s.longrope_long}};
   if (s.rope_scaling == "yarn") {
     rope = {{"rope_type", "yarn"},
             {"factor", s.rope_factor},
@@ -317,7 +400,9 @@ nlohmann::json hf_config_for_export(const Shape& s, const std::string& dtype) {
     if (s.yarn_mscale_all_dim != 0) rope["mscale_all_dim"] = s.yarn_mscale_all_dim;
   }
   cfg["rope_scaling"] = rope;
-  if (cfg.contains("layer_types")) {  // follows an n_layer override
+  // Written for the Gemmas even where the config gave a pattern instead: it
+  // follows an n_layer override, and transformers reads it first.
+  if (cfg.contains("layer_types") || s.model_type == "gemma2" || s.model_type == "gemma3_text") {
     nlohmann::json types = nlohmann::json::array();
     for (int64_t l = 0; l < s.n_layer; ++l)
       types.push_back(s.windowed(l) ? "sliding_attention" : "full_attention");

@@ -1,4 +1,4 @@
-// The shape of a LLaMA-family decoder (LLaMA 1/2/3, Mistral, Qwen2, Qwen3, Gemma, Gemma 2):
+// The shape of a LLaMA-family decoder (LLaMA 1/2/3, Mistral, Qwen2, Qwen3, Gemma 1/2/3, Phi-3):
 // presets, reading it from a Hugging Face config.json, and writing one back
 // for export. Every config.json key that changes the maths is honoured here or
 // refused by name; nothing that matters is skipped silently.
@@ -12,7 +12,7 @@
 namespace llama {
 
 // The Hugging Face model types this plugin computes.
-constexpr const char* kModelTypes = "llama,mistral,qwen2,qwen3,gemma,gemma2";
+constexpr const char* kModelTypes = "llama,mistral,qwen2,qwen3,gemma,gemma2,gemma3_text,phi3";
 
 struct Shape {
   std::string model_type = "llama";
@@ -24,7 +24,7 @@ struct Shape {
   bool qkv_bias = false;  // q, k, v projections carry biases (Qwen2; attention_bias)
   bool o_bias = false;    // the output projection too (LLaMA's attention_bias)
   bool mlp_bias = false;  // gate, up and down (LLaMA's mlp_bias)
-  bool qk_norm = false;   // RMSNorm over each head of q and k before rotary (Qwen3)
+  bool qk_norm = false;   // RMSNorm over each head of q and k before rotary (Qwen3, Gemma 3)
   // Gemma: every RMSNorm scales by (1 + w), in fp32 before the cast back,
   // and the embeddings are multiplied by sqrt(hidden size).
   bool unit_offset_norm = false;
@@ -37,11 +37,17 @@ struct Shape {
   double query_pre_attn_scalar = 0.0;
   double attn_softcap = 0.0, final_softcap = 0.0;
   bool sandwich_norms = false;
+  // Phi-3: q, k and v in one projection (self_attn.qkv_proj, rows q then k
+  // then v), gate and up in one (mlp.gate_up_proj, gate's rows first).
+  bool fused_projections = false;
+  // The fraction of each head's dimensions rotary turns (Phi-3's
+  // partial_rotary_factor); the others pass through.
+  double partial_rotary = 1.0;
   // config.json's pad_token_id: transformers' nn.Embedding(padding_idx) gives
   // that row no gradient from lookups (-1: none).
   int64_t pad_token_id = -1;
   std::string act = "silu";
-  // Rotary scaling: none | linear | dynamic | llama3 | yarn.
+  // Rotary scaling: none | linear | dynamic | llama3 | yarn | longrope.
   std::string rope_scaling = "none";
   double rope_factor = 1.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;
   int64_t rope_original_max_positions = 8192;
@@ -49,6 +55,12 @@ struct Shape {
   double yarn_attention_factor = 0.0;  // 0 = from factor (and mscale, mscale_all_dim)
   double yarn_mscale = 0.0, yarn_mscale_all_dim = 0.0;
   bool yarn_truncate = true;
+  // LongRoPE (Phi-3): per-frequency divisors, the long ones for a pass whose
+  // positions reach past rope_original_max_positions, the short ones else.
+  std::vector<double> longrope_short, longrope_long;
+  // Gemma 3: the sliding layers rotate by their own base (rope_local_base_freq),
+  // unscaled; rope_theta and rope_scaling are the full layers'. 0 = one rotary.
+  double rope_local_theta = 0.0;
   // Sliding-window attention: a query sees the `sliding_window` latest keys
   // (itself included) in the layers flagged here; 0 = no window.
   int64_t sliding_window = 0;
@@ -56,10 +68,15 @@ struct Shape {
   nlohmann::json hf_json;  // the config.json read, kept for export (null for presets)
 
   int64_t d_head() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
+  // transformers' int(head_dim * partial_rotary_factor).
+  int64_t rotary_dim() const {
+    return static_cast<int64_t>(static_cast<double>(d_head()) * partial_rotary);
+  }
   bool windowed(int64_t layer) const {
     return sliding_window > 0 && layer < static_cast<int64_t>(sliding_layers.size()) &&
            sliding_layers[static_cast<size_t>(layer)];
   }
+  bool local_rope(int64_t layer) const { return rope_local_theta > 0 && windowed(layer); }
 };
 
 struct Preset {

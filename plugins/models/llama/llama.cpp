@@ -1,5 +1,5 @@
 // LLaMA-family decoders (Touvron et al. 2023; LLaMA-2, LLaMA-3, Mistral,
-// Qwen2, Qwen3, Gemma) as one tightfit model plugin, with Hugging Face
+// Qwen2, Qwen3, Gemma 1/2/3, Phi-3) as one tightfit model plugin, with Hugging Face
 // parameter names (LlamaForCausalLM and its kin).
 //
 //   h_0    = E[x]
@@ -23,6 +23,15 @@
 //             a_l = h + RMSNorm_pa(Attn(RMSNorm_1(h)))
 //             h_l = a_l + RMSNorm_pf(MLP(RMSNorm_f1(a_l)));
 //           alternate layers slide; logits capped as c_f tanh(z / c_f)
+//   Gemma 3 Gemma 2 without the attention cap (the final one optional), and:
+//           q and k (1 + w)-RMS-normalized per head before rotary; the
+//           sliding layers (five in six by default) rotate by their own base
+//           rope_local_base_freq, unscaled, the full ones by rope_theta
+//           with rope_scaling
+//   Phi-3   [q k v] = W_qkv u and [g u'] = W_gate_up v, each one projection;
+//           rotary on the first partial_rotary_factor of each head's
+//           dimensions; LongRoPE (short or long factors by the pass's
+//           furthest position); every layer slides when sliding_window is set
 #include <ATen/ATen.h>
 
 #include <array>
@@ -55,6 +64,7 @@ struct Llama {
   Shape s;
   at::ScalarType dtype = at::kFloat;
   llama::Rope rotary;     // inverse frequencies on the run's device, attention scaling
+  llama::Rope local;      // Gemma 3's sliding layers' (Shape::local_rope)
   std::string hf_config;  // config.json for export
 
   int64_t head_dim() const { return s.d_head(); }
@@ -84,9 +94,12 @@ struct Llama {
     return at::gelu(x, "tanh");  // gelu_new, gelu_pytorch_tanh
   }
 
-  // x: [B, heads, T, D]; rotate pairs (i, i + D/2) by position * inv_freq.
+  // x: [B, heads, T, D]; rotate pairs (i, i + R/2) of the first R = cos's
+  // size dimensions by position * inv_freq (R < D: Phi-3's partial rotary).
   at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
-    const int64_t half = x.size(-1) / 2;
+    const int64_t R = cos.size(-1);
+    if (R < x.size(-1)) return at::cat({rope(x.slice(-1, 0, R), cos, sin), x.slice(-1, R)}, -1);
+    const int64_t half = R / 2;
     at::Tensor rotated = at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
     return x * cos + rotated * sin;
   }
@@ -99,11 +112,7 @@ struct Llama {
                           const at::Tensor& positions, const at::Device& device) const {
     if (positions.defined())
       return tf_sdk::packed_causal_mask(positions, window ? s.sliding_window : 0);
-    const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
-    at::Tensor gap = (at::arange(T, opts) + pos0).unsqueeze(1) - at::arange(S, opts).unsqueeze(0);
-    at::Tensor allowed = gap.ge(0);
-    if (window) allowed = allowed.logical_and(gap.lt(s.sliding_window));
-    return allowed;
+    return tf_sdk::causal_mask(T, S, pos0, window ? s.sliding_window : 0, device);
   }
 
   // Attention of q [B, H, T, D] over k, v [B, H, S, D] in layer l.
@@ -139,10 +148,20 @@ struct Llama {
   at::Tensor attention(const at::Tensor& u, int64_t l, KvCache* cache,
                        const at::Tensor& positions) const {
     const int64_t B = u.size(0), T = u.size(1), H = s.n_head, KVH = s.n_kv_head, D = head_dim();
-    at::Tensor q = proj(u, l, "self_attn.q_proj", s.qkv_bias).view({B, T, H, D});
-    at::Tensor k = proj(u, l, "self_attn.k_proj", s.qkv_bias).view({B, T, KVH, D});
-    at::Tensor v = proj(u, l, "self_attn.v_proj", s.qkv_bias).view({B, T, KVH, D}).transpose(1, 2);
-    if (s.qk_norm) {  // Qwen3: RMSNorm over each head's D values
+    at::Tensor q, k, v;
+    if (s.fused_projections) {  // Phi-3: rows q, then k, then v
+      const at::Tensor qkv = proj(u, l, "self_attn.qkv_proj", false);
+      q = qkv.narrow(-1, 0, H * D), k = qkv.narrow(-1, H * D, KVH * D);
+      v = qkv.narrow(-1, (H + KVH) * D, KVH * D);
+    } else {
+      q = proj(u, l, "self_attn.q_proj", s.qkv_bias);
+      k = proj(u, l, "self_attn.k_proj", s.qkv_bias);
+      v = proj(u, l, "self_attn.v_proj", s.qkv_bias);
+    }
+    q = q.reshape({B, T, H, D});
+    k = k.reshape({B, T, KVH, D});
+    v = v.reshape({B, T, KVH, D}).transpose(1, 2);
+    if (s.qk_norm) {  // Qwen3, Gemma 3: RMSNorm over each head's D values
       q = rms_norm(q, layer(l, "self_attn.q_norm.weight"));
       k = rms_norm(k, layer(l, "self_attn.k_norm.weight"));
     }
@@ -152,13 +171,14 @@ struct Llama {
     const at::Tensor pos = positions.defined()  // [B, 1, T] or [T]
                                ? positions.unsqueeze(1).to(at::kFloat)
                                : at::arange(pos0, pos0 + T, at::kFloat);
-    const at::Tensor angles =
-        pos.to(rotary.inv_freq.device()).unsqueeze(-1) * rotary.inv_freq;  // [.., T, D/2]
+    const llama::Rope& r = s.local_rope(l) ? local : rotary;
+    const at::Tensor angles = pos.to(r.inv_freq.device()).unsqueeze(-1) *
+                              inv_freq(r, positions, pos0 + T);  // [.., T, R/2]
     at::Tensor emb = at::cat({angles, angles}, -1);
     at::Tensor cos = emb.cos(), sin = emb.sin();
-    if (rotary.attention_scaling != 1.0) {
-      cos = cos * rotary.attention_scaling;
-      sin = sin * rotary.attention_scaling;
+    if (r.attention_scaling != 1.0) {
+      cos = cos * r.attention_scaling;
+      sin = sin * r.attention_scaling;
     }
     cos = cos.to(q.scalar_type()), sin = sin.to(q.scalar_type());
     q = rope(q, cos, sin);
@@ -178,7 +198,21 @@ struct Llama {
     return proj(y.transpose(1, 2).reshape({B, T, H * D}), l, "self_attn.o_proj", s.o_bias);
   }
 
+  // LongRoPE's long frequencies when the pass reaches past the original
+  // context (its furthest position + 1, as transformers decides per call).
+  static const at::Tensor& inv_freq(const llama::Rope& r, const at::Tensor& positions,
+                                    int64_t end) {
+    if (!r.inv_freq_long.defined()) return r.inv_freq;
+    const int64_t furthest = positions.defined() ? positions.max().item<int64_t>() + 1 : end;
+    return furthest > r.long_after ? r.inv_freq_long : r.inv_freq;
+  }
+
   at::Tensor mlp(const at::Tensor& v, int64_t l) const {
+    if (s.fused_projections) {  // Phi-3: gate's rows, then up's
+      const at::Tensor gate_up = proj(v, l, "mlp.gate_up_proj", false);
+      const at::Tensor up = gate_up.narrow(-1, s.intermediate, s.intermediate);
+      return proj(up * act(gate_up.narrow(-1, 0, s.intermediate)), l, "mlp.down_proj", false);
+    }
     at::Tensor gate = act(proj(v, l, "mlp.gate_proj", s.mlp_bias));
     return proj(gate * proj(v, l, "mlp.up_proj", s.mlp_bias), l, "mlp.down_proj", s.mlp_bias);
   }
@@ -214,7 +248,7 @@ struct Llama {
     return s.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
   }
   // The logits, or (hidden_only) the hidden state the host projects itself
-  // (never asked when the logits are capped: the head declares no projection).
+  // (and caps, Gemma 2's head declaring its cap: ABI 1.14).
   at::Tensor head(const at::Tensor& h, bool hidden_only = false) const {
     const at::Tensor hidden = rms_norm(h, "model.norm.weight");
     if (hidden_only) return hidden;
@@ -285,8 +319,16 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
                                   std::to_string(s.max_positions));
     m->dtype = tf_sdk::scalar_type(tf_sdk::parse_dtype(host.get_string("dtype")));
     m->rotary = llama::make_rope(s);
+    if (s.rope_local_theta > 0) {  // Gemma 3's sliding layers: their base, no scaling
+      Shape local = s;
+      local.rope_theta = s.rope_local_theta;
+      local.rope_scaling = "none";
+      m->local = llama::make_rope(local);
+    }
     if (!tf_sdk::planning_only(info))
-      m->rotary.inv_freq = m->rotary.inv_freq.to(at::Device(info.device));
+      for (llama::Rope* r : {&m->rotary, &m->local})
+        for (at::Tensor* f : {&r->inv_freq, &r->inv_freq_long})
+          if (f->defined()) *f = f->to(at::Device(info.device));
 
     const int64_t L = s.n_layer, C = s.n_embd, V = s.vocab, D = m->head_dim(), I = s.intermediate;
     const int64_t KV = s.n_kv_head * D, Q = s.n_head * D, T = info.seq_len;
@@ -306,12 +348,12 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     // Frozen, a norm keeps only its fp32 input and the MLP gate's input, silu
     // of it and up (3 I): the linears' inputs and the norms' outputs go.
     const int64_t rms_norm_bytes = 4 * C + 2 * elt * C, frozen_norm_bytes = 4 * C;
-    // Gemma 2's capped attention keeps its [T, T] scores per head: the
-    // scaled scores, their tanh and the probabilities (fp32), and two norms more.
+    // Gemma 2's capped attention keeps its [T, T] scores per head: their tanh
+    // and the probabilities (fp32; measured), and two norms more.
     const int64_t n_norms = s.sandwich_norms ? 4 : 2;
     const int64_t extra = 72 + tf_sdk::attention_lse_bytes(s.n_head) +
                           (s.qk_norm ? 4 * (Q + KV) + 2 * elt * (Q + KV) : 0) +
-                          (s.attn_softcap > 0 ? 3 * 4 * s.n_head * T : 0);
+                          (s.attn_softcap > 0 ? 2 * 4 * s.n_head * T : 0);
     const int64_t block_bytes = n_norms * rms_norm_bytes + 4 * elt * Q + 4 * elt * I + extra;
     const int64_t frozen_block_bytes =
         n_norms * frozen_norm_bytes + 4 * elt * Q + 3 * elt * I + extra;
@@ -328,17 +370,22 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
           {block_bytes, frozen_block_bytes, C * elt, backward_bytes, frozen_backward_bytes},
           2 * (2 * C * Q + 2 * C * KV + 3 * C * I) + 2 * T * Q);
       declare(*m, m->layer(l, "input_layernorm.weight"), {C}, st, norm_init, 0, no_decay);
-      declare(*m, m->layer(l, "self_attn.q_proj.weight"), {Q, C}, st, TF_INIT_NORMAL, std, 0);
-      declare(*m, m->layer(l, "self_attn.k_proj.weight"), {KV, C}, st, TF_INIT_NORMAL, std, 0);
-      declare(*m, m->layer(l, "self_attn.v_proj.weight"), {KV, C}, st, TF_INIT_NORMAL, std, 0);
+      if (s.fused_projections) {
+        declare(*m, m->layer(l, "self_attn.qkv_proj.weight"), {Q + 2 * KV, C}, st, TF_INIT_NORMAL,
+                std, 0);
+      } else {
+        declare(*m, m->layer(l, "self_attn.q_proj.weight"), {Q, C}, st, TF_INIT_NORMAL, std, 0);
+        declare(*m, m->layer(l, "self_attn.k_proj.weight"), {KV, C}, st, TF_INIT_NORMAL, std, 0);
+        declare(*m, m->layer(l, "self_attn.v_proj.weight"), {KV, C}, st, TF_INIT_NORMAL, std, 0);
+      }
       if (s.qkv_bias) {
         declare(*m, m->layer(l, "self_attn.q_proj.bias"), {Q}, st, TF_INIT_ZEROS, 0, no_decay);
         declare(*m, m->layer(l, "self_attn.k_proj.bias"), {KV}, st, TF_INIT_ZEROS, 0, no_decay);
         declare(*m, m->layer(l, "self_attn.v_proj.bias"), {KV}, st, TF_INIT_ZEROS, 0, no_decay);
       }
       if (s.qk_norm) {
-        declare(*m, m->layer(l, "self_attn.q_norm.weight"), {D}, st, TF_INIT_ONES, 0, no_decay);
-        declare(*m, m->layer(l, "self_attn.k_norm.weight"), {D}, st, TF_INIT_ONES, 0, no_decay);
+        declare(*m, m->layer(l, "self_attn.q_norm.weight"), {D}, st, norm_init, 0, no_decay);
+        declare(*m, m->layer(l, "self_attn.k_norm.weight"), {D}, st, norm_init, 0, no_decay);
       }
       declare(*m, m->layer(l, "self_attn.o_proj.weight"), {C, Q}, st, TF_INIT_NORMAL, proj_std, 0);
       if (s.o_bias)
@@ -348,8 +395,12 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
         for (const char* norm :
              {"pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"})
           declare(*m, m->layer(l, norm), {C}, st, norm_init, 0, no_decay);
-      declare(*m, m->layer(l, "mlp.gate_proj.weight"), {I, C}, st, TF_INIT_NORMAL, std, 0);
-      declare(*m, m->layer(l, "mlp.up_proj.weight"), {I, C}, st, TF_INIT_NORMAL, std, 0);
+      if (s.fused_projections) {
+        declare(*m, m->layer(l, "mlp.gate_up_proj.weight"), {2 * I, C}, st, TF_INIT_NORMAL, std, 0);
+      } else {
+        declare(*m, m->layer(l, "mlp.gate_proj.weight"), {I, C}, st, TF_INIT_NORMAL, std, 0);
+        declare(*m, m->layer(l, "mlp.up_proj.weight"), {I, C}, st, TF_INIT_NORMAL, std, 0);
+      }
       declare(*m, m->layer(l, "mlp.down_proj.weight"), {C, I}, st, TF_INIT_NORMAL, proj_std, 0);
       if (s.mlp_bias) {
         declare(*m, m->layer(l, "mlp.gate_proj.bias"), {I}, st, TF_INIT_ZEROS, 0, no_decay);
@@ -360,7 +411,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     const int64_t loss = tf_sdk::loss_activation_bytes(V, elt);
     const int32_t head = m->host.declare_stage(
         "head", TF_STAGE_HEAD, {rms_norm_bytes + loss, frozen_norm_bytes + loss, V * elt},
-        2 * C * V, {s.final_softcap > 0 ? "" : m->head_weight(), "", loss});
+        2 * C * V, {m->head_weight(), "", loss, s.final_softcap});
     declare(*m, "model.norm.weight", {C}, head, norm_init, 0, no_decay);
     if (!s.tie_embeddings) declare(*m, "lm_head.weight", {V, C}, head, TF_INIT_NORMAL, std, 0);
     const nlohmann::json cfg = llama::hf_config_for_export(s, host.get_string("dtype"));
@@ -426,7 +477,7 @@ const tf_config_key kKeys[] = {
                 1, 0, "tiny|1B|7B|13B|30B|70B|qwen2-1.5B|custom"),
     tf_sdk::key("config", TF_VALUE_PATH, "\"\"",
                 "Hugging Face config.json (or its folder) giving the shape; model_type llama, "
-                "mistral, qwen2, qwen3, gemma or gemma2"),
+                "mistral, qwen2, qwen3, gemma, gemma2, gemma3_text or phi3"),
     tf_sdk::key("n_layer", TF_VALUE_INT, "0", "decoder layers (overrides)", 0, 1e4),
     tf_sdk::key("n_embd", TF_VALUE_INT, "0", "hidden size (overrides)", 0, 1e6),
     tf_sdk::key("n_head", TF_VALUE_INT, "0", "query heads (overrides)", 0, 1e4),
@@ -469,12 +520,12 @@ const tf_model_vtable kVtable = {.struct_size = sizeof(tf_model_vtable),
                                  .hf_model_types = llama::kModelTypes,
                                  .features = TF_MODEL_FEATURE_POSITIONS};
 
-const tf_plugin_descriptor kDescriptor =
-    tf_sdk::describe(TF_PLUGIN_MODEL, "llama", "1.0.0",
-                     "LLaMA 1/2/3, Mistral, Qwen2, Qwen3, Gemma, Gemma 2 decoders: RMSNorm, rotary "
-                     "(linear/dynamic/llama3/yarn), SwiGLU, grouped-query and sliding-window "
-                     "attention; Hugging Face names",
-                     kKeys, &kVtable);
+const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
+    TF_PLUGIN_MODEL, "llama", "1.0.0",
+    "LLaMA 1/2/3, Mistral, Qwen2, Qwen3, Gemma 1/2/3, Phi-3 decoders: RMSNorm, rotary "
+    "(linear/dynamic/llama3/yarn/longrope), SwiGLU, grouped-query and sliding-window "
+    "attention; Hugging Face names",
+    kKeys, &kVtable);
 
 }  // namespace
 

@@ -49,14 +49,29 @@ at::Tensor llama3(const Shape& s, const at::Tensor& inv) {
   return at::where(medium, smoothed, scaled);
 }
 
+Rope longrope(const Shape& s, const at::Tensor& pos_freqs) {
+  Rope r;
+  auto divisors = [](const std::vector<double>& f) {
+    return at::tensor(std::vector<float>(f.begin(), f.end()), at::kFloat);
+  };
+  r.inv_freq = 1.0 / (divisors(s.longrope_short) * pos_freqs);
+  r.inv_freq_long = 1.0 / (divisors(s.longrope_long) * pos_freqs);
+  r.long_after = s.rope_original_max_positions;
+  const double original = static_cast<double>(s.rope_original_max_positions);
+  const double factor = static_cast<double>(s.max_positions) / original;
+  r.attention_scaling = factor <= 1.0 ? 1.0 : std::sqrt(1 + std::log(factor) / std::log(original));
+  return r;
+}
+
 }  // namespace
 
 Rope make_rope(const Shape& s) {
-  const int64_t dim = s.d_head();
+  const int64_t dim = s.rotary_dim();
   // base ** (2i / dim), in fp32 as the reference computes it.
   at::Tensor pos_freqs = at::pow(
       s.rope_theta, at::arange(0, dim, 2, at::kLong).to(at::kFloat) / static_cast<double>(dim));
   if (s.rope_scaling == "yarn") return yarn(s, pos_freqs, dim);
+  if (s.rope_scaling == "longrope") return longrope(s, pos_freqs);
   Rope r;
   r.inv_freq = 1.0 / pos_freqs;
   if (s.rope_scaling == "linear") r.inv_freq = r.inv_freq / s.rope_factor;

@@ -28,14 +28,24 @@ inline at::Tensor packed_example_ids(const at::Tensor& positions) {
   return step.ne(1).cumsum(-1);
 }
 
+// Where T queries at positions pos0 .. pos0 + T - 1 may look among S keys at
+// 0 .. S - 1, bool [T, S]: causal, and with window > 0 only the `window`
+// latest keys (the query's own included).
+inline at::Tensor causal_mask(int64_t T, int64_t S, int64_t pos0, int64_t window,
+                              const at::Device& device) {
+  const auto opts = at::TensorOptions().dtype(at::kLong).device(device);
+  const at::Tensor gap =
+      (at::arange(T, opts) + pos0).unsqueeze(1) - at::arange(S, opts).unsqueeze(0);
+  at::Tensor allowed = gap.ge(0);
+  if (window > 0) allowed = allowed.logical_and(gap.lt(window));
+  return allowed;
+}
+
 // Where a query may look, bool [B, 1, T, T]: earlier or same tokens of its own
 // example, and with window > 0 only the `window` latest of them.
 inline at::Tensor packed_causal_mask(const at::Tensor& positions, int64_t window = 0) {
   const int64_t T = positions.size(-1);
-  const auto opts = at::TensorOptions().dtype(at::kLong).device(positions.device());
-  const at::Tensor gap = at::arange(T, opts).unsqueeze(1) - at::arange(T, opts).unsqueeze(0);
-  at::Tensor allowed = gap.ge(0);
-  if (window > 0) allowed = allowed.logical_and(gap.lt(window));
+  const at::Tensor allowed = causal_mask(T, T, 0, window, positions.device());
   const at::Tensor example = packed_example_ids(positions);
   const at::Tensor same = example.unsqueeze(2).eq(example.unsqueeze(1));  // [B, T, T]
   return same.logical_and(allowed).unsqueeze(1);

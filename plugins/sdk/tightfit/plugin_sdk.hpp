@@ -191,6 +191,7 @@ class Host {
     std::string weight;
     std::string bias;  // empty: none
     int64_t logits_bytes = 0;
+    double softcap = 0;  // logits c tanh(z / c) (ABI 1.14); 0: none
   };
   int32_t declare_stage(const std::string& name, tf_stage_kind kind, const StageMemory& bytes,
                         int64_t flops_per_token, const HeadProjection& projection) const {
@@ -208,6 +209,7 @@ class Host {
       spec.projection_weight = projection.weight.c_str();
       spec.projection_bias = projection.bias.empty() ? nullptr : projection.bias.c_str();
       spec.projection_bytes_per_token = projection.logits_bytes;
+      spec.projection_softcap = projection.softcap;
     }
     int32_t index = -1;
     check(api_->declare_stage(ctx_, &spec, &index));

@@ -21,12 +21,13 @@ namespace {
 
 // Recipe short names for the projections of the built-in models.
 const std::map<std::string, std::vector<std::string>> kAliases = {
-    {"q", {"q_proj", "attn.c_attn"}},  // GPT-2's c_attn is q, k and v in one
-    {"k", {"k_proj", "attn.c_attn", "attention.key"}},
-    {"v", {"v_proj", "attn.c_attn", "attention.value"}},
+    // GPT-2's c_attn and Phi-3's qkv_proj are q, k and v in one
+    {"q", {"q_proj", "attn.c_attn", "qkv_proj"}},
+    {"k", {"k_proj", "attn.c_attn", "attention.key", "qkv_proj"}},
+    {"v", {"v_proj", "attn.c_attn", "attention.value", "qkv_proj"}},
     {"o", {"o_proj", "attn.c_proj", "attention.output"}},
-    {"gate", {"gate_proj"}},
-    {"up", {"up_proj", "mlp.c_fc", "feed_forward.key"}},
+    {"gate", {"gate_proj", "gate_up_proj"}},  // Phi-3's gate_up_proj is gate and up in one
+    {"up", {"up_proj", "mlp.c_fc", "feed_forward.key", "gate_up_proj"}},
     {"down", {"down_proj", "mlp.c_proj", "feed_forward.value"}},
 };
 
