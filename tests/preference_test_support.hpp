@@ -32,9 +32,9 @@ constexpr int64_t kSeqLen = 96;
 // template and preference rows of every form, in a new folder.
 inline test::TempDir* data_peer() {
   auto* dir = new test::TempDir();
-  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                          TIGHTFIT_SOURCE_DIR + "/tests/peers/dpo_data.py " + dir->str() + " > " +
-                          dir->str() + "/peer.log 2>&1";
+  const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                          "/tests/peers/dpo_data.py " + dir->str() + " > " + dir->str() +
+                          "/peer.log 2>&1";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << "the TRL peer failed; scripts/setup installs trl";
   return dir;
 }
@@ -51,9 +51,8 @@ inline void copy_peer_data(const test::TempDir& data, const test::TempDir& d) {
 // empty (and a failure recorded, with the peer's log) when it failed.
 inline std::map<std::string, at::Tensor> run_trl_peer(const std::string& script,
                                                       const std::string& dir) {
-  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                          TIGHTFIT_SOURCE_DIR + "/tests/peers/" + script + " " + dir + " > " + dir +
-                          "/peer.log 2>&1";
+  const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR + "/tests/peers/" +
+                          script + " " + dir + " > " + dir + "/peer.log 2>&1";
   if (std::system(cmd.c_str()) != 0) {
     ADD_FAILURE() << script << " failed: " << read_file_text(dir + "/peer.log");
     return {};

@@ -21,8 +21,8 @@ class BpeParity : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new test::TempDir();
-    const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                            TIGHTFIT_SOURCE_DIR + "/tests/peers/bpe_parity.py " + dir_->str();
+    const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                            "/tests/peers/bpe_parity.py " + dir_->str();
     ASSERT_EQ(std::system(cmd.c_str()), 0)
         << "the Python peer failed; scripts/setup installs tokenizers";
   }

@@ -26,9 +26,9 @@ class ChatData : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new test::TempDir();
-    const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                            TIGHTFIT_SOURCE_DIR + "/tests/peers/trl_parity.py " + dir_->str() +
-                            " > " + dir_->str() + "/peer.log 2>&1";
+    const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                            "/tests/peers/trl_parity.py " + dir_->str() + " > " + dir_->str() +
+                            "/peer.log 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << "the TRL peer failed; scripts/setup installs trl";
   }
   static void TearDownTestSuite() { delete dir_; }
@@ -276,8 +276,8 @@ TEST_F(ChatData, ChatFineTuneTrainsOnAnswers) {
 // tightfit's logits.
 TEST(FineTuneWalkthrough, HfFolderInChatRowsOutFolderTransformersLoads) {
   test::TempDir d;
-  const std::string py = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                         TIGHTFIT_SOURCE_DIR + "/tests/peers/make_hf_folder.py ";
+  const std::string py =
+      test::peer_python() + " " + TIGHTFIT_SOURCE_DIR + "/tests/peers/make_hf_folder.py ";
   ASSERT_EQ(std::system((py + "make " + d.str() + "/model " + d.str() + "/chat.jsonl").c_str()), 0);
   const std::string recipe = test::write_file(
       d, "chat.toml",

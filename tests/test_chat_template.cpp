@@ -22,8 +22,8 @@ using ojson = nlohmann::ordered_json;
 
 // Writes the peer's tokenizer, templates, cases and expected renderings into `dir`.
 bool run_peer(const test::TempDir& dir) {
-  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                          TIGHTFIT_SOURCE_DIR + "/tests/peers/chat_template_parity.py " + dir.str();
+  const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                          "/tests/peers/chat_template_parity.py " + dir.str();
   return std::system(cmd.c_str()) == 0;
 }
 

@@ -427,7 +427,7 @@ std::string model_folder_stand_in(const std::filesystem::path& recipe) {
 TEST(Configs, TheFineTuneRecipeKeepsWhatItTrained) {
   test::TempDir d;
   const std::string model = d.str() + "/model", chat = d.str() + "/chat.jsonl";
-  const std::string py = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python ";
+  const std::string py = test::peer_python() + " ";
   ASSERT_EQ(std::system((py + TIGHTFIT_SOURCE_DIR + "/tests/peers/make_hf_folder.py make " + model +
                          " " + chat)
                             .c_str()),

@@ -126,9 +126,9 @@ TEST_F(Distributed, TwoRanksEqualOneProcessOnTheGlobalBatch) {
 TEST_F(Distributed, PreferencePairsOnTwoRanksEqualOneProcess) {
   const fs::path peer = dir.path() / "peer";
   fs::create_directories(peer);
-  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                          TIGHTFIT_SOURCE_DIR + "/tests/peers/dpo_data.py " + peer.string() +
-                          " > " + peer.string() + "/peer.log 2>&1";
+  const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                          "/tests/peers/dpo_data.py " + peer.string() + " > " + peer.string() +
+                          "/peer.log 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << "the TRL data peer failed";
   auto pairs_recipe = [&](const std::string& name, int64_t pairs, const std::string& extra) {
     std::ostringstream os;
@@ -173,9 +173,9 @@ TEST_F(Distributed, PreferencePairsOnTwoRanksEqualOneProcess) {
 TEST_F(Distributed, UnpairedRowsOnTwoRanks) {
   const fs::path peer = dir.path() / "peer";
   fs::create_directories(peer);
-  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                          TIGHTFIT_SOURCE_DIR + "/tests/peers/dpo_data.py " + peer.string() +
-                          " > " + peer.string() + "/peer.log 2>&1";
+  const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                          "/tests/peers/dpo_data.py " + peer.string() + " > " + peer.string() +
+                          "/peer.log 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << "the TRL data peer failed";
   auto kto_recipe = [&](const std::string& name, int64_t rows, const std::string& loss,
                         const std::string& extra) {

@@ -22,9 +22,8 @@ TEST_P(KvCache, GreedyTokensEqualRecomputing) {
   test::TempDir dir;
   std::string model = "plugin = \"llama\"\npreset = \"tiny\"\nvocab_size = 256\n";
   if (*GetParam().peer) {
-    const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                            TIGHTFIT_SOURCE_DIR + "/tests/peers/hf_parity.py " + GetParam().peer +
-                            " " + dir.str();
+    const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                            "/tests/peers/hf_parity.py " + GetParam().peer + " " + dir.str();
     ASSERT_EQ(std::system(cmd.c_str()), 0);
     model = "plugin = \"llama\"\nconfig = \"" + dir.str() + "\"\nweights = \"" + dir.str() +
             "/model.safetensors\"\n";

@@ -32,9 +32,9 @@ class GgufPeer : public ::testing::Test {
   static test::TempDir* dir_;
   static void SetUpTestSuite() {
     dir_ = new test::TempDir();
-    const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                            TIGHTFIT_SOURCE_DIR + "/tests/peers/gguf_files.py " + dir_->str() +
-                            " > " + dir_->str() + "/peer.log 2>&1";
+    const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                            "/tests/peers/gguf_files.py " + dir_->str() + " > " + dir_->str() +
+                            "/peer.log 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << "the Python peer failed (see " << dir_->str()
                                            << "/peer.log); scripts/setup installs gguf";
   }
@@ -286,9 +286,9 @@ TEST(GgufSmolLM2, TheRealFileReadsAsGgufReadsIt) {
       std::string(TIGHTFIT_SOURCE_DIR) + "/.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   ASSERT_TRUE(std::filesystem::is_regular_file(file)) << file << ": run scripts/setup";
   test::TempDir dir;
-  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                          TIGHTFIT_SOURCE_DIR + "/tests/peers/gguf_smollm2.py " + file + " " +
-                          dir.str() + " > " + dir.str() + "/peer.log 2>&1";
+  const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                          "/tests/peers/gguf_smollm2.py " + file + " " + dir.str() + " > " +
+                          dir.str() + "/peer.log 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << "the Python peer failed (see its log)";
   std::ifstream in(dir.str() + "/smollm2.json");
   const nlohmann::json want = nlohmann::json::parse(in);

@@ -26,8 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string python() {
-  return std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " + TIGHTFIT_SOURCE_DIR +
-         "/tests/peers/";
+  return test::peer_python() + " " + TIGHTFIT_SOURCE_DIR + "/tests/peers/";
 }
 
 class GgufExport : public ::testing::Test {

@@ -23,11 +23,10 @@ class GgufQlora : public ::testing::Test {
   static void SetUpTestSuite() {
     dir_ = new test::TempDir();
     const std::string d = dir_->str();
-    ASSERT_EQ(
-        std::system((std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " + TIGHTFIT_SOURCE_DIR +
-                     "/tests/peers/gguf_qlora.py " + d + " > " + d + "/peer.log 2>&1")
-                        .c_str()),
-        0)
+    ASSERT_EQ(std::system((test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                           "/tests/peers/gguf_qlora.py " + d + " > " + d + "/peer.log 2>&1")
+                              .c_str()),
+              0)
         << "tests/peers/gguf_qlora.py failed (see " << d
         << "/peer.log); scripts/setup installs gguf";
   }

@@ -29,9 +29,9 @@ class GgufTokenizers : public ::testing::Test {
     dir_ = new test::TempDir();
     // The converted folders go to a cache of the test's own.
     setenv("TIGHTFIT_CACHE", (dir_->str() + "/cache").c_str(), 1);
-    const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                            TIGHTFIT_SOURCE_DIR + "/tests/peers/gguf_tokenizers.py " + dir_->str() +
-                            " > " + dir_->str() + "/peer.log 2>&1";
+    const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                            "/tests/peers/gguf_tokenizers.py " + dir_->str() + " > " + dir_->str() +
+                            "/peer.log 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0)
         << "the Python peer failed (see its log); scripts/setup installs gguf and transformers";
   }

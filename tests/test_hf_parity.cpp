@@ -27,7 +27,7 @@ struct Family {
 // rows of several examples, with the peer's position_ids.
 void expect_parity(const Family& f, bool packed) {
   test::TempDir dir;
-  const std::string python = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python";
+  const std::string python = test::peer_python();
   const std::string script = std::string(TIGHTFIT_SOURCE_DIR) + "/tests/peers/hf_parity.py";
   ASSERT_EQ(std::system(
                 (python + " " + script + " " + f.name + " " + dir.str() + (packed ? " packed" : ""))
@@ -166,8 +166,8 @@ std::pair<at::Tensor, at::Tensor> expect_transformers_reproduces(Session& s,
     logits = s.executor().forward_logits(tokens, false);
   }
   write_safetensors(out + "/expected.safetensors", {{"tokens", tokens}, {"logits", logits}});
-  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                          TIGHTFIT_SOURCE_DIR + "/tests/peers/hf_roundtrip.py " + out;
+  const std::string cmd =
+      test::peer_python() + " " + TIGHTFIT_SOURCE_DIR + "/tests/peers/hf_roundtrip.py " + out;
   EXPECT_EQ(std::system(cmd.c_str()), 0)
       << "transformers did not reproduce tightfit's logits from " << out;
   return {tokens, logits};
@@ -183,9 +183,8 @@ TEST_P(HfRoundTrip, TransformersLoadsWhatTightfitSaved) {
   std::string table = f.model_table;
   if (const auto at = table.find("@PEER@"); at != std::string::npos) {
     // The peer's config.json (a Qwen2, Qwen3, Mistral ...), trained from tightfit's own init.
-    const std::string peer = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                             TIGHTFIT_SOURCE_DIR + "/tests/peers/hf_parity.py " + f.name + " " +
-                             dir.str();
+    const std::string peer = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                             "/tests/peers/hf_parity.py " + f.name + " " + dir.str();
     ASSERT_EQ(std::system(peer.c_str()), 0);
     table.replace(at, 6, "config = \"" + dir.str() + "\"\n");
   } else if (const auto at = table.find("config = \"@DIR@\"\n"); at != std::string::npos)

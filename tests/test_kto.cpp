@@ -18,9 +18,9 @@ class KtoData : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new test::TempDir();
-    const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                            TIGHTFIT_SOURCE_DIR + "/tests/peers/kto_data.py " + dir_->str() +
-                            " > " + dir_->str() + "/peer.log 2>&1";
+    const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                            "/tests/peers/kto_data.py " + dir_->str() + " > " + dir_->str() +
+                            "/peer.log 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << "the TRL peer failed; scripts/setup installs trl";
   }
   static void TearDownTestSuite() { delete dir_; }

@@ -69,8 +69,8 @@ TEST_P(PeftAdapter, PeftLoadsItOntoTheUnmergedBase) {
   const at::Tensor tokens = at::randint(0, 256, {2, 24}, at::kLong);
   write_safetensors(out + "/expected.safetensors",
                     {{"tokens", tokens}, {"logits", logits_of(*s, tokens)}});
-  const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                          TIGHTFIT_SOURCE_DIR + "/tests/peers/peft_adapter.py " + out;
+  const std::string cmd =
+      test::peer_python() + " " + TIGHTFIT_SOURCE_DIR + "/tests/peers/peft_adapter.py " + out;
   EXPECT_EQ(std::system(cmd.c_str()), 0) << "PEFT did not reproduce tightfit's logits from " << out;
 }
 
@@ -98,8 +98,8 @@ TEST_P(PeftAdapter, ARunStartsFromTheAdapterWhereTheWriterStopped) {
   EXPECT_EQ(config["base_model_name_or_path"],
             std::filesystem::absolute(dir.path() / "base").lexically_normal().string());
   if (std::string(c.name) == "llama") {
-    const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) +
-                            "/.venv/bin/python -c \"import sys; from peft import "
+    const std::string cmd = test::peer_python() +
+                            " -c \"import sys; from peft import "
                             "AutoPeftModelForCausalLM as A; m = A.from_pretrained(sys.argv[1]); "
                             "sys.exit(0 if sum('lora_A' in n for n, _ in m.named_parameters()) "
                             "else 1)\" " +

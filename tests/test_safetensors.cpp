@@ -141,7 +141,7 @@ TEST(SafetensorsWriter, StreamsTheSameFileWhateverSpaceItKept) {
   EXPECT_LT(size("outgrown"), std::filesystem::file_size(whole) + 4096);
 
   const std::string cmd =
-      std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python -c \"" +
+      test::peer_python() + " -c \"" +
       "import sys; from safetensors.torch import load_file; from safetensors import safe_open\n" +
       "for p in sys.argv[1:]:\n" + "    t = load_file(p); m = safe_open(p, 'pt').metadata()\n" +
       "    assert m == {'format': 'pt'}, m\n" +

@@ -124,4 +124,9 @@ int run_tightfit(const std::string& args, std::string* output) {
   return run_command(std::string(TIGHTFIT_BINARY) + " " + args, output);
 }
 
+std::string peer_python() {
+  return std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python -S " + TIGHTFIT_SOURCE_DIR +
+         "/tests/peers/run_peer.py";
+}
+
 }  // namespace tightfit::test

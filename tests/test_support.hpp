@@ -57,4 +57,10 @@ int run_command(const std::string& command, std::string* output);
 // Runs the tightfit binary with `args`; returns the exit code and combined output.
 int run_tightfit(const std::string& args, std::string* output);
 
+// The command that runs a Python peer (tests/peers) as the project's .venv
+// Python would: through run_peer.py, which hands it to ctest's peer server
+// (tests/peers/peer_server.py: torch, transformers, PEFT and TRL imported
+// once) when one answers, and runs it directly otherwise.
+std::string peer_python();
+
 }  // namespace tightfit::test

@@ -27,9 +27,9 @@ class TokenizerFolders : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new test::TempDir();
-    const std::string cmd = std::string(TIGHTFIT_SOURCE_DIR) + "/.venv/bin/python " +
-                            TIGHTFIT_SOURCE_DIR + "/tests/peers/tokenizer_folders.py " +
-                            dir_->str() + " > " + dir_->str() + "/peer.log 2>&1";
+    const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                            "/tests/peers/tokenizer_folders.py " + dir_->str() + " > " +
+                            dir_->str() + "/peer.log 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0)
         << "the Python peer failed (see its log); scripts/setup installs transformers and "
            "sentencepiece";
@@ -262,8 +262,8 @@ TEST(ByteTokenizerExport, TransformersAndTightfitReadItAsBytes) {
   const std::string text = "Hello, caf\xc3\xa9 \xf0\x9f\x99\x82\n\t  <|endoftext|> x";
   test::write_file(d, "text.txt", text);
   const std::string cmd =
-      std::string(TIGHTFIT_SOURCE_DIR) +
-      "/.venv/bin/python -c \"import json,sys; "
+      test::peer_python() +
+      " -c \"import json,sys; "
       "from transformers import AutoTokenizer; t=AutoTokenizer.from_pretrained(sys.argv[1]); "
       "s=open(sys.argv[2],encoding='utf-8').read(); "
       "json.dump(t(s)['input_ids'], open(sys.argv[3],'w'))\" " +
