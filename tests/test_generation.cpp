@@ -50,8 +50,10 @@ INSTANTIATE_TEST_SUITE_P(Families, KvCache,
                          ::testing::Values(Case{"llama", ""}, Case{"mistral_window", "mistral"},
                                            Case{"qwen3", "qwen3"}, Case{"qwen2", "qwen2"},
                                            Case{"gemma", "gemma"}, Case{"gemma2", "gemma2"},
-                                           Case{"gemma3_text", "gemma3_text"},
-                                           Case{"phi3", "phi3"}),
+                                           Case{"gemma3_text", "gemma3_text"}, Case{"phi3", "phi3"},
+                                           Case{"mixtral", "mixtral"},
+                                           Case{"qwen2_moe", "qwen2_moe"},
+                                           Case{"qwen3_moe", "qwen3_moe"}, Case{"olmoe", "olmoe"}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -123,6 +123,15 @@ const std::vector<Family>& families() {
       Family{"phi3", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 6 + 3},
       // The same within the original context: the short factors.
       Family{"phi3_short", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 6 + 3},
+      // Mixtures of 4 experts, 2 per token (tests/peers/hf_parity.py says what each adds):
+      // Mixtral's w1/w2/w3 experts, renormalized top 2, every layer sliding over 5 keys.
+      Family{"mixtral", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 19 + 3},
+      // q/k/v biases, the shared expert and its gate in layer 0; layer 1 dense.
+      Family{"qwen2_moe", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 26 + 12 + 3},
+      // Per-head q/k norms; layer 0 dense, layer 1 experts (decoder_sparse_step 2).
+      Family{"qwen3_moe", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 11 + 21 + 3},
+      // q/k norms over all heads, q/k/v clamped.
+      Family{"olmoe", "plugin = \"llama\"\nconfig = \"@DIR@\"\n", 2 * 21 + 3},
       // WKV in chunks of 5 over 16 tokens: the carried state is exercised.
       Family{"rwkv", "plugin = \"rwkv\"\nconfig = \"@DIR@\"\nwkv_chunk = 5\n", 2 * 18 + 2 + 4}};
   return all;
@@ -130,11 +139,15 @@ const std::vector<Family>& families() {
 
 // The families whose packed rows are compared (every model but RWKV's
 // recurrence reads positions); the names say what each exercises above.
+// transformers 4.57's eager attention for olmoe and qwen2_moe ignores
+// position_ids when it masks (their old _update_causal_mask): only its
+// flash-attention path keeps packed examples apart, as tightfit does, so
+// those two have no CPU reference for packed rows.
 std::vector<Family> packed_families() {
   std::vector<Family> out;
   for (const Family& f : families())
     for (const char* name : {"gpt2", "llama", "mistral", "qwen2_window", "qwen3", "gemma", "gemma2",
-                             "gemma3_text", "phi3"})
+                             "gemma3_text", "phi3", "mixtral", "qwen3_moe"})
       if (std::string(f.name) == name) out.push_back(f);
   return out;
 }
@@ -224,6 +237,10 @@ INSTANTIATE_TEST_SUITE_P(
         Family{"gemma2", "plugin = \"llama\"\n@PEER@", 0},
         Family{"gemma3_text", "plugin = \"llama\"\n@PEER@", 0},
         Family{"phi3", "plugin = \"llama\"\n@PEER@", 0},
+        Family{"mixtral", "plugin = \"llama\"\n@PEER@", 0},
+        Family{"qwen2_moe", "plugin = \"llama\"\n@PEER@", 0},
+        Family{"qwen3_moe", "plugin = \"llama\"\n@PEER@", 0},
+        Family{"olmoe", "plugin = \"llama\"\n@PEER@", 0},
         Family{"gpt2_inner", "plugin = \"gpt2\"\n@PEER@", 0},
         Family{"rwkv",
                "plugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nwkv_chunk = 7\n",
@@ -419,6 +436,84 @@ TEST(GemmaConfig, KeysTransformersDoesNotApplyAreRefusedByName) {
   nlohmann::json config = small_gemma3();
   config["attn_logit_softcapping"] = nullptr;
   EXPECT_TRUE(session_for_config(dir, "null_cap", config).session);
+}
+
+}  // namespace
+}  // namespace tightfit
+
+namespace tightfit {
+namespace {
+
+nlohmann::json small_moe(const char* model_type) {
+  return {{"model_type", model_type},
+          {"num_hidden_layers", 2},
+          {"hidden_size", 32},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},
+          {"intermediate_size", 48},
+          {"vocab_size", 256},
+          {"max_position_embeddings", 64},
+          {"num_experts", 4},
+          {"num_local_experts", 4},
+          {"num_experts_per_tok", 2},
+          {"moe_intermediate_size", 24},
+          {"shared_expert_intermediate_size", 40}};
+}
+
+// What transformers would compute differently, or tightfit does not compute
+// yet, is refused by name with the fix; the same configs without the key load.
+TEST(MoeConfig, KeysTightfitWouldNotMatchAreRefusedByName) {
+  test::TempDir dir;
+  struct Case {
+    const char* model_type;
+    const char* key;
+    nlohmann::json value;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {"mixtral", "output_router_logits", true, "set it to false"},
+      {"qwen3_moe", "output_router_logits", true, "load-balancing loss"},
+      {"mixtral", "router_jitter_noise", 0.01, "set it to 0.0"},
+      {"qwen2_moe", "use_sliding_window", true, "set it to false"},
+      {"olmoe", "head_dim", 16, "remove the key"},
+      {"qwen3_moe", "num_experts_per_tok", 5, "exceeds the 4 experts"},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    nlohmann::json config = small_moe(c.model_type);
+    const ConfigOutcome plain = session_for_config(dir, "p" + std::to_string(++n), config);
+    EXPECT_TRUE(plain.session) << c.model_type << ": " << plain.error;
+    config[c.key] = c.value;
+    const ConfigOutcome o = session_for_config(dir, "c" + std::to_string(n), config);
+    EXPECT_FALSE(o.session) << c.model_type << " " << c.key;
+    EXPECT_NE(o.error.find(c.key), std::string::npos) << o.error;
+    EXPECT_NE(o.error.find(c.expect), std::string::npos) << o.error;
+    EXPECT_NE(o.error.find("config.json"), std::string::npos) << o.error;
+  }
+}
+
+// Qwen-MoE's layer rule (decoder_sparse_step, mlp_only_layers) decides which
+// blocks hold experts, also after an n_layer override; each expert's weights
+// are parameters of their own.
+TEST(MoeConfig, SparseStepAndMlpOnlyLayersPickTheExpertBlocks) {
+  test::TempDir dir;
+  nlohmann::json config = small_moe("qwen3_moe");
+  config["num_hidden_layers"] = 6;
+  config["decoder_sparse_step"] = 2;
+  config["mlp_only_layers"] = {3};
+  const ConfigOutcome o = session_for_config(dir, "q", config);
+  ASSERT_TRUE(o.session) << o.error;
+  std::vector<int> expert_blocks, dense_blocks;
+  for (int l = 0; l < 6; ++l) {
+    const std::string prefix = "model.layers." + std::to_string(l) + ".mlp.";
+    if (o.session->store().find(prefix + "experts.3.down_proj.weight")) expert_blocks.push_back(l);
+    if (o.session->store().find(prefix + "down_proj.weight")) dense_blocks.push_back(l);
+  }
+  EXPECT_EQ(expert_blocks, (std::vector<int>{1, 5}));
+  EXPECT_EQ(dense_blocks, (std::vector<int>{0, 2, 3, 4}));
+  const Param* router = o.session->store().find("model.layers.1.mlp.gate.weight");
+  ASSERT_TRUE(router);
+  EXPECT_EQ(router->value.sizes(), (at::IntArrayRef{4, 32}));
 }
 
 }  // namespace

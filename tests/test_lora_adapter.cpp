@@ -129,26 +129,25 @@ INSTANTIATE_TEST_SUITE_P(
              "n_kv_head = 2\nintermediate_size = 80\nmax_positions = 64\nvocab_size = 256\n",
              "targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n"},
         // Gemma (a small config.json): (1 + w) norms, scaled embeddings, tied head.
-        Case{"gemma",
-             "plugin = \"llama\"\nconfig = \"" + std::string(TIGHTFIT_SOURCE_DIR) +
-                 "/tests/fixtures/gemma-tiny\"\n",
+        Case{"gemma", test::fixture_model("gemma-tiny"),
              "targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n"},
         // Gemma 2: capped scores and logits, sandwich norms, a sliding layer.
-        Case{"gemma2",
-             "plugin = \"llama\"\nconfig = \"" + std::string(TIGHTFIT_SOURCE_DIR) +
-                 "/tests/fixtures/gemma2-tiny\"\n",
+        Case{"gemma2", test::fixture_model("gemma2-tiny"),
              "targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n"},
         // Gemma 3: q/k norms, local and global rotary bases.
-        Case{"gemma3_text",
-             "plugin = \"llama\"\nconfig = \"" + std::string(TIGHTFIT_SOURCE_DIR) +
-                 "/tests/fixtures/gemma3-tiny\"\n",
+        Case{"gemma3_text", test::fixture_model("gemma3-tiny"),
              "targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n"},
         // Phi-3: q, k and v in one projection, gate and up in one (PEFT targets qkv_proj and
         // gate_up_proj).
-        Case{"phi3",
-             "plugin = \"llama\"\nconfig = \"" + std::string(TIGHTFIT_SOURCE_DIR) +
-                 "/tests/fixtures/phi3-tiny\"\n",
+        Case{"phi3", test::fixture_model("phi3-tiny"),
              "targets = [\"q\", \"o\", \"gate\", \"down\"]\n"},
+        // Mixtral: "gate", "up" and "down" adapt every expert's w1, w3 and w2 (PEFT's names).
+        Case{"mixtral", test::fixture_model("mixtral-tiny"),
+             "targets = [\"q\", \"gate\", \"up\", \"down\"]\n"},
+        // Qwen2-MoE: the routed experts, the shared expert and layer 1's dense MLP share the
+        // leaf names gate_proj, up_proj and down_proj; the routers are not adapted.
+        Case{"qwen2_moe", test::fixture_model("qwen2-moe-tiny"),
+             "targets = [\"v\", \"gate\", \"up\", \"down\"]\n"},
         // RWKV starts with zero output projections, so "o" is adapted for gradients to reach k and
         // v.
         Case{"rwkv", "plugin = \"rwkv\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\n",

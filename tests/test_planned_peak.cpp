@@ -49,7 +49,14 @@ TEST_P(PlannedPeak, IsWithinTenPercentOfTheMeasuredPeak) {
       on_gpu ? sum.memory.device_peak : sum.memory.total_peak - sum.memory.peak[TF_MEM_OTHER];
   EXPECT_LE(std::abs(relative(plan.tracked_peak, measured)), 0.10)
       << c.name << ": planned " << format_bytes(plan.tracked_peak) << " (" << plan.peak_moment
-      << "), measured " << format_bytes(measured);
+      << "), measured " << format_bytes(measured) << "; at the peak, planned/measured:" << [&] {
+           std::string by;
+           for (int k = 0; k < TF_MEM_CATEGORY_COUNT - 1; ++k)
+             by += std::string(" ") + category_name(static_cast<tf_mem_category>(k)) + " " +
+                   format_bytes(plan.at_peak[TF_TIER_DEVICE][k]) + "/" +
+                   format_bytes(sum.memory.at_peak[k]);
+           return by;
+         }();
   // The safe budget the plan reports (plus the data) is never passed by a
   // step: a run with that budget would not have stopped.
   EXPECT_LE(measured, plan.safe_budget())
@@ -79,6 +86,18 @@ const char* kPhi3 =
     "/tests/fixtures/phi3-tiny\"\nn_layer = 4\nn_embd = 256\nn_head = 32\nn_kv_head = 8\n"
     "intermediate_size = 688\nmax_positions = 128\n";
 
+// Mixtures of experts at the same scale: Mixtral's 4 experts, 2 a token, in
+// every block; Qwen2-MoE's experts with the shared one in the even blocks
+// (mlp_only_layers keeps layer 1 dense, and 3 with the override's rule).
+const char* kMixtral =
+    "plugin = \"llama\"\nconfig = \"" TIGHTFIT_SOURCE_DIR
+    "/tests/fixtures/mixtral-tiny\"\nn_layer = 4\nn_embd = 256\nn_head = 4\nn_kv_head = 2\n"
+    "intermediate_size = 344\nmax_positions = 128\n";
+const char* kQwen2Moe =
+    "plugin = \"llama\"\nconfig = \"" TIGHTFIT_SOURCE_DIR
+    "/tests/fixtures/qwen2-moe-tiny\"\nn_layer = 4\nn_embd = 256\nn_head = 4\nn_kv_head = 2\n"
+    "intermediate_size = 688\nmax_positions = 128\n";
+
 const char* kStandard = "";
 INSTANTIATE_TEST_SUITE_P(
     Recipes, PlannedPeak,
@@ -86,6 +105,17 @@ INSTANTIATE_TEST_SUITE_P(
         PeakCase{"gpt2", kGpt2, kStandard, ""}, PeakCase{"llama", kLlama, kStandard, ""},
         PeakCase{"rwkv", kRwkv, kStandard, ""}, PeakCase{"gemma2", kGemma2, kStandard, ""},
         PeakCase{"phi3_lora", kPhi3, kStandard, "[[strategy]]\nplugin = \"lora\"\n"},
+        PeakCase{"mixtral", kMixtral, kStandard, ""},
+        // (LoRA on the routed experts too is planned 10% under: LoRA counts one input per
+        // width and stage, but each token's K routed copies are kept; see issue 40's note.)
+        PeakCase{"qwen2_moe_qlora", kQwen2Moe, kStandard,
+                 "[[strategy]]\nplugin = \"quantize\"\n[[strategy]]\nplugin = \"lora\"\n"
+                 "targets = [\"q\", \"v\"]\n"},
+        // Experts left on disk and read one by one when routed to (ABI 1.15).
+        PeakCase{"mixtral_qlora_offload_disk", kMixtral, kStandard,
+                 "[[strategy]]\nplugin = \"quantize\"\n[[strategy]]\nplugin = \"lora\"\n"
+                 "[[strategy]]\nplugin = \"offload\"\nparams = \"disk\"\n",
+                 false},
         PeakCase{"llama_big_vocab", kLlamaBigVocab, kStandard, ""},
         PeakCase{"llama_big_vocab_lora_autocast", kLlamaBigVocab, kStandard,
                  "[[strategy]]\nplugin = \"lora\"\n[[strategy]]\nplugin = \"precision\"\n"},

@@ -129,4 +129,9 @@ std::string peer_python() {
          "/tests/peers/run_peer.py";
 }
 
+std::string fixture_model(const std::string& name) {
+  return "plugin = \"llama\"\nconfig = \"" + std::string(TIGHTFIT_SOURCE_DIR) + "/tests/fixtures/" +
+         name + "\"\n";
+}
+
 }  // namespace tightfit::test

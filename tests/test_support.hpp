@@ -63,4 +63,7 @@ int run_tightfit(const std::string& args, std::string* output);
 // once) when one answers, and runs it directly otherwise.
 std::string peer_python();
 
+// A [model] table for the llama plugin shaped by tests/fixtures/NAME/config.json.
+std::string fixture_model(const std::string& name);
+
 }  // namespace tightfit::test

@@ -356,6 +356,10 @@ at::Tensor Executor::fetch_weight(const std::string& name) {
 
 at::Tensor Executor::fetch_resident(Param& p) {
   const std::string& name = p.name;
+  // Left in its tier through the stage's event (offload's experts, ABI
+  // 1.15): the strategy that keeps it brings it in now.
+  if (p.residency != TF_TIER_DEVICE && p.value.numel() == 0 && p.numel() > 0)
+    StrategyChain(plugins_.strategies).first_handled(TF_STRATEGY_HOOK(want_weight), name.c_str());
   if (std::optional<at::Tensor> w =
           StrategyChain(plugins_.strategies)
               .first_tensor(TF_STRATEGY_HOOK(fetch_weight), name.c_str(), borrow_handle(p.value)))

@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 14
+#define TF_ABI_VERSION_MINOR 15
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -230,6 +230,11 @@ typedef enum tf_init_kind {
  * GPT-2's Conv1D does); tightfit keeps [out, in] and transposes on import/export. */
 #define TF_PARAM_HF_TRANSPOSED 0x4u
 #define TF_PARAM_ADAPTER 0x8u /* an adapter added by a strategy (counted as ADAPTERS) */
+/* Added in 1.15: one expert's weight in a mixture of experts. A batch uses
+ * only the experts its tokens are routed to, so a strategy that keeps
+ * weights in another tier may leave this one there until it is fetched
+ * (want_weight) instead of bringing it in with its stage. */
+#define TF_PARAM_EXPERT 0x10u
 
 /* A parameter the model (or an adapter strategy) declares. The kernel's
  * parameter store owns it; model code asks the store for it by name. */
@@ -996,7 +1001,17 @@ typedef struct tf_strategy_vtable {
    * (host adapters_set_enabled). TF_NOT_HANDLED when it holds none. */
   tf_status (*set_adapters_enabled)(void* state, tf_host_context* ctx, int32_t enabled);
 
-  void* reserved[5];
+  /* Added in 1.15 (a reserved slot): the parameter `name`, kept in another
+   * tier (residency not device) and not resident now, is about to be
+   * fetched inside its stage's event. The strategy that left it there at
+   * the event's start (offload's TF_PARAM_EXPERT weights, brought in only
+   * for the experts a batch is routed to) makes it resident now
+   * (param_set_storage), until the stage's event ends. TF_NOT_HANDLED = not
+   * this strategy's. Called before fetch_weight, so a compact format is
+   * still turned dense by the strategy that owns it. */
+  tf_status (*want_weight)(void* state, tf_host_context* ctx, const char* name);
+
+  void* reserved[4];
 } tf_strategy_vtable;
 
 /* A trainer schedule: decides what each step does using training services. */

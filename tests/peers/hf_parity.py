@@ -8,7 +8,7 @@ TRL's padding-free packing relies on) and are written as "positions".
 
 usage: hf_parity.py FAMILY OUT_DIR [packed]
 FAMILY: gpt2 | gpt2_inner | llama | llama3 | llama_bias | mistral | qwen2 | qwen2_window | qwen3 | gemma | gemma2
-        | gemma3_text | phi3 | phi3_short | rwkv
+        | gemma3_text | phi3 | phi3_short | mixtral | qwen2_moe | qwen3_moe | olmoe | rwkv
 """
 import pathlib
 import sys
@@ -123,6 +123,36 @@ def build(family: str) -> torch.nn.Module:
                                                     "long_factor": [2.0, 5.0]},
                                       sliding_window=5, pad_token_id=0, tie_word_embeddings=False)
         return transformers.Phi3ForCausalLM(cfg)
+    # Mixtures of 4 experts, 2 per token: every expert serves some of the 32 tokens.
+    if family == "mixtral":  # w1/w2/w3 experts, top 2 renormalized, every layer sliding over 5 keys
+        cfg = transformers.MixtralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=64, rms_norm_eps=1e-5, sliding_window=5,
+                                         num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)
+        return transformers.MixtralForCausalLM(cfg)
+    if family == "qwen2_moe":  # q/k/v biases, top 2 not renormalized, a sigmoid-gated shared expert;
+        # layer 1 is a dense MLP (mlp_only_layers)
+        cfg = transformers.Qwen2MoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=80,
+                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                          max_position_embeddings=64, rms_norm_eps=1e-6, num_experts=4,
+                                          num_experts_per_tok=2, moe_intermediate_size=24,
+                                          shared_expert_intermediate_size=40, norm_topk_prob=False,
+                                          mlp_only_layers=[1], tie_word_embeddings=False)
+        return transformers.Qwen2MoeForCausalLM(cfg)
+    if family == "qwen3_moe":  # per-head q/k norms, head_dim 16, top 2 renormalized; experts every
+        # second layer (decoder_sparse_step 2: layer 0 dense, layer 1 experts)
+        cfg = transformers.Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=80,
+                                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                          head_dim=16, max_position_embeddings=64, rms_norm_eps=1e-6,
+                                          num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                                          norm_topk_prob=True, decoder_sparse_step=2, tie_word_embeddings=False)
+        return transformers.Qwen3MoeForCausalLM(cfg)
+    if family == "olmoe":  # q/k norms over all heads, q/k/v clamped to 1.0, top 2 not renormalized
+        cfg = transformers.OlmoeConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=24,
+                                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                       max_position_embeddings=64, rms_norm_eps=1e-5, clip_qkv=1.0,
+                                       num_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)
+        return transformers.OlmoeForCausalLM(cfg)
     if family == "rwkv":
         cfg = transformers.RwkvConfig(vocab_size=VOCAB, context_length=64, hidden_size=32, num_hidden_layers=2,
                                       attention_hidden_size=32, intermediate_size=128, layer_norm_epsilon=1e-5,
@@ -144,6 +174,8 @@ def main(family: str, out: pathlib.Path, packed: bool) -> None:
         for name, p in model.named_parameters():
             if "ln" in name or "norm" in name or name.endswith("bias") or "time_" in name:
                 p.add_(0.1 * torch.randn_like(p))
+            if name.endswith("mlp.gate.weight") or name.endswith("block_sparse_moe.gate.weight"):
+                p.normal_(0.0, 1.0)  # routers far from uniform: no near-ties in the top k
     params = dict(model.named_parameters())  # a tied lm_head.weight is listed once
     save_file({k: v.detach().contiguous() for k, v in params.items()}, str(out / "model.safetensors"))
     model.config.to_json_file(str(out / "config.json"))

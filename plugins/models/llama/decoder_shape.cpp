@@ -37,10 +37,11 @@ struct TypeDefaults {
   int64_t max_positions;
   double rms_eps;
 };
-constexpr TypeDefaults kDefaults[] = {{"llama", 2048, 1e-6},         {"mistral", 4096 * 32, 1e-6},
-                                      {"qwen2", 32768, 1e-6},        {"qwen3", 32768, 1e-6},
-                                      {"gemma", 8192, 1e-6},         {"gemma2", 8192, 1e-6},
-                                      {"gemma3_text", 131072, 1e-6}, {"phi3", 4096, 1e-5}};
+constexpr TypeDefaults kDefaults[] = {
+    {"llama", 2048, 1e-6},         {"mistral", 4096 * 32, 1e-6}, {"qwen2", 32768, 1e-6},
+    {"qwen3", 32768, 1e-6},        {"gemma", 8192, 1e-6},        {"gemma2", 8192, 1e-6},
+    {"gemma3_text", 131072, 1e-6}, {"phi3", 4096, 1e-5},         {"mixtral", 4096 * 32, 1e-5},
+    {"qwen2_moe", 32768, 1e-6},    {"qwen3_moe", 32768, 1e-6},   {"olmoe", 4096, 1e-5}};
 
 const char* const kActivations = "silu, swish, gelu, gelu_new, gelu_pytorch_tanh, relu";
 bool activation_supported(const std::string& act) {
@@ -135,51 +136,125 @@ void read_rope(const tf_sdk::HfConfig& c, const nlohmann::json& r, Shape& s) {
   }
 }
 
+// Which layers a family windows, and when (transformers 4.57's rule for each).
+enum class WindowRule {
+  kNone,             // LLaMA, Gemma 1, OLMoE
+  kEveryLayer4096,   // Mistral: every layer; 4096 when the key is absent, null = none
+  kEveryLayerIfSet,  // Phi-3, Mixtral: every layer when sliding_window is set
+  kEveryLayerIfUse,  // Qwen3-MoE: every layer when use_sliding_window
+  kQwen2,            // Qwen2, Qwen3: use_sliding_window; layer_types or from max_window_layers up
+  kGemma,            // Gemma 2 / 3: layer_types, or every pattern-th layer full
+  kRefused,          // Qwen2-MoE: use_sliding_window refused (see refuse_unsupported)
+};
+
+WindowRule window_rule(const std::string& type) {
+  static const std::pair<const char*, WindowRule> kRules[] = {
+      {"mistral", WindowRule::kEveryLayer4096},
+      {"phi3", WindowRule::kEveryLayerIfSet},
+      {"mixtral", WindowRule::kEveryLayerIfSet},
+      {"qwen3_moe", WindowRule::kEveryLayerIfUse},
+      {"qwen2", WindowRule::kQwen2},
+      {"qwen3", WindowRule::kQwen2},
+      {"gemma2", WindowRule::kGemma},
+      {"gemma3_text", WindowRule::kGemma},
+      {"qwen2_moe", WindowRule::kRefused}};
+  for (const auto& [t, rule] : kRules)
+    if (type == t) return rule;
+  return WindowRule::kNone;
+}
+
+void read_layer_types(const tf_sdk::HfConfig& c, Shape& s) {
+  const nlohmann::json& types = c.json["layer_types"];
+  if (!types.is_array() || static_cast<int64_t>(types.size()) != s.n_layer)
+    throw std::invalid_argument(c.source + ": \"layer_types\" must list num_hidden_layers = " +
+                                std::to_string(s.n_layer) + " entries");
+  for (size_t l = 0; l < types.size(); ++l) {
+    const std::string t = types[l].is_string() ? types[l].get<std::string>() : "";
+    if (t != "sliding_attention" && t != "full_attention")
+      throw std::invalid_argument(c.source + ": layer_types[" + std::to_string(l) +
+                                  "] must be \"full_attention\" or \"sliding_attention\"");
+    s.sliding_layers[l] = t == "sliding_attention";
+  }
+}
+
 void read_sliding_window(const tf_sdk::HfConfig& c, Shape& s) {
-  s.sliding_layers.assign(static_cast<size_t>(s.n_layer), false);
-  const nlohmann::json& j = c.json;
-  if (s.model_type == "phi3") {  // Phi-3: every layer, when sliding_window is given
-    if (!c.has("sliding_window")) return;
-    s.sliding_window = c.get("sliding_window", 0, 1, 1'000'000'000);
-    s.sliding_layers.assign(static_cast<size_t>(s.n_layer), true);
-    return;
-  }
-  if (s.model_type == "mistral") {
-    // Mistral windows every layer; transformers' default is 4096 when the key is absent.
-    s.sliding_window =
-        j.contains("sliding_window") ? c.get("sliding_window", 0, 1, 1'000'000'000) : 4096;
-    s.sliding_layers.assign(static_cast<size_t>(s.n_layer), s.sliding_window > 0);
-    return;
-  }
-  const bool gemma2 = s.model_type == "gemma2", gemma3 = s.model_type == "gemma3_text";
-  if (s.model_type != "qwen2" && s.model_type != "qwen3" && !gemma2 && !gemma3)
-    return;  // LLaMA: none
-  if (!gemma2 && !gemma3 && !c.flag("use_sliding_window", false)) return;
-  s.sliding_window = c.get("sliding_window", 4096, 1, 1'000'000'000);
-  if ((gemma2 || gemma3) && !c.has("layer_types")) {
-    // Gemma2Config: even layers slide, odd are full. Gemma3TextConfig: every
-    // sliding_window_pattern-th layer is full (the key its configs on the Hub keep).
-    const int64_t pattern = gemma2 ? 2 : c.get("sliding_window_pattern", 6, 1, 1'000'000);
-    for (int64_t l = 0; l < s.n_layer; ++l)
-      s.sliding_layers[static_cast<size_t>(l)] = (l + 1) % pattern != 0;
-    return;
-  }
-  if (c.has("layer_types")) {
-    const nlohmann::json& types = j["layer_types"];
-    if (!types.is_array() || static_cast<int64_t>(types.size()) != s.n_layer)
-      throw std::invalid_argument(c.source + ": \"layer_types\" must list num_hidden_layers = " +
-                                  std::to_string(s.n_layer) + " entries");
-    for (size_t l = 0; l < types.size(); ++l) {
-      const std::string t = types[l].is_string() ? types[l].get<std::string>() : "";
-      if (t != "sliding_attention" && t != "full_attention")
-        throw std::invalid_argument(c.source + ": layer_types[" + std::to_string(l) +
-                                    "] must be \"full_attention\" or \"sliding_attention\"");
-      s.sliding_layers[l] = t == "sliding_attention";
+  const auto L = static_cast<size_t>(s.n_layer);
+  s.sliding_layers.assign(L, false);
+  auto window = [&](int64_t fallback) {
+    return c.get("sliding_window", fallback, 1, 1'000'000'000);
+  };
+  switch (window_rule(s.model_type)) {
+    case WindowRule::kNone:
+    case WindowRule::kRefused:
+      return;
+    case WindowRule::kEveryLayer4096:
+      s.sliding_window = c.json.contains("sliding_window") ? window(0) : 4096;
+      break;
+    case WindowRule::kEveryLayerIfSet:
+      s.sliding_window = window(0);
+      break;
+    case WindowRule::kEveryLayerIfUse:
+      if (c.flag("use_sliding_window", false)) s.sliding_window = window(4096);
+      break;
+    case WindowRule::kQwen2:
+      if (!c.flag("use_sliding_window", false)) return;
+      s.sliding_window = window(4096);
+      if (c.has("layer_types")) return read_layer_types(c, s);
+      for (int64_t l = c.get("max_window_layers", 28, 0, 1'000'000); l < s.n_layer; ++l)
+        s.sliding_layers[static_cast<size_t>(l)] = true;
+      return;
+    case WindowRule::kGemma: {
+      s.sliding_window = window(4096);
+      if (c.has("layer_types")) return read_layer_types(c, s);
+      // Gemma2Config: even layers slide, odd are full. Gemma3TextConfig: every
+      // sliding_window_pattern-th layer is full (the key its configs on the Hub keep).
+      const int64_t pattern =
+          s.model_type == "gemma2" ? 2 : c.get("sliding_window_pattern", 6, 1, 1'000'000);
+      for (int64_t l = 0; l < s.n_layer; ++l)
+        s.sliding_layers[static_cast<size_t>(l)] = (l + 1) % pattern != 0;
+      return;
     }
-    return;
   }
-  const int64_t full = c.get("max_window_layers", 28, 0, 1'000'000);
-  for (int64_t l = full; l < s.n_layer; ++l) s.sliding_layers[static_cast<size_t>(l)] = true;
+  s.sliding_layers.assign(L, s.sliding_window > 0);  // the every-layer rules
+}
+
+// The mixture-of-experts keys of Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE
+// (their config classes' defaults when absent).
+void read_experts(const tf_sdk::HfConfig& c, Shape& s) {
+  const std::string& t = s.model_type;
+  const bool mixtral = t == "mixtral", qwen = t == "qwen2_moe" || t == "qwen3_moe";
+  if (!mixtral && !qwen && t != "olmoe") return;
+  const int64_t default_experts = mixtral ? 8 : t == "qwen2_moe" ? 60 : t == "qwen3_moe" ? 128 : 64;
+  s.n_experts =
+      c.get(mixtral ? "num_local_experts" : "num_experts", default_experts, qwen ? 0 : 1, 100'000);
+  s.top_k = c.get("num_experts_per_tok", mixtral ? 2 : t == "qwen2_moe" ? 4 : 8, 1, 100'000);
+  if (s.n_experts > 0 && s.top_k > s.n_experts)
+    throw std::invalid_argument(c.source + ": num_experts_per_tok = " + std::to_string(s.top_k) +
+                                " exceeds the " + std::to_string(s.n_experts) + " experts");
+  // Mixtral always renormalizes the top k; the others when norm_topk_prob.
+  s.norm_topk = mixtral || c.flag("norm_topk_prob", false);
+  s.expert_intermediate =
+      qwen ? c.get("moe_intermediate_size", t == "qwen2_moe" ? 1408 : 768, 1, 10'000'000)
+           : s.intermediate;
+  if (t == "qwen2_moe")
+    s.shared_intermediate = c.get("shared_expert_intermediate_size", 5632, 1, 10'000'000);
+  if (!qwen) return;
+  // Qwen*MoeDecoderLayer: experts where (l + 1) % decoder_sparse_step == 0
+  // and l is not in mlp_only_layers; a dense MLP of intermediate_size elsewhere.
+  s.sparse_step = c.get("decoder_sparse_step", 1, 1, 1'000'000);
+  s.dense_layers.clear();
+  if (c.has("mlp_only_layers")) {
+    const nlohmann::json& only = c.json["mlp_only_layers"];
+    if (!only.is_array() || only.size() > 1'000'000)
+      throw std::invalid_argument(c.source +
+                                  ": \"mlp_only_layers\" must be a list of layer numbers");
+    for (const auto& l : only) {
+      if (!l.is_number_integer() || l.get<int64_t>() < 0)
+        throw std::invalid_argument(c.source +
+                                    ": \"mlp_only_layers\" must list layer numbers (0, 1, ...)");
+      s.dense_layers.push_back(l.get<int64_t>());
+    }
+  }
 }
 
 // Keys of other families that change the maths in ways this plugin does not compute.
@@ -221,6 +296,19 @@ void refuse_unsupported(const tf_sdk::HfConfig& c, const Shape& s) {
     for (const char* key : {"use_qk_norm", "qk_layernorm", "qk_norm"})
       if (c.has(key) && (!c.json[key].is_boolean() || c.json[key].get<bool>()))
         refuse(key, "(a norm over q and k) is computed for model_type qwen3 only");
+  if (c.flag("output_router_logits", false))
+    refuse("output_router_logits",
+           "adds the routers' load-balancing loss (router_aux_loss_coef) to the training loss, "
+           "which tightfit does not compute yet: set it to false (transformers' default), and "
+           "training equals transformers' without that term");
+  if (s.model_type == "mixtral" && c.real("router_jitter_noise", 0.0, 0.0, 1.0, false) != 0.0)
+    refuse("router_jitter_noise",
+           "(random scaling of the router's input in training) is not supported: training "
+           "would differ from transformers'; set it to 0.0");
+  if (s.model_type == "qwen2_moe" && c.flag("use_sliding_window", false))
+    refuse("use_sliding_window",
+           "of qwen2_moe windows every layer or only those past max_window_layers depending on "
+           "transformers' attention implementation; tightfit does not guess: set it to false");
   if (c.has("rope_parameters") && !c.has("rope_scaling"))
     refuse("rope_parameters",
            "is the transformers 5 spelling: save the config with transformers 4.x "
@@ -268,24 +356,39 @@ Shape shape_from_hf_config(const std::string& path) {
   // a rotary base of its own for the sliding layers.
   const bool gemma = s.model_type == "gemma" || gemma2 || gemma3;
   s.head_dim = c.get("head_dim", s.model_type == "qwen3" ? 128 : gemma ? 256 : 0, 2, 100'000);
-  s.rope_theta = c.real("rope_theta", gemma3 ? 1'000'000.0 : 10000.0, 1.0, 1e12, false);
+  const bool olmoe = s.model_type == "olmoe";
+  if (olmoe && s.head_dim != 0 && s.head_dim * s.n_head != s.n_embd)
+    throw std::invalid_argument(c.source + ": \"head_dim\" = " + std::to_string(s.head_dim) +
+                                " is not hidden_size / num_attention_heads, which OlmoeAttention "
+                                "uses regardless: remove the key");
+  s.rope_theta = c.real("rope_theta", gemma3 || s.model_type == "mixtral" ? 1'000'000.0 : 10000.0,
+                        1.0, 1e12, false);
   s.rms_eps = c.real("rms_norm_eps", d->rms_eps, 0.0, 1.0);
   s.tie_embeddings = c.flag("tie_word_embeddings", gemma);
-  if (s.model_type == "llama" || s.model_type == "qwen3" || gemma)
+  if (s.model_type == "llama" || s.model_type == "qwen3" || s.model_type == "qwen3_moe" || olmoe ||
+      gemma)
     s.qkv_bias = s.o_bias = c.flag("attention_bias", false);
   if (s.model_type == "qwen2") s.qkv_bias = true;  // Qwen2 always, and never on o_proj
+  if (s.model_type == "qwen2_moe") s.qkv_bias = c.flag("qkv_bias", true);
   if (s.model_type == "phi3") {
     s.fused_projections = true;
     s.partial_rotary = c.real("partial_rotary_factor", 1.0, 0.0, 1.0);
     s.rope_original_max_positions = c.get("original_max_position_embeddings", 4096, 1, 100'000'000);
   }
   if (s.model_type == "llama") s.mlp_bias = c.flag("mlp_bias", false);
-  s.qk_norm = s.model_type == "qwen3" || gemma3;
+  s.qk_norm = s.model_type == "qwen3" || s.model_type == "qwen3_moe" || gemma3;
+  s.qk_norm_full = olmoe;
+  if (olmoe) s.clip_qkv = c.real("clip_qkv", 0.0, 0.0, 1e12);
+  read_experts(c, s);
   s.unit_offset_norm = s.scaled_embeddings = gemma;
   // GemmaConfig's default is 0, the others' None; an explicit null is None.
   s.pad_token_id = c.json.contains("pad_token_id") && c.json["pad_token_id"].is_null()
                        ? -1
-                       : c.get("pad_token_id", gemma ? 0 : -1, 0, s.vocab - 1);
+                       : c.get("pad_token_id",
+                               gemma   ? 0
+                               : olmoe ? 1
+                                       : -1,
+                               0, s.vocab - 1);
   // GemmaMLP reads hidden_act (transformers 4.57); hidden_activation is
   // left unread there, and so here. Gemma2MLP reads hidden_activation only.
   s.act = gemma2 || gemma3 ? c.text("hidden_activation", "gelu_pytorch_tanh")

@@ -1,4 +1,5 @@
-// The shape of a LLaMA-family decoder (LLaMA 1/2/3, Mistral, Qwen2, Qwen3, Gemma 1/2/3, Phi-3):
+// The shape of a LLaMA-family decoder (LLaMA 1/2/3, Mistral, Qwen2, Qwen3, Gemma 1/2/3, Phi-3,
+// and the mixture-of-experts Mixtral, Qwen2-MoE, Qwen3-MoE and OLMoE):
 // presets, reading it from a Hugging Face config.json, and writing one back
 // for export. Every config.json key that changes the maths is honoured here or
 // refused by name; nothing that matters is skipped silently.
@@ -12,7 +13,14 @@
 namespace llama {
 
 // The Hugging Face model types this plugin computes.
-constexpr const char* kModelTypes = "llama,mistral,qwen2,qwen3,gemma,gemma2,gemma3_text,phi3";
+constexpr const char* kModelTypes =
+    "llama,mistral,qwen2,qwen3,gemma,gemma2,gemma3_text,phi3,mixtral,qwen2_moe,qwen3_moe,olmoe";
+
+// How a family names its mixture-of-experts block's weights (Hugging Face).
+struct ExpertNames {
+  const char* block;             // "mlp" or Mixtral's "block_sparse_moe"
+  const char *gate, *up, *down;  // each expert's projections
+};
 
 struct Shape {
   std::string model_type = "llama";
@@ -67,6 +75,24 @@ struct Shape {
   std::vector<bool> sliding_layers;
   nlohmann::json hf_json;  // the config.json read, kept for export (null for presets)
 
+  // Mixture of experts: the blocks has_experts() names replace the MLP by
+  // n_experts MLPs of expert_intermediate each; a router (`gate`, no bias)
+  // scores every expert per token, softmax in fp32, the top_k are run and
+  // their outputs summed weighted by those probabilities (renormalized to sum
+  // 1 when norm_topk). Qwen2-MoE adds a shared expert (shared_intermediate > 0)
+  // every token runs, scaled by sigmoid(shared_expert_gate x). 0 = dense.
+  int64_t n_experts = 0, top_k = 0, expert_intermediate = 0, shared_intermediate = 0;
+  bool norm_topk = false;
+  // Qwen2/3-MoE: experts in layers l with (l + 1) % sparse_step == 0 that
+  // dense_layers (mlp_only_layers) does not list; a dense MLP in the others.
+  int64_t sparse_step = 1;
+  std::vector<int64_t> dense_layers;
+  // OLMoE: q and k RMS-normalized over all heads at once (q_norm [H D],
+  // k_norm [KVH D]) before the heads are split, and q, k, v clamped to
+  // [-clip_qkv, clip_qkv] after (0 = not).
+  bool qk_norm_full = false;
+  double clip_qkv = 0.0;
+
   int64_t d_head() const { return head_dim > 0 ? head_dim : n_embd / n_head; }
   // transformers' int(head_dim * partial_rotary_factor).
   int64_t rotary_dim() const {
@@ -77,6 +103,16 @@ struct Shape {
            sliding_layers[static_cast<size_t>(layer)];
   }
   bool local_rope(int64_t layer) const { return rope_local_theta > 0 && windowed(layer); }
+  bool has_experts(int64_t layer) const {
+    if (n_experts <= 0 || (layer + 1) % sparse_step != 0) return false;
+    for (int64_t d : dense_layers)
+      if (d == layer) return false;
+    return true;
+  }
+  ExpertNames expert_names() const {
+    if (model_type == "mixtral") return {"block_sparse_moe", "w1", "w3", "w2"};
+    return {"mlp", "gate_proj", "up_proj", "down_proj"};
+  }
 };
 
 struct Preset {

@@ -26,9 +26,11 @@ const std::map<std::string, std::vector<std::string>> kAliases = {
     {"k", {"k_proj", "attn.c_attn", "attention.key", "qkv_proj"}},
     {"v", {"v_proj", "attn.c_attn", "attention.value", "qkv_proj"}},
     {"o", {"o_proj", "attn.c_proj", "attention.output"}},
-    {"gate", {"gate_proj", "gate_up_proj"}},  // Phi-3's gate_up_proj is gate and up in one
-    {"up", {"up_proj", "mlp.c_fc", "feed_forward.key", "gate_up_proj"}},
-    {"down", {"down_proj", "mlp.c_proj", "feed_forward.value"}},
+    // Phi-3's gate_up_proj is gate and up in one; Mixtral's experts call
+    // gate, up and down w1, w3 and w2.
+    {"gate", {"gate_proj", "gate_up_proj", ".w1."}},
+    {"up", {"up_proj", "mlp.c_fc", "feed_forward.key", "gate_up_proj", ".w3."}},
+    {"down", {"down_proj", "mlp.c_proj", "feed_forward.value", ".w2."}},
 };
 
 using lora::Adapter;

@@ -37,6 +37,7 @@
 // saved in forward see the same, unmodified tensor in backward. Its update
 // runs in optimizer_step_param (hence optimizer = "disk" | "host"), bringing
 // the bytes in when its stage is not running and writing them back.
+#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -75,6 +76,9 @@ struct Offloaded {
   bool trainable = false;
   at::Tensor leaf;
   int64_t version = -1;
+  // A frozen expert's weight (TF_PARAM_EXPERT): not brought in with its
+  // stage, only when the model fetches it for the tokens routed to it.
+  bool on_demand = false;
 };
 
 using tf_sdk::allocate_bytes;
@@ -99,7 +103,13 @@ struct Offload {
   std::string dir;
   int64_t offloaded_bytes = 0;
   std::map<std::string, Offloaded> weights;
-  std::map<int32_t, std::vector<std::string>> by_stage;
+  std::map<int32_t, std::vector<std::string>> by_stage;  // brought in with their stage
+  // Experts brought in on demand (want_weight), most recent last: at most
+  // kExpertsResident at once, and none after their stage's event; counted
+  // per optimizer step and logged.
+  static constexpr size_t kExpertsResident = 6;  // two experts' gate, up and down
+  std::deque<std::string> experts_in;
+  int64_t on_demand_weights = 0, expert_loads = 0, expert_load_bytes = 0;
   std::string optimizer_tier;                             // "none" | "host" | "disk"
   std::unique_ptr<offload::StateTier> state;              // created in params_ready
   std::string activations_tier;                           // "none" | "host" | "disk"
@@ -219,8 +229,34 @@ struct Offload {
     }
   }
 
+  // An on-demand expert into the store until its stage's event ends.
+  void bring_in(const std::string& name, const Offloaded& w) {
+    at::Tensor t;
+    {
+      const tf_sdk::MemoryCategory weights_scope(host, TF_MEM_WEIGHTS);
+      t = read(name, w);
+      if (t.device() != at::Device(device)) t = t.to(at::Device(device));
+    }
+    // The fetch that asked holds its own reference to what it uses, so the
+    // least recent expert can go back to the tier now.
+    while (experts_in.size() >= kExpertsResident) put_back(experts_in.front());
+    host.set_param_storage(name, t, w.format, tier());
+    experts_in.push_back(name);
+    ++expert_loads;
+    expert_load_bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  }
+
+  void put_back(const std::string& name) {
+    const Offloaded& w = weights.at(name);
+    host.set_param_storage(name, at::empty({0}, at::TensorOptions().dtype(w.dtype)), w.format,
+                           tier());
+    experts_in.erase(std::find(experts_in.begin(), experts_in.end(), name));
+  }
+
   // Empty placeholders back into the store; the loaded copies go.
   void swap_out(int32_t stage) {
+    for (size_t i = experts_in.size(); i-- > 0;)
+      if (weights.at(experts_in[i]).stage == stage) put_back(experts_in[i]);
     for (const auto& name : by_stage[stage]) {
       Offloaded& w = weights.at(name);
       if (w.trainable) {
@@ -266,7 +302,12 @@ struct Offload {
         host_copies[names[i]] = cuda ? w.pin_memory() : w.clone();
       }
       offloaded_bytes += w.numel() * static_cast<int64_t>(w.element_size());
-      by_stage[info.stage].push_back(names[i]);
+      std::vector<std::string>& with_stage = by_stage[info.stage];  // the stage is handled
+      o.on_demand = (info.flags & TF_PARAM_EXPERT) != 0 && !info.trainable;
+      if (o.on_demand)
+        ++on_demand_weights;
+      else
+        with_stage.push_back(names[i]);
       if (info.trainable) {
         // The parameter stays the same tensor; it is marked as living in the
         // tier and its bytes are freed until its stage runs.
@@ -413,10 +454,15 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
           "with optimizer = \"disk\")");
     if (!s->weights.empty()) {
       s->worker = std::thread([s] { s->worker_loop(); });
-      s->host.log(TF_LOG_INFO, std::string(s->disk ? "disk" : "host") +
-                                   " tier: " + std::to_string(s->weights.size()) + " weights, " +
-                                   std::to_string(s->offloaded_bytes >> 20) + " MiB" +
-                                   (s->disk ? " in " + s->dir : std::string()));
+      s->host.log(
+          TF_LOG_INFO,
+          std::string(s->disk ? "disk" : "host") + " tier: " + std::to_string(s->weights.size()) +
+              " weights, " + std::to_string(s->offloaded_bytes >> 20) + " MiB" +
+              (s->disk ? " in " + s->dir : std::string()) +
+              (s->on_demand_weights > 0 ? "; " + std::to_string(s->on_demand_weights) +
+                                              " expert weights brought in only when a batch is "
+                                              "routed to them"
+                                        : std::string()));
     }
     return TF_OK;
   });
@@ -445,6 +491,36 @@ tf_status stage_event(void* state, tf_host_context* ctx, const tf_stage_event* e
     } else if (ev->phase != TF_PHASE_RECOMPUTE) {  // backward of a recomputed stage still needs it
       s->swap_out(ev->stage);
     }
+    return TF_OK;
+  });
+}
+
+// An expert the model fetches for the tokens routed to it (ABI 1.15).
+tf_status want_weight(void* state, tf_host_context* ctx, const char* name) {
+  auto* s = static_cast<Offload*>(state);
+  const auto it = s->weights.find(name);
+  if (it == s->weights.end() || !it->second.on_demand) return TF_NOT_HANDLED;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    s->bring_in(it->first, it->second);
+    return TF_OK;
+  });
+}
+
+// The experts brought in during the step (forward, recompute and backward
+// each count), as metrics: how much of the expert weights the batches used.
+tf_status step_begin(void* state, tf_host_context*, int64_t) {
+  auto* s = static_cast<Offload*>(state);
+  s->expert_loads = s->expert_load_bytes = 0;  // reads outside a step are not its own
+  return TF_OK;
+}
+
+tf_status step_end(void* state, tf_host_context* ctx, int64_t, double) {
+  auto* s = static_cast<Offload*>(state);
+  if (s->on_demand_weights == 0) return TF_OK;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    s->host.log_metric("expert_loads", static_cast<double>(s->expert_loads));
+    s->host.log_metric("expert_mib", static_cast<double>(s->expert_load_bytes) / (1 << 20));
+    s->expert_loads = s->expert_load_bytes = 0;
     return TF_OK;
   });
 }
@@ -569,6 +645,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   auto* s = static_cast<Offload*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     std::map<int32_t, int64_t> stage_bytes;
+    int64_t moved_experts = 0, largest_expert = 0;  // on demand, not with their stage
     if (s->offload_params) {
       for (const std::string& name : s->host.param_names()) {
         const tf_param_info info = s->host.param_info(name);
@@ -578,18 +655,23 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
           continue;
         // In a plan: what earlier strategies planned for it (4-bit after
         // quantize), moved to this tier in the table.
+        const bool on_demand = (info.flags & TF_PARAM_EXPERT) != 0 && !info.trainable;
+        int64_t bytes = info.stored_bytes > 0 ? info.stored_bytes : tf_sdk::dense_bytes(info);
         if (s->host.has_param_plan() && s->offloaded_bytes == 0) {
           const tf_param_plan p = s->host.planned(name);
           if (p.tier != TF_TIER_DEVICE) continue;
-          stage_bytes[info.stage] += p.bytes;
+          bytes = p.bytes;
           s->host.plan(name, p.bytes, p.format, s->tier());
+        }
+        if (on_demand) {
+          moved_experts += bytes;
+          largest_expert = std::max(largest_expert, bytes);
           continue;
         }
-        stage_bytes[info.stage] +=
-            info.stored_bytes > 0 ? info.stored_bytes : tf_sdk::dense_bytes(info);
+        stage_bytes[info.stage] += bytes;
       }
     }
-    int64_t moved = s->offloaded_bytes, largest = 0;
+    int64_t moved = s->offloaded_bytes + (s->offloaded_bytes == 0 ? moved_experts : 0), largest = 0;
     for (const auto& [stage, bytes] : stage_bytes) {
       if (s->offloaded_bytes == 0) moved += bytes;
       largest = std::max(largest, bytes);
@@ -598,7 +680,10 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] -= moved;
       out->delta_bytes[s->tier()][TF_MEM_WEIGHTS] += moved;
     }
-    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT] += (1 + s->prefetch) * largest;
+    // Stages in flight with their weights, and the experts resident at once.
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT] +=
+        (1 + s->prefetch) * largest +
+        static_cast<int64_t>(Offload::kExpertsResident) * largest_expert;
     if (s->optimizer_tier != "none") {
       const int64_t bytes = 4 * state_slots(*s) * model->n_trainable;
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] -= bytes;
@@ -633,6 +718,8 @@ const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
                                     .create = create,
                                     .destroy = tf_sdk::destroy_state<Offload>,
                                     .params_ready = params_ready,
+                                    .step_begin = step_begin,
+                                    .step_end = step_end,
                                     .stage_event = stage_event,
                                     .optimizer_step_param = optimizer_step_param,
                                     .estimate_memory = estimate_memory,
@@ -640,7 +727,8 @@ const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
                                     .load_state = load_state,
                                     .stage_params_ready = stage_params_ready,
                                     .pack_activation = pack_activation,
-                                    .unpack_activation = unpack_activation};
+                                    .unpack_activation = unpack_activation,
+                                    .want_weight = want_weight};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_STRATEGY, "offload", "0.2.0",

@@ -1,0 +1,304 @@
+// LLaMA-family decoders (Touvron et al. 2023; LLaMA-2, LLaMA-3, Mistral,
+// Qwen2, Qwen3, Gemma 1/2/3, Phi-3) as one tightfit model plugin, with Hugging Face
+// parameter names (LlamaForCausalLM and its kin).
+//
+//   h_0    = E[x]
+//   a_l    = h_{l-1} + W_o Attn(RoPE(W_q u), RoPE(W_k u), W_v u),   u = RMSNorm_1(h_{l-1})
+//   h_l    = a_l + W_down (silu(W_gate v) * W_up v),                 v = RMSNorm_2(a_l)
+//   logits = RMSNorm_f(h_L) W_lm^T          (W_lm = E when embeddings are tied)
+//
+// Grouped-query attention: n_kv_head key/value heads, each shared by
+// n_head / n_kv_head query heads. Rotary embeddings with the theta and the
+// scaling (linear, dynamic, llama3, yarn) a config gives. The families differ
+// only in small terms, each flagged in the shape:
+//   Qwen2   q, k, v carry biases (b_q, b_k, b_v); untied head
+//   Qwen3   q and k RMS-normalized per head before rotary; head_dim != C/H
+//   Mistral each query sees the sliding_window latest keys
+//   LLaMA   attention_bias (q, k, v, o) and mlp_bias (gate, up, down) when set
+//   Gemma   h_0 = sqrt(C) E[x]; RMSNorm(x) = x / rms(x) * (1 + w) in fp32;
+//           GeGLU (gelu_pytorch_tanh); head_dim 256 unless given; tied head
+//   Gemma 2 Gemma, and: scores q k^T / sqrt(query_pre_attn_scalar), capped
+//           as c tanh(s / c) before the mask; every sub-layer's output normed
+//           before its residual add,
+//             a_l = h + RMSNorm_pa(Attn(RMSNorm_1(h)))
+//             h_l = a_l + RMSNorm_pf(MLP(RMSNorm_f1(a_l)));
+//           alternate layers slide; logits capped as c_f tanh(z / c_f)
+//   Gemma 3 Gemma 2 without the attention cap (the final one optional), and:
+//           q and k (1 + w)-RMS-normalized per head before rotary; the
+//           sliding layers (five in six by default) rotate by their own base
+//           rope_local_base_freq, unscaled, the full ones by rope_theta
+//           with rope_scaling
+//   Phi-3   [q k v] = W_qkv u and [g u'] = W_gate_up v, each one projection;
+//           rotary on the first partial_rotary_factor of each head's
+//           dimensions; LongRoPE (short or long factors by the pass's
+//           furthest position); every layer slides when sliding_window is set
+//   Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE: the MLP is a mixture of experts,
+//             p = softmax(W_router v),   y = sum_{e in topk(p)} p_e MLP_e(v)
+//           (p renormalized over the top k: Mixtral, norm_topk_prob);
+//           Qwen2-MoE adds sigmoid(w_s v) MLP_shared(v) and keeps dense MLPs
+//           off decoder_sparse_step and in mlp_only_layers; Qwen3-MoE has
+//           Qwen3's q/k norms; OLMoE RMS-normalizes q and k over all heads
+//           (before splitting them) and clamps q, k, v to clip_qkv
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <array>
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "decoder_shape.hpp"
+#include "experts.hpp"
+#include "rope.hpp"
+#include "tightfit/activation_bytes.hpp"
+#include "tightfit/packed_rows.hpp"
+#include "tightfit/plugin_sdk.hpp"
+
+namespace llama {
+
+// Keys and values of every position decoded so far, per layer ([B, KVH, S, D],
+// before grouped heads are repeated), for incremental generation.
+struct KvCache {
+  std::vector<at::Tensor> k, v;
+  int64_t length = 0;
+};
+
+struct Llama {
+  tf_sdk::Host host;
+  Shape s;
+  at::ScalarType dtype = at::kFloat;
+  Rope rotary;            // inverse frequencies on the run's device, attention scaling
+  Rope local;             // Gemma 3's sliding layers' (Shape::local_rope)
+  std::string hf_config;  // config.json for export
+
+  int64_t head_dim() const { return s.d_head(); }
+  std::string layer(int64_t l, const char* rest) const {
+    return "model.layers." + std::to_string(l) + "." + rest;
+  }
+  // A projection y = W x (+ b when the family has that bias).
+  at::Tensor proj(const at::Tensor& x, int64_t l, const char* name, bool biased) const {
+    const std::string w = layer(l, name);
+    return host.linear(x, w + ".weight", biased ? w + ".bias" : std::string());
+  }
+
+  at::Tensor rms_norm(const at::Tensor& x, const std::string& weight) const {
+    // In fp32, as the reference does, then back to the activations' dtype.
+    at::Tensor xf = x.to(at::kFloat);
+    xf = xf * at::rsqrt(xf.pow(2).mean(-1, true) + s.rms_eps);
+    // Gemma scales before the cast, by 1 + w (its weights start at zero).
+    if (s.unit_offset_norm)
+      return (xf * (1.0 + host.weight(weight).to(at::kFloat))).to(x.scalar_type());
+    return host.weight(weight) * xf.to(x.scalar_type());
+  }
+
+  at::Tensor act(const at::Tensor& x) const {
+    if (s.act == "silu" || s.act == "swish") return at::silu(x);
+    if (s.act == "gelu") return at::gelu(x);
+    if (s.act == "relu") return at::relu(x);
+    return at::gelu(x, "tanh");  // gelu_new, gelu_pytorch_tanh
+  }
+
+  // x: [B, heads, T, D]; rotate pairs (i, i + R/2) of the first R = cos's
+  // size dimensions by position * inv_freq (R < D: Phi-3's partial rotary).
+  at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
+    const int64_t R = cos.size(-1);
+    if (R < x.size(-1)) return at::cat({rope(x.slice(-1, 0, R), cos, sin), x.slice(-1, R)}, -1);
+    const int64_t half = R / 2;
+    at::Tensor rotated = at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+    return x * cos + rotated * sin;
+  }
+
+  // The keys each query may see: T queries at positions pos0.. over S keys
+  // at 0..S-1 (S = pos0 + T), causal; with a window W, the query at t sees
+  // keys t-W+1 .. t. Packed rows (`positions` given) keep each query inside
+  // its own example. Bool [T, S] or [B, 1, T, S].
+  at::Tensor allowed_keys(int64_t T, int64_t S, int64_t pos0, bool window,
+                          const at::Tensor& positions, const at::Device& device) const {
+    if (positions.defined())
+      return tf_sdk::packed_causal_mask(positions, window ? s.sliding_window : 0);
+    return tf_sdk::causal_mask(T, S, pos0, window ? s.sliding_window : 0, device);
+  }
+
+  // Attention of q [B, H, T, D] over k, v [B, H, S, D] in layer l.
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t l,
+                    int64_t pos0, const at::Tensor& positions) const {
+    const int64_t T = q.size(2), S = k.size(2);
+    const bool window = s.windowed(l) && s.sliding_window < S;
+    const std::optional<double> scale =
+        s.query_pre_attn_scalar > 0
+            ? std::optional<double>(1.0 / std::sqrt(s.query_pre_attn_scalar))
+            : std::nullopt;
+    if (s.attn_softcap > 0) {  // Gemma 2: scores capped before the mask, spelled out
+      at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) *
+                          scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
+      scores = at::tanh(scores / s.attn_softcap) * s.attn_softcap;
+      scores =
+          scores.masked_fill(allowed_keys(T, S, pos0, window, positions, q.device()).logical_not(),
+                             -std::numeric_limits<double>::infinity());
+      return at::matmul(at::softmax(scores, -1, at::kFloat).to(q.scalar_type()), v);
+    }
+    if (!positions.defined() && pos0 == 0 && !window)
+      return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, scale);
+    if (!positions.defined() && T == 1 && !window)  // one new query sees every key
+      return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/false, scale);
+    return at::scaled_dot_product_attention(
+        q, k, v, allowed_keys(T, S, pos0, window, positions, q.device()), 0.0,
+        /*is_causal=*/false, scale);
+  }
+
+  // `cache`: null in training; in decoding, the keys and values so far
+  // (this call's are appended), the new tokens starting at cache->length.
+  // `positions` [B, T]: packed rows' own positions; undefined = 0..T-1.
+  at::Tensor attention(const at::Tensor& u, int64_t l, KvCache* cache,
+                       const at::Tensor& positions) const {
+    const int64_t B = u.size(0), T = u.size(1), H = s.n_head, KVH = s.n_kv_head, D = head_dim();
+    at::Tensor q, k, v;
+    if (s.fused_projections) {  // Phi-3: rows q, then k, then v
+      const at::Tensor qkv = proj(u, l, "self_attn.qkv_proj", false);
+      q = qkv.narrow(-1, 0, H * D), k = qkv.narrow(-1, H * D, KVH * D);
+      v = qkv.narrow(-1, (H + KVH) * D, KVH * D);
+    } else {
+      q = proj(u, l, "self_attn.q_proj", s.qkv_bias);
+      k = proj(u, l, "self_attn.k_proj", s.qkv_bias);
+      v = proj(u, l, "self_attn.v_proj", s.qkv_bias);
+    }
+    if (s.qk_norm_full) {  // OLMoE: over all heads at once
+      q = rms_norm(q, layer(l, "self_attn.q_norm.weight"));
+      k = rms_norm(k, layer(l, "self_attn.k_norm.weight"));
+    }
+    if (s.clip_qkv > 0) {
+      q = q.clamp(-s.clip_qkv, s.clip_qkv);
+      k = k.clamp(-s.clip_qkv, s.clip_qkv);
+      v = v.clamp(-s.clip_qkv, s.clip_qkv);
+    }
+    q = q.reshape({B, T, H, D});
+    k = k.reshape({B, T, KVH, D});
+    v = v.reshape({B, T, KVH, D}).transpose(1, 2);
+    if (s.qk_norm) {  // Qwen3, Gemma 3: RMSNorm over each head's D values
+      q = rms_norm(q, layer(l, "self_attn.q_norm.weight"));
+      k = rms_norm(k, layer(l, "self_attn.k_norm.weight"));
+    }
+    q = q.transpose(1, 2);
+    k = k.transpose(1, 2);
+    const int64_t pos0 = cache ? cache->length : 0;
+    const at::Tensor pos = positions.defined()  // [B, 1, T] or [T]
+                               ? positions.unsqueeze(1).to(at::kFloat)
+                               : at::arange(pos0, pos0 + T, at::kFloat);
+    const Rope& r = s.local_rope(l) ? local : rotary;
+    const at::Tensor angles = pos.to(r.inv_freq.device()).unsqueeze(-1) *
+                              inv_freq(r, positions, pos0 + T);  // [.., T, R/2]
+    at::Tensor emb = at::cat({angles, angles}, -1);
+    at::Tensor cos = emb.cos(), sin = emb.sin();
+    if (r.attention_scaling != 1.0) {
+      cos = cos * r.attention_scaling;
+      sin = sin * r.attention_scaling;
+    }
+    cos = cos.to(q.scalar_type()), sin = sin.to(q.scalar_type());
+    q = rope(q, cos, sin);
+    k = rope(k, cos, sin);
+    if (cache) {
+      auto& ck = cache->k[static_cast<size_t>(l)];
+      auto& cv = cache->v[static_cast<size_t>(l)];
+      ck = ck.defined() ? at::cat({ck, k}, 2) : k;
+      cv = cv.defined() ? at::cat({cv, v}, 2) : v;
+      k = ck, v = cv;
+    }
+    if (KVH != H) {  // each key/value head serves H / KVH query heads
+      k = k.repeat_interleave(H / KVH, 1);
+      v = v.repeat_interleave(H / KVH, 1);
+    }
+    at::Tensor y = attend(q, k, v, l, pos0, positions);
+    return proj(y.transpose(1, 2).reshape({B, T, H * D}), l, "self_attn.o_proj", s.o_bias);
+  }
+
+  // LongRoPE's long frequencies when the pass reaches past the original
+  // context (its furthest position + 1, as transformers decides per call).
+  static const at::Tensor& inv_freq(const Rope& r, const at::Tensor& positions, int64_t end) {
+    if (!r.inv_freq_long.defined()) return r.inv_freq;
+    const int64_t furthest = positions.defined() ? positions.max().item<int64_t>() + 1 : end;
+    return furthest > r.long_after ? r.inv_freq_long : r.inv_freq;
+  }
+
+  // W_down (act(W_gate v) * W_up v) with the weights under `prefix`.
+  at::Tensor gated_mlp(const at::Tensor& v, const std::string& prefix, const ExpertNames& n) const {
+    const at::Tensor gate = act(host.linear(v, prefix + n.gate + ".weight"));
+    return host.linear(gate * host.linear(v, prefix + n.up + ".weight"),
+                       prefix + n.down + ".weight");
+  }
+
+  // The mixture of experts of layer l on v [B, T, C].
+  at::Tensor experts(const at::Tensor& v, int64_t l) const {
+    const ExpertNames n = s.expert_names();
+    const std::string block = layer(l, n.block) + std::string(".");
+    const at::Tensor x = v.reshape({-1, s.n_embd});
+    const Routing r =
+        route(host.linear(x, block + "gate.weight"), s.top_k, s.norm_topk, x.scalar_type());
+    at::Tensor y = mix_experts(x, r, s.n_experts, [&](int64_t e, const at::Tensor& xe) {
+      return gated_mlp(xe, block + "experts." + std::to_string(e) + ".", n);
+    });
+    if (s.shared_intermediate > 0)  // Qwen2-MoE: every token, gated by a sigmoid
+      y = y + at::sigmoid(host.linear(x, block + "shared_expert_gate.weight")) *
+                  gated_mlp(x, block + "shared_expert.", {"", "gate_proj", "up_proj", "down_proj"});
+    return y.reshape(v.sizes());
+  }
+
+  at::Tensor mlp(const at::Tensor& v, int64_t l) const {
+    if (s.has_experts(l)) return experts(v, l);
+    if (s.fused_projections) {  // Phi-3: gate's rows, then up's
+      const at::Tensor gate_up = proj(v, l, "mlp.gate_up_proj", false);
+      const at::Tensor up = gate_up.narrow(-1, s.intermediate, s.intermediate);
+      return proj(up * act(gate_up.narrow(-1, 0, s.intermediate)), l, "mlp.down_proj", false);
+    }
+    at::Tensor gate = act(proj(v, l, "mlp.gate_proj", s.mlp_bias));
+    return proj(gate * proj(v, l, "mlp.up_proj", s.mlp_bias), l, "mlp.down_proj", s.mlp_bias);
+  }
+
+  at::Tensor block(const at::Tensor& h, int64_t l, KvCache* cache,
+                   const at::Tensor& positions = {}) const {
+    const at::Tensor y =
+        attention(rms_norm(h, layer(l, "input_layernorm.weight")), l, cache, positions);
+    if (s.sandwich_norms) {  // Gemma 2
+      const at::Tensor a = h + rms_norm(y, layer(l, "post_attention_layernorm.weight"));
+      const at::Tensor m = mlp(rms_norm(a, layer(l, "pre_feedforward_layernorm.weight")), l);
+      return a + rms_norm(m, layer(l, "post_feedforward_layernorm.weight"));
+    }
+    const at::Tensor a = h + y;
+    return a + mlp(rms_norm(a, layer(l, "post_attention_layernorm.weight")), l);
+  }
+
+  at::Tensor embed(const at::Tensor& tokens) const {
+    TORCH_CHECK(tokens.size(1) <= s.max_positions, "sequence of ", tokens.size(1),
+                " tokens is longer than max_positions = ", s.max_positions);
+    // Tied, E is also the head, whose dense gradient reaches it first: the
+    // lookup's sparse gradient adds its rows into it (no second [V, C] tensor).
+    // Untied, the lookup's gradient is E's whole gradient and stays dense.
+    const at::Tensor e =
+        at::embedding(host.weight("model.embed_tokens.weight"), tokens, s.pad_token_id, false,
+                      /*sparse=*/s.tie_embeddings);
+    if (!s.scaled_embeddings) return e;
+    // Gemma: sqrt(C) rounded to the activations' dtype first, as transformers.
+    return e * at::scalar_tensor(std::sqrt(static_cast<double>(s.n_embd)), e.options());
+  }
+
+  const char* head_weight() const {
+    return s.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  }
+  // The logits, or (hidden_only) the hidden state the host projects itself
+  // (and caps, Gemma 2's head declaring its cap: ABI 1.14).
+  at::Tensor head(const at::Tensor& h, bool hidden_only = false) const {
+    const at::Tensor hidden = rms_norm(h, "model.norm.weight");
+    if (hidden_only) return hidden;
+    const at::Tensor logits = host.linear(hidden, head_weight());
+    if (s.final_softcap <= 0) return logits;
+    return at::tanh(logits / s.final_softcap) * s.final_softcap;  // Gemma 2
+  }
+};
+
+// Declares the stages and parameters of m.s (and what `plan` counts for each).
+void declare_parameters(Llama& m, const tf_run_info& info);
+
+}  // namespace llama
