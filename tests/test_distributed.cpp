@@ -589,3 +589,34 @@ TEST_F(Distributed, BadEnvironmentIsAClearError) {
 
 }  // namespace
 }  // namespace tightfit
+
+namespace tightfit {
+namespace {
+
+// A mixture of experts on two ranks: experts frozen (LoRA on q and v) trains;
+// trained experts, whose gradients exist only where tokens were routed, are
+// refused by name before any collective could be left unmatched.
+TEST(DistributedExperts, FrozenExpertsTrainAndTrainedOnesAreRefusedByName) {
+  TempDir dir;
+  const std::string corpus = test::write_corpus(dir);
+  auto moe_recipe = [&](const std::string& name, const std::string& targets) {
+    const std::string path = recipe(dir, corpus, name, 2, shard("mode = \"data\""), kAdamW, 2);
+    std::string text = read_text(path);
+    const auto begin = text.find("[model]"), end = text.find("[data]");
+    text.replace(begin, end - begin, "[model]\n" + test::fixture_model("mixtral-tiny") + "\n");
+    text += "[[strategy]]\nplugin = \"lora\"\ntargets = " + targets + "\n";
+    std::ofstream(path) << text;
+    return path;
+  };
+  run_ok("run -q --nproc 2 " + moe_recipe("frozen", "[\"q\", \"v\"]"));
+  std::string out;
+  EXPECT_NE(
+      test::run_tightfit("run -q --nproc 2 " + moe_recipe("trained", "[\"q\", \"gate\"]"), &out),
+      0);
+  EXPECT_NE(out.find("belongs to a routed expert"), std::string::npos) << out;
+  EXPECT_NE(out.find("block_sparse_moe.experts."), std::string::npos) << out;
+  EXPECT_NE(out.find("train on one process"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace tightfit

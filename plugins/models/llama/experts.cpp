@@ -34,6 +34,7 @@ at::Tensor mix_experts(const at::Tensor& x, const Routing& r, int64_t n_experts,
     rows.push_back(tokens);
     start += n;
   }
+  if (rows.empty()) return at::zeros_like(x);  // no tokens (N = 0): nothing routed
   return at::zeros_like(x).index_add(0, at::cat(rows), at::cat(outputs).to(x.scalar_type()));
 }
 

@@ -81,10 +81,12 @@ tf_status configure(void* state, tf_host_context* ctx) {
       Adapter ad{module + ".lora_A.weight", module + ".lora_B.weight"};
       // A as PEFT initializes it (Kaiming-uniform bound 1/sqrt(in)), B zero: the model starts
       // unchanged.
+      // An adapter on a routed expert is used only when the expert is (ABI 1.15).
+      const uint32_t flags = TF_PARAM_ADAPTER | (info.flags & TF_PARAM_EXPERT);
       s->host.declare_param(ad.a, {s->rank, in_f}, info.dtype, info.stage, TF_INIT_UNIFORM,
-                            1.0 / std::sqrt(static_cast<double>(in_f)), TF_PARAM_ADAPTER);
+                            1.0 / std::sqrt(static_cast<double>(in_f)), flags);
       s->host.declare_param(ad.b, {out_f, s->rank}, info.dtype, info.stage, TF_INIT_ZEROS, 0,
-                            TF_PARAM_ADAPTER);
+                            flags);
       s->adapters[name] = ad;
     }
     if (s->adapters.empty())

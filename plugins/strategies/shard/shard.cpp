@@ -330,11 +330,27 @@ tf_status stage_params_ready(void* state, tf_host_context* ctx, int32_t stage) {
   });
 }
 
+// A trained expert weight (or an adapter on one: TF_PARAM_EXPERT, ABI
+// 1.15) has a gradient only on the ranks whose tokens were routed to it, so
+// the ranks would not make the same collectives: refused rather than hung.
+void refuse_trained_experts(const Shard& s) {
+  if (s.mode == "layers" || s.world <= 1) return;
+  for (const std::string& name : s.host.param_names()) {
+    const tf_param_info info = s.host.param_info(name);
+    if (info.trainable && (info.flags & TF_PARAM_EXPERT))
+      throw std::invalid_argument(
+          "shard: mode = \"" + s.mode + "\" averages every gradient over the ranks, but \"" + name +
+          "\" belongs to a routed expert, which gets a gradient only on the ranks whose tokens "
+          "chose it; trained experts are not supported across ranks yet: freeze the experts "
+          "(LoRA targets without gate, up and down) or train on one process");
+  }
+}
+
 tf_status params_ready(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Shard*>(state);
-  if (!s->params_split()) return TF_OK;
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    s->split_stage(-1);
+    refuse_trained_experts(*s);
+    if (s->params_split()) s->split_stage(-1);
     return TF_OK;
   });
 }
