@@ -39,6 +39,7 @@ BOUNDS = {
     "generation": 600,
     "real-lora": 900,
     "dpo": 1200,
+    "moe": 1800,
     "llama-cpp": 3000,  # with the one-time llama.cpp build (about 20 minutes on 2 cores)
 }
 
