@@ -405,32 +405,41 @@ TEST(GemmaConfig, SlidingWindowPatternBecomesLayerTypes) {
             nlohmann::json(std::vector<std::string>(4, "sliding_attention")));
 }
 
+// A config.json key a test sets, and the fix its refusal must name.
+struct RefusedKey {
+  const char* model_type;
+  const char* key;
+  nlohmann::json value;
+  const char* expect;
+};
+
+// The session of `config` fails, its error naming `needle` (the key), the
+// fix and the config.json.
+void expect_refused(const test::TempDir& dir, const std::string& name, const nlohmann::json& config,
+                    const RefusedKey& c, const std::string& needle) {
+  const ConfigOutcome o = session_for_config(dir, name, config);
+  EXPECT_FALSE(o.session) << c.model_type << " " << c.key;
+  EXPECT_NE(o.error.find(needle), std::string::npos) << o.error;
+  EXPECT_NE(o.error.find(c.expect), std::string::npos) << o.error;
+  EXPECT_NE(o.error.find("config.json"), std::string::npos) << o.error;
+}
+
 // Keys whose maths transformers would not apply here, or that are not a
 // causal language model, are refused by name rather than ignored.
 TEST(GemmaConfig, KeysTransformersDoesNotApplyAreRefusedByName) {
   test::TempDir dir;
-  struct Case {
-    const char* model_type;
-    const char* key;
-    nlohmann::json value;
-    const char* expect;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<RefusedKey> cases = {
       {"gemma3_text", "attn_logit_softcapping", 50.0, "set it to null"},
       {"gemma3_text", "use_bidirectional_attention", true, "set it to false"},
       {"gemma", "final_logit_softcapping", 30.0, "gemma2 and gemma3_text only"},
       {"llama", "attn_logit_softcapping", 50.0, "gemma2 and gemma3_text only"},
   };
   int n = 0;
-  for (const Case& c : cases) {
+  for (const RefusedKey& c : cases) {
     nlohmann::json config = small_gemma3();
     config["model_type"] = c.model_type;
     config[c.key] = c.value;
-    const ConfigOutcome o = session_for_config(dir, "c" + std::to_string(++n), config);
-    EXPECT_FALSE(o.session) << c.key;
-    EXPECT_NE(o.error.find(std::string("\"") + c.key + "\""), std::string::npos) << o.error;
-    EXPECT_NE(o.error.find(c.expect), std::string::npos) << o.error;
-    EXPECT_NE(o.error.find("config.json"), std::string::npos) << o.error;
+    expect_refused(dir, "c" + std::to_string(++n), config, c, std::string("\"") + c.key + "\"");
   }
   // null is None: no cap, accepted.
   nlohmann::json config = small_gemma3();
@@ -464,13 +473,7 @@ nlohmann::json small_moe(const char* model_type) {
 // yet, is refused by name with the fix; the same configs without the key load.
 TEST(MoeConfig, KeysTightfitWouldNotMatchAreRefusedByName) {
   test::TempDir dir;
-  struct Case {
-    const char* model_type;
-    const char* key;
-    nlohmann::json value;
-    const char* expect;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<RefusedKey> cases = {
       {"mixtral", "output_router_logits", true, "set it to false"},
       {"qwen3_moe", "output_router_logits", true, "load-balancing loss"},
       {"mixtral", "router_jitter_noise", 0.01, "set it to 0.0"},
@@ -479,16 +482,12 @@ TEST(MoeConfig, KeysTightfitWouldNotMatchAreRefusedByName) {
       {"qwen3_moe", "num_experts_per_tok", 5, "exceeds the 4 experts"},
   };
   int n = 0;
-  for (const Case& c : cases) {
+  for (const RefusedKey& c : cases) {
     nlohmann::json config = small_moe(c.model_type);
     const ConfigOutcome plain = session_for_config(dir, "p" + std::to_string(++n), config);
     EXPECT_TRUE(plain.session) << c.model_type << ": " << plain.error;
     config[c.key] = c.value;
-    const ConfigOutcome o = session_for_config(dir, "c" + std::to_string(n), config);
-    EXPECT_FALSE(o.session) << c.model_type << " " << c.key;
-    EXPECT_NE(o.error.find(c.key), std::string::npos) << o.error;
-    EXPECT_NE(o.error.find(c.expect), std::string::npos) << o.error;
-    EXPECT_NE(o.error.find("config.json"), std::string::npos) << o.error;
+    expect_refused(dir, "c" + std::to_string(n), config, c, c.key);
   }
 }
 
