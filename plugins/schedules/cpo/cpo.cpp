@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "../dpo/micro_batches.hpp"
+#include "../dpo/pair_passes.hpp"
 #include "../dpo/preference_loss.hpp"
 #include "tightfit/lr_schedule.hpp"
 
@@ -26,14 +27,15 @@ struct Cpo {
   tf_preference::CpoOptions options;
   int32_t accumulation = 1;
   int64_t skipped = 0;
+  tf_preference::PairPasses passes = tf_preference::PairPasses::read(host);
 };
 
-tf_sdk::SequenceLogps policy_logps(const tf_sdk::Batch& b) {
+tf_sdk::SequenceLogps policy_logps(const Cpo& s, const tf_sdk::Batch& b) {
   if (b.pairs() <= 0)
     throw std::invalid_argument(
         "schedule cpo trains on preference pairs, and this batch has none: give [data] corpus "
         "rows with \"chosen\" and \"rejected\"");
-  return b.sequence_logps();
+  return s.passes.sequence_logps(b);
 }
 
 void add_metrics(tf_preference::Metrics& m, const tf_preference::CpoResult& r) {
@@ -74,14 +76,14 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
     const tf_preference::AccumulatedStep done = tf_preference::accumulate_pairs(
         s->host, s->accumulation,
         [&](const tf_sdk::Batch& batch, double scale, tf_preference::Metrics& metrics) {
-          const tf_sdk::SequenceLogps pol = policy_logps(batch);
+          const tf_sdk::SequenceLogps pol = policy_logps(*s, batch);
           // d loss / d logps of the rows, by autograd on the loss itself.
           at::AutoGradMode grad(true);
           const at::Tensor rows = pol.logps.detach().clone().requires_grad_(true);
           const tf_preference::CpoResult r =
               tf_preference::cpo_loss(rows, pol.counts, batch.pairs(), s->options);
           r.loss.backward();
-          batch.sequence_logps(rows.grad() * scale);
+          s->passes.sequence_logps(batch, rows.grad() * scale);
           add_metrics(metrics, r);
           return r.loss.item<double>();
         });
@@ -100,7 +102,7 @@ tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf
   auto* s = static_cast<Cpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const tf_sdk::Batch batch(s->host, lent);
-    const tf_sdk::SequenceLogps pol = policy_logps(batch);
+    const tf_sdk::SequenceLogps pol = policy_logps(*s, batch);
     const double loss = tf_preference::cpo_loss(pol.logps, pol.counts, batch.pairs(), s->options)
                             .loss.item<double>();
     out->loss = loss;
@@ -112,10 +114,11 @@ tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf
 
 // Two forwards (policy, policy again) and one backward against the plain
 // step's forward and backward (a backward ~ two forwards).
-tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary*,
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model,
                           tf_memory_estimate* out) {
   auto* s = static_cast<Cpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
+    s->passes.estimate(model, out);
     out->time_factor = 4.0 / 3.0 * s->accumulation;
     // The gradients of the earlier micro-batches live through the later ones.
     if (s->accumulation > 1) out->grads_in_forward = 1;
@@ -136,6 +139,7 @@ const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
                 "weight of the chosen completions' NLL (SimPO's paper uses 0)", 0, 1e6),
     tf_sdk::key("simpo_gamma", TF_VALUE_FLOAT, "0.5", "simpo: the target reward margin", 0, 1e6),
     tf_preference::accumulation_key(),
+    tf_preference::concatenate_pairs_key(),
 });
 
 const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),

@@ -18,6 +18,7 @@
 #include <memory>
 
 #include "micro_batches.hpp"
+#include "pair_passes.hpp"
 #include "precomputed_reference.hpp"
 #include "preference_loss.hpp"
 #include "reference_model.hpp"
@@ -31,6 +32,7 @@ struct Dpo {
   tf_preference::DpoOptions options;
   int32_t accumulation = 1;
   int64_t skipped = 0;
+  tf_preference::PairPasses passes = tf_preference::PairPasses::read(host);
   tf_preference::ReferenceModel reference{"dpo"};
   // precompute_ref_log_probs: every row's reference log-probs, computed
   // before the first update (then no copy of the model is kept).
@@ -64,8 +66,9 @@ Scores score(Dpo& s, const tf_sdk::Batch& b) {
         "rows with \"chosen\" and \"rejected\"");
   Scores r;
   const tf_sdk::SequenceLogps ref =
-      s.precompute ? s.table.of(b) : s.reference.run(s.host, [&] { return b.sequence_logps(); });
-  const tf_sdk::SequenceLogps pol = b.sequence_logps();
+      s.precompute ? s.table.of(b)
+                   : s.reference.run(s.host, [&] { return s.passes.sequence_logps(b); });
+  const tf_sdk::SequenceLogps pol = s.passes.sequence_logps(b);
   r.counts = pol.counts;
   r.policy_rows = pol.logps;
   r.reference = as_used(s, ref.logps, ref.counts, pairs);
@@ -113,7 +116,7 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
           const tf_preference::DpoResult r =
               tf_preference::dpo_loss(policy, sc.reference, s->options);
           r.loss.backward();
-          batch.sequence_logps(rows.grad() * scale);
+          s->passes.sequence_logps(batch, rows.grad() * scale);
           add_metrics(metrics, r, policy);
           return r.loss.item<double>();
         });
@@ -146,10 +149,11 @@ tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf
 
 // Three forwards (reference, policy, policy again) and one backward against
 // the plain step's forward and backward (a backward ~ two forwards).
-tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary*,
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model,
                           tf_memory_estimate* out) {
   auto* s = static_cast<Dpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
+    s->passes.estimate(model, out);
     // Precomputed, the reference pass is gone from the step.
     out->time_factor = (s->precompute ? 4.0 : 5.0) / 3.0 * s->accumulation;
     // The gradients of the earlier micro-batches live through the later ones.
@@ -196,6 +200,7 @@ const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
                 "sigmoid only: the assumed share of flipped labels (cDPO)", 0, 0.4999),
     tf_preference::accumulation_key(),
     tf_preference::precompute_key(),
+    tf_preference::concatenate_pairs_key(),
 });
 
 const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),

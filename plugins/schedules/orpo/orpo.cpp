@@ -17,6 +17,7 @@
 #include <memory>
 
 #include "../dpo/micro_batches.hpp"
+#include "../dpo/pair_passes.hpp"
 #include "../dpo/preference_loss.hpp"
 #include "tightfit/lr_schedule.hpp"
 
@@ -30,6 +31,7 @@ struct Orpo {
   tf_preference::OrpoOptions options;
   int32_t accumulation = 1;
   int64_t skipped = 0;
+  tf_preference::PairPasses passes = tf_preference::PairPasses::read(host);
 };
 
 // ORPOTrainer's NLL labels are the input ids wherever the attention mask is
@@ -95,14 +97,14 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
         s->host, s->accumulation,
         [&](const tf_sdk::Batch& batch, double scale, tf_preference::Metrics& metrics) {
           const Scored t = orpo_targets(batch);
-          const at::Tensor logps = batch.token_logps(t.targets);
+          const at::Tensor logps = s->passes.token_logps(batch, t.targets);
           // d loss / d each token's log-prob, by autograd on the loss itself.
           at::AutoGradMode grad(true);
           const at::Tensor tokens = logps.detach().clone().requires_grad_(true);
           const tf_preference::OrpoResult r =
               tf_preference::orpo_loss(tokens, t.scored, t.completion, batch.pairs(), s->options);
           r.loss.backward();
-          batch.token_logps(t.targets, tokens.grad() * scale);
+          s->passes.token_logps(batch, t.targets, tokens.grad() * scale);
           add_metrics(metrics, r);
           return r.loss.item<double>();
         });
@@ -122,7 +124,7 @@ tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const tf_sdk::Batch batch(s->host, lent);
     const Scored t = orpo_targets(batch);
-    const double loss = tf_preference::orpo_loss(batch.token_logps(t.targets), t.scored,
+    const double loss = tf_preference::orpo_loss(s->passes.token_logps(batch, t.targets), t.scored,
                                                  t.completion, batch.pairs(), s->options)
                             .loss.item<double>();
     out->loss = loss;
@@ -134,10 +136,11 @@ tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf
 
 // Two forwards (policy, policy again) and one backward against the plain
 // step's forward and backward (a backward ~ two forwards).
-tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary*,
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model,
                           tf_memory_estimate* out) {
   auto* s = static_cast<Orpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
+    s->passes.estimate(model, out);
     out->time_factor = 4.0 / 3.0 * s->accumulation;
     // The gradients of the earlier micro-batches live through the later ones.
     if (s->accumulation > 1) out->grads_in_forward = 1;
@@ -151,6 +154,7 @@ const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
                 "paper's lambda)",
                 1e-6, 1e6),
     tf_preference::accumulation_key(),
+    tf_preference::concatenate_pairs_key(),
 });
 
 const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),

@@ -1,0 +1,76 @@
+// How a paired schedule (dpo, cpo, orpo) runs a batch's chosen and rejected
+// rows. TRL's trainers concatenate them into one pass (concatenated_forward):
+// the default. With [schedule] concatenate_pairs = false each pass runs the
+// chosen rows first and the rejected rows after, each time with the other
+// side's targets masked, so that the host leaves those rows out of the pass
+// (token_logps runs only rows with a target): a backward keeps half the
+// batch's activations, for the same log-probs (each row is scored on its own
+// either way) and the same gradients, summed in another order.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "tightfit/plugin_sdk.hpp"
+
+namespace tf_preference {
+
+class PairPasses {
+ public:
+  static PairPasses read(const tf_sdk::Host& host) {
+    return PairPasses(host.get_bool("concatenate_pairs"));
+  }
+
+  // Each target's log-probability of `targets` (the batch's own when
+  // undefined), with the backward of sum weights * logps when `weights`
+  // (fp32 [2P, T]) is given.
+  at::Tensor token_logps(const tf_sdk::Batch& b, const at::Tensor& targets = {},
+                         const at::Tensor& weights = {}) const {
+    if (concatenated_) return b.token_logps(targets, weights);
+    const at::Tensor all = targets.defined() ? targets : b.targets();
+    const int64_t pairs = b.pairs();
+    at::Tensor sum;
+    for (int64_t side = 0; side < 2; ++side) {
+      at::Tensor own = at::full_like(all, kIgnoreIndex);
+      own.narrow(0, side * pairs, pairs).copy_(all.narrow(0, side * pairs, pairs));
+      // The other side's rows score exactly 0: adding them keeps this side's.
+      const at::Tensor part = b.token_logps(own, weights);
+      sum = side == 0 ? part : sum + part;
+    }
+    return sum;
+  }
+
+  // Each row's summed log-probability and target count, as
+  // Batch::sequence_logps, with the backward of sum row_weights * logps when
+  // `row_weights` (fp32 [2P]) is given.
+  tf_sdk::SequenceLogps sequence_logps(const tf_sdk::Batch& b,
+                                       const at::Tensor& row_weights = {}) const {
+    if (concatenated_) return b.sequence_logps(row_weights);
+    const at::Tensor& targets = b.targets();
+    const at::Tensor weights =
+        row_weights.defined()
+            ? row_weights.to(at::kFloat).unsqueeze(1).expand(targets.sizes()).contiguous()
+            : at::Tensor();
+    return {token_logps(b, {}, weights).sum(1),
+            targets.ne(kIgnoreIndex).sum(1).to(at::kCPU, at::kLong)};
+  }
+
+  // The plan: a backward keeps one side's activations, half the batch's.
+  void estimate(const tf_model_summary* model, tf_memory_estimate* out) const {
+    if (!concatenated_ && model != nullptr)
+      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] -= model->activation_bytes / 2;
+  }
+
+ private:
+  static constexpr int64_t kIgnoreIndex = -100;
+  explicit PairPasses(bool concatenated) : concatenated_(concatenated) {}
+  bool concatenated_ = true;
+};
+
+inline tf_config_key concatenate_pairs_key() {
+  return tf_sdk::key("concatenate_pairs", TF_VALUE_BOOL, "true",
+                     "a batch's chosen and rejected rows in one pass (TRL's concatenated_forward); "
+                     "false: the chosen rows' pass, then the rejected rows', each backward "
+                     "keeping half the activations, for the same log-probs and gradients");
+}
+
+}  // namespace tf_preference
