@@ -217,11 +217,28 @@ struct Llama {
 
   // LongRoPE's long frequencies when the pass reaches past the original
   // context (its furthest position + 1, as transformers decides per call).
-  static const at::Tensor& inv_freq(const Rope& r, const at::Tensor& positions, int64_t end) {
+  const at::Tensor& inv_freq(const Rope& r, const at::Tensor& positions, int64_t end) const {
     if (!r.inv_freq_long.defined()) return r.inv_freq;
-    const int64_t furthest = positions.defined() ? positions.max().item<int64_t>() + 1 : end;
+    const int64_t furthest = positions.defined() ? furthest_position(positions) + 1 : end;
     return furthest > r.long_after ? r.inv_freq_long : r.inv_freq;
   }
+  // positions.max(), a device sync on a GPU, taken once a pass: every block
+  // of the pass gets the same positions tensor, unchanged (its version).
+  int64_t furthest_position(const at::Tensor& positions) const {
+    if (!furthest_of_.positions.is_same(positions) ||
+        furthest_of_.version != positions._version()) {
+      furthest_of_.positions = positions;
+      furthest_of_.version = positions._version();
+      furthest_of_.value = positions.max().item<int64_t>();
+    }
+    return furthest_of_.value;
+  }
+  struct FurthestPosition {
+    at::Tensor positions;  // held, so that no other tensor takes its place
+    int64_t version = 0;
+    int64_t value = 0;
+  };
+  mutable FurthestPosition furthest_of_;
 
   // W_down (act(W_gate v) * W_up v) with the weights under `prefix`.
   at::Tensor gated_mlp(const at::Tensor& v, const std::string& prefix, const ExpertNames& n) const {
