@@ -413,20 +413,6 @@ TEST_F(OffloadTest, NothingToOffloadIsARecipeError) {
 namespace tightfit {
 namespace {
 
-// A Mixtral of 16 experts, one per token, so that a batch of 16 tokens
-// leaves experts unused in every block; written as a model folder's config.json.
-std::string many_experts_model(const test::TempDir& dir) {
-  const nlohmann::json config = {{"model_type", "mixtral"},  {"num_hidden_layers", 3},
-                                 {"hidden_size", 32},        {"num_attention_heads", 4},
-                                 {"num_key_value_heads", 2}, {"intermediate_size", 48},
-                                 {"vocab_size", 256},        {"max_position_embeddings", 64},
-                                 {"num_local_experts", 16},  {"num_experts_per_tok", 1}};
-  const std::string folder = dir.str() + "/mixtral16";
-  std::filesystem::create_directories(folder);
-  std::ofstream(folder + "/config.json") << config.dump();
-  return "plugin = \"llama\"\nconfig = \"" + folder + "\"\n";
-}
-
 std::string expert_recipe(const test::TempDir& dir, const std::string& strategies) {
   std::string r = test::tiny_recipe(
       test::write_corpus(dir), dir.str(), "",
@@ -434,7 +420,7 @@ std::string expert_recipe(const test::TempDir& dir, const std::string& strategie
       "\"lora\"\ntargets = [\"q\", \"v\", \"gate\", \"down\"]\nrank = 4\n" +
           strategies);
   const auto begin = r.find("[model]"), end = r.find("[data]");
-  r.replace(begin, end - begin, "[model]\n" + many_experts_model(dir) + "\n");
+  r.replace(begin, end - begin, "[model]\n" + test::many_experts_model(dir) + "\n");
   r.replace(r.find("seq_len = 32"), 12, "seq_len = 8");
   r.replace(r.find("batch_size = 4"), 14, "batch_size = 2");
   r.replace(r.find("eval_batches = 1"), 16, "eval_batches = 0");  // a step's reads are its own

@@ -7,7 +7,9 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
@@ -132,6 +134,18 @@ std::string peer_python() {
 std::string fixture_model(const std::string& name) {
   return "plugin = \"llama\"\nconfig = \"" + std::string(TIGHTFIT_SOURCE_DIR) + "/tests/fixtures/" +
          name + "\"\n";
+}
+
+std::string many_experts_model(const TempDir& dir) {
+  const nlohmann::json config = {{"model_type", "mixtral"},  {"num_hidden_layers", 3},
+                                 {"hidden_size", 32},        {"num_attention_heads", 4},
+                                 {"num_key_value_heads", 2}, {"intermediate_size", 48},
+                                 {"vocab_size", 256},        {"max_position_embeddings", 64},
+                                 {"num_local_experts", 16},  {"num_experts_per_tok", 1}};
+  const std::string folder = dir.str() + "/mixtral16";
+  std::filesystem::create_directories(folder);
+  std::ofstream(folder + "/config.json") << config.dump();
+  return "plugin = \"llama\"\nconfig = \"" + folder + "\"\n";
 }
 
 }  // namespace tightfit::test

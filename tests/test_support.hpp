@@ -65,5 +65,9 @@ std::string peer_python();
 
 // A [model] table for the llama plugin shaped by tests/fixtures/NAME/config.json.
 std::string fixture_model(const std::string& name);
+// A [model] table for a Mixtral of 16 experts, one per token (3 blocks, 32
+// wide), written as a config.json under `dir`: a batch of a few tokens leaves
+// experts without any in every block.
+std::string many_experts_model(const TempDir& dir);
 
 }  // namespace tightfit::test

@@ -154,6 +154,16 @@ TrainerRecord parse_trainer_record(const std::string& text, const std::string& w
   if (lr == j.end() || !lr->is_number() || !std::isfinite(lr->get<double>()))
     throw std::runtime_error(where + " has no finite number \"lr\"");
   r.lr = lr->get<double>();
+  // Written from format 1's later checkpoints on; older ones updated every
+  // parameter in every step.
+  if (const auto sat = j.find("optimizer_steps_sat_out"); sat != j.end()) {
+    if (!sat->is_object())
+      throw std::runtime_error(where +
+                               ": \"optimizer_steps_sat_out\" is not an object of parameter "
+                               "names and counts (the file is damaged)");
+    for (const auto& [name, count] : sat->items())
+      r.steps_sat_out[name] = integer_field(*sat, name.c_str(), 1, r.optimizer_steps, where);
+  }
   return r;
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,9 @@ struct TrainerRecord {
   double lr = 0;
   int64_t data_position = 0;
   int64_t world_size = 1;  // ranks that saved it: state.rank-1.. files exist
+  // The optimizer steps each parameter sat out (no gradient, no update), by
+  // name; absent for parameters updated in every step.
+  std::map<std::string, int64_t> steps_sat_out;
 };
 TrainerRecord parse_trainer_record(const std::string& text, const std::string& where);
 

@@ -363,7 +363,7 @@ tf_status h_optimizer_update(tf_host_context* ctx, const char* name, tf_tensor p
     }
     UpdateStep& update = *ctx->kernel->update;
     update.optimizer().update_with_state(handle_tensor(param), p.decays(), handle_tensor(grad),
-                                         slots, update.update_step());
+                                         slots, update.take_param_step(p.name));
   });
 }
 

@@ -188,6 +188,7 @@ std::string Session::write_checkpoint(int64_t step) {
   nlohmann::json trainer = {{"format", kCheckpointFormatVersion},
                             {"step", step},
                             {"optimizer_steps", update_.optimizer().steps()},
+                            {"optimizer_steps_sat_out", update_.steps_sat_out()},
                             {"lr", update_.optimizer().lr()},
                             {"data_position", data_.batcher().position()},
                             {"world_size", env_.run_info.world_size},
@@ -284,6 +285,12 @@ bool Session::load_latest_checkpoint() {
     try {
       const TrainerRecord trainer = parse_trainer_record(
           read_file_text((cp / "trainer.json").string()), (cp / "trainer.json").string());
+      for (const auto& [name, count] : trainer.steps_sat_out)
+        if (store_.find(name) == nullptr)
+          throw std::runtime_error((cp / "trainer.json").string() +
+                                   " counts the optimizer steps that \"" + name +
+                                   "\" sat out, and this model has no such parameter: resume "
+                                   "with the recipe that saved it");
       // Validate everything before changing any state. The weights and the
       // plugins' state are read a tensor at a time (a model or optimizer tier
       // larger than memory), the weights twice: once to check, once to load.
@@ -351,6 +358,7 @@ bool Session::load_latest_checkpoint() {
         for (auto& [k, t] : opt.tensors) update_.optimizer().state()[k] = t.to(env_.device);
       }
       update_.optimizer().set_steps(trainer.optimizer_steps);
+      update_.set_steps_sat_out(trainer.steps_sat_out);
       update_.optimizer().set_lr(trainer.lr);
       if (data_.has_batches()) data_.batcher().set_position(trainer.data_position);
       for (const auto& [key, dev] : rng_devices())

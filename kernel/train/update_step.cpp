@@ -21,20 +21,45 @@ void UpdateStep::optimizer_apply(const std::string& name, const at::Tensor& grad
     g = grad * grad_scale;
   }
   CategoryScope scope(TF_MEM_OPTIMIZER);
-  update_param(p, g, optimizer_->steps() + 1);
+  update_param(p, g);
 }
 
 int64_t UpdateStep::update_step() const {
-  return in_optimizer_step_ ? optimizer_->steps() : optimizer_->steps() + 1;
+  const int64_t step = in_optimizer_step_ ? optimizer_->steps() : optimizer_->steps() + 1;
+  if (updating_ == nullptr) return step;
+  const auto it = sat_out_.find(*updating_);
+  return it == sat_out_.end() ? step : step - it->second;
 }
 
-void UpdateStep::update_param(Param& p, const at::Tensor& grad, int64_t step) {
+int64_t UpdateStep::take_param_step(const std::string& name) {
+  updated_.insert(name);
+  const std::string* before = updating_;
+  updating_ = &name;
+  const int64_t step = update_step();
+  updating_ = before;
+  return step;
+}
+
+void UpdateStep::update_param(Param& p, const at::Tensor& grad) {
+  const int64_t step = take_param_step(p.name);
+  // optimizer_info's step is this parameter's while its update runs.
+  updating_ = &p.name;
+  struct Reset {
+    const std::string*& slot;
+    ~Reset() { slot = nullptr; }
+  } reset{updating_};
   // Strategies that keep the state themselves (8-bit AdamW, offloaded state)
   // update where it lives; otherwise the kernel's optimizer does.
   if (StrategyChain(plugins_.strategies)
           .first_handled(TF_STRATEGY_HOOK(optimizer_step_param), p.name.c_str(),
                          borrow_handle(p.value), borrow_handle(grad), optimizer_->lr()) < 0)
     optimizer_->update(p, grad, step);
+}
+
+void UpdateStep::count_steps_sat_out(const std::vector<Param*>& params) {
+  for (Param* p : params)
+    if (updated_.count(p->name) == 0) ++sat_out_[p->name];
+  updated_.clear();
 }
 
 void UpdateStep::zero_grad() {
@@ -91,6 +116,7 @@ tf_status UpdateStep::optimizer_step() {
                                : " in " + std::to_string(bad.size()) + " of " +
                                      std::to_string(params.size()) + " parameters: " + where);
     log_(TF_LOG_WARN, non_finite_);
+    updated_.clear();  // the step is not taken: no count moves
     zero_grad();
     if (scaled) report_loss_scale(false);
     return TF_ERR_NON_FINITE;
@@ -105,9 +131,10 @@ tf_status UpdateStep::optimizer_step() {
   } done{in_optimizer_step_};
   for (Param* p : params) {
     const at::Tensor& g = p->value.grad();
-    if (g.defined()) update_param(*p, g, optimizer_->steps());
+    if (g.defined()) update_param(*p, g);
   }
   StrategyChain(plugins_.strategies).each(TF_STRATEGY_HOOK(apply_held_grads), clip.scale);
+  count_steps_sat_out(params);
   return TF_OK;
 }
 

@@ -9,7 +9,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "executor.hpp"
 #include "optimizer.hpp"
@@ -49,8 +51,18 @@ class UpdateStep {
   // step will count it.
   void optimizer_apply(const std::string& name, const at::Tensor& grad, double grad_scale);
   // The 1-based number of the optimizer step an update made now counts as:
-  // the one being taken inside optimizer_step, the coming one in backward.
+  // the one being taken inside optimizer_step, the coming one in backward;
+  // while one parameter is being updated, that parameter's own count.
   int64_t update_step() const;
+  // torch's AdamW counts each parameter's own updates (its state's "step",
+  // which the bias corrections use): a parameter without a gradient in a
+  // step (an expert no token chose) is not updated, and its count stays.
+  // The count an update of `name` made now takes; marks it updated in this
+  // step.
+  int64_t take_param_step(const std::string& name);
+  // The steps each parameter sat out (only those that did), for checkpoints.
+  const std::map<std::string, int64_t>& steps_sat_out() const { return sat_out_; }
+  void set_steps_sat_out(std::map<std::string, int64_t> sat_out) { sat_out_ = std::move(sat_out); }
   // Gradient accumulation: the coming backward passes are micro-batch `index`
   // of `count` (reset to 0 of 1 by optimizer_step).
   void set_micro_batch(int32_t index, int32_t count);
@@ -62,8 +74,11 @@ class UpdateStep {
   void clear_non_finite() { non_finite_.clear(); }
 
  private:
-  // One parameter's update: a strategy's optimizer_step_param or the kernel's.
-  void update_param(Param& p, const at::Tensor& grad, int64_t step);
+  // One parameter's update: a strategy's optimizer_step_param or the kernel's,
+  // with the parameter's own step count.
+  void update_param(Param& p, const at::Tensor& grad);
+  // After a step's updates: each of `params` not updated in it sat it out.
+  void count_steps_sat_out(const std::vector<Param*>& params);
   // The finiteness of each step's unscaled gradients, reported to the
   // strategies that scale the loss.
   void report_loss_scale(bool finite);
@@ -79,6 +94,9 @@ class UpdateStep {
   int32_t micro_index_ = 0, micro_count_ = 1;
   bool in_optimizer_step_ = false;
   std::string non_finite_;
+  std::map<std::string, int64_t> sat_out_;  // steps a parameter was not updated in
+  std::set<std::string> updated_;           // parameters updated in the coming step
+  const std::string* updating_ = nullptr;   // the parameter update_param is updating
 };
 
 }  // namespace tightfit
