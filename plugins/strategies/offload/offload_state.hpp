@@ -1,0 +1,112 @@
+// The offload strategy's state (offload.cpp holds its hooks): the params
+// tier's files or host copies and the stages read ahead on a worker thread
+// (params_tier.cpp), experts brought in on demand, and the optimizer-state
+// and activation tiers.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "activation_store.hpp"
+#include "device_upload.hpp"
+#include "state_tier.hpp"
+#include "tightfit/plugin_sdk.hpp"
+#include "tightfit/scratch_dir.hpp"
+
+namespace offload {
+
+struct Offloaded {
+  std::string path;
+  std::vector<int64_t> shape;  // of the stored tensor (the codes, for compact formats)
+  at::ScalarType dtype;
+  tf_param_format format;
+  int32_t stage;
+  // A trained weight keeps its autograd leaf (gradients land on it); only
+  // the leaf's bytes come and go. `version` is the leaf's at swap-in: a
+  // change means it was updated in place and goes back to the tier.
+  bool trainable = false;
+  at::Tensor leaf;
+  int64_t version = -1;
+  // A frozen expert's weight (TF_PARAM_EXPERT): not brought in with its
+  // stage, only when the model fetches it for the tokens routed to it.
+  bool on_demand = false;
+};
+
+struct Offload {
+  explicit Offload(tf_sdk::Host h) : host(h) {}
+  tf_sdk::Host host;
+  // The disk tier's files live in a private folder of this run's inside
+  // `dir` (declared first: removed after every store that writes in it).
+  tf_sdk::ScratchDir scratch;
+  const std::string& files() { return scratch.ensure(dir, "tightfit-offload-"); }
+  std::string device;
+  bool cuda = false;
+  int64_t prefetch = 1;
+  bool offload_params = true;
+  bool offload_trainable = false;                 // trained block weights too
+  bool disk = true;                               // params tier: files, or host memory
+  std::map<std::string, at::Tensor> host_copies;  // params = "host": the tier itself
+  std::map<int32_t, offload::Upload> uploads;     // CUDA: stages being copied on a side stream
+  std::string dir;
+  int64_t offloaded_bytes = 0;
+  std::map<std::string, Offloaded> weights;
+  std::map<int32_t, std::vector<std::string>> by_stage;  // brought in with their stage
+  // Experts brought in on demand (want_weight), most recent last: at most
+  // kExpertsResident at once, and none after their stage's event; counted
+  // per optimizer step and logged.
+  static constexpr size_t kExpertsResident = 6;  // two experts' gate, up and down
+  std::deque<std::string> experts_in;
+  int64_t on_demand_weights = 0, expert_loads = 0, expert_load_bytes = 0;
+  std::string optimizer_tier;                             // "none" | "host" | "disk"
+  std::unique_ptr<offload::StateTier> state;              // created in params_ready
+  std::string activations_tier;                           // "none" | "host" | "disk"
+  std::unique_ptr<offload::ActivationStore> activations;  // created in params_ready
+
+  // Loaded weights, by stage; guarded by m.
+  std::mutex m;
+  std::condition_variable cv;
+  std::map<int32_t, std::map<std::string, at::Tensor>> resident;
+  std::set<int32_t> loading;
+  std::deque<int32_t> queue;
+  bool stop = false;
+  std::thread worker;
+
+  ~Offload();
+  // A weight from its tier: its file, read into pinned memory on a CUDA run
+  // so that the copy to the device can be asynchronous; or the host copy.
+  at::Tensor read(const std::string& name, const Offloaded& w) const;
+  // Reads a stage's weights (any thread); counted as weights.
+  std::map<std::string, at::Tensor> read_stage(int32_t stage);
+  void worker_loop();
+  // Makes `stage` resident, waiting for a prefetch in flight or reading now.
+  void ensure(int32_t stage);
+  void request(int32_t stage);
+  // Puts the stage's loaded weights into the store (main thread).
+  void swap_in(int32_t stage);
+  // An on-demand expert into the store until its stage's event ends.
+  void bring_in(const std::string& name, const Offloaded& w);
+  void put_back(const std::string& name);
+  // Empty placeholders back into the store; the loaded copies go.
+  void swap_out(int32_t stage);
+  // Writes the frozen block weights of `stage` (all stages when < 0) that
+  // are still in memory to files, leaving placeholders.
+  void offload_stage(int32_t stage);
+  tf_residency tier() const { return disk ? TF_TIER_DISK : TF_TIER_HOST; }
+  // Gives a trained weight's leaf its bytes again from `src` (its tier's
+  // copy), without touching its autograd version: tensors autograd saved in
+  // forward are the same tensor and must still count as unmodified.
+  void fill_leaf(Offloaded& w, const at::Tensor& src);
+  // Writes an updated trained weight back to its tier; stale read-ahead
+  // copies of its stage are dropped.
+  void store_back(const std::string& name, const Offloaded& w);
+};
+
+}  // namespace offload
