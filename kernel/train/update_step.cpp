@@ -24,20 +24,22 @@ void UpdateStep::optimizer_apply(const std::string& name, const at::Tensor& grad
   update_param(p, g);
 }
 
+int64_t UpdateStep::run_step() const {
+  return in_optimizer_step_ ? optimizer_->steps() : optimizer_->steps() + 1;
+}
+
+int64_t UpdateStep::param_step(const std::string& name) const {
+  const auto it = sat_out_.find(name);
+  return it == sat_out_.end() ? run_step() : run_step() - it->second;
+}
+
 int64_t UpdateStep::update_step() const {
-  const int64_t step = in_optimizer_step_ ? optimizer_->steps() : optimizer_->steps() + 1;
-  if (updating_ == nullptr) return step;
-  const auto it = sat_out_.find(*updating_);
-  return it == sat_out_.end() ? step : step - it->second;
+  return updating_ == nullptr ? run_step() : param_step(*updating_);
 }
 
 int64_t UpdateStep::take_param_step(const std::string& name) {
   updated_.insert(name);
-  const std::string* before = updating_;
-  updating_ = &name;
-  const int64_t step = update_step();
-  updating_ = before;
-  return step;
+  return param_step(name);
 }
 
 void UpdateStep::update_param(Param& p, const at::Tensor& grad) {

@@ -94,6 +94,11 @@ class UpdateStep {
   int32_t micro_index_ = 0, micro_count_ = 1;
   bool in_optimizer_step_ = false;
   std::string non_finite_;
+  // The run's count (update_step's rule), and `name`'s: the run's less the
+  // steps it sat out.
+  int64_t run_step() const;
+  int64_t param_step(const std::string& name) const;
+
   std::map<std::string, int64_t> sat_out_;  // steps a parameter was not updated in
   std::set<std::string> updated_;           // parameters updated in the coming step
   const std::string* updating_ = nullptr;   // the parameter update_param is updating

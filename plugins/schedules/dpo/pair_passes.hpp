@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 
+#include "preference_loss.hpp"
 #include "tightfit/plugin_sdk.hpp"
 
 namespace tf_preference {
@@ -56,12 +57,10 @@ class PairPasses {
 
   // The plan: a backward keeps one side's activations, half the batch's.
   void estimate(const tf_model_summary* model, tf_memory_estimate* out) const {
-    if (!concatenated_ && model != nullptr)
-      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] -= model->activation_bytes / 2;
+    if (!concatenated_) plan_half_the_activations(model, out);
   }
 
  private:
-  static constexpr int64_t kIgnoreIndex = -100;
   explicit PairPasses(bool concatenated) : concatenated_(concatenated) {}
   bool concatenated_ = true;
 };

@@ -6,9 +6,23 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
 #include <string>
 
+#include "tightfit/plugin_api.h"
+
 namespace tf_preference {
+
+// The target that scores nothing (transformers' and TRL's label padding).
+inline constexpr int64_t kIgnoreIndex = -100;
+
+// A backward that keeps the activations of half the batch's rows (one side
+// of each pair, or KTO's completions without their KL rows): the plan's
+// activations, half of the plain step's.
+inline void plan_half_the_activations(const tf_model_summary* model, tf_memory_estimate* out) {
+  if (model != nullptr)
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] -= model->activation_bytes / 2;
+}
 
 // A batch's log-probabilities: [chosen; rejected] sums (fp32 [2P]) and
 // target counts (int64 [2P]), as sequence_logps gives them.

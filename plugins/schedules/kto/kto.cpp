@@ -29,7 +29,7 @@
 
 namespace {
 
-constexpr int64_t kIgnoreIndex = -100;
+using tf_preference::kIgnoreIndex;
 
 struct Kto {
   tf_sdk::Host host;
@@ -210,8 +210,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   auto* s = static_cast<Kto*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     out->time_factor = ((s->precompute ? 1.0 : 2.0) + 1.5) / 3.0 * s->accumulation;
-    if (model != nullptr)
-      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] -= model->activation_bytes / 2;
+    tf_preference::plan_half_the_activations(model, out);
     if (s->accumulation > 1) out->grads_in_forward = 1;
     if (!s->precompute)
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] += s->reference.planned_bytes(s->host);

@@ -23,7 +23,7 @@
 
 namespace {
 
-constexpr int64_t kIgnoreIndex = -100;
+using tf_preference::kIgnoreIndex;
 
 struct Orpo {
   tf_sdk::Host host;
