@@ -23,16 +23,16 @@ struct Family {
   int expected_params;
 };
 
-// The peer's model and tightfit's on the same weights and batch; `packed`:
-// rows of several examples, with the peer's position_ids.
-void expect_parity(const Family& f, bool packed) {
+// The peer's model and tightfit's on the same weights and batch. `mode`
+// "packed": rows of several examples, with the peer's position_ids; "aux":
+// the routers' load-balancing loss over rows with padding (its
+// attention_mask). `strategies`: [[strategy]] tables for tightfit's side.
+void expect_parity(const Family& f, const std::string& mode, const std::string& strategies = "") {
   test::TempDir dir;
   const std::string python = test::peer_python();
   const std::string script = std::string(TIGHTFIT_SOURCE_DIR) + "/tests/peers/hf_parity.py";
-  ASSERT_EQ(std::system(
-                (python + " " + script + " " + f.name + " " + dir.str() + (packed ? " packed" : ""))
-                    .c_str()),
-            0)
+  ASSERT_EQ(
+      std::system((python + " " + script + " " + f.name + " " + dir.str() + " " + mode).c_str()), 0)
       << "the Python peer failed; scripts/setup installs torch and transformers into .venv";
   const SafetensorsFile ref = read_safetensors(dir.str() + "/reference.safetensors");
 
@@ -42,18 +42,47 @@ void expect_parity(const Family& f, bool packed) {
   const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
   recipe.replace(begin, end - begin,
                  "[model]\n" + table + "weights = \"" + dir.str() + "/model.safetensors\"\n\n");
-  auto s = test::make_session(recipe);
+  auto s = test::make_session(recipe + strategies);
   const at::Tensor tokens = ref.tensors.at("tokens"), targets = ref.tensors.at("targets");
-  const at::Tensor positions = packed ? ref.tensors.at("positions") : at::Tensor();
+  const PassRows rows(mode == "packed" ? ref.tensors.at("positions") : at::Tensor(),
+                      mode == "aux" ? ref.tensors.at("attention_mask") : at::Tensor());
+  const double loss = ref.tensors.at("loss").item<double>();
   {
     at::NoGradGuard no_grad;
-    const at::Tensor logits = s->executor().forward_logits(tokens, /*training=*/false, positions);
-    const double err = (logits - ref.tensors.at("logits")).abs().max().item<double>();
+    const at::Tensor logits = s->executor().forward_logits(tokens, /*training=*/false, rows);
+    at::Tensor diff = (logits - ref.tensors.at("logits")).abs();
+    // Padding's own logits differ (the peer masks it as keys too); no
+    // target reads them.
+    if (rows.attention_mask.defined()) diff = diff * rows.attention_mask.unsqueeze(-1);
+    const double err = diff.max().item<double>();
     EXPECT_LE(err, 1e-4);
     ::testing::Test::RecordProperty("max_logit_error", c10::str(err));
+    if (mode == "aux") {  // an evaluation's loss has the term too
+      EXPECT_NEAR(s->executor().forward_loss(tokens, targets, false, rows).item<double>(), loss,
+                  1e-5);
+      // A preference schedule's pass, whose loss the schedule computes,
+      // refuses the term by name rather than leave it out.
+      try {
+        s->executor().token_logps(tokens, targets, {}, {});
+        ADD_FAILURE() << "token_logps took a pass with a load-balancing term";
+      } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("output_router_logits = false"), std::string::npos)
+            << e.what();
+      }
+      // A batch from a schedule too old to carry the mask: refused, not
+      // counted with its padding.
+      PassRows unknown = rows;
+      unknown.padding_known = false;
+      try {
+        s->executor().run_pass(tokens, targets, false, 1.0, unknown);
+        ADD_FAILURE() << "a batch without its padding took the load-balancing term";
+      } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("ABI before 1.16"), std::string::npos) << e.what();
+      }
+    }
   }
-  const PassResult r = s->executor().run_pass(tokens, targets, true, 1.0, positions);
-  EXPECT_NEAR(r.loss, ref.tensors.at("loss").item<double>(), 1e-5);
+  const PassResult r = s->executor().run_pass(tokens, targets, true, 1.0, rows);
+  EXPECT_NEAR(r.loss, loss, 1e-5);
   int compared = 0;
   double worst = 0;
   for (const Param& p : s->store().all()) {
@@ -75,7 +104,7 @@ void expect_parity(const Family& f, bool packed) {
 class HfParity : public ::testing::TestWithParam<Family> {};
 
 TEST_P(HfParity, MatchesTransformersLogitsLossAndGradients) {
-  expect_parity(GetParam(), /*packed=*/false);
+  expect_parity(GetParam(), "");
 }
 
 // Rows packed with examples of 7, 6 and 3 tokens (and 10 and 6): positions
@@ -84,7 +113,21 @@ TEST_P(HfParity, MatchesTransformersLogitsLossAndGradients) {
 class HfPackedParity : public ::testing::TestWithParam<Family> {};
 
 TEST_P(HfPackedParity, PackedRowsMatchTransformersWithPositionIds) {
-  expect_parity(GetParam(), /*packed=*/true);
+  expect_parity(GetParam(), "packed");
+}
+
+// output_router_logits: the loss adds router_aux_loss_coef (0.05) times the
+// routers' load-balancing loss, over rows whose padding (3 tokens) it leaves
+// out as transformers does with attention_mask.
+class HfRouterBalanceParity : public ::testing::TestWithParam<Family> {};
+
+TEST_P(HfRouterBalanceParity, LoadBalancingLossMatchesTransformersOverPaddedRows) {
+  expect_parity(GetParam(), "aux");
+}
+
+// Every block recomputed in backward: each adds its part of the term there.
+TEST_P(HfRouterBalanceParity, CheckpointedBlocksGetTheSameGradients) {
+  expect_parity(GetParam(), "aux", "[[strategy]]\nplugin = \"checkpoint\"\nevery = 1\n");
 }
 
 const std::vector<Family>& families() {
@@ -161,6 +204,23 @@ INSTANTIATE_TEST_SUITE_P(Families, HfParity, ::testing::ValuesIn(families()), fa
 // examples of 7 and 10 tokens (mistral).
 INSTANTIATE_TEST_SUITE_P(Families, HfPackedParity, ::testing::ValuesIn(packed_families()),
                          family_name);
+
+std::vector<Family> expert_families() {
+  std::vector<Family> out;
+  for (const Family& f : families())
+    for (const char* name : {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"})
+      if (std::string(f.name) == name) out.push_back(f);
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(Families, HfRouterBalanceParity, ::testing::ValuesIn(expert_families()),
+                         family_name);
+
+// Block 0 recomputed and block 1 not: the last stage's term carries block 1's
+// gradient and block 0's recompute its own.
+TEST(HfRouterBalance, SomeBlocksCheckpointedGetTheSameGradients) {
+  expect_parity(expert_families().front(), "aux",
+                "[[strategy]]\nplugin = \"checkpoint\"\nevery = 2\n");
+}
 
 }  // namespace
 }  // namespace tightfit
@@ -474,8 +534,7 @@ nlohmann::json small_moe(const char* model_type) {
 TEST(MoeConfig, KeysTightfitWouldNotMatchAreRefusedByName) {
   test::TempDir dir;
   const std::vector<RefusedKey> cases = {
-      {"mixtral", "output_router_logits", true, "set it to false"},
-      {"qwen3_moe", "output_router_logits", true, "load-balancing loss"},
+      {"mixtral", "router_aux_loss_coef", -0.01, "out of range"},
       {"mixtral", "router_jitter_noise", 0.01, "set it to 0.0"},
       {"qwen2_moe", "use_sliding_window", true, "set it to false"},
       {"olmoe", "head_dim", 16, "remove the key"},

@@ -35,7 +35,7 @@ std::vector<Example> numbered_examples(int n) {
 
 // Every row: examples one after another, each from position 0, its own ids
 // and targets (none reaching into the next), then padding that nothing trains
-// on. Returns the examples seen, in order.
+// on and the attention mask marks 0. Returns the examples seen, in order.
 std::vector<int64_t> check_rows(const Batcher::Batch& b, int64_t seq_len, int64_t pad) {
   std::vector<int64_t> seen;
   const int64_t B = b.tokens.size(0), T = seq_len;
@@ -48,6 +48,9 @@ std::vector<int64_t> check_rows(const Batcher::Batch& b, int64_t seq_len, int64_
       seen.push_back(example);
       for (int64_t k = 0; k < n; ++k) {
         EXPECT_EQ(b.positions[r][t + k].item<int64_t>(), k);
+        if (b.attention_mask.defined()) {
+          EXPECT_EQ(b.attention_mask[r][t + k].item<int64_t>(), 1);
+        }
         EXPECT_EQ(b.tokens[r][t + k].item<int64_t>(), 100 * example + k);
         const bool trained = k + 1 >= (3 + example) / 2;
         EXPECT_EQ(b.targets[r][t + k].item<int64_t>(),
@@ -60,6 +63,9 @@ std::vector<int64_t> check_rows(const Batcher::Batch& b, int64_t seq_len, int64_
       EXPECT_EQ(b.tokens[r][k].item<int64_t>(), pad);
       EXPECT_EQ(b.targets[r][k].item<int64_t>(), kIgnoreIndex);
       EXPECT_EQ(b.positions[r][k].item<int64_t>(), k - t);  // padding counts from 0 on its own
+      EXPECT_TRUE(b.attention_mask.defined());
+      if (!b.attention_mask.defined()) return seen;
+      EXPECT_EQ(b.attention_mask[r][k].item<int64_t>(), 0);
     }
   }
   return seen;
@@ -77,7 +83,12 @@ TEST(ExampleBatcherPacking, PacksBestFitDecreasingAndKeepsExamplesApart) {
   EXPECT_LT(c.rows, c.train);
   EXPECT_GT(c.row_fill, padded.counts().row_fill);
   EXPECT_LE(c.row_fill, 1.0);
-  EXPECT_FALSE(padded.next().positions.defined());  // unpacked rows keep the default positions
+  const Batcher::Batch unpacked = padded.next();
+  EXPECT_FALSE(unpacked.positions.defined());  // unpacked rows keep the default positions
+  // One example a row, then padding, which the mask tells apart.
+  ASSERT_TRUE(unpacked.attention_mask.defined());
+  EXPECT_TRUE(at::equal(unpacked.attention_mask, unpacked.tokens.ne(pad).to(at::kLong)));
+  EXPECT_LT(unpacked.attention_mask.sum().item<int64_t>(), B * T);
 
   // One epoch of rows holds every training example exactly once.
   std::multiset<int64_t> epoch;
@@ -86,8 +97,9 @@ TEST(ExampleBatcherPacking, PacksBestFitDecreasingAndKeepsExamplesApart) {
     check_rows(b, T, pad);
     // Rows past the epoch's last come from the next one.
     for (int64_t row = 0; row < B && step * B + row < c.rows; ++row) {
-      const Batcher::Batch one{b.tokens.narrow(0, row, 1), b.targets.narrow(0, row, 1),
-                               b.positions.narrow(0, row, 1)};
+      Batcher::Batch one{b.tokens.narrow(0, row, 1), b.targets.narrow(0, row, 1),
+                         b.positions.narrow(0, row, 1)};
+      if (b.attention_mask.defined()) one.attention_mask = b.attention_mask.narrow(0, row, 1);
       for (int64_t e : check_rows(one, T, pad)) epoch.insert(e);
     }
   }

@@ -50,6 +50,9 @@ class Batcher {
     // Preference batches: int64 [pairs], each pair's index among the run's
     // preference rows (the training ones as stored, then the held-out ones).
     at::Tensor row_ids;
+    // int64 [B, T], 1 where the token is an example's and 0 where it pads
+    // its row (transformers' attention_mask); undefined when none pads.
+    at::Tensor attention_mask;
   };
   // The batch at the current position; advances the position.
   virtual Batch next() = 0;

@@ -171,6 +171,9 @@ ExampleBatcher::Batch ExampleBatcher::batch_of(const std::vector<const Row*>& ro
   auto* tok = tokens.data_ptr<int64_t>();
   auto* tgt = targets.data_ptr<int64_t>();
   int64_t* pos = packing_ ? positions.data_ptr<int64_t>() : nullptr;
+  at::Tensor mask = at::ones({B, T}, at::kLong);
+  int64_t* in_example = mask.data_ptr<int64_t>();
+  bool padded = false;
   for (int64_t b = 0; b < B; ++b) {
     int64_t used = 0;  // tokens of row b filled so far
     for (const Example* e : *rows[static_cast<size_t>(b)]) {
@@ -188,8 +191,12 @@ ExampleBatcher::Batch ExampleBatcher::batch_of(const std::vector<const Row*>& ro
     // Padding counts from 0 as an example of its own: nothing attends to it.
     if (pos)
       for (int64_t t = used; t < T; ++t) pos[b * T + t] = t - used;
+    for (int64_t t = used; t < T; ++t) in_example[b * T + t] = 0;
+    padded = padded || used < T;
   }
-  return {tokens, targets, positions, 0};
+  Batch out{tokens, targets, positions, 0};
+  if (padded) out.attention_mask = mask;
+  return out;
 }
 
 // The rows of `units` (each group_ rows long in `rows`): with pairs, every

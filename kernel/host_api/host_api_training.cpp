@@ -52,6 +52,9 @@ static bool covers_desirable(const tf_batch* b) {
 static bool covers_row_ids(const tf_batch* b) {
   return b->struct_size >= offsetof(tf_batch, row_ids) + sizeof(b->row_ids);
 }
+static bool covers_attention_mask(const tf_batch* b) {
+  return b->struct_size >= offsetof(tf_batch, attention_mask) + sizeof(b->attention_mask);
+}
 
 // A batch handed to a plugin, refused to a caller whose tf_batch cannot
 // carry what it holds.
@@ -86,6 +89,11 @@ static void write_batch(tf_batch* out, Batcher::Batch b) {
   if (b.desirable.defined()) batch.desirable = give_handle(std::move(b.desirable));
   // Row ids are an addition a caller too old for them simply does not see.
   if (b.row_ids.defined() && covers_row_ids(out)) batch.row_ids = give_handle(std::move(b.row_ids));
+  // A caller too old for the mask hands batches back without it: its
+  // passes refuse a model's loss term that would count the padding
+  // (run_batch).
+  if (b.attention_mask.defined() && covers_attention_mask(out))
+    batch.attention_mask = give_handle(std::move(b.attention_mask));
   write_struct(out, batch);
 }
 
@@ -120,6 +128,10 @@ void h_batch_release(tf_host_context*, tf_batch* batch) {
     release_handle(batch->row_ids);
     batch->row_ids = nullptr;
   }
+  if (covers_attention_mask(batch)) {
+    release_handle(batch->attention_mask);
+    batch->attention_mask = nullptr;
+  }
 }
 
 // One pass over a batch the caller hands in, read through its struct_size
@@ -134,9 +146,21 @@ static PassResult run_batch(tf_host_context* ctx, const tf_batch* in, bool backw
         "this batch holds preference pairs (chosen and rejected answers), and the mean "
         "cross-entropy of forward/forward_backward would train on the rejected answers too: "
         "train preference rows with a preference schedule ([trainer] schedule = \"dpo\")");
+  PassRows rows{b.positions ? handle_tensor(b.positions) : at::Tensor(),
+                b.attention_mask ? handle_tensor(b.attention_mask) : at::Tensor()};
+  // An older caller's tf_batch cannot say which tokens pad (ABI 1.16).
+  rows.padding_known = covers_attention_mask(in);
   return ctx->kernel->executor->run_pass(handle_tensor(b.tokens), handle_tensor(b.targets),
-                                         backward, loss_scale,
-                                         b.positions ? handle_tensor(b.positions) : at::Tensor());
+                                         backward, loss_scale, rows);
+}
+
+tf_status h_add_loss_term(tf_host_context* ctx, tf_tensor term) {
+  return serve(ctx, [&] {
+    require(term, "term");
+    if (!ctx->kernel->executor)
+      throw std::invalid_argument("add_loss_term: no pass is running (a plan runs none)");
+    ctx->kernel->executor->add_loss_term(handle_tensor(term));
+  });
 }
 
 static void write_pass(tf_pass_result* out, const PassResult& r) {

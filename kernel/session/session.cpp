@@ -76,7 +76,9 @@ double Session::eval_loss(int64_t batches) {
   for (int64_t i = 0; i < batches; ++i) {
     auto b = data_.batcher().validation(i);
     if (!by_schedule) {
-      sum += executor_.forward_loss(b.tokens, b.targets, /*training=*/false, b.positions)
+      sum += executor_
+                 .forward_loss(b.tokens, b.targets, /*training=*/false,
+                               {b.positions, b.attention_mask})
                  .item<double>();
       continue;
     }
@@ -90,12 +92,13 @@ double Session::eval_loss(int64_t batches) {
     batch.positions = b.positions.defined() ? give_handle(b.positions) : nullptr;
     batch.desirable = b.desirable.defined() ? give_handle(b.desirable) : nullptr;
     batch.row_ids = b.row_ids.defined() ? give_handle(b.row_ids) : nullptr;
+    batch.attention_mask = b.attention_mask.defined() ? give_handle(b.attention_mask) : nullptr;
     tf_pass_result r{};
     r.struct_size = sizeof r;
     const tf_status st =
         call_hook(schedule, schedule.plugin->schedule(), TF_SCHEDULE_HOOK(eval_batch), &batch, &r);
-    for (tf_tensor t :
-         {batch.tokens, batch.targets, batch.positions, batch.desirable, batch.row_ids})
+    for (tf_tensor t : {batch.tokens, batch.targets, batch.positions, batch.desirable,
+                        batch.row_ids, batch.attention_mask})
       release_handle(t);
     check_plugin_status(st, schedule, "eval_batch");
     sum += r.loss;

@@ -70,18 +70,26 @@ struct StageRecompute : public torch::autograd::Function<StageRecompute> {
       gen.set_state(ctx->saved_data["rng"].toTensor());
     }
     at::Tensor out;
+    std::vector<at::Tensor> terms;
     {
       at::AutoGradMode enable(true);
       CategoryScope scope(TF_MEM_ACTIVATIONS);
       executor->raise_stage_event(stage, TF_PHASE_RECOMPUTE, true);
-      out = executor->run_stage(stage, x, /*training=*/true, /*recompute=*/true);
+      out = executor->recompute_stage(stage, x, &terms);
       executor->raise_stage_event(stage, TF_PHASE_RECOMPUTE, false);
     }
     {
       std::lock_guard<std::mutex> lock(gen.mutex());
       gen.set_state(current_rng);
     }
-    if (out.requires_grad()) torch::autograd::backward({out}, {grads[0]});
+    // The loss terms the stage made again get their gradient here: in the
+    // forward, run without autograd, they had none.
+    std::vector<at::Tensor> outputs, seeds;
+    if (out.requires_grad()) outputs.push_back(out), seeds.push_back(grads[0]);
+    for (const at::Tensor& t : terms)
+      if (t.requires_grad())
+        outputs.push_back(t), seeds.push_back(at::full_like(t, executor->loss_term_seed()));
+    if (!outputs.empty()) torch::autograd::backward(outputs, seeds);
     at::Tensor gx = x.requires_grad() ? x.grad() : at::Tensor();
     return {gx, at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -147,14 +155,19 @@ void Executor::raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin)
 
 at::Tensor Executor::run_stage(int32_t stage, const at::Tensor& input, bool training,
                                bool recompute) {
-  tf_stage_call call{sizeof(tf_stage_call),       stage, training ? 1 : 0,
-                     recompute ? 1 : 0,           step_, nullptr,
-                     stage == fused_head_ ? 1 : 0};
+  tf_stage_call call{
+      sizeof(tf_stage_call),        stage,  training ? 1 : 0, recompute ? 1 : 0, step_, nullptr,
+      stage == fused_head_ ? 1 : 0, nullptr};
   const at::Device stage_device(stages_[static_cast<size_t>(stage)].device);
-  at::Tensor positions = pass_positions_;
+  at::Tensor positions = pass_rows_.positions;
   if (positions.defined()) {
     if (positions.device() != stage_device) positions = positions.to(stage_device);
     call.positions = borrow_handle(positions);
+  }
+  at::Tensor mask = pass_rows_.attention_mask;
+  if (mask.defined()) {
+    if (mask.device() != stage_device) mask = mask.to(stage_device);
+    call.attention_mask = borrow_handle(mask);
   }
   const ScopedAssign<std::optional<at::Device>> weights_to(compute_device_, stage_device);
   tf_tensor out = nullptr;
@@ -170,14 +183,20 @@ at::Tensor Executor::run_stage(int32_t stage, const at::Tensor& input, bool trai
   return adopt_handle(StrategyChain::returned(out, plugins_.model, "stage_forward", lent));
 }
 
-at::Tensor Executor::forward_logits(const at::Tensor& tokens, bool training,
-                                    const at::Tensor& positions) {
-  const ScopedAssign<int32_t> whole_logits(fused_head_, -1);
-  return forward_stages(tokens, training, positions, nullptr);
+at::Tensor Executor::recompute_stage(int32_t stage, const at::Tensor& input,
+                                     std::vector<at::Tensor>* terms) {
+  const ScopedAssign<std::vector<at::Tensor>*> collect(recompute_terms_, terms);
+  return run_stage(stage, input, /*training=*/true, /*recompute=*/true);
 }
 
-at::Tensor Executor::forward_stages(const at::Tensor& tokens, bool training,
-                                    const at::Tensor& positions, LossRequest* loss) {
+at::Tensor Executor::forward_logits(const at::Tensor& tokens, bool training, const PassRows& rows) {
+  const ScopedAssign<int32_t> whole_logits(fused_head_, -1);
+  return forward_stages(tokens, training, rows, nullptr);
+}
+
+at::Tensor Executor::forward_stages(const at::Tensor& tokens, bool training, const PassRows& rows,
+                                    LossRequest* loss) {
+  const at::Tensor& positions = rows.positions;
   if (positions.defined()) {
     if (!(plugins_.model.plugin->model_features & TF_MODEL_FEATURE_POSITIONS))
       throw PluginCallError("model plugin \"" + plugins_.model.plugin->name +
@@ -187,8 +206,13 @@ at::Tensor Executor::forward_stages(const at::Tensor& tokens, bool training,
     if (positions.sizes() != tokens.sizes() || positions.scalar_type() != at::kLong)
       throw std::invalid_argument("positions must be int64 of the tokens' shape [B, T]");
   }
-  const ScopedAssign<at::Tensor> pass(pass_positions_,
-                                      positions.defined() ? positions.to(env_.device) : positions);
+  const at::Tensor& mask = rows.attention_mask;
+  if (mask.defined() && (mask.sizes() != tokens.sizes() || mask.scalar_type() != at::kLong))
+    throw std::invalid_argument("attention_mask must be int64 of the tokens' shape [B, T]");
+  PassRows on_device = rows;
+  if (positions.defined()) on_device.positions = positions.to(env_.device);
+  if (mask.defined()) on_device.attention_mask = mask.to(env_.device);
+  const ScopedAssign<PassRows> pass(pass_rows_, std::move(on_device));
   CategoryScope scope(TF_MEM_ACTIVATIONS);
   const bool grad = at::GradMode::is_enabled();
   const bool hooks = std::any_of(plugins_.strategies.begin(), plugins_.strategies.end(),
@@ -233,12 +257,14 @@ at::Tensor Executor::forward_stages(const at::Tensor& tokens, bool training,
 }
 
 PassResult Executor::run_pass(const at::Tensor& tokens_in, const at::Tensor& targets_in,
-                              bool backward, double loss_scale, const at::Tensor& positions_in) {
+                              bool backward, double loss_scale, const PassRows& rows_in) {
   PassResult r;
   const at::Tensor tokens = tokens_in.to(env_.device);
-  const at::Tensor positions = positions_in.defined() ? positions_in.to(env_.device) : positions_in;
-  // Backward recomputes checkpointed stages: they see the same positions.
-  const ScopedAssign<at::Tensor> pass(pass_positions_, positions);
+  PassRows rows = rows_in;
+  if (rows.positions.defined()) rows.positions = rows.positions.to(env_.device);
+  if (rows.attention_mask.defined()) rows.attention_mask = rows.attention_mask.to(env_.device);
+  // Backward recomputes checkpointed stages: they see the same rows.
+  const ScopedAssign<PassRows> pass(pass_rows_, rows);
   // Checkpointed stages rerun in backward as in forward: a fused head again
   // gives its hidden state.
   const ScopedAssign<int32_t> head(fused_head_, fusable_head());
@@ -248,8 +274,7 @@ PassResult Executor::run_pass(const at::Tensor& tokens_in, const at::Tensor& tar
   at::Tensor loss;
   {
     at::AutoGradMode mode(backward);
-    loss = forward_loss(tokens, targets_in, /*training=*/true, positions,
-                        loss_scale * strategies_scale);
+    loss = forward_loss(tokens, targets_in, /*training=*/true, rows, loss_scale * strategies_scale);
   }
   r.loss = loss.item<double>();
   if (env_.pg) {
@@ -274,6 +299,7 @@ PassResult Executor::run_pass(const at::Tensor& tokens_in, const at::Tensor& tar
 void Executor::backward_pass(const at::Tensor& loss, double loss_scale, double strategies_scale) {
   grads_dispatched_.assign(store_.all().size(), false);
   applied_loss_scale_ = strategies_scale;
+  term_seed_ = loss_scale * strategies_scale;
   {
     CategoryScope scope(TF_MEM_TRANSIENT);
     (loss * (loss_scale * applied_loss_scale_)).backward();

@@ -40,6 +40,21 @@ struct StageState {
   double projection_softcap = 0;           // logits c tanh(z / c) (ABI 1.14); 0: none
 };
 
+// What a pass hands every stage besides the tokens (tf_stage_call).
+struct PassRows {
+  PassRows(at::Tensor positions_ = {}, at::Tensor attention_mask_ = {})
+      : positions(std::move(positions_)), attention_mask(std::move(attention_mask_)) {}
+  // int64 [B, T]: packed rows' per-token positions (the model must declare
+  // TF_MODEL_FEATURE_POSITIONS); undefined: 0..T-1 in every row.
+  at::Tensor positions;
+  // int64 [B, T]: 1 where the token is an example's, 0 where it pads;
+  // undefined: none pads.
+  at::Tensor attention_mask;
+  // false when the batch came from a schedule whose tf_batch cannot carry
+  // the mask (ABI before 1.16): a model's loss term is then refused.
+  bool padding_known = true;
+};
+
 struct PassResult {
   double loss = 0;
   int64_t n_tokens = 0;
@@ -78,22 +93,20 @@ class Executor {
   // The strategies' adapters are on (the default) or off (a reference pass).
   void set_adapters_enabled(bool on) { adapters_enabled_ = on; }
 
-  // `positions` (int64 [B, T], optional): packed rows' per-token positions,
-  // handed to every stage of the pass (the model must declare
-  // TF_MODEL_FEATURE_POSITIONS).
-  at::Tensor forward_logits(const at::Tensor& tokens, bool training,
-                            const at::Tensor& positions = {});
+  // `rows`: packed rows' positions and the padding, handed to every stage
+  // of the pass.
+  at::Tensor forward_logits(const at::Tensor& tokens, bool training, const PassRows& rows = {});
   // The mean loss of a pass against `targets` [B, T] (kIgnoreIndex counts
   // nothing): the head's projection fused with the loss where it can be
   // (fusable_head), else the whole logits' cross-entropy. `grad_scale`: the
   // factor the loss is multiplied by before backward.
   at::Tensor forward_loss(const at::Tensor& tokens, const at::Tensor& targets, bool training,
-                          const at::Tensor& positions = {}, double grad_scale = 1.0);
+                          const PassRows& rows = {}, double grad_scale = 1.0);
   // Forward, loss and (when `backward`) backward with the loss scaled by
   // `loss_scale` times the strategies' fp16 factor; grad_ready is dispatched
   // as each stage's gradients finish.
   PassResult run_pass(const at::Tensor& tokens, const at::Tensor& targets, bool backward,
-                      double loss_scale, const at::Tensor& positions = {});
+                      double loss_scale, const PassRows& rows = {});
   // Each row's summed log-probability of its targets and how many it has
   // (fp32 and int64 [B], on the CPU), from the head's projection a chunk at
   // a time; with `grad_weights` ([B]) also the backward of
@@ -115,6 +128,15 @@ class Executor {
   TokenLogps token_logps(const at::Tensor& tokens, const at::Tensor& targets,
                          const at::Tensor& positions, const at::Tensor& grad_weights);
   at::Tensor run_stage(int32_t stage, const at::Tensor& input, bool training, bool recompute);
+  // A checkpointed stage's recompute in backward; the loss terms it adds
+  // land in `terms`, for its backward with the factor loss_term_seed().
+  at::Tensor recompute_stage(int32_t stage, const at::Tensor& input,
+                             std::vector<at::Tensor>* terms);
+  // A model's own term of the pass's loss (tf_host_api.add_loss_term).
+  void add_loss_term(const at::Tensor& term);
+  // The factor the pass's loss was back-propagated with (loss scaling, a
+  // micro-batch's weight): d (what backward differentiates) / d loss.
+  double loss_term_seed() const { return term_seed_; }
   void raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin);
   // Activation offload of a recomputed stage's input: the index of the
   // strategy that packed it (-1: none, keep it) and its key; and the way back.
@@ -152,7 +174,7 @@ class Executor {
   // the stages' last events and grad_ready for what is left.
   void backward_pass(const at::Tensor& loss, double loss_scale, double strategies_scale);
   // The stages in order; with `loss`, the fused head's stage returns the loss.
-  at::Tensor forward_stages(const at::Tensor& tokens, bool training, const at::Tensor& positions,
+  at::Tensor forward_stages(const at::Tensor& tokens, bool training, const PassRows& rows,
                             LossRequest* loss);
   // The fused head's loss from its hidden state, inside its forward event.
   at::Tensor head_loss(int32_t stage, const at::Tensor& hidden, LossRequest& loss);
@@ -182,7 +204,13 @@ class Executor {
   std::vector<int> active_events_;            // per stage: stage events begun and not yet ended
   std::vector<bool> grads_dispatched_;        // per backward: grad_ready already called
   std::optional<at::Device> compute_device_;  // the running stage's, while one runs
-  at::Tensor pass_positions_;    // packed rows' positions while a pass runs (backward included)
+  PassRows pass_rows_;  // while a pass runs (backward included), on the run's device
+  // The model's loss terms: those of the pass whose loss is computed, and
+  // those of the stage being recomputed; null where none is collected.
+  std::vector<at::Tensor>* pass_terms_ = nullptr;
+  std::vector<at::Tensor>* recompute_terms_ = nullptr;
+  const char* terms_refused_by_ = nullptr;  // a pass that adds no terms (logps)
+  double term_seed_ = 1.0;
   at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward
   bool fused_loss_ = true;
   int64_t loss_chunk_tokens_ = 0;      // 0: fused_loss_chunk_rows decides

@@ -39,7 +39,8 @@ Executor::TokenLogps Executor::token_logps(const at::Tensor& tokens_in,
   }
   const at::Tensor tokens = tokens_in.to(env_.device);
   const at::Tensor positions = positions_in.defined() ? positions_in.to(env_.device) : positions_in;
-  const ScopedAssign<at::Tensor> pass(pass_positions_, positions);
+  const ScopedAssign<PassRows> pass(pass_rows_, PassRows(positions));
+  const ScopedAssign<const char*> no_terms(terms_refused_by_, "sequence_logps/token_logps");
   const ScopedAssign<int32_t> head(fused_head_, fusable_head());
   const double strategies_scale = backward ? strategies_loss_scale() : 1.0;
   LossRequest request{targets_in, strategies_scale};

@@ -25,15 +25,48 @@ int32_t Executor::fusable_head() const {
 }
 
 at::Tensor Executor::forward_loss(const at::Tensor& tokens, const at::Tensor& targets,
-                                  bool training, const at::Tensor& positions, double grad_scale) {
+                                  bool training, const PassRows& rows, double grad_scale) {
   // A pass (run_pass) has chosen the head already, for its backward too.
   const ScopedAssign<int32_t> head(fused_head_, fused_head_ >= 0 ? fused_head_ : fusable_head());
   LossRequest request{targets, grad_scale};
-  const at::Tensor out = forward_stages(tokens.to(env_.device), training, positions, &request);
-  if (request.computed) return out;
+  std::vector<at::Tensor> terms;
+  const ScopedAssign<std::vector<at::Tensor>*> collect(pass_terms_, &terms);
+  const at::Tensor out = forward_stages(tokens.to(env_.device), training, rows, &request);
   CategoryScope scope(TF_MEM_ACTIVATIONS);
-  return cross_entropy_mean(out.reshape({-1, out.size(-1)}).to(at::kFloat),
-                            targets.to(out.device()).reshape({-1}));
+  at::Tensor loss = request.computed
+                        ? out
+                        : cross_entropy_mean(out.reshape({-1, out.size(-1)}).to(at::kFloat),
+                                             targets.to(out.device()).reshape({-1}));
+  // The model's own terms (a mixture of experts' load-balancing loss) are
+  // the loss's: reported and back-propagated with it.
+  for (const at::Tensor& t : terms) loss = loss + t.to(loss.device(), loss.scalar_type());
+  return loss;
+}
+
+void Executor::add_loss_term(const at::Tensor& term) {
+  if (!term.is_floating_point() || term.numel() != 1)
+    throw std::invalid_argument("add_loss_term: the term must be a float scalar, not a tensor of " +
+                                std::to_string(term.numel()) + " values");
+  if (recompute_terms_ != nullptr) {  // a checkpointed stage's: only its gradient is new
+    recompute_terms_->push_back(term.reshape({}));
+    return;
+  }
+  if (terms_refused_by_ != nullptr)
+    throw std::invalid_argument(
+        std::string("model plugin \"") + plugins_.model.plugin->name +
+        "\" added a term to the loss (a mixture of experts' load-balancing loss) in a pass of " +
+        terms_refused_by_ +
+        ", whose schedule computes its own loss and does not add such terms yet: turn the "
+        "term off in the model (output_router_logits = false in its config.json)");
+  if (pass_terms_ == nullptr) return;  // no loss in this pass (logits, generation)
+  if (!pass_rows_.padding_known)
+    throw std::invalid_argument(
+        std::string("model plugin \"") + plugins_.model.plugin->name +
+        "\" added a term to the loss that counts tokens, and this batch came from a schedule "
+        "whose tf_batch (ABI before 1.16) cannot say which tokens pad their rows: rebuild the "
+        "schedule against this tightfit's plugin_api.h, or turn the term off in the model "
+        "(output_router_logits = false)");
+  pass_terms_->push_back(term.reshape({}));
 }
 
 at::Tensor Executor::head_loss(int32_t stage, const at::Tensor& hidden, LossRequest& loss) {

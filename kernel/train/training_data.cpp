@@ -22,6 +22,7 @@ Batcher::Batch TrainingData::next_batch() {
   b.tokens = mine(b.tokens);
   b.targets = mine(b.targets);
   b.positions = mine(b.positions);
+  b.attention_mask = mine(b.attention_mask);
   for (at::Tensor* per_pair : {&b.desirable, &b.row_ids})
     if (per_pair->defined()) {
       const int64_t rows = b.pairs / info.world_size;

@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 15
+#define TF_ABI_VERSION_MINOR 16
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -315,6 +315,12 @@ typedef struct tf_stage_call {
    * when struct_size covers it; absent = 0). Comes only in training and
    * evaluation passes whose loss the host computes; recompute repeats it. */
   int32_t hidden_only;
+  /* Added in 1.16: the pass's tf_batch.attention_mask (int64 [B, T] on the
+   * stage's device, borrowed; NULL: every token is an example's), with
+   * every stage of the pass, recompute included. A model whose loss term
+   * averages over tokens (a mixture of experts' load-balancing loss) counts
+   * only the tokens marked 1, as transformers does with attention_mask. */
+  tf_tensor attention_mask;
 } tf_stage_call;
 
 /* ------------------------------------------------------------------------- */
@@ -442,6 +448,14 @@ typedef struct tf_batch {
    * held-out ones — so that a schedule can keep values per row (TRL's
    * precompute_ref_log_probs); NULL otherwise. */
   tf_tensor row_ids;
+  /* Added in 1.16: int64 [B, T] (new like the others), 1 where the token is
+   * an example's and 0 where it only pads its row (transformers'
+   * attention_mask); NULL when no token pads. Padding comes only after a
+   * row's examples, so no example's token attends to it; a model reads the
+   * mask where a term counts tokens (tf_stage_call.attention_mask). A
+   * schedule hands it on with the batch; the host reads it when the
+   * caller's struct_size covers it. */
+  tf_tensor attention_mask;
 } tf_batch;
 
 /* Result of one forward (and backward) the host ran for a schedule. */
@@ -833,8 +847,24 @@ typedef struct tf_host_api {
    * reference model's log-probabilities, computed once); the training
    * position does not move, and every rank gets the same rows. */
   tf_status (*preference_rows)(tf_host_context* ctx, int64_t first, int64_t count, tf_batch* out);
+  /* Added in 1.16 (a reserved slot): adds `term`, a float scalar (borrowed),
+   * to the loss of the pass whose stage_forward is calling: a model's own
+   * term, such as a mixture of experts' load-balancing loss (transformers'
+   * router_aux_loss_coef * aux_loss). The host adds its value to the loss it
+   * reports and back-propagates it as the loss, with the same scale (loss
+   * scaling, a micro-batch's weight); evaluation passes report it too. Only
+   * from stage_forward, and refused in the passes of sequence_logps and
+   * token_logps. In a recompute (tf_stage_call.recompute = 1) the value is
+   * not added again: the host back-propagates the recomputed term with the
+   * stage's output, so that a term a checkpointed stage computes gets its
+   * gradient. A term that needs the whole pass (every layer's routing) is
+   * added by the last stage, from values its blocks kept; a checkpointed
+   * block then adds, in its recompute, the part of that term its own
+   * activations make. Outside a pass whose loss the host computes
+   * (generation, logits) the term is dropped. */
+  tf_status (*add_loss_term)(tf_host_context* ctx, tf_tensor term);
 
-  void* reserved[4];
+  void* reserved[3];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */

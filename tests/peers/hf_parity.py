@@ -5,8 +5,12 @@ Hugging Face names, as save_pretrained writes them) and OUT/reference.safetensor
 With "packed", each row holds several examples: the tokens' position_ids
 restart at each (transformers then keeps attention inside an example, as
 TRL's padding-free packing relies on) and are written as "positions".
+With "aux" (the mixtures of experts), the config sets output_router_logits: the
+loss adds router_aux_loss_coef times the routers' load-balancing loss, over a
+batch whose second row ends in padding (attention_mask 0 there, written as
+"attention_mask"; "aux_loss" is the term before the coefficient).
 
-usage: hf_parity.py FAMILY OUT_DIR [packed]
+usage: hf_parity.py FAMILY OUT_DIR [packed|aux]
 FAMILY: gpt2 | gpt2_inner | llama | llama3 | llama_bias | mistral | qwen2 | qwen2_window | qwen3 | gemma | gemma2
         | gemma3_text | phi3 | phi3_short | mixtral | qwen2_moe | qwen3_moe | olmoe | rwkv
 """
@@ -165,9 +169,19 @@ def build(family: str) -> torch.nn.Module:
 PACKED_LENGTHS = [[7, 6, 3], [10, 6]]
 
 
-def main(family: str, out: pathlib.Path, packed: bool) -> None:
+# The load-balancing loss's batch ("aux"): row 1 ends with 3 tokens of padding.
+AUX_COEF = 0.05
+AUX_PADDING = 3
+
+
+def main(family: str, out: pathlib.Path, mode: str) -> None:
+    packed, aux = mode == "packed", mode == "aux"
     torch.manual_seed(0)
     model = build(family)
+    if aux:  # the routers' load-balancing loss joins the loss
+        model.config.output_router_logits = True
+        model.config.router_aux_loss_coef = AUX_COEF
+        model.router_aux_loss_coef = AUX_COEF
     model.config._attn_implementation = "eager"
     model.train()
     with torch.no_grad():  # make norms and biases non-trivial
@@ -185,18 +199,31 @@ def main(family: str, out: pathlib.Path, packed: bool) -> None:
     if packed:
         positions = torch.stack([torch.cat([torch.arange(n) for n in row]) for row in PACKED_LENGTHS])
         logits = model(tokens, position_ids=positions, use_cache=False).logits
+    elif aux:
+        # transformers leaves padding out of the load-balancing loss through
+        # attention_mask; its targets are ignored.
+        mask = torch.ones_like(tokens)
+        mask[1, -AUX_PADDING:] = 0
+        targets[1, -AUX_PADDING:] = -100
+        result = model(tokens, attention_mask=mask)
+        logits = result.logits
     else:
         logits = model(tokens).logits
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+    if aux:
+        loss = loss + AUX_COEF * result.aux_loss
     loss.backward()
     ref = {"tokens": tokens, "targets": targets, "logits": logits.detach().contiguous(),
            "loss": loss.detach().reshape(1)}
     if packed:
         ref["positions"] = positions
+    if aux:
+        ref["attention_mask"] = mask
+        ref["aux_loss"] = result.aux_loss.detach().reshape(1)
     for k, p in params.items():
         ref["grad." + k] = p.grad.contiguous()
     save_file(ref, str(out / "reference.safetensors"))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], pathlib.Path(sys.argv[2]), len(sys.argv) > 3 and sys.argv[3] == "packed")
+    main(sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else "")

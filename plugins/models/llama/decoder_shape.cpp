@@ -238,6 +238,10 @@ void read_experts(const tf_sdk::HfConfig& c, Shape& s) {
            : s.intermediate;
   if (t == "qwen2_moe")
     s.shared_intermediate = c.get("shared_expert_intermediate_size", 5632, 1, 10'000'000);
+  // As the ForCausalLM classes: the term joins the loss only when
+  // output_router_logits (their default false) is set.
+  const double coef = c.real("router_aux_loss_coef", t == "olmoe" ? 0.01 : 0.001, 0.0, 1e6, false);
+  if (c.flag("output_router_logits", false)) s.router_aux_coef = coef;
   if (!qwen) return;
   // Qwen*MoeDecoderLayer: experts where (l + 1) % decoder_sparse_step == 0
   // and l is not in mlp_only_layers; a dense MLP of intermediate_size elsewhere.
@@ -296,11 +300,6 @@ void refuse_unsupported(const tf_sdk::HfConfig& c, const Shape& s) {
     for (const char* key : {"use_qk_norm", "qk_layernorm", "qk_norm"})
       if (c.has(key) && (!c.json[key].is_boolean() || c.json[key].get<bool>()))
         refuse(key, "(a norm over q and k) is computed for model_type qwen3 only");
-  if (c.flag("output_router_logits", false))
-    refuse("output_router_logits",
-           "adds the routers' load-balancing loss (router_aux_loss_coef) to the training loss, "
-           "which tightfit does not compute yet: set it to false (transformers' default), and "
-           "training equals transformers' without that term");
   if (s.model_type == "mixtral" && c.real("router_jitter_noise", 0.0, 0.0, 1.0, false) != 0.0)
     refuse("router_jitter_noise",
            "(random scaling of the router's input in training) is not supported: training "

@@ -83,6 +83,9 @@ struct Shape {
   // every token runs, scaled by sigmoid(shared_expert_gate x). 0 = dense.
   int64_t n_experts = 0, top_k = 0, expert_intermediate = 0, shared_intermediate = 0;
   bool norm_topk = false;
+  // output_router_logits: the loss gains router_aux_coef times the routers'
+  // load-balancing loss (router_balance.hpp); 0 = not added.
+  double router_aux_coef = 0;
   // Qwen2/3-MoE: experts in layers l with (l + 1) % sparse_step == 0 that
   // dense_layers (mlp_only_layers) does not list; a dense MLP in the others.
   int64_t sparse_step = 1;

@@ -9,7 +9,7 @@ Routing route(const at::Tensor& router_logits, int64_t top_k, bool renormalize,
   const at::Tensor p = at::softmax(router_logits, -1, at::kFloat);
   auto [weights, chosen] = at::topk(p, top_k, -1);
   if (renormalize) weights = weights / weights.sum(-1, true);
-  return {weights.to(dtype), chosen};
+  return {weights.to(dtype), chosen, p};
 }
 
 at::Tensor mix_experts(const at::Tensor& x, const Routing& r, int64_t n_experts,

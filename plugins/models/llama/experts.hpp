@@ -14,6 +14,7 @@ namespace llama {
 struct Routing {
   at::Tensor weights;  // [N, K], the activations' dtype
   at::Tensor chosen;   // [N, K] expert ids (long)
+  at::Tensor probs;    // [N, E] fp32, the router's softmax (the load-balancing loss reads it)
 };
 
 // p = softmax(router_logits) in fp32; the top_k of p, renormalized to sum 1

@@ -84,6 +84,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
           if (f->defined()) *f = f->to(at::Device(info.device));
 
     llama::declare_parameters(*m, info);
+    if (s.router_aux_coef > 0) m->balance.emplace(s.router_aux_coef, s.n_experts);
     const int64_t L = s.n_layer, C = s.n_embd, V = s.vocab;
     const nlohmann::json cfg = llama::hf_config_for_export(s, host.get_string("dtype"));
     m->hf_config = cfg.dump(2);
@@ -94,7 +95,9 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
             " n_kv_head=" + std::to_string(s.n_kv_head) + " vocab=" + std::to_string(V) +
             (s.n_experts > 0
                  ? " experts=" + std::to_string(s.n_experts) + " top_k=" + std::to_string(s.top_k)
-                 : std::string()));
+                 : std::string()) +
+            (s.router_aux_coef > 0 ? " router_aux_loss_coef=" + c10::str(s.router_aux_coef)
+                                   : std::string()));
     *out = m.release();
     return TF_OK;
   });
@@ -106,10 +109,18 @@ tf_status stage_forward(void* state, tf_host_context* ctx, const tf_stage_call* 
   return tf_sdk::guard(m->host.api(), ctx, [&] {
     const at::Tensor& x = tf_sdk::borrow(input);
     const int64_t last = m->s.n_layer + 1;
+    const Llama::PassCall pass{tf_sdk::call_attention_mask(call), call->recompute != 0};
+    m->pass_call = &pass;
+    struct Clear {
+      const Llama::PassCall*& slot;
+      ~Clear() { slot = nullptr; }
+    } clear{m->pass_call};
+    if (m->balance && call->stage == 0 && !pass.recompute) m->balance->begin_pass();
     at::Tensor y = call->stage == 0 ? m->embed(x)
                    : call->stage == last
                        ? m->head(x, tf_sdk::head_hidden_only(call))
                        : m->block(x, call->stage - 1, nullptr, tf_sdk::call_positions(call));
+    if (m->balance && call->stage == last) m->balance->end_pass(pass.recompute, m->host);
     *out = tf_sdk::give(std::move(y));
     return TF_OK;
   });

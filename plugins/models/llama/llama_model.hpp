@@ -54,6 +54,7 @@
 #include "decoder_shape.hpp"
 #include "experts.hpp"
 #include "rope.hpp"
+#include "router_balance.hpp"
 #include "tightfit/activation_bytes.hpp"
 #include "tightfit/packed_rows.hpp"
 #include "tightfit/plugin_sdk.hpp"
@@ -240,6 +241,15 @@ struct Llama {
   };
   mutable FurthestPosition furthest_of_;
 
+  // The routers' load-balancing loss (Shape::router_aux_coef > 0), and what
+  // a stage of a pass tells it while the stage runs (none in decode).
+  struct PassCall {
+    at::Tensor attention_mask;  // [B, T], 1 where the token counts; undefined: all do
+    bool recompute = false;
+  };
+  mutable std::optional<RouterBalance> balance;
+  mutable const PassCall* pass_call = nullptr;
+
   // W_down (act(W_gate v) * W_up v) with the weights under `prefix`.
   at::Tensor gated_mlp(const at::Tensor& v, const std::string& prefix, const ExpertNames& n) const {
     const at::Tensor gate = act(host.linear(v, prefix + n.gate + ".weight"));
@@ -254,6 +264,11 @@ struct Llama {
     const at::Tensor x = v.reshape({-1, s.n_embd});
     const Routing r =
         route(host.linear(x, block + "gate.weight"), s.top_k, s.norm_topk, x.scalar_type());
+    if (balance && pass_call != nullptr) {
+      const at::Tensor& mask = pass_call->attention_mask;
+      balance->record(r.probs, r.chosen, mask.defined() ? mask.reshape(-1) : mask,
+                      pass_call->recompute, host);
+    }
     at::Tensor y = mix_experts(x, r, s.n_experts, [&](int64_t e, const at::Tensor& xe) {
       return gated_mlp(xe, block + "experts." + std::to_string(e) + ".", n);
     });

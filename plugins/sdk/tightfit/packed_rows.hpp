@@ -21,6 +21,16 @@ inline at::Tensor call_positions(const tf_stage_call* call) {
   return *reinterpret_cast<const at::Tensor*>(call->positions);
 }
 
+// The call's attention mask (int64 [B, T], 1 where the token is an
+// example's, 0 where it pads its row; ABI 1.16), or an undefined tensor:
+// every token is an example's.
+inline at::Tensor call_attention_mask(const tf_stage_call* call) {
+  if (call->struct_size < offsetof(tf_stage_call, attention_mask) + sizeof(call->attention_mask) ||
+      call->attention_mask == nullptr)
+    return {};
+  return *reinterpret_cast<const at::Tensor*>(call->attention_mask);
+}
+
 // Which example each token belongs to: a position that is not the previous
 // one plus 1 starts the next (transformers' find_packed_sequence_indices).
 inline at::Tensor packed_example_ids(const at::Tensor& positions) {

@@ -294,7 +294,6 @@ class Host {
     api_->log(ctx_, level, msg.c_str());
   }
 
-  // A metric on this step's line; best effort (a metric never stops a step).
   // The strategies' adapters (LoRA) off or on for the passes that follow
   // (ABI 1.10); how many strategies hold adapters (0: none, nothing changed).
   int32_t set_adapters_enabled(bool on) const {
@@ -305,6 +304,16 @@ class Host {
     check(api_->adapters_set_enabled(ctx_, on ? 1 : 0, &holders));
     return holders;
   }
+  // Adds `term` (a float scalar) to the loss of the pass whose stage is
+  // running, reported and back-propagated with it (ABI 1.16; a model's own
+  // term, such as a mixture of experts' load-balancing loss).
+  void add_loss_term(const at::Tensor& term) const {
+    if (!TF_HAS(api_, tf_host_api, add_loss_term))
+      throw std::runtime_error(
+          "this tightfit cannot add a model's term to the loss (plugin ABI 1.16): update it");
+    check(api_->add_loss_term(ctx_, lend(term)));
+  }
+  // A metric on this step's line; best effort (a metric never stops a step).
   void log_metric(const std::string& key, double value) const {
     api_->log_metric(ctx_, key.c_str(), value);
   }
