@@ -326,6 +326,61 @@ TEST_F(DpoRecipes, PrecomputedReferenceLogpsEqualTheReferencePass) {
   }
 }
 
+// reference_tier = "host": a full fine-tune's reference copy kept in host
+// memory and brought in a weight at a time. The run is the device copy's
+// bit for bit, for dpo and kto, resumed too (the copy travels in the
+// checkpoint and comes back to host memory); the plan moves the copy's
+// bytes, every trainable weight in fp32, from the device tier to the host
+// tier. Where there is no copy to place (adapters, precomputed log-probs)
+// the key is refused by name.
+TEST_F(DpoRecipes, AReferenceCopyInHostMemoryGivesTheSameRun) {
+  for (const std::string schedule : {"dpo", "kto"}) {
+    SCOPED_TRACE(schedule);
+    const std::string data = schedule == "kto" ? "max_prompt_length = 32\n" : "";
+    auto text = [&](const std::string& out, const std::string& extra,
+                    const std::string& strategies = "") {
+      return recipe(out, rows(), data, "plugin = \"" + schedule + "\"\n" + extra, strategies, 6);
+    };
+    auto run = [&](const std::string& out, const std::string& extra, bool resume,
+                   int64_t stop_after) {
+      SessionOptions o;
+      o.resume = resume;
+      o.stop_after_steps = stop_after;
+      return test::make_session(text(out, extra), o)->train();
+    };
+    const std::string host = "reference_tier = \"host\"\n";
+    test::TempDir d;
+    const TrainSummary device = run(d.str() + "/device", "", false, -1);
+    const TrainSummary on_host = run(d.str() + "/host", host, false, -1);
+    ASSERT_EQ(device.losses.size(), 6u);
+    ASSERT_EQ(on_host.losses.size(), 6u);
+    for (size_t i = 0; i < 6; ++i) EXPECT_EQ(on_host.losses[i], device.losses[i]) << "step " << i;
+    EXPECT_EQ(on_host.val_loss, device.val_loss);
+    run(d.str() + "/b", host, false, 3);
+    const TrainSummary second = run(d.str() + "/b", host, true, -1);
+    ASSERT_EQ(second.losses.size(), 3u);
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_EQ(second.losses[i], device.losses[3 + i]) << "step " << 3 + i;
+
+    const MemoryPlan on_device_plan = test::plan_of(text(d.str(), ""));
+    const MemoryPlan on_host_plan = test::plan_of(text(d.str(), host));
+    const int64_t copy = on_device_plan.n_trainable * 4;
+    EXPECT_GT(copy, 0);
+    EXPECT_EQ(on_device_plan.device_peak - on_host_plan.device_peak, copy);
+    EXPECT_EQ(on_host_plan.host_bytes - on_device_plan.host_bytes, copy);
+
+    const std::string with_adapters =
+        error_of([&] { test::make_session(text(d.str() + "/lora", host, kLora))->train(); });
+    EXPECT_NE(with_adapters.find("with adapters the reference is the base with them off"),
+              std::string::npos)
+        << with_adapters;
+    const std::string precomputed = error_of(
+        [&] { test::make_session(text(d.str(), host + "precompute_ref_log_probs = true\n")); });
+    EXPECT_NE(precomputed.find("precompute_ref_log_probs = true keeps none"), std::string::npos)
+        << precomputed;
+  }
+}
+
 // TRL's gradient_accumulation_steps: each micro-batch's loss divided by
 // their count. Two micro-batches of two pairs give the gradient of the two
 // micro-batches' mean loss: for dpo and cpo without the NLL (means over

@@ -90,6 +90,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     s->options.label_smoothing = s->host.get_double("label_smoothing");
     s->accumulation = static_cast<int32_t>(s->host.get_int("gradient_accumulation_steps"));
     s->precompute = s->host.get_bool("precompute_ref_log_probs");
+    s->reference.read(s->host, s->precompute);
     if (s->options.label_smoothing > 0 && s->options.loss_type != "sigmoid")
       throw std::invalid_argument("label_smoothing applies to loss_type = \"sigmoid\" (cDPO); " +
                                   s->options.loss_type + " ignores it in TRL: leave it out");
@@ -160,8 +161,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
     if (s->accumulation > 1) out->grads_in_forward = 1;
     // A full fine-tune keeps a copy of the trainable weights as its reference
     // (unless its log-probs are precomputed).
-    if (!s->precompute)
-      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] += s->reference.planned_bytes(s->host);
+    if (!s->precompute) s->reference.plan(s->host, out);
     return TF_OK;
   });
 }
@@ -200,6 +200,7 @@ const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
                 "sigmoid only: the assumed share of flipped labels (cDPO)", 0, 0.4999),
     tf_preference::accumulation_key(),
     tf_preference::precompute_key(),
+    tf_preference::reference_tier_key(),
     tf_preference::concatenate_pairs_key(),
 });
 

@@ -1,7 +1,8 @@
 // The reference model of the schedules that have one (dpo, kto), as TRL
 // makes it: with adapters, the base with them off (a PeftModel's
 // disable_adapter()); without, the trainable weights as they were before
-// the first update (reference_weights.hpp), which checkpoints carry.
+// the first update (reference_weights.hpp), which checkpoints carry, kept
+// on the device or in host memory (reference_tier).
 #pragma once
 
 #include <optional>
@@ -13,16 +14,43 @@
 
 namespace tf_preference {
 
+inline tf_config_key reference_tier_key() {
+  return tf_sdk::key("reference_tier", TF_VALUE_STRING, "\"device\"",
+                     "where a full fine-tune keeps its reference copy of the trainable weights: "
+                     "device, or host (host memory, pinned on a GPU; each weight brought in for "
+                     "the reference pass and back out)",
+                     1, 0, "device|host");
+}
+
 class ReferenceModel {
  public:
   explicit ReferenceModel(std::string schedule) : schedule_(std::move(schedule)) {}
+
+  // reference_tier, refused where there is no copy to place: with the
+  // reference's log-probs precomputed (none is kept), and, once the
+  // strategies are known, with adapters (adapters()).
+  void read(const tf_sdk::Host& host, bool precompute) {
+    on_host_ = host.get_string("reference_tier") == "host";
+    if (on_host_ && precompute)
+      throw std::invalid_argument(
+          schedule_ +
+          ": reference_tier = \"host\" places a full fine-tune's reference copy, and "
+          "precompute_ref_log_probs = true keeps none: leave one of them out");
+  }
 
   // Whether a strategy holds adapters. The strategies do not change during
   // a run: asked once.
   bool adapters(const tf_sdk::Host& host) {
     if (!adapters_) {
-      adapters_ = host.set_adapters_enabled(false) > 0;
-      if (*adapters_) host.set_adapters_enabled(true);
+      const bool adapters = host.set_adapters_enabled(false) > 0;
+      if (adapters) host.set_adapters_enabled(true);
+      if (adapters && on_host_)
+        throw std::invalid_argument(
+            schedule_ +
+            ": reference_tier = \"host\" places a full fine-tune's reference copy, and with "
+            "adapters the reference is the base with them off, no copy: leave reference_tier "
+            "out");
+      adapters_ = adapters;
     }
     return *adapters_;
   }
@@ -34,7 +62,7 @@ class ReferenceModel {
     if (!weights_.empty() || adapters(host)) return;
     if (step > 0)
       throw std::logic_error(schedule_ + ": no reference weights at step " + std::to_string(step));
-    weights_.take(host);
+    weights_.take(host, on_host_);
   }
 
   // f() run as the reference model, the policy back however it ends.
@@ -50,15 +78,19 @@ class ReferenceModel {
 
   void save(const tf_sdk::Host& host) const { weights_.save(host); }
   void load(const tf_sdk::Host& host) {
-    if (!weights_.load(host) && !adapters(host))
+    if (!weights_.load(host, on_host_) && !adapters(host))
       throw std::runtime_error(
           "the checkpoint holds no reference weights for " + schedule_ +
           "'s full fine-tune (it was saved with adapters, or by another schedule): resume with "
           "the recipe that saved it");
   }
-  // What the plan adds: a full fine-tune's copy of the trainable weights.
-  int64_t planned_bytes(const tf_sdk::Host& host) {
-    return adapters(host) ? 0 : ReferenceWeights::planned_bytes(host);
+  // What the plan adds: a full fine-tune's copy of the trainable weights,
+  // in its tier. The swap's temporary (one weight) is left out: the
+  // reference pass runs before the policy's, below the step's peak.
+  void plan(const tf_sdk::Host& host, tf_memory_estimate* out) {
+    if (adapters(host)) return;
+    out->delta_bytes[on_host_ ? TF_TIER_HOST : TF_TIER_DEVICE][TF_MEM_WEIGHTS] +=
+        ReferenceWeights::planned_bytes(host);
   }
 
  private:
@@ -88,6 +120,7 @@ class ReferenceModel {
   std::string schedule_;
   ReferenceWeights weights_;
   std::optional<bool> adapters_;
+  bool on_host_ = false;
 };
 
 }  // namespace tf_preference

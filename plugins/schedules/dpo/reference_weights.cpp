@@ -14,9 +14,19 @@ std::vector<std::string> trainable_names(const tf_sdk::Host& host) {
   return names;
 }
 
+// Where the copy of `live` is kept: beside it, or in host memory (pinned
+// when the weight is on a GPU, so the swap's copies go at the bus's speed).
+at::Tensor kept_copy(const at::Tensor& t, const at::Tensor& live, bool on_host) {
+  at::TensorOptions where = live.options();
+  if (on_host) where = where.device(at::kCPU).pinned_memory(live.is_cuda());
+  at::Tensor copy = at::empty(live.sizes(), where);
+  copy.copy_(t);
+  return copy;
+}
+
 }  // namespace
 
-void ReferenceWeights::take(const tf_sdk::Host& host) {
+void ReferenceWeights::take(const tf_sdk::Host& host, bool on_host) {
   at::NoGradGuard no_grad;
   const tf_sdk::MemoryCategory category(host, TF_MEM_WEIGHTS);
   std::vector<std::pair<std::string, at::Tensor>> copy;
@@ -28,13 +38,20 @@ void ReferenceWeights::take(const tf_sdk::Host& host) {
           name +
           " is not a dense weight in the device tier (a strategy moves or converts it): train "
           "adapters ([[strategy]] plugin = \"lora\") or leave that strategy out");
-    copy.emplace_back(name, host.param_storage(name).detach().clone());
+    const at::Tensor live = host.param_storage(name).detach();
+    copy.emplace_back(name, kept_copy(live, live, on_host));
   }
   if (copy.empty())
     throw std::invalid_argument("dpo: nothing is trainable, so there is no policy to train");
+  if (on_host && !copy.front().second.is_pinned())
+    host.log(TF_LOG_WARN,
+             "reference_tier = \"host\" on a CPU run keeps the reference copy in the same "
+             "memory as the weights (no saving)");
   weights_ = std::move(copy);
 }
 
+// The same three copies wherever the copy lives: copy_ crosses devices
+// (synchronously into and out of pinned memory).
 void ReferenceWeights::swap(const tf_sdk::Host& host) {
   at::NoGradGuard no_grad;
   const tf_sdk::MemoryCategory category(host, TF_MEM_TRANSIENT);
@@ -50,7 +67,7 @@ void ReferenceWeights::save(const tf_sdk::Host& host) const {
   for (const auto& [name, kept] : weights_) host.save_tensor("reference." + name, kept);
 }
 
-bool ReferenceWeights::load(const tf_sdk::Host& host) {
+bool ReferenceWeights::load(const tf_sdk::Host& host, bool on_host) {
   std::vector<std::pair<std::string, at::Tensor>> loaded;
   const std::vector<std::string> names = trainable_names(host);
   for (const std::string& name : names) {
@@ -61,7 +78,7 @@ bool ReferenceWeights::load(const tf_sdk::Host& host) {
       throw std::runtime_error("the checkpoint's reference weight " + name +
                                " has another shape than the model's");
     const tf_sdk::MemoryCategory category(host, TF_MEM_WEIGHTS);
-    loaded.emplace_back(name, t->to(live.device(), live.scalar_type()));
+    loaded.emplace_back(name, kept_copy(*t, live, on_host));
   }
   if (loaded.empty()) return false;
   if (loaded.size() != names.size())

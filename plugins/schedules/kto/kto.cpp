@@ -133,6 +133,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     s->options.undesirable_weight = s->host.get_double("undesirable_weight");
     s->accumulation = static_cast<int32_t>(s->host.get_int("gradient_accumulation_steps"));
     s->precompute = s->host.get_bool("precompute_ref_log_probs");
+    s->reference.read(s->host, s->precompute);
     // A batch's KL rows are its own completions shifted by one: with one
     // row, the KL term is the row's own reward (TRL refuses it too).
     const tf_run_info info = s->host.run_info();
@@ -212,8 +213,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
     out->time_factor = ((s->precompute ? 1.0 : 2.0) + 1.5) / 3.0 * s->accumulation;
     tf_preference::plan_half_the_activations(model, out);
     if (s->accumulation > 1) out->grads_in_forward = 1;
-    if (!s->precompute)
-      out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] += s->reference.planned_bytes(s->host);
+    if (!s->precompute) s->reference.plan(s->host, out);
     return TF_OK;
   });
 }
@@ -255,6 +255,7 @@ const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
                 "weight of the undesirable completions' losses (TRL's undesirable_weight)", 0, 1e6),
     tf_preference::accumulation_key(),
     tf_preference::precompute_key(),
+    tf_preference::reference_tier_key(),
 });
 
 const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),
