@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "file_util.hpp"
+#include "gguf_experts.hpp"
 #include "gguf_folder.hpp"
 #include "gguf_model.hpp"
 #include "gguf_quants.hpp"
@@ -99,10 +100,12 @@ std::string gguf_architecture(const nlohmann::json& config) {
   const std::string type = config.value("model_type", "");
   if (type == "llama" || type == "mistral") return "llama";
   if (type == "qwen2" || type == "qwen3") return type;
+  if (type == "qwen2_moe") return "qwen2moe";
+  if (type == "qwen3_moe") return "qwen3moe";
   throw GgufError("a model of model_type \"" + type +
-                  "\" is not written as GGUF by tightfit (it writes llama, mistral, qwen2 and "
-                  "qwen3 models); export it as a Hugging Face folder and convert that with "
-                  "llama.cpp's convert_hf_to_gguf.py");
+                  "\" is not written as GGUF by tightfit (it writes llama, mistral, qwen2, qwen3, "
+                  "qwen2_moe and qwen3_moe models); export it as a Hugging Face folder and convert "
+                  "that with llama.cpp's convert_hf_to_gguf.py");
 }
 
 void write_tokenizer_keys(const std::string& tokenizer_source_file, GgufWriter& out) {
@@ -139,7 +142,11 @@ void write_tokenizer_keys(const std::string& tokenizer_source_file, GgufWriter& 
 GgufModelWriter::GgufModelWriter(const std::string& path, const nlohmann::json& config,
                                  const TensorType& type, const std::string& tokenizer_source_file,
                                  const std::string& model_name)
-    : config_(config), arch_(gguf_architecture(config)), type_(type), out_(path) {
+    : config_(config),
+      arch_(gguf_architecture(config)),
+      type_(type),
+      out_(path),
+      experts_(config.value("num_experts", int64_t{0})) {
   if (!can_quantize(type)) out_type(type.name);  // throws, naming the types written
   if (config.contains("rope_scaling") && !config["rope_scaling"].is_null())
     throw GgufError("config.json has rope_scaling " + json_excerpt(config["rope_scaling"]) +
@@ -174,6 +181,7 @@ GgufModelWriter::GgufModelWriter(const std::string& path, const nlohmann::json& 
         a + "rope.dimension_count",
         static_cast<uint32_t>(has_head_dim ? config["head_dim"].get<int64_t>() : hidden / heads));
   }
+  if (has_experts(arch_)) write_expert_keys(config, arch_, out_);
   write_tokenizer_keys(tokenizer_source_file, out_);
 }
 
@@ -181,11 +189,28 @@ void GgufModelWriter::add(const std::string& hf_name, const at::Tensor& t,
                           const std::function<void(const std::string&)>& warn) {
   // A tied head is the embedding: llama.cpp reads token_embd for it.
   if (hf_name == "lm_head.weight" && config_.value("tie_word_embeddings", false)) return;
+  // A routed expert waits for the others of its layer and projection.
+  std::optional<std::pair<std::string, at::Tensor>> stacked;
+  if (has_experts(arch_) && experts_.add(hf_name, t, &stacked)) {
+    if (stacked) add_matrix(stacked->first, stacked->second, hf_name, warn);
+    return;
+  }
   const std::optional<std::string> name = gguf_tensor_name(hf_name);
   if (!name) throw GgufError("the model's tensor " + hf_name + " has no GGUF name tightfit knows");
   at::Tensor w = t.detach().to(at::kFloat);
   if (const int64_t n = permuted_heads(arch_, config_, *name)) w = permute_rows(w, n, hf_name);
-  const bool keep_f32 = w.dim() <= 1 || name->ends_with("_norm.weight");
+  // Qwen2-MoE's shared-expert gate, [1, hidden] in transformers, is a
+  // vector in llama.cpp ({n_embd}).
+  if (name->ends_with(".ffn_gate_inp_shexp.weight")) w = w.reshape({-1});
+  add_matrix(*name, w, hf_name, warn);
+}
+
+void GgufModelWriter::add_matrix(const std::string& name, const at::Tensor& w,
+                                 const std::string& hf_name,
+                                 const std::function<void(const std::string&)>& warn) {
+  // Norms, biases and the routers stay F32, as convert_hf_to_gguf keeps them.
+  const bool keep_f32 = w.dim() <= 1 || name.ends_with("_norm.weight") ||
+                        name.find(".ffn_gate_inp") != std::string::npos;
   const TensorType* type = keep_f32 ? tensor_type(0) : &type_;
   if (type->block > 1 && w.size(-1) % type->block != 0) {
     if (warn)
@@ -193,10 +218,11 @@ void GgufModelWriter::add(const std::string& hf_name, const at::Tensor& t,
            " blocks of " + std::to_string(type->block) + "; written as F16");
     type = tensor_type(1);
   }
-  add_encoded(out_, *name, w, *type);
+  add_encoded(out_, name, w, *type);
 }
 
 void GgufModelWriter::finish() {
+  experts_.check_complete();
   out_.finish();
 }
 

@@ -2,7 +2,9 @@
 // convert_hf_to_gguf.py and convert_lora_to_gguf.py write them, so that
 // llama.cpp, ollama and LM Studio load what tightfit trained:
 // - the metadata of the architecture (llama — which Mistral and SmolLM use —,
-//   qwen2, qwen3) from config.json;
+//   qwen2, qwen3, qwen2moe, qwen3moe) from config.json;
+// - a mixture of experts' routed experts stacked per layer and projection
+//   (gguf_experts.hpp), its routers and shared expert under llama.cpp's names;
 // - each tensor under its GGUF name (gguf_model's map), LLaMA's q and k rows
 //   permuted for llama.cpp's rotary kernel;
 // - norms and biases in F32, the matrices in the type asked for (F32, F16,
@@ -20,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "gguf_experts.hpp"
 #include "gguf_file.hpp"
 #include "gguf_writer.hpp"
 
@@ -53,10 +56,15 @@ class GgufModelWriter {
   void finish();
 
  private:
+  // Encodes one tensor under its GGUF name, in the file's type or F32.
+  void add_matrix(const std::string& name, const at::Tensor& w, const std::string& hf_name,
+                  const std::function<void(const std::string&)>& warn);
+
   nlohmann::json config_;
   std::string arch_;
   const TensorType& type_;
   GgufWriter out_;
+  ExpertStacks experts_;
 };
 
 // Writes the PEFT adapter folder `peft_dir` (adapter_config.json +

@@ -92,12 +92,24 @@ std::optional<std::string> gguf_tensor_name(const std::string& hf_name) {
   for (const auto& [hf, gg] : whole)
     if (hf_name == hf) return std::string(gg);
   static const std::pair<const char*, const char*> in_block[] = {
-      {"input_layernorm", "attn_norm"},    {"post_attention_layernorm", "ffn_norm"},
-      {"self_attn.q_proj", "attn_q"},      {"self_attn.k_proj", "attn_k"},
-      {"self_attn.v_proj", "attn_v"},      {"self_attn.o_proj", "attn_output"},
-      {"self_attn.q_norm", "attn_q_norm"}, {"self_attn.k_norm", "attn_k_norm"},
-      {"mlp.gate_proj", "ffn_gate"},       {"mlp.up_proj", "ffn_up"},
+      {"input_layernorm", "attn_norm"},
+      {"post_attention_layernorm", "ffn_norm"},
+      {"self_attn.q_proj", "attn_q"},
+      {"self_attn.k_proj", "attn_k"},
+      {"self_attn.v_proj", "attn_v"},
+      {"self_attn.o_proj", "attn_output"},
+      {"self_attn.q_norm", "attn_q_norm"},
+      {"self_attn.k_norm", "attn_k_norm"},
+      {"mlp.gate_proj", "ffn_gate"},
+      {"mlp.up_proj", "ffn_up"},
       {"mlp.down_proj", "ffn_down"},
+      // Qwen-MoE's router and shared expert (the routed experts are
+      // stacked: gguf_experts.hpp).
+      {"mlp.gate", "ffn_gate_inp"},
+      {"mlp.shared_expert_gate", "ffn_gate_inp_shexp"},
+      {"mlp.shared_expert.gate_proj", "ffn_gate_shexp"},
+      {"mlp.shared_expert.up_proj", "ffn_up_shexp"},
+      {"mlp.shared_expert.down_proj", "ffn_down_shexp"},
   };
   static const std::regex layer(R"(model\.layers\.(\d+)\.(.+)\.(weight|bias))");
   std::smatch m;

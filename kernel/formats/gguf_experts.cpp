@@ -1,0 +1,88 @@
+#include "gguf_experts.hpp"
+
+#include <regex>
+
+#include "gguf_file.hpp"
+#include "json_input.hpp"
+
+namespace tightfit::gguf {
+namespace {
+
+int64_t required_int(const nlohmann::json& c, const char* key) {
+  if (!c.contains(key) || !c[key].is_number_integer() || c[key].get<int64_t>() <= 0)
+    throw GgufError(std::string("config.json has no positive integer ") + key +
+                    ", which a mixture of experts' GGUF metadata needs");
+  return c[key].get<int64_t>();
+}
+
+}  // namespace
+
+bool has_experts(const std::string& arch) {
+  return arch == "qwen2moe" || arch == "qwen3moe";
+}
+
+void write_expert_keys(const nlohmann::json& config, const std::string& arch, GgufWriter& out) {
+  auto refuse = [&](const std::string& key, const std::string& why) {
+    throw GgufError("config.json's " + key + " " +
+                    (config.contains(key) ? json_excerpt(config[key]) : std::string("(unset)")) +
+                    ": " + why +
+                    "; export a Hugging Face folder (--format hf) and convert it with llama.cpp's "
+                    "convert_hf_to_gguf.py if your llama.cpp reads it");
+  };
+  // llama.cpp's qwen2moe and qwen3moe graphs give every layer experts.
+  if (config.contains("mlp_only_layers") && !config["mlp_only_layers"].is_null() &&
+      !(config["mlp_only_layers"].is_array() && config["mlp_only_layers"].empty()))
+    refuse("mlp_only_layers", "llama.cpp's " + arch + " gives every layer experts");
+  if (config.contains("decoder_sparse_step") && config["decoder_sparse_step"] != 1)
+    refuse("decoder_sparse_step", "llama.cpp's " + arch + " gives every layer experts");
+  // Its graph normalizes the chosen experts' weights for qwen3moe and not
+  // for qwen2moe, whatever the file says.
+  const bool normalized = arch == "qwen3moe";
+  if (config.value("norm_topk_prob", false) != normalized)
+    refuse("norm_topk_prob", std::string("llama.cpp's ") + arch +
+                                 (normalized ? " normalizes" : " does not normalize") +
+                                 " the top-k weights");
+  const std::string a = arch + ".";
+  out.set_u32(a + "expert_count", static_cast<uint32_t>(required_int(config, "num_experts")));
+  out.set_u32(a + "expert_used_count",
+              static_cast<uint32_t>(required_int(config, "num_experts_per_tok")));
+  out.set_u32(a + "expert_feed_forward_length",
+              static_cast<uint32_t>(required_int(config, "moe_intermediate_size")));
+  if (arch == "qwen2moe")
+    out.set_u32(a + "expert_shared_feed_forward_length",
+                static_cast<uint32_t>(required_int(config, "shared_expert_intermediate_size")));
+}
+
+bool ExpertStacks::add(const std::string& hf_name, const at::Tensor& t,
+                       std::optional<std::pair<std::string, at::Tensor>>* stacked) {
+  static const std::regex expert(
+      R"(model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight)");
+  std::smatch m;
+  if (!std::regex_match(hf_name, m, expert)) return false;
+  const int64_t index = std::stoll(m[2].str());
+  if (index >= n_)
+    throw GgufError("the model's tensor " + hf_name + " is expert " + std::to_string(index) +
+                    " of " + std::to_string(n_) + " (config.json's num_experts)");
+  const std::string name = "blk." + m[1].str() + ".ffn_" + m[3].str() + "_exps.weight";
+  std::vector<at::Tensor>& experts = partial_[name];
+  experts.resize(static_cast<size_t>(n_));
+  at::Tensor& slot = experts[static_cast<size_t>(index)];
+  if (slot.defined()) throw GgufError("the model gives " + hf_name + " twice");
+  slot = t.detach().to(at::kFloat);
+  for (const at::Tensor& e : experts)
+    if (!e.defined()) return true;
+  stacked->emplace(name, at::stack(experts));
+  partial_.erase(name);
+  return true;
+}
+
+void ExpertStacks::check_complete() const {
+  for (const auto& [name, experts] : partial_) {
+    int64_t missing = 0;
+    for (const at::Tensor& e : experts) missing += e.defined() ? 0 : 1;
+    throw GgufError(name + " misses " + std::to_string(missing) + " of its " + std::to_string(n_) +
+                    " experts: the model gave only some of them");
+  }
+}
+
+}  // namespace tightfit::gguf

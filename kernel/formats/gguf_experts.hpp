@@ -1,0 +1,48 @@
+// The mixture-of-experts part of a GGUF model, as llama.cpp's
+// convert_hf_to_gguf.py writes Qwen2-MoE and Qwen3-MoE: the expert keys of
+// the architecture's metadata, and each layer's experts stacked into one
+// tensor per projection (Hugging Face's mlp.experts.E.gate_proj.weight,
+// E = 0..n-1, become blk.L.ffn_gate_exps.weight [n, out, in]).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gguf_writer.hpp"
+
+namespace tightfit::gguf {
+
+// Whether `arch` (a GGUF architecture name) has routed experts.
+bool has_experts(const std::string& arch);
+
+// The keys convert_hf_to_gguf adds for the experts (expert_count,
+// expert_used_count, expert_feed_forward_length and, for Qwen2-MoE,
+// expert_shared_feed_forward_length). Throws GgufError, naming the key, for
+// a config llama.cpp's graph would compute differently: a dense layer among
+// the expert ones (mlp_only_layers, decoder_sparse_step), or top-k weights
+// normalized where llama.cpp does not (or not where it does).
+void write_expert_keys(const nlohmann::json& config, const std::string& arch, GgufWriter& out);
+
+// Collects the experts of each layer and projection until all n are in.
+class ExpertStacks {
+ public:
+  explicit ExpertStacks(int64_t n_experts) : n_(n_experts) {}
+  // Whether `hf_name` is one expert's weight. When it is the last of its
+  // stack, `*stacked` gets the GGUF name and the [n, out, in] tensor.
+  bool add(const std::string& hf_name, const at::Tensor& t,
+           std::optional<std::pair<std::string, at::Tensor>>* stacked);
+  // Throws GgufError naming a stack some experts never reached.
+  void check_complete() const;
+
+ private:
+  int64_t n_;
+  std::map<std::string, std::vector<at::Tensor>> partial_;  // GGUF name -> experts by index
+};
+
+}  // namespace tightfit::gguf

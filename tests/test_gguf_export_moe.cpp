@@ -1,0 +1,139 @@
+// `tightfit export --format gguf` of the mixtures of experts llama.cpp runs
+// as qwen2moe and qwen3moe: each layer's routed experts stacked into one
+// tensor per projection, the routers and Qwen2-MoE's shared expert under
+// llama.cpp's names, the expert keys in the metadata — checked against the
+// readers users have (tests/peers/gguf_moe.py): every tensor's bytes equal
+// gguf.quants.quantize of the transformers tensor stacked as
+// convert_hf_to_gguf stacks it (F32 and Q8_0), every name one of gguf's
+// tensors for the architecture, and transformers' GGUF loader on the F32
+// file computing the model's logits.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "gguf_export.hpp"
+#include "session.hpp"
+#include "test_support.hpp"
+
+namespace tightfit {
+namespace {
+namespace fs = std::filesystem;
+
+const char* const kFamilies[] = {"qwen2_moe", "qwen3_moe"};
+
+std::string peer() {
+  return test::peer_python() + " " + TIGHTFIT_SOURCE_DIR + "/tests/peers/gguf_moe.py";
+}
+
+// The recipe of the model in `folder` (its config, weights and tokenizer).
+std::string recipe_of(const test::TempDir& dir, const std::string& folder) {
+  std::string recipe = test::tiny_recipe(test::write_corpus(dir), dir.str() + "/runs");
+  const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
+  recipe.replace(begin, end - begin,
+                 "[model]\nplugin = \"llama\"\nconfig = \"" + folder + "\"\nweights = \"" + folder +
+                     "/model.safetensors\"\n\n");
+  const auto tok = recipe.find("tokenizer = \"byte\"");
+  recipe.replace(tok, 18, "tokenizer = \"" + folder + "/tokenizer.json\"");
+  return recipe;
+}
+
+class GgufExportMoe : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir();
+    const std::string d = dir_->str();
+    ASSERT_EQ(std::system((peer() + " make " + d + " > " + d + "/make.log 2>&1").c_str()), 0)
+        << "tests/peers/gguf_moe.py make failed; its log is " << d << "/make.log";
+    for (const char* family : kFamilies) {
+      const std::string folder = d + "/" + family;
+      SessionOptions so;
+      so.skip_data = true;
+      auto s = test::make_session(recipe_of(*dir_, folder), so);
+      s->export_gguf(folder + "/m-f32.gguf", "f32");
+      s->export_gguf(folder + "/m-q8_0.gguf", "q8_0");
+    }
+    ASSERT_EQ(std::system((peer() + " check " + d + " > " + d + "/check.log 2>&1").c_str()), 0)
+        << "tests/peers/gguf_moe.py check failed; its log is " << d << "/check.log";
+    std::ifstream in(d + "/report.json");
+    report_ = new nlohmann::json(nlohmann::json::parse(in));
+  }
+  static void TearDownTestSuite() {
+    delete report_;
+    delete dir_;
+  }
+  static test::TempDir* dir_;
+  static nlohmann::json* report_;
+};
+test::TempDir* GgufExportMoe::dir_ = nullptr;
+nlohmann::json* GgufExportMoe::report_ = nullptr;
+
+TEST_F(GgufExportMoe, EveryTensorIsWhatConvertHfToGgufWrites) {
+  for (const char* family : kFamilies) {
+    SCOPED_TRACE(family);
+    const nlohmann::json& r = (*report_)[family];
+    EXPECT_EQ(r["arch"], std::string(family) == "qwen2_moe" ? "qwen2moe" : "qwen3moe");
+    EXPECT_TRUE(r["unknown_names"].empty()) << r["unknown_names"].dump();
+    EXPECT_TRUE(r["missing"].empty()) << r["missing"].dump();
+    EXPECT_TRUE(r["metadata_wrong"].empty()) << r["metadata_wrong"].dump();
+    for (const char* type : {"f32", "q8_0"})
+      EXPECT_TRUE(r["wrong"][type].empty()) << type << ": " << r["wrong"][type].dump();
+  }
+}
+
+TEST_F(GgufExportMoe, TransformersReadsTheModelsLogitsFromTheFile) {
+  for (const char* family : kFamilies) {
+    const double err = (*report_)[family]["logits_max_err"].get<double>();
+    EXPECT_LE(err, 1e-4) << family;
+    ::testing::Test::RecordProperty(std::string("max_logit_error_") + family, c10::str(err));
+  }
+}
+
+// A config llama.cpp's graph would compute differently is refused by name,
+// and nothing is left behind; a family tightfit does not write as GGUF is
+// refused by its model_type.
+TEST_F(GgufExportMoe, WhatLlamaCppWouldComputeDifferentlyIsRefusedByName) {
+  const std::string folder = dir_->str() + "/qwen3_moe";
+  std::ifstream in(folder + "/config.json");
+  const nlohmann::json config = nlohmann::json::parse(in);
+  const std::string out = dir_->str() + "/refused";
+  fs::create_directories(out);
+  const std::pair<nlohmann::json, const char*> bad[] = {
+      {{{"norm_topk_prob", false}}, "norm_topk_prob"},
+      {{{"mlp_only_layers", {0}}}, "mlp_only_layers"},
+      {{{"decoder_sparse_step", 2}}, "decoder_sparse_step"},
+      {{{"model_type", "mixtral"}}, "model_type \"mixtral\""},
+      {{{"model_type", "olmoe"}}, "model_type \"olmoe\""},
+  };
+  for (const auto& [change, named] : bad) {
+    nlohmann::json c = config;
+    c.update(change);
+    try {
+      gguf::GgufModelWriter w(out + "/x.gguf", c, gguf::out_type("f32"), folder + "/tokenizer.json",
+                              "x");
+      ADD_FAILURE() << change.dump() << " was written";
+    } catch (const gguf::GgufError& e) {
+      EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+    }
+  }
+  // Experts some of which never arrive: no file.
+  {
+    gguf::GgufModelWriter w(out + "/x.gguf", config, gguf::out_type("f32"),
+                            folder + "/tokenizer.json", "x");
+    w.add("model.layers.0.mlp.experts.0.up_proj.weight", at::zeros({32, 64}));
+    try {
+      w.finish();
+      ADD_FAILURE() << "a stack of 1 of 4 experts was written";
+    } catch (const gguf::GgufError& e) {
+      EXPECT_NE(std::string(e.what()).find("blk.0.ffn_up_exps.weight misses 3 of its 4 experts"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_TRUE(fs::is_empty(out)) << "a refused export left files behind";
+}
+
+}  // namespace
+}  // namespace tightfit
