@@ -6,7 +6,9 @@
 // gguf.quants.quantize of the transformers tensor stacked as
 // convert_hf_to_gguf stacks it (F32 and Q8_0), every name one of gguf's
 // tensors for the architecture, and transformers' GGUF loader on the F32
-// file computing the model's logits.
+// file computing the model's logits. tightfit reads each file back (each
+// expert sliced out of its stack) with transformers' logits on it, and
+// QLoRA keeps each expert's own blocks.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -15,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gguf_export.hpp"
+#include "gguf_recipe.hpp"
 #include "session.hpp"
 #include "test_support.hpp"
 
@@ -88,6 +91,75 @@ TEST_F(GgufExportMoe, TransformersReadsTheModelsLogitsFromTheFile) {
     const double err = (*report_)[family]["logits_max_err"].get<double>();
     EXPECT_LE(err, 1e-4) << family;
     ::testing::Test::RecordProperty(std::string("max_logit_error_") + family, c10::str(err));
+  }
+}
+
+// tightfit reads each file back (its experts sliced out of their stacks,
+// the expert keys read as llama.cpp reads them) with the logits
+// transformers' GGUF loader computes on the same file.
+TEST_F(GgufExportMoe, TightfitRunsEachFileAsTransformersDoes) {
+  test::TempDir out;
+  for (const char* family : kFamilies) {
+    for (const char* type : {"f32", "q8_0"}) {
+      SCOPED_TRACE(std::string(family) + " " + type);
+      const nlohmann::json& r = (*report_)[family];
+      const std::string file = dir_->str() + "/" + family + "/m-" + type + ".gguf";
+      SessionOptions so;
+      so.skip_data = true;
+      auto s = test::make_session(test::gguf_recipe("builtin:fortunes", out.str(), file), so);
+      at::NoGradGuard no_grad;
+      const at::Tensor ids = at::tensor(r["ids"].get<std::vector<int64_t>>(), at::kLong);
+      const at::Tensor logits =
+          s->executor().forward_logits(ids.unsqueeze(0), false, at::Tensor())[0];
+      const at::Tensor want =
+          at::tensor(r["logits"][type].get<std::vector<float>>()).view(logits.sizes());
+      const double err = (logits.to(at::kFloat) - want).abs().max().item<double>();
+      EXPECT_LE(err, 1e-4);
+      ::testing::Test::RecordProperty(std::string("tightfit_err_") + family + "_" + type,
+                                      c10::str(err));
+    }
+  }
+}
+
+// QLoRA on the Q8_0 file's own blocks (quantize format = "gguf"): each
+// routed expert keeps its share of its layer's stack, byte for byte, and
+// decodes to what the dense load holds; three steps of LoRA on the
+// attention give the dense load's losses exactly.
+TEST_F(GgufExportMoe, QloraKeepsEachExpertsBlocksAndTrainsAsTheDenseLoad) {
+  test::TempDir out;
+  for (const char* family : kFamilies) {
+    SCOPED_TRACE(family);
+    const std::string file = dir_->str() + "/" + family + "/m-q8_0.gguf";
+    const std::string lora =
+        "[[strategy]]\nplugin = \"lora\"\nrank = 4\nalpha = 8\ntargets = [\"q\", \"k\", "
+        "\"v\", \"o\"]\n";
+    auto plain = test::make_session(test::gguf_recipe("builtin:fortunes", out.str(), file, lora));
+    auto kept = test::make_session(
+        test::gguf_recipe("builtin:fortunes", out.str(), file,
+                          lora + "[[strategy]]\nplugin = \"quantize\"\nformat = \"gguf\"\n"));
+    int64_t experts = 0;
+    for (const Param& p : kept->store().all()) {
+      if (p.name.find(".mlp.experts.") == std::string::npos) continue;
+      ++experts;
+      EXPECT_EQ(p.format, TF_FORMAT_GGML) << p.name;
+      EXPECT_TRUE(
+          at::equal(kept->executor().fetch_weight(p.name), plain->store().get(p.name).value))
+          << p.name << " does not decode to the dense load's values";
+    }
+    EXPECT_EQ(experts, 2 * 4 * 3);  // layers x experts x projections
+    auto batch = plain->data().batcher().next();
+    for (auto* s : {plain.get(), kept.get()}) s->update().optimizer().set_lr(1e-2);
+    for (int step = 0; step < 3; ++step) {
+      double loss[2];
+      int i = 0;
+      for (auto* s : {plain.get(), kept.get()}) {
+        s->update().zero_grad();
+        loss[i++] = s->executor().run_pass(batch.tokens, batch.targets, true, 1.0).loss;
+        ASSERT_EQ(s->update().optimizer_step(), TF_OK);
+      }
+      EXPECT_TRUE(std::isfinite(loss[0]));
+      EXPECT_EQ(loss[0], loss[1]) << "step " << step;
+    }
   }
 }
 

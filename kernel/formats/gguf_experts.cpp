@@ -21,6 +21,16 @@ bool has_experts(const std::string& arch) {
   return arch == "qwen2moe" || arch == "qwen3moe";
 }
 
+std::optional<ExpertName> expert_name(const std::string& hf_name) {
+  static const std::regex expert(
+      R"(model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight)");
+  std::smatch m;
+  // An index past nine digits is no model's (and would overflow stoll).
+  if (!std::regex_match(hf_name, m, expert) || m[2].length() > 9) return std::nullopt;
+  return ExpertName{std::stoll(m[2].str()),
+                    "blk." + m[1].str() + ".ffn_" + m[3].str() + "_exps.weight"};
+}
+
 void write_expert_keys(const nlohmann::json& config, const std::string& arch, GgufWriter& out) {
   auto refuse = [&](const std::string& key, const std::string& why) {
     throw GgufError("config.json's " + key + " " +
@@ -55,15 +65,13 @@ void write_expert_keys(const nlohmann::json& config, const std::string& arch, Gg
 
 bool ExpertStacks::add(const std::string& hf_name, const at::Tensor& t,
                        std::optional<std::pair<std::string, at::Tensor>>* stacked) {
-  static const std::regex expert(
-      R"(model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight)");
-  std::smatch m;
-  if (!std::regex_match(hf_name, m, expert)) return false;
-  const int64_t index = std::stoll(m[2].str());
+  const std::optional<ExpertName> expert = expert_name(hf_name);
+  if (!expert) return false;
+  const int64_t index = expert->index;
   if (index >= n_)
     throw GgufError("the model's tensor " + hf_name + " is expert " + std::to_string(index) +
                     " of " + std::to_string(n_) + " (config.json's num_experts)");
-  const std::string name = "blk." + m[1].str() + ".ffn_" + m[3].str() + "_exps.weight";
+  const std::string& name = expert->stack;
   std::vector<at::Tensor>& experts = partial_[name];
   experts.resize(static_cast<size_t>(n_));
   at::Tensor& slot = experts[static_cast<size_t>(index)];

@@ -21,6 +21,14 @@ namespace tightfit::gguf {
 // Whether `arch` (a GGUF architecture name) has routed experts.
 bool has_experts(const std::string& arch);
 
+// A routed expert's weight (model.layers.L.mlp.experts.E.up_proj.weight):
+// its index and the GGUF name of its layer's stack (blk.L.ffn_up_exps.weight).
+struct ExpertName {
+  int64_t index = 0;
+  std::string stack;
+};
+std::optional<ExpertName> expert_name(const std::string& hf_name);
+
 // The keys convert_hf_to_gguf adds for the experts (expert_count,
 // expert_used_count, expert_feed_forward_length and, for Qwen2-MoE,
 // expert_shared_feed_forward_length). Throws GgufError, naming the key, for

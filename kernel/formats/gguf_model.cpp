@@ -7,11 +7,45 @@
 #include <regex>
 #include <utility>
 
+#include "gguf_experts.hpp"
+
 namespace tightfit::gguf {
 namespace {
 
 std::string architecture(const GgufReader& file) {
   return file.get("general.architecture").as_string("general.architecture");
+}
+
+// The model_type transformers gives a GGUF architecture.
+std::string model_type_of(const std::string& arch) {
+  if (arch == "qwen2moe") return "qwen2_moe";
+  if (arch == "qwen3moe") return "qwen3_moe";
+  return arch;
+}
+
+// A mixture of experts' keys (convert_hf_to_gguf's), and what llama.cpp's
+// graphs assume without a key: experts in every layer, the chosen experts'
+// weights normalized for qwen3moe only. transformers' GGUF loader reads
+// neither moe_intermediate_size nor norm_topk_prob; llama.cpp, which
+// defines these files, computes with both.
+void expert_config(const GgufReader& file, const std::string& arch, nlohmann::json& c) {
+  std::vector<std::pair<const char*, const char*>> keys = {
+      {"expert_count", "num_experts"},
+      {"expert_used_count", "num_experts_per_tok"},
+      {"expert_feed_forward_length", "moe_intermediate_size"}};
+  if (arch == "qwen2moe")
+    keys.emplace_back("expert_shared_feed_forward_length", "shared_expert_intermediate_size");
+  for (const auto& [gguf_key, hf_key] : keys) {
+    const std::string key = arch + "." + gguf_key;
+    const Value* v = file.find(key);
+    if (v == nullptr)
+      throw GgufError(file.path() + ": the metadata gives no " + key +
+                      ", which a mixture of experts needs (the file is not llama.cpp's)");
+    c[hf_key] = v->as_int(key);
+  }
+  c["norm_topk_prob"] = arch == "qwen3moe";
+  c["decoder_sparse_step"] = 1;
+  c["mlp_only_layers"] = nlohmann::json::array();
 }
 
 }  // namespace
@@ -29,17 +63,18 @@ bool looks_like_gguf(const std::string& path) {
 }
 
 bool is_supported_architecture(const std::string& arch) {
-  return arch == "llama" || arch == "mistral" || arch == "qwen2" || arch == "qwen3";
+  return arch == "llama" || arch == "mistral" || arch == "qwen2" || arch == "qwen3" ||
+         has_experts(arch);
 }
 
 nlohmann::json hf_config(const GgufReader& file) {
   const std::string arch = architecture(file);
   if (!is_supported_architecture(arch))
     throw GgufError(file.path() + ": general.architecture is \"" + arch +
-                    "\"; tightfit reads GGUF models of the llama, mistral, qwen2 and qwen3 "
-                    "architectures");
+                    "\"; tightfit reads GGUF models of the llama, mistral, qwen2, qwen3, "
+                    "qwen2moe and qwen3moe architectures");
   nlohmann::json c;
-  c["model_type"] = arch;
+  c["model_type"] = model_type_of(arch);
   // GGUF_CONFIG_MAPPING: "<arch>.<key>" -> config.json's key.
   const std::pair<const char*, const char*> ints[] = {
       {"context_length", "max_position_embeddings"},
@@ -64,6 +99,11 @@ nlohmann::json hf_config(const GgufReader& file) {
   if (arch == "llama" || arch == "mistral")
     if (const Value* v = file.find(arch + ".rope.dimension_count"))
       c["head_dim"] = v->as_int(arch + ".rope.dimension_count");
+  // The others say it as the keys' length (transformers' qwen3 mapping).
+  if (arch != "llama" && arch != "mistral")
+    if (const Value* v = file.find(arch + ".attention.key_length"))
+      c["head_dim"] = v->as_int(arch + ".attention.key_length");
+  if (has_experts(arch)) expert_config(file, arch, c);
   for (const char* required : {"num_hidden_layers", "hidden_size", "num_attention_heads"})
     if (!c.contains(required))
       throw GgufError(file.path() + ": the metadata gives no " + required + " (" + arch +
@@ -145,14 +185,48 @@ at::Tensor undo_qk_permutation(const GgufReader& file, const nlohmann::json& con
   return w.reshape(split).transpose(1, 2).reshape(w.sizes()).contiguous();
 }
 
-const TensorInfo& hf_tensor_info(const GgufReader& file, const std::string& hf_name,
-                                 std::string& gguf_name) {
+// A routed expert's part of its layer's stack [n, out, in]: the n-th
+// share of the stack's bytes, as a matrix [out, in] of its own.
+TensorInfo expert_slice(const GgufReader& file, const TensorInfo& stack, int64_t index,
+                        const std::string& hf_name) {
+  if (stack.dims.size() != 3 || index >= stack.dims[2])
+    throw GgufError(file.path() + ": " + stack.name + " holds no expert " + std::to_string(index) +
+                    " for " + hf_name + " (it is " + std::to_string(stack.dims.size()) +
+                    "-dimensional, " + std::to_string(stack.dims.size() == 3 ? stack.dims[2] : 0) +
+                    " experts)");
+  const int64_t n = stack.dims[2];
+  TensorInfo t = stack;
+  t.name = stack.name + "[" + std::to_string(index) + "]";
+  t.dims = {stack.dims[0], stack.dims[1]};
+  t.numel = stack.numel / n;
+  t.bytes = stack.bytes / static_cast<uint64_t>(n);
+  t.offset = stack.offset + t.bytes * static_cast<uint64_t>(index);
+  return t;
+}
+
+TensorInfo hf_tensor_info(const GgufReader& file, const std::string& hf_name,
+                          std::string& gguf_name) {
+  if (const std::optional<ExpertName> expert = expert_name(hf_name)) {
+    const TensorInfo* stack = file.find_tensor(expert->stack);
+    if (!stack)
+      throw GgufError(file.path() + ": no tensor for " + hf_name + " (looked for " + expert->stack +
+                      ")");
+    gguf_name = expert->stack;
+    return expert_slice(file, *stack, expert->index, hf_name);
+  }
   const std::optional<std::string> name = gguf_tensor_name(hf_name);
   const TensorInfo* t = name ? file.find_tensor(*name) : nullptr;
   if (!t)
     throw GgufError(file.path() + ": no tensor for " + hf_name +
                     (name ? " (looked for " + *name + ")" : std::string(" (no GGUF name for it)")));
   gguf_name = *name;
+  // Qwen2-MoE's shared-expert gate is a vector in llama.cpp, [1, hidden]
+  // in transformers.
+  if (name->ends_with(".ffn_gate_inp_shexp.weight") && t->dims.size() == 1) {
+    TensorInfo row = *t;
+    row.dims = {t->dims[0], 1};
+    return row;
+  }
   return *t;
 }
 
@@ -161,14 +235,14 @@ const TensorInfo& hf_tensor_info(const GgufReader& file, const std::string& hf_n
 at::Tensor read_hf_tensor(const GgufReader& file, const nlohmann::json& config,
                           const std::string& hf_name) {
   std::string name;
-  const TensorInfo& t = hf_tensor_info(file, hf_name, name);
+  const TensorInfo t = hf_tensor_info(file, hf_name, name);
   return undo_qk_permutation(file, config, name, file.read_float(t));
 }
 
 HfBlocks read_hf_blocks(const GgufReader& file, const nlohmann::json& config,
                         const std::string& hf_name, bool with_bytes) {
   std::string name;
-  const TensorInfo& t = hf_tensor_info(file, hf_name, name);
+  const TensorInfo t = hf_tensor_info(file, hf_name, name);
   if (t.dims.size() != 2)
     throw GgufError(file.path() + ": " + name +
                     " is not a matrix; only matrices keep their blocks");

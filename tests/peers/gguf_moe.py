@@ -19,7 +19,9 @@ usage: gguf_moe.py make OUT
            "missing": the names such a conversion has that the file lacks,
            "metadata_wrong": expert and shape keys that differ or are missing,
            "logits_max_err": max |logits| of transformers' GGUF loader on
-                             m-f32.gguf against the model itself}}
+                             m-f32.gguf against the model itself,
+           "ids": the prompt, "logits": {type: transformers' GGUF loader's
+                  logits [24 x vocab] on m-TYPE.gguf, flattened}}}
 """
 import json
 import pathlib
@@ -152,11 +154,19 @@ def check(out):
         # llama.cpp's own files too. The mapping is given under both names.
         from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
         GGUF_CONFIG_MAPPING.setdefault("qwen2_moe", GGUF_CONFIG_MAPPING["qwen2moe"])
-        loaded = transformers.AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file="m-f32.gguf", config=model.config, torch_dtype=torch.float32).eval()
         ids = torch.tensor([[(7 * i + 3) % model.config.vocab_size for i in range(24)]])
+        r["ids"] = ids[0].tolist()
+        r["logits"] = {}
         with torch.no_grad():
-            r["logits_max_err"] = float((loaded(ids).logits - model(ids).logits).abs().max())
+            want_logits = model(ids).logits
+            for type_name in ("f32", "q8_0"):
+                loaded = transformers.AutoModelForCausalLM.from_pretrained(
+                    folder, gguf_file=f"m-{type_name}.gguf", config=model.config,
+                    torch_dtype=torch.float32).eval()
+                got = loaded(ids).logits
+                r["logits"][type_name] = got[0].flatten().tolist()
+                if type_name == "f32":
+                    r["logits_max_err"] = float((got - want_logits).abs().max())
         report[family] = r
     (out / "report.json").write_text(json.dumps(report, indent=1))
 
