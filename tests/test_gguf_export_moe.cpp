@@ -147,19 +147,7 @@ TEST_F(GgufExportMoe, QloraKeepsEachExpertsBlocksAndTrainsAsTheDenseLoad) {
           << p.name << " does not decode to the dense load's values";
     }
     EXPECT_EQ(experts, 2 * 4 * 3);  // layers x experts x projections
-    auto batch = plain->data().batcher().next();
-    for (auto* s : {plain.get(), kept.get()}) s->update().optimizer().set_lr(1e-2);
-    for (int step = 0; step < 3; ++step) {
-      double loss[2];
-      int i = 0;
-      for (auto* s : {plain.get(), kept.get()}) {
-        s->update().zero_grad();
-        loss[i++] = s->executor().run_pass(batch.tokens, batch.targets, true, 1.0).loss;
-        ASSERT_EQ(s->update().optimizer_step(), TF_OK);
-      }
-      EXPECT_TRUE(std::isfinite(loss[0]));
-      EXPECT_EQ(loss[0], loss[1]) << "step " << step;
-    }
+    test::expect_the_same_steps(*plain, *kept);
   }
 }
 

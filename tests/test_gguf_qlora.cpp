@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "gguf_file.hpp"
+#include "gguf_recipe.hpp"
 #include "plan_recipes.hpp"
 #include "session.hpp"
 #include "test_support.hpp"
@@ -79,18 +80,7 @@ TEST_F(GgufQlora, TrainsExactlyAsTheDequantizedBaseFromTheFilesOwnBytes) {
   EXPECT_EQ(matrices, 14);  // 2 layers x 7 projections
   EXPECT_EQ(stored_bytes, file_bytes);
 
-  auto batch = plain->data().batcher().next();
-  for (auto* s : {plain.get(), kept.get()}) s->update().optimizer().set_lr(1e-2);
-  for (int step = 0; step < 3; ++step) {
-    double loss[2];
-    int i = 0;
-    for (auto* s : {plain.get(), kept.get()}) {
-      s->update().zero_grad();
-      loss[i++] = s->executor().run_pass(batch.tokens, batch.targets, true, 1.0).loss;
-      ASSERT_EQ(s->update().optimizer_step(), TF_OK);
-    }
-    EXPECT_EQ(loss[0], loss[1]) << "step " << step;
-  }
+  test::expect_the_same_steps(*plain, *kept);
   int adapters = 0;
   for (const Param& p : plain->store().all())
     if (p.flags & TF_PARAM_ADAPTER) {
