@@ -12,7 +12,9 @@ Two figures: `tightfit plan` of the full 48-block model (13.9 GiB of NF4
 codes on disk, minutes a block-step on a CPU: planned, not run), and a run of
 `--layers` blocks (2 by default) whose measured peak is compared with its
 own plan. Pass marks: the plan within 5% of the measured peak (tracked,
-less the data), and the run's peak inside the 4 GiB budget.
+less the data), the run's peak inside the 4 GiB budget, and the expert
+weights a step reads (`offload.expert_loads`) within 10% of what the plan
+expects (`routed_reads`: ABI 1.17's routed share, even routing).
 
     bench/run moe [--layers 2] [--steps 3] [--check]
 """
@@ -140,27 +142,37 @@ def main():
         mib = [r.get("offload.expert_mib", 0) for r in rows]
         # Expert weights a pass could read: blocks x experts x (gate, up, down).
         per_pass = args.layers * QWEN3_30B_A3B["num_experts"] * 3
+        # What the plan expects a step to read of them (ABI 1.17's routed_share; even routing).
+        planned_reads = p.get("routed_reads", {}).get("reads_per_pass", 0)
+        planned_mib = p.get("routed_reads", {}).get("bytes_per_pass", 0) / 2**20
         run = {"layers": args.layers, "losses": [r["loss"] for r in rows], "step_s": step_times(rows),
                "first_step_s": rows[0]["elapsed_s"], "wall_s": wall, "planned_peak": p["tracked_peak"],
                "measured_peak": measured, "peak_rss": rss, "expert_loads": loads, "expert_mib": mib,
-               "expert_weights_per_pass": per_pass}
+               "expert_weights_per_pass": per_pass, "planned_expert_reads": planned_reads,
+               "planned_expert_mib": planned_mib}
         results["run"] = run
         print(f"losses {', '.join(f'{x:.4f}' for x in run['losses'])}; s/step "
               f"{', '.join(f'{t:.1f}' for t in run['step_s'])} after a first step of "
               f"{run['first_step_s']:.1f} s (with setup); wall {wall:.0f} s")
         print(f"expert weights read per step {', '.join(f'{x:.0f}' for x in loads)} "
               f"({', '.join(f'{x:.0f}' for x in mib)} MiB) of {per_pass} per pass "
-              f"(forward, recompute and backward each read what they use)")
+              f"(forward, recompute and backward each read what they use); planned "
+              f"{planned_reads:.0f} ({planned_mib:.0f} MiB)")
         print(f"peak tracked (less the data) {measured / 2**30:.3f} GiB, planned {p['tracked_peak'] / 2**30:.3f} "
               f"GiB; peak RSS {rss / 2**30:.2f} GiB")
         error = p["tracked_peak"] / measured - 1
         budget = int(float(args.budget.removesuffix("GiB")) * 2**30)
+        # The mean of the steps: a step reads what its batch routes to.
+        read_error = (sum(loads) / len(loads)) / planned_reads - 1 if planned_reads > 0 else float("inf")
         all_met = report_marks([
             ("plan within 5% of the measured peak", abs(error) <= 0.05, f"{error * 100:+.1f}%"),
+            ("expert reads within 10% of the plan's", abs(read_error) <= 0.10,
+             f"{read_error * 100:+.1f}%"),
             (f"step inside {args.budget}", measured <= budget and last["peak_total"] <= budget,
              f"{last['peak_total'] / 2**30:.2f} GiB tracked"),
         ])
         results["plan_error"] = error
+        results["expert_read_error"] = read_error
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return finish(args, results, all_met)

@@ -265,6 +265,38 @@ TEST(GgufHostile, EachDefectIsRefusedByName) {
   EXPECT_PRED2(has, refusal(dir, good.b.substr(0, good.b.size() - 8)), "runs past the end");
 }
 
+// llama.cpp writes Mixtral as architecture llama with llama.expert_count and
+// stacked experts: refused as a mixture of experts by name (not read as a
+// dense llama that stops at its first missing MLP tensor); an expert_count of
+// 0 is a dense model.
+TEST(GgufHostile, AMixtralFileIsRefusedAsAMixtureOfExperts) {
+  test::TempDir dir;
+  for (const uint32_t experts : {8u, 0u}) {
+    Bytes f;
+    f.header(0, 5).str("general.architecture").put<uint32_t>(8).str("llama");
+    f.str("llama.expert_count").put<uint32_t>(4).put<uint32_t>(experts);
+    f.str("llama.block_count").put<uint32_t>(4).put<uint32_t>(2);
+    f.str("llama.embedding_length").put<uint32_t>(4).put<uint32_t>(32);
+    f.str("llama.attention.head_count").put<uint32_t>(4).put<uint32_t>(4);
+    f.pad_to(32);
+    const std::string p = test::write_file(dir, "mixtral.gguf", f.b);
+    GgufReader r(p);
+    if (experts == 0) {
+      EXPECT_EQ(hf_config(r)["model_type"], "llama");
+      continue;
+    }
+    try {
+      hf_config(r);
+      ADD_FAILURE() << "read as a dense llama";
+    } catch (const GgufError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(p + ": llama.expert_count is 8: a mixture of experts"), std::string::npos)
+          << what;
+      EXPECT_NE(what.find("Hugging Face folder"), std::string::npos) << what;
+    }
+  }
+}
+
 TEST(GgufHostile, AFifoOrAFolderIsRefusedNotWaitedOn) {
   test::TempDir dir;
   const std::string fifo = dir.str() + "/model.gguf";

@@ -4,6 +4,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "memory_accounting.hpp"
 #include "param_store.hpp"
 
@@ -69,6 +71,38 @@ TEST(ParamStore, AnAbsentParameterTakesItsDrawFromTheGenerator) {
     EXPECT_TRUE(at::equal(initial_values(next, at::Device(at::kCPU), gen_dropped),
                           initial_values(next, at::Device(at::kCPU), gen_kept)))
         << "init kind " << init;
+  }
+}
+
+// A routed share (ABI 1.17) is a share of the tokens: kept as declared in
+// [0, 1] (0 from a plugin whose spec ends before the field), refused outside
+// it naming the parameter, NaN included.
+TEST(ParamStore, ARoutedShareOutsideZeroToOneIsRefusedByName) {
+  const int64_t shape[] = {4, 4};
+  tf_param_spec spec{};
+  spec.struct_size = sizeof spec;
+  spec.ndim = 2;
+  spec.shape = shape;
+  spec.dtype = TF_DTYPE_F32;
+  spec.stage = 0;
+  spec.flags = TF_PARAM_EXPERT;
+  ParamStore store;
+  spec.name = "experts.0.w1.weight";
+  spec.routed_share = 0.25;
+  store.declare(spec);
+  EXPECT_EQ(store.get("experts.0.w1.weight").routed_share, 0.25);
+  for (const double bad : {-0.5, 1.5, std::nan("")}) {
+    spec.name = "experts.1.w1.weight";
+    spec.routed_share = bad;
+    try {
+      store.declare(spec);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("\"experts.1.w1.weight\" declares a routed_share "
+                                           "outside [0, 1]"),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 

@@ -106,11 +106,18 @@ INSTANTIATE_TEST_SUITE_P(
         PeakCase{"rwkv", kRwkv, kStandard, ""}, PeakCase{"gemma2", kGemma2, kStandard, ""},
         PeakCase{"phi3_lora", kPhi3, kStandard, "[[strategy]]\nplugin = \"lora\"\n"},
         PeakCase{"mixtral", kMixtral, kStandard, ""},
-        // (LoRA on the routed experts too is planned 10% under: LoRA counts one input per
-        // width and stage, but each token's K routed copies are kept; see issue 40's note.)
         PeakCase{"qwen2_moe_qlora", kQwen2Moe, kStandard,
                  "[[strategy]]\nplugin = \"quantize\"\n[[strategy]]\nplugin = \"lora\"\n"
                  "targets = [\"q\", \"v\"]\n"},
+        // LoRA on every expert too: each adapter keeps its input for the tokens routed to
+        // its expert (routed_share, ABI 1.17), top_k copies of each token a layer (planned
+        // 10% under when every adapter was counted for every token, once per width).
+        PeakCase{"qwen2_moe_qlora_experts", kQwen2Moe, kStandard,
+                 "[[strategy]]\nplugin = \"quantize\"\n[[strategy]]\nplugin = \"lora\"\n"
+                 "targets = [\"q\", \"v\", \"gate\", \"up\", \"down\"]\n"},
+        PeakCase{"mixtral_lora_experts", kMixtral, kStandard,
+                 "[[strategy]]\nplugin = \"lora\"\ntargets = [\"q\", \"v\", \"gate\", \"up\", "
+                 "\"down\"]\n"},
         // Experts left on disk and read one by one when routed to (ABI 1.15).
         PeakCase{"mixtral_qlora_offload_disk", kMixtral, kStandard,
                  "[[strategy]]\nplugin = \"quantize\"\n[[strategy]]\nplugin = \"lora\"\n"

@@ -43,6 +43,13 @@ nlohmann::json plan_json(const MemoryPlan& p) {
   for (tf_mem_category c : kOrder)
     j["category_peaks"][category_name(c)] = p.device_peak_by_category[c];
   j["unestimated"] = p.unestimated;
+  if (p.routed.any())
+    j["routed_reads"] = {{"weights", p.routed.weights},
+                         {"bytes", p.routed.bytes},
+                         {"used_per_pass", p.routed.used_per_pass},
+                         {"most_used_per_pass", p.routed.most_used_per_pass},
+                         {"reads_per_pass", p.routed.reads_per_pass},
+                         {"bytes_per_pass", p.routed.bytes_per_pass}};
   for (const auto& c : p.contributions) {
     nlohmann::json e{
         {"plugin", c.plugin}, {"estimated", c.estimated}, {"time_factor", c.time_factor}};
@@ -69,6 +76,20 @@ void print_plan(const std::string& source, const MemoryPlan& p, int64_t budget,
   std::cout << "by category   " << describe_device_peak(p) << "\n";
   if (p.host_bytes > 0) std::cout << "host tier     " << format_bytes(p.host_bytes) << "\n";
   if (p.disk_bytes > 0) std::cout << "disk tier     " << format_bytes(p.disk_bytes) << "\n";
+  if (p.routed.any()) {
+    // Read when routed to, not with their stage: what a pass costs the tier.
+    char used[64], most[64], reads[64];
+    std::snprintf(used, sizeof used, "%.1f", p.routed.used_per_pass);
+    std::snprintf(most, sizeof most, "%.0f", p.routed.most_used_per_pass);
+    std::snprintf(reads, sizeof reads, "%.1f", p.routed.reads_per_pass);
+    std::cout << "experts read  " << used << " of the " << p.routed.weights
+              << " expert weights in a tier (" << format_bytes(p.routed.bytes)
+              << ") used by a pass of " << p.batch_size * p.seq_len << " tokens (at most " << most
+              << "), " << reads << " reads a pass ("
+              << format_bytes(static_cast<int64_t>(p.routed.bytes_per_pass))
+              << ": forward, backward and a recompute each read), if the router chooses each "
+                 "token's experts evenly and independently\n";
+  }
   for (const auto& c : p.contributions) {
     if (!c.estimated) continue;
     std::ostringstream os;

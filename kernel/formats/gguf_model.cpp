@@ -73,6 +73,17 @@ nlohmann::json hf_config(const GgufReader& file) {
     throw GgufError(file.path() + ": general.architecture is \"" + arch +
                     "\"; tightfit reads GGUF models of the llama, mistral, qwen2, qwen3, "
                     "qwen2moe and qwen3moe architectures");
+  // llama.cpp writes Mixtral as architecture llama with expert keys and
+  // stacked experts (ffn_gate_exps): read as a dense llama it would stop at
+  // a missing tensor without saying why.
+  if (!has_experts(arch))
+    if (const Value* v = file.find(arch + ".expert_count");
+        v && v->as_int(arch + ".expert_count") > 0)
+      throw GgufError(file.path() + ": " + arch + ".expert_count is " +
+                      std::to_string(v->as_int(arch + ".expert_count")) +
+                      ": a mixture of experts (llama.cpp writes Mixtral as architecture " + arch +
+                      "); tightfit reads the experts of qwen2moe and qwen3moe GGUF files only: "
+                      "train from the model's Hugging Face folder ([model] weights = \"folder\")");
   nlohmann::json c;
   c["model_type"] = model_type_of(arch);
   // GGUF_CONFIG_MAPPING: "<arch>.<key>" -> config.json's key.

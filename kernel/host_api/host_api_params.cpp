@@ -131,6 +131,7 @@ tf_status h_param_info(tf_host_context* ctx, const char* name, tf_param_info* ou
     info.numel = p.numel();
     info.stored_bytes =
         p.value.defined() ? p.value.numel() * static_cast<int64_t>(p.value.element_size()) : 0;
+    info.routed_share = p.routed_share;
     write_struct(out, info);
   });
 }

@@ -86,6 +86,11 @@ void ParamStore::declare(const tf_param_spec& spec) {
   p.init = spec.init;
   p.init_std = spec.init_std;
   p.flags = spec.flags;
+  // !(x >= 0) also catches NaN.
+  if (!(spec.routed_share >= 0) || spec.routed_share > 1)
+    throw std::invalid_argument("parameter \"" + name +
+                                "\" declares a routed_share outside [0, 1] (0: every token)");
+  p.routed_share = spec.routed_share;
   p.trainable = !(spec.flags & TF_PARAM_FROZEN);
   index_[name] = params_.size();
   params_.push_back(std::move(p));

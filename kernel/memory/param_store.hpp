@@ -23,6 +23,9 @@ struct Param {
   tf_init_kind init = TF_INIT_NORMAL;
   double init_std = 0.02;
   uint32_t flags = 0;
+  // The share of a pass's tokens expected to use it (ABI 1.17: a routed
+  // expert's top_k / n_experts); 0 = every token.
+  double routed_share = 0;
   bool trainable = true;
   tf_param_format format = TF_FORMAT_DENSE;
   tf_residency residency = TF_TIER_DEVICE;

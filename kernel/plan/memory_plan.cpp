@@ -393,6 +393,7 @@ MemoryPlan plan_memory(Session& s) {
   }
   plan.device_peak = best;
   for (const StagePlan& sp : b.stages) plan.stages.push_back(sp.flow);
+  plan.routed = plan_routed_reads(s, plan.stages);
   if (at_block) held[TF_TIER_DEVICE][TF_MEM_TRANSIENT] += block_bytes;
   plan.at_peak = held;
   plan.device_peak_by_category = d;

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "memory_accounting.hpp"
+#include "routed_reads.hpp"
 #include "tightfit/plugin_api.h"
 
 namespace tightfit {
@@ -69,6 +70,8 @@ struct MemoryPlan {
   std::vector<PlanContribution> contributions;
   std::vector<std::string> unestimated;  // plugins with no estimate hook
   std::vector<StageFlow> stages;         // per declared stage (skipped ones: all off)
+  // Routed expert weights a tier keeps, and what a pass reads of them.
+  RoutedReads routed;
   // Where recomputed stages' inputs wait for backward (a strategy's tier).
   tf_residency recompute_inputs_tier = TF_TIER_DEVICE;
   int64_t n_params = 0, n_trainable = 0;

@@ -59,8 +59,10 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
       if (bytes_per_value <= 2 && p.shape.size() >= 2) w.bf16 = true;  // bf16 weights
       if (bytes_per_value == 4 && p.shape.size() >= 2 && !adapter) w.fp32_dense_values += values;
     }
-    if (planned.tier == TF_TIER_HOST) w.host_bytes += static_cast<double>(planned.bytes);
-    if (planned.tier == TF_TIER_DISK) w.disk_bytes += static_cast<double>(planned.bytes);
+    // Frozen experts in a tier come in when routed to (plan.routed), not with the stage.
+    const bool routed = (p.flags & TF_PARAM_EXPERT) != 0 && !p.trainable;
+    if (planned.tier == TF_TIER_HOST && !routed) w.host_bytes += static_cast<double>(planned.bytes);
+    if (planned.tier == TF_TIER_DISK && !routed) w.disk_bytes += static_cast<double>(planned.bytes);
     if (p.trainable && planned.tier == TF_TIER_HOST)
       trained_on_tier += static_cast<double>(planned.bytes);
     if (p.trainable && planned.tier == TF_TIER_DISK)
@@ -133,6 +135,13 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
     const double fetches = 1 + (f.backward ? 1 : 0);
     const double hidden = std::min(2, options.prefetch) * (forward + backward) / fetches;
     per_micro_transfer += fetches * std::max(0.0, fetch - hidden);
+    // Routed experts are read as the model asks for them, at each use:
+    // nothing reads them ahead.
+    if (i < plan.routed.stage_disk_bytes.size()) {
+      double routed = plan.routed.stage_disk_bytes[i] / std::max(1.0, disk_read);
+      if (host_read > 0) routed += plan.routed.stage_host_bytes[i] / host_read;
+      per_micro_transfer += uses * routed;
+    }
 
     // A recomputed stage's input kept on a tier: written behind the forward,
     // read back ahead of its recompute (while the stage above runs backward).

@@ -4,7 +4,8 @@
 // parts: matmuls (forward, backward, recomputation) at the measured FLOP/s
 // of their dtype and micro-batch, memory-bound work on the activations,
 // dequantizing compact weights each time they are used, moving offloaded
-// weights and optimizer state between tiers (what prefetch cannot hide), and
+// weights and optimizer state between tiers (what prefetch cannot hide, and
+// routed experts, read as the router asks for them), and
 // the update, and what ranks exchange (at the host link's rate: on one
 // machine the ranks' traffic crosses memory or PCIe; across machines it is
 // slower than this says).

@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 16
+#define TF_ABI_VERSION_MINOR 17
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -249,6 +249,13 @@ typedef struct tf_param_spec {
   double init_std;
   uint32_t flags;      /* TF_PARAM_* */
   const char* tied_to; /* NULL, or the name of a parameter this one shares storage with */
+  /* Added in 1.17: the share of a pass's tokens expected to use it, in
+   * [0, 1]: a routed expert's top_k / n_experts (each token is routed to
+   * top_k of n_experts); 0 = every token (not routed, or unknown). `plan`
+   * counts what a strategy keeps per token for that share of the batch and,
+   * for a TF_PARAM_EXPERT weight left in another tier, how often a pass
+   * reads it. */
+  double routed_share;
 } tf_param_spec;
 
 /* A stage the model declares, in execution order. */
@@ -383,6 +390,9 @@ typedef struct tf_param_info {
   tf_residency residency;
   int64_t numel;
   int64_t stored_bytes; /* bytes in its current format */
+  /* Added in 1.17: tf_param_spec.routed_share as declared (an adapter
+   * strategy declares its adapters of a routed weight with the same share). */
+  double routed_share;
 } tf_param_info;
 
 typedef struct tf_stage_info {

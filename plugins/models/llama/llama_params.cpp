@@ -11,32 +11,35 @@ namespace llama {
 namespace {
 
 void declare(const Llama& m, const std::string& name, std::vector<int64_t> shape, int32_t stage,
-             tf_init_kind init, double std, uint32_t flags) {
+             tf_init_kind init, double std, uint32_t flags, double routed_share = 0) {
   m.host.declare_param(name, std::move(shape), tf_sdk::parse_dtype(m.host.get_string("dtype")),
-                       stage, init, std, flags);
+                       stage, init, std, flags, routed_share);
 }
 
 // Layer l's router, experts (and Qwen2-MoE's shared expert and its gate),
 // under the family's names; each expert's weights are parameters of their
-// own, flagged TF_PARAM_EXPERT (ABI 1.15) for the strategies that move them.
+// own, flagged TF_PARAM_EXPERT (ABI 1.15) for the strategies that move them,
+// with the share of the tokens routed to each (top_k of n_experts, ABI
+// 1.17) for the plan.
 void declare_experts(const Llama& m, int64_t l, int32_t st, double std, double proj_std) {
   const Shape& s = m.s;
   const ExpertNames n = s.expert_names();
   const std::string block = m.layer(l, n.block) + std::string(".");
   const int64_t C = s.n_embd;
   auto declare_mlp = [&](const std::string& prefix, const ExpertNames& names, int64_t I,
-                         uint32_t flags) {
-    declare(m, prefix + names.gate + ".weight", {I, C}, st, TF_INIT_NORMAL, std, flags);
-    declare(m, prefix + names.up + ".weight", {I, C}, st, TF_INIT_NORMAL, std, flags);
-    declare(m, prefix + names.down + ".weight", {C, I}, st, TF_INIT_NORMAL, proj_std, flags);
+                         uint32_t flags, double share) {
+    declare(m, prefix + names.gate + ".weight", {I, C}, st, TF_INIT_NORMAL, std, flags, share);
+    declare(m, prefix + names.up + ".weight", {I, C}, st, TF_INIT_NORMAL, std, flags, share);
+    declare(m, prefix + names.down + ".weight", {C, I}, st, TF_INIT_NORMAL, proj_std, flags, share);
   };
+  const double routed_share = static_cast<double>(s.top_k) / static_cast<double>(s.n_experts);
   declare(m, block + "gate.weight", {s.n_experts, C}, st, TF_INIT_NORMAL, std, 0);
   for (int64_t e = 0; e < s.n_experts; ++e)
     declare_mlp(block + "experts." + std::to_string(e) + ".", n, s.expert_intermediate,
-                TF_PARAM_EXPERT);  // routed: a batch may leave it unused
+                TF_PARAM_EXPERT, routed_share);  // routed: a batch may leave it unused
   if (s.shared_intermediate > 0) {
     declare_mlp(block + "shared_expert.", {"", "gate_proj", "up_proj", "down_proj"},
-                s.shared_intermediate, 0);
+                s.shared_intermediate, 0, 0);
     declare(m, block + "shared_expert_gate.weight", {1, C}, st, TF_INIT_NORMAL, std, 0);
   }
 }

@@ -147,7 +147,8 @@ class Host {
 
   // Model declarations (inside a model's create).
   void declare_param(const std::string& name, std::vector<int64_t> shape, tf_dtype dtype,
-                     int32_t stage, tf_init_kind init, double init_std, uint32_t flags) const {
+                     int32_t stage, tf_init_kind init, double init_std, uint32_t flags,
+                     double routed_share = 0) const {
     tf_param_spec spec{};
     spec.struct_size = sizeof spec;
     spec.name = name.c_str();
@@ -158,6 +159,7 @@ class Host {
     spec.init = init;
     spec.init_std = init_std;
     spec.flags = flags;
+    spec.routed_share = routed_share;  // ABI 1.17; an older host reads no further than tied_to
     check(api_->declare_param(ctx_, &spec));
   }
   // All of a stage's per-token byte counts for `plan` (tf_stage_spec); 0 = unknown.

@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -82,11 +83,14 @@ tf_status configure(void* state, tf_host_context* ctx) {
       // A as PEFT initializes it (Kaiming-uniform bound 1/sqrt(in)), B zero: the model starts
       // unchanged.
       // An adapter on a routed expert is used only when the expert is (ABI 1.15).
+      // Its share of the tokens is the expert's (ABI 1.17; 0 from an older host).
       const uint32_t flags = TF_PARAM_ADAPTER | (info.flags & TF_PARAM_EXPERT);
+      const double share =
+          TF_SDK_REACHES(&info, tf_param_info, routed_share) ? info.routed_share : 0;
       s->host.declare_param(ad.a, {s->rank, in_f}, info.dtype, info.stage, TF_INIT_UNIFORM,
-                            1.0 / std::sqrt(static_cast<double>(in_f)), flags);
-      s->host.declare_param(ad.b, {out_f, s->rank}, info.dtype, info.stage, TF_INIT_ZEROS, 0,
-                            flags);
+                            1.0 / std::sqrt(static_cast<double>(in_f)), flags, share);
+      s->host.declare_param(ad.b, {out_f, s->rank}, info.dtype, info.stage, TF_INIT_ZEROS, 0, flags,
+                            share);
       s->adapters[name] = ad;
     }
     if (s->adapters.empty())
@@ -172,21 +176,36 @@ tf_status export_adapter(void* state, tf_host_context* ctx, const char* dir) {
 // activations: an adapter keeps its input (the frozen linear would not) —
 // once per stage and input width, as projections of one block that share a
 // width mostly share their input (q, k, v) — and its rank-r middle.
+// Each adapter keeps its input (one per input width and module: q, k and v
+// share the block's) and its rank-wide A x for the weight gradients, per
+// token the base weight sees: an adapter on a routed expert (routed_share,
+// ABI 1.17) only for the tokens routed to that expert, one input per expert
+// (its gate and up share theirs), so a layer's experts together keep top_k
+// copies of each token.
 tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model,
                           tf_memory_estimate* out) {
   auto* s = static_cast<Lora*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    const int64_t tokens = model->batch_size * model->seq_len;
-    std::set<std::pair<int32_t, int64_t>> inputs;  // (stage, width)
-    int64_t per_token = 0;
+    const double tokens = static_cast<double>(model->batch_size * model->seq_len);
+    std::set<std::tuple<int32_t, int64_t, std::string>> inputs;  // (stage, width, expert)
+    double bytes = 0;
     for (const auto& [name, ad] : s->adapters) {
       const tf_param_info info = s->host.param_info(name);
       const int64_t elt = tf_sdk::element_bytes(info.dtype);
       if (info.stage >= 0 && s->host.stage_info(info.stage).skip) continue;
-      if (inputs.insert({info.stage, info.shape[1]}).second) per_token += info.shape[1] * elt;
-      per_token += s->rank * elt;
+      const double share =
+          TF_SDK_REACHES(&info, tf_param_info, routed_share) && info.routed_share > 0
+              ? info.routed_share
+              : 1.0;
+      // The module that holds the projection ("...experts.7" of "...experts.7.w1.weight").
+      const std::string module = name.substr(0, name.rfind('.', name.size() - 8));
+      const std::string owner = share < 1 ? module : std::string();
+      const double rows = tokens * share;
+      if (inputs.insert({info.stage, info.shape[1], owner}).second)
+        bytes += rows * static_cast<double>(info.shape[1] * elt);
+      bytes += rows * static_cast<double>(s->rank * elt);
     }
-    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] = per_token * tokens;
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] = static_cast<int64_t>(std::ceil(bytes));
     out->time_factor = 0;
     out->time_from_plan = 1;  // tightfit fit prices it from the plan
     return TF_OK;
