@@ -494,8 +494,8 @@ TEST(OffloadExperts, OnlyRoutedExpertsComeInAndTheResultIsTheSame) {
 // plan that counted only the forward's reads, far fewer than one that read
 // every expert; words, whose repeated tokens route alike, read fewer still
 // (71-76%), never more than the plan's bound (T share of each, at most
-// all). The step's cost has the expected reads whole: prefetch reads stages
-// ahead, not the experts a router will choose.
+// all). The step's cost has the expected reads whole (stage prefetch hides
+// none of them, and the read-ahead of the chosen experts is not credited).
 TEST(OffloadExperts, ThePlanCountsWhatTheRoutedExpertsCostTheTier) {
   for (const bool words : {false, true})
     for (const std::string extra : {"", "[[strategy]]\nplugin = \"checkpoint\"\n"}) {
@@ -565,6 +565,43 @@ TEST(OffloadExperts, ThePlanCountsWhatTheRoutedExpertsCostTheTier) {
       const StepCost cost = predict_step_cost(*planned, plan, rates, options);
       EXPECT_NEAR(cost.transfer, plan.routed.bytes_per_pass / 1e9, 1e-9 * cost.transfer + 1e-15);
     }
+}
+
+// Once the router has chosen, the model names the weights it fetches next
+// (expect_weights, ABI 1.17) and offload reads them ahead on its worker; in
+// backward it reads the forward's experts ahead, last first. The same
+// losses and the same reads as reading each when fetched, with and without
+// recompute, and the reads ahead counted (offload.expert_read_ahead).
+TEST(OffloadExperts, ReadingExpertsAheadGivesTheSameRun) {
+  for (const std::string extra : {"", "[[strategy]]\nplugin = \"checkpoint\"\n"}) {
+    std::vector<std::vector<nlohmann::json>> runs;
+    for (const char* ahead : {"0", "6", "1"}) {
+      test::TempDir dir;
+      const std::string text = expert_recipe(
+          dir, "[[strategy]]\nplugin = \"offload\"\nparams = \"disk\"\nexpert_prefetch = " +
+                   std::string(ahead) + "\n" + extra);
+      const TrainSummary sum = test::make_session(text)->train();
+      std::ifstream in(sum.metrics_path);
+      runs.emplace_back();
+      for (std::string line; std::getline(in, line);) {
+        const nlohmann::json m = nlohmann::json::parse(line);
+        if (m.contains("offload.expert_loads")) runs.back().push_back(m);
+      }
+      ASSERT_EQ(runs.back().size(), 4u) << ahead;
+    }
+    for (size_t step = 0; step < 4; ++step) {
+      const nlohmann::json& each = runs[0][step];
+      EXPECT_EQ(each["offload.expert_read_ahead"].get<double>(), 0);
+      for (size_t r = 1; r < runs.size(); ++r) {
+        const nlohmann::json& m = runs[r][step];
+        EXPECT_EQ(m["loss"].get<double>(), each["loss"].get<double>()) << r << " step " << step;
+        EXPECT_EQ(m["offload.expert_loads"], each["offload.expert_loads"]);
+        EXPECT_GT(m["offload.expert_read_ahead"].get<double>(), 0) << r << " step " << step;
+        EXPECT_LE(m["offload.expert_read_ahead"].get<double>(),
+                  m["offload.expert_loads"].get<double>());
+      }
+    }
+  }
 }
 
 }  // namespace

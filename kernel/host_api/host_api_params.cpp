@@ -1,6 +1,8 @@
 // Host services: declaring and reading parameters and stages, weights and linear.
 // Each catches every exception (serve) so none crosses the ABI.
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include "checked_size.hpp"
 #include "device_spec.hpp"
@@ -80,6 +82,20 @@ tf_status h_weight(tf_host_context* ctx, const char* name, tf_tensor* out) {
     require(name, "name");
     require(out, "out");
     *out = give_handle(ctx->kernel->executor->fetch_weight(name));
+  });
+}
+
+tf_status h_expect_weights(tf_host_context* ctx, const char* const* names, int32_t count) {
+  return serve(ctx, [&] {
+    if (count < 0) throw std::invalid_argument("expect_weights: count < 0");
+    if (count > 0) require(names, "names");
+    std::vector<std::string> list;
+    for (int32_t i = 0; i < count; ++i) {
+      require(names[i], "names[i]");
+      list.emplace_back(names[i]);
+    }
+    // A hint: without a pass (a plan) there is nothing to read ahead.
+    if (ctx->kernel->executor) ctx->kernel->executor->expect_weights(list);
   });
 }
 

@@ -26,6 +26,7 @@
 
 #include "memory_accounting.hpp"
 #include "routed_reads.hpp"
+#include "stage_flow.hpp"
 #include "tightfit/plugin_api.h"
 
 namespace tightfit {
@@ -45,16 +46,6 @@ struct PlanContribution {
   int64_t forward_bytes = 0;  // alive only at the end of forward
   int64_t block_bytes = 0;    // alive only while a decoder block computes
   tf_residency recompute_inputs_tier = TF_TIER_DEVICE;
-};
-
-// What the timeline assumed of a declared stage (the step-time cost model
-// reads the same).
-struct StageFlow {
-  bool backward = false;       // a gradient flows back through it
-  bool recomputed = false;     // checkpointed: its forward runs again in its backward
-  bool weights_train = false;  // weights of its own (not adapters) are trained
-  int64_t kept_bytes = 0;      // activations it keeps for backward, as declared
-  int64_t input_bytes = 0;     // recomputed: the input it keeps instead
 };
 
 struct MemoryPlan {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "memory_plan.hpp"
 #include "session.hpp"
 
 namespace tightfit {

@@ -18,10 +18,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "stage_flow.hpp"
+
 namespace tightfit {
 
 class Session;
-struct StageFlow;
 
 struct RoutedReads {
   int64_t weights = 0;            // routed weights kept in the host or disk tier

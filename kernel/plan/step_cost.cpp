@@ -135,8 +135,9 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
     const double fetches = 1 + (f.backward ? 1 : 0);
     const double hidden = std::min(2, options.prefetch) * (forward + backward) / fetches;
     per_micro_transfer += fetches * std::max(0.0, fetch - hidden);
-    // Routed experts are read as the model asks for them, at each use:
-    // nothing reads them ahead.
+    // Routed experts are read once the router has chosen them, at each
+    // use: priced whole (a read-ahead of the chosen ones, offload's
+    // expert_prefetch, overlaps them with the expert before; not credited).
     if (i < plan.routed.stage_disk_bytes.size()) {
       double routed = plan.routed.stage_disk_bytes[i] / std::max(1.0, disk_read);
       if (host_read > 0) routed += plan.routed.stage_host_bytes[i] / host_read;

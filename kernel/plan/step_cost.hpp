@@ -5,7 +5,7 @@
 // of their dtype and micro-batch, memory-bound work on the activations,
 // dequantizing compact weights each time they are used, moving offloaded
 // weights and optimizer state between tiers (what prefetch cannot hide, and
-// routed experts, read as the router asks for them), and
+// routed experts, read once the router has chosen them), and
 // the update, and what ranks exchange (at the host link's rate: on one
 // machine the ranks' traffic crosses memory or PCIe; across machines it is
 // slower than this says).

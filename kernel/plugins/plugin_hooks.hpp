@@ -34,7 +34,8 @@
   X(apply_held_grads)        \
   X(drop_held_grads)         \
   X(set_adapters_enabled)    \
-  X(want_weight)
+  X(want_weight)             \
+  X(expect_weight)
 
 // tf_model_vtable's hooks after create and destroy (then its data fields).
 #define TF_MODEL_HOOKS(X) X(stage_forward) X(hf_config_json) X(decode) X(release_cache)

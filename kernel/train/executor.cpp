@@ -380,6 +380,16 @@ at::Tensor Executor::fetch_weight(const std::string& name) {
   return w;
 }
 
+void Executor::expect_weights(const std::vector<std::string>& names) {
+  for (const std::string& name : names) {
+    const Param& p = store_.get(name);
+    if (p.residency != TF_TIER_DEVICE && p.value.numel() == 0 && p.numel() > 0 &&
+        stage_in_use(p.stage))
+      StrategyChain(plugins_.strategies)
+          .first_handled(TF_STRATEGY_HOOK(expect_weight), name.c_str());
+  }
+}
+
 at::Tensor Executor::fetch_resident(Param& p) {
   const std::string& name = p.name;
   // Left in its tier through the stage's event (offload's experts, ABI

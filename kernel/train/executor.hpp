@@ -148,6 +148,10 @@ class Executor {
 
   at::Tensor fetch_weight(const std::string& name);
   at::Tensor fetch_resident(Param& p);
+  // The model will fetch these next in its running stage (ABI 1.17): each
+  // one left in another tier goes to the strategies' expect_weight, so the
+  // one keeping it may start reading it. Outside its stage's event: ignored.
+  void expect_weights(const std::vector<std::string>& names);
   // Runs fn with p in the device tier: a parameter a strategy keeps in
   // another tier is brought in around fn (TF_PHASE_ACCESS) unless its stage
   // is in use already.

@@ -873,8 +873,17 @@ typedef struct tf_host_api {
    * activations make. Outside a pass whose loss the host computes
    * (generation, logits) the term is dropped. */
   tf_status (*add_loss_term)(tf_host_context* ctx, tf_tensor term);
+  /* Added in 1.17 (a reserved slot): the model is about to fetch these
+   * `count` parameters of its running stage, in this order (a mixture of
+   * experts once its router has chosen: the chosen experts' weights). The
+   * host passes each one kept in another tier and not resident to the
+   * strategies' expect_weight, so that the one keeping it may start reading
+   * it; the fetch itself is unchanged (want_weight, fetch_weight). Only
+   * inside a stage's event; a hint, never required: a host without the slot
+   * reads each weight when it is fetched. */
+  tf_status (*expect_weights)(tf_host_context* ctx, const char* const* names, int32_t count);
 
-  void* reserved[3];
+  void* reserved[2];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */
@@ -1051,7 +1060,15 @@ typedef struct tf_strategy_vtable {
    * still turned dense by the strategy that owns it. */
   tf_status (*want_weight)(void* state, tf_host_context* ctx, const char* name);
 
-  void* reserved[4];
+  /* Added in 1.17 (a reserved slot): the parameter `name`, kept in another
+   * tier and not resident, will be fetched inside the running stage's event
+   * after those announced before it (host expect_weights). The strategy that
+   * keeps it may start reading it now, so that its want_weight finds it
+   * read; the parameter itself is not changed until want_weight.
+   * TF_NOT_HANDLED = not this strategy's. */
+  tf_status (*expect_weight)(void* state, tf_host_context* ctx, const char* name);
+
+  void* reserved[3];
 } tf_strategy_vtable;
 
 /* A trainer schedule: decides what each step does using training services. */

@@ -13,7 +13,7 @@ Routing route(const at::Tensor& router_logits, int64_t top_k, bool renormalize,
 }
 
 at::Tensor mix_experts(const at::Tensor& x, const Routing& r, int64_t n_experts,
-                       const ExpertFn& expert) {
+                       const ExpertFn& expert, const RoutedFn& routed) {
   const int64_t K = r.chosen.size(1);
   // Slot n K + k is token n's k-th choice; sorted by expert, each expert's
   // slots are one run of `order`. One host sync for the counts per block.
@@ -22,6 +22,12 @@ at::Tensor mix_experts(const at::Tensor& x, const Routing& r, int64_t n_experts,
   const at::Tensor counts = at::bincount(slots, {}, n_experts).to(at::kCPU).contiguous();
   const int64_t* count = counts.data_ptr<int64_t>();
   const at::Tensor weight_of_slot = r.weights.reshape(-1);
+  if (routed) {
+    std::vector<int64_t> running;
+    for (int64_t e = 0; e < n_experts; ++e)
+      if (count[e] > 0) running.push_back(e);
+    routed(running);
+  }
   std::vector<at::Tensor> rows, outputs;
   int64_t start = 0;
   for (int64_t e = 0; e < n_experts; ++e) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 namespace llama {
 
@@ -25,8 +26,11 @@ Routing route(const at::Tensor& router_logits, int64_t top_k, bool renormalize,
 // y[n] = sum_k weights[n, k] * expert(chosen[n, k], x[n]) for x [N, C]. Each
 // expert runs once, on the tokens routed to it; an expert no token chose is
 // not run at all (its weights get no gradient, as in transformers).
+// `routed`, when given, hears which experts will run, in the order they
+// run, before the first one does (for read-ahead of their weights).
 using ExpertFn = std::function<at::Tensor(int64_t expert, const at::Tensor& x)>;
+using RoutedFn = std::function<void(const std::vector<int64_t>& experts)>;
 at::Tensor mix_experts(const at::Tensor& x, const Routing& r, int64_t n_experts,
-                       const ExpertFn& expert);
+                       const ExpertFn& expert, const RoutedFn& routed = {});
 
 }  // namespace llama

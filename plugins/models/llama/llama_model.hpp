@@ -269,9 +269,16 @@ struct Llama {
       balance->record(r.probs, r.chosen, mask.defined() ? mask.reshape(-1) : mask,
                       pass_call->recompute, host);
     }
-    at::Tensor y = mix_experts(x, r, s.n_experts, [&](int64_t e, const at::Tensor& xe) {
-      return gated_mlp(xe, block + "experts." + std::to_string(e) + ".", n);
-    });
+    auto prefix = [&](int64_t e) { return block + "experts." + std::to_string(e) + "."; };
+    at::Tensor y = mix_experts(
+        x, r, s.n_experts,
+        [&](int64_t e, const at::Tensor& xe) { return gated_mlp(xe, prefix(e), n); },
+        [&](const std::vector<int64_t>& running) {  // their weights, in gated_mlp's order
+          std::vector<std::string> names;
+          for (const int64_t e : running)
+            for (const char* w : {n.gate, n.up, n.down}) names.push_back(prefix(e) + w + ".weight");
+          host.expect_weights(names);
+        });
     if (s.shared_intermediate > 0)  // Qwen2-MoE: every token, gated by a sigmoid
       y = y + at::sigmoid(host.linear(x, block + "shared_expert_gate.weight")) *
                   gated_mlp(x, block + "shared_expert.", {"", "gate_proj", "up_proj", "down_proj"});

@@ -315,6 +315,16 @@ class Host {
           "this tightfit cannot add a model's term to the loss (plugin ABI 1.16): update it");
     check(api_->add_loss_term(ctx_, lend(term)));
   }
+  // The weights the model fetches next in its running stage, in order (ABI
+  // 1.17; a mixture of experts once routed): a strategy keeping them in
+  // another tier may start reading them. A hint: an older host ignores it.
+  void expect_weights(const std::vector<std::string>& names) const {
+    if (!TF_HAS(api_, tf_host_api, expect_weights) || names.empty()) return;
+    std::vector<const char*> list;
+    list.reserve(names.size());
+    for (const std::string& n : names) list.push_back(n.c_str());
+    check(api_->expect_weights(ctx_, list.data(), static_cast<int32_t>(list.size())));
+  }
   // A metric on this step's line; best effort (a metric never stops a step).
   void log_metric(const std::string& key, double value) const {
     api_->log_metric(ctx_, key.c_str(), value);

@@ -83,6 +83,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
       throw std::invalid_argument(
           "offload: params, optimizer and activations are all \"none\": nothing to offload");
     s->prefetch = s->host.get_int("prefetch");
+    s->expert_prefetch = s->host.get_int("expert_prefetch");
     s->dir = s->host.get_string("dir");
     if (s->dir.empty()) s->dir = (fs::path(s->host.run_info().run_dir) / "offload").string();
     *out = s.release();
@@ -183,6 +184,7 @@ tf_status stage_event(void* state, tf_host_context* ctx, const tf_stage_event* e
     const int32_t dir = ev->phase == TF_PHASE_FORWARD ? 1 : -1;
     if (ev->begin) {
       s->swap_in(ev->stage);
+      s->expect_for_event(ev->stage, ev->phase);
       if (ev->phase != TF_PHASE_ACCESS)
         for (int32_t k = 1; k <= s->prefetch; ++k) s->request(ev->stage + dir * k);
     } else if (ev->phase != TF_PHASE_RECOMPUTE) {  // backward of a recomputed stage still needs it
@@ -203,11 +205,23 @@ tf_status want_weight(void* state, tf_host_context* ctx, const char* name) {
   });
 }
 
+// An expert the model will fetch next, once its router has chosen (ABI 1.17).
+tf_status expect_weight(void* state, tf_host_context* ctx, const char* name) {
+  auto* s = static_cast<Offload*>(state);
+  const auto it = s->weights.find(name);
+  if (it == s->weights.end() || !it->second.on_demand) return TF_NOT_HANDLED;
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    s->expect(it->first);
+    return TF_OK;
+  });
+}
+
 // The experts brought in during the step (forward, recompute and backward
-// each count), as metrics: how much of the expert weights the batches used.
+// each count), as metrics: how much of the expert weights the batches used,
+// and how many of them had been read ahead.
 tf_status step_begin(void* state, tf_host_context*, int64_t) {
   auto* s = static_cast<Offload*>(state);
-  s->expert_loads = s->expert_load_bytes = 0;  // reads outside a step are not its own
+  s->expert_loads = s->expert_load_bytes = s->expert_ahead_hits = 0;  // outside: not its own
   return TF_OK;
 }
 
@@ -217,7 +231,8 @@ tf_status step_end(void* state, tf_host_context* ctx, int64_t, double) {
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     s->host.log_metric("expert_loads", static_cast<double>(s->expert_loads));
     s->host.log_metric("expert_mib", static_cast<double>(s->expert_load_bytes) / (1 << 20));
-    s->expert_loads = s->expert_load_bytes = 0;
+    s->host.log_metric("expert_read_ahead", static_cast<double>(s->expert_ahead_hits));
+    s->expert_loads = s->expert_load_bytes = s->expert_ahead_hits = 0;
     return TF_OK;
   });
 }
@@ -377,10 +392,14 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_WEIGHTS] -= moved;
       out->delta_bytes[s->tier()][TF_MEM_WEIGHTS] += moved;
     }
-    // Stages in flight with their weights, and the experts resident at once.
+    // Stages in flight with their weights, and the experts resident at once;
+    // those read ahead wait in host memory (the same memory on a CPU run).
     out->delta_bytes[TF_TIER_DEVICE][TF_MEM_TRANSIENT] +=
         (1 + s->prefetch) * largest +
         static_cast<int64_t>(Offload::kExpertsResident) * largest_expert;
+    if (s->disk)
+      out->delta_bytes[s->cuda ? TF_TIER_HOST : TF_TIER_DEVICE][TF_MEM_TRANSIENT] +=
+          s->expert_prefetch * largest_expert;
     if (s->optimizer_tier != "none") {
       const int64_t bytes = 4 * state_slots(*s) * model->n_trainable;
       out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OPTIMIZER] -= bytes;
@@ -408,6 +427,10 @@ const tf_config_key kKeys[] = {
     tf_sdk::key("trainable", TF_VALUE_BOOL, "false",
                 "params tier also for trained block weights (needs optimizer = disk|host)"),
     tf_sdk::key("prefetch", TF_VALUE_INT, "1", "stages read ahead on a background thread", 0, 64),
+    tf_sdk::key("expert_prefetch", TF_VALUE_INT, "6",
+                "disk tier: expert weights read ahead on that thread once the router has chosen "
+                "(and in backward, those the forward used); 0 = each read when fetched",
+                0, 1024),
     tf_sdk::key("dir", TF_VALUE_STRING, "\"\"", "disk tier folder; empty = <run folder>/offload"),
 };
 
@@ -425,7 +448,8 @@ const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
                                     .stage_params_ready = stage_params_ready,
                                     .pack_activation = pack_activation,
                                     .unpack_activation = unpack_activation,
-                                    .want_weight = want_weight};
+                                    .want_weight = want_weight,
+                                    .expect_weight = expect_weight};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_STRATEGY, "offload", "0.2.0",

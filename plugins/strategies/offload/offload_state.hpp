@@ -65,10 +65,21 @@ struct Offload {
   static constexpr size_t kExpertsResident = 6;  // two experts' gate, up and down
   std::deque<std::string> experts_in;
   int64_t on_demand_weights = 0, expert_loads = 0, expert_load_bytes = 0;
-  std::string optimizer_tier;                             // "none" | "host" | "disk"
-  std::unique_ptr<offload::StateTier> state;              // created in params_ready
-  std::string activations_tier;                           // "none" | "host" | "disk"
-  std::unique_ptr<offload::ActivationStore> activations;  // created in params_ready
+  // Expert weights read ahead (expert_reads.cpp): those the model says it
+  // fetches next (expect_weight, once its router has chosen) and, in a
+  // stage's backward, those its forward brought in, last first. At most
+  // `expert_prefetch` are read or being read on the worker; the rest wait
+  // in `expected` (main thread). What was read is in host memory until
+  // brought in, and dropped when the stage's event ends.
+  int64_t expert_prefetch = 6;
+  std::deque<std::string> expected;
+  std::map<int32_t, std::vector<std::string>> forward_order;  // per stage, as brought in
+  std::map<int32_t, tf_pass_phase> phase_of;                  // of each stage's running event
+  int64_t expert_ahead_hits = 0;                              // brought in read (per step)
+  std::string optimizer_tier;                                 // "none" | "host" | "disk"
+  std::unique_ptr<offload::StateTier> state;                  // created in params_ready
+  std::string activations_tier;                               // "none" | "host" | "disk"
+  std::unique_ptr<offload::ActivationStore> activations;      // created in params_ready
 
   // Loaded weights, by stage; guarded by m.
   std::mutex m;
@@ -76,6 +87,9 @@ struct Offload {
   std::map<int32_t, std::map<std::string, at::Tensor>> resident;
   std::set<int32_t> loading;
   std::deque<int32_t> queue;
+  std::deque<std::string> expert_queue;            // expert weights for the worker to read
+  std::set<std::string> expert_loading;            // queued or being read
+  std::map<std::string, at::Tensor> expert_ahead;  // read, not brought in yet
   bool stop = false;
   std::thread worker;
 
@@ -91,9 +105,20 @@ struct Offload {
   void request(int32_t stage);
   // Puts the stage's loaded weights into the store (main thread).
   void swap_in(int32_t stage);
-  // An on-demand expert into the store until its stage's event ends.
+  // An on-demand expert into the store until its stage's event ends: read
+  // ahead already, or read now.
   void bring_in(const std::string& name, const Offloaded& w);
   void put_back(const std::string& name);
+  // The model will fetch this expert weight next: read it ahead.
+  void expect(const std::string& name);
+  // Hands expected weights to the worker while fewer than expert_prefetch are ahead.
+  void read_ahead();
+  // The worker's part: one expert weight from the queue (lock held on entry and exit).
+  void read_one_expert(std::unique_lock<std::mutex>& lock);
+  // A stage's event begins: in its backward, its forward's experts are expected, last first.
+  void expect_for_event(int32_t stage, tf_pass_phase phase);
+  // A stage's event ends: what was read ahead for it goes.
+  void drop_ahead(int32_t stage);
   // Empty placeholders back into the store; the loaded copies go.
   void swap_out(int32_t stage);
   // Writes the frozen block weights of `stage` (all stages when < 0) that

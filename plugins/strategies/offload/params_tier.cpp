@@ -1,7 +1,7 @@
 // The params tier of the offload strategy (offload_state.hpp): weights
 // written to files or host copies, read back a stage at a time (ahead, on a
-// worker thread), experts brought in one by one, trained weights' bytes
-// freed and refilled in place.
+// worker thread), trained weights' bytes freed and refilled in place
+// (experts, brought in one by one: expert_reads.cpp).
 #include <algorithm>
 #include <cstring>
 #include <exception>
@@ -48,8 +48,12 @@ std::map<std::string, at::Tensor> Offload::read_stage(int32_t stage) {
 void Offload::worker_loop() {
   std::unique_lock<std::mutex> lock(m);
   for (;;) {
-    cv.wait(lock, [&] { return stop || !queue.empty(); });
+    cv.wait(lock, [&] { return stop || !queue.empty() || !expert_queue.empty(); });
     if (stop) return;
+    if (!expert_queue.empty()) {  // needed sooner: inside the running stage
+      read_one_expert(lock);
+      continue;
+    }
     const int32_t stage = queue.front();
     queue.pop_front();
     lock.unlock();
@@ -119,30 +123,8 @@ void Offload::swap_in(int32_t stage) {
   }
 }
 
-void Offload::bring_in(const std::string& name, const Offloaded& w) {
-  at::Tensor t;
-  {
-    const tf_sdk::MemoryCategory weights_scope(host, TF_MEM_WEIGHTS);
-    t = read(name, w);
-    if (t.device() != at::Device(device)) t = t.to(at::Device(device));
-  }
-  // The fetch that asked holds its own reference to what it uses, so the
-  // least recent expert can go back to the tier now.
-  while (experts_in.size() >= kExpertsResident) put_back(experts_in.front());
-  host.set_param_storage(name, t, w.format, tier());
-  experts_in.push_back(name);
-  ++expert_loads;
-  expert_load_bytes += t.numel() * static_cast<int64_t>(t.element_size());
-}
-
-void Offload::put_back(const std::string& name) {
-  const Offloaded& w = weights.at(name);
-  host.set_param_storage(name, at::empty({0}, at::TensorOptions().dtype(w.dtype)), w.format,
-                         tier());
-  experts_in.erase(std::find(experts_in.begin(), experts_in.end(), name));
-}
-
 void Offload::swap_out(int32_t stage) {
+  drop_ahead(stage);
   for (size_t i = experts_in.size(); i-- > 0;)
     if (weights.at(experts_in[i]).stage == stage) put_back(experts_in[i]);
   for (const auto& name : by_stage[stage]) {
