@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "byte_size.hpp"
 #include "file_util.hpp"
 #include "fit_search.hpp"
 #include "memory_plan.hpp"
@@ -313,6 +315,49 @@ TEST(Fit, PutsTrainedWeightsOnDiskWithTheirState) {
   EXPECT_EQ((*offload)["optimizer"].value_or(std::string()), "disk");
   EXPECT_TRUE((*offload)["trainable"].value_or(false));
   EXPECT_LE(planned_peak(out), 20 << 20);
+}
+
+// A mixture of experts whose frozen experts are nearly all of its memory
+// (16 experts a layer, each token routed to one): under a budget that no
+// stack keeping them in memory meets, fit keeps them on disk (offload
+// params), where they come in only as the batch routes to them; the plan of
+// the recipe it writes fits and counts those reads.
+TEST(Fit, StreamsTheExpertsOfAMixtureFromDiskWhenOnlyThatFits) {
+  test::TempDir dir;
+  private_rates_cache(dir);
+  std::string text = test::tiny_recipe(test::write_corpus(dir), dir.str(), "",
+                                       "[[strategy]]\nplugin = \"lora\"\nrank = 4\n"
+                                       "targets = [\"q\", \"v\"]\n");
+  const auto begin = text.find("[model]"), end = text.find("[data]");
+  text.replace(begin, end - begin, "[model]\n" + test::many_experts_model(dir) + "\n");
+  const std::string path = test::write_file(dir, "moe.toml", text);
+  const std::string out = (dir.path() / "fit.toml").string();
+  // The smallest stack without offload, from fit's own refusal.
+  std::string log;
+  ASSERT_EQ(
+      test::run_tightfit("fit " + path + " --budget 1KiB --without offload --out " + out, &log), 3)
+      << log;
+  const size_t smallest = log.find("; the smallest is ");
+  ASSERT_NE(smallest, std::string::npos) << log;
+  const size_t at = log.find(" at ", smallest) + 4;
+  const int64_t in_memory = parse_byte_size(log.substr(at, log.find(". ", at) - at));
+  ASSERT_GT(in_memory, 0) << log;
+  const int64_t budget = in_memory * 3 / 4;
+  ASSERT_EQ(test::run_tightfit(
+                "fit " + path + " --budget " + std::to_string(budget) + " --out " + out, &log),
+            0)
+      << log;
+  const Recipe fitted = Recipe::load(out);
+  const toml::table* offload = fitted.strategy_table("offload");
+  ASSERT_NE(offload, nullptr) << read_file_text(out);
+  const std::string tier = (*offload)["params"].value_or(std::string());
+  EXPECT_TRUE(tier == "disk" || tier == "host") << read_file_text(out);
+  EXPECT_LE(planned_peak(out), budget);
+  std::string json;
+  ASSERT_EQ(test::run_tightfit("plan " + out + " --json 2>/dev/null", &json), 0) << json;
+  const nlohmann::json plan = nlohmann::json::parse(json);
+  EXPECT_EQ(plan["routed_reads"]["weights"].get<int64_t>(), 3 * 16 * 3) << json;
+  EXPECT_GT(plan["routed_reads"]["reads_per_pass"].get<double>(), 0) << json;
 }
 
 // Checkpointed blocks' inputs on disk are a knob: a budget that only the

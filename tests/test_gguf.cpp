@@ -266,35 +266,53 @@ TEST(GgufHostile, EachDefectIsRefusedByName) {
 }
 
 // llama.cpp writes Mixtral as architecture llama with llama.expert_count and
-// stacked experts: refused as a mixture of experts by name (not read as a
-// dense llama that stops at its first missing MLP tensor); an expert_count of
-// 0 is a dense model.
-TEST(GgufHostile, AMixtralFileIsRefusedAsAMixtureOfExperts) {
+// stacked experts: read as model_type mixtral (not as a dense llama that
+// stops at its first missing MLP tensor), and refused naming the key when
+// its expert_used_count is missing; an expert_count of 0 is a dense model.
+// An expert_count on an architecture tightfit reads as dense (qwen2) is
+// refused as a mixture of experts by name.
+TEST(GgufHostile, AMixtralFileReadsAsMixtralAndOtherExpertCountsAreRefused) {
   test::TempDir dir;
-  for (const uint32_t experts : {8u, 0u}) {
+  auto file = [&](const std::string& arch, uint32_t experts, bool used) {
     Bytes f;
-    f.header(0, 5).str("general.architecture").put<uint32_t>(8).str("llama");
-    f.str("llama.expert_count").put<uint32_t>(4).put<uint32_t>(experts);
-    f.str("llama.block_count").put<uint32_t>(4).put<uint32_t>(2);
-    f.str("llama.embedding_length").put<uint32_t>(4).put<uint32_t>(32);
-    f.str("llama.attention.head_count").put<uint32_t>(4).put<uint32_t>(4);
+    f.header(0, used ? 6 : 5).str("general.architecture").put<uint32_t>(8).str(arch);
+    f.str(arch + ".expert_count").put<uint32_t>(4).put<uint32_t>(experts);
+    if (used) f.str(arch + ".expert_used_count").put<uint32_t>(4).put<uint32_t>(2);
+    f.str(arch + ".block_count").put<uint32_t>(4).put<uint32_t>(2);
+    f.str(arch + ".embedding_length").put<uint32_t>(4).put<uint32_t>(32);
+    f.str(arch + ".attention.head_count").put<uint32_t>(4).put<uint32_t>(4);
     f.pad_to(32);
-    const std::string p = test::write_file(dir, "mixtral.gguf", f.b);
+    return test::write_file(dir, arch + std::to_string(experts) + (used ? "u" : "") + ".gguf", f.b);
+  };
+  auto refusal = [](const std::string& p) {
     GgufReader r(p);
-    if (experts == 0) {
-      EXPECT_EQ(hf_config(r)["model_type"], "llama");
-      continue;
-    }
     try {
       hf_config(r);
-      ADD_FAILURE() << "read as a dense llama";
     } catch (const GgufError& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find(p + ": llama.expert_count is 8: a mixture of experts"), std::string::npos)
-          << what;
-      EXPECT_NE(what.find("Hugging Face folder"), std::string::npos) << what;
+      return std::string(e.what());
     }
+    return std::string("(read)");
+  };
+  {
+    GgufReader dense(file("llama", 0, false));
+    EXPECT_EQ(hf_config(dense)["model_type"], "llama");
   }
+  {
+    GgufReader mixtral(file("llama", 8, true));
+    const nlohmann::json c = hf_config(mixtral);
+    EXPECT_EQ(c["model_type"], "mixtral");
+    EXPECT_EQ(c["num_local_experts"], 8);
+    EXPECT_EQ(c["num_experts_per_tok"], 2);
+  }
+  const std::string no_used = file("llama", 8, false);
+  EXPECT_NE(refusal(no_used).find(no_used + ": the metadata gives no llama.expert_used_count"),
+            std::string::npos)
+      << refusal(no_used);
+  const std::string qwen2 = file("qwen2", 4, true);
+  const std::string what = refusal(qwen2);
+  EXPECT_NE(what.find(qwen2 + ": qwen2.expert_count is 4: a mixture of experts"), std::string::npos)
+      << what;
+  EXPECT_NE(what.find("Hugging Face folder"), std::string::npos) << what;
 }
 
 TEST(GgufHostile, AFifoOrAFolderIsRefusedNotWaitedOn) {

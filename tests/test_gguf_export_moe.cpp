@@ -1,20 +1,24 @@
 // `tightfit export --format gguf` of the mixtures of experts llama.cpp runs
-// as qwen2moe and qwen3moe: each layer's routed experts stacked into one
+// as qwen2moe, qwen3moe, olmoe and (Mixtral) llama: each layer's routed
+// experts stacked into one
 // tensor per projection, the routers and Qwen2-MoE's shared expert under
 // llama.cpp's names, the expert keys in the metadata — checked against the
 // readers users have (tests/peers/gguf_moe.py): every tensor's bytes equal
 // gguf.quants.quantize of the transformers tensor stacked as
 // convert_hf_to_gguf stacks it (F32 and Q8_0), every name one of gguf's
-// tensors for the architecture, and transformers' GGUF loader on the F32
-// file computing the model's logits. tightfit reads each file back (each
-// expert sliced out of its stack) with transformers' logits on it, and
-// QLoRA keeps each expert's own blocks.
+// tensors for the architecture, and the F32 file's model computing the
+// model's logits (transformers' GGUF loader for Qwen-MoE; for Mixtral and
+// OLMoE, which it does not read, transformers with the tensors gguf-py
+// dequantizes from the file). tightfit reads each file back (each expert
+// sliced out of its stack, or a Mixtral file's one tensor per expert) with
+// those logits, and QLoRA keeps each expert's own blocks.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "gguf_export.hpp"
 #include "gguf_recipe.hpp"
@@ -25,7 +29,14 @@ namespace tightfit {
 namespace {
 namespace fs = std::filesystem;
 
-const char* const kFamilies[] = {"qwen2_moe", "qwen3_moe"};
+const char* const kFamilies[] = {"qwen2_moe", "qwen3_moe", "mixtral", "olmoe"};
+
+// The GGUF architecture llama.cpp names each family by.
+std::string arch_of(const std::string& family) {
+  if (family == "mixtral") return "llama";
+  if (family == "olmoe") return "olmoe";
+  return family == "qwen2_moe" ? "qwen2moe" : "qwen3moe";
+}
 
 std::string peer() {
   return test::peer_python() + " " + TIGHTFIT_SOURCE_DIR + "/tests/peers/gguf_moe.py";
@@ -77,7 +88,7 @@ TEST_F(GgufExportMoe, EveryTensorIsWhatConvertHfToGgufWrites) {
   for (const char* family : kFamilies) {
     SCOPED_TRACE(family);
     const nlohmann::json& r = (*report_)[family];
-    EXPECT_EQ(r["arch"], std::string(family) == "qwen2_moe" ? "qwen2moe" : "qwen3moe");
+    EXPECT_EQ(r["arch"], arch_of(family));
     EXPECT_TRUE(r["unknown_names"].empty()) << r["unknown_names"].dump();
     EXPECT_TRUE(r["missing"].empty()) << r["missing"].dump();
     EXPECT_TRUE(r["metadata_wrong"].empty()) << r["metadata_wrong"].dump();
@@ -95,25 +106,30 @@ TEST_F(GgufExportMoe, TransformersReadsTheModelsLogitsFromTheFile) {
 }
 
 // tightfit reads each file back (its experts sliced out of their stacks,
-// the expert keys read as llama.cpp reads them) with the logits
-// transformers' GGUF loader computes on the same file.
+// the expert keys read as llama.cpp reads them) with the logits the file's
+// model computes; a Mixtral file with one tensor per expert (as llama.cpp
+// wrote them before it stacked experts) gives the F32 file's logits.
 TEST_F(GgufExportMoe, TightfitRunsEachFileAsTransformersDoes) {
   test::TempDir out;
+  auto logits_of = [&](const std::string& file, const nlohmann::json& ids) {
+    SessionOptions so;
+    so.skip_data = true;
+    auto s = test::make_session(test::gguf_recipe("builtin:fortunes", out.str(), file), so);
+    at::NoGradGuard no_grad;
+    const at::Tensor t = at::tensor(ids.get<std::vector<int64_t>>(), at::kLong);
+    return s->executor().forward_logits(t.unsqueeze(0), false, at::Tensor())[0].to(at::kFloat);
+  };
   for (const char* family : kFamilies) {
-    for (const char* type : {"f32", "q8_0"}) {
+    for (const char* type : {"f32", "q8_0", "single"}) {
+      if (std::string(type) == "single" && std::string(family) != "mixtral") continue;
       SCOPED_TRACE(std::string(family) + " " + type);
       const nlohmann::json& r = (*report_)[family];
       const std::string file = dir_->str() + "/" + family + "/m-" + type + ".gguf";
-      SessionOptions so;
-      so.skip_data = true;
-      auto s = test::make_session(test::gguf_recipe("builtin:fortunes", out.str(), file), so);
-      at::NoGradGuard no_grad;
-      const at::Tensor ids = at::tensor(r["ids"].get<std::vector<int64_t>>(), at::kLong);
-      const at::Tensor logits =
-          s->executor().forward_logits(ids.unsqueeze(0), false, at::Tensor())[0];
+      const at::Tensor logits = logits_of(file, r["ids"]);
+      const char* reference = std::string(type) == "single" ? "f32" : type;
       const at::Tensor want =
-          at::tensor(r["logits"][type].get<std::vector<float>>()).view(logits.sizes());
-      const double err = (logits.to(at::kFloat) - want).abs().max().item<double>();
+          at::tensor(r["logits"][reference].get<std::vector<float>>()).view(logits.sizes());
+      const double err = (logits - want).abs().max().item<double>();
       EXPECT_LE(err, 1e-4);
       ::testing::Test::RecordProperty(std::string("tightfit_err_") + family + "_" + type,
                                       c10::str(err));
@@ -139,7 +155,7 @@ TEST_F(GgufExportMoe, QloraKeepsEachExpertsBlocksAndTrainsAsTheDenseLoad) {
                           lora + "[[strategy]]\nplugin = \"quantize\"\nformat = \"gguf\"\n"));
     int64_t experts = 0;
     for (const Param& p : kept->store().all()) {
-      if (p.name.find(".mlp.experts.") == std::string::npos) continue;
+      if (p.name.find(".experts.") == std::string::npos) continue;
       ++experts;
       EXPECT_EQ(p.format, TF_FORMAT_GGML) << p.name;
       EXPECT_TRUE(
@@ -155,25 +171,32 @@ TEST_F(GgufExportMoe, QloraKeepsEachExpertsBlocksAndTrainsAsTheDenseLoad) {
 // and nothing is left behind; a family tightfit does not write as GGUF is
 // refused by its model_type.
 TEST_F(GgufExportMoe, WhatLlamaCppWouldComputeDifferentlyIsRefusedByName) {
+  auto config_of = [&](const std::string& family) {
+    std::ifstream in(dir_->str() + "/" + family + "/config.json");
+    return nlohmann::json::parse(in);
+  };
   const std::string folder = dir_->str() + "/qwen3_moe";
-  std::ifstream in(folder + "/config.json");
-  const nlohmann::json config = nlohmann::json::parse(in);
+  const nlohmann::json config = config_of("qwen3_moe");
   const std::string out = dir_->str() + "/refused";
   fs::create_directories(out);
-  const std::pair<nlohmann::json, const char*> bad[] = {
-      {{{"norm_topk_prob", false}}, "norm_topk_prob"},
-      {{{"mlp_only_layers", {0}}}, "mlp_only_layers"},
-      {{{"decoder_sparse_step", 2}}, "decoder_sparse_step"},
-      {{{"model_type", "mixtral"}}, "model_type \"mixtral\""},
-      {{{"model_type", "olmoe"}}, "model_type \"olmoe\""},
+  const std::tuple<const char*, nlohmann::json, const char*> bad[] = {
+      {"qwen3_moe", {{"norm_topk_prob", false}}, "norm_topk_prob"},
+      {"qwen3_moe", {{"mlp_only_layers", {0}}}, "mlp_only_layers"},
+      {"qwen3_moe", {{"decoder_sparse_step", 2}}, "decoder_sparse_step"},
+      {"qwen3_moe", {{"model_type", "phimoe"}}, "model_type \"phimoe\""},
+      {"mixtral", {{"sliding_window", 4096}}, "sliding_window 4096"},
+      {"mixtral", {{"num_local_experts", nullptr}}, "num_local_experts"},
+      {"olmoe", {{"norm_topk_prob", true}}, "norm_topk_prob"},
+      {"olmoe", {{"clip_qkv", 8.0}}, "clip_qkv"},
+      {"olmoe", {{"num_key_value_heads", 2}}, "num_key_value_heads 2"},
   };
-  for (const auto& [change, named] : bad) {
-    nlohmann::json c = config;
+  for (const auto& [family, change, named] : bad) {
+    nlohmann::json c = config_of(family);
     c.update(change);
     try {
       gguf::GgufModelWriter w(out + "/x.gguf", c, gguf::out_type("f32"), folder + "/tokenizer.json",
                               "x");
-      ADD_FAILURE() << change.dump() << " was written";
+      ADD_FAILURE() << family << " " << change.dump() << " was written";
     } catch (const gguf::GgufError& e) {
       EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
     }

@@ -18,17 +18,39 @@ int64_t required_int(const nlohmann::json& c, const char* key) {
 }  // namespace
 
 bool has_experts(const std::string& arch) {
-  return arch == "qwen2moe" || arch == "qwen3moe";
+  return arch == "qwen2moe" || arch == "qwen3moe" || arch == "olmoe";
+}
+
+bool routes_experts(const nlohmann::json& config) {
+  const std::string type = config.value("model_type", "");
+  return type == "mixtral" || type == "olmoe" || type == "qwen2_moe" || type == "qwen3_moe";
+}
+
+int64_t routed_expert_count(const nlohmann::json& config) {
+  if (!routes_experts(config)) return 0;
+  const char* key =
+      config.value("model_type", "") == "mixtral" ? "num_local_experts" : "num_experts";
+  return required_int(config, key);
 }
 
 std::optional<ExpertName> expert_name(const std::string& hf_name) {
+  // Mixtral's w1, w3, w2 are the others' gate, up and down projections.
   static const std::regex expert(
-      R"(model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight)");
+      R"(model\.layers\.(\d+)\.(?:mlp\.experts\.(\d+)\.(gate|up|down)_proj|)"
+      R"(block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3))\.weight)");
   std::smatch m;
+  if (!std::regex_match(hf_name, m, expert)) return std::nullopt;
+  const bool mixtral = m[4].matched;
+  const std::string index = mixtral ? m[4].str() : m[2].str();
   // An index past nine digits is no model's (and would overflow stoll).
-  if (!std::regex_match(hf_name, m, expert) || m[2].length() > 9) return std::nullopt;
-  return ExpertName{std::stoll(m[2].str()),
-                    "blk." + m[1].str() + ".ffn_" + m[3].str() + "_exps.weight"};
+  if (index.size() > 9) return std::nullopt;
+  const std::string w = m[5].str();
+  const std::string projection = !mixtral    ? m[3].str()
+                                 : w == "w1" ? "gate"
+                                 : w == "w3" ? "up"
+                                             : "down";
+  const std::string prefix = "blk." + m[1].str() + ".ffn_" + projection;
+  return ExpertName{std::stoll(index), prefix + "_exps.weight", prefix + "." + index + ".weight"};
 }
 
 void write_expert_keys(const nlohmann::json& config, const std::string& arch, GgufWriter& out) {
@@ -39,6 +61,41 @@ void write_expert_keys(const nlohmann::json& config, const std::string& arch, Gg
                     "; export a Hugging Face folder (--format hf) and convert it with llama.cpp's "
                     "convert_hf_to_gguf.py if your llama.cpp reads it");
   };
+  const std::string a = arch + ".";
+  const std::string type = config.value("model_type", "");
+  // convert_hf_to_gguf writes Mixtral's and OLMoE's counts only (their
+  // experts are intermediate_size wide: feed_forward_length).
+  auto write_counts = [&] {
+    out.set_u32(a + "expert_count", static_cast<uint32_t>(routed_expert_count(config)));
+    out.set_u32(a + "expert_used_count",
+                static_cast<uint32_t>(required_int(config, "num_experts_per_tok")));
+  };
+  auto is_set = [&](const char* key) {
+    return config.contains(key) && !config[key].is_null() &&
+           !(config[key].is_number() && config[key].get<double>() == 0.0);
+  };
+  if (type == "mixtral") {
+    // llama.cpp's llama graph routes every layer and normalizes the chosen
+    // experts' weights, as Mixtral does; it has no sliding window.
+    if (is_set("sliding_window"))
+      refuse("sliding_window", "llama.cpp's llama graph attends to every position");
+    write_counts();
+    return;
+  }
+  if (type == "olmoe") {
+    // llama.cpp's olmoe graph: q and k normed over all heads ({n_embd}
+    // each, so as many key heads as query heads), no clipping, the top-k
+    // weights not normalized.
+    if (is_set("clip_qkv")) refuse("clip_qkv", "llama.cpp's olmoe graph does not clip q, k, v");
+    if (config.value("num_key_value_heads", config.value("num_attention_heads", 0)) !=
+        config.value("num_attention_heads", 0))
+      refuse("num_key_value_heads",
+             "llama.cpp's olmoe graph has as many key and value heads as query heads");
+    if (config.value("norm_topk_prob", false))
+      refuse("norm_topk_prob", "llama.cpp's olmoe does not normalize the top-k weights");
+    write_counts();
+    return;
+  }
   // llama.cpp's qwen2moe and qwen3moe graphs give every layer experts.
   if (config.contains("mlp_only_layers") && !config["mlp_only_layers"].is_null() &&
       !(config["mlp_only_layers"].is_array() && config["mlp_only_layers"].empty()))
@@ -52,10 +109,7 @@ void write_expert_keys(const nlohmann::json& config, const std::string& arch, Gg
     refuse("norm_topk_prob", std::string("llama.cpp's ") + arch +
                                  (normalized ? " normalizes" : " does not normalize") +
                                  " the top-k weights");
-  const std::string a = arch + ".";
-  out.set_u32(a + "expert_count", static_cast<uint32_t>(required_int(config, "num_experts")));
-  out.set_u32(a + "expert_used_count",
-              static_cast<uint32_t>(required_int(config, "num_experts_per_tok")));
+  write_counts();
   out.set_u32(a + "expert_feed_forward_length",
               static_cast<uint32_t>(required_int(config, "moe_intermediate_size")));
   if (arch == "qwen2moe")

@@ -98,13 +98,15 @@ const TensorType& out_type(const std::string& name) {
 
 std::string gguf_architecture(const nlohmann::json& config) {
   const std::string type = config.value("model_type", "");
-  if (type == "llama" || type == "mistral") return "llama";
-  if (type == "qwen2" || type == "qwen3") return type;
+  // Mixtral is llama with experts, as convert_hf_to_gguf writes it.
+  if (type == "llama" || type == "mistral" || type == "mixtral") return "llama";
+  if (type == "qwen2" || type == "qwen3" || type == "olmoe") return type;
   if (type == "qwen2_moe") return "qwen2moe";
   if (type == "qwen3_moe") return "qwen3moe";
   throw GgufError("a model of model_type \"" + type +
                   "\" is not written as GGUF by tightfit (it writes llama, mistral, qwen2, qwen3, "
-                  "qwen2_moe and qwen3_moe models); export it as a Hugging Face folder and convert "
+                  "mixtral, olmoe, qwen2_moe and qwen3_moe models); export it as a Hugging Face "
+                  "folder and convert "
                   "that with llama.cpp's convert_hf_to_gguf.py");
 }
 
@@ -146,7 +148,7 @@ GgufModelWriter::GgufModelWriter(const std::string& path, const nlohmann::json& 
       arch_(gguf_architecture(config)),
       type_(type),
       out_(path),
-      experts_(config.value("num_experts", int64_t{0})) {
+      experts_(routed_expert_count(config)) {
   if (!can_quantize(type)) out_type(type.name);  // throws, naming the types written
   if (config.contains("rope_scaling") && !config["rope_scaling"].is_null())
     throw GgufError("config.json has rope_scaling " + json_excerpt(config["rope_scaling"]) +
@@ -181,7 +183,7 @@ GgufModelWriter::GgufModelWriter(const std::string& path, const nlohmann::json& 
         a + "rope.dimension_count",
         static_cast<uint32_t>(has_head_dim ? config["head_dim"].get<int64_t>() : hidden / heads));
   }
-  if (has_experts(arch_)) write_expert_keys(config, arch_, out_);
+  if (routes_experts(config)) write_expert_keys(config, arch_, out_);
   write_tokenizer_keys(tokenizer_source_file, out_);
 }
 
@@ -191,7 +193,7 @@ void GgufModelWriter::add(const std::string& hf_name, const at::Tensor& t,
   if (hf_name == "lm_head.weight" && config_.value("tie_word_embeddings", false)) return;
   // A routed expert waits for the others of its layer and projection.
   std::optional<std::pair<std::string, at::Tensor>> stacked;
-  if (has_experts(arch_) && experts_.add(hf_name, t, &stacked)) {
+  if (routes_experts(config_) && experts_.add(hf_name, t, &stacked)) {
     if (stacked) add_matrix(stacked->first, stacked->second, hf_name, warn);
     return;
   }

@@ -1,8 +1,8 @@
 // A model and a LoRA adapter written as GGUF, as llama.cpp's
 // convert_hf_to_gguf.py and convert_lora_to_gguf.py write them, so that
 // llama.cpp, ollama and LM Studio load what tightfit trained:
-// - the metadata of the architecture (llama — which Mistral and SmolLM use —,
-//   qwen2, qwen3, qwen2moe, qwen3moe) from config.json;
+// - the metadata of the architecture (llama — which Mistral, Mixtral and
+//   SmolLM use —, qwen2, qwen3, olmoe, qwen2moe, qwen3moe) from config.json;
 // - a mixture of experts' routed experts stacked per layer and projection
 //   (gguf_experts.hpp), its routers and shared expert under llama.cpp's names;
 // - each tensor under its GGUF name (gguf_model's map), LLaMA's q and k rows
@@ -32,8 +32,8 @@ namespace tightfit::gguf {
 // "f32", "f16", "bf16", "q8_0". Throws GgufError for another name.
 const TensorType& out_type(const std::string& name);
 
-// The GGUF architecture config.json's model_type converts to (mistral ->
-// llama, as convert_hf_to_gguf). Throws GgufError naming the model_type
+// The GGUF architecture config.json's model_type converts to (mistral and
+// mixtral -> llama, as convert_hf_to_gguf). Throws GgufError naming the model_type
 // and the ones written.
 std::string gguf_architecture(const nlohmann::json& config);
 

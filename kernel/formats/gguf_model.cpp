@@ -16,23 +16,27 @@ std::string architecture(const GgufReader& file) {
   return file.get("general.architecture").as_string("general.architecture");
 }
 
-// The model_type transformers gives a GGUF architecture.
-std::string model_type_of(const std::string& arch) {
-  if (arch == "qwen2moe") return "qwen2_moe";
-  if (arch == "qwen3moe") return "qwen3_moe";
-  return arch;
+// Whether the file's model routes experts: the qwen2moe, qwen3moe and
+// olmoe architectures, and llama with an expert_count (Mixtral, as
+// convert_hf_to_gguf writes it).
+bool routes_experts(const GgufReader& file, const std::string& arch) {
+  if (has_experts(arch)) return true;
+  const Value* v = arch == "llama" ? file.find("llama.expert_count") : nullptr;
+  return v != nullptr && v->as_int("llama.expert_count") > 0;
 }
 
 // A mixture of experts' keys (convert_hf_to_gguf's), and what llama.cpp's
 // graphs assume without a key: experts in every layer, the chosen experts'
-// weights normalized for qwen3moe only. transformers' GGUF loader reads
-// neither moe_intermediate_size nor norm_topk_prob; llama.cpp, which
-// defines these files, computes with both.
+// weights normalized for qwen3moe and Mixtral only, Mixtral's and OLMoE's
+// experts feed_forward_length wide. transformers' GGUF loader reads neither
+// moe_intermediate_size nor norm_topk_prob; llama.cpp, which defines these
+// files, computes with both.
 void expert_config(const GgufReader& file, const std::string& arch, nlohmann::json& c) {
+  const bool qwen = arch == "qwen2moe" || arch == "qwen3moe";
   std::vector<std::pair<const char*, const char*>> keys = {
-      {"expert_count", "num_experts"},
-      {"expert_used_count", "num_experts_per_tok"},
-      {"expert_feed_forward_length", "moe_intermediate_size"}};
+      {"expert_count", arch == "llama" ? "num_local_experts" : "num_experts"},
+      {"expert_used_count", "num_experts_per_tok"}};
+  if (qwen) keys.emplace_back("expert_feed_forward_length", "moe_intermediate_size");
   if (arch == "qwen2moe")
     keys.emplace_back("expert_shared_feed_forward_length", "shared_expert_intermediate_size");
   for (const auto& [gguf_key, hf_key] : keys) {
@@ -43,9 +47,23 @@ void expert_config(const GgufReader& file, const std::string& arch, nlohmann::js
                       ", which a mixture of experts needs (the file is not llama.cpp's)");
     c[hf_key] = v->as_int(key);
   }
+  if (arch == "llama") return;  // Mixtral always normalizes, and routes every layer
+  if (arch == "olmoe") {
+    c["norm_topk_prob"] = false;
+    return;
+  }
   c["norm_topk_prob"] = arch == "qwen3moe";
   c["decoder_sparse_step"] = 1;
   c["mlp_only_layers"] = nlohmann::json::array();
+}
+
+// The model_type transformers gives a GGUF architecture (a llama with
+// experts is Mixtral).
+std::string model_type_of(const GgufReader& file, const std::string& arch) {
+  if (arch == "qwen2moe") return "qwen2_moe";
+  if (arch == "qwen3moe") return "qwen3_moe";
+  if (arch == "llama" && routes_experts(file, arch)) return "mixtral";
+  return arch;
 }
 
 }  // namespace
@@ -71,21 +89,20 @@ nlohmann::json hf_config(const GgufReader& file) {
   const std::string arch = architecture(file);
   if (!is_supported_architecture(arch))
     throw GgufError(file.path() + ": general.architecture is \"" + arch +
-                    "\"; tightfit reads GGUF models of the llama, mistral, qwen2, qwen3, "
-                    "qwen2moe and qwen3moe architectures");
-  // llama.cpp writes Mixtral as architecture llama with expert keys and
-  // stacked experts (ffn_gate_exps): read as a dense llama it would stop at
-  // a missing tensor without saying why.
-  if (!has_experts(arch))
+                    "\"; tightfit reads GGUF models of the llama (Mixtral too), mistral, qwen2, "
+                    "qwen3, olmoe, qwen2moe and qwen3moe architectures");
+  // A mixture of experts other than llama's (Mixtral) with an expert_count
+  // key: its experts would be missing tensors, without saying why.
+  if (!routes_experts(file, arch))
     if (const Value* v = file.find(arch + ".expert_count");
         v && v->as_int(arch + ".expert_count") > 0)
       throw GgufError(file.path() + ": " + arch + ".expert_count is " +
                       std::to_string(v->as_int(arch + ".expert_count")) +
-                      ": a mixture of experts (llama.cpp writes Mixtral as architecture " + arch +
-                      "); tightfit reads the experts of qwen2moe and qwen3moe GGUF files only: "
-                      "train from the model's Hugging Face folder ([model] weights = \"folder\")");
+                      ": a mixture of experts tightfit reads only as llama (Mixtral), olmoe, "
+                      "qwen2moe or qwen3moe: train from the model's Hugging Face folder "
+                      "([model] weights = \"folder\")");
   nlohmann::json c;
-  c["model_type"] = model_type_of(arch);
+  c["model_type"] = model_type_of(file, arch);
   // GGUF_CONFIG_MAPPING: "<arch>.<key>" -> config.json's key.
   const std::pair<const char*, const char*> ints[] = {
       {"context_length", "max_position_embeddings"},
@@ -114,7 +131,7 @@ nlohmann::json hf_config(const GgufReader& file) {
   if (arch != "llama" && arch != "mistral")
     if (const Value* v = file.find(arch + ".attention.key_length"))
       c["head_dim"] = v->as_int(arch + ".attention.key_length");
-  if (has_experts(arch)) expert_config(file, arch, c);
+  if (routes_experts(file, arch)) expert_config(file, arch, c);
   for (const char* required : {"num_hidden_layers", "hidden_size", "num_attention_heads"})
     if (!c.contains(required))
       throw GgufError(file.path() + ": the metadata gives no " + required + " (" + arch +
@@ -154,8 +171,9 @@ std::optional<std::string> gguf_tensor_name(const std::string& hf_name) {
       {"mlp.gate_proj", "ffn_gate"},
       {"mlp.up_proj", "ffn_up"},
       {"mlp.down_proj", "ffn_down"},
-      // Qwen-MoE's router and shared expert (the routed experts are
-      // stacked: gguf_experts.hpp).
+      // The routers (Mixtral's, and the others'), Qwen2-MoE's shared
+      // expert (the routed experts are stacked: gguf_experts.hpp).
+      {"block_sparse_moe.gate", "ffn_gate_inp"},
       {"mlp.gate", "ffn_gate_inp"},
       {"mlp.shared_expert_gate", "ffn_gate_inp_shexp"},
       {"mlp.shared_expert.gate_proj", "ffn_gate_shexp"},
@@ -181,7 +199,8 @@ at::Tensor undo_qk_permutation(const GgufReader& file, const nlohmann::json& con
                                const std::string& name, at::Tensor w) {
   const bool q = name.find(".attn_q.") != std::string::npos;
   const bool k = name.find(".attn_k.") != std::string::npos;
-  if (config.value("model_type", "") != "llama" || !(q || k) ||
+  const std::string type = config.value("model_type", "");
+  if ((type != "llama" && type != "mixtral") || !(q || k) ||
       !config.contains("num_attention_heads") || !config.contains("num_key_value_heads"))
     return w;
   const int64_t n_head = q ? config["num_attention_heads"].get<int64_t>()
@@ -218,12 +237,17 @@ TensorInfo expert_slice(const GgufReader& file, const TensorInfo& stack, int64_t
 TensorInfo hf_tensor_info(const GgufReader& file, const std::string& hf_name,
                           std::string& gguf_name) {
   if (const std::optional<ExpertName> expert = expert_name(hf_name)) {
-    const TensorInfo* stack = file.find_tensor(expert->stack);
-    if (!stack)
-      throw GgufError(file.path() + ": no tensor for " + hf_name + " (looked for " + expert->stack +
-                      ")");
-    gguf_name = expert->stack;
-    return expert_slice(file, *stack, expert->index, hf_name);
+    if (const TensorInfo* stack = file.find_tensor(expert->stack)) {
+      gguf_name = expert->stack;
+      return expert_slice(file, *stack, expert->index, hf_name);
+    }
+    // A file from before llama.cpp stacked the experts: one tensor each.
+    if (const TensorInfo* single = file.find_tensor(expert->single)) {
+      gguf_name = expert->single;
+      return *single;
+    }
+    throw GgufError(file.path() + ": no tensor for " + hf_name + " (looked for " + expert->stack +
+                    " and " + expert->single + ")");
   }
   const std::optional<std::string> name = gguf_tensor_name(hf_name);
   const TensorInfo* t = name ? file.find_tensor(*name) : nullptr;

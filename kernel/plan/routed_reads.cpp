@@ -12,6 +12,10 @@ double routed_use_probability(double share, double tokens) {
   return -std::expm1(tokens * std::log1p(-share));  // 1 - (1 - s)^T without cancellation
 }
 
+bool read_when_routed(const Param& p) {
+  return (p.flags & TF_PARAM_EXPERT) != 0 && !p.trainable;
+}
+
 RoutedReads plan_routed_reads(Session& s, const std::vector<StageFlow>& stages) {
   RoutedReads r;
   const tf_run_info& run = s.env().run_info;
@@ -22,7 +26,7 @@ RoutedReads plan_routed_reads(Session& s, const std::vector<StageFlow>& stages) 
   const auto& declared = s.executor().stages();
   for (const Param& p : s.store().all()) {
     const auto it = table.find(p.name);
-    if (it == table.end() || !(p.flags & TF_PARAM_EXPERT) || p.trainable || p.stage < 0 ||
+    if (it == table.end() || !read_when_routed(p) || p.stage < 0 ||
         static_cast<size_t>(p.stage) >= stages.size())
       continue;
     const tf_param_plan& planned = it->second;

@@ -23,6 +23,11 @@
 namespace tightfit {
 
 class Session;
+struct Param;
+
+// Whether `p`, kept in the host or disk tier, is read when a batch routes
+// to it rather than with its stage: a frozen expert weight.
+bool read_when_routed(const Param& p);
 
 struct RoutedReads {
   int64_t weights = 0;            // routed weights kept in the host or disk tier

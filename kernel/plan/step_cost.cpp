@@ -60,7 +60,7 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
       if (bytes_per_value == 4 && p.shape.size() >= 2 && !adapter) w.fp32_dense_values += values;
     }
     // Frozen experts in a tier come in when routed to (plan.routed), not with the stage.
-    const bool routed = (p.flags & TF_PARAM_EXPERT) != 0 && !p.trainable;
+    const bool routed = read_when_routed(p);
     if (planned.tier == TF_TIER_HOST && !routed) w.host_bytes += static_cast<double>(planned.bytes);
     if (planned.tier == TF_TIER_DISK && !routed) w.disk_bytes += static_cast<double>(planned.bytes);
     if (p.trainable && planned.tier == TF_TIER_HOST)

@@ -2,10 +2,11 @@
 users have (test_gguf_export_moe.cpp).
 
 usage: gguf_moe.py make OUT
-         OUT/qwen2_moe/ and OUT/qwen3_moe/: small random transformers models
-         (config.json, model.safetensors) with a Qwen2-style byte-level BPE
-         tokenizer.json, configured as llama.cpp's graphs compute them
-         (every layer routed; top-k weights normalized for qwen3moe only)
+         OUT/FAMILY/ for FAMILY in qwen2_moe, qwen3_moe, mixtral, olmoe: small
+         random transformers models (config.json, model.safetensors) with a
+         Qwen2-style byte-level BPE tokenizer.json, configured as llama.cpp's
+         graphs compute them (every layer routed; top-k weights normalized
+         for qwen3moe and Mixtral only; OLMoE with as many key as query heads)
        gguf_moe.py check OUT
          reads OUT/FAMILY/m-f32.gguf and m-q8_0.gguf (tightfit's export) and
          writes OUT/report.json: {FAMILY: {
@@ -18,10 +19,18 @@ usage: gguf_moe.py make OUT
                     them; norms, biases and routers F32),
            "missing": the names such a conversion has that the file lacks,
            "metadata_wrong": expert and shape keys that differ or are missing,
-           "logits_max_err": max |logits| of transformers' GGUF loader on
-                             m-f32.gguf against the model itself,
-           "ids": the prompt, "logits": {type: transformers' GGUF loader's
-                  logits [24 x vocab] on m-TYPE.gguf, flattened}}}
+           "logits_max_err": max |logits| of the F32 file's model against
+                             the model itself,
+           "ids": the prompt, "logits": {type: the logits [24 x vocab] of
+                  m-TYPE.gguf's model, flattened}}}
+         The file's model is transformers' GGUF loader's for qwen2moe and
+         qwen3moe; transformers 4.57 reads neither Mixtral nor OLMoE files,
+         so for those it is the transformers model with the file's tensors,
+         dequantized by gguf-py (llama.cpp's own reader), put back under
+         their Hugging Face names. For mixtral it also writes
+         OUT/mixtral/m-single.gguf: m-f32.gguf with each stack of experts
+         split into one tensor per expert (blk.L.ffn_gate.E.weight), as
+         llama.cpp wrote Mixtral before it stacked them.
 """
 import json
 import pathlib
@@ -38,12 +47,15 @@ from bpe_parity import build, lines  # noqa: E402
 import gguf  # noqa: E402
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
-FAMILIES = ("qwen2_moe", "qwen3_moe")
-ARCH = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
+FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral", "olmoe")
+ARCH = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe"}
+# Mixtral's w1, w3, w2 are the gate, up and down projections.
+MIXTRAL_W = {"w1": "gate", "w3": "up", "w2": "down"}
 BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
          "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
          "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
          "self_attn.k_norm": "attn_k_norm", "mlp.gate": "ffn_gate_inp",
+         "block_sparse_moe.gate": "ffn_gate_inp",
          "mlp.shared_expert_gate": "ffn_gate_inp_shexp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
          "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp"}
 WHOLE = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
@@ -57,7 +69,17 @@ def config(family, vocab):
                   tie_word_embeddings=False, rope_theta=10000.0)
     if family == "qwen2_moe":
         return transformers.Qwen2MoeConfig(shared_expert_intermediate_size=64, norm_topk_prob=False, **common)
-    return transformers.Qwen3MoeConfig(head_dim=16, norm_topk_prob=True, **common)
+    if family == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(head_dim=16, norm_topk_prob=True, **common)
+    # Mixtral's and OLMoE's experts are intermediate_size wide.
+    for key in ("moe_intermediate_size", "num_experts", "intermediate_size"):
+        common.pop(key)
+    if family == "mixtral":
+        return transformers.MixtralConfig(num_local_experts=4, intermediate_size=32, sliding_window=None,
+                                          **common)
+    common.update(num_key_value_heads=4, rms_norm_eps=1e-5)  # OLMoE's converter writes 1e-5
+    return transformers.OlmoeConfig(num_experts=4, intermediate_size=32, norm_topk_prob=False, clip_qkv=None,
+                                    **common)
 
 
 def make(out):
@@ -67,11 +89,52 @@ def make(out):
         model = transformers.AutoModelForCausalLM.from_config(config(family, tok.get_vocab_size()))
         with torch.no_grad():  # routers away from uniform, so the choice matters
             for name, p in model.named_parameters():
-                if name.endswith("mlp.gate.weight"):
+                if name.endswith((".mlp.gate.weight", ".block_sparse_moe.gate.weight")):
                     p.normal_(0, 0.5)
         folder = out / family
         model.save_pretrained(folder, safe_serialization=True)
         tok.save(str(folder / "tokenizer.json"))
+        # The tokenizer is Qwen2's style; without this, Mixtral's model_type
+        # would give it LlamaTokenizer's <unk>, <s>, </s> (as AutoTokenizer does).
+        (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "Qwen2Tokenizer"}))
+
+
+def permute(w, n_head):
+    """convert_hf_to_gguf's LlamaModel.permute: q and k rows per head,
+    [n_head, 2, d/2] -> [n_head, d/2, 2] (for llama.cpp's rotary kernel)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def unpermute(w, n_head):
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def layout(model):
+    """Where convert_hf_to_gguf puts each of `model`'s tensors:
+    hf name -> (GGUF name, expert index or None, heads its rows are permuted by or None)."""
+    c = model.config
+    llama = ARCH[c.model_type] == "llama"
+    out = {}
+    for hf in model.state_dict():
+        if hf in WHOLE:
+            out[hf] = (WHOLE[hf], None, None)
+            continue
+        m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight", hf)
+        if m:
+            out[hf] = (f"blk.{m[1]}.ffn_{m[3]}_exps.weight", int(m[2]), None)
+            continue
+        m = re.fullmatch(r"model\.layers\.(\d+)\.block_sparse_moe\.experts\.(\d+)\.(w[123])\.weight", hf)
+        if m:
+            out[hf] = (f"blk.{m[1]}.ffn_{MIXTRAL_W[m[3]]}_exps.weight", int(m[2]), None)
+            continue
+        m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", hf)
+        heads = None
+        if llama and m[2] == "self_attn.q_proj":
+            heads = c.num_attention_heads
+        if llama and m[2] == "self_attn.k_proj":
+            heads = c.num_key_value_heads
+        out[hf] = (f"blk.{m[1]}.{BLOCK[m[2]]}.{m[3]}", None, heads)
+    return out
 
 
 def expected_tensors(model):
@@ -79,20 +142,73 @@ def expected_tensors(model):
     out, experts = {}, {}
     for hf, t in model.state_dict().items():
         a = t.float().numpy()
-        if hf in WHOLE:
-            out[WHOLE[hf]] = a
+        name, index, heads = layout(model)[hf]
+        if index is not None:
+            experts.setdefault(name, {})[index] = a
             continue
-        m = re.fullmatch(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight", hf)
-        if m:
-            experts.setdefault(f"blk.{m[1]}.ffn_{m[3]}_exps.weight", {})[int(m[2])] = a
-            continue
-        m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)", hf)
-        name = f"blk.{m[1]}.{BLOCK[m[2]]}.{m[3]}"
+        if heads is not None:
+            a = permute(a, heads)
         # llama.cpp reads the shared-expert gate as a vector ({n_embd}).
         out[name] = a.reshape(-1) if ".ffn_gate_inp_shexp." in name else a
     for name, by_index in experts.items():
         out[name] = np.stack([by_index[i] for i in range(len(by_index))])
     return out
+
+
+def model_from_file(model, path):
+    """`model` with the tensors of the GGUF file at `path`, dequantized by
+    gguf-py, put back under their Hugging Face names (stacks split, q and k
+    rows unpermuted)."""
+    reader = gguf.GGUFReader(str(path))
+    values = {}
+    for t in reader.tensors:
+        a = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
+        values[t.name] = np.asarray(a, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)])
+    state = {}
+    for hf, t in model.state_dict().items():
+        name, index, heads = layout(model)[hf]
+        if name == "output.weight" and name not in values:
+            name = "token_embd.weight"
+        a = values[name] if index is None else values[name][index]
+        if heads is not None:
+            a = unpermute(a, heads)
+        state[hf] = torch.from_numpy(np.ascontiguousarray(a)).reshape(t.shape)
+    loaded = type(model)(model.config).eval()
+    loaded.load_state_dict(state)
+    return loaded
+
+
+def write_single_experts(src, dst):
+    """`src` with each stack of experts [n, out, in] split into n tensors
+    blk.L.ffn_X.E.weight, as llama.cpp wrote Mixtral before it stacked them."""
+    reader = gguf.GGUFReader(str(src))
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    writer = gguf.GGUFWriter(str(dst), arch)
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        vtype = field.types[0]
+        if vtype == gguf.GGUFValueType.STRING:
+            writer.add_key_value(field.name, bytes(field.parts[-1]).decode(), vtype)
+        elif vtype == gguf.GGUFValueType.ARRAY:
+            sub = field.types[1]
+            items = [field.parts[i] for i in field.data]
+            vals = [bytes(x).decode() if sub == gguf.GGUFValueType.STRING else x[0].item() for x in items]
+            writer.add_key_value(field.name, vals, vtype, sub_type=sub)
+        else:
+            writer.add_key_value(field.name, field.parts[-1][0].item(), vtype)
+    for t in reader.tensors:
+        a = np.asarray(t.data, dtype=np.float32).reshape([int(d) for d in reversed(t.shape)])
+        m = re.fullmatch(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight", t.name)
+        if m:
+            for e in range(a.shape[0]):
+                writer.add_tensor(f"blk.{m[1]}.ffn_{m[2]}.{e}.weight", np.ascontiguousarray(a[e]))
+        else:
+            writer.add_tensor(t.name, np.ascontiguousarray(a))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 def gguf_type(name, a, file_type):
@@ -133,13 +249,17 @@ def check(out):
                     wrong.append(name)
             r["wrong"][type_name] = wrong
             c = model.config
-            keys = {"expert_count": c.num_experts, "expert_used_count": c.num_experts_per_tok,
-                    "expert_feed_forward_length": c.moe_intermediate_size, "block_count": c.num_hidden_layers,
+            keys = {"expert_count": getattr(c, "num_local_experts", getattr(c, "num_experts", None)),
+                    "expert_used_count": c.num_experts_per_tok, "block_count": c.num_hidden_layers,
                     "embedding_length": c.hidden_size, "attention.head_count": c.num_attention_heads,
                     "attention.head_count_kv": c.num_key_value_heads}
+            if family in ("qwen2_moe", "qwen3_moe"):
+                keys["expert_feed_forward_length"] = c.moe_intermediate_size
+            else:
+                keys["feed_forward_length"] = c.intermediate_size
             if family == "qwen2_moe":
                 keys["expert_shared_feed_forward_length"] = c.shared_expert_intermediate_size
-            else:
+            if family == "qwen3_moe":
                 keys["attention.key_length"] = c.head_dim
             for k, v in keys.items():
                 f = reader.fields.get(f"{arch}.{k}")
@@ -160,13 +280,18 @@ def check(out):
         with torch.no_grad():
             want_logits = model(ids).logits
             for type_name in ("f32", "q8_0"):
-                loaded = transformers.AutoModelForCausalLM.from_pretrained(
-                    folder, gguf_file=f"m-{type_name}.gguf", config=model.config,
-                    torch_dtype=torch.float32).eval()
+                if family in ("qwen2_moe", "qwen3_moe"):
+                    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+                        folder, gguf_file=f"m-{type_name}.gguf", config=model.config,
+                        torch_dtype=torch.float32).eval()
+                else:
+                    loaded = model_from_file(model, folder / f"m-{type_name}.gguf")
                 got = loaded(ids).logits
                 r["logits"][type_name] = got[0].flatten().tolist()
                 if type_name == "f32":
                     r["logits_max_err"] = float((got - want_logits).abs().max())
+        if family == "mixtral":
+            write_single_experts(folder / "m-f32.gguf", folder / "m-single.gguf")
         report[family] = r
     (out / "report.json").write_text(json.dumps(report, indent=1))
 
