@@ -47,6 +47,36 @@ inline void copy_peer_data(const test::TempDir& data, const test::TempDir& d) {
   fs::copy_file(data.path() / "rows.jsonl", d.path() / "rows.jsonl");
 }
 
+// A 2-layer, 4-expert Mixtral whose config.json asks for the routers'
+// load-balancing loss (output_router_logits, router_aux_loss_coef 0.05), on
+// the tokenizer in `dir`/tokenizer: `recipe` with it as its [model] and
+// without its strategies. Its weights: every expert's three, the router,
+// attention's four and two norms a layer, and the embedding, norm and head.
+constexpr int kMoeWeights = 2 * (4 * 3 + 1 + 4 + 2) + 3;
+inline std::string with_moe_model(const std::string& dir, std::string recipe) {
+  const int64_t vocab = BpeTokenizer::load(dir + "/tokenizer")->vocab_size();
+  fs::create_directories(dir + "/moe");
+  std::ofstream(dir + "/moe/config.json") << nlohmann::json({{"model_type", "mixtral"},
+                                                             {"num_hidden_layers", 2},
+                                                             {"hidden_size", 32},
+                                                             {"num_attention_heads", 4},
+                                                             {"num_key_value_heads", 2},
+                                                             {"intermediate_size", 48},
+                                                             {"vocab_size", vocab},
+                                                             {"max_position_embeddings", 128},
+                                                             {"num_local_experts", 4},
+                                                             {"num_experts_per_tok", 2},
+                                                             {"rope_theta", 10000.0},
+                                                             {"output_router_logits", true},
+                                                             {"router_aux_loss_coef", 0.05}})
+                                                 .dump();
+  recipe = recipe.substr(0, recipe.find("[[strategy]]"));
+  const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
+  recipe.replace(begin, end - begin,
+                 "[model]\nplugin = \"llama\"\nconfig = \"" + dir + "/moe\"\n\n");
+  return recipe;
+}
+
 // Runs a TRL peer (tests/peers/`script`) on `dir` and reads what it expects;
 // empty (and a failure recorded, with the peer's log) when it failed.
 inline std::map<std::string, at::Tensor> run_trl_peer(const std::string& script,

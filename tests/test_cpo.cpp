@@ -105,6 +105,31 @@ TEST_P(CpoParity, LogpsLossMetricsAndGradientsEqualTrl) {
     EXPECT_EQ(compared, 2 * 9 + 3);
 }
 
+// A mixture of experts with the routers' load-balancing loss
+// (output_router_logits): CPOTrainer adds aux_loss_coef * aux_loss of the
+// concatenated forward; the loss and every weight's gradient equal its, for
+// a whole model trained.
+TEST_F(CpoParity, AMixtureOfExpertsAddsItsRoutersLossAsTrlDoes) {
+  const CpoCase c{"sigmoid_moe", "sigmoid", 0.5, 0.0, 1.0, 0.5, false};
+  test::TempDir d;
+  const std::string dir = d.str();
+  copy_peer_data(*data_, d);
+  auto s = test::make_session(with_moe_model(dir, cpo_recipe(dir, c)));
+  s->export_hf(dir + "/base", /*merge=*/false);
+  std::ofstream(dir + "/options.json") << nlohmann::json({{"loss_type", c.loss_type},
+                                                          {"beta", c.beta},
+                                                          {"label_smoothing", c.label_smoothing},
+                                                          {"cpo_alpha", c.cpo_alpha},
+                                                          {"max_length", kSeqLen + 1},
+                                                          {"max_prompt_length", 64}})
+                                              .dump();
+  const auto want = run_trl_peer("cpo_parity.py", dir);
+  ASSERT_FALSE(want.empty());
+  const int compared = expect_step_equals_peer(
+      *s, want, "cpo", {"rewards/chosen", "rewards/rejected", "nll_loss"}, false, dir);
+  EXPECT_EQ(compared, kMoeWeights);
+}
+
 INSTANTIATE_TEST_SUITE_P(
     LossTypes, CpoParity,
     ::testing::Values(CpoCase{"sigmoid", "sigmoid", 0.1, 0.0, 1.0, 0.5, true},

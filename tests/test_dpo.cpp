@@ -144,6 +144,58 @@ TEST_F(DpoParity, AFullFineTuneAgainstItsStartingWeightsEqualsTrlAfterAResume) {
   EXPECT_EQ(compared, 2 * 9 + 3);  // every weight of the model
 }
 
+// A mixture of experts whose config.json asks for the routers'
+// load-balancing loss (output_router_logits): TRL's DPOTrainer adds
+// aux_loss_coef * aux_loss of the policy's concatenated forward (which
+// routes every id of each sequence) to its loss. The dpo schedule takes the
+// model's term in its policy passes (ABI 1.18's take_loss_terms, each
+// row's final id routed as one more input) and drops the reference's: the
+// loss and every weight's gradient, routers and experts included, equal
+// TRL's for a full fine-tune, also with every block checkpointed (whose
+// recompute adds its part of the term). One side after the other the
+// passes' terms would not add up to the concatenated pass's: refused by name.
+TEST_F(DpoParity, AMixtureOfExpertsAddsItsRoutersLossAsTrlDoes) {
+  for (const std::string extra : {"", "[[strategy]]\nplugin = \"checkpoint\"\nevery = 1\n"}) {
+    SCOPED_TRACE(extra.empty() ? "plain" : "checkpointed");
+    test::TempDir d;
+    const std::string dir = d.str();
+    copy_peer_data(*data_, d);
+    auto s = test::make_session(
+        with_moe_model(dir, recipe(dir, Case{"sigmoid", "sigmoid", 0.5, 0.0})) + extra);
+    // TRL's policy and its reference: the same starting weights.
+    s->export_hf(dir + "/base", /*merge=*/false);
+    s->export_hf(dir + "/policy", /*merge=*/false);
+    std::ofstream(dir + "/options.json") << nlohmann::json({{"loss_type", "sigmoid"},
+                                                            {"beta", 0.5},
+                                                            {"label_smoothing", 0.0},
+                                                            {"max_length", kSeqLen + 1}})
+                                                .dump();
+    const auto want = run_trl_peer("dpo_parity.py", dir);
+    ASSERT_FALSE(want.empty());
+    ASSERT_TRUE(want.count("metric.aux_loss")) << "TRL did not add the routers' loss";
+    // The term is a visible part of the loss (0.05 x aux_loss of about 2).
+    EXPECT_GT(0.05 * want.at("metric.aux_loss").item<double>(), 0.05);
+    const int compared = expect_step_equals_peer(
+        *s, want, "dpo", {"rewards/chosen", "rewards/rejected", "rewards/margins"},
+        /*adapters=*/false, dir);
+    EXPECT_EQ(compared, kMoeWeights);  // every weight, each expert's and router's too
+  }
+  // The pairs one side after the other: the term is refused by name.
+  test::TempDir d;
+  const std::string dir = d.str();
+  copy_peer_data(*data_, d);
+  std::string text = with_moe_model(dir, recipe(dir, Case{"sigmoid", "sigmoid", 0.5, 0.0}));
+  text.replace(text.find("plugin = \"dpo\"\n"), 15,
+               "plugin = \"dpo\"\nconcatenate_pairs = false\n");
+  try {
+    test::make_session(text)->train();
+    ADD_FAILURE() << "pairs one side after the other took the routers' loss";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("concatenate_pairs = false"), std::string::npos)
+        << e.what();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(LossTypes, DpoParity,
                          ::testing::Values(Case{"sigmoid", "sigmoid", 0.1, 0.0},
                                            Case{"sigmoid_smoothed", "sigmoid", 0.5, 0.2},

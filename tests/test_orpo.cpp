@@ -92,6 +92,30 @@ TEST_P(OrpoParity, LogpsLossMetricsAndGradientsEqualTrl) {
     EXPECT_EQ(compared, 2 * 9 + 3);
 }
 
+// A mixture of experts with the routers' load-balancing loss
+// (output_router_logits): ORPOTrainer adds aux_loss_coef * aux_loss of the
+// concatenated forward; the loss and every weight's gradient equal its, for
+// a whole model trained.
+TEST_F(OrpoParity, AMixtureOfExpertsAddsItsRoutersLossAsTrlDoes) {
+  const OrpoCase c{"moe", 0.1, false};
+  test::TempDir d;
+  const std::string dir = d.str();
+  copy_peer_data(*data_, d);
+  auto s = test::make_session(with_moe_model(dir, orpo_recipe(dir, c)));
+  s->export_hf(dir + "/base", /*merge=*/false);
+  std::ofstream(dir + "/options.json") << nlohmann::json({{"trainer", "orpo"},
+                                                          {"beta", c.beta},
+                                                          {"max_length", kSeqLen + 1},
+                                                          {"max_prompt_length", 64}})
+                                              .dump();
+  const auto want = run_trl_peer("cpo_parity.py", dir);
+  ASSERT_FALSE(want.empty());
+  const int compared = expect_step_equals_peer(
+      *s, want, "orpo", {"rewards/chosen", "rewards/rejected", "nll_loss", "log_odds_ratio"}, false,
+      dir);
+  EXPECT_EQ(compared, kMoeWeights);
+}
+
 INSTANTIATE_TEST_SUITE_P(Betas, OrpoParity,
                          ::testing::Values(OrpoCase{"lora", 0.1, true},
                                            OrpoCase{"lora_beta_1", 1.0, true},

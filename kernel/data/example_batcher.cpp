@@ -229,6 +229,8 @@ ExampleBatcher::Batch ExampleBatcher::units_batch(const std::vector<Row>& rows,
   if (longest < seq_len_) {
     b.tokens = b.tokens.narrow(1, 0, longest).contiguous();
     b.targets = b.targets.narrow(1, 0, longest).contiguous();
+    if (b.attention_mask.defined())
+      b.attention_mask = b.attention_mask.narrow(1, 0, longest).contiguous();
   }
   return b;
 }

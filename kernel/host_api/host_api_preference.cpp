@@ -1,22 +1,58 @@
 // Host services for preference training: sequence and token log-probabilities
 // (and the backward of a weighted sum of them), and the strategies' adapters off and on
 // for a reference model without a second copy.
+#include <cmath>
+#include <optional>
+
 #include "host_api_services.hpp"
 #include "plugin_hooks.hpp"
 #include "strategy_chain.hpp"
 
 namespace tightfit::host_services {
+namespace {
+
+// What a logps call hands the executor of its tf_batch beyond the tokens:
+// the padding (ABI 1.16's attention_mask, where the caller's struct has
+// it), and the loss terms take_loss_terms let it take, once.
+struct LogpsRows {
+  at::Tensor positions, attention_mask;
+  bool padding_known = true;
+  std::optional<Executor::LossTermsTaken> terms;
+};
+
+LogpsRows logps_rows(tf_host_context* ctx, const tf_batch* in, const tf_batch& b) {
+  LogpsRows r;
+  if (ctx->kernel->executor) r.terms = ctx->kernel->executor->disarm_loss_terms();
+  if (b.positions) r.positions = handle_tensor(b.positions);
+  r.padding_known = covers_attention_mask(in);
+  if (r.padding_known && b.attention_mask) r.attention_mask = handle_tensor(b.attention_mask);
+  return r;
+}
+
+}  // namespace
+
+tf_status h_take_loss_terms(tf_host_context* ctx, double grad_weight, double* out_sum) {
+  return serve(ctx, [&] {
+    require(out_sum, "out_sum");
+    if (!std::isfinite(grad_weight))
+      throw std::invalid_argument("take_loss_terms: grad_weight must be finite");
+    if (!ctx->kernel->executor)
+      throw std::invalid_argument("take_loss_terms: no pass can run (a plan runs none)");
+    ctx->kernel->executor->arm_loss_terms({grad_weight, out_sum});
+  });
+}
 
 tf_status h_sequence_logps(tf_host_context* ctx, const tf_batch* in, tf_tensor grad_weights,
                            tf_tensor* out_logps, tf_tensor* out_counts) {
   return serve(ctx, [&] {
     const tf_batch b = read_struct(in);
+    const LogpsRows rows = logps_rows(ctx, in, b);
     require(b.tokens, "tf_batch.tokens");
     require(b.targets, "tf_batch.targets");
     const Executor::SequenceLogps r = ctx->kernel->executor->sequence_logps(
-        handle_tensor(b.tokens), handle_tensor(b.targets),
-        b.positions ? handle_tensor(b.positions) : at::Tensor(),
-        grad_weights ? handle_tensor(grad_weights) : at::Tensor());
+        handle_tensor(b.tokens), handle_tensor(b.targets), rows.positions,
+        grad_weights ? handle_tensor(grad_weights) : at::Tensor(), rows.attention_mask,
+        rows.terms ? &*rows.terms : nullptr, rows.padding_known);
     if (out_logps) *out_logps = give_handle(r.logps);
     if (out_counts) *out_counts = give_handle(r.counts);
   });
@@ -26,13 +62,14 @@ tf_status h_token_logps(tf_host_context* ctx, const tf_batch* in, tf_tensor grad
                         tf_tensor* out_logps) {
   return serve(ctx, [&] {
     const tf_batch b = read_struct(in);
+    const LogpsRows rows = logps_rows(ctx, in, b);
     require(b.tokens, "tf_batch.tokens");
     require(b.targets, "tf_batch.targets");
     require(out_logps, "out_logps");
     const Executor::TokenLogps r = ctx->kernel->executor->token_logps(
-        handle_tensor(b.tokens), handle_tensor(b.targets),
-        b.positions ? handle_tensor(b.positions) : at::Tensor(),
-        grad_weights ? handle_tensor(grad_weights) : at::Tensor());
+        handle_tensor(b.tokens), handle_tensor(b.targets), rows.positions,
+        grad_weights ? handle_tensor(grad_weights) : at::Tensor(), rows.attention_mask,
+        rows.terms ? &*rows.terms : nullptr, rows.padding_known);
     *out_logps = give_handle(r.logps);
   });
 }

@@ -48,6 +48,10 @@ inline tf_status status_for(tf_host_context* ctx, const std::exception& e) noexc
   return TF_ERROR;
 }
 
+// Whether a caller's tf_batch reaches ABI 1.16's attention_mask (an older
+// one cannot say which tokens pad its rows).
+bool covers_attention_mask(const tf_batch* b);
+
 // Whether this thread may use ctx's services: it runs a call the host made
 // into a plugin, or it is the thread that owns the session. A plugin's own
 // thread is refused before anything of ctx is touched (last_error included,
@@ -139,7 +143,7 @@ const char* intern(const std::string& s);
   X(tensors_load) X(optimizer_update) X(dist_all_reduce) X(dist_reduce_scatter) \
   X(dist_all_gather) X(dist_broadcast) X(dist_barrier) X(plan_param_get) X(plan_param_set) \
   X(param_source_blocks) X(blocks_decode) X(sequence_logps) X(adapters_set_enabled) X(token_logps) \
-  X(preference_rows) X(add_loss_term) X(expect_weights)
+  X(preference_rows) X(add_loss_term) X(expect_weights) X(take_loss_terms)
 // clang-format on
 
 // Each declared with the exact type of its slot in the table.

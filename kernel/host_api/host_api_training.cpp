@@ -52,7 +52,7 @@ static bool covers_desirable(const tf_batch* b) {
 static bool covers_row_ids(const tf_batch* b) {
   return b->struct_size >= offsetof(tf_batch, row_ids) + sizeof(b->row_ids);
 }
-static bool covers_attention_mask(const tf_batch* b) {
+bool covers_attention_mask(const tf_batch* b) {
   return b->struct_size >= offsetof(tf_batch, attention_mask) + sizeof(b->attention_mask);
 }
 

@@ -299,7 +299,7 @@ PassResult Executor::run_pass(const at::Tensor& tokens_in, const at::Tensor& tar
 void Executor::backward_pass(const at::Tensor& loss, double loss_scale, double strategies_scale) {
   grads_dispatched_.assign(store_.all().size(), false);
   applied_loss_scale_ = strategies_scale;
-  term_seed_ = loss_scale * strategies_scale;
+  term_seed_ = loss_scale * strategies_scale * term_weight_;
   {
     CategoryScope scope(TF_MEM_TRANSIENT);
     (loss * (loss_scale * applied_loss_scale_)).backward();

@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "param_store.hpp"
@@ -112,12 +113,25 @@ class Executor {
   // a time; with `grad_weights` ([B]) also the backward of
   // sum_b grad_weights[b] * logps[b], as run_pass's backward (strategies'
   // loss scale, grad_ready). A preference schedule's pass (executor_logps.cpp).
+  // A logps pass that takes the model's own loss terms (ABI 1.18's
+  // take_loss_terms), which those passes refuse otherwise: their sum lands
+  // in *sum, and a backward also back-propagates grad_weight times it.
+  struct LossTermsTaken {
+    double grad_weight = 0;
+    double* sum = nullptr;
+  };
   struct SequenceLogps {
     at::Tensor logps, counts;
     bool finite = true;
   };
   SequenceLogps sequence_logps(const at::Tensor& tokens, const at::Tensor& targets,
-                               const at::Tensor& positions, const at::Tensor& grad_weights);
+                               const at::Tensor& positions, const at::Tensor& grad_weights,
+                               const at::Tensor& attention_mask = {},
+                               const LossTermsTaken* terms = nullptr, bool padding_known = true);
+  // take_loss_terms: the next logps call of the host API takes the terms
+  // (disarm_loss_terms hands that call the request, once).
+  void arm_loss_terms(const LossTermsTaken& t) { armed_terms_ = t; }
+  std::optional<LossTermsTaken> disarm_loss_terms() { return std::exchange(armed_terms_, {}); }
   // Each target's log-probability (fp32 [B, T] on the CPU, 0 where ignored),
   // and with `grad_weights` ([B, T]) the backward of their weighted sum: the
   // per-token form of sequence_logps (ORPO's NLL over every token).
@@ -126,7 +140,9 @@ class Executor {
     bool finite = true;
   };
   TokenLogps token_logps(const at::Tensor& tokens, const at::Tensor& targets,
-                         const at::Tensor& positions, const at::Tensor& grad_weights);
+                         const at::Tensor& positions, const at::Tensor& grad_weights,
+                         const at::Tensor& attention_mask = {},
+                         const LossTermsTaken* terms = nullptr, bool padding_known = true);
   at::Tensor run_stage(int32_t stage, const at::Tensor& input, bool training, bool recompute);
   // A checkpointed stage's recompute in backward; the loss terms it adds
   // land in `terms`, for its backward with the factor loss_term_seed().
@@ -215,6 +231,9 @@ class Executor {
   std::vector<at::Tensor>* recompute_terms_ = nullptr;
   const char* terms_refused_by_ = nullptr;  // a pass that adds no terms (logps)
   double term_seed_ = 1.0;
+  double term_weight_ =
+      1.0;  // the terms' weight in the backward's loss (a logps pass's grad_weight)
+  std::optional<LossTermsTaken> armed_terms_;
   at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward
   bool fused_loss_ = true;
   int64_t loss_chunk_tokens_ = 0;      // 0: fused_loss_chunk_rows decides

@@ -6,11 +6,61 @@
 #include "memory_accounting.hpp"
 
 namespace tightfit {
+namespace {
+
+// A logps pass's rows, and what it runs of them.
+struct FinalIds {
+  at::Tensor tokens, targets, weights, mask;
+};
+
+// The rows with each one's final id (its last input's target) as one more
+// input, attended to and routed, its own target ignored: [B, T + 1].
+FinalIds with_final_ids(const at::Tensor& tokens, const at::Tensor& targets,
+                        const at::Tensor& weights, const at::Tensor& mask,
+                        const at::Tensor& positions) {
+  if (positions.defined())
+    throw std::invalid_argument(
+        "a model's loss term over packed rows in a pass whose schedule computes its own loss: "
+        "preference rows are not packed");
+  const int64_t B = tokens.size(0), T = tokens.size(1);
+  const at::Tensor lengths =
+      mask.defined() ? mask.to(at::kCPU).ne(0).sum(1) : at::full({B}, T, at::kLong);
+  FinalIds r;
+  r.tokens = at::cat({tokens.to(at::kCPU), at::zeros({B, 1}, at::kLong)}, 1);
+  r.targets = at::cat({targets.to(at::kCPU), at::full({B, 1}, kIgnoreIndex, at::kLong)}, 1);
+  r.mask = at::cat({mask.defined() ? mask.to(at::kCPU, at::kLong) : at::ones({B, T}, at::kLong),
+                    at::zeros({B, 1}, at::kLong)},
+                   1);
+  if (weights.defined())
+    r.weights = at::cat({weights.to(at::kCPU, at::kFloat), at::zeros({B, 1}, at::kFloat)}, 1);
+  auto tok = r.tokens.accessor<int64_t, 2>();
+  auto msk = r.mask.accessor<int64_t, 2>();
+  const at::Tensor targets_cpu = targets.to(at::kCPU);
+  const auto tgt = targets_cpu.accessor<int64_t, 2>();
+  const auto len = lengths.accessor<int64_t, 1>();
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = len[b];
+    if (n == 0) continue;
+    const int64_t last = tgt[b][n - 1];
+    if (last == kIgnoreIndex)
+      throw std::invalid_argument(
+          "row " + std::to_string(b) +
+          "'s last input has no target, so its sequence's final id is not in the batch: a "
+          "model's loss term cannot route it as TRL's forward does");
+    tok[b][n] = last;
+    msk[b][n] = 1;
+  }
+  return r;
+}
+
+}  // namespace
 
 Executor::TokenLogps Executor::token_logps(const at::Tensor& tokens_in,
                                            const at::Tensor& targets_in,
                                            const at::Tensor& positions_in,
-                                           const at::Tensor& grad_weights) {
+                                           const at::Tensor& grad_weights,
+                                           const at::Tensor& attention_mask,
+                                           const LossTermsTaken* terms_taken, bool padding_known) {
   const bool backward = grad_weights.defined();
   if (tokens_in.dim() != 2 || targets_in.sizes() != tokens_in.sizes() ||
       targets_in.scalar_type() != at::kLong)
@@ -21,9 +71,12 @@ Executor::TokenLogps Executor::token_logps(const at::Tensor& tokens_in,
                                 std::to_string(B) + ", " + std::to_string(T) + "], not " +
                                 std::to_string(grad_weights.numel()) + " values");
   check_target_ids(targets_in);
+  if (attention_mask.defined() && attention_mask.sizes() != tokens_in.sizes())
+    throw std::invalid_argument("token_logps: the attention mask must be [B, T] as the tokens");
   // Rows without a target (KTO's KL rows in its backward, whose targets it
-  // masks) score 0 whatever the model says: they are left out of the pass.
-  // One row always runs, so that a backward reaches the strategies.
+  // masks) score 0 whatever the model says: they are left out of the pass
+  // (and of the terms a model adds over its tokens). One row always runs,
+  // so that a backward reaches the strategies.
   const at::Tensor active = targets_in.ne(kIgnoreIndex).any(1).to(at::kCPU);
   if (const int64_t n_active = active.sum().item<int64_t>(); n_active < B && B > 1) {
     const at::Tensor rows = n_active > 0 ? active.nonzero().squeeze(1) : at::zeros({1}, at::kLong);
@@ -31,38 +84,70 @@ Executor::TokenLogps Executor::token_logps(const at::Tensor& tokens_in,
       return t.defined() ? t.index_select(0, rows.to(t.device())) : t;
     };
     const TokenLogps part =
-        token_logps(pick(tokens_in), pick(targets_in), pick(positions_in), pick(grad_weights));
+        token_logps(pick(tokens_in), pick(targets_in), pick(positions_in), pick(grad_weights),
+                    pick(attention_mask), terms_taken, padding_known);
     TokenLogps out;
     out.logps = at::zeros({B, T}, at::kFloat).index_copy_(0, rows, part.logps);
     out.finite = part.finite;
     return out;
   }
-  const at::Tensor tokens = tokens_in.to(env_.device);
+  // TRL's forward routes every id of each sequence, the last one too; a row
+  // here feeds that one only as its last target. A pass that takes the
+  // model's terms feeds it as one more input (its target ignored), so that
+  // the routers see the tokens TRL's see, and the padding mask, so that
+  // they leave the padding out; the log-probs are the same either way (the
+  // padding follows every row's tokens, and no earlier position attends to
+  // the final id), so a pass without terms runs the rows as they are.
+  const FinalIds run = terms_taken ? with_final_ids(tokens_in, targets_in, grad_weights,
+                                                    attention_mask, positions_in)
+                                   : FinalIds{tokens_in, targets_in, grad_weights, {}};
+  const int64_t Tr = run.tokens.size(1);
+  const at::Tensor tokens = run.tokens.to(env_.device);
   const at::Tensor positions = positions_in.defined() ? positions_in.to(env_.device) : positions_in;
-  const ScopedAssign<PassRows> pass(pass_rows_, PassRows(positions));
-  const ScopedAssign<const char*> no_terms(terms_refused_by_, "sequence_logps/token_logps");
+  PassRows rows(positions, run.mask.defined() ? run.mask.to(env_.device) : run.mask);
+  rows.padding_known = padding_known;
+  const ScopedAssign<PassRows> pass(pass_rows_, rows);
+  // The model's own terms: refused unless the schedule takes them.
+  std::vector<at::Tensor> terms;
+  const ScopedAssign<const char*> no_terms(terms_refused_by_,
+                                           terms_taken ? nullptr : "sequence_logps/token_logps");
+  const ScopedAssign<std::vector<at::Tensor>*> collect(pass_terms_, terms_taken ? &terms : nullptr);
   const ScopedAssign<int32_t> head(fused_head_, fusable_head());
   const double strategies_scale = backward ? strategies_loss_scale() : 1.0;
-  LossRequest request{targets_in, strategies_scale};
+  LossRequest request{run.targets, strategies_scale};
   {
     CategoryScope scope(TF_MEM_ACTIVATIONS);
-    request.each = at::zeros({B * T}, at::TensorOptions().dtype(at::kFloat).device(env_.device));
+    request.each = at::zeros({B * Tr}, at::TensorOptions().dtype(at::kFloat).device(env_.device));
     // logp_t = -CE_t, so sum_t w_t logp_t = sum_t (-w_t) CE_t.
-    if (backward) request.weights = (-grad_weights.to(env_.device, at::kFloat)).reshape({-1});
+    if (backward) request.weights = (-run.weights.to(env_.device, at::kFloat)).reshape({-1});
   }
   at::Tensor loss;
   {
     at::AutoGradMode mode(backward);
-    loss = forward_stages(tokens, /*training=*/true, positions, &request);
+    loss = forward_stages(tokens, /*training=*/true, rows, &request);
     if (!request.computed) {
       request.each = request.each.to(loss.device());
-      loss = weighted_logits_loss(loss, targets_in, request);
+      loss = weighted_logits_loss(loss, run.targets, request);
     }
   }
   TokenLogps out;
-  out.logps = (-request.each.view({B, T})).to(at::kCPU);
+  out.logps = (-request.each.view({B, Tr})).narrow(1, 0, T).to(at::kCPU);
   out.finite = out.logps.isfinite().all().item<bool>();
-  if (backward) backward_pass(loss, 1.0, strategies_scale);
+  double weight = 0;
+  if (terms_taken) {
+    at::Tensor sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble));
+    for (const at::Tensor& t : terms) sum = sum + t.detach().to(at::kCPU, at::kDouble);
+    *terms_taken->sum = sum.item<double>();
+    weight = terms_taken->grad_weight;
+    if (backward && weight != 0)
+      for (const at::Tensor& t : terms)
+        loss = loss + weight * t.to(loss.device(), loss.scalar_type());
+  }
+  if (backward) {
+    // A checkpointed stage's recomputed part of a term gets the same weight.
+    const ScopedAssign<double> term_weight(term_weight_, weight);
+    backward_pass(loss, 1.0, strategies_scale);
+  }
   return out;
 }
 
@@ -92,7 +177,9 @@ void Executor::check_target_ids(const at::Tensor& targets) const {
 Executor::SequenceLogps Executor::sequence_logps(const at::Tensor& tokens,
                                                  const at::Tensor& targets,
                                                  const at::Tensor& positions,
-                                                 const at::Tensor& grad_weights) {
+                                                 const at::Tensor& grad_weights,
+                                                 const at::Tensor& attention_mask,
+                                                 const LossTermsTaken* terms, bool padding_known) {
   if (tokens.dim() != 2)
     throw std::invalid_argument("sequence_logps: tokens and targets must be int64 [B, T]");
   const int64_t B = tokens.size(0), T = tokens.size(1);
@@ -104,7 +191,8 @@ Executor::SequenceLogps Executor::sequence_logps(const at::Tensor& tokens,
   const at::Tensor per_token = grad_weights.defined()
                                    ? grad_weights.to(at::kFloat).unsqueeze(1).expand({B, T})
                                    : at::Tensor();
-  const TokenLogps each = token_logps(tokens, targets, positions, per_token);
+  const TokenLogps each =
+      token_logps(tokens, targets, positions, per_token, attention_mask, terms, padding_known);
   SequenceLogps out;
   out.logps = each.logps.sum(1);
   out.counts = targets.ne(kIgnoreIndex).sum(1).to(at::kCPU, at::kLong);

@@ -56,8 +56,11 @@ void Executor::add_loss_term(const at::Tensor& term) {
         std::string("model plugin \"") + plugins_.model.plugin->name +
         "\" added a term to the loss (a mixture of experts' load-balancing loss) in a pass of " +
         terms_refused_by_ +
-        ", whose schedule computes its own loss and does not add such terms yet: turn the "
-        "term off in the model (output_router_logits = false in its config.json)");
+        " that does not take it: the schedule computes its own loss and does not add the term "
+        "there (kto, a paired schedule with concatenate_pairs = false, whose passes would not "
+        "add up to the concatenated pass's term TRL adds, or one built before ABI 1.18's "
+        "take_loss_terms): run the pairs concatenated, or turn the term off in the model "
+        "(output_router_logits = false in its config.json)");
   if (pass_terms_ == nullptr) return;  // no loss in this pass (logits, generation)
   if (!pass_rows_.padding_known)
     throw std::invalid_argument(

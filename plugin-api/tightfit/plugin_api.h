@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 17
+#define TF_ABI_VERSION_MINOR 18
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -864,7 +864,8 @@ typedef struct tf_host_api {
    * reports and back-propagates it as the loss, with the same scale (loss
    * scaling, a micro-batch's weight); evaluation passes report it too. Only
    * from stage_forward, and refused in the passes of sequence_logps and
-   * token_logps. In a recompute (tf_stage_call.recompute = 1) the value is
+   * token_logps unless the schedule lets them take it (take_loss_terms,
+   * 1.18). In a recompute (tf_stage_call.recompute = 1) the value is
    * not added again: the host back-propagates the recomputed term with the
    * stage's output, so that a term a checkpointed stage computes gets its
    * gradient. A term that needs the whole pass (every layer's routing) is
@@ -882,8 +883,23 @@ typedef struct tf_host_api {
    * inside a stage's event; a hint, never required: a host without the slot
    * reads each weight when it is fetched. */
   tf_status (*expect_weights)(tf_host_context* ctx, const char* const* names, int32_t count);
+  /* Added in 1.18 (a reserved slot): lets the next sequence_logps or
+   * token_logps call take the model's own loss terms (add_loss_term: a
+   * mixture of experts' load-balancing loss), which those passes refuse
+   * otherwise; it runs nothing itself. That call's pass adds up the terms
+   * its model adds (over the tokens the batch's attention_mask keeps) and,
+   * with grad_weights, also back-propagates `grad_weight` times their sum
+   * along with the weighted log-probabilities (a checkpointed stage's
+   * recomputed part too). When the call returns, *out_sum (borrowed until
+   * then; fp64) holds the sum: 0 if the model added none. A schedule adds
+   * it to the loss it reports, as TRL's trainers add aux_loss_coef *
+   * aux_loss of the policy's concatenated pass; a reference model's pass
+   * takes its terms with grad_weight 0 and drops them (TRL adds the
+   * policy's only). It holds for one call; a call it did not reach (an
+   * error before the pass) leaves *out_sum unwritten. */
+  tf_status (*take_loss_terms)(tf_host_context* ctx, double grad_weight, double* out_sum);
 
-  void* reserved[2];
+  void* reserved[1];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */

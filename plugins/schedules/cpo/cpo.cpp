@@ -30,12 +30,15 @@ struct Cpo {
   tf_preference::PairPasses passes = tf_preference::PairPasses::read(host);
 };
 
-tf_sdk::SequenceLogps policy_logps(const Cpo& s, const tf_sdk::Batch& b) {
+// The policy's log-probs; `terms` gets the model's own loss terms (TRL's
+// aux_loss_coef * aux_loss).
+tf_sdk::SequenceLogps policy_logps(const Cpo& s, const tf_sdk::Batch& b,
+                                   tf_preference::Terms* terms) {
   if (b.pairs() <= 0)
     throw std::invalid_argument(
         "schedule cpo trains on preference pairs, and this batch has none: give [data] corpus "
         "rows with \"chosen\" and \"rejected\"");
-  return s.passes.sequence_logps(b);
+  return s.passes.sequence_logps(b, {}, terms);
 }
 
 void add_metrics(tf_preference::Metrics& m, const tf_preference::CpoResult& r) {
@@ -76,16 +79,19 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
     const tf_preference::AccumulatedStep done = tf_preference::accumulate_pairs(
         s->host, s->accumulation,
         [&](const tf_sdk::Batch& batch, double scale, tf_preference::Metrics& metrics) {
-          const tf_sdk::SequenceLogps pol = policy_logps(*s, batch);
+          tf_preference::Terms terms;
+          const tf_sdk::SequenceLogps pol = policy_logps(*s, batch, &terms);
           // d loss / d logps of the rows, by autograd on the loss itself.
           at::AutoGradMode grad(true);
           const at::Tensor rows = pol.logps.detach().clone().requires_grad_(true);
           const tf_preference::CpoResult r =
               tf_preference::cpo_loss(rows, pol.counts, batch.pairs(), s->options);
           r.loss.backward();
-          s->passes.sequence_logps(batch, rows.grad() * scale);
+          tf_preference::Terms backward_terms{scale};
+          s->passes.sequence_logps(batch, rows.grad() * scale, &backward_terms);
           add_metrics(metrics, r);
-          return r.loss.item<double>();
+          tf_preference::add_terms_metric(metrics, terms.sum);
+          return r.loss.item<double>() + terms.sum;
         });
     tf_sdk::step_or_skip(s->host, step, s->skipped);
     out->loss = done.loss;
@@ -102,9 +108,11 @@ tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf
   auto* s = static_cast<Cpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const tf_sdk::Batch batch(s->host, lent);
-    const tf_sdk::SequenceLogps pol = policy_logps(*s, batch);
+    tf_preference::Terms terms;
+    const tf_sdk::SequenceLogps pol = policy_logps(*s, batch, &terms);
     const double loss = tf_preference::cpo_loss(pol.logps, pol.counts, batch.pairs(), s->options)
-                            .loss.item<double>();
+                            .loss.item<double>() +
+                        terms.sum;
     out->loss = loss;
     out->n_tokens = batch.n_tokens();
     out->finite = std::isfinite(loss) ? 1 : 0;

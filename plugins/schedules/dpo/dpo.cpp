@@ -48,6 +48,7 @@ void prepare_reference(Dpo& s, int64_t step) {
 struct Scores {
   tf_preference::PairLogps reference;  // as the loss uses them
   at::Tensor policy_rows, counts;      // [2P]: the policy's sums; the targets per row
+  double terms = 0;  // the model's own loss terms (TRL's aux_loss_coef * aux_loss)
 };
 
 // Each pair's log-probs as the loss uses them: a sequence's sum, or its
@@ -67,8 +68,10 @@ Scores score(Dpo& s, const tf_sdk::Batch& b) {
   Scores r;
   const tf_sdk::SequenceLogps ref =
       s.precompute ? s.table.of(b)
-                   : s.reference.run(s.host, [&] { return s.passes.sequence_logps(b); });
-  const tf_sdk::SequenceLogps pol = s.passes.sequence_logps(b);
+                   : s.reference.run(s.host, [&] { return s.passes.reference_logps(b); });
+  tf_preference::Terms terms;
+  const tf_sdk::SequenceLogps pol = s.passes.sequence_logps(b, {}, &terms);
+  r.terms = terms.sum;
   r.counts = pol.counts;
   r.policy_rows = pol.logps;
   r.reference = as_used(s, ref.logps, ref.counts, pairs);
@@ -117,9 +120,12 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
           const tf_preference::DpoResult r =
               tf_preference::dpo_loss(policy, sc.reference, s->options);
           r.loss.backward();
-          s->passes.sequence_logps(batch, rows.grad() * scale);
+          // TRL's loss + aux_loss_coef * aux_loss: the model's terms, at the loss's weight.
+          tf_preference::Terms terms{scale};
+          s->passes.sequence_logps(batch, rows.grad() * scale, &terms);
           add_metrics(metrics, r, policy);
-          return r.loss.item<double>();
+          tf_preference::add_terms_metric(metrics, sc.terms);
+          return r.loss.item<double>() + sc.terms;
         });
     tf_sdk::step_or_skip(s->host, step, s->skipped);
     out->loss = done.loss;
@@ -140,7 +146,7 @@ tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf
     const Scores sc = score(*s, batch);
     const tf_preference::PairLogps policy = as_used(*s, sc.policy_rows, sc.counts, batch.pairs());
     const double loss =
-        tf_preference::dpo_loss(policy, sc.reference, s->options).loss.item<double>();
+        tf_preference::dpo_loss(policy, sc.reference, s->options).loss.item<double>() + sc.terms;
     out->loss = loss;
     out->n_tokens = batch.n_tokens();
     out->finite = std::isfinite(loss) ? 1 : 0;

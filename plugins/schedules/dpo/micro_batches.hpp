@@ -33,6 +33,13 @@ inline void add_reward_metrics(Metrics& m, const at::Tensor& chosen_rewards,
   m["logps/rejected"] = rejected_logps.mean().item<double>();
 }
 
+// The model's own loss terms that the policy's pass added (a mixture of
+// experts' router_aux_loss_coef * aux_loss: TRL logs the aux_loss without
+// its coefficient), when it added any.
+inline void add_terms_metric(Metrics& m, double terms) {
+  if (terms != 0) m["aux_loss_term"] = terms;
+}
+
 struct AccumulatedStep {
   double loss = 0;  // the mean of the micro-batches' losses
   int64_t n_tokens = 0;

@@ -6,6 +6,15 @@
 // (token_logps runs only rows with a target): a backward keeps half the
 // batch's activations, for the same log-probs (each row is scored on its own
 // either way) and the same gradients, summed in another order.
+//
+// A model's own loss term (a mixture of experts' load-balancing loss, ABI
+// 1.18's take_loss_terms): TRL adds aux_loss_coef * aux_loss of the policy's
+// concatenated pass to its loss, and none of the reference model's. So the
+// policy's passes take it (Terms) when the pairs run concatenated, and the
+// reference's take it and drop it. One side after the other, the two
+// passes' terms would not add up to the concatenated pass's (the routers'
+// balance is over the whole batch): then no pass takes them, and the host
+// refuses a model that adds one, naming it.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -15,18 +24,28 @@
 
 namespace tf_preference {
 
+// A policy pass's loss terms: `sum` their value, back-propagated (in a
+// backward) with `grad_weight`, the weight the pass's loss has.
+struct Terms {
+  double grad_weight = 0;
+  double sum = 0;
+};
+
 class PairPasses {
  public:
   static PairPasses read(const tf_sdk::Host& host) {
-    return PairPasses(host.get_bool("concatenate_pairs"));
+    return PairPasses(host, host.get_bool("concatenate_pairs"));
   }
 
   // Each target's log-probability of `targets` (the batch's own when
   // undefined), with the backward of sum weights * logps when `weights`
-  // (fp32 [2P, T]) is given.
+  // (fp32 [2P, T]) is given; the policy's `terms` taken when concatenated.
   at::Tensor token_logps(const tf_sdk::Batch& b, const at::Tensor& targets = {},
-                         const at::Tensor& weights = {}) const {
-    if (concatenated_) return b.token_logps(targets, weights);
+                         const at::Tensor& weights = {}, Terms* terms = nullptr) const {
+    if (concatenated_) {
+      take(terms);
+      return b.token_logps(targets, weights);
+    }
     const at::Tensor all = targets.defined() ? targets : b.targets();
     const int64_t pairs = b.pairs();
     at::Tensor sum;
@@ -43,9 +62,12 @@ class PairPasses {
   // Each row's summed log-probability and target count, as
   // Batch::sequence_logps, with the backward of sum row_weights * logps when
   // `row_weights` (fp32 [2P]) is given.
-  tf_sdk::SequenceLogps sequence_logps(const tf_sdk::Batch& b,
-                                       const at::Tensor& row_weights = {}) const {
-    if (concatenated_) return b.sequence_logps(row_weights);
+  tf_sdk::SequenceLogps sequence_logps(const tf_sdk::Batch& b, const at::Tensor& row_weights = {},
+                                       Terms* terms = nullptr) const {
+    if (concatenated_) {
+      take(terms);
+      return b.sequence_logps(row_weights);
+    }
     const at::Tensor& targets = b.targets();
     const at::Tensor weights =
         row_weights.defined()
@@ -55,13 +77,34 @@ class PairPasses {
             targets.ne(kIgnoreIndex).sum(1).to(at::kCPU, at::kLong)};
   }
 
+  // The reference model's log-probs, one pass over the whole batch: the
+  // terms its model adds are taken and dropped (TRL adds the policy's only).
+  static tf_sdk::SequenceLogps reference_logps(const tf_sdk::Host& host, const tf_sdk::Batch& b) {
+    double dropped = 0;
+    host.take_loss_terms(0, &dropped);
+    return b.sequence_logps();
+  }
+  tf_sdk::SequenceLogps reference_logps(const tf_sdk::Batch& b) const {
+    if (concatenated_) return reference_logps(host_, b);
+    return sequence_logps(b);
+  }
+
   // The plan: a backward keeps one side's activations, half the batch's.
   void estimate(const tf_model_summary* model, tf_memory_estimate* out) const {
     if (!concatenated_) plan_half_the_activations(model, out);
   }
 
  private:
-  explicit PairPasses(bool concatenated) : concatenated_(concatenated) {}
+  PairPasses(const tf_sdk::Host& host, bool concatenated)
+      : host_(host), concatenated_(concatenated) {}
+  // The next pass takes the policy's terms (a host before ABI 1.18 leaves
+  // them refused).
+  void take(Terms* terms) const {
+    if (terms == nullptr) return;
+    terms->sum = 0;
+    host_.take_loss_terms(terms->grad_weight, &terms->sum);
+  }
+  tf_sdk::Host host_;
   bool concatenated_ = true;
 };
 

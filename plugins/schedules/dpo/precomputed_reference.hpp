@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "pair_passes.hpp"
 #include "reference_model.hpp"
 #include "tightfit/plugin_sdk.hpp"
 
@@ -95,7 +96,7 @@ inline void prepare_reference(const tf_sdk::Host& host, ReferenceModel& model,
                            std::to_string(step));
   const int64_t chunk = std::max<int64_t>(1, host.run_info().batch_size / 2);
   table->compute(host, chunk, [&](const tf_sdk::Batch& b) {
-    auto scored = [&] { return b.sequence_logps(); };
+    auto scored = [&] { return PairPasses::reference_logps(host, b); };
     return model.adapters(host) ? model.run(host, scored) : scored();
   });
 }

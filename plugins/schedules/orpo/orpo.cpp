@@ -97,16 +97,19 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
         s->host, s->accumulation,
         [&](const tf_sdk::Batch& batch, double scale, tf_preference::Metrics& metrics) {
           const Scored t = orpo_targets(batch);
-          const at::Tensor logps = s->passes.token_logps(batch, t.targets);
+          tf_preference::Terms terms;  // TRL's aux_loss_coef * aux_loss
+          const at::Tensor logps = s->passes.token_logps(batch, t.targets, {}, &terms);
           // d loss / d each token's log-prob, by autograd on the loss itself.
           at::AutoGradMode grad(true);
           const at::Tensor tokens = logps.detach().clone().requires_grad_(true);
           const tf_preference::OrpoResult r =
               tf_preference::orpo_loss(tokens, t.scored, t.completion, batch.pairs(), s->options);
           r.loss.backward();
-          s->passes.token_logps(batch, t.targets, tokens.grad() * scale);
+          tf_preference::Terms backward_terms{scale};
+          s->passes.token_logps(batch, t.targets, tokens.grad() * scale, &backward_terms);
           add_metrics(metrics, r);
-          return r.loss.item<double>();
+          tf_preference::add_terms_metric(metrics, terms.sum);
+          return r.loss.item<double>() + terms.sum;
         });
     tf_sdk::step_or_skip(s->host, step, s->skipped);
     out->loss = done.loss;
@@ -124,9 +127,12 @@ tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const tf_sdk::Batch batch(s->host, lent);
     const Scored t = orpo_targets(batch);
-    const double loss = tf_preference::orpo_loss(s->passes.token_logps(batch, t.targets), t.scored,
-                                                 t.completion, batch.pairs(), s->options)
-                            .loss.item<double>();
+    tf_preference::Terms terms;
+    const double loss =
+        tf_preference::orpo_loss(s->passes.token_logps(batch, t.targets, {}, &terms), t.scored,
+                                 t.completion, batch.pairs(), s->options)
+            .loss.item<double>() +
+        terms.sum;
     out->loss = loss;
     out->n_tokens = batch.n_tokens();
     out->finite = std::isfinite(loss) ? 1 : 0;

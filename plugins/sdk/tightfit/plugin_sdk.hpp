@@ -325,6 +325,16 @@ class Host {
     for (const std::string& n : names) list.push_back(n.c_str());
     check(api_->expect_weights(ctx_, list.data(), static_cast<int32_t>(list.size())));
   }
+  // Lets the next sequence_logps or token_logps call take the model's own
+  // loss terms (ABI 1.18; a mixture of experts' load-balancing loss), which
+  // those passes refuse otherwise: their sum lands in *sum when that call
+  // returns, and its backward also back-propagates grad_weight times it.
+  // False on an older host, whose passes refuse the terms as before.
+  bool take_loss_terms(double grad_weight, double* sum) const {
+    if (!TF_HAS(api_, tf_host_api, take_loss_terms)) return false;
+    check(api_->take_loss_terms(ctx_, grad_weight, sum));
+    return true;
+  }
   // A metric on this step's line; best effort (a metric never stops a step).
   void log_metric(const std::string& key, double value) const {
     api_->log_metric(ctx_, key.c_str(), value);
