@@ -108,11 +108,6 @@ class Executor {
   // as each stage's gradients finish.
   PassResult run_pass(const at::Tensor& tokens, const at::Tensor& targets, bool backward,
                       double loss_scale, const PassRows& rows = {});
-  // Each row's summed log-probability of its targets and how many it has
-  // (fp32 and int64 [B], on the CPU), from the head's projection a chunk at
-  // a time; with `grad_weights` ([B]) also the backward of
-  // sum_b grad_weights[b] * logps[b], as run_pass's backward (strategies'
-  // loss scale, grad_ready). A preference schedule's pass (executor_logps.cpp).
   // A logps pass that takes the model's own loss terms (ABI 1.18's
   // take_loss_terms), which those passes refuse otherwise: their sum lands
   // in *sum, and a backward also back-propagates grad_weight times it.
@@ -120,6 +115,11 @@ class Executor {
     double grad_weight = 0;
     double* sum = nullptr;
   };
+  // Each row's summed log-probability of its targets and how many it has
+  // (fp32 and int64 [B], on the CPU), from the head's projection a chunk at
+  // a time; with `grad_weights` ([B]) also the backward of
+  // sum_b grad_weights[b] * logps[b], as run_pass's backward (strategies'
+  // loss scale, grad_ready). A preference schedule's pass (executor_logps.cpp).
   struct SequenceLogps {
     at::Tensor logps, counts;
     bool finite = true;
@@ -231,8 +231,8 @@ class Executor {
   std::vector<at::Tensor>* recompute_terms_ = nullptr;
   const char* terms_refused_by_ = nullptr;  // a pass that adds no terms (logps)
   double term_seed_ = 1.0;
-  double term_weight_ =
-      1.0;  // the terms' weight in the backward's loss (a logps pass's grad_weight)
+  // The terms' weight in the backward's loss (a logps pass's grad_weight).
+  double term_weight_ = 1.0;
   std::optional<LossTermsTaken> armed_terms_;
   at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward
   bool fused_loss_ = true;

@@ -56,11 +56,12 @@ void Executor::add_loss_term(const at::Tensor& term) {
         std::string("model plugin \"") + plugins_.model.plugin->name +
         "\" added a term to the loss (a mixture of experts' load-balancing loss) in a pass of " +
         terms_refused_by_ +
-        " that does not take it: the schedule computes its own loss and does not add the term "
-        "there (kto, a paired schedule with concatenate_pairs = false, whose passes would not "
-        "add up to the concatenated pass's term TRL adds, or one built before ABI 1.18's "
-        "take_loss_terms): run the pairs concatenated, or turn the term off in the model "
-        "(output_router_logits = false in its config.json)");
+        " that does not take it (ABI 1.18's take_loss_terms): its schedule computes its own "
+        "loss and leaves the term out of these passes, as one built before 1.18 must, and as "
+        "the paired schedules do with concatenate_pairs = false (TRL adds the term of the "
+        "concatenated pass, which one side's passes after the other's do not add up to): see "
+        "the schedule's README, or turn the term off in the model (output_router_logits = "
+        "false in its config.json)");
   if (pass_terms_ == nullptr) return;  // no loss in this pass (logits, generation)
   if (!pass_rows_.padding_known)
     throw std::invalid_argument(
