@@ -568,22 +568,38 @@ TEST_F(PreferenceAccumulation, OneSideAfterTheOtherGivesTheConcatenatedStep) {
 // batch's 240 tokens in one chunk of the fused head, which then halves too,
 // and the plan keeps the whole batch's chunk (a real vocabulary's chunk, 64
 // MiB of fp32 logits, is shorter than one side's tokens and does not shrink).
+// The reference as frozen copies the strategies place (reference_tier =
+// "weights"): quantized to nf4, an upper bound within the full fine-tune's
+// 25% (+23% measured, 2026-12-02); on disk with the trained weights, within
+// 30% (+26%, 38.8 against 30.8 MiB): the plan holds offload's on-demand
+// workspace for the copies (six resident and six read ahead, 8.4 MiB here)
+// at the step's peak, and only the reference pass, which keeps no
+// activations, holds it.
 TEST_F(DpoRecipes, PlannedPeakIsWithinTenPercentOfTheMeasuredPeak) {
   struct Case {
     bool lora;
     const char* schedule_extra;
     const char* what;
     bool one_chunk_planned_whole = false;
+    const char* strategies = "";
+    double upper_bound_within = 0.25;  // a full fine-tune's
   };
+  const char* copies = "reference_tier = \"weights\"\n";
   for (const Case c :
        {Case{true, "", "lora (reference: adapters off)"}, Case{false, "", "full (reference copy)"},
         Case{true, "precompute_ref_log_probs = true\n", "lora, precomputed reference"},
         Case{false, "precompute_ref_log_probs = true\n", "full, precomputed reference"},
-        Case{true, "concatenate_pairs = false\n", "lora, one side at a time", true}}) {
+        Case{true, "concatenate_pairs = false\n", "lora, one side at a time", true},
+        Case{false, copies, "full, reference copies in nf4", false,
+             "[[strategy]]\nplugin = \"quantize\"\n"},
+        Case{false, copies, "full, reference copies and trained weights on disk", false,
+             "[[strategy]]\nplugin = \"offload\"\nparams = \"disk\"\ntrainable = true\n"
+             "optimizer = \"disk\"\n",
+             0.30}}) {
     test::TempDir d;
     const std::string text = recipe(
         d.str(), rows(), "", std::string("plugin = \"dpo\"\n") + c.schedule_extra,
-        c.lora ? kLora : "", 3,
+        c.lora ? kLora : c.strategies, 3,
         "n_layer = 4\nn_embd = 256\nn_head = 4\nn_kv_head = 2\nintermediate_size = 688\n", 60);
     const MemoryPlan plan = test::plan_of(text);
     EXPECT_TRUE(plan.unestimated.empty());
@@ -599,7 +615,7 @@ TEST_F(DpoRecipes, PlannedPeakIsWithinTenPercentOfTheMeasuredPeak) {
           << c.what << ": planned " << format_bytes(plan.tracked_peak) << " (" << plan.peak_moment
           << "), measured " << format_bytes(measured);
     else
-      EXPECT_TRUE(off >= 0 && off <= 0.25) << c.what << ": " << off;
+      EXPECT_TRUE(off >= 0 && off <= c.upper_bound_within) << c.what << ": " << off;
   }
 }
 

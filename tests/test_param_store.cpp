@@ -138,3 +138,62 @@ TEST(ParamStore, ABf16ParameterIsNeverWholeInFp32) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
   EXPECT_TRUE(at::equal(p.value.detach(), whole_draw(p, gen)));
 }
+
+// ABI 1.19's copies (a reference model's weights): one of each trainable
+// parameter but the adapters, frozen and flagged, holding the same initial
+// values; the others draw the numbers they would have without them, and
+// a prefix a name starts with already is refused.
+TEST(ParamStore, CopiesRepeatTheirParametersDrawAndTakeNothingFromTheOthers) {
+  auto declare = [](ParamStore& store, const char* name, uint32_t flags, tf_dtype dtype) {
+    const int64_t shape[] = {37, 5};
+    tf_param_spec spec{};
+    spec.struct_size = sizeof spec;
+    spec.name = name;
+    spec.ndim = 2;
+    spec.shape = shape;
+    spec.dtype = dtype;
+    spec.stage = 0;
+    spec.init = TF_INIT_NORMAL;
+    spec.init_std = 0.02;
+    spec.flags = flags;
+    store.declare(spec);
+  };
+  auto make = [&](ParamStore& store) {
+    declare(store, "a", 0, TF_DTYPE_F32);
+    declare(store, "frozen", TF_PARAM_FROZEN, TF_DTYPE_F32);
+    declare(store, "b", 0, TF_DTYPE_BF16);
+    declare(store, "lora_A", TF_PARAM_ADAPTER, TF_DTYPE_F32);
+  };
+  ParamStore plain, with_copies;
+  make(plain);
+  make(with_copies);
+  EXPECT_EQ(with_copies.declare_copies("reference."), 2);
+  EXPECT_TRUE(with_copies.has_copies("reference."));
+  EXPECT_FALSE(with_copies.has_copies("other."));
+  EXPECT_EQ(with_copies.find("reference.frozen"), nullptr);
+  EXPECT_EQ(with_copies.find("reference.lora_A"), nullptr);
+  for (const char* bad : {"", "reference.", "a"}) {
+    try {
+      with_copies.declare_copies(bad);
+      ADD_FAILURE() << "prefix \"" << bad << "\" was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("declare_param_copies"), std::string::npos);
+    }
+  }
+  const auto on_cpu = [](const Param&) { return std::optional<at::Device>(at::kCPU); };
+  plain.materialize(5, on_cpu);
+  with_copies.materialize(5, on_cpu);
+  for (const char* name : {"a", "frozen", "b", "lora_A"})
+    EXPECT_TRUE(at::equal(plain.get(name).value, with_copies.get(name).value)) << name;
+  for (const char* name : {"a", "b"}) {
+    const Param& copy = with_copies.get(std::string("reference.") + name);
+    EXPECT_EQ(copy.copy_of, name);
+    EXPECT_EQ(copy.source_name(), name);
+    EXPECT_FALSE(copy.trainable);
+    EXPECT_FALSE(copy.value.requires_grad());
+    EXPECT_EQ(copy.flags & (TF_PARAM_COPY | TF_PARAM_FROZEN), TF_PARAM_COPY | TF_PARAM_FROZEN);
+    EXPECT_EQ(copy.value.scalar_type(), plain.get(name).value.scalar_type());
+    EXPECT_TRUE(at::equal(copy.value, plain.get(name).value)) << name;
+    EXPECT_FALSE(copy.value.is_same(with_copies.get(name).value));
+  }
+}

@@ -75,24 +75,27 @@ void HfWeightSource::load(Param& p) const {
     at::Tensor t;
     {
       CategoryScope scope(TF_MEM_TRANSIENT);  // dequantized only until it is in the parameter
-      t = gguf::read_hf_tensor(*gguf_, gguf_config_, p.name);
+      t = gguf::read_hf_tensor(*gguf_, gguf_config_, p.source_name());
     }
     if ((p.flags & TF_PARAM_HF_TRANSPOSED) && t.dim() == 2) t = t.t();
     if (t.sizes() != at::IntArrayRef(p.shape))
-      throw std::runtime_error(source_ + ": \"" + p.name + "\" has shape " + c10::str(t.sizes()) +
-                               ", the recipe's model needs " + c10::str(at::IntArrayRef(p.shape)) +
+      throw std::runtime_error(source_ + ": \"" + p.source_name() + "\" has shape " +
+                               c10::str(t.sizes()) + ", the recipe's model needs " +
+                               c10::str(at::IntArrayRef(p.shape)) +
                                " (is [model] config the GGUF file too?)");
     p.value.detach().copy_(t);
     return;
   }
-  auto it = where_.find(p.name);
-  std::string name = p.name;
+  // A copy (a reference model's) reads the tensor of the parameter it copies.
+  const std::string& wanted = p.source_name();
+  auto it = where_.find(wanted);
+  std::string name = wanted;
   if (it == where_.end()) {
-    const auto dot = p.name.find('.');
-    if (dot != std::string::npos) it = where_.find(name = p.name.substr(dot + 1));
+    const auto dot = wanted.find('.');
+    if (dot != std::string::npos) it = where_.find(name = wanted.substr(dot + 1));
   }
   if (it == where_.end())
-    throw std::runtime_error(source_ + " has no tensor \"" + p.name +
+    throw std::runtime_error(source_ + " has no tensor \"" + wanted +
                              "\" (is it a checkpoint of this model?)");
   at::NoGradGuard no_grad;
   at::Tensor t;
@@ -115,7 +118,7 @@ gguf::HfBlocks HfWeightSource::blocks(const Param& p, bool with_bytes) const {
                              " are not a GGUF file, so there are no GGUF blocks to keep");
   if (p.flags & TF_PARAM_HF_TRANSPOSED)
     throw std::runtime_error(p.name + " is stored transposed, so its GGUF rows are not its rows");
-  gguf::HfBlocks b = gguf::read_hf_blocks(*gguf_, gguf_config_, p.name, with_bytes);
+  gguf::HfBlocks b = gguf::read_hf_blocks(*gguf_, gguf_config_, p.source_name(), with_bytes);
   if (p.shape != std::vector<int64_t>{b.rows, b.cols})
     throw std::runtime_error(source_ + ": \"" + p.name + "\" has shape [" + std::to_string(b.rows) +
                              ", " + std::to_string(b.cols) + "], the recipe's model needs " +
@@ -180,6 +183,7 @@ std::map<std::string, at::Tensor> export_hf_weights(
     const ParamStore& store, const std::function<at::Tensor(const Param&)>& dense) {
   std::map<std::string, at::Tensor> out;
   for (const Param& p : store.all()) {
+    if (p.flags & TF_PARAM_COPY) continue;  // a reference model's, not the model's
     out[p.name] =
         hf_layout(p, (p.format != TF_FORMAT_DENSE && dense) ? dense(p).detach() : p.value.detach());
   }

@@ -26,6 +26,28 @@ tf_status h_declare_param(tf_host_context* ctx, const tf_param_spec* spec) {
   });
 }
 
+tf_status h_declare_param_copies(tf_host_context* ctx, const char* prefix, int32_t* out_count) {
+  return serve(ctx, [&] {
+    require(prefix, "prefix");
+    if (!ctx->kernel->plugins->declaring_copies)
+      throw WrongPhase("declare_param_copies is only allowed in a schedule's create");
+    const int32_t n = ctx->kernel->store->declare_copies(prefix);
+    if (out_count) *out_count = n;
+  });
+}
+
+tf_status h_use_param_copies(tf_host_context* ctx, const char* prefix) {
+  return serve(ctx, [&] {
+    const std::string p = prefix ? prefix : "";
+    if (!p.empty() && !ctx->kernel->store->has_copies(p))
+      throw std::invalid_argument("use_param_copies: no copies were declared under \"" + p +
+                                  "\" (declare_param_copies in the schedule's create)");
+    if (!ctx->kernel->executor)
+      throw std::invalid_argument("use_param_copies: no pass can run (a plan runs none)");
+    ctx->kernel->executor->use_param_copies(p);
+  });
+}
+
 tf_status h_declare_stage(tf_host_context* ctx, const tf_stage_spec* spec, int32_t* out_index) {
   return serve(ctx, [&] {
     require(spec, "spec");

@@ -143,7 +143,8 @@ const char* intern(const std::string& s);
   X(tensors_load) X(optimizer_update) X(dist_all_reduce) X(dist_reduce_scatter) \
   X(dist_all_gather) X(dist_broadcast) X(dist_barrier) X(plan_param_get) X(plan_param_set) \
   X(param_source_blocks) X(blocks_decode) X(sequence_logps) X(adapters_set_enabled) X(token_logps) \
-  X(preference_rows) X(add_loss_term) X(expect_weights) X(take_loss_terms)
+  X(preference_rows) X(add_loss_term) X(expect_weights) X(take_loss_terms) \
+  X(declare_param_copies) X(use_param_copies)
 // clang-format on
 
 // Each declared with the exact type of its slot in the table.

@@ -104,6 +104,43 @@ void ParamStore::adopt(Param p) {
   materialized_ = true;
 }
 
+int32_t ParamStore::declare_copies(const std::string& prefix) {
+  if (materialized_)
+    throw std::logic_error("parameters can no longer be declared: already materialized");
+  if (prefix.empty()) throw std::invalid_argument("declare_param_copies: an empty prefix");
+  for (const Param& p : params_)
+    if (p.name.rfind(prefix, 0) == 0)
+      throw std::invalid_argument("declare_param_copies: the prefix \"" + prefix +
+                                  "\" begins the name of parameter \"" + p.name +
+                                  "\" already (copies declared twice?)");
+  std::vector<Param> copies;
+  for (const Param& p : params_) {
+    if (!p.trainable || (p.flags & TF_PARAM_ADAPTER)) continue;
+    Param c = p;
+    c.name = prefix + p.name;
+    c.copy_of = p.name;
+    c.flags |= TF_PARAM_COPY | TF_PARAM_FROZEN;
+    c.trainable = false;
+    copies.push_back(std::move(c));
+  }
+  total_elements_ = 0;  // the bound covers the copies too
+  for (const std::vector<Param>* list : {&params_, &copies})
+    for (const Param& p : *list)
+      total_elements_ =
+          checked_product({total_elements_ + p.numel(), 8}, "the parameters together") / 8;
+  for (Param& c : copies) {
+    index_[c.name] = params_.size();
+    params_.push_back(std::move(c));
+  }
+  return static_cast<int32_t>(copies.size());
+}
+
+bool ParamStore::has_copies(const std::string& prefix) const {
+  return !prefix.empty() && std::any_of(params_.begin(), params_.end(), [&](const Param& p) {
+    return !p.copy_of.empty() && p.name.rfind(prefix, 0) == 0;
+  });
+}
+
 namespace {
 
 // Fills `t` (fp32) by the parameter's init kind, drawing from `gen`.
@@ -171,6 +208,10 @@ void ParamStore::materialize(uint64_t seed,
                              const std::function<std::optional<at::Device>(const Param&)>& place,
                              const std::function<void(size_t, size_t)>& after_group) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  // The generator's state before each draw a copy repeats.
+  std::unordered_map<std::string, at::Tensor> state_before;
+  for (const Param& p : params_)
+    if (!p.copy_of.empty()) state_before.emplace(p.copy_of, at::Tensor());
   size_t group_start = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
@@ -178,7 +219,16 @@ void ParamStore::materialize(uint64_t seed,
       const tf_mem_category cat = (p.flags & TF_PARAM_ADAPTER) ? TF_MEM_ADAPTERS : TF_MEM_WEIGHTS;
       CategoryScope scope(cat);
       const std::optional<at::Device> device = place(p);
-      at::Tensor t = initial_values(p, device, gen);
+      at::Tensor t;
+      if (!p.copy_of.empty()) {
+        auto again = at::make_generator<at::CPUGeneratorImpl>(seed);
+        again.set_state(state_before.at(p.copy_of));
+        if (device) t = initial_values(p, device, again);
+      } else {
+        if (const auto it = state_before.find(p.name); it != state_before.end())
+          it->second = gen.get_state();
+        t = initial_values(p, device, gen);
+      }
       if (!device) {
         p.absent = true;
         p.trainable = false;

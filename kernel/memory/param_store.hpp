@@ -35,8 +35,14 @@ struct Param {
   // Never materialized: its stage is skipped (sparse), so it has no bytes, is
   // not trained and is not loaded; `value` is an empty placeholder.
   bool absent = false;
+  // A frozen copy of another parameter (ABI 1.19 declare_param_copies, a
+  // reference model's weights): that one's name, whose values it starts
+  // from (the weights file's tensor of that name, or the same initial draw).
+  std::string copy_of;
 
   int64_t numel() const;
+  // The name its values are read under from a weights file.
+  const std::string& source_name() const { return copy_of.empty() ? name : copy_of; }
   bool decays() const { return !(flags & TF_PARAM_NO_WEIGHT_DECAY) && shape.size() >= 2; }
 };
 
@@ -62,6 +68,13 @@ class ParamStore {
   // Adds an already materialized parameter (export views of a store).
   void adopt(Param p);
 
+  // Declares `prefix` + name, a frozen copy (TF_PARAM_COPY), of every
+  // trainable parameter that is not an adapter; returns how many. Throws
+  // std::invalid_argument on an empty prefix or one a declared name starts with.
+  int32_t declare_copies(const std::string& prefix);
+  // Whether copies were declared under `prefix`.
+  bool has_copies(const std::string& prefix) const;
+
   // Allocates and initializes every parameter deterministically from `seed`
   // (declaration order), on the device place(param) names; where it names
   // none, the parameter stays absent (its initial values are drawn and
@@ -69,6 +82,8 @@ class ParamStore {
   // consecutive parameters of one stage, calls after_group(first, last) with
   // their index range, so the caller can load and convert them before the
   // next run is allocated (a model larger than memory is never whole).
+  // A copy draws nothing from `gen`: it repeats its parameter's draw, so the
+  // others get the numbers they would have without it.
   void materialize(uint64_t seed,
                    const std::function<std::optional<at::Device>(const Param&)>& place,
                    const std::function<void(size_t first, size_t last)>& after_group = {});

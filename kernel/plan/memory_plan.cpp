@@ -94,7 +94,7 @@ Baseline baseline(Session& s) {
     if (p.absent || (p.stage >= 0 && stages[st].skip)) continue;  // never allocated
     const int64_t count = p.numel();
     const int64_t bytes = checked_product({count, element_bytes(p.dtype)}, "parameter " + p.name);
-    b.n_params += count;
+    if (p.copy_of.empty()) b.n_params += count;  // a copy is not more of the model
     const bool adapter = (p.flags & TF_PARAM_ADAPTER) != 0;
     b.bytes[adapter ? TF_MEM_ADAPTERS : TF_MEM_WEIGHTS] += bytes;
     if (!p.trainable) continue;

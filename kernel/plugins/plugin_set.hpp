@@ -107,6 +107,10 @@ struct PluginSet {
   // True while the model and the strategies may declare parameters and
   // stages (from the model's create to the last strategy's configure).
   bool declaring = false;
+  // True in the schedule's create, where it may declare copies of the
+  // parameters (declare_param_copies): the strategies are configured, and
+  // nothing is made yet.
+  bool declaring_copies = false;
 };
 
 }  // namespace tightfit

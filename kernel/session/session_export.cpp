@@ -36,7 +36,9 @@ void Session::each_export_tensor(
   // one split across ranks takes every rank), merged by the strategies that
   // rewrite it (LoRA).
   for (const Param& p : store_.all()) {
-    if (p.flags & TF_PARAM_ADAPTER) continue;
+    // Adapters are merged or exported alone; copies (a reference model's)
+    // are not the model.
+    if (p.flags & (TF_PARAM_ADAPTER | TF_PARAM_COPY)) continue;
     if (p.absent)
       throw std::runtime_error(
           "parameter " + p.name +

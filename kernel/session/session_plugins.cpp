@@ -237,6 +237,7 @@ void Session::create_optimizer_and_schedule() {
                                         ? recipe_.where(*sched_table->get("plugin"))
                                         : recipe_.source());
   PluginInstance& schedule = plugins_.schedule;
+  const ScopedAssign<bool> copies_allowed(plugins_.declaring_copies, true);
   check_plugin_status(plugin_call(schedule, "create",
                                   [&] {
                                     return schedule.plugin->schedule()->create(

@@ -228,6 +228,7 @@ at::Tensor Executor::forward_stages(const at::Tensor& tokens, bool training, con
     const at::Device dev(st.device);
     if (h.device() != dev) h = h.to(dev);
     raise_stage_event(idx, TF_PHASE_FORWARD, true);
+    if (!copies_prefix_.empty()) expect_stage_copies(idx);
     if (grad && training && st.recompute)
       h = StageRecompute::apply(h, recompute_anchor_, this, static_cast<int64_t>(idx));
     else
@@ -369,8 +370,14 @@ void Executor::with_resident(Param& p, const std::function<void()>& fn) {
   raise_stage_event(p.stage, TF_PHASE_ACCESS, false);
 }
 
+std::string Executor::read_name(const std::string& name) const {
+  if (copies_prefix_.empty()) return name;
+  std::string copy = copies_prefix_ + name;
+  return store_.find(copy) != nullptr ? copy : name;
+}
+
 at::Tensor Executor::fetch_weight(const std::string& name) {
-  Param& p = store_.get(name);
+  Param& p = store_.get(read_name(name));
   at::Tensor w;
   if (p.residency == TF_TIER_DEVICE || stage_in_use(p.stage))
     w = fetch_resident(p);
@@ -380,8 +387,20 @@ at::Tensor Executor::fetch_weight(const std::string& name) {
   return w;
 }
 
+// A pass over the copies (a reference model's) names each stage's copies
+// as the stage begins: a tier that leaves them out of the stage's event
+// (TF_PARAM_COPY, as offload does) may read them ahead of their fetch.
+void Executor::expect_stage_copies(int32_t stage) {
+  std::vector<std::string> names;
+  for (const Param& p : store_.all())
+    if (p.stage == stage && !p.copy_of.empty() && p.name.rfind(copies_prefix_, 0) == 0)
+      names.push_back(p.copy_of);
+  expect_weights(names);
+}
+
 void Executor::expect_weights(const std::vector<std::string>& names) {
-  for (const std::string& name : names) {
+  for (const std::string& asked : names) {
+    const std::string name = read_name(asked);
     const Param& p = store_.get(name);
     if (p.residency != TF_TIER_DEVICE && p.value.numel() == 0 && p.numel() > 0 &&
         stage_in_use(p.stage))
@@ -413,8 +432,9 @@ at::Tensor Executor::fetch_resident(Param& p) {
   return p.value;
 }
 
-at::Tensor Executor::linear(const at::Tensor& x, const std::string& weight,
+at::Tensor Executor::linear(const at::Tensor& x, const std::string& asked_weight,
                             const std::string& bias) {
+  const std::string weight = read_name(asked_weight);
   const Param& p = store_.get(weight);
   at::Tensor b = bias.empty() ? at::Tensor() : fetch_weight(bias);
   at::Tensor y;

@@ -162,12 +162,19 @@ class Executor {
   // grad_ready hooks during backward.
   void dispatch_grads(int32_t stage);
 
+  // ABI 1.19 use_param_copies: the passes read `prefix` + name wherever
+  // such a copy was declared ("": the parameters themselves).
+  void use_param_copies(const std::string& prefix) { copies_prefix_ = prefix; }
+  // The parameter a pass reads for `name`: its copy while copies are used.
+  std::string read_name(const std::string& name) const;
+
   at::Tensor fetch_weight(const std::string& name);
   at::Tensor fetch_resident(Param& p);
   // The model will fetch these next in its running stage (ABI 1.17): each
   // one left in another tier goes to the strategies' expect_weight, so the
   // one keeping it may start reading it. Outside its stage's event: ignored.
   void expect_weights(const std::vector<std::string>& names);
+  void expect_stage_copies(int32_t stage);
   // Runs fn with p in the device tier: a parameter a strategy keeps in
   // another tier is brought in around fn (TF_PHASE_ACCESS) unless its stage
   // is in use already.
@@ -240,6 +247,7 @@ class Executor {
   int32_t fused_head_ = -1;            // while a pass runs: the head asked for its hidden
   std::optional<bool> head_extended_;  // head_is_extended, once asked (with adapters on)
   bool adapters_enabled_ = true;
+  std::string copies_prefix_;  // use_param_copies
 };
 
 // Sets a slot for a scope and puts its value back after: the device

@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 18
+#define TF_ABI_VERSION_MINOR 19
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -235,6 +235,12 @@ typedef enum tf_init_kind {
  * weights in another tier may leave this one there until it is fetched
  * (want_weight) instead of bringing it in with its stage. */
 #define TF_PARAM_EXPERT 0x10u
+/* Added in 1.19: a frozen copy of another parameter (declare_param_copies),
+ * read only by the passes that read copies (use_param_copies: a reference
+ * model's). A strategy that keeps weights in another tier may leave it there
+ * until it is fetched (want_weight), as an expert, instead of bringing it in
+ * with its stage for every pass. */
+#define TF_PARAM_COPY 0x20u
 
 /* A parameter the model (or an adapter strategy) declares. The kernel's
  * parameter store owns it; model code asks the store for it by name. */
@@ -899,7 +905,28 @@ typedef struct tf_host_api {
    * error before the pass) leaves *out_sum unwritten. */
   tf_status (*take_loss_terms)(tf_host_context* ctx, double grad_weight, double* out_sum);
 
-  void* reserved[1];
+  /* Added in 1.19 (the last reserved slot): declares, for every trainable
+   * parameter that is not an adapter, a frozen copy named `prefix` + its
+   * name: the same shape, dtype, stage, init and flags, with TF_PARAM_COPY
+   * and TF_PARAM_FROZEN, holding the values the parameter starts with (read
+   * from the recipe's weights by the parameter's own name, or the same
+   * initial draw). A copy is a frozen parameter like any other: the
+   * strategies convert and place it (quantize stores it compact, offload
+   * keeps a block's in host memory or on disk), the plan counts it,
+   * checkpoints carry it as they carry frozen weights, and exports leave it
+   * out. Only in a schedule's create (the strategies are configured, the
+   * parameters not yet made); `prefix` is non-empty and no declared name
+   * starts with it. *out_count (may be NULL): how many were declared. */
+  tf_status (*declare_param_copies)(tf_host_context* ctx, const char* prefix, int32_t* out_count);
+  /* Added in 1.19: until called again, every weight a pass reads (weight,
+   * linear, a head's projection) is its copy `prefix` + name where one was
+   * declared, and the parameter itself where none was (the frozen ones);
+   * NULL or "" reads the parameters themselves again. Copies are frozen:
+   * such a pass back-propagates into no parameter it read as a copy. The
+   * prefix must be one declare_param_copies declared. */
+  tf_status (*use_param_copies)(tf_host_context* ctx, const char* prefix);
+
+  void* reserved[4];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */

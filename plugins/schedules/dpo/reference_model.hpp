@@ -1,8 +1,12 @@
 // The reference model of the schedules that have one (dpo, kto), as TRL
 // makes it: with adapters, the base with them off (a PeftModel's
 // disable_adapter()); without, the trainable weights as they were before
-// the first update (reference_weights.hpp), which checkpoints carry, kept
-// on the device or in host memory (reference_tier).
+// the first update. That copy is kept by the schedule on the device or in
+// host memory (reference_weights.hpp), which checkpoints carry, or declared
+// as frozen parameters the strategies place (reference_tier = "weights",
+// ABI 1.19's declare_param_copies: quantize stores them compact, offload
+// keeps a block's in host memory or on disk), which the reference pass reads
+// instead of the trained ones (use_param_copies).
 #pragma once
 
 #include <optional>
@@ -17,10 +21,15 @@ namespace tf_preference {
 inline tf_config_key reference_tier_key() {
   return tf_sdk::key("reference_tier", TF_VALUE_STRING, "\"device\"",
                      "where a full fine-tune keeps its reference copy of the trainable weights: "
-                     "device, or host (host memory, pinned on a GPU; each weight brought in for "
-                     "the reference pass and back out)",
-                     1, 0, "device|host");
+                     "device, host (host memory, pinned on a GPU; each weight brought in for "
+                     "the reference pass and back out), or weights (frozen weights of the "
+                     "model, placed by the [[strategy]] list: quantize stores them compact, "
+                     "offload keeps the blocks' in host memory or on disk)",
+                     1, 0, "device|host|weights");
 }
+
+// The copies' names: "reference." + the parameter's.
+inline constexpr const char* kReferencePrefix = "reference.";
 
 class ReferenceModel {
  public:
@@ -29,18 +38,23 @@ class ReferenceModel {
   // reference_tier, refused where there is no copy to place: with the
   // reference's log-probs precomputed (none is kept), and, once the
   // strategies are known, with adapters (adapters()).
+  // reference_tier = "weights" declares the copies here, in the schedule's
+  // create (the strategies are configured: adapters are known).
   void read(const tf_sdk::Host& host, bool precompute) {
-    on_host_ = host.get_string("reference_tier") == "host";
-    if (on_host_ && precompute)
+    const std::string tier = host.get_string("reference_tier");
+    on_host_ = tier == "host";
+    if (tier != "device" && precompute)
       throw std::invalid_argument(
-          schedule_ +
-          ": reference_tier = \"host\" places a full fine-tune's reference copy, and "
+          schedule_ + ": reference_tier = \"" + tier +
+          "\" places a full fine-tune's reference copy, and "
           "precompute_ref_log_probs = true keeps none: leave one of them out");
+    if (tier == "weights") declare_copies(host);
   }
 
   // Whether a strategy holds adapters. The strategies do not change during
   // a run: asked once.
   bool adapters(const tf_sdk::Host& host) {
+    if (copies_) return false;  // refused with adapters when declared
     if (!adapters_) {
       const bool adapters = host.set_adapters_enabled(false) > 0;
       if (adapters) host.set_adapters_enabled(true);
@@ -59,7 +73,7 @@ class ReferenceModel {
   // fine-tune's copy is taken before the first update; a resumed run has
   // read it from its checkpoint (load).
   void keep(const tf_sdk::Host& host, int64_t step = -1) {
-    if (!weights_.empty() || adapters(host)) return;
+    if (copies_ || !weights_.empty() || adapters(host)) return;
     if (step > 0)
       throw std::logic_error(schedule_ + ": no reference weights at step " + std::to_string(step));
     weights_.take(host, on_host_);
@@ -68,6 +82,10 @@ class ReferenceModel {
   // f() run as the reference model, the policy back however it ends.
   template <class F>
   auto run(const tf_sdk::Host& host, F&& f) {
+    if (copies_) {
+      const CopiesRead read(host);
+      return f();
+    }
     if (weights_.empty()) {
       const AdaptersOff off(host, schedule_);
       return f();
@@ -76,8 +94,12 @@ class ReferenceModel {
     return f();
   }
 
-  void save(const tf_sdk::Host& host) const { weights_.save(host); }
+  // The copies as parameters are the kernel's to save (frozen weights).
+  void save(const tf_sdk::Host& host) const {
+    if (!copies_) weights_.save(host);
+  }
   void load(const tf_sdk::Host& host) {
+    if (copies_) return;
     if (!weights_.load(host, on_host_) && !adapters(host))
       throw std::runtime_error(
           "the checkpoint holds no reference weights for " + schedule_ +
@@ -87,8 +109,10 @@ class ReferenceModel {
   // What the plan adds: a full fine-tune's copy of the trainable weights,
   // in its tier. The swap's temporary (one weight) is left out: the
   // reference pass runs before the policy's, below the step's peak.
+  // Declared copies are parameters: the plan counts them where the
+  // strategies put them.
   void plan(const tf_sdk::Host& host, tf_memory_estimate* out) {
-    if (adapters(host)) return;
+    if (copies_ || adapters(host)) return;
     out->delta_bytes[on_host_ ? TF_TIER_HOST : TF_TIER_DEVICE][TF_MEM_WEIGHTS] +=
         ReferenceWeights::planned_bytes(host);
   }
@@ -117,8 +141,49 @@ class ReferenceModel {
     const tf_sdk::Host& host_;
   };
 
+  // The reference pass reads the copies, the policy's weights again
+  // however it ends.
+  class CopiesRead {
+   public:
+    explicit CopiesRead(const tf_sdk::Host& host) : host_(host) {
+      host_.use_param_copies(kReferencePrefix);
+    }
+    ~CopiesRead() {
+      try {
+        host_.use_param_copies("");
+      } catch (...) {
+        // Reported by the host's last error; a destructor must not throw.
+      }
+    }
+    CopiesRead(const CopiesRead&) = delete;
+    CopiesRead& operator=(const CopiesRead&) = delete;
+
+   private:
+    const tf_sdk::Host& host_;
+  };
+
+  void declare_copies(const tf_sdk::Host& host) {
+    for (const std::string& name : host.param_names())
+      if (host.param_info(name).flags & TF_PARAM_ADAPTER)
+        throw std::invalid_argument(
+            schedule_ +
+            ": reference_tier = \"weights\" places a full fine-tune's reference copy, and "
+            "with adapters the reference is the base with them off, no copy: leave "
+            "reference_tier out");
+    const int32_t n = host.declare_param_copies(kReferencePrefix);
+    if (n < 0)
+      throw std::invalid_argument(schedule_ +
+                                  ": reference_tier = \"weights\" needs a tightfit with ABI "
+                                  "1.19's declare_param_copies");
+    if (n == 0)
+      throw std::invalid_argument(schedule_ +
+                                  ": nothing is trainable, so there is no policy to train");
+    copies_ = true;
+  }
+
   std::string schedule_;
   ReferenceWeights weights_;
+  bool copies_ = false;
   std::optional<bool> adapters_;
   bool on_host_ = false;
 };

@@ -34,10 +34,12 @@ void ReferenceWeights::take(const tf_sdk::Host& host, bool on_host) {
     const tf_param_info info = host.param_info(name);
     if (info.format != TF_FORMAT_DENSE || info.residency != TF_TIER_DEVICE)
       throw std::invalid_argument(
-          "dpo's reference for a full fine-tune is a frozen copy of the trainable weights, and " +
+          "the reference for a full fine-tune is a frozen copy of the trainable weights, and " +
           name +
-          " is not a dense weight in the device tier (a strategy moves or converts it): train "
-          "adapters ([[strategy]] plugin = \"lora\") or leave that strategy out");
+          " is not a dense weight in the device tier (a strategy moves or converts it): set "
+          "reference_tier = \"weights\" (the copy declared as frozen weights, which the "
+          "strategies place too), train adapters ([[strategy]] plugin = \"lora\") or leave "
+          "that strategy out");
     const at::Tensor live = host.param_storage(name).detach();
     copy.emplace_back(name, kept_copy(live, live, on_host));
   }

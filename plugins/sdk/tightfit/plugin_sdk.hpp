@@ -335,6 +335,21 @@ class Host {
     check(api_->take_loss_terms(ctx_, grad_weight, sum));
     return true;
   }
+  // ABI 1.19: frozen copies `prefix` + name of the trainable parameters,
+  // which the strategies place as any frozen weight (a schedule's create
+  // only); how many. -1 on an older host, which has no copies.
+  int32_t declare_param_copies(const std::string& prefix) const {
+    if (!TF_HAS(api_, tf_host_api, declare_param_copies)) return -1;
+    int32_t n = 0;
+    check(api_->declare_param_copies(ctx_, prefix.c_str(), &n));
+    return n;
+  }
+  // The passes read the copies under `prefix` ("" : the parameters).
+  void use_param_copies(const std::string& prefix) const {
+    if (!TF_HAS(api_, tf_host_api, use_param_copies))
+      throw std::runtime_error("this tightfit has no use_param_copies (ABI 1.19)");
+    check(api_->use_param_copies(ctx_, prefix.c_str()));
+  }
   // A metric on this step's line; best effort (a metric never stops a step).
   void log_metric(const std::string& key, double value) const {
     api_->log_metric(ctx_, key.c_str(), value);

@@ -42,8 +42,13 @@ void Offload::bring_in(const std::string& name, const Offloaded& w) {
   while (experts_in.size() >= kExpertsResident) put_back(experts_in.front());
   host.set_param_storage(name, t, w.format, tier());
   experts_in.push_back(name);
-  ++expert_loads;
-  expert_load_bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+  if (w.copy) {
+    copy_load_bytes += bytes;
+  } else {
+    ++expert_loads;
+    expert_load_bytes += bytes;
+  }
   if (const auto phase = phase_of.find(w.stage);
       phase != phase_of.end() && phase->second != TF_PHASE_BACKWARD)
     forward_order[w.stage].push_back(name);

@@ -157,10 +157,15 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
           std::string(s->disk ? "disk" : "host") + " tier: " + std::to_string(s->weights.size()) +
               " weights, " + std::to_string(s->offloaded_bytes >> 20) + " MiB" +
               (s->disk ? " in " + s->dir : std::string()) +
-              (s->on_demand_weights > 0 ? "; " + std::to_string(s->on_demand_weights) +
-                                              " expert weights brought in only when a batch is "
-                                              "routed to them"
-                                        : std::string()));
+              (s->expert_weights > 0 ? "; " + std::to_string(s->expert_weights) +
+                                           " expert weights brought in only when a batch is "
+                                           "routed to them"
+                                     : std::string()) +
+              (s->expert_weights < s->on_demand_weights
+                   ? "; " + std::to_string(s->on_demand_weights - s->expert_weights) +
+                         " copies of weights (a reference model's) brought in only when a "
+                         "pass reads them"
+                   : std::string()));
     }
     return TF_OK;
   });
@@ -222,6 +227,7 @@ tf_status expect_weight(void* state, tf_host_context* ctx, const char* name) {
 tf_status step_begin(void* state, tf_host_context*, int64_t) {
   auto* s = static_cast<Offload*>(state);
   s->expert_loads = s->expert_load_bytes = s->expert_ahead_hits = 0;  // outside: not its own
+  s->copy_load_bytes = 0;
   return TF_OK;
 }
 
@@ -229,10 +235,16 @@ tf_status step_end(void* state, tf_host_context* ctx, int64_t, double) {
   auto* s = static_cast<Offload*>(state);
   if (s->on_demand_weights == 0) return TF_OK;
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    s->host.log_metric("expert_loads", static_cast<double>(s->expert_loads));
-    s->host.log_metric("expert_mib", static_cast<double>(s->expert_load_bytes) / (1 << 20));
-    s->host.log_metric("expert_read_ahead", static_cast<double>(s->expert_ahead_hits));
+    if (s->expert_weights > 0) {
+      s->host.log_metric("expert_loads", static_cast<double>(s->expert_loads));
+      s->host.log_metric("expert_mib", static_cast<double>(s->expert_load_bytes) / (1 << 20));
+      s->host.log_metric("expert_read_ahead", static_cast<double>(s->expert_ahead_hits));
+    }
+    // The reference model's copies read this step (a reference pass's).
+    if (s->expert_weights < s->on_demand_weights)
+      s->host.log_metric("copy_mib", static_cast<double>(s->copy_load_bytes) / (1 << 20));
     s->expert_loads = s->expert_load_bytes = s->expert_ahead_hits = 0;
+    s->copy_load_bytes = 0;
     return TF_OK;
   });
 }
@@ -367,7 +379,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
           continue;
         // In a plan: what earlier strategies planned for it (4-bit after
         // quantize), moved to this tier in the table.
-        const bool on_demand = (info.flags & TF_PARAM_EXPERT) != 0 && !info.trainable;
+        const bool on_demand = offload::read_on_demand(info);
         int64_t bytes = info.stored_bytes > 0 ? info.stored_bytes : tf_sdk::dense_bytes(info);
         if (s->host.has_param_plan() && s->offloaded_bytes == 0) {
           const tf_param_plan p = s->host.planned(name);

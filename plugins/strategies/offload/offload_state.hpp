@@ -35,10 +35,18 @@ struct Offloaded {
   bool trainable = false;
   at::Tensor leaf;
   int64_t version = -1;
-  // A frozen expert's weight (TF_PARAM_EXPERT): not brought in with its
-  // stage, only when the model fetches it for the tokens routed to it.
+  // A frozen expert's weight (TF_PARAM_EXPERT) or a parameter's copy
+  // (TF_PARAM_COPY, a reference model's): not brought in with its stage,
+  // only when a pass fetches it (the experts its tokens are routed to, the
+  // copies a reference pass reads).
   bool on_demand = false;
+  bool copy = false;
 };
+
+// Whether offload leaves a weight in its tier through its stage's events.
+inline bool read_on_demand(const tf_param_info& info) {
+  return (info.flags & (TF_PARAM_EXPERT | TF_PARAM_COPY)) != 0 && !info.trainable;
+}
 
 struct Offload {
   explicit Offload(tf_sdk::Host h) : host(h) {}
@@ -64,7 +72,8 @@ struct Offload {
   // per optimizer step and logged.
   static constexpr size_t kExpertsResident = 6;  // two experts' gate, up and down
   std::deque<std::string> experts_in;
-  int64_t on_demand_weights = 0, expert_loads = 0, expert_load_bytes = 0;
+  int64_t on_demand_weights = 0, expert_weights = 0, expert_loads = 0, expert_load_bytes = 0,
+          copy_load_bytes = 0;
   // Expert weights read ahead (expert_reads.cpp): those the model says it
   // fetches next (expect_weight, once its router has chosen) and, in a
   // stage's backward, those its forward brought in, last first. At most

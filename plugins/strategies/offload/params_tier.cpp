@@ -169,11 +169,14 @@ void Offload::offload_stage(int32_t stage) {
     }
     offloaded_bytes += w.numel() * static_cast<int64_t>(w.element_size());
     std::vector<std::string>& with_stage = by_stage[info.stage];  // the stage is handled
-    o.on_demand = (info.flags & TF_PARAM_EXPERT) != 0 && !info.trainable;
-    if (o.on_demand)
+    o.on_demand = read_on_demand(info);
+    o.copy = (info.flags & TF_PARAM_COPY) != 0;
+    if (o.on_demand) {
       ++on_demand_weights;
-    else
+      if (!o.copy) ++expert_weights;
+    } else {
       with_stage.push_back(names[i]);
+    }
     if (info.trainable) {
       // The parameter stays the same tensor; it is marked as living in the
       // tier and its bytes are freed until its stage runs.
