@@ -94,11 +94,11 @@ TEST_P(DpoParity, LogpsLossMetricsAndGradientsEqualTrl) {
   }
 
   // One step over all the pairs at lr 0: the loss, the metrics and the gradients.
-  const int compared =
-      expect_step_equals_peer(*s, want, "dpo",
-                              {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
-                               "rewards/margins", "logps/chosen", "logps/rejected"},
-                              /*adapters=*/true, dir);
+  const int compared = expect_step_equals_peer(
+      *s, want, "dpo",
+      {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+       "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected"},
+      /*adapters=*/true, dir);
   EXPECT_EQ(compared, 2 * 2 * 7);  // A and B of 7 projections in 2 layers
 }
 
@@ -136,11 +136,11 @@ TEST_F(DpoParity, AFullFineTuneAgainstItsStartingWeightsEqualsTrlAfterAResume) {
   SessionOptions o;
   o.resume = true;
   auto s = test::make_session(text, o);
-  const int compared =
-      expect_step_equals_peer(*s, want, "dpo",
-                              {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
-                               "rewards/margins", "logps/chosen", "logps/rejected"},
-                              /*adapters=*/false, dir);
+  const int compared = expect_step_equals_peer(
+      *s, want, "dpo",
+      {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+       "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected"},
+      /*adapters=*/false, dir);
   EXPECT_EQ(compared, 2 * 9 + 3);  // every weight of the model
 }
 
@@ -175,9 +175,11 @@ TEST_F(DpoParity, AMixtureOfExpertsAddsItsRoutersLossAsTrlDoes) {
     ASSERT_TRUE(want.count("metric.aux_loss")) << "TRL did not add the routers' loss";
     // The term is a visible part of the loss (0.05 x aux_loss of about 2).
     EXPECT_GT(0.05 * want.at("metric.aux_loss").item<double>(), 0.05);
-    const int compared = expect_step_equals_peer(
-        *s, want, "dpo", {"rewards/chosen", "rewards/rejected", "rewards/margins"},
-        /*adapters=*/false, dir);
+    const int compared =
+        expect_step_equals_peer(*s, want, "dpo",
+                                {"rewards/chosen", "rewards/rejected", "rewards/margins",
+                                 "logits/chosen", "logits/rejected"},
+                                /*adapters=*/false, dir);
     EXPECT_EQ(compared, kMoeWeights);  // every weight, each expert's and router's too
   }
   // The pairs one side after the other: the term is refused by name.
@@ -537,6 +539,15 @@ TEST_F(PreferenceAccumulation, OneSideAfterTheOtherGivesTheConcatenatedStep) {
                   1e-5 * std::max(1.0, std::abs(joint.metrics[key].get<double>())))
           << key;
     }
+    // TRL's logits/chosen and /rejected (dpo): each side's pass measures its own.
+    if (schedule == "dpo")
+      for (const char* key : {"dpo.logits/chosen", "dpo.logits/rejected"}) {
+        ASSERT_TRUE(sides.metrics.contains(key) && joint.metrics.contains(key))
+            << sides.metrics.dump();
+        EXPECT_NEAR(sides.metrics[key].get<double>(), joint.metrics[key].get<double>(),
+                    1e-5 * std::abs(joint.metrics[key].get<double>()))
+            << key;
+      }
     std::cout << schedule << ": activations peak " << format_bytes(sides.activations_peak)
               << " one side at a time, " << format_bytes(joint.activations_peak)
               << " concatenated\n";

@@ -229,6 +229,20 @@ TEST(FusedLoss, CapsEachChunkAsTheWholeCappedLogits) {
   const at::Tensor expected =
       at::cross_entropy_loss(capped, targets.reshape({-1}), {}, at::Reduction::None);
   EXPECT_LE((each.to(at::kDouble) - expected).abs().max().item<double>(), 1e-5);
+  // Each row's capped logits averaged over the vocabulary (TRL's
+  // logits/chosen before its mean over tokens), chunk by chunk, with and
+  // without a backward.
+  const at::Tensor expected_means = capped.mean(1);
+  for (const bool backward : {false, true}) {
+    const at::Tensor means = at::empty({21}, at::kFloat), each_again = at::empty({21}, at::kFloat);
+    at::AutoGradMode mode(backward);
+    const at::Tensor loss = fused_head_weighted_loss(
+        hidden, targets, p, 4, 1.0, at::full({21}, -1.0, at::kFloat), each_again, means);
+    if (backward) torch::autograd::grad({loss}, {hidden, w, b});
+    EXPECT_LE((means.to(at::kDouble) - expected_means).abs().max().item<double>(), 1e-5)
+        << backward;
+    EXPECT_GT((expected_means - z.mean(1)).abs().max().item<double>(), 1e-2);  // capped
+  }
   // Without the cap the loss differs: the cap was applied.
   EXPECT_GT(std::abs(fused_head_loss(hidden, targets, {w, b}, 4, 1.0).item<double>() -
                      plain.item<double>()),

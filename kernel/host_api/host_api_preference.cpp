@@ -1,6 +1,7 @@
 // Host services for preference training: sequence and token log-probabilities
-// (and the backward of a weighted sum of them), and the strategies' adapters off and on
-// for a reference model without a second copy.
+// (and the backward of a weighted sum of them, the model's loss terms, each
+// position's mean logit), and the strategies' adapters off and on for a
+// reference model without a second copy.
 #include <cmath>
 #include <optional>
 
@@ -18,14 +19,33 @@ struct LogpsRows {
   at::Tensor positions, attention_mask;
   bool padding_known = true;
   std::optional<Executor::LossTermsTaken> terms;
+  tf_tensor* mean_logits = nullptr;  // take_mean_logits' *out
 };
 
-LogpsRows logps_rows(tf_host_context* ctx, const tf_batch* in, const tf_batch& b) {
+// What take_loss_terms and take_mean_logits asked is taken first, so that
+// a call refused for its batch leaves nothing armed for a later one.
+LogpsRows logps_rows(tf_host_context* ctx, const tf_batch* in, tf_batch& b) {
   LogpsRows r;
-  if (ctx->kernel->executor) r.terms = ctx->kernel->executor->disarm_loss_terms();
+  if (ctx->kernel->executor) {
+    r.terms = ctx->kernel->executor->disarm_loss_terms();
+    r.mean_logits = ctx->kernel->executor->disarm_mean_logits();
+  }
+  b = read_struct(in);
   if (b.positions) r.positions = handle_tensor(b.positions);
   r.padding_known = covers_attention_mask(in);
   if (r.padding_known && b.attention_mask) r.attention_mask = handle_tensor(b.attention_mask);
+  return r;
+}
+
+// Runs a logps pass, measuring each position's mean logit into
+// take_mean_logits' *out when the call was asked to.
+template <class F>
+auto measuring_mean_logits(tf_host_context* ctx, const LogpsRows& rows, F&& pass) {
+  at::Tensor means;
+  const ScopedAssign<at::Tensor*> sink(ctx->kernel->executor->mean_logits_sink,
+                                       rows.mean_logits ? &means : nullptr);
+  auto r = pass();
+  if (rows.mean_logits) *rows.mean_logits = give_handle(means);
   return r;
 }
 
@@ -42,17 +62,28 @@ tf_status h_take_loss_terms(tf_host_context* ctx, double grad_weight, double* ou
   });
 }
 
+tf_status h_take_mean_logits(tf_host_context* ctx, tf_tensor* out) {
+  return serve(ctx, [&] {
+    require(out, "out");
+    if (!ctx->kernel->executor)
+      throw std::invalid_argument("take_mean_logits: no pass can run (a plan runs none)");
+    ctx->kernel->executor->arm_mean_logits(out);
+  });
+}
+
 tf_status h_sequence_logps(tf_host_context* ctx, const tf_batch* in, tf_tensor grad_weights,
                            tf_tensor* out_logps, tf_tensor* out_counts) {
   return serve(ctx, [&] {
-    const tf_batch b = read_struct(in);
+    tf_batch b{};
     const LogpsRows rows = logps_rows(ctx, in, b);
     require(b.tokens, "tf_batch.tokens");
     require(b.targets, "tf_batch.targets");
-    const Executor::SequenceLogps r = ctx->kernel->executor->sequence_logps(
-        handle_tensor(b.tokens), handle_tensor(b.targets), rows.positions,
-        grad_weights ? handle_tensor(grad_weights) : at::Tensor(), rows.attention_mask,
-        rows.terms ? &*rows.terms : nullptr, rows.padding_known);
+    const Executor::SequenceLogps r = measuring_mean_logits(ctx, rows, [&] {
+      return ctx->kernel->executor->sequence_logps(
+          handle_tensor(b.tokens), handle_tensor(b.targets), rows.positions,
+          grad_weights ? handle_tensor(grad_weights) : at::Tensor(), rows.attention_mask,
+          rows.terms ? &*rows.terms : nullptr, rows.padding_known);
+    });
     if (out_logps) *out_logps = give_handle(r.logps);
     if (out_counts) *out_counts = give_handle(r.counts);
   });
@@ -61,15 +92,17 @@ tf_status h_sequence_logps(tf_host_context* ctx, const tf_batch* in, tf_tensor g
 tf_status h_token_logps(tf_host_context* ctx, const tf_batch* in, tf_tensor grad_weights,
                         tf_tensor* out_logps) {
   return serve(ctx, [&] {
-    const tf_batch b = read_struct(in);
+    tf_batch b{};
     const LogpsRows rows = logps_rows(ctx, in, b);
     require(b.tokens, "tf_batch.tokens");
     require(b.targets, "tf_batch.targets");
     require(out_logps, "out_logps");
-    const Executor::TokenLogps r = ctx->kernel->executor->token_logps(
-        handle_tensor(b.tokens), handle_tensor(b.targets), rows.positions,
-        grad_weights ? handle_tensor(grad_weights) : at::Tensor(), rows.attention_mask,
-        rows.terms ? &*rows.terms : nullptr, rows.padding_known);
+    const Executor::TokenLogps r = measuring_mean_logits(ctx, rows, [&] {
+      return ctx->kernel->executor->token_logps(
+          handle_tensor(b.tokens), handle_tensor(b.targets), rows.positions,
+          grad_weights ? handle_tensor(grad_weights) : at::Tensor(), rows.attention_mask,
+          rows.terms ? &*rows.terms : nullptr, rows.padding_known);
+    });
     *out_logps = give_handle(r.logps);
   });
 }

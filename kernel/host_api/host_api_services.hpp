@@ -144,7 +144,7 @@ const char* intern(const std::string& s);
   X(dist_all_gather) X(dist_broadcast) X(dist_barrier) X(plan_param_get) X(plan_param_set) \
   X(param_source_blocks) X(blocks_decode) X(sequence_logps) X(adapters_set_enabled) X(token_logps) \
   X(preference_rows) X(add_loss_term) X(expect_weights) X(take_loss_terms) \
-  X(declare_param_copies) X(use_param_copies)
+  X(declare_param_copies) X(use_param_copies) X(take_mean_logits)
 // clang-format on
 
 // Each declared with the exact type of its slot in the table.

@@ -132,6 +132,15 @@ class Executor {
   // (disarm_loss_terms hands that call the request, once).
   void arm_loss_terms(const LossTermsTaken& t) { armed_terms_ = t; }
   std::optional<LossTermsTaken> disarm_loss_terms() { return std::exchange(armed_terms_, {}); }
+  // take_mean_logits (ABI 1.19): the next logps call of the host API also
+  // measures each position's logits averaged over the vocabulary (its
+  // TokenLogps::mean_logits), once.
+  void arm_mean_logits(tf_tensor* out) { armed_mean_logits_ = out; }
+  tf_tensor* disarm_mean_logits() { return std::exchange(armed_mean_logits_, nullptr); }
+  // While set, token_logps and sequence_logps measure them into *sink
+  // (fp32 [B, T] on the CPU: every position's, padding too; 0 in a row
+  // without a target, which the pass leaves out).
+  at::Tensor* mean_logits_sink = nullptr;
   // Each target's log-probability (fp32 [B, T] on the CPU, 0 where ignored),
   // and with `grad_weights` ([B, T]) the backward of their weighted sum: the
   // per-token form of sequence_logps (ORPO's NLL over every token).
@@ -196,6 +205,9 @@ class Executor {
     // Set for a weighted loss (sequence_logps): every target's cross-entropy
     // lands in `each` and the loss is sum_t weights[t] * CE_t.
     at::Tensor weights, each;
+    // Set when asked (take_mean_logits): each position's logits averaged
+    // over the vocabulary.
+    at::Tensor mean_logits;
   };
   // Backward of `loss` times loss_scale and the strategies' factor, then
   // the stages' last events and grad_ready for what is left.
@@ -241,6 +253,7 @@ class Executor {
   // The terms' weight in the backward's loss (a logps pass's grad_weight).
   double term_weight_ = 1.0;
   std::optional<LossTermsTaken> armed_terms_;
+  tf_tensor* armed_mean_logits_ = nullptr;
   at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward
   bool fused_loss_ = true;
   int64_t loss_chunk_tokens_ = 0;      // 0: fused_loss_chunk_rows decides

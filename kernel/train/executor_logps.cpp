@@ -88,6 +88,8 @@ Executor::TokenLogps Executor::token_logps(const at::Tensor& tokens_in,
                     pick(attention_mask), terms_taken, padding_known);
     TokenLogps out;
     out.logps = at::zeros({B, T}, at::kFloat).index_copy_(0, rows, part.logps);
+    if (mean_logits_sink != nullptr)
+      *mean_logits_sink = at::zeros({B, T}, at::kFloat).index_copy_(0, rows, *mean_logits_sink);
     out.finite = part.finite;
     return out;
   }
@@ -120,6 +122,7 @@ Executor::TokenLogps Executor::token_logps(const at::Tensor& tokens_in,
     request.each = at::zeros({B * Tr}, at::TensorOptions().dtype(at::kFloat).device(env_.device));
     // logp_t = -CE_t, so sum_t w_t logp_t = sum_t (-w_t) CE_t.
     if (backward) request.weights = (-run.weights.to(env_.device, at::kFloat)).reshape({-1});
+    if (mean_logits_sink != nullptr) request.mean_logits = at::zeros_like(request.each);
   }
   at::Tensor loss;
   {
@@ -127,11 +130,15 @@ Executor::TokenLogps Executor::token_logps(const at::Tensor& tokens_in,
     loss = forward_stages(tokens, /*training=*/true, rows, &request);
     if (!request.computed) {
       request.each = request.each.to(loss.device());
+      if (request.mean_logits.defined())
+        request.mean_logits = request.mean_logits.to(loss.device());
       loss = weighted_logits_loss(loss, run.targets, request);
     }
   }
   TokenLogps out;
   out.logps = (-request.each.view({B, Tr})).narrow(1, 0, T).to(at::kCPU);
+  if (mean_logits_sink != nullptr)
+    *mean_logits_sink = request.mean_logits.view({B, Tr}).narrow(1, 0, T).to(at::kCPU);
   out.finite = out.logps.isfinite().all().item<bool>();
   double weight = 0;
   if (terms_taken) {

@@ -103,7 +103,7 @@ at::Tensor Executor::head_loss(int32_t stage, const at::Tensor& hidden, LossRequ
   const int64_t chunk = fused_loss_chunk_rows(projection.weight.size(0), loss_chunk_tokens_);
   if (loss.each.defined())
     return fused_head_weighted_loss(hidden, targets, projection, chunk, loss.grad_scale,
-                                    loss.weights, loss.each);
+                                    loss.weights, loss.each, loss.mean_logits);
   return fused_head_loss(hidden, targets, projection, chunk, loss.grad_scale);
 }
 
@@ -120,6 +120,8 @@ at::Tensor Executor::weighted_logits_loss(const at::Tensor& logits, const at::Te
                                 "-token vocabulary");
   const at::Tensor ce = -lp.gather(1, t.clamp_min(0).unsqueeze(1)).squeeze(1) * counted;
   loss.each.copy_(ce.detach());
+  if (loss.mean_logits.defined())
+    loss.mean_logits.copy_(logits.detach().reshape({-1, logits.size(-1)}).to(at::kFloat).mean(1));
   loss.computed = true;
   if (!loss.weights.defined()) return ce.detach().sum();
   return (ce * loss.weights.to(ce.device())).sum();

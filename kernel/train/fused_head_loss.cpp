@@ -103,7 +103,7 @@ void accumulate_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& 
 at::Tensor chunked_loss(const at::Tensor& hidden, const at::Tensor& targets,
                         const HeadProjection& p, at::ScalarType dtype, int64_t chunk_rows,
                         double row_scale, HeadGrads& g, const at::Tensor& weights = {},
-                        const at::Tensor& each = {}) {
+                        const at::Tensor& each = {}, const at::Tensor& mean_logits = {}) {
   // Everything below is in explicit dtypes, as linear under autocast would be.
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   at::Tensor w, b;
@@ -150,6 +150,7 @@ at::Tensor chunked_loss(const at::Tensor& hidden, const at::Tensor& targets,
       }
       logits.mul_(cap);
     }
+    if (mean_logits.defined()) mean_logits.narrow(0, i, m).copy_(logits.mean(1));
     // The chunk's gradient is written over its fp32 logits.
     const at::Tensor row_weights = weights.defined() ? weights.narrow(0, i, m) : at::Tensor();
     const at::Tensor losses = cross_entropy_each(
@@ -188,16 +189,18 @@ struct FusedHeadLossFunction : public torch::autograd::Function<FusedHeadLossFun
                             const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                             const at::Tensor& targets, int64_t chunk_rows, double grad_scale,
                             int64_t dtype, const std::optional<at::Tensor>& weights,
-                            const std::optional<at::Tensor>& each, double softcap) {
+                            const std::optional<at::Tensor>& each, double softcap,
+                            const std::optional<at::Tensor>& mean_logits) {
     const HeadProjection p{weight, bias.value_or(at::Tensor()), softcap};
     HeadGrads g;
     g.want_hidden = hidden.requires_grad();
     g.want_weight = weight.requires_grad();
     g.want_bias = p.bias.defined() && p.bias.requires_grad();
     const double count = weights ? 1.0 : counted_rows(targets);
-    const at::Tensor sum = chunked_loss(
-        hidden, targets, p, static_cast<at::ScalarType>(dtype), chunk_rows, grad_scale / count, g,
-        weights.value_or(at::Tensor()), each.value_or(at::Tensor()));
+    const at::Tensor sum =
+        chunked_loss(hidden, targets, p, static_cast<at::ScalarType>(dtype), chunk_rows,
+                     grad_scale / count, g, weights.value_or(at::Tensor()),
+                     each.value_or(at::Tensor()), mean_logits.value_or(at::Tensor()));
     ctx->saved_data["grad_scale"] = grad_scale;
     ctx->saved_data["hidden_dtype"] = static_cast<int64_t>(hidden.scalar_type());
     if (g.hidden.defined()) ctx->saved_data["hidden"] = g.hidden;
@@ -224,7 +227,7 @@ struct FusedHeadLossFunction : public torch::autograd::Function<FusedHeadLossFun
     at::Tensor dh = take("hidden"), dw = take("weight"), db = take("bias");
     const auto hidden_dtype = static_cast<at::ScalarType>(ctx->saved_data["hidden_dtype"].toInt());
     if (dh.defined() && dh.scalar_type() != hidden_dtype) dh = dh.to(hidden_dtype);
-    return {dh,           dw,           db,           at::Tensor(), at::Tensor(),
+    return {dh,           dw,           db,           at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -237,7 +240,8 @@ namespace {
 // checked, the gradient-free path taken where nothing needs a gradient.
 at::Tensor fused_head(const at::Tensor& hidden, const at::Tensor& targets,
                       const HeadProjection& projection, int64_t chunk_rows, double grad_scale,
-                      const at::Tensor& weights, const at::Tensor& each) {
+                      const at::Tensor& weights, const at::Tensor& each,
+                      const at::Tensor& mean_logits) {
   if (chunk_rows <= 0) throw std::invalid_argument("fused loss: chunk_rows must be positive");
   const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});
   const at::Tensor t = targets.reshape({-1}).to(h.device(), at::kLong);
@@ -253,16 +257,18 @@ at::Tensor fused_head(const at::Tensor& hidden, const at::Tensor& targets,
   if (!grad) {
     at::NoGradGuard no_grad;
     HeadGrads none;
-    const at::Tensor sum = chunked_loss(h, t, projection, dtype, chunk_rows, 0.0, none, w, each);
+    const at::Tensor sum =
+        chunked_loss(h, t, projection, dtype, chunk_rows, 0.0, none, w, each, mean_logits);
     return w.defined() ? sum : sum / counted_rows(t);
   }
-  std::optional<at::Tensor> bias, weights_opt, each_opt;
+  std::optional<at::Tensor> bias, weights_opt, each_opt, means_opt;
   if (projection.bias.defined()) bias = projection.bias;
   if (w.defined()) weights_opt = w;
   if (each.defined()) each_opt = each;
+  if (mean_logits.defined()) means_opt = mean_logits;
   return FusedHeadLossFunction::apply(h, projection.weight, bias, t, chunk_rows, grad_scale,
                                       static_cast<int64_t>(dtype), weights_opt, each_opt,
-                                      projection.softcap);
+                                      projection.softcap, means_opt);
 }
 
 }  // namespace
@@ -270,17 +276,20 @@ at::Tensor fused_head(const at::Tensor& hidden, const at::Tensor& targets,
 at::Tensor fused_head_loss(const at::Tensor& hidden, const at::Tensor& targets,
                            const HeadProjection& projection, int64_t chunk_rows,
                            double grad_scale) {
-  return fused_head(hidden, targets, projection, chunk_rows, grad_scale, at::Tensor(),
+  return fused_head(hidden, targets, projection, chunk_rows, grad_scale, at::Tensor(), at::Tensor(),
                     at::Tensor());
 }
 
 at::Tensor fused_head_weighted_loss(const at::Tensor& hidden, const at::Tensor& targets,
                                     const HeadProjection& projection, int64_t chunk_rows,
                                     double grad_scale, const at::Tensor& weights,
-                                    const at::Tensor& each) {
+                                    const at::Tensor& each, const at::Tensor& mean_logits) {
   if (!each.defined() || each.numel() != targets.numel())
     throw std::invalid_argument("fused weighted loss: one loss slot per target");
-  return fused_head(hidden, targets, projection, chunk_rows, grad_scale, weights, each);
+  if (mean_logits.defined() && mean_logits.numel() != targets.numel())
+    throw std::invalid_argument("fused weighted loss: one mean-logit slot per target");
+  return fused_head(hidden, targets, projection, chunk_rows, grad_scale, weights, each,
+                    mean_logits);
 }
 
 }  // namespace tightfit

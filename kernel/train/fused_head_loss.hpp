@@ -48,10 +48,13 @@ at::Tensor fused_head_loss(const at::Tensor& hidden, const at::Tensor& targets,
 // into `each` (fp32, one slot per target, on hidden's device). A preference
 // schedule's pass: the summed log-probabilities of each row are -each's
 // row sums, and weights d loss / d logp make the gradient its loss's.
-// `weights` may be undefined where no gradient is wanted.
+// `weights` may be undefined where no gradient is wanted. `mean_logits`
+// (fp32, one slot per target, when defined) receives each row's logits
+// averaged over the vocabulary, capped as the loss sees them: TRL's
+// logits/chosen and logits/rejected before their mean over the tokens.
 at::Tensor fused_head_weighted_loss(const at::Tensor& hidden, const at::Tensor& targets,
                                     const HeadProjection& projection, int64_t chunk_rows,
                                     double grad_scale, const at::Tensor& weights,
-                                    const at::Tensor& each);
+                                    const at::Tensor& each, const at::Tensor& mean_logits = {});
 
 }  // namespace tightfit

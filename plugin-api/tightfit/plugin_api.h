@@ -925,8 +925,18 @@ typedef struct tf_host_api {
    * such a pass back-propagates into no parameter it read as a copy. The
    * prefix must be one declare_param_copies declared. */
   tf_status (*use_param_copies)(tf_host_context* ctx, const char* prefix);
+  /* Added in 1.19: the next sequence_logps or token_logps call also
+   * measures each position's logits averaged over the vocabulary (capped as
+   * the head caps them): *out receives a new fp32 [B, T] tensor on the CPU
+   * with every position's, the padding's too (0 in a row without a target,
+   * which the pass leaves out), from the same chunks as the log-probs (the
+   * logits are never whole). TRL's DPOTrainer logs their mean over each
+   * side's completion tokens as logits/chosen and logits/rejected. It holds
+   * for one call and runs nothing itself; a call it did not reach (an error
+   * before the pass) leaves *out unwritten. */
+  tf_status (*take_mean_logits)(tf_host_context* ctx, tf_tensor* out);
 
-  void* reserved[4];
+  void* reserved[3];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */

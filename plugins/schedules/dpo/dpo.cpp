@@ -15,6 +15,7 @@
 // The extra gradient-free policy pass costs a forward; it buys a backward
 // that runs through the kernel's own pass (checkpointing, offload,
 // grad_ready, fused updates) unchanged.
+#include <cmath>
 #include <memory>
 
 #include "micro_batches.hpp"
@@ -49,6 +50,9 @@ struct Scores {
   tf_preference::PairLogps reference;  // as the loss uses them
   at::Tensor policy_rows, counts;      // [2P]: the policy's sums; the targets per row
   double terms = 0;  // the model's own loss terms (TRL's aux_loss_coef * aux_loss)
+  // TRL's logits/chosen and logits/rejected: the policy's logits averaged
+  // over each side's completion tokens and the vocabulary.
+  double logits_chosen = std::nan(""), logits_rejected = std::nan("");
 };
 
 // Each pair's log-probs as the loss uses them: a sequence's sum, or its
@@ -70,8 +74,11 @@ Scores score(Dpo& s, const tf_sdk::Batch& b) {
       s.precompute ? s.table.of(b)
                    : s.reference.run(s.host, [&] { return s.passes.reference_logps(b); });
   tf_preference::Terms terms;
-  const tf_sdk::SequenceLogps pol = s.passes.sequence_logps(b, {}, &terms);
+  tf_preference::MeanLogits means;
+  const tf_sdk::SequenceLogps pol = s.passes.sequence_logps(b, {}, &terms, &means);
   r.terms = terms.sum;
+  r.logits_chosen = means.of_side(b.targets(), pairs, 0);
+  r.logits_rejected = means.of_side(b.targets(), pairs, 1);
   r.counts = pol.counts;
   r.policy_rows = pol.logps;
   r.reference = as_used(s, ref.logps, ref.counts, pairs);
@@ -125,6 +132,8 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
           s->passes.sequence_logps(batch, rows.grad() * scale, &terms);
           add_metrics(metrics, r, policy);
           tf_preference::add_terms_metric(metrics, sc.terms);
+          if (std::isfinite(sc.logits_chosen)) metrics["logits/chosen"] = sc.logits_chosen;
+          if (std::isfinite(sc.logits_rejected)) metrics["logits/rejected"] = sc.logits_rejected;
           return r.loss.item<double>() + sc.terms;
         });
     tf_sdk::step_or_skip(s->host, step, s->skipped);

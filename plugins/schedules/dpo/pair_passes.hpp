@@ -19,6 +19,8 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
+
 #include "preference_loss.hpp"
 #include "tightfit/plugin_sdk.hpp"
 
@@ -31,6 +33,24 @@ struct Terms {
   double sum = 0;
 };
 
+// A policy pass's logits averaged over the vocabulary at each position
+// (ABI 1.19's take_mean_logits): fp32 [2P, T]; undefined on an older host.
+// TRL's DPOTrainer logs their mean over each side's completion tokens as
+// logits/chosen and logits/rejected.
+struct MeanLogits {
+  at::Tensor per_token;
+  // The mean over side `side`'s counted targets (0 chosen, 1 rejected);
+  // NaN where there is none or nothing was measured.
+  double of_side(const at::Tensor& targets, int64_t pairs, int64_t side) const {
+    if (!per_token.defined()) return std::nan("");
+    const at::Tensor counted = targets.narrow(0, side * pairs, pairs).to(at::kCPU).ne(kIgnoreIndex);
+    const int64_t n = counted.sum().item<int64_t>();
+    if (n == 0) return std::nan("");
+    return (per_token.narrow(0, side * pairs, pairs) * counted).sum(at::kDouble).item<double>() /
+           static_cast<double>(n);
+  }
+};
+
 class PairPasses {
  public:
   static PairPasses read(const tf_sdk::Host& host) {
@@ -40,22 +60,29 @@ class PairPasses {
   // Each target's log-probability of `targets` (the batch's own when
   // undefined), with the backward of sum weights * logps when `weights`
   // (fp32 [2P, T]) is given; the policy's `terms` taken when concatenated.
+  // With `means`, each position's mean logit too.
   at::Tensor token_logps(const tf_sdk::Batch& b, const at::Tensor& targets = {},
-                         const at::Tensor& weights = {}, Terms* terms = nullptr) const {
+                         const at::Tensor& weights = {}, Terms* terms = nullptr,
+                         MeanLogits* means = nullptr) const {
     if (concatenated_) {
       take(terms);
+      const Measured measured(host_, means);
       return b.token_logps(targets, weights);
     }
     const at::Tensor all = targets.defined() ? targets : b.targets();
     const int64_t pairs = b.pairs();
     at::Tensor sum;
+    MeanLogits side_means[2];
     for (int64_t side = 0; side < 2; ++side) {
       at::Tensor own = at::full_like(all, kIgnoreIndex);
       own.narrow(0, side * pairs, pairs).copy_(all.narrow(0, side * pairs, pairs));
       // The other side's rows score exactly 0: adding them keeps this side's.
+      const Measured measured(host_, means ? &side_means[side] : nullptr);
       const at::Tensor part = b.token_logps(own, weights);
       sum = side == 0 ? part : sum + part;
     }
+    if (means && side_means[0].per_token.defined() && side_means[1].per_token.defined())
+      means->per_token = side_means[0].per_token + side_means[1].per_token;
     return sum;
   }
 
@@ -63,9 +90,10 @@ class PairPasses {
   // Batch::sequence_logps, with the backward of sum row_weights * logps when
   // `row_weights` (fp32 [2P]) is given.
   tf_sdk::SequenceLogps sequence_logps(const tf_sdk::Batch& b, const at::Tensor& row_weights = {},
-                                       Terms* terms = nullptr) const {
+                                       Terms* terms = nullptr, MeanLogits* means = nullptr) const {
     if (concatenated_) {
       take(terms);
+      const Measured measured(host_, means);
       return b.sequence_logps(row_weights);
     }
     const at::Tensor& targets = b.targets();
@@ -73,7 +101,7 @@ class PairPasses {
         row_weights.defined()
             ? row_weights.to(at::kFloat).unsqueeze(1).expand(targets.sizes()).contiguous()
             : at::Tensor();
-    return {token_logps(b, {}, weights).sum(1),
+    return {token_logps(b, {}, weights, nullptr, means).sum(1),
             targets.ne(kIgnoreIndex).sum(1).to(at::kCPU, at::kLong)};
   }
 
@@ -104,6 +132,24 @@ class PairPasses {
     terms->sum = 0;
     host_.take_loss_terms(terms->grad_weight, &terms->sum);
   }
+  // The next pass's mean logits into `means` (when asked), taken from the
+  // host once the pass has run.
+  class Measured {
+   public:
+    Measured(const tf_sdk::Host& host, MeanLogits* means) : means_(means) {
+      if (means_ && host.take_mean_logits(&handle_)) asked_ = true;
+    }
+    ~Measured() {
+      if (asked_ && handle_ != nullptr) means_->per_token = tf_sdk::take(handle_);
+    }
+    Measured(const Measured&) = delete;
+    Measured& operator=(const Measured&) = delete;
+
+   private:
+    MeanLogits* means_;
+    tf_tensor handle_ = nullptr;
+    bool asked_ = false;
+  };
   tf_sdk::Host host_;
   bool concatenated_ = true;
 };

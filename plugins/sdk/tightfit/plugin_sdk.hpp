@@ -335,6 +335,15 @@ class Host {
     check(api_->take_loss_terms(ctx_, grad_weight, sum));
     return true;
   }
+  // ABI 1.19: the next sequence_logps or token_logps call also measures
+  // each position's logits averaged over the vocabulary into *out (fp32
+  // [B, T] on the CPU, every position's; take() it after the call). False
+  // on an older host, which leaves *out unwritten.
+  bool take_mean_logits(tf_tensor* out) const {
+    if (!TF_HAS(api_, tf_host_api, take_mean_logits)) return false;
+    check(api_->take_mean_logits(ctx_, out));
+    return true;
+  }
   // ABI 1.19: frozen copies `prefix` + name of the trainable parameters,
   // which the strategies place as any frozen weight (a schedule's create
   // only); how many. -1 on an older host, which has no copies.
