@@ -391,11 +391,18 @@ at::Tensor Executor::fetch_weight(const std::string& name) {
 // as the stage begins: a tier that leaves them out of the stage's event
 // (TF_PARAM_COPY, as offload does) may read them ahead of their fetch.
 void Executor::expect_stage_copies(int32_t stage) {
-  std::vector<std::string> names;
+  if (const auto it = copied_by_stage_.find(stage); it != copied_by_stage_.end())
+    expect_weights(it->second);
+}
+
+void Executor::use_param_copies(const std::string& prefix) {
+  copies_prefix_ = prefix;
+  if (prefix.empty() || prefix == copied_by_stage_prefix_) return;
+  copied_by_stage_.clear();
   for (const Param& p : store_.all())
-    if (p.stage == stage && !p.copy_of.empty() && p.name.rfind(copies_prefix_, 0) == 0)
-      names.push_back(p.copy_of);
-  expect_weights(names);
+    if (!p.copy_of.empty() && p.name.rfind(prefix, 0) == 0)
+      copied_by_stage_[p.stage].push_back(p.copy_of);
+  copied_by_stage_prefix_ = prefix;
 }
 
 void Executor::expect_weights(const std::vector<std::string>& names) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -173,7 +174,7 @@ class Executor {
 
   // ABI 1.19 use_param_copies: the passes read `prefix` + name wherever
   // such a copy was declared ("": the parameters themselves).
-  void use_param_copies(const std::string& prefix) { copies_prefix_ = prefix; }
+  void use_param_copies(const std::string& prefix);
   // The parameter a pass reads for `name`: its copy while copies are used.
   std::string read_name(const std::string& name) const;
 
@@ -261,6 +262,10 @@ class Executor {
   std::optional<bool> head_extended_;  // head_is_extended, once asked (with adapters on)
   bool adapters_enabled_ = true;
   std::string copies_prefix_;  // use_param_copies
+  // Per stage, the parameters whose copies under copies_prefix_ the stage
+  // reads (their own names), found once when the prefix is set.
+  std::map<int32_t, std::vector<std::string>> copied_by_stage_;
+  std::string copied_by_stage_prefix_;
 };
 
 // Sets a slot for a scope and puts its value back after: the device
