@@ -40,6 +40,8 @@ BOUNDS = {
     "real-lora": 900,
     "dpo": 1200,
     "moe": 1800,
+    "dispatch": 1200,
+    "contention": 1800,
     "llama-cpp": 3000,  # with the one-time llama.cpp build (about 20 minutes on 2 cores)
 }
 

@@ -201,8 +201,11 @@ int run_command(const std::vector<std::string>& args) {
                 << session.plugins().strategies.size() << " strategies\n";
       return kOk;
     }
-    if (rank0)
+    if (rank0) {
       std::cerr << "tightfit: " << recipe.source() << " -> " << session.env().run_dir << "\n";
+      if (session.env().device.is_cpu() && !quiet)
+        std::cerr << "tightfit: " << session.cpu_threads() << "\n";
+    }
     // [run] answer_prompts: the model's answers before training, then after.
     const std::string answer_file = session.env().config.run.answer_prompts;
     std::optional<AnswersBeforeAfter> answers;

@@ -26,6 +26,7 @@
   X(std::string, out_dir, get_string)                        \
   X(int64_t, log_every, get_int)                             \
   X(int64_t, threads, get_int)                               \
+  X(bool, adapt_threads, get_bool)                           \
   X(int64_t, sample_tokens, get_int)                         \
   X(std::string, sample_prompt, get_string)                  \
   X(int64_t, sample_top_k, get_int)                          \

@@ -46,7 +46,14 @@ const std::vector<KeySpec>& run_keys() {
           0, 1e9),
       key("out_dir", TF_VALUE_STRING, "\"runs\"", "folder that holds run folders"),
       key("log_every", TF_VALUE_INT, "10", "steps between progress lines", 1, 1e9),
-      key("threads", TF_VALUE_INT, "0", "intra-op CPU threads; 0 = LibTorch's default", 0, 4096),
+      key("threads", TF_VALUE_INT, "0",
+          "intra-op CPU threads; 0 = one per CPU this process may use (its affinity, capped by "
+          "its cgroup's CPU quota)",
+          0, 4096),
+      key("adapt_threads", TF_VALUE_BOOL, "false",
+          "with threads = 0: between steps, a thread fewer for each of those CPUs other "
+          "processes keep busy, back when they are free (faster on a busy machine; the last "
+          "bits of a run then follow the load)"),
       key("sample_tokens", TF_VALUE_INT, "200", "tokens to sample from the trained model; 0 = none",
           0, 1e6),
       key("sample_prompt", TF_VALUE_STRING, "\"\\n\"", "prompt for the sample"),
@@ -79,9 +86,10 @@ const std::vector<KeySpec>& run_keys() {
       key("debug_nan_at_steps", TF_VALUE_INT_LIST, "[]",
           "testing aid: make the loss NaN once at these steps (0-based)"),
       key("profile_ops", TF_VALUE_BOOL, "false",
-          "record each step's time inside LibTorch operators (op_s) and its wall time "
-          "(step_s) in metrics.jsonl; the rest is time outside LibTorch (about 1 us per op "
-          "extra while on)"),
+          "record each step's time inside LibTorch operators (op_s), its wall time "
+          "(step_s), the operators it dispatched (ops; ops_all with those they ran inside) "
+          "and its reads of device values (host_reads) in metrics.jsonl; the rest of the "
+          "time is outside LibTorch (about 1 us per op extra while on)"),
   };
   return keys;
 }

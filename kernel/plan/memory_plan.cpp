@@ -66,8 +66,9 @@ struct StagePlan {
 struct Baseline {
   CategoryCounts bytes{};
   std::vector<StagePlan> stages;
-  int64_t largest_param = 0;  // the update's workspace is per parameter
-  int64_t live_total = 0;     // all stages' activations were none recomputed
+  int64_t largest_param = 0;   // the update's workspace: a group of parameters'
+  bool low_precision = false;  // a trained parameter is stored in 16 bits
+  int64_t live_total = 0;      // all stages' activations were none recomputed
   int64_t n_params = 0, n_trainable = 0;
   // A fused head's forward: a chunk's logits and the projection's weight
   // gradient, which forward makes and backward hands over.
@@ -102,6 +103,7 @@ Baseline baseline(Session& s) {
     b.bytes[TF_MEM_GRADS] += bytes;
     b.bytes[TF_MEM_OPTIMIZER] += 4 * slots * count;
     b.largest_param = std::max(b.largest_param, count);
+    b.low_precision = b.low_precision || element_bytes(p.dtype) < 4;
     b.stages[st].grads += bytes;
     any_trainable[p.stage >= 0 ? st : 0] = true;
     if (!adapter) {
@@ -384,7 +386,9 @@ MemoryPlan plan_memory(Session& s) {
       if (now > best) best = now, at_block = sp.block;
     }
   } else {
-    const int64_t update = resident + all_grads + 4 * b.largest_param + update_bytes;
+    const int64_t workspace =
+        4 * Optimizer::group_elements(b.largest_param, b.n_trainable, b.low_precision);
+    const int64_t update = resident + all_grads + workspace + update_bytes;
     if (update > best) {
       best = update;
       plan.peak_moment = "update";

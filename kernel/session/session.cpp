@@ -3,10 +3,12 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
 #include "file_util.hpp"
+#include "host_reads.hpp"
 #include "ignore_index.hpp"
 #include "json_output.hpp"
 #include "logging.hpp"
@@ -50,10 +52,21 @@ void Session::log(tf_log_level level, const std::string& message) {
   log_message(level, message);
 }
 
-void Session::write_op_profile(const OpTimer& timer, double wall_s) const {
+void Session::write_op_profile(const OpTimer& timer, double wall_s,
+                               const OpCounter::Counts& last_step) const {
   nlohmann::json ops = nlohmann::json::array();
   for (const auto& [name, s] : timer.by_name()) ops.push_back({{"op", name}, {"seconds", s}});
-  nlohmann::json j = {{"wall_s", wall_s}, {"inside_ops_s", timer.seconds()}, {"ops", ops}};
+  // The last step's dispatched ops by name, most first.
+  std::vector<std::pair<std::string, int64_t>> counts(last_step.outermost_by_name.begin(),
+                                                      last_step.outermost_by_name.end());
+  std::stable_sort(counts.begin(), counts.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  nlohmann::json dispatched = nlohmann::json::array();
+  for (const auto& [name, n] : counts) dispatched.push_back({{"op", name}, {"count", n}});
+  nlohmann::json j = {{"wall_s", wall_s},
+                      {"inside_ops_s", timer.seconds()},
+                      {"ops", ops},
+                      {"last_step_dispatched", dispatched}};
   write_file_synced((fs::path(env_.run_dir) / "profile.json").string(), dump_json(j, 1));
 }
 
@@ -73,19 +86,22 @@ double Session::eval_loss(int64_t batches) {
     return std::nan("");
   }
   double sum = 0;
+  at::Tensor on_device;  // the batches' losses, summed where they are and read once
   for (int64_t i = 0; i < batches; ++i) {
     auto b = data_.batcher().validation(i);
     if (!by_schedule) {
-      sum += executor_
-                 .forward_loss(b.tokens, b.targets, /*training=*/false,
-                               {b.positions, b.attention_mask})
-                 .item<double>();
+      const at::Tensor loss = executor_
+                                  .forward_loss(b.tokens, b.targets, /*training=*/false,
+                                                {b.positions, b.attention_mask})
+                                  .detach()
+                                  .to(at::kDouble);
+      on_device = on_device.defined() ? on_device + loss.to(on_device.device()) : loss;
       continue;
     }
     tf_batch batch{};
     batch.struct_size = sizeof batch;
     batch.n_tokens = b.tokens.numel();
-    batch.n_targets = b.targets.ne(kIgnoreIndex).sum().item<int64_t>();
+    batch.n_targets = count_not_equal(b.targets, kIgnoreIndex);
     batch.pairs = b.pairs;
     batch.tokens = give_handle(b.tokens);
     batch.targets = give_handle(b.targets);
@@ -103,6 +119,7 @@ double Session::eval_loss(int64_t batches) {
     check_plugin_status(st, schedule, "eval_batch");
     sum += r.loss;
   }
+  if (on_device.defined()) sum += read_value(on_device);
   return sum / static_cast<double>(batches);
 }
 

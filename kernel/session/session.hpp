@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_threads.hpp"
 #include "distributed.hpp"
 #include "executor.hpp"
 #include "hf_weights.hpp"
@@ -34,6 +35,7 @@
 #include "kernel_parts.hpp"
 #include "memory_accounting.hpp"
 #include "metrics.hpp"
+#include "op_counter.hpp"
 #include "param_store.hpp"
 #include "plugin_set.hpp"
 #include "process_memory.hpp"
@@ -175,6 +177,8 @@ class Session {
   // --- the parts ---
   const Recipe& recipe() const { return recipe_; }
   const RunEnvironment& env() const { return env_; }
+  // The CPU threads the run chose, and why ("2 threads on 2 CPUs (...)").
+  std::string cpu_threads() const { return cpu_threads_ ? cpu_threads_->describe() : ""; }
   PluginSet& plugins() { return plugins_; }
   ParamStore& store() { return store_; }
   Executor& executor() { return executor_; }
@@ -223,7 +227,8 @@ class Session {
   // any rank), named for a message; "" when all are finite.
   std::string non_finite_training_state();
   // profile.json in the run folder ([run] profile_ops).
-  void write_op_profile(const OpTimer& timer, double wall_s) const;
+  void write_op_profile(const OpTimer& timer, double wall_s,
+                        const OpCounter::Counts& last_step) const;
 
   Recipe recipe_;
   SessionOptions options_;
@@ -243,6 +248,7 @@ class Session {
   std::string weights_base_dir_;  // where a relative [model] weights is looked for
   std::unique_ptr<HfWeightSource> weight_source_;
 
+  std::optional<CpuThreads> cpu_threads_;  // made as the recipe's [run] is read
   MetricsWriter metrics_;
   // The RSS before the session was built (the libraries and runtime), and
   // the most that memory-mapped file pages grew by over the steps.

@@ -74,8 +74,8 @@ void Session::read_kernel_tables() {
       read_save_config(recipe_.validate(recipe_.table("save"), "[save]", save_keys()));
   executor_.inject_nan_at(env_.config.run.debug_nan_at_steps);
   executor_.set_fused_loss(env_.config.run.fused_loss, env_.config.run.loss_chunk_tokens);
-  if (const int64_t threads = env_.config.run.threads; threads > 0)
-    at::set_num_threads(static_cast<int>(threads));
+  cpu_threads_.emplace(env_.config.run.threads, env_.config.run.adapt_threads,
+                       [this](tf_log_level l, const std::string& m) { log(l, m); });
   cpu_block_cache().set_limit(env_.config.run.cpu_block_cache);
 }
 

@@ -9,6 +9,8 @@
 #include <optional>
 
 #include "cuda_memory.hpp"
+#include "host_reads.hpp"
+#include "op_counter.hpp"
 #include "op_timer.hpp"
 #include "plugin_hooks.hpp"
 #include "process_memory.hpp"
@@ -21,6 +23,7 @@ namespace fs = std::filesystem;
 
 void Session::step_begin(int64_t step) {
   MemoryAccounting::instance().clear_refusal();  // one a plugin recovered from is over
+  if (cpu_threads_) cpu_threads_->between_steps();
   StrategyChain(plugins_.strategies).each(TF_STRATEGY_HOOK(step_begin), step);
 }
 
@@ -89,7 +92,12 @@ TrainSummary Session::train() {
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
   std::optional<OpTimer> op_timer;
-  if (env_.config.run.profile_ops) op_timer.emplace();
+  std::optional<OpCounter> op_counter;
+  OpCounter::Counts last_step_ops;
+  if (env_.config.run.profile_ops) {
+    op_timer.emplace();
+    op_counter.emplace();
+  }
   try {
     const int64_t stop_at =
         options_.stop_after_steps >= 0 ? std::min(total, step_ + options_.stop_after_steps) : total;
@@ -97,6 +105,8 @@ TrainSummary Session::train() {
       step_metrics_.clear();
       const auto step_t0 = std::chrono::steady_clock::now();
       const double op_s0 = op_timer ? op_timer->seconds() : 0;
+      const OpCounter::Counts ops0 = op_counter ? op_counter->counts() : OpCounter::Counts{};
+      const int64_t reads0 = host_reads();
       step_begin(step_);
       tf_step_result r{};
       r.struct_size = sizeof r;
@@ -106,6 +116,11 @@ TrainSummary Session::train() {
                                     TF_SCHEDULE_HOOK(run_step), step_, total, &r),
                           schedule, "run_step");
       StrategyChain(plugins_.strategies).each(TF_STRATEGY_HOOK(step_end), step_, r.loss);
+      // The step's own ops and reads, before the loop's bookkeeping.
+      const OpCounter::Counts step_ops =
+          op_counter ? op_counter->counts() - ops0 : OpCounter::Counts{};
+      const int64_t step_reads = host_reads() - reads0;
+      if (op_counter) last_step_ops = step_ops;
       if (!update_.non_finite().empty()) {
         const int64_t bad_step = step_;
         if (handle_non_finite()) {
@@ -137,6 +152,12 @@ TrainSummary Session::train() {
                                         &step_metrics_, process ? &*process : nullptr});
       if (op_timer) {
         rec["op_s"] = op_timer->seconds() - op_s0;
+        // ATen ops dispatched (those the step called; and with the ones they
+        // ran inside), and the reads of device values a GPU would wait for:
+        // the kernel's and every Tensor::item() (a plugin's too).
+        rec["ops"] = step_ops.outermost;
+        rec["ops_all"] = step_ops.all;
+        rec["host_reads"] = step_reads + step_ops.of("aten::_local_scalar_dense");
         rec["step_s"] =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - step_t0).count();
       }
@@ -179,7 +200,7 @@ TrainSummary Session::train() {
       sum.process_memory = describe_process_memory(process_at_start_, *process,
                                                    sum.memory.total_peak, mapped_growth_);
     }
-    if (op_timer && env_.is_rank0()) write_op_profile(*op_timer, sum.wall_s);
+    if (op_timer && env_.is_rank0()) write_op_profile(*op_timer, sum.wall_s, last_step_ops);
     // An interrupted run always saves, so that --resume can continue it.
     if ((env_.config.save.final || step_ < total) && step_ > sum.first_step)
       sum.saved.push_back(save_checkpoint(step_));

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <string>
 
+#include "host_reads.hpp"
+
 namespace tightfit {
 
 int64_t cross_entropy_block_rows(int64_t vocab) {
@@ -56,19 +58,30 @@ at::Tensor mean_loss(const at::Tensor& lse, const at::Tensor& logits, const at::
 
 // The rows whose target counts, as a 0/1 tensor of the logits' dtype, or an
 // undefined tensor when every row counts (the plain mean, bit for bit).
-at::Tensor counted_rows(const at::Tensor& logits, const at::Tensor& targets) {
+// `counted`: how many do, when the caller knows; -1 reads whether any is
+// ignored.
+at::Tensor counted_rows(const at::Tensor& logits, const at::Tensor& targets, int64_t counted) {
+  if (counted == targets.numel()) return {};
   const at::Tensor ignored = targets.eq(kIgnoreIndex);
-  if (!ignored.any().item<bool>()) return {};
+  if (counted < 0 && read_value(ignored.any()) == 0) return {};
   return ignored.logical_not().to(logits.scalar_type());
+}
+
+// The mean's divisor: the counted rows (at least 1), or all of them.
+double mean_divisor(const at::Tensor& counted_mask, int64_t counted, int64_t n) {
+  if (!counted_mask.defined()) return static_cast<double>(n);
+  if (counted >= 0) return std::max(1.0, static_cast<double>(counted));
+  return std::max(1.0, read_value(counted_mask.sum()));
 }
 
 struct CrossEntropyMean : public torch::autograd::Function<CrossEntropyMean> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& logits,
-                            const at::Tensor& targets) {
+                            const at::Tensor& targets, int64_t n_counted) {
     const at::Tensor lse = row_logsumexp(logits);
-    const at::Tensor counted = counted_rows(logits, targets);
+    const at::Tensor counted = counted_rows(logits, targets, n_counted);
     ctx->save_for_backward({logits, targets, lse, counted});
     ctx->saved_data["in_place"] = may_overwrite(logits);
+    ctx->saved_data["n_counted"] = n_counted;
     return mean_loss(lse, logits, targets, counted);
   }
 
@@ -83,8 +96,7 @@ struct CrossEntropyMean : public torch::autograd::Function<CrossEntropyMean> {
     const int64_t n = logits.size(0), rows = cross_entropy_block_rows(logits.size(1));
     // d mean / d logits = (softmax - onehot) / N, times the incoming gradient;
     // with ignored rows, N counts the others and ignored rows get zero.
-    const double count =
-        counted.defined() ? std::max(1.0, counted.sum().item<double>()) : static_cast<double>(n);
+    const double count = mean_divisor(counted, ctx->saved_data["n_counted"].toInt(), n);
     const at::Tensor scale = grads[0].to(logits.scalar_type()) / count;
     for (int64_t i = 0; i < n; i += rows) {
       const int64_t m = std::min(rows, n - i);
@@ -99,7 +111,7 @@ struct CrossEntropyMean : public torch::autograd::Function<CrossEntropyMean> {
       g.scatter_add_(1, targets.clamp_min(0).unsqueeze(1),
                      (-scale * counted).unsqueeze(1).contiguous());
     }
-    return {g, at::Tensor()};
+    return {g, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -133,11 +145,13 @@ at::Tensor cross_entropy_rows(const at::Tensor& logits, const at::Tensor& target
   return cross_entropy_each(logits, targets, grad, grad_scale, at::Tensor()).sum();
 }
 
-at::Tensor cross_entropy_mean(const at::Tensor& logits, const at::Tensor& targets) {
+at::Tensor cross_entropy_mean(const at::Tensor& logits, const at::Tensor& targets,
+                              int64_t counted) {
   // No backward: the same value, with no state kept.
   if (!logits.requires_grad() || !at::GradMode::is_enabled())
-    return mean_loss(row_logsumexp(logits), logits, targets, counted_rows(logits, targets));
-  return CrossEntropyMean::apply(logits, targets);
+    return mean_loss(row_logsumexp(logits), logits, targets,
+                     counted_rows(logits, targets, counted));
+  return CrossEntropyMean::apply(logits, targets, counted);
 }
 
 }  // namespace tightfit

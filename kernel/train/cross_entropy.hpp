@@ -18,8 +18,11 @@ namespace tightfit {
 int64_t cross_entropy_block_rows(int64_t vocab);
 
 // logits [N, V] float, targets [N] int64; the mean over the rows whose target
-// is not kIgnoreIndex (0 when none counts).
-at::Tensor cross_entropy_mean(const at::Tensor& logits, const at::Tensor& targets);
+// is not kIgnoreIndex (0 when none counts). `counted`: how many rows count,
+// when the caller knows it (from the batch, on the host); -1 counts them on
+// the device, with a read.
+at::Tensor cross_entropy_mean(const at::Tensor& logits, const at::Tensor& targets,
+                              int64_t counted = -1);
 
 // One chunk of rows of a loss computed chunk by chunk (the fused head,
 // fused_head_loss.hpp): the sum of the counted rows' losses, a 0-dim fp32

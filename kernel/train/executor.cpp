@@ -12,6 +12,7 @@
 #include <limits>
 #include <optional>
 
+#include "host_reads.hpp"
 #include "plugin_hooks.hpp"
 #include "strategy_chain.hpp"
 #include "tensor_handle.hpp"
@@ -277,13 +278,14 @@ PassResult Executor::run_pass(const at::Tensor& tokens_in, const at::Tensor& tar
     at::AutoGradMode mode(backward);
     loss = forward_loss(tokens, targets_in, /*training=*/true, rows, loss_scale * strategies_scale);
   }
-  r.loss = loss.item<double>();
   if (env_.pg) {
-    // Every rank reports (and its schedule decides on) the global batch's loss.
-    at::Tensor l =
-        at::full({1}, r.loss, at::TensorOptions().dtype(at::kDouble).device(env_.device));
+    // Every rank reports (and its schedule decides on) the global batch's
+    // loss: averaged on the device, then read once.
+    at::Tensor l = loss.detach().to(at::kDouble).reshape({1}).clone();
     env_.pg->all_reduce(l, ReduceOp::Avg);
-    r.loss = l.item<double>();
+    r.loss = read_value(l);
+  } else {
+    r.loss = read_value(loss);
   }
   r.n_tokens = tokens.numel();
   // Testing aid ([run] debug_nan_at_steps): a NaN loss, once per listed step.

@@ -203,6 +203,9 @@ class Executor {
     at::Tensor targets;
     double grad_scale = 1.0;
     bool computed = false;  // the head stage computed the loss (fused)
+    // Targets that count (not kIgnoreIndex), counted on the host when they
+    // came from there; -1: unknown (the loss counts them, with a read).
+    int64_t counted = -1;
     // Set for a weighted loss (sequence_logps): every target's cross-entropy
     // lands in `each` and the loss is sum_t weights[t] * CE_t.
     at::Tensor weights, each;

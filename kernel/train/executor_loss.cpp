@@ -6,6 +6,7 @@
 #include "cross_entropy.hpp"
 #include "executor.hpp"
 #include "fused_head_loss.hpp"
+#include "host_reads.hpp"
 #include "logging.hpp"
 #include "memory_accounting.hpp"
 #include "plugin_hooks.hpp"
@@ -29,14 +30,16 @@ at::Tensor Executor::forward_loss(const at::Tensor& tokens, const at::Tensor& ta
   // A pass (run_pass) has chosen the head already, for its backward too.
   const ScopedAssign<int32_t> head(fused_head_, fused_head_ >= 0 ? fused_head_ : fusable_head());
   LossRequest request{targets, grad_scale};
+  // A batch's targets come from the host: counted there, never read back.
+  if (targets.device().is_cpu()) request.counted = count_not_equal(targets, kIgnoreIndex);
   std::vector<at::Tensor> terms;
   const ScopedAssign<std::vector<at::Tensor>*> collect(pass_terms_, &terms);
   const at::Tensor out = forward_stages(tokens.to(env_.device), training, rows, &request);
   CategoryScope scope(TF_MEM_ACTIVATIONS);
-  at::Tensor loss = request.computed
-                        ? out
-                        : cross_entropy_mean(out.reshape({-1, out.size(-1)}).to(at::kFloat),
-                                             targets.to(out.device()).reshape({-1}));
+  at::Tensor loss = request.computed ? out
+                                     : cross_entropy_mean(
+                                           out.reshape({-1, out.size(-1)}).to(at::kFloat),
+                                           targets.to(out.device()).reshape({-1}), request.counted);
   // The model's own terms (a mixture of experts' load-balancing loss) are
   // the loss's: reported and back-propagated with it.
   for (const at::Tensor& t : terms) loss = loss + t.to(loss.device(), loss.scalar_type());
@@ -96,7 +99,7 @@ at::Tensor Executor::head_loss(int32_t stage, const at::Tensor& hidden, LossRequ
       logits = at::tanh(logits / st.projection_softcap) * st.projection_softcap;
     if (loss.each.defined()) return weighted_logits_loss(logits, targets, loss);
     return cross_entropy_mean(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
-                              targets.reshape({-1}));
+                              targets.reshape({-1}), loss.counted);
   }
   if (!st.projection_bias.empty()) projection.bias = fetch_weight(st.projection_bias);
   projection.softcap = st.projection_softcap;
@@ -104,7 +107,7 @@ at::Tensor Executor::head_loss(int32_t stage, const at::Tensor& hidden, LossRequ
   if (loss.each.defined())
     return fused_head_weighted_loss(hidden, targets, projection, chunk, loss.grad_scale,
                                     loss.weights, loss.each, loss.mean_logits);
-  return fused_head_loss(hidden, targets, projection, chunk, loss.grad_scale);
+  return fused_head_loss(hidden, targets, projection, chunk, loss.grad_scale, loss.counted);
 }
 
 at::Tensor Executor::weighted_logits_loss(const at::Tensor& logits, const at::Tensor& targets,
@@ -114,10 +117,10 @@ at::Tensor Executor::weighted_logits_loss(const at::Tensor& logits, const at::Te
   const at::Tensor lp = at::log_softmax(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), -1);
   const at::Tensor counted = t.ne(kIgnoreIndex).to(at::kFloat);
   // A head without a declared projection: its logits say the vocabulary.
-  if (t.numel() > 0 && t.max().item<int64_t>() >= logits.size(-1))
-    throw std::invalid_argument("a target id " + std::to_string(t.max().item<int64_t>()) +
-                                " is past the head's " + std::to_string(logits.size(-1)) +
-                                "-token vocabulary");
+  if (const int64_t highest = t.numel() > 0 ? static_cast<int64_t>(read_value(t.max())) : -1;
+      highest >= logits.size(-1))
+    throw std::invalid_argument("a target id " + std::to_string(highest) + " is past the head's " +
+                                std::to_string(logits.size(-1)) + "-token vocabulary");
   const at::Tensor ce = -lp.gather(1, t.clamp_min(0).unsqueeze(1)).squeeze(1) * counted;
   loss.each.copy_(ce.detach());
   if (loss.mean_logits.defined())

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "cross_entropy.hpp"
+#include "host_reads.hpp"
 #include "memory_accounting.hpp"
 
 namespace tightfit {
@@ -178,8 +179,10 @@ at::Tensor chunked_loss(const at::Tensor& hidden, const at::Tensor& targets,
 }
 
 // The rows whose target counts (at least 1, as the unfused mean).
+// (A read; a pass counts its batch's targets on the host before they go to
+// the device, and hands the count in.)
 double counted_rows(const at::Tensor& targets) {
-  return static_cast<double>(std::max<int64_t>(1, targets.ne(kIgnoreIndex).sum().item<int64_t>()));
+  return std::max(1.0, read_value(targets.ne(kIgnoreIndex).sum()));
 }
 
 // The mean loss (no `weights`), or the weighted sum of the rows' losses;
@@ -190,13 +193,12 @@ struct FusedHeadLossFunction : public torch::autograd::Function<FusedHeadLossFun
                             const at::Tensor& targets, int64_t chunk_rows, double grad_scale,
                             int64_t dtype, const std::optional<at::Tensor>& weights,
                             const std::optional<at::Tensor>& each, double softcap,
-                            const std::optional<at::Tensor>& mean_logits) {
+                            const std::optional<at::Tensor>& mean_logits, double count) {
     const HeadProjection p{weight, bias.value_or(at::Tensor()), softcap};
     HeadGrads g;
     g.want_hidden = hidden.requires_grad();
     g.want_weight = weight.requires_grad();
     g.want_bias = p.bias.defined() && p.bias.requires_grad();
-    const double count = weights ? 1.0 : counted_rows(targets);
     const at::Tensor sum =
         chunked_loss(hidden, targets, p, static_cast<at::ScalarType>(dtype), chunk_rows,
                      grad_scale / count, g, weights.value_or(at::Tensor()),
@@ -228,7 +230,7 @@ struct FusedHeadLossFunction : public torch::autograd::Function<FusedHeadLossFun
     const auto hidden_dtype = static_cast<at::ScalarType>(ctx->saved_data["hidden_dtype"].toInt());
     if (dh.defined() && dh.scalar_type() != hidden_dtype) dh = dh.to(hidden_dtype);
     return {dh,           dw,           db,           at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -241,7 +243,7 @@ namespace {
 at::Tensor fused_head(const at::Tensor& hidden, const at::Tensor& targets,
                       const HeadProjection& projection, int64_t chunk_rows, double grad_scale,
                       const at::Tensor& weights, const at::Tensor& each,
-                      const at::Tensor& mean_logits) {
+                      const at::Tensor& mean_logits, int64_t counted) {
   if (chunk_rows <= 0) throw std::invalid_argument("fused loss: chunk_rows must be positive");
   const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});
   const at::Tensor t = targets.reshape({-1}).to(h.device(), at::kLong);
@@ -251,6 +253,10 @@ at::Tensor fused_head(const at::Tensor& hidden, const at::Tensor& targets,
   const at::Tensor w =
       weights.defined() ? weights.reshape({-1}).to(h.device(), at::kFloat) : weights;
   const at::ScalarType dtype = compute_dtype(projection.weight);
+  // The mean's divisor: the counted targets, at least 1 (a weighted loss is a sum).
+  const double count = w.defined()    ? 1.0
+                       : counted >= 0 ? std::max(1.0, static_cast<double>(counted))
+                                      : counted_rows(t);
   const bool grad = at::GradMode::is_enabled() &&
                     (h.requires_grad() || projection.weight.requires_grad() ||
                      (projection.bias.defined() && projection.bias.requires_grad()));
@@ -259,7 +265,7 @@ at::Tensor fused_head(const at::Tensor& hidden, const at::Tensor& targets,
     HeadGrads none;
     const at::Tensor sum =
         chunked_loss(h, t, projection, dtype, chunk_rows, 0.0, none, w, each, mean_logits);
-    return w.defined() ? sum : sum / counted_rows(t);
+    return w.defined() ? sum : sum / count;
   }
   std::optional<at::Tensor> bias, weights_opt, each_opt, means_opt;
   if (projection.bias.defined()) bias = projection.bias;
@@ -268,16 +274,16 @@ at::Tensor fused_head(const at::Tensor& hidden, const at::Tensor& targets,
   if (mean_logits.defined()) means_opt = mean_logits;
   return FusedHeadLossFunction::apply(h, projection.weight, bias, t, chunk_rows, grad_scale,
                                       static_cast<int64_t>(dtype), weights_opt, each_opt,
-                                      projection.softcap, means_opt);
+                                      projection.softcap, means_opt, count);
 }
 
 }  // namespace
 
 at::Tensor fused_head_loss(const at::Tensor& hidden, const at::Tensor& targets,
-                           const HeadProjection& projection, int64_t chunk_rows,
-                           double grad_scale) {
+                           const HeadProjection& projection, int64_t chunk_rows, double grad_scale,
+                           int64_t counted) {
   return fused_head(hidden, targets, projection, chunk_rows, grad_scale, at::Tensor(), at::Tensor(),
-                    at::Tensor());
+                    at::Tensor(), counted);
 }
 
 at::Tensor fused_head_weighted_loss(const at::Tensor& hidden, const at::Tensor& targets,
@@ -288,8 +294,8 @@ at::Tensor fused_head_weighted_loss(const at::Tensor& hidden, const at::Tensor& 
     throw std::invalid_argument("fused weighted loss: one loss slot per target");
   if (mean_logits.defined() && mean_logits.numel() != targets.numel())
     throw std::invalid_argument("fused weighted loss: one mean-logit slot per target");
-  return fused_head(hidden, targets, projection, chunk_rows, grad_scale, weights, each,
-                    mean_logits);
+  return fused_head(hidden, targets, projection, chunk_rows, grad_scale, weights, each, mean_logits,
+                    /*counted=*/-1);
 }
 
 }  // namespace tightfit

@@ -39,8 +39,11 @@ int64_t fused_loss_chunk_rows(int64_t vocab, int64_t requested);
 // backward: `grad_scale` is the factor the loss will be multiplied by before
 // backward (loss scaling, gradient accumulation), which the gradients
 // computed in forward carry so that 16-bit ones keep their range.
+// `counted`: how many targets are not kIgnoreIndex when the caller knows it
+// (from the batch, on the host); -1 counts them here, with a read.
 at::Tensor fused_head_loss(const at::Tensor& hidden, const at::Tensor& targets,
-                           const HeadProjection& projection, int64_t chunk_rows, double grad_scale);
+                           const HeadProjection& projection, int64_t chunk_rows, double grad_scale,
+                           int64_t counted = -1);
 
 // The same chunks for a loss that weighs each target: sum_t weights[t] *
 // CE_t (weights fp32, one per target; 0 where ignored), with its backward

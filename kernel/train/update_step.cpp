@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "host_reads.hpp"
 #include "memory_accounting.hpp"
 #include "plugin_hooks.hpp"
 #include "strategy_chain.hpp"
@@ -42,20 +43,23 @@ int64_t UpdateStep::take_param_step(const std::string& name) {
   return param_step(name);
 }
 
-void UpdateStep::update_param(Param& p, const at::Tensor& grad) {
-  const int64_t step = take_param_step(p.name);
-  // optimizer_info's step is this parameter's while its update runs.
+bool UpdateStep::offer_to_strategies(Param& p, const at::Tensor& grad) {
+  // optimizer_info's step is this parameter's while a strategy updates it.
   updating_ = &p.name;
   struct Reset {
     const std::string*& slot;
     ~Reset() { slot = nullptr; }
   } reset{updating_};
   // Strategies that keep the state themselves (8-bit AdamW, offloaded state)
-  // update where it lives; otherwise the kernel's optimizer does.
-  if (StrategyChain(plugins_.strategies)
-          .first_handled(TF_STRATEGY_HOOK(optimizer_step_param), p.name.c_str(),
-                         borrow_handle(p.value), borrow_handle(grad), optimizer_->lr()) < 0)
-    optimizer_->update(p, grad, step);
+  // update where it lives.
+  return StrategyChain(plugins_.strategies)
+             .first_handled(TF_STRATEGY_HOOK(optimizer_step_param), p.name.c_str(),
+                            borrow_handle(p.value), borrow_handle(grad), optimizer_->lr()) >= 0;
+}
+
+void UpdateStep::update_param(Param& p, const at::Tensor& grad) {
+  const int64_t step = take_param_step(p.name);
+  if (!offer_to_strategies(p, grad)) optimizer_->update(p, grad, step);
 }
 
 void UpdateStep::count_steps_sat_out(const std::vector<Param*>& params) {
@@ -89,8 +93,10 @@ tf_status UpdateStep::optimizer_step() {
   std::vector<Param*> params = store_.trainable();
   if (executor_.applied_loss_scale() != 1.0) {
     at::NoGradGuard no_grad;
+    std::vector<at::Tensor> grads;
     for (Param* p : params)
-      if (p->value.grad().defined()) p->value.mutable_grad().div_(executor_.applied_loss_scale());
+      if (p->value.grad().defined()) grads.push_back(p->value.grad());
+    if (!grads.empty()) at::_foreach_div_(grads, executor_.applied_loss_scale());
   }
   const bool scaled = executor_.applied_loss_scale() != 1.0;
   executor_.clear_applied_loss_scale();
@@ -106,9 +112,20 @@ tf_status UpdateStep::optimizer_step() {
     std::vector<std::string> bad;
     {
       at::NoGradGuard no_grad;
+      std::vector<Param*> with_grads;
+      std::vector<at::Tensor> finite;  // one flag per gradient, read together
       for (Param* p : params)
-        if (p->value.grad().defined() && !p->value.grad().isfinite().all().item<bool>())
-          bad.push_back(p->name);
+        if (p->value.grad().defined()) {
+          with_grads.push_back(p);
+          finite.push_back(p->value.grad().isfinite().all());
+          if (finite.back().device() != finite.front().device())  // stages on several devices
+            finite.back() = finite.back().to(finite.front().device());
+        }
+      if (!finite.empty()) {
+        const std::vector<double> flags = read_values(at::stack(finite));
+        for (size_t i = 0; i < flags.size(); ++i)
+          if (flags[i] == 0) bad.push_back(with_grads[i]->name);
+      }
     }
     std::string where;
     for (size_t i = 0; i < std::min<size_t>(bad.size(), 3); ++i) where += (i ? ", " : "") + bad[i];
@@ -131,10 +148,17 @@ tf_status UpdateStep::optimizer_step() {
     bool& flag;
     ~Done() { flag = false; }
   } done{in_optimizer_step_};
+  // What no strategy updates goes to the optimizer together: a group of
+  // parameters per launch instead of one.
+  std::vector<Optimizer::Item> items;
   for (Param* p : params) {
     const at::Tensor& g = p->value.grad();
-    if (g.defined()) update_param(*p, g);
+    if (!g.defined()) continue;
+    const int64_t step = take_param_step(p->name);
+    if (!offer_to_strategies(*p, g))
+      items.push_back({p->value, p->decays(), g, optimizer_->slots_of(*p), step});
   }
+  optimizer_->update_many(items);
   StrategyChain(plugins_.strategies).each(TF_STRATEGY_HOOK(apply_held_grads), clip.scale);
   count_steps_sat_out(params);
   return TF_OK;

@@ -77,6 +77,9 @@ class UpdateStep {
   // One parameter's update: a strategy's optimizer_step_param or the kernel's,
   // with the parameter's own step count.
   void update_param(Param& p, const at::Tensor& grad);
+  // Offers one parameter's update (take_param_step taken) to the
+  // strategies' optimizer_step_param; whether one took it.
+  bool offer_to_strategies(Param& p, const at::Tensor& grad);
   // After a step's updates: each of `params` not updated in it sat it out.
   void count_steps_sat_out(const std::vector<Param*>& params);
   // The finiteness of each step's unscaled gradients, reported to the

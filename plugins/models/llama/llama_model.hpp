@@ -86,14 +86,19 @@ struct Llama {
     return host.linear(x, w + ".weight", biased ? w + ".bias" : std::string());
   }
 
+  // (A cast to the dtype a tensor has is an op all the same: skipped.)
+  static at::Tensor as(const at::Tensor& x, at::ScalarType dtype) {
+    return x.scalar_type() == dtype ? x : x.to(dtype);
+  }
+
   at::Tensor rms_norm(const at::Tensor& x, const std::string& weight) const {
     // In fp32, as the reference does, then back to the activations' dtype.
-    at::Tensor xf = x.to(at::kFloat);
+    at::Tensor xf = as(x, at::kFloat);
     xf = xf * at::rsqrt(xf.pow(2).mean(-1, true) + s.rms_eps);
     // Gemma scales before the cast, by 1 + w (its weights start at zero).
     if (s.unit_offset_norm)
-      return (xf * (1.0 + host.weight(weight).to(at::kFloat))).to(x.scalar_type());
-    return host.weight(weight) * xf.to(x.scalar_type());
+      return as(xf * (1.0 + as(host.weight(weight), at::kFloat)), x.scalar_type());
+    return host.weight(weight) * as(xf, x.scalar_type());
   }
 
   at::Tensor act(const at::Tensor& x) const {
@@ -108,9 +113,52 @@ struct Llama {
   at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
     const int64_t R = cos.size(-1);
     if (R < x.size(-1)) return at::cat({rope(x.slice(-1, 0, R), cos, sin), x.slice(-1, R)}, -1);
-    const int64_t half = R / 2;
-    at::Tensor rotated = at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+    const std::vector<at::Tensor> halves = x.chunk(2, -1);  // one op, and one in backward
+    const at::Tensor rotated = at::cat({-halves[1], halves[0]}, -1);
     return x * cos + rotated * sin;
+  }
+
+  // cos and sin of the rotary angles ([.., T, R], the attention scaling
+  // applied, in `dtype`), made once a pass: every layer of it asks for the
+  // same ones (a checkpointed layer's recompute too).
+  struct RotaryTables {
+    const at::Tensor* inv_freq = nullptr;
+    at::Tensor positions;  // held, so that no other tensor takes its place
+    int64_t version = 0, pos0 = -1, T = -1;
+    at::ScalarType dtype = at::kFloat;
+    at::Tensor cos, sin;
+  };
+  mutable RotaryTables rotary_tables_[2];  // the rotary's, and the local one's
+  std::pair<at::Tensor, at::Tensor> rotary_cos_sin(bool local_rope, const at::Tensor& positions,
+                                                   int64_t pos0, int64_t T,
+                                                   at::ScalarType dtype) const {
+    const Rope& r = local_rope ? local : rotary;
+    const at::Tensor& freqs = inv_freq(r, positions, pos0 + T);
+    RotaryTables& c = rotary_tables_[local_rope ? 1 : 0];
+    const bool same =
+        c.inv_freq == &freqs && c.dtype == dtype && c.pos0 == pos0 && c.T == T &&
+        (positions.defined() ? c.positions.is_same(positions) && c.version == positions._version()
+                             : !c.positions.defined());
+    if (same) return {c.cos, c.sin};
+    const at::Tensor pos = positions.defined()  // [B, 1, T] or [T]
+                               ? positions.unsqueeze(1).to(at::kFloat)
+                               : at::arange(pos0, pos0 + T, at::kFloat);
+    const at::Tensor angles = pos.to(freqs.device()).unsqueeze(-1) * freqs;  // [.., T, R/2]
+    const at::Tensor emb = at::cat({angles, angles}, -1);
+    at::Tensor cos = emb.cos(), sin = emb.sin();
+    if (r.attention_scaling != 1.0) {
+      cos = cos * r.attention_scaling;
+      sin = sin * r.attention_scaling;
+    }
+    c = {&freqs,
+         positions,
+         positions.defined() ? positions._version() : 0,
+         pos0,
+         T,
+         dtype,
+         as(cos, dtype),
+         as(sin, dtype)};
+    return {c.cos, c.sin};
   }
 
   // The keys each query may see: T queries at positions pos0.. over S keys
@@ -124,10 +172,21 @@ struct Llama {
     return tf_sdk::causal_mask(T, S, pos0, window ? s.sliding_window : 0, device);
   }
 
-  // Attention of q [B, H, T, D] over k, v [B, H, S, D] in layer l.
-  at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t l,
+  // Attention of q [B, H, T, D] over k, v [B, KVH, S, D] in layer l: each
+  // key/value head serves H / KVH query heads.
+  at::Tensor attend(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in, int64_t l,
                     int64_t pos0, const at::Tensor& positions) const {
-    const int64_t T = q.size(2), S = k.size(2);
+    const int64_t T = q.size(2), S = k_in.size(2), groups = q.size(1) / k_in.size(1);
+    // LibTorch's CPU attention serves grouped heads itself (enable_gqa: the
+    // same values and gradients bit for bit, two copies and their backward
+    // fewer); elsewhere, and for the spelled-out softcap, the heads are
+    // repeated, as not every device's kernel takes them grouped.
+    const bool grouped = groups > 1 && q.device().is_cpu() && s.attn_softcap <= 0;
+    at::Tensor k = k_in, v = v_in;
+    if (groups > 1 && !grouped) {
+      k = k.repeat_interleave(groups, 1);
+      v = v.repeat_interleave(groups, 1);
+    }
     const bool window = s.windowed(l) && s.sliding_window < S;
     const std::optional<double> scale =
         s.query_pre_attn_scalar > 0
@@ -143,12 +202,13 @@ struct Llama {
       return at::matmul(at::softmax(scores, -1, at::kFloat).to(q.scalar_type()), v);
     }
     if (!positions.defined() && pos0 == 0 && !window)
-      return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, scale);
+      return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, scale, grouped);
     if (!positions.defined() && T == 1 && !window)  // one new query sees every key
-      return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/false, scale);
+      return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/false, scale,
+                                              grouped);
     return at::scaled_dot_product_attention(
         q, k, v, allowed_keys(T, S, pos0, window, positions, q.device()), 0.0,
-        /*is_causal=*/false, scale);
+        /*is_causal=*/false, scale, grouped);
   }
 
   // `cache`: null in training; in decoding, the keys and values so far
@@ -186,19 +246,7 @@ struct Llama {
     q = q.transpose(1, 2);
     k = k.transpose(1, 2);
     const int64_t pos0 = cache ? cache->length : 0;
-    const at::Tensor pos = positions.defined()  // [B, 1, T] or [T]
-                               ? positions.unsqueeze(1).to(at::kFloat)
-                               : at::arange(pos0, pos0 + T, at::kFloat);
-    const Rope& r = s.local_rope(l) ? local : rotary;
-    const at::Tensor angles = pos.to(r.inv_freq.device()).unsqueeze(-1) *
-                              inv_freq(r, positions, pos0 + T);  // [.., T, R/2]
-    at::Tensor emb = at::cat({angles, angles}, -1);
-    at::Tensor cos = emb.cos(), sin = emb.sin();
-    if (r.attention_scaling != 1.0) {
-      cos = cos * r.attention_scaling;
-      sin = sin * r.attention_scaling;
-    }
-    cos = cos.to(q.scalar_type()), sin = sin.to(q.scalar_type());
+    const auto [cos, sin] = rotary_cos_sin(s.local_rope(l), positions, pos0, T, q.scalar_type());
     q = rope(q, cos, sin);
     k = rope(k, cos, sin);
     if (cache) {
@@ -207,10 +255,6 @@ struct Llama {
       ck = ck.defined() ? at::cat({ck, k}, 2) : k;
       cv = cv.defined() ? at::cat({cv, v}, 2) : v;
       k = ck, v = cv;
-    }
-    if (KVH != H) {  // each key/value head serves H / KVH query heads
-      k = k.repeat_interleave(H / KVH, 1);
-      v = v.repeat_interleave(H / KVH, 1);
     }
     at::Tensor y = attend(q, k, v, l, pos0, positions);
     return proj(y.transpose(1, 2).reshape({B, T, H * D}), l, "self_attn.o_proj", s.o_bias);

@@ -60,8 +60,9 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
   // Activation bytes per token autograd keeps (for `plan`). RMSNorm keeps
   // its fp32 input (a copy unless the activations are fp32), the normalized
   // value and the scaled output (the projections' input); attention keeps
-  // rotated q, k and v as attention sees them (repeated for grouped
-  // heads: H D each) and its output (H D), Qwen3's per-head norms their
+  // rotated q, k and v as attention sees them (H D, KVH D, KVH D where the
+  // CPU's attention serves grouped heads itself; repeated elsewhere, H D
+  // each: Llama::attend) and its output (H D), Qwen3's per-head norms their
   // fp32 inputs; the MLP its input's gate, up, silu(gate)
   // and their product (4 I). Small fp32 statistics round it off.
   // Frozen, a norm keeps only its fp32 input and the MLP gate's input, silu
@@ -81,12 +82,15 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
   const int64_t moe_I = s.top_k * Ie + Is;
   const int64_t moe_extra = E * (elt + 4) + s.top_k * 2 * C * elt + (Is > 0 ? 2 * C * elt : 0);
   auto mlp_width = [&](int64_t l) { return s.has_experts(l) ? moe_I : I; };
+  const bool grouped = KV < Q && s.attn_softcap <= 0 && info.device != nullptr &&
+                       std::string(info.device).rfind("cpu", 0) == 0;
+  const int64_t attention = grouped ? 2 * elt * (Q + KV) : 4 * elt * Q;
   auto block_bytes = [&](int64_t l) {
-    return n_norms * rms_norm_bytes + 4 * elt * Q + 4 * elt * mlp_width(l) + extra +
+    return n_norms * rms_norm_bytes + attention + 4 * elt * mlp_width(l) + extra +
            (s.has_experts(l) ? moe_extra : 0);
   };
   auto frozen_block_bytes = [&](int64_t l) {
-    return n_norms * frozen_norm_bytes + 4 * elt * Q + 3 * elt * mlp_width(l) + extra +
+    return n_norms * frozen_norm_bytes + attention + 3 * elt * mlp_width(l) + extra +
            (s.has_experts(l) ? moe_extra : 0);
   };
   // Gradients alive at once at the peak of a block's backward, measured:

@@ -29,7 +29,10 @@ struct FusedUpdate {
   bool clip = true;
   double max_norm = 1.0;
   double previous_norm = -1;  // < 0: none yet
-  double sum_sq = 0;          // this step's gradients so far
+  // This step's gradients' squared norms so far, summed on the device and
+  // read once, at the step's end (a read per parameter would wait for the
+  // device each time).
+  at::Tensor sum_sq;
 };
 
 tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
@@ -48,8 +51,8 @@ tf_status grad_ready(void* state, tf_host_context* ctx, const char* name, tf_ten
     const auto [index, count] = s->host.micro_batch();
     if (index + 1 < count) return TF_NOT_HANDLED;  // keep accumulating
     const at::Tensor& grad = tf_sdk::borrow(grad_h);
-    const double n = grad.detach().norm().item<double>();
-    s->sum_sq += n * n;
+    const at::Tensor n = grad.detach().norm().to(at::kDouble);
+    s->sum_sq = s->sum_sq.defined() ? s->sum_sq + (n * n).to(s->sum_sq.device()) : n * n;
     double scale = 1.0;
     if (s->clip && s->previous_norm > s->max_norm) scale = s->max_norm / (s->previous_norm + 1e-6);
     s->host.optimizer_apply(name, grad, scale);
@@ -60,8 +63,8 @@ tf_status grad_ready(void* state, tf_host_context* ctx, const char* name, tf_ten
 tf_status step_end(void* state, tf_host_context* ctx, int64_t, double) {
   auto* s = static_cast<FusedUpdate*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    s->previous_norm = std::sqrt(s->sum_sq);
-    s->sum_sq = 0;
+    s->previous_norm = s->sum_sq.defined() ? std::sqrt(s->sum_sq.item<double>()) : 0.0;
+    s->sum_sq = at::Tensor();
     s->host.log_metric("grad_norm", s->previous_norm);
     return TF_OK;
   });

@@ -1,0 +1,64 @@
+#include "cpu_threads.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <sstream>
+
+namespace tightfit {
+
+CpuThreads::CpuThreads(int64_t threads, bool adapt, Log log)
+    : cpus_(usable_cpus()),
+      fixed_(threads > 0),
+      adapt_(adapt && threads <= 0),
+      log_(std::move(log)),
+      load_(cpus_.ids),
+      last_look_(std::chrono::steady_clock::now()) {
+  set(fixed_ ? static_cast<int>(threads) : cpus_.count);
+}
+
+void CpuThreads::set(int threads) {
+  threads_ = std::max(1, threads);
+  if (at::get_num_threads() != threads_) at::set_num_threads(threads_);
+}
+
+std::string CpuThreads::describe() const {
+  std::ostringstream os;
+  os << threads_ << (threads_ == 1 ? " thread" : " threads") << " on " << cpus_.describe();
+  if (fixed_) os << ", [run] threads";
+  if (adapt_) os << ", following the machine's load ([run] adapt_threads)";
+  return os.str();
+}
+
+void CpuThreads::look(double others_busy) {
+  const int fit = threads_beside(cpus_.count, others_busy);
+  if (fit < cpus_.count && !warned_) {
+    warned_ = true;
+    std::ostringstream os;
+    os << "other processes keep about " << std::round(others_busy * 10) / 10 << " of this run's "
+       << cpus_.count << " CPUs busy: ";
+    if (adapt_)
+      os << "training on " << fit << " of " << cpus_.count
+         << " threads while they do ([run] adapt_threads)";
+    else
+      os << "its " << threads_
+         << " threads wait on each other behind them, and steps may take several times "
+            "longer; [run] adapt_threads = true uses a thread fewer for each CPU taken";
+    log_(TF_LOG_WARN, os.str());
+  }
+  if (adapt_ && fit != threads_) {
+    if (warned_ && fit > threads_)
+      log_(TF_LOG_INFO, "CPUs free again: " + std::to_string(fit) + " threads");
+    set(fit);
+  }
+}
+
+void CpuThreads::between_steps() {
+  if (!adapt_ && warned_) return;  // nothing more to say or do
+  const auto now = std::chrono::steady_clock::now();
+  if (now - last_look_ < std::chrono::seconds(1)) return;
+  last_look_ = now;
+  if (const std::optional<double> others = load_.others_busy()) look(*others);
+}
+
+}  // namespace tightfit
