@@ -81,7 +81,7 @@ std::vector<at::Tensor> pick(const std::vector<at::Tensor>& list, const std::vec
 }  // namespace
 
 int64_t Optimizer::group_elements(int64_t largest, int64_t total, bool low) {
-  constexpr int64_t kCap = int64_t{1} << 22, kGroups = 8;
+  constexpr int64_t kCap = int64_t{1} << 22, kGroups = 32;
   if (low) return largest;
   return std::max(largest, std::min(kCap, (total + kGroups - 1) / kGroups));
 }

@@ -54,7 +54,7 @@ class Optimizer {
   // (fp32 denominators; working copies of low-precision values) stay
   // within what the plan counts for the update.
   void update_many(const std::vector<Item>& items);
-  // The elements of one group: the largest parameter's, or an eighth of all
+  // The elements of one group: the largest parameter's, or a 32nd of all
   // of them (at most 4M: 16 MiB of fp32 workspace) when that is more, so that
   // many small parameters (LoRA's adapters) take a few launches, not one
   // each. Low-precision values group by the largest alone: their fp32
