@@ -1,0 +1,86 @@
+// The CPUs a run may use and how busy other processes keep them: the facts
+// [run] threads = 0 and [run] adapt_threads choose LibTorch's thread count
+// from (kernel/train/cpu_threads.hpp). bench/run contention measures what
+// the choice does to a step beside busy processes.
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "cpu_load.hpp"
+#include "cpu_threads.hpp"
+
+namespace tightfit {
+namespace {
+
+TEST(CpuThreads, ACpuCountsAsTakenFromThreeQuartersBusy) {
+  EXPECT_EQ(threads_beside(2, 0.0), 2);
+  EXPECT_EQ(threads_beside(2, 0.5), 2);  // shared now and then: still a thread
+  EXPECT_EQ(threads_beside(2, 0.8), 1);
+  EXPECT_EQ(threads_beside(2, 1.9), 1);  // never fewer than one
+  EXPECT_EQ(threads_beside(8, 2.76), 5);
+  EXPECT_EQ(threads_beside(1, 5.0), 1);
+}
+
+TEST(CpuThreads, UsableCpusAreTheAffinitySetCappedByTheQuota) {
+  const UsableCpus u = usable_cpus();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  EXPECT_EQ(static_cast<int>(u.ids.size()), CPU_COUNT(&set));
+  EXPECT_GE(u.count, 1);
+  EXPECT_LE(u.count, static_cast<int>(u.ids.size()));
+  if (u.quota > 0) {
+    EXPECT_LE(u.count, static_cast<int>(u.quota) + 1);
+  }
+  EXPECT_NE(u.describe().find(std::to_string(u.count) + " CPU"), std::string::npos) << u.describe();
+}
+
+// A child process that spins for a second shows as about one CPU busy;
+// this process's own spinning thread never counts as another's.
+TEST(CpuThreads, LoadCountsOtherProcessesNotThisOne) {
+  const UsableCpus u = usable_cpus();
+  CpuLoad load(u.ids);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    volatile uint64_t x = 0;
+    while (std::chrono::steady_clock::now() < end) x = x + 1;
+    _exit(0);
+  }
+  (void)load.others_busy();  // from here
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  const std::optional<double> busy = load.others_busy();
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  ASSERT_TRUE(busy.has_value());
+  EXPECT_GE(*busy, 0.5) << "a spinning child process";
+  EXPECT_LE(*busy, static_cast<double>(u.ids.size()) + 1e-9);
+}
+
+TEST(CpuThreads, AFixedCountIsSetAndSaid) {
+  const int before = at::get_num_threads();
+  {
+    CpuThreads t(3, /*adapt=*/true, [](tf_log_level, const std::string&) {});
+    EXPECT_EQ(at::get_num_threads(), 3);
+    EXPECT_EQ(t.threads(), 3);
+    // A fixed count does not adapt (adapt_threads is for threads = 0).
+    EXPECT_NE(t.describe().find("3 threads"), std::string::npos) << t.describe();
+    EXPECT_NE(t.describe().find("[run] threads"), std::string::npos) << t.describe();
+    EXPECT_EQ(t.describe().find("following"), std::string::npos) << t.describe();
+  }
+  {
+    CpuThreads t(0, /*adapt=*/false, [](tf_log_level, const std::string&) {});
+    EXPECT_EQ(at::get_num_threads(), usable_cpus().count);
+  }
+  at::set_num_threads(before);
+}
+
+}  // namespace
+}  // namespace tightfit
