@@ -14,6 +14,7 @@
 
 #include "cpu_load.hpp"
 #include "cpu_threads.hpp"
+#include "test_support.hpp"
 
 namespace tightfit {
 namespace {
@@ -80,6 +81,18 @@ TEST(CpuThreads, AFixedCountIsSetAndSaid) {
     EXPECT_EQ(at::get_num_threads(), usable_cpus().count);
   }
   at::set_num_threads(before);
+}
+
+// A recipe that both fixes the count and asks it to follow the load is
+// refused by name, not half done.
+TEST(CpuThreads, AFixedCountThatShouldAdaptIsRefused) {
+  test::TempDir dir;
+  std::string text = test::tiny_recipe(test::write_corpus(dir), dir.str() + "/out");
+  text.replace(text.find("log_every = 1000"), 16,
+               "log_every = 1000\nthreads = 2\nadapt_threads = true");
+  const std::string error = test::recipe_error(text);
+  EXPECT_NE(error.find("adapt_threads = true"), std::string::npos) << error;
+  EXPECT_NE(error.find("threads = 2"), std::string::npos) << error;
 }
 
 }  // namespace

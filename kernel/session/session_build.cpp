@@ -74,6 +74,14 @@ void Session::read_kernel_tables() {
       read_save_config(recipe_.validate(recipe_.table("save"), "[save]", save_keys()));
   executor_.inject_nan_at(env_.config.run.debug_nan_at_steps);
   executor_.set_fused_loss(env_.config.run.fused_loss, env_.config.run.loss_chunk_tokens);
+  // A fixed count does not follow the load: asking for both is refused, not
+  // half done.
+  if (env_.config.run.adapt_threads && env_.config.run.threads > 0)
+    throw RecipeError(recipe_.source() +
+                      ": [run] adapt_threads = true follows the machine's load "
+                      "from one thread per usable CPU, and threads = " +
+                      std::to_string(env_.config.run.threads) +
+                      " fixes the count: set threads = 0 to adapt, or adapt_threads = false");
   cpu_threads_.emplace(env_.config.run.threads, env_.config.run.adapt_threads,
                        [this](tf_log_level l, const std::string& m) { log(l, m); });
   cpu_block_cache().set_limit(env_.config.run.cpu_block_cache);
