@@ -1,6 +1,7 @@
 // LoRA and quantize: adapters train while the base stays frozen; int8 and NF4
 // storage round-trip within their bounds and shrink the weights; QLoRA trains
 // and resumes exactly; bad combinations are recipe errors.
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,7 +21,7 @@ namespace {
 const std::vector<float> kNf4(nf4::kLevels.begin(), nf4::kLevels.end());
 
 class QloraTest : public ::testing::Test {
- protected:
+ public:
   test::TempDir dir;
   std::string corpus = test::write_corpus(dir);
   std::string recipe(const std::string& strategies, const std::string& out = "") const {
@@ -205,13 +206,13 @@ TEST(Nf4Codec, CpuLoopsMatchTheTensorOpsBitForBit) {
     }
 }
 
-TEST_F(QloraTest, CompactLinearGivesTheGradientsOfTheDequantizedWeights) {
-  // Same adapters over (a) NF4 storage through the kernel's compact linear and
-  // (b) dense copies of the dequantized weights through the ordinary linear.
-  auto q = test::make_session(
-      recipe(lora("[\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]") + quant("nf4")));
-  auto d =
-      test::make_session(recipe(lora("[\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]")));
+// Same adapters over (a) NF4 storage through the kernel's compact linear and
+// (b) dense copies of the dequantized weights through the ordinary linear,
+// with `extra` strategies after both.
+void expect_compact_gradients_equal_dense(QloraTest& t, const std::string& extra) {
+  const std::string targets = "[\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]";
+  auto q = test::make_session(t.recipe(QloraTest::lora(targets) + QloraTest::quant("nf4") + extra));
+  auto d = test::make_session(t.recipe(QloraTest::lora(targets) + extra));
   {
     at::NoGradGuard no_grad;
     for (Param& p : d->store().all()) {
@@ -232,6 +233,28 @@ TEST_F(QloraTest, CompactLinearGivesTheGradientsOfTheDequantizedWeights) {
     EXPECT_LE((gq - gd).abs().max().item<double>() / (gd.abs().max().item<double>() + 1e-12), 1e-5)
         << p->name;
   }
+}
+
+TEST_F(QloraTest, CompactLinearGivesTheGradientsOfTheDequantizedWeights) {
+  expect_compact_gradients_equal_dense(*this, "");
+}
+
+// Under autocast an NF4 weight is decoded straight to bf16 (forward, and the
+// backward's fetch in the gradient's dtype), which is the cast of its fp32
+// values: the step equals the dense run's whose fp32 weights autocast casts.
+TEST_F(QloraTest, UnderAutocastTheCompactWeightIsServedInTheAutocastDtype) {
+  const std::string autocast = "[[strategy]]\nplugin = \"precision\"\nmode = \"autocast\"\n";
+  expect_compact_gradients_equal_dense(*this, autocast);
+  auto s = test::make_session(recipe(lora() + quant("nf4") + autocast));
+  const std::string name = "model.layers.0.mlp.gate_proj.weight";
+  const at::Tensor fp32 = s->executor().fetch_weight(name);
+  ASSERT_EQ(fp32.scalar_type(), at::kFloat);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  const at::Tensor bf16 = s->executor().fetch_weight(name);
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  EXPECT_EQ(bf16.scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(at::equal(bf16, fp32.to(at::kBFloat16)));
 }
 
 TEST_F(QloraTest, Nf4WeightsTakeAtMostSixteenPercentOfFp32) {

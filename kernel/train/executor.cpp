@@ -4,6 +4,7 @@
 // re-run a stage in backward) relies on.
 #include "executor.hpp"
 
+#include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -105,6 +106,34 @@ at::Tensor in_dtype_of(const at::Tensor& x, const at::Tensor& w) {
   return x.to(w.scalar_type());
 }
 
+// Autocast on in a reduced float dtype for a fetch in backward, where it is
+// off: a compact weight decodes straight to the dtype it is used in there.
+class AutocastWhileFetching {
+ public:
+  explicit AutocastWhileFetching(const at::Tensor& grad)
+      : device_(grad.device().type()),
+        on_((grad.scalar_type() == at::kBFloat16 || grad.scalar_type() == at::kHalf) &&
+            !at::autocast::is_autocast_enabled(device_)) {
+    if (!on_) return;
+    dtype_before_ = at::autocast::get_autocast_dtype(device_);
+    at::autocast::set_autocast_dtype(device_, grad.scalar_type());
+    at::autocast::set_autocast_enabled(device_, true);
+  }
+  ~AutocastWhileFetching() {
+    if (!on_) return;
+    at::autocast::set_autocast_enabled(device_, false);
+    at::autocast::set_autocast_dtype(device_, dtype_before_);
+    at::autocast::clear_cache();
+  }
+  AutocastWhileFetching(const AutocastWhileFetching&) = delete;
+  AutocastWhileFetching& operator=(const AutocastWhileFetching&) = delete;
+
+ private:
+  at::DeviceType device_;
+  bool on_;
+  at::ScalarType dtype_before_ = at::kBFloat16;
+};
+
 // y = x W^T for a frozen weight stored compact: the dequantized W is fetched
 // again in backward instead of being kept by autograd.
 struct CompactLinear : public torch::autograd::Function<CompactLinear> {
@@ -119,7 +148,13 @@ struct CompactLinear : public torch::autograd::Function<CompactLinear> {
                                                  torch::autograd::variable_list grads) {
     auto* executor = reinterpret_cast<Executor*>(ctx->saved_data["executor"].toInt());
     CategoryScope scope(TF_MEM_TRANSIENT);
-    const at::Tensor w = executor->fetch_weight(ctx->saved_data["weight"].toStringRef());
+    at::Tensor w;
+    {
+      // The weight in the gradient's dtype: under autocast of that dtype a
+      // strategy may serve it so directly (fetch_weight), as in the forward.
+      AutocastWhileFetching autocast(grads[0]);
+      w = executor->fetch_weight(ctx->saved_data["weight"].toStringRef());
+    }
     return {grads[0].matmul(w.to(grads[0].device(), grads[0].scalar_type())), at::Tensor(),
             at::Tensor()};
   }

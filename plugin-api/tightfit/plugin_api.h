@@ -1011,6 +1011,8 @@ typedef struct tf_strategy_vtable {
 
   /* Produce the dense compute weight for a parameter in a format this
    * strategy owns, or fetched from its tier. stored: borrowed; *out new.
+   * While autocast is on for the stored tensor's device, an fp32 parameter
+   * may be served in the autocast dtype (what linear computes in there).
    * TF_NOT_HANDLED = not this strategy's parameter. */
   tf_status (*fetch_weight)(void* state, tf_host_context* ctx, const char* name, tf_tensor stored,
                             tf_tensor* out);

@@ -12,6 +12,8 @@
 //
 // The kernel's linear keeps only the compact form for backward (it fetches the
 // weight again there), so a dequantized copy lives only while a projection runs.
+#include <ATen/autocast_mode.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -256,10 +258,18 @@ tf_status fetch_weight(void* state, tf_host_context* ctx, const char* name, tf_t
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const at::Tensor& codes = tf_sdk::borrow(stored);
     const Quantized& q = it->second;
+    // Under autocast an fp32 weight goes straight to the dtype linear would
+    // cast it to (the ABI lets a fetch serve the autocast dtype): NF4's one
+    // rounding of the same fp32 product, so the same bits, without the fp32
+    // copy and the cast's pass over it (a sixth of a 7B QLoRA step).
+    const at::DeviceType device = codes.device().type();
+    const at::ScalarType dtype = q.dtype == at::kFloat && at::autocast::is_autocast_enabled(device)
+                                     ? at::autocast::get_autocast_dtype(device)
+                                     : q.dtype;
     at::Tensor w = s->format == "gguf"
-                       ? s->host.decode_blocks(q.ggml_type, codes, q.shape[1]).to(q.dtype)
-                   : s->format == "int8" ? dequantize_int8(codes, q).to(q.dtype)
-                                         : dequantize_nf4(*s, codes, q, q.dtype);
+                       ? s->host.decode_blocks(q.ggml_type, codes, q.shape[1]).to(dtype)
+                   : s->format == "int8" ? dequantize_int8(codes, q).to(dtype)
+                                         : dequantize_nf4(*s, codes, q, dtype);
     *out = tf_sdk::give(w.view(q.shape));
     return TF_OK;
   });
