@@ -42,6 +42,7 @@ BOUNDS = {
     "moe": 1800,
     "dispatch": 1200,
     "contention": 1800,
+    "first-step": 3600,  # a 30B set-up and step: about 9 minutes here
     "llama-cpp": 3000,  # with the one-time llama.cpp build (about 20 minutes on 2 cores)
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <boost/program_options.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -148,6 +149,10 @@ int run_command(const std::vector<std::string>& args) {
 
   std::optional<MemoryPlan> plan;  // the planner's prediction, when there is one
   try {
+    const auto started = std::chrono::steady_clock::now();
+    auto seconds_since_start = [&] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    };
     Recipe recipe = Recipe::load(recipe_path);
     if (vm.count("add-strategy"))
       for (const auto& p : vm["add-strategy"].as<std::vector<std::string>>())
@@ -193,6 +198,7 @@ int run_command(const std::vector<std::string>& args) {
         }
       };
     Session session(recipe, registry, so);
+    const double setup_s = seconds_since_start();  // the model built, converted and placed
     if (so.dry_run) {
       std::cout << recipe.source() << ": valid; model " << session.plugins().model.plugin->name
                 << ", " << session.store().count_params(false) << " parameters ("
@@ -210,6 +216,7 @@ int run_command(const std::vector<std::string>& args) {
     const std::string answer_file = session.env().config.run.answer_prompts;
     std::optional<AnswersBeforeAfter> answers;
     if (!answer_file.empty()) answers.emplace(session, answer_file, recipe.source());
+    const double train_from_s = seconds_since_start();
     TrainSummary s = session.train();
     if (!rank0) return kOk;
 
@@ -224,6 +231,10 @@ int run_command(const std::vector<std::string>& args) {
     std::cout << buf;
     if (!s.data.empty()) std::cout << "data          " << s.data << "\n";
     std::cout << "throughput    " << rate(s.tokens_per_s) << " tokens/s\n";
+    if (!std::isnan(s.first_step_s))
+      std::cout << "first step    done " << duration(train_from_s + s.first_step_s)
+                << " after start (set-up " << duration(setup_s)
+                << ": the model built, converted and placed)\n";
     std::cout << "peak memory   " << format_bytes(s.memory.total_peak) << " total; "
               << memory_line(s.memory, true) << "\n";
     if (plan) {

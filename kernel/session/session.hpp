@@ -71,6 +71,9 @@ struct TrainSummary {
   int64_t first_step = 0, steps_run = 0, total_steps = 0;
   double final_loss = 0, val_loss = 0, unigram_entropy = 0, tokens_per_s = 0, wall_s = 0;
   double best_val_loss = std::numeric_limits<double>::quiet_NaN();  // over eval_interval evals
+  // Seconds from train()'s start to the end of this invocation's first step
+  // (NaN when none ran): with the set-up before it, the time to first step.
+  double first_step_s = std::numeric_limits<double>::quiet_NaN();
   int64_t backward_passes = 0;
   std::vector<double> losses;
   MemorySnapshot memory;  // peaks over the run

@@ -139,6 +139,7 @@ TrainSummary Session::train() {
       sum.losses.push_back(r.loss);
       const double elapsed =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (std::isnan(sum.first_step_s)) sum.first_step_s = elapsed;
       const MemorySnapshot mem = env_.memory_snapshot();
       const std::optional<ProcessMemory> process = read_process_memory();
       if (process) {
