@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "file_util.hpp"
@@ -168,6 +169,28 @@ TEST_F(CliTest, PlanJudgesAgainstTheRecipesOwnBudget) {
       << out;
   EXPECT_EQ(test::run_tightfit("plan " + recipe + " --set run.memory_budget=4GiB", &out), 0) << out;
   EXPECT_NE(out.find("(run.memory_budget): fits"), std::string::npos) << out;
+}
+
+// plan says which precision is fast on this CPU, from matmuls it times now:
+// a ratio of bf16's time to fp32's, and what it means for a 16-bit stack.
+TEST_F(CliTest, PlanSaysWhichPrecisionIsFastOnThisCpu) {
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("plan " + recipe, &out), 0) << out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      out, m,
+      std::regex("precision     a bf16 matmul takes ([0-9.]+)x the time of an fp32 one on this "
+                 "CPU \\([0-9]+ x 1024 x 1024, measured now\\): ([^\\n]+)")))
+      << out;
+  const double ratio = std::stod(m[1].str());
+  EXPECT_GT(ratio, 0.0);
+  const std::string verdict = ratio <= 0.9   ? "saves time here as well as memory"
+                              : ratio <= 1.5 ? "saves memory here, not time"
+                                             : "this CPU emulates bf16";
+  EXPECT_NE(m[2].str().find(verdict), std::string::npos) << out;
+  // --json stays the plan alone.
+  ASSERT_EQ(test::run_tightfit("plan " + recipe + " --json 2>/dev/null", &out), 0) << out;
+  EXPECT_EQ(out.find("bf16 matmul"), std::string::npos) << out;
 }
 
 // plan --add-strategy plans the recipe with the strategy appended, as run

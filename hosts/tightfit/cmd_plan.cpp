@@ -1,6 +1,8 @@
 // `tightfit plan recipe.toml [--budget 16GiB] [--json]`: the memory a
 // recipe's training step will hold, by category and tier, before anything is
 // allocated (the recipe is composed as `run --dry-run` does).
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -9,6 +11,7 @@
 #include "commands.hpp"
 #include "gpu_table.hpp"
 #include "logging.hpp"
+#include "machine_rates.hpp"
 #include "memory_plan.hpp"
 #include "plugin_loader.hpp"
 #include "recipe.hpp"
@@ -63,6 +66,29 @@ nlohmann::json plan_json(const MemoryPlan& p) {
     j["contributions"].push_back(e);
   }
   return j;
+}
+
+// Which precision is fast on this CPU, measured now at the recipe's rows:
+// some CPUs compute bf16 natively (AVX-512 BF16, AMX) and some emulate it at
+// several times fp32's time, which decides whether a 16-bit stack saves time
+// as well as memory (`tightfit fit` prices stacks from the same rates).
+void print_cpu_precision_speed(int64_t rows) {
+  const int64_t m = std::max<int64_t>(rows, 1);
+  const MatmulRates r = measure_matmul_rates(at::Device(at::kCPU), {m}, 1024, 1024);
+  const double fp32 = r.fp32_flops.at(m), bf16 = r.bf16_flops.at(m);
+  if (!(fp32 > 0) || !(bf16 > 0)) return;
+  // Rounded as printed, so that the figure and the verdict agree.
+  const double time_ratio = std::round(fp32 / bf16 * 100) / 100;
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, "%.2f", time_ratio);
+  std::cout << "precision     a bf16 matmul takes " << ratio
+            << "x the time of an fp32 one on this CPU (" << std::min<int64_t>(m, 2048)
+            << " x 1024 x 1024, measured now): "
+            << (time_ratio <= 0.9   ? "16-bit compute (precision) saves time here as well as memory"
+                : time_ratio <= 1.5 ? "16-bit compute saves memory here, not time"
+                                    : "this CPU emulates bf16: 16-bit compute saves memory and "
+                                      "costs time here")
+            << "\n";
 }
 
 // `budget_from`: "--budget" or "run.memory_budget", named beside the verdict.
@@ -270,10 +296,14 @@ int plan_command(const std::vector<std::string>& args) {
       print_gpu_table(recipe, registry, plan, gpus);
       return kOk;
     }
-    if (vm.count("json"))
+    if (vm.count("json")) {
       std::cout << plan_json(plan).dump(2) << "\n";
-    else
+    } else {
       print_plan(recipe.source(), plan, budget, budget_from);
+      if (session.env().device.is_cpu())
+        print_cpu_precision_speed(session.env().run_info.batch_size *
+                                  session.env().run_info.seq_len);
+    }
     return budget > 0 && plan.budget_need() > budget ? kOutOfBudget : kOk;
   } catch (const std::exception&) {
     return report_current_error();

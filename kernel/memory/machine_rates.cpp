@@ -89,19 +89,9 @@ double MachineRates::matmul_flops(int64_t rows, bool bf16) const {
   return best->second;
 }
 
-MachineRates measure_machine_rates(const at::Device& device, const std::vector<int64_t>& rows,
-                                   int64_t k, int64_t n, const std::string& scratch_dir) {
-  // The rates are those of the device the recipe names; a GPU recipe's
-  // cannot be measured on a machine without that GPU.
-  if (device.is_cuda() && !cuda_device_usable(device.has_index() ? device.index() : 0))
-    throw std::runtime_error("the rates of " + device.str() +
-                             " are measured on it, and no such CUDA device is available here: "
-                             "run fit on the machine with the GPU, or check that a stack fits "
-                             "with `tightfit plan RECIPE --budget SIZE` (no rates needed)");
-  MachineRates r;
-  r.device = device.str();
-  r.threads = at::get_num_threads();
-  r.ram_available = mem_available();
+MatmulRates measure_matmul_rates(const at::Device& device, const std::vector<int64_t>& rows,
+                                 int64_t k, int64_t n) {
+  MatmulRates r;
   const auto opts = at::TensorOptions().device(device);
   // Matmuls as a linear does them: [rows, k] x [k, n]. Capped shapes keep
   // the measurement short; the rate has levelled off well before the caps.
@@ -123,6 +113,26 @@ MachineRates measure_machine_rates(const at::Device& device, const std::vector<i
       (bf16 ? r.bf16_flops : r.fp32_flops)[m] = 2.0 * static_cast<double>(mm * k * n) / s;
     }
   }
+  return r;
+}
+
+MachineRates measure_machine_rates(const at::Device& device, const std::vector<int64_t>& rows,
+                                   int64_t k, int64_t n, const std::string& scratch_dir) {
+  // The rates are those of the device the recipe names; a GPU recipe's
+  // cannot be measured on a machine without that GPU.
+  if (device.is_cuda() && !cuda_device_usable(device.has_index() ? device.index() : 0))
+    throw std::runtime_error("the rates of " + device.str() +
+                             " are measured on it, and no such CUDA device is available here: "
+                             "run fit on the machine with the GPU, or check that a stack fits "
+                             "with `tightfit plan RECIPE --budget SIZE` (no rates needed)");
+  MachineRates r;
+  r.device = device.str();
+  r.threads = at::get_num_threads();
+  r.ram_available = mem_available();
+  MatmulRates matmuls = measure_matmul_rates(device, rows, k, n);
+  r.fp32_flops = std::move(matmuls.fp32_flops);
+  r.bf16_flops = std::move(matmuls.bf16_flops);
+  const auto opts = at::TensorOptions().device(device);
   // A smaller micro-batch is never more efficient: what looks so is timing
   // noise (on a busy machine), which would otherwise rank stacks.
   for (auto* m : {&r.fp32_flops, &r.bf16_flops}) {

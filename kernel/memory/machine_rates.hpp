@@ -34,6 +34,15 @@ struct MachineRates {
   double matmul_flops(int64_t rows, bool bf16) const;
 };
 
+// Matmul FLOP/s of [rows, k] x [k, n] on `device` for each row count, fp32
+// and bf16 (k and n capped so one measurement takes well under a second):
+// which precision is fast here, as a cuBLAS workspace probe is measured.
+struct MatmulRates {
+  std::map<int64_t, double> fp32_flops, bf16_flops;
+};
+MatmulRates measure_matmul_rates(const at::Device& device, const std::vector<int64_t>& rows,
+                                 int64_t k, int64_t n);
+
 // Measures the rates on `device` with matmuls of rows x k x n for each row
 // count in `rows` (k and n capped so one measurement takes well under a
 // second), using `scratch_dir` for the disk measurements (a file is written
