@@ -72,8 +72,11 @@ TEST(CrashSafety, KilledRunsAlwaysResumeFromACompleteCheckpoint) {
   test::TempDir dir;
   std::string text = test::tiny_recipe(test::write_corpus(dir), dir.str() + "/runs", "",
                                        "[save]\nevery = 1\nkeep_last = 2\n");
-  // Enough steps that no run finishes before its kill.
-  const int64_t steps = 60 * kills;
+  // Enough steps that no run finishes before its kill: a run is killed at
+  // most 150 ms (about 5 steps) after its first new save, so the 10 kills
+  // use 10-60 steps. (60 a kill made the uninterrupted run and the final
+  // resume, each a save a step, two of this test's 138 s.)
+  const int64_t steps = 15 * kills;
   text.replace(text.find("steps = 4"), 9, "steps = " + std::to_string(steps));
   const std::string recipe = test::write_file(dir, "r.toml", text);
   const std::string log = dir.str() + "/run.log";
