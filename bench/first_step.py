@@ -26,7 +26,7 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from tightfit_runs import ROOT, TIGHTFIT, finish, report_marks  # noqa: E402
+from tightfit_runs import ROOT, finish, report_marks, run_args  # noqa: E402
 
 RECIPES = [
     ("GPT-2 1.5B", "gpt2-1.5b-8gib.toml", []),
@@ -50,12 +50,8 @@ def seconds(text: str) -> float:
 
 def first_step(recipe: str, sets: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        args = [str(TIGHTFIT), "run", str(ROOT / "configs" / recipe), "--quiet",
-                "--set", "run.steps=1", "--set", f"run.out_dir={out}", "--set", "run.name=m",
-                "--set", "run.sample_tokens=0", "--set", "run.eval_batches=0",
-                "--set", "save.final=false", "--set", "save.every=0", "--set", "save.hf=false"]
-        for s in sets:
-            args += ["--set", s]
+        # The recipe's own budget stays: the set-up it plans for is the one timed.
+        args = run_args(str(ROOT / "configs" / recipe), out, 1, sets, keep_budget=True)
         t0 = time.monotonic()
         p = subprocess.run(args, capture_output=True, text=True)
         wall = time.monotonic() - t0

@@ -32,6 +32,20 @@ def step_times(rows: list[dict]) -> list[float]:
     return [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(rows, rows[1:])]
 
 
+def run_args(recipe: str, out: str, steps: int, sets: list[str], keep_budget: bool = False) -> list[str]:
+    """`tightfit run` of a recipe for a few steps into `out`/m, quiet, nothing
+    sampled, evaluated or saved; the recipe's memory budget off unless kept."""
+    args = [str(TIGHTFIT), "run", recipe, "--quiet",
+            "--set", f"run.steps={steps}", "--set", f"run.out_dir={out}", "--set", "run.name=m",
+            "--set", "run.sample_tokens=0", "--set", "run.eval_batches=0",
+            "--set", "save.final=false", "--set", "save.every=0", "--set", "save.hf=false"]
+    if not keep_budget:
+        args += ["--set", "run.memory_budget=0"]
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
 def run(recipe: str, sets: list[str], steps: int = 3, text: str = "") -> dict:
     """Runs a recipe (a configs/ file, or `text` when given) for a few steps
     with nothing saved; its last metrics row, plus the peak less the data
@@ -41,12 +55,7 @@ def run(recipe: str, sets: list[str], steps: int = 3, text: str = "") -> dict:
         if text:
             recipe = str(pathlib.Path(out) / "recipe.toml")
             pathlib.Path(recipe).write_text(text)
-        args = [str(TIGHTFIT), "run", str(ROOT / "configs" / recipe), "--quiet",
-                "--set", f"run.steps={steps}", "--set", f"run.out_dir={out}", "--set", "run.name=m",
-                "--set", "run.sample_tokens=0", "--set", "run.eval_batches=0", "--set", "run.memory_budget=0",
-                "--set", "save.final=false", "--set", "save.every=0", "--set", "save.hf=false"]
-        for s in sets:
-            args += ["--set", s]
+        args = run_args(str(ROOT / "configs" / recipe), out, steps, sets)
         p = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if p.returncode != 0:
             raise RuntimeError(f"{' '.join(args)} failed:\n{p.stderr[-4000:]}")

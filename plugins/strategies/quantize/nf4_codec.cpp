@@ -101,6 +101,15 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) float block_absmax_
   return any_nan ? std::numeric_limits<float>::quiet_NaN() : m;
 }
 
+// The absmax and codes of a block of T: fp32 blocks in the vector clones.
+template <typename T>
+float absmax_of(const T* x, int64_t len) {
+  if constexpr (std::is_same_v<T, float>)
+    return block_absmax_f32(x, len);
+  else
+    return block_absmax(x, len);
+}
+
 template <typename T>
 void block_codes(const T* x, int64_t len, float a, uint8_t* codes) {
   if constexpr (std::is_same_v<T, float>) {
@@ -127,11 +136,7 @@ void encode_cpu(const T* x, int64_t n, int64_t block, float* absmax, uint8_t* pa
       const int64_t b_begin = r * run, b_end = std::min(n_blocks, b_begin + run);
       for (int64_t b = b_begin; b < b_end; ++b) {
         const int64_t begin = b * block, len = std::min(n, begin + block) - begin;
-        float a;
-        if constexpr (std::is_same_v<T, float>)
-          a = block_absmax_f32(x + begin, len);
-        else
-          a = block_absmax(x + begin, len);
+        const float a = absmax_of(x + begin, len);
         absmax[b] = std::isnan(a) ? a : static_cast<float>(static_cast<T>(std::max(a, 1e-12f)));
         uint8_t* c = codes.data() + (b - b_begin) * block;
         block_codes(x + begin, len, absmax[b], c);
