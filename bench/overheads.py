@@ -4,6 +4,8 @@ GPT-2 124M, batch 4 x seq 256, AdamW, fp32, a few steps of each recipe.
 
   checkpoint        recomputing every block in backward, against plain
   fused_update      updating each block as its gradients arrive, against plain
+  fused AdamW       [optimizer] fused = true (LibTorch's fused kernel, one pass
+                    over each parameter), against plain's multi-tensor update
   offload prefetch  LoRA with the frozen block weights on disk, read back
                     0, 1 or 2 stages ahead on a background thread, against the
                     same LoRA recipe with them in memory (compute-bound: the
@@ -45,10 +47,11 @@ def strategy(plugin: str, **keys) -> str:
 
 
 LORA = strategy("lora", rank=16)
-CASES = [  # name, strategies, the case it is compared with
+CASES = [  # name, strategies, the case it is compared with[, keys set]
     ("plain", "", None),
     ("checkpoint", strategy("checkpoint"), "plain"),
     ("fused_update", strategy("fused_update"), "plain"),
+    ("fused AdamW", "", "plain", ["optimizer.fused=true"]),
     ("lora", LORA, None),
     ("lora + base on disk, prefetch 0", LORA + strategy("offload", params="disk", prefetch=0), "lora"),
     ("lora + base on disk, prefetch 1", LORA + strategy("offload", params="disk", prefetch=1), "lora"),
@@ -93,13 +96,14 @@ def main() -> int:
     results = {}
     print(f"GPT-2 124M, batch 4 x 256, AdamW, fp32, {args.steps} steps each; fastest step after the first")
     print(f"{'recipe':46}{'step s':>8}{'ratio':>8}  against")
-    for name, strategies, against in CASES:
+    for name, strategies, against, *keys in CASES:
+        sets = BASE + (keys[0] if keys else [])
         cold = args.cold and "disk" in name
         if cold:
             with ColdCache():
-                r = run("", BASE, steps=args.steps, text=RECIPE + strategies)
+                r = run("", sets, steps=args.steps, text=RECIPE + strategies)
         else:
-            r = run("", BASE, steps=args.steps, text=RECIPE + strategies)
+            r = run("", sets, steps=args.steps, text=RECIPE + strategies)
         ratio = r["best_step_s"] / results[against]["best_step_s"] if against else 1.0
         results[name] = {"best_step_s": r["best_step_s"], "times": r["times"], "ratio": ratio,
                          "against": against, "peak_without_data": r["peak_without_data"], "loss": r["loss"],

@@ -63,7 +63,8 @@
   X(double, beta2, get_double)        \
   X(double, eps, get_double)          \
   X(double, momentum, get_double)     \
-  X(double, grad_clip, get_double)
+  X(double, grad_clip, get_double)    \
+  X(bool, fused, get_bool)
 
 #define TF_SAVE_CONFIG(X)         \
   X(int64_t, every, get_int)      \

@@ -146,6 +146,10 @@ const std::vector<KeySpec>& optimizer_keys() {
       key("eps", TF_VALUE_FLOAT, "1e-8", "AdamW epsilon", 0, 1),
       key("momentum", TF_VALUE_FLOAT, "0.0", "SGD momentum", 0, 1),
       key("grad_clip", TF_VALUE_FLOAT, "1.0", "clip the global gradient norm; 0 = off", 0, 1e9),
+      key("fused", TF_VALUE_BOOL, "false",
+          "AdamW in LibTorch's fused kernel (torch.optim.AdamW(fused=True): one pass over a "
+          "parameter, its gradient and moments); rounds a few last bits otherwise than the "
+          "default multi-tensor update"),
   };
   return keys;
 }

@@ -72,6 +72,10 @@ void Session::read_kernel_tables() {
       recipe_.validate(recipe_.table("optimizer"), "[optimizer]", optimizer_keys()));
   env_.config.save =
       read_save_config(recipe_.validate(recipe_.table("save"), "[save]", save_keys()));
+  if (env_.config.optimizer.fused && env_.config.optimizer.name != "adamw")
+    throw RecipeError(recipe_.source() + ": [optimizer] fused = true is AdamW's fused kernel; " +
+                      env_.config.optimizer.name +
+                      " has none here: set name = \"adamw\" or fused = false");
   executor_.inject_nan_at(env_.config.run.debug_nan_at_steps);
   executor_.set_fused_loss(env_.config.run.fused_loss, env_.config.run.loss_chunk_tokens);
   // A fixed count does not follow the load: asking for both is refused, not

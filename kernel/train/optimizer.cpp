@@ -163,6 +163,8 @@ void Optimizer::update_group(const std::vector<Item>& items, size_t begin, size_
       grads = bufs;
     }
     at::_foreach_add_(params, grads, -lr_);
+  } else if (cfg_.fused) {
+    fused_adamw(params, grads, slot(0), slot(1), steps, decaying);
   } else {
     std::vector<at::Tensor> m = slot(0), v = slot(1);
     // Decoupled weight decay (Loshchilov & Hutter): p <- p (1 - lr wd).
@@ -185,6 +187,37 @@ void Optimizer::update_group(const std::vector<Item>& items, size_t begin, size_
     at::_foreach_addcdiv_(params, m, denom, step_size);
   }
   if (!low_values.empty()) at::_foreach_copy_(low_values, low_params);
+}
+
+void Optimizer::fused_adamw(const std::vector<at::Tensor>& params,
+                            const std::vector<at::Tensor>& grads, const std::vector<at::Tensor>& m,
+                            const std::vector<at::Tensor>& v, const std::vector<int64_t>& steps,
+                            const std::vector<size_t>& decaying) {
+  // One call per device and weight decay, as torch.optim.AdamW(fused=True)
+  // makes one per device and parameter group; its step counts are fp32
+  // scalars on the parameters' device, made there (no copy from the host).
+  std::vector<bool> decays(params.size(), false);
+  for (const size_t j : decaying) decays[j] = true;
+  std::vector<bool> done(params.size(), false);
+  for (size_t first = 0; first < params.size(); ++first) {
+    if (done[first]) continue;
+    std::vector<at::Tensor> p, g, m1, v1, step;
+    for (size_t i = first; i < params.size(); ++i) {
+      if (done[i] || decays[i] != decays[first] || params[i].device() != params[first].device())
+        continue;
+      done[i] = true;
+      p.push_back(params[i]);
+      g.push_back(grads[i]);
+      m1.push_back(m[i]);
+      v1.push_back(v[i]);
+      step.push_back(
+          at::full({}, static_cast<double>(steps[i]), params[i].options().dtype(at::kFloat)));
+    }
+    at::_fused_adamw_(p, g, m1, v1, {}, step, lr_, cfg_.beta1, cfg_.beta2,
+                      decays[first] ? cfg_.weight_decay : 0.0, cfg_.eps, /*amsgrad=*/false,
+                      /*maximize=*/false);
+    ++fused_launches_;
+  }
 }
 
 int64_t Optimizer::state_bytes() const {

@@ -72,6 +72,8 @@ class Optimizer {
                          const std::vector<at::Tensor*>& slots, int64_t step);
   // AdamW: exp_avg, exp_avg_sq; SGD with momentum: momentum_buffer; else none.
   std::vector<std::string> slot_names() const;
+  // Calls of the fused kernel so far ([optimizer] fused).
+  int64_t fused_launches() const { return fused_launches_; }
 
   // State tensors by "<param>.<slot>" (exp_avg, exp_avg_sq, momentum_buffer).
   std::map<std::string, at::Tensor>& state() { return state_; }
@@ -80,10 +82,20 @@ class Optimizer {
  private:
   // update_many's items [begin, end), in one launch per operation.
   void update_group(const std::vector<Item>& items, size_t begin, size_t end);
+  // [optimizer] fused: a group's AdamW in LibTorch's fused kernel
+  // (_fused_adamw_, what torch.optim.AdamW(fused=True) calls), one pass over
+  // each parameter instead of eight multi-tensor ones. Not bit for bit the
+  // multi-tensor update: it lerps the first moment and divides sqrt(v) by
+  // sqrt(1 - beta2^t) where the default takes sqrt(v / (1 - beta2^t)), each
+  // a last-bit rounding.
+  void fused_adamw(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+                   const std::vector<at::Tensor>& m, const std::vector<at::Tensor>& v,
+                   const std::vector<int64_t>& steps, const std::vector<size_t>& decaying);
 
   OptimizerConfig cfg_;
   double lr_;
   int64_t steps_ = 0;
+  int64_t fused_launches_ = 0;
   std::map<std::string, at::Tensor> state_;
 };
 

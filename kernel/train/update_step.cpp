@@ -160,6 +160,16 @@ tf_status UpdateStep::optimizer_step() {
   }
   optimizer_->update_many(items);
   StrategyChain(plugins_.strategies).each(TF_STRATEGY_HOOK(apply_held_grads), clip.scale);
+  // (Since the last step's end: fused_update's updates run in the
+  // backward, ZeRO's held parts after the rest.)
+  if (optimizer_->config().fused && optimizer_->fused_launches() == fused_seen_ &&
+      !params.empty() && !warned_fused_unused_) {
+    warned_fused_unused_ = true;
+    log_(TF_LOG_WARN,
+         "[optimizer] fused = true updates nothing in this run: the strategies update every "
+         "trained parameter themselves (8-bit AdamW keeps its own state); drop the key");
+  }
+  fused_seen_ = optimizer_->fused_launches();
   count_steps_sat_out(params);
   return TF_OK;
 }

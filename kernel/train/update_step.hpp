@@ -96,6 +96,10 @@ class UpdateStep {
   std::unique_ptr<Optimizer> optimizer_;
   int32_t micro_index_ = 0, micro_count_ = 1;
   bool in_optimizer_step_ = false;
+  // [optimizer] fused with every parameter a strategy's: fused launches at
+  // the last step's end, and whether that was said.
+  int64_t fused_seen_ = 0;
+  bool warned_fused_unused_ = false;
   std::string non_finite_;
   // The run's count (update_step's rule), and `name`'s: the run's less the
   // steps it sat out.
