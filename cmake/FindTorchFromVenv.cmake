@@ -19,3 +19,11 @@ if(NOT TORCH_CUDA_ARCH_LIST)
   set(TORCH_CUDA_ARCH_LIST "8.0;9.0" CACHE STRING "")
 endif()
 find_package(Torch REQUIRED)
+# LibTorch's at::parallel_for is a header template over OpenMP in this wheel
+# (AT_PARALLEL_OPENMP): code compiled without -fopenmp runs each such loop on
+# one thread, silently (tightfit's NF4 codec, GGUF blocks and initial values
+# did). So everything that uses LibTorch is compiled and linked with OpenMP;
+# at run time the one libgomp loaded is the wheel's (the same soname, found
+# first through LibTorch's folder on the run path).
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+list(APPEND TORCH_LIBRARIES OpenMP::OpenMP_CXX)

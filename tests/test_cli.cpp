@@ -143,14 +143,18 @@ TEST_F(CliTest, AnswersBeforeAndAfterTrainingAreShownAndKept) {
                                &generated),
             0)
       << generated;
+  // (A tiny model may answer one prompt with spaces before and after: the
+  // corpus's commonest byte. Some answer changes.)
+  int changed = 0;
   for (const auto& a : answers) {
     EXPECT_NE(generated.find("### " + a["prompt"].get<std::string>() + "\n" +
                              a["after"].get<std::string>() + "\n"),
               std::string::npos)
         << generated << "\n"
         << rows;
-    EXPECT_NE(a["before"], a["after"]) << "20 steps changed nothing?\n" << rows;
+    changed += a["before"] != a["after"];
   }
+  EXPECT_GT(changed, 0) << "20 steps changed nothing?\n" << rows;
   const std::string bad = test::write_file(dir, "bad.jsonl", "{\"question\": \"x\"}\n");
   EXPECT_EQ(test::run_tightfit(
                 "run " + recipe + " --set run.name=bad --set run.answer_prompts=" + bad, &out),

@@ -19,6 +19,18 @@
 namespace tightfit {
 namespace {
 
+// The kernel's own parallel loops (NF4 codes, GGUF blocks, initial values)
+// run on LibTorch's threads: compiled without OpenMP, at::parallel_for ran
+// each on the calling thread alone (a 7B model's set-up on one of two cores).
+TEST(CpuThreads, TheKernelsParallelLoopsRunOnLibTorchsThreads) {
+  const int saved = at::get_num_threads();
+  at::set_num_threads(2);
+  EXPECT_EQ(parallel_for_threads(), 2);
+  at::set_num_threads(1);
+  EXPECT_EQ(parallel_for_threads(), 1);
+  at::set_num_threads(saved);
+}
+
 TEST(CpuThreads, ACpuCountsAsTakenFromThreeQuartersBusy) {
   EXPECT_EQ(threads_beside(2, 0.0), 2);
   EXPECT_EQ(threads_beside(2, 0.5), 2);  // shared now and then: still a thread

@@ -1,7 +1,8 @@
-// The parameter store's initial values: a parameter not kept as CPU fp32 is
-// drawn a chunk at a time, with the numbers of the whole fp32 draw and
-// without a whole fp32 copy beside it.
+// The parameter store's initial values: a function of the seed, the name and
+// the position alone, drawn a chunk at a time on any number of threads, a
+// parameter not kept as CPU fp32 without a whole fp32 copy beside it.
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,55 +24,116 @@ Param param(int64_t numel, at::ScalarType dtype, tf_init_kind init) {
   return p;
 }
 
-// The reference: the whole parameter drawn in fp32, then converted.
-at::Tensor whole_draw(Param p, at::Generator& gen) {
-  const at::ScalarType dtype = p.dtype;
-  p.dtype = at::kFloat;
-  return initial_values(p, at::Device(at::kCPU), gen).to(dtype);
+// The reference: chunk by chunk of kInitChunkValues, each from its own
+// generator, in fp32 on one thread, then converted.
+at::Tensor reference_draw(const Param& p, uint64_t seed) {
+  const int64_t n = p.numel();
+  at::Tensor flat = at::empty({n}, at::kFloat);
+  for (int64_t c = 0; c * kInitChunkValues < n; ++c) {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(init_chunk_seed(seed, p.name, c));
+    at::Tensor chunk =
+        flat.narrow(0, c * kInitChunkValues, std::min(kInitChunkValues, n - c * kInitChunkValues));
+    if (p.init == TF_INIT_NORMAL) chunk.normal_(0.0, p.init_std, gen);
+    if (p.init == TF_INIT_UNIFORM) chunk.uniform_(-p.init_std, p.init_std, gen);
+    if (p.init == TF_INIT_CONSTANT) chunk.fill_(p.init_std);
+    if (p.init == TF_INIT_ONES) chunk.fill_(1.0);
+    if (p.init == TF_INIT_ZEROS) chunk.zero_();
+  }
+  return flat.view(p.shape).to(p.dtype);
 }
+
+// Restores LibTorch's thread count when a test changes it.
+struct Threads {
+  int saved = at::get_num_threads();
+  ~Threads() { at::set_num_threads(saved); }
+};
 
 }  // namespace
 
-TEST(ParamStore, ChunkedInitialValuesAreTheWholeDrawBitForBit) {
-  // Sizes around the 16-value blocks of LibTorch's normal_ and the 32-value
-  // chunks: a tail shorter than 16 must ride with the chunk before it.
-  for (const int64_t n : {1, 15, 16, 17, 31, 32, 33, 47, 48, 63, 64, 65, 100, 1003}) {
+// The numbers are each chunk's own stream, the same drawn on one thread as
+// on two, in fp32 or converted into place: sizes around LibTorch's 16-value
+// blocks and the chunk size, every init kind.
+TEST(ParamStore, InitialValuesAreTheSameOnAnyNumberOfThreads) {
+  Threads restore;
+  const int64_t K = kInitChunkValues;
+  for (const int64_t n : {int64_t{1}, int64_t{15}, int64_t{17}, int64_t{1003}, K - 1, K, K + 7,
+                          2 * K + 16, 3 * K + 1}) {
     for (const tf_init_kind init :
          {TF_INIT_NORMAL, TF_INIT_UNIFORM, TF_INIT_CONSTANT, TF_INIT_ONES}) {
-      for (const at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+      for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
         SCOPED_TRACE("numel " + std::to_string(n) + " init " + std::to_string(init) + " " +
                      c10::toString(dtype));
         const Param p = param(n, dtype, init);
-        auto gen_chunked = at::make_generator<at::CPUGeneratorImpl>(1234);
-        auto gen_whole = at::make_generator<at::CPUGeneratorImpl>(1234);
-        const at::Tensor chunked = initial_values(p, at::Device(at::kCPU), gen_chunked, 32);
-        const at::Tensor whole = whole_draw(p, gen_whole);
-        ASSERT_EQ(chunked.scalar_type(), dtype);
-        ASSERT_EQ(chunked.sizes(), whole.sizes());
-        EXPECT_TRUE(at::equal(chunked, whole));
-        // Both generators moved on alike: the next parameter gets the same numbers.
-        const Param next = param(40, at::kFloat, TF_INIT_NORMAL);
-        EXPECT_TRUE(at::equal(initial_values(next, at::Device(at::kCPU), gen_chunked),
-                              initial_values(next, at::Device(at::kCPU), gen_whole)));
+        const at::Tensor ref = reference_draw(p, 1234);
+        for (const int threads : {1, 2, 3}) {
+          at::set_num_threads(threads);
+          const at::Tensor got = initial_values(p, at::Device(at::kCPU), 1234);
+          ASSERT_EQ(got.scalar_type(), dtype);
+          ASSERT_TRUE(at::equal(got, ref)) << threads << " threads";
+        }
       }
     }
   }
 }
 
-TEST(ParamStore, AnAbsentParameterTakesItsDrawFromTheGenerator) {
-  // A skipped stage's parameter is drawn and dropped, so the ones after it
-  // get the numbers they would have had.
-  for (const tf_init_kind init : {TF_INIT_NORMAL, TF_INIT_UNIFORM, TF_INIT_ZEROS}) {
-    const Param absent = param(1003, at::kBFloat16, init);
-    auto gen_dropped = at::make_generator<at::CPUGeneratorImpl>(7);
-    auto gen_kept = at::make_generator<at::CPUGeneratorImpl>(7);
-    EXPECT_FALSE(initial_values(absent, std::nullopt, gen_dropped, 32).defined());
-    whole_draw(absent, gen_kept);
-    const Param next = param(100, at::kFloat, TF_INIT_NORMAL);
-    EXPECT_TRUE(at::equal(initial_values(next, at::Device(at::kCPU), gen_dropped),
-                          initial_values(next, at::Device(at::kCPU), gen_kept)))
-        << "init kind " << init;
+// Every chunk, name and seed has its own stream: no two chunks of a
+// parameter, two parameters or two seeds repeat each other, and the values
+// are N(0, std) (a wrong or shared seed shows here).
+TEST(ParamStore, ChunksNamesAndSeedsDrawTheirOwnNumbers) {
+  const int64_t K = kInitChunkValues;
+  Param p = param(4 * K, at::kFloat, TF_INIT_NORMAL);
+  const at::Tensor a = initial_values(p, at::Device(at::kCPU), 7);
+  for (int64_t i = 0; i < 4; ++i)
+    for (int64_t j = i + 1; j < 4; ++j)
+      EXPECT_FALSE(at::equal(a.narrow(0, i * K, 64), a.narrow(0, j * K, 64))) << i << " " << j;
+  EXPECT_NEAR(a.mean().item<double>(), 0.0, 1e-4);
+  EXPECT_NEAR(a.std().item<double>(), 0.02, 1e-4);
+  EXPECT_FALSE(at::equal(a, initial_values(p, at::Device(at::kCPU), 8)));
+  Param q = p;
+  q.name = "w2";
+  EXPECT_FALSE(at::equal(a, initial_values(q, at::Device(at::kCPU), 7)));
+  EXPECT_NE(init_chunk_seed(7, "w", 0), init_chunk_seed(7, "w", 1));
+  EXPECT_LT(init_chunk_seed(7, "w", 0), uint64_t{1} << 32);
+}
+
+// A parameter's numbers do not depend on the others: absent, read from a
+// file (not drawn) or declared in another order, the rest are the same.
+TEST(ParamStore, AParametersNumbersDependOnNoOtherParameter) {
+  auto make = [](ParamStore& store, const std::vector<std::string>& names) {
+    for (const std::string& name : names) {
+      const int64_t shape[] = {33, 7};
+      tf_param_spec spec{};
+      spec.struct_size = sizeof spec;
+      spec.name = name.c_str();
+      spec.ndim = 2;
+      spec.shape = shape;
+      spec.dtype = TF_DTYPE_F32;
+      spec.stage = name == "b" ? 1 : 0;
+      spec.init = TF_INIT_NORMAL;
+      spec.init_std = 0.02;
+      store.declare(spec);
+    }
+  };
+  ParamStore all, reordered, without_b, b_from_a_file;
+  make(all, {"a", "b", "c"});
+  make(reordered, {"c", "a", "b"});
+  make(without_b, {"a", "b", "c"});
+  make(b_from_a_file, {"a", "b", "c"});
+  const auto on_cpu = [](const Param&) { return std::optional<at::Device>(at::kCPU); };
+  all.materialize(3, on_cpu);
+  reordered.materialize(3, on_cpu);
+  without_b.materialize(3, [](const Param& p) {
+    return p.name == "b" ? std::nullopt : std::optional<at::Device>(at::kCPU);
+  });
+  b_from_a_file.materialize(3, on_cpu, {}, [](const Param& p) { return p.name != "b"; });
+  EXPECT_TRUE(without_b.get("b").absent);
+  EXPECT_EQ(b_from_a_file.get("b").value.sizes(), all.get("b").value.sizes());
+  for (const char* name : {"a", "c"}) {
+    EXPECT_TRUE(at::equal(all.get(name).value, reordered.get(name).value)) << name;
+    EXPECT_TRUE(at::equal(all.get(name).value, without_b.get(name).value)) << name;
+    EXPECT_TRUE(at::equal(all.get(name).value, b_from_a_file.get(name).value)) << name;
   }
+  EXPECT_TRUE(at::equal(all.get("b").value, reordered.get("b").value));
 }
 
 // A routed share (ABI 1.17) is a share of the tokens: kept as declared in
@@ -122,6 +184,8 @@ TEST(ParamStore, ABf16ParameterIsNeverWholeInFp32) {
   spec.init_std = 0.02;
   ParamStore store;
   store.declare(spec);
+  Threads restore;
+  at::set_num_threads(2);
   auto& acct = MemoryAccounting::instance();
   acct.reset_peaks();
   const int64_t before = acct.snapshot().total_current;
@@ -129,14 +193,14 @@ TEST(ParamStore, ABf16ParameterIsNeverWholeInFp32) {
   const int64_t grown = acct.snapshot().total_peak - before;
   const int64_t bf16_bytes = n * 2;
   EXPECT_GE(grown, bf16_bytes);
-  // The parameter and one 4 MiB fp32 chunk at most, not its 16 MiB fp32 copy.
+  // The parameter and one 4 MiB fp32 chunk a thread at most, not its 16 MiB
+  // fp32 copy (two threads: 8 MiB).
   static_assert(kInitChunkValues * 4 <= (int64_t{4} << 20));
-  EXPECT_LE(grown, bf16_bytes + (int64_t{5} << 20));
+  EXPECT_LE(grown, bf16_bytes + (int64_t{9} << 20));
   const Param& p = store.get("embed.weight");
   EXPECT_EQ(p.value.scalar_type(), at::kBFloat16);
-  // The numbers: the whole fp32 draw from the same seed, converted.
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
-  EXPECT_TRUE(at::equal(p.value.detach(), whole_draw(p, gen)));
+  // The numbers: the fp32 draw of the same seed, converted.
+  EXPECT_TRUE(at::equal(p.value.detach(), reference_draw(p, 1)));
 }
 
 // ABI 1.19's copies (a reference model's weights): one of each trainable

@@ -144,7 +144,12 @@ TEST_F(QloraTest, Nf4DequantizesAcrossChunksAsAWhole) {
     const at::Tensor blocks = at::constant_pad_nd(w.flatten(), {0, pad}).view({-1, block});
     const at::Tensor absmax = blocks.abs().amax(1, true).clamp_min(1e-12);
     const at::Tensor levels = at::tensor(kNf4).to(w.device());
-    const at::Tensor codes = (blocks / absmax).unsqueeze(-1).sub(levels).abs().argmin(-1);
+    // Each quotient's level: the midpoints between levels it lies above, a
+    // quotient on a midpoint going to the lower level (bitsandbytes' `>`
+    // tree). The nearest level by distance is not that rule: both distances
+    // round, and a quotient on a midpoint can come out nearer the upper one.
+    const at::Tensor midpoints = (levels.slice(0, 1) + levels.slice(0, 0, -1)) / 2;
+    const at::Tensor codes = at::bucketize(blocks / absmax, midpoints);
     const at::Tensor reference = (levels.index_select(0, codes.flatten()).view_as(blocks) * absmax)
                                      .flatten()
                                      .slice(0, 0, w.numel())

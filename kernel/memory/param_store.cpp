@@ -1,6 +1,7 @@
 #include "param_store.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <stdexcept>
@@ -170,48 +171,57 @@ bool draws_from_generator(tf_init_kind k) {
   return k == TF_INIT_NORMAL || k == TF_INIT_UNIFORM;
 }
 
+// splitmix64's finalizer (Steele et al. 2014): every input bit moves every
+// output bit, so neighbouring chunks and similar names get unrelated streams.
+uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
 }  // namespace
 
-at::Tensor initial_values(const Param& p, const std::optional<at::Device>& device,
-                          at::Generator& gen, int64_t chunk_values) {
-  if (chunk_values < 16 || chunk_values % 16 != 0)
-    throw std::invalid_argument("initial values are drawn in chunks of a positive multiple of 16");
-  // A CPU fp32 parameter is drawn in place, whole.
-  if (device && device->is_cpu() && p.dtype == at::kFloat) {
-    at::Tensor t = at::empty(p.shape, at::TensorOptions().dtype(at::kFloat));
-    fill_initial(t, p, gen);
-    return t;
+uint64_t init_chunk_seed(uint64_t seed, const std::string& name, int64_t chunk) {
+  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a over the name
+  for (const unsigned char c : name) h = (h ^ c) * 0x100000001b3ULL;
+  const uint64_t x = mix64(mix64(mix64(seed) ^ h) + static_cast<uint64_t>(chunk));
+  return (x ^ (x >> 32)) & 0xffffffffULL;
+}
+
+at::Tensor initial_values(const Param& p, const at::Device& device, uint64_t seed) {
+  at::Tensor out = at::empty(p.shape, at::TensorOptions().dtype(p.dtype).device(device));
+  if (!draws_from_generator(p.init)) {
+    at::Generator unused;  // constants draw nothing
+    fill_initial(out, p, unused);
+    return out;
   }
-  at::Tensor out;
-  if (device) out = at::empty(p.shape, at::TensorOptions().dtype(p.dtype).device(*device));
-  // An absent parameter's constant values take nothing from the generator.
-  if (!device && !draws_from_generator(p.init)) return out;
-  const int64_t n = p.numel();
-  at::Tensor flat = out.defined() ? out.view({-1}) : at::Tensor();
-  at::Tensor chunk;
-  for (int64_t i = 0; i < n;) {
-    int64_t m = std::min(chunk_values, n - i);
-    // LibTorch draws fewer than 16 normal values one by one, 16 or more in
-    // blocks of 16 (redrawing the last 16 for a ragged end): a short tail
-    // rides with the chunk before it, so the numbers are the whole draw's.
-    if (n - i - m < 16) m = n - i;
-    if (!chunk.defined() || chunk.numel() != m)
-      chunk = at::empty({m}, at::TensorOptions().dtype(at::kFloat));
-    fill_initial(chunk, p, gen);
-    if (flat.defined()) flat.narrow(0, i, m).copy_(chunk);
-    i += m;
-  }
+  const int64_t n = p.numel(), n_chunks = (n + kInitChunkValues - 1) / kInitChunkValues;
+  const std::string& key = p.source_name();
+  at::Tensor flat = out.view({-1});
+  const bool in_place = device.is_cpu() && p.dtype == at::kFloat;
+  auto draw_chunks = [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t begin = c * kInitChunkValues, m = std::min(kInitChunkValues, n - begin);
+      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(init_chunk_seed(seed, key, c));
+      at::Tensor chunk = in_place ? flat.narrow(0, begin, m)
+                                  : at::empty({m}, at::TensorOptions().dtype(at::kFloat));
+      fill_initial(chunk, p, gen);
+      if (!in_place) flat.narrow(0, begin, m).copy_(chunk);
+    }
+  };
+  // On the CPU the chunks go to the threads; a device's copies go in order.
+  if (device.is_cpu())
+    at::parallel_for(0, n_chunks, 1, draw_chunks);
+  else
+    draw_chunks(0, n_chunks);
   return out;
 }
 
 void ParamStore::materialize(uint64_t seed,
                              const std::function<std::optional<at::Device>(const Param&)>& place,
-                             const std::function<void(size_t, size_t)>& after_group) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  // The generator's state before each draw a copy repeats.
-  std::unordered_map<std::string, at::Tensor> state_before;
-  for (const Param& p : params_)
-    if (!p.copy_of.empty()) state_before.emplace(p.copy_of, at::Tensor());
+                             const std::function<void(size_t, size_t)>& after_group,
+                             const std::function<bool(const Param&)>& drawn) {
   size_t group_start = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
     Param& p = params_[i];
@@ -219,21 +229,14 @@ void ParamStore::materialize(uint64_t seed,
       const tf_mem_category cat = (p.flags & TF_PARAM_ADAPTER) ? TF_MEM_ADAPTERS : TF_MEM_WEIGHTS;
       CategoryScope scope(cat);
       const std::optional<at::Device> device = place(p);
-      at::Tensor t;
-      if (!p.copy_of.empty()) {
-        auto again = at::make_generator<at::CPUGeneratorImpl>(seed);
-        again.set_state(state_before.at(p.copy_of));
-        if (device) t = initial_values(p, device, again);
-      } else {
-        if (const auto it = state_before.find(p.name); it != state_before.end())
-          it->second = gen.get_state();
-        t = initial_values(p, device, gen);
-      }
       if (!device) {
         p.absent = true;
         p.trainable = false;
         p.value = at::empty({0}, at::TensorOptions().dtype(p.dtype));
       } else {
+        at::Tensor t = !drawn || drawn(p)
+                           ? initial_values(p, *device, seed)
+                           : at::empty(p.shape, at::TensorOptions().dtype(p.dtype).device(*device));
         p.value = t.set_requires_grad(p.trainable && at::isFloatingType(p.dtype));
       }
     }

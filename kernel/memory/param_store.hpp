@@ -49,16 +49,21 @@ struct Param {
 at::ScalarType to_scalar_type(tf_dtype d);
 tf_dtype to_tf_dtype(at::ScalarType t);
 
-// A parameter's initial values, drawn from `gen` in fp32 on the CPU so every
-// device and dtype starts from the same numbers, stored as p.dtype on
-// `device` (none: drawn and dropped, for an absent parameter). A parameter
-// not kept as CPU fp32 is drawn a chunk of `chunk_values` (a multiple of 16)
-// at a time and converted into place, so no whole fp32 copy lives beside it
-// (a 514M-value bf16 embedding's 2 GB at set-up); the numbers are the whole
-// draw's, bit for bit.
+// A parameter's initial values, stored as p.dtype on `device`. They are
+// drawn in fp32 on the CPU (every device and dtype starts from the same
+// numbers) in chunks of kInitChunkValues (a multiple of 16), chunk c from
+// its own generator seeded by init_chunk_seed(seed, name, c), the name being
+// that of the parameter a copy copies. So the numbers are a function of the
+// seed, the name and the position alone: chunks are drawn in parallel (the
+// same numbers on any number of threads), and no parameter's values depend
+// on which others exist, are absent or are read from a file instead. A
+// parameter not kept as CPU fp32 is converted into place a chunk at a time,
+// so no whole fp32 copy lives beside it (a 514M-value bf16 embedding's 2 GB
+// at set-up): one fp32 chunk per thread at most.
 inline constexpr int64_t kInitChunkValues = int64_t{1} << 20;
-at::Tensor initial_values(const Param& p, const std::optional<at::Device>& device,
-                          at::Generator& gen, int64_t chunk_values = kInitChunkValues);
+// (LibTorch's mt19937 takes 32 bits of a seed: the 64-bit mix folded.)
+uint64_t init_chunk_seed(uint64_t seed, const std::string& name, int64_t chunk);
+at::Tensor initial_values(const Param& p, const at::Device& device, uint64_t seed);
 
 class ParamStore {
  public:
@@ -75,18 +80,18 @@ class ParamStore {
   // Whether copies were declared under `prefix`.
   bool has_copies(const std::string& prefix) const;
 
-  // Allocates and initializes every parameter deterministically from `seed`
-  // (declaration order), on the device place(param) names; where it names
-  // none, the parameter stays absent (its initial values are drawn and
-  // dropped, so the others get the numbers they would have). After each run of
-  // consecutive parameters of one stage, calls after_group(first, last) with
-  // their index range, so the caller can load and convert them before the
-  // next run is allocated (a model larger than memory is never whole).
-  // A copy draws nothing from `gen`: it repeats its parameter's draw, so the
-  // others get the numbers they would have without it.
+  // Allocates every parameter on the device place(param) names and fills it
+  // with its initial values from `seed` (initial_values), unless
+  // drawn(param) says the caller fills it itself (read from a weights file):
+  // then it is allocated and nothing is drawn. Where place names no device
+  // the parameter stays absent. After each run of consecutive parameters of
+  // one stage, calls after_group(first, last) with their index range, so the
+  // caller can load and convert them before the next run is allocated (a
+  // model larger than memory is never whole).
   void materialize(uint64_t seed,
                    const std::function<std::optional<at::Device>(const Param&)>& place,
-                   const std::function<void(size_t first, size_t last)>& after_group = {});
+                   const std::function<void(size_t first, size_t last)>& after_group = {},
+                   const std::function<bool(const Param&)>& drawn = {});
   bool materialized() const { return materialized_; }
 
   Param& get(const std::string& name);

@@ -2,8 +2,10 @@
 
 #include <ATen/Parallel.h>
 
+#include <atomic>
 #include <cmath>
 #include <sstream>
+#include <vector>
 
 namespace tightfit {
 
@@ -59,6 +61,18 @@ void CpuThreads::between_steps() {
   if (now - last_look_ < std::chrono::seconds(1)) return;
   last_look_ = now;
   if (const std::optional<double> others = load_.others_busy()) look(*others);
+}
+
+int parallel_for_threads() {
+  const int n = at::get_num_threads();
+  std::vector<std::atomic<bool>> seen(static_cast<size_t>(n));
+  at::parallel_for(0, n, 1, [&](int64_t, int64_t) {
+    const int t = at::get_thread_num();
+    if (t >= 0 && t < n) seen[static_cast<size_t>(t)] = true;
+  });
+  int count = 0;
+  for (const auto& s : seen) count += s ? 1 : 0;
+  return count;
 }
 
 }  // namespace tightfit

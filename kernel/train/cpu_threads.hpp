@@ -54,4 +54,10 @@ class CpuThreads {
   bool warned_ = false;
 };
 
+// The threads an at::parallel_for in this library's code runs on: LibTorch's
+// thread count, or 1 when the library was compiled without OpenMP (the
+// wheel's at::parallel_for is a header template over OpenMP, which then
+// runs every loop on the calling thread without a word).
+int parallel_for_threads();
+
 }  // namespace tightfit
