@@ -7,17 +7,19 @@
 //   chosen  = pi(chosen)   - ref(chosen)      (log-ratios, summed over tokens)
 //   rejected = pi(rejected) - ref(rejected)
 //   loss = mean(1 - sigmoid(beta chosen) + sigmoid(beta rejected))
-// The services it uses are what any preference schedule has (ABI 1.10):
-// Batch::pairs (a batch of chosen rows, then rejected rows),
-// Host::set_adapters_enabled (the reference is the base with the adapters
-// off, as PEFT's disable_adapter()), Batch::sequence_logps (each row's summed
-// log-probability through the fused head; with weights, the backward of
-// their weighted sum: the schedule passes d loss / d logps).
+// The services it uses are what any preference schedule has (ABI 1.10, and
+// 1.20's run_pass): Batch::pairs (a batch of chosen rows, then rejected
+// rows), Batch::sequence_logps (each row's summed log-probability through
+// the fused head; with weights, the backward of their weighted sum: the
+// schedule passes d loss / d logps), with PassWeights{.adapters_off = true}
+// for the reference (the base with the adapters off, as PEFT's
+// disable_adapter(), for that pass alone).
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
 #include <cmath>
 #include <memory>
+#include <string>
 #include <tightfit/lr_schedule.hpp>
 #include <tightfit/plugin_sdk.hpp>
 
@@ -42,21 +44,20 @@ Loss apo_zero(const at::Tensor& policy_rows, const at::Tensor& reference_rows, i
   return {losses.mean(), (beta * chosen).detach(), (beta * rejected).detach()};
 }
 
-// The reference's log-probabilities: the adapters off for one gradient-free
-// pass, back on however it ends.
-at::Tensor reference_logps(const tf_sdk::Host& host, const tf_sdk::Batch& batch) {
-  if (host.set_adapters_enabled(false) == 0)
-    throw std::invalid_argument(
-        "apo_zero's reference is the base model with the adapters off, and no strategy holds "
-        "adapters: add [[strategy]] plugin = \"lora\"");
-  try {
-    at::Tensor logps = batch.sequence_logps().logps;
-    host.set_adapters_enabled(true);
-    return logps;
-  } catch (...) {
-    host.set_adapters_enabled(true);
-    throw;
-  }
+// The reference's log-probabilities: one gradient-free pass of the base
+// model, the adapters off for that pass alone (ABI 1.20's run_pass).
+at::Tensor reference_logps(const tf_sdk::Batch& batch) {
+  return batch.sequence_logps({}, tf_sdk::PassWeights{.adapters_off = true}).logps;
+}
+
+// With the adapters off the base model is the reference; without adapters
+// there would be no reference at all (the policy would score itself).
+void need_adapters(const tf_sdk::Host& host) {
+  for (const std::string& name : host.param_names())
+    if (host.param_info(name).flags & TF_PARAM_ADAPTER) return;
+  throw std::invalid_argument(
+      "apo_zero's reference is the base model with the adapters off, and no strategy holds "
+      "adapters: add [[strategy]] plugin = \"lora\"");
 }
 
 int64_t pairs_of(const tf_sdk::Batch& batch) {
@@ -72,6 +73,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     auto s = std::make_unique<ApoZero>(ApoZero{tf_sdk::Host(api, ctx)});
     s->lr = tf_sdk::LrSchedule::read(s->host);
     s->beta = s->host.get_double("beta");
+    need_adapters(s->host);  // (the strategies have declared theirs)
     *out = s.release();
     return TF_OK;
   });
@@ -85,7 +87,7 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
     s->host.zero_grad();
     const tf_sdk::Batch batch(s->host);
     const int64_t pairs = pairs_of(batch);
-    const at::Tensor reference = reference_logps(s->host, batch);
+    const at::Tensor reference = reference_logps(batch);
     // d loss / d logps of the policy rows by autograd, then the model's
     // backward of sum_r w_r logp_r with those weights.
     at::AutoGradMode grad(true);
@@ -112,7 +114,7 @@ tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const tf_sdk::Batch batch(s->host, lent);
     const int64_t pairs = pairs_of(batch);
-    const at::Tensor reference = reference_logps(s->host, batch);
+    const at::Tensor reference = reference_logps(batch);
     const double loss =
         apo_zero(batch.sequence_logps().logps, reference, pairs, s->beta).loss.item<double>();
     out->loss = loss;

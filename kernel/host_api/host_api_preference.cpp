@@ -109,21 +109,10 @@ tf_status h_token_logps(tf_host_context* ctx, const tf_batch* in, tf_tensor grad
 
 tf_status h_adapters_set_enabled(tf_host_context* ctx, int32_t enabled, int32_t* out_count) {
   return serve(ctx, [&] {
-    int32_t holders = 0;
-    StrategyChain(ctx->kernel->plugins->strategies)
-        .each_with(
-            TF_STRATEGY_HOOK(set_adapters_enabled),
-            [&](size_t i, tf_status st) {
-              if (st == TF_OK)
-                ++holders;
-              else if (st != TF_NOT_HANDLED)
-                check_plugin_status(st, ctx->kernel->plugins->strategies[i],
-                                    "set_adapters_enabled");
-            },
-            enabled != 0 ? 1 : 0);
-    // A plan (dry run) has no executor; the strategies answered all the same.
-    if (holders > 0 && ctx->kernel->executor)
-      ctx->kernel->executor->set_adapters_enabled(enabled != 0);
+    // A plan (dry run) has no executor; the strategies answer all the same.
+    const int32_t holders = ctx->kernel->executor
+                                ? ctx->kernel->executor->switch_adapters(enabled != 0)
+                                : switch_strategy_adapters(*ctx->kernel->plugins, enabled != 0);
     if (out_count) *out_count = holders;
   });
 }

@@ -127,6 +127,10 @@ void write_struct(T* dst, T src) {
 // parameter's name survives later declarations that move the table).
 const char* intern(const std::string& s);
 
+// A loss pass's mean cross-entropy over preference pairs would train on
+// the rejected answers too: refused, naming the schedules that score them.
+void refuse_pairs_in_a_loss_pass(const tf_batch& b);
+
 // Every service of the table, in its order: h_<name> serves tf_host_api::<name>.
 // clang-format off
 #define TIGHTFIT_HOST_SERVICES(X) \
@@ -144,7 +148,8 @@ const char* intern(const std::string& s);
   X(dist_all_gather) X(dist_broadcast) X(dist_barrier) X(plan_param_get) X(plan_param_set) \
   X(param_source_blocks) X(blocks_decode) X(sequence_logps) X(adapters_set_enabled) X(token_logps) \
   X(preference_rows) X(add_loss_term) X(expect_weights) X(take_loss_terms) \
-  X(declare_param_copies) X(use_param_copies) X(take_mean_logits)
+  X(declare_param_copies) X(use_param_copies) X(take_mean_logits) X(run_pass) \
+  X(read_later)
 // clang-format on
 
 // Each declared with the exact type of its slot in the table.

@@ -135,6 +135,15 @@ void h_batch_release(tf_host_context*, tf_batch* batch) {
   }
 }
 
+void refuse_pairs_in_a_loss_pass(const tf_batch& b) {
+  if (b.pairs > 0)
+    throw std::invalid_argument(
+        "this batch holds preference pairs (chosen and rejected answers), and the mean "
+        "cross-entropy of a loss pass (forward, forward_backward, run_pass's TF_PASS_LOSS) "
+        "would train on the rejected answers too: train preference rows with a preference "
+        "schedule ([trainer] schedule = \"dpo\"), which scores them with log-probs passes");
+}
+
 // One pass over a batch the caller hands in, read through its struct_size
 // (positions past an older caller's struct: not packed).
 static PassResult run_batch(tf_host_context* ctx, const tf_batch* in, bool backward,
@@ -142,11 +151,7 @@ static PassResult run_batch(tf_host_context* ctx, const tf_batch* in, bool backw
   const tf_batch b = read_struct(in);
   require(b.tokens, "tf_batch.tokens");
   require(b.targets, "tf_batch.targets");
-  if (b.pairs > 0)
-    throw std::invalid_argument(
-        "this batch holds preference pairs (chosen and rejected answers), and the mean "
-        "cross-entropy of forward/forward_backward would train on the rejected answers too: "
-        "train preference rows with a preference schedule ([trainer] schedule = \"dpo\")");
+  refuse_pairs_in_a_loss_pass(b);
   PassRows rows{b.positions ? handle_tensor(b.positions) : at::Tensor(),
                 b.attention_mask ? handle_tensor(b.attention_mask) : at::Tensor()};
   // An older caller's tf_batch cannot say which tokens pad (ABI 1.16).

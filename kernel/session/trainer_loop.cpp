@@ -112,9 +112,19 @@ TrainSummary Session::train() {
       r.struct_size = sizeof r;
       update_.clear_non_finite();
       PluginInstance& schedule = plugins_.schedule;
-      check_plugin_status(call_hook(schedule, schedule.plugin->schedule(),
-                                    TF_SCHEDULE_HOOK(run_step), step_, total, &r),
-                          schedule, "run_step");
+      // A pass's loss may wait for the update's read inside run_step; what
+      // waits when it returns would be written into a call that ended.
+      executor_.pending_reads().open();
+      const tf_status stepped = call_hook(schedule, schedule.plugin->schedule(),
+                                          TF_SCHEDULE_HOOK(run_step), step_, total, &r);
+      const size_t unread = executor_.pending_reads().close();
+      check_plugin_status(stepped, schedule, "run_step");
+      if (unread > 0)
+        throw PluginCallError("schedule \"" + schedule.plugin->name + "\" deferred the read of " +
+                              std::to_string(unread) +
+                              " pass(es) (tf_pass.defer_read) and made no update after them, so "
+                              "their results were never read: a pass whose loss the schedule "
+                              "needs without an update reads it at once (defer_read = 0)");
       StrategyChain(plugins_.strategies).each(TF_STRATEGY_HOOK(step_end), step_, r.loss);
       // The step's own ops and reads, before the loop's bookkeeping.
       const OpCounter::Counts step_ops =

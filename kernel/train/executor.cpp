@@ -230,7 +230,8 @@ at::Tensor Executor::forward_stages(const at::Tensor& tokens, bool training, con
 }
 
 PassResult Executor::run_pass(const at::Tensor& tokens_in, const at::Tensor& targets_in,
-                              bool backward, double loss_scale, const PassRows& rows_in) {
+                              bool backward, double loss_scale, const PassRows& rows_in,
+                              const PendingReads::Fill& deferred) {
   PassResult r;
   const at::Tensor tokens = tokens_in.to(env_.device);
   PassRows rows = rows_in;
@@ -249,22 +250,26 @@ PassResult Executor::run_pass(const at::Tensor& tokens_in, const at::Tensor& tar
     at::AutoGradMode mode(backward);
     loss = forward_loss(tokens, targets_in, /*training=*/true, rows, loss_scale * strategies_scale);
   }
+  at::Tensor reported = loss.detach();
   if (env_.pg) {
     // Every rank reports (and its schedule decides on) the global batch's
     // loss: averaged on the device, then read once.
-    at::Tensor l = loss.detach().to(at::kDouble).reshape({1}).clone();
-    env_.pg->all_reduce(l, ReduceOp::Avg);
-    r.loss = read_value(l);
-  } else {
-    r.loss = read_value(loss);
+    reported = reported.to(at::kDouble).reshape({1}).clone();
+    env_.pg->all_reduce(reported, ReduceOp::Avg);
   }
   r.n_tokens = tokens.numel();
   // Testing aid ([run] debug_nan_at_steps): a NaN loss, once per listed step.
   if (backward && nan_steps_pending_.erase(step_)) {
     loss = loss * std::numeric_limits<double>::quiet_NaN();
-    r.loss = std::numeric_limits<double>::quiet_NaN();
+    reported = reported * std::numeric_limits<double>::quiet_NaN();
   }
-  r.finite = std::isfinite(r.loss);
+  if (deferred && pending_reads_.is_open()) {
+    pending_reads_.add(reported, deferred);  // read with the update's norm
+  } else {
+    r.loss = pending_reads_.read_with({reported})[0];
+    r.finite = std::isfinite(r.loss);
+    if (deferred) deferred(r.loss);  // outside a step: read now
+  }
   if (!backward) return r;
   backward_pass(loss, loss_scale, strategies_scale);
   return r;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "param_store.hpp"
+#include "pass_request.hpp"
 #include "plugin_set.hpp"
 #include "run_environment.hpp"
 
@@ -40,21 +41,6 @@ struct StageState {
   std::string projection_bias;
   int64_t projection_bytes_per_token = 0;  // of the activation bytes: the logits
   double projection_softcap = 0;           // logits c tanh(z / c) (ABI 1.14); 0: none
-};
-
-// What a pass hands every stage besides the tokens (tf_stage_call).
-struct PassRows {
-  PassRows(at::Tensor positions_ = {}, at::Tensor attention_mask_ = {})
-      : positions(std::move(positions_)), attention_mask(std::move(attention_mask_)) {}
-  // int64 [B, T]: packed rows' per-token positions (the model must declare
-  // TF_MODEL_FEATURE_POSITIONS); undefined: 0..T-1 in every row.
-  at::Tensor positions;
-  // int64 [B, T]: 1 where the token is an example's, 0 where it pads;
-  // undefined: none pads.
-  at::Tensor attention_mask;
-  // false when the batch came from a schedule whose tf_batch cannot carry
-  // the mask (ABI before 1.16): a model's loss term is then refused.
-  bool padding_known = true;
 };
 
 struct PassResult {
@@ -94,6 +80,11 @@ class Executor {
   int32_t fusable_head() const;
   // The strategies' adapters are on (the default) or off (a reference pass).
   void set_adapters_enabled(bool on) { adapters_enabled_ = on; }
+  bool adapters_enabled() const { return adapters_enabled_; }
+  // Turns the strategies' adapters on or off (their set_adapters_enabled)
+  // and the passes' view of them with it; how many strategies hold some (0:
+  // none does, and nothing changed).
+  int32_t switch_adapters(bool on);
 
   // `rows`: packed rows' positions and the padding, handed to every stage
   // of the pass.
@@ -104,11 +95,18 @@ class Executor {
   // factor the loss is multiplied by before backward.
   at::Tensor forward_loss(const at::Tensor& tokens, const at::Tensor& targets, bool training,
                           const PassRows& rows = {}, double grad_scale = 1.0);
+  // One pass as its request says (pass_request.hpp): the weights it names
+  // for it alone, then run_pass, sequence_logps or token_logps.
+  PassOutcome run(const PassRequest& request);
   // Forward, loss and (when `backward`) backward with the loss scaled by
   // `loss_scale` times the strategies' fp16 factor; grad_ready is dispatched
-  // as each stage's gradients finish.
+  // as each stage's gradients finish. With `deferred`, the loss stays on
+  // the device until the next read (pending_reads), which hands it over.
   PassResult run_pass(const at::Tensor& tokens, const at::Tensor& targets, bool backward,
-                      double loss_scale, const PassRows& rows = {});
+                      double loss_scale, const PassRows& rows = {},
+                      const PendingReads::Fill& deferred = {});
+  // Device values waiting for the host's next read (a deferred pass's loss).
+  PendingReads& pending_reads() { return pending_reads_; }
   // A logps pass that takes the model's own loss terms (ABI 1.18's
   // take_loss_terms), which those passes refuse otherwise: their sum lands
   // in *sum, and a backward also back-propagates grad_weight times it.
@@ -175,6 +173,7 @@ class Executor {
   // ABI 1.19 use_param_copies: the passes read `prefix` + name wherever
   // such a copy was declared ("": the parameters themselves).
   void use_param_copies(const std::string& prefix);
+  const std::string& param_copies() const { return copies_prefix_; }
   // The parameter a pass reads for `name`: its copy while copies are used.
   std::string read_name(const std::string& name) const;
 
@@ -243,6 +242,7 @@ class Executor {
 
   std::vector<StageState> stages_;
   std::set<int64_t> nan_steps_pending_;
+  PendingReads pending_reads_;
   double applied_loss_scale_ = 1.0;           // the loss scale of this step's backward passes
   std::vector<int> active_events_;            // per stage: stage events begun and not yet ended
   std::vector<bool> grads_dispatched_;        // per backward: grad_ready already called
@@ -270,6 +270,10 @@ class Executor {
   std::map<int32_t, std::vector<std::string>> copied_by_stage_;
   std::string copied_by_stage_prefix_;
 };
+
+// Turns the strategies' adapters on or off (their set_adapters_enabled
+// hooks); how many hold some.
+int32_t switch_strategy_adapters(PluginSet& plugins, bool on);
 
 // Sets a slot for a scope and puts its value back after: the device
 // weights are fetched to while a stage computes, packed rows' positions and

@@ -9,7 +9,8 @@
 
 namespace tightfit {
 
-Optimizer::Clip Optimizer::clip(const std::vector<Param*>& params, double held_norm_sq) {
+Optimizer::Clip Optimizer::clip(const std::vector<Param*>& params, double held_norm_sq,
+                                PendingReads* pending) {
   std::vector<at::Tensor> grads;
   for (const Param* p : params)
     if (p->value.grad().defined()) grads.push_back(p->value.grad());
@@ -23,7 +24,10 @@ Optimizer::Clip Optimizer::clip(const std::vector<Param*>& params, double held_n
     const at::Device where = norms.front().device();
     for (at::Tensor& n : norms)
       if (n.device() != where) n = n.to(where);  // stages on several devices
-    sq += read_value(at::stack(norms).to(at::kDouble).square().sum());
+    const at::Tensor sum_sq = at::stack(norms).to(at::kDouble).square().sum();
+    sq += pending ? pending->read_with({sum_sq})[0] : read_value(sum_sq);
+  } else if (pending) {
+    pending->read_with();  // every gradient held by strategies: the losses alone
   }
   Clip c;
   c.norm = std::sqrt(sq);

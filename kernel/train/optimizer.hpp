@@ -10,6 +10,7 @@
 
 #include "kernel_config.hpp"  // OptimizerConfig: the [optimizer] table
 #include "param_store.hpp"
+#include "pending_reads.hpp"
 
 namespace tightfit {
 
@@ -28,12 +29,14 @@ class Optimizer {
   // most grad_clip. The norms are taken on the device, all parameters at
   // once (LibTorch's multi-tensor norm), and read by the host once: the
   // norm, NaN or infinite when a gradient is not finite, which is also the
-  // step's finite flag. Returns the norm before and the factor applied.
+  // step's finite flag. What `pending` holds (the step's losses) is read
+  // in that same read. Returns the norm before and the factor applied.
   struct Clip {
     double norm = 0;
     double scale = 1;
   };
-  Clip clip(const std::vector<Param*>& params, double held_norm_sq = 0);
+  Clip clip(const std::vector<Param*>& params, double held_norm_sq = 0,
+            PendingReads* pending = nullptr);
 
   // Begins a step (bias corrections use the incremented count).
   void begin_step() { ++steps_; }

@@ -104,7 +104,9 @@ tf_status UpdateStep::optimizer_step() {
   // count in the norm, are clipped by the same factor and updated after.
   double held_sq = 0;
   StrategyChain(plugins_.strategies).each(TF_STRATEGY_HOOK(grad_norm_sq), &held_sq);
-  const Optimizer::Clip clip = optimizer_->clip(params, held_sq);
+  // The one read of the step: the gradients' norm, and the losses of the
+  // passes that deferred theirs.
+  const Optimizer::Clip clip = optimizer_->clip(params, held_sq, &executor_.pending_reads());
   const double norm = clip.norm;
   step_metrics_["grad_norm"] = norm;
   if (!std::isfinite(norm)) {

@@ -17,7 +17,10 @@ at::Tensor read_to_host(const at::Tensor& t) {
 
 std::vector<double> read_values(const at::Tensor& t) {
   reads.fetch_add(1, std::memory_order_relaxed);
-  const at::Tensor host = t.detach().to(at::kCPU, at::kDouble).contiguous();
+  // (detach and the copy only where they change something: each op is a
+  // launch on a GPU.)
+  const at::Tensor plain = t.requires_grad() ? t.detach() : t;
+  const at::Tensor host = plain.to(at::kCPU, at::kDouble).contiguous();
   const double* p = host.data_ptr<double>();
   return std::vector<double>(p, p + host.numel());
 }

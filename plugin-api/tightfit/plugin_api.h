@@ -1,6 +1,6 @@
 /*
- * tightfit plugin ABI, version 1.10 (1.0 plus the fields marked "Added in 1.1"
- * through "Added in 1.10"). What each version added, and what ABI 2.0 would
+ * tightfit plugin ABI, version 1.20 (1.0 plus the fields marked "Added in 1.1"
+ * through "Added in 1.20"). What each version added, and what ABI 2.0 would
  * drop or reshape: plugin-api/README.md, "Versions".
  *
  * This header is the whole contract between the tightfit host (the kernel) and
@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 19
+#define TF_ABI_VERSION_MINOR 20
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -480,7 +480,83 @@ typedef struct tf_pass_result {
   double loss; /* mean cross-entropy of the batch */
   int64_t n_tokens;
   int32_t finite; /* 0 when loss or a gradient is NaN/Inf */
+  /* Added in 1.20, written by run_pass (the older services write them 0 and
+   * NULL). A log-probs pass: `logps`, fp32 on the CPU, [B]
+   * (TF_PASS_SEQUENCE_LOGPS) or [B, T] (TF_PASS_TOKEN_LOGPS, 0 where the
+   * target is ignore_index), and for a sequence pass `counts`, int64 [B],
+   * the targets each row scored; `mean_logits` (fp32 [B, T] on the CPU) when
+   * the pass asked for it. Each new, or NULL when not computed. */
+  tf_tensor logps;
+  tf_tensor counts;
+  tf_tensor mean_logits;
+  /* The sum of the model's own loss terms, when the pass took them. */
+  double loss_terms;
+  /* 1 while a deferred read (tf_pass.defer_read) has not written `loss`
+   * and `finite` yet; the host sets it to 0 when it writes them. */
+  int32_t read_pending;
 } tf_pass_result;
+
+/* What a pass computes (tf_pass.compute, ABI 1.20). */
+typedef enum tf_pass_compute {
+  /* The batch's mean cross-entropy (with the model's own loss terms), as
+   * forward and forward_backward compute it. */
+  TF_PASS_LOSS = 0,
+  /* Each row's summed target log-probability, as sequence_logps. */
+  TF_PASS_SEQUENCE_LOGPS = 1,
+  /* Each target's log-probability, as token_logps. */
+  TF_PASS_TOKEN_LOGPS = 2,
+  TF_PASS_COMPUTE_MAX_ENUM = 0x7FFFFFFF
+} tf_pass_compute;
+
+/* One pass of the model as a value (added in 1.20, for run_pass): the rows,
+ * what to compute, with which weights, and whether to back-propagate. It
+ * holds for this pass only: nothing is armed for a later one, and the
+ * adapters and weights' copies that the modal services (adapters_set_enabled,
+ * use_param_copies) set are as they were when run_pass returns. A new
+ * option is a field appended here; a host reads no field past struct_size
+ * (zero: the default). */
+typedef struct tf_pass {
+  uint32_t struct_size;
+  tf_pass_compute compute;
+  const tf_batch* batch; /* borrowed; its struct_size is read as forward's */
+  /* A log-probs pass: int64 [B, T] targets (borrowed) scored in place of the
+   * batch's, each ignore_index or a token of the vocabulary (ORPO's NLL
+   * scores the prompt too); NULL: the batch's. A loss pass: must be NULL. */
+  tf_tensor targets;
+  int32_t backward; /* 1: back-propagate into the parameters' gradients */
+  /* TF_PASS_LOSS with backward: the loss's factor, as forward_backward's
+   * loss_scale (1/micro_batches for accumulation); 0 reads as 1. */
+  double loss_scale;
+  /* Log-probs with backward: fp32 (borrowed), [B] for a sequence pass and
+   * [B, T] for a token pass; the backward is that of sum grad_weights *
+   * logps. Required with backward, refused without. */
+  tf_tensor grad_weights;
+  /* 1: the strategies' adapters (LoRA) off for this pass: the base model,
+   * as PEFT's disable_adapter() (a reference model without a copy). */
+  int32_t adapters_off;
+  /* Non-empty: every weight the pass reads is its copy under this prefix
+   * where declare_param_copies declared one (use_param_copies' meaning);
+   * NULL or "": the parameters. */
+  const char* param_copies;
+  /* A log-probs pass: 1 takes the model's own loss terms (take_loss_terms'
+   * meaning: their sum in result.loss_terms, back-propagated times
+   * loss_terms_grad_weight with backward); 0 refuses them as such passes do. */
+  int32_t take_loss_terms;
+  double loss_terms_grad_weight;
+  /* A log-probs pass: 1 also measures each position's logits averaged over
+   * the vocabulary (result.mean_logits), as take_mean_logits. */
+  int32_t mean_logits;
+  /* TF_PASS_LOSS: 1 leaves the loss on the device and reads it with the
+   * host's next read, optimizer_step's (which reads the gradients' norm
+   * anyway), so that a step waits for the device once. run_pass then
+   * returns with result.read_pending 1 and keeps the result pointer: the
+   * caller's tf_pass_result must stay valid until that read writes `loss`
+   * and `finite` and sets read_pending to 0. Only inside run_step: a
+   * result still pending when run_step returns is never written, and the
+   * step fails naming the schedule. Outside run_step (create, eval_batch)
+   * the loss is read before run_pass returns. */
+  int32_t defer_read;
+} tf_pass;
 
 /* What a schedule reports for one step. */
 typedef struct tf_step_result {
@@ -936,7 +1012,26 @@ typedef struct tf_host_api {
    * before the pass) leaves *out unwritten. */
   tf_status (*take_mean_logits)(tf_host_context* ctx, tf_tensor* out);
 
-  void* reserved[3];
+  /* Added in 1.20 (a reserved slot): runs one pass as `pass` says (tf_pass:
+   * the loss or log-probs, backward or not, adapters off or the weights'
+   * copies for this pass alone, the model's terms and mean logits taken)
+   * and writes what it computed to *out (tf_pass_result). It does what
+   * forward, forward_backward, sequence_logps and token_logps do with
+   * take_loss_terms, take_mean_logits, adapters_set_enabled and
+   * use_param_copies around them, which ABI 2.0 drops for it. */
+  tf_status (*run_pass)(tf_host_context* ctx, const tf_pass* pass, tf_pass_result* out);
+  /* Added in 1.20 (a reserved slot): `value`, a tensor of one real value
+   * (borrowed; the host keeps its own reference), is read with the host's
+   * next read of the device, optimizer_step's gradient norm, and written to
+   * *out as a double: a strategy's own figure (a norm it keeps for the next
+   * step) without a read of its own, so that a step waits for the device
+   * once. *out must stay valid until it is written: the plugin's state, not
+   * its stack. Inside run_step it is written by the step's update, or when
+   * run_step returns at the latest; outside a step, before read_later
+   * returns. */
+  tf_status (*read_later)(tf_host_context* ctx, tf_tensor value, double* out);
+
+  void* reserved[1];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */

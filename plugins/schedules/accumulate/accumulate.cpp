@@ -61,19 +61,24 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
     const bool equal = std::all_of(targets.begin(), targets.end(),
                                    [&](int64_t n) { return n == targets.front(); });
     const bool weighed = known && !equal && counted > 0;
-    double loss_sum = 0;
+    // Every micro-batch's loss is read with the update's gradient norm: one
+    // read a step however many micro-batches it has.
+    std::vector<tf_pass_result> passes(static_cast<size_t>(count));
+    std::vector<double> shares;
     int64_t tokens = 0;
     for (int32_t i = 0; i < count; ++i) {
       const size_t k = static_cast<size_t>(i);
-      const double share =
-          weighed ? static_cast<double>(targets[k]) / static_cast<double>(counted) : 1.0 / count;
+      shares.push_back(weighed ? static_cast<double>(targets[k]) / static_cast<double>(counted)
+                               : 1.0 / count);
       s->host.set_micro_batch(i, count);
-      const tf_pass_result pass = batches[k]->forward_backward(share);
-      loss_sum += weighed ? pass.loss * share : pass.loss;
-      tokens += pass.n_tokens;
+      batches[k]->forward_backward_deferred(shares[k], &passes[k]);
+      tokens += passes[k].n_tokens;
     }
     batches.clear();
     tf_sdk::step_or_skip(s->host, step, s->skipped);
+    double loss_sum = 0;
+    for (size_t k = 0; k < passes.size(); ++k)
+      loss_sum += weighed ? passes[k].loss * shares[k] : passes[k].loss;
     out->loss = weighed ? loss_sum : loss_sum / count;  // the whole batch's token mean
     out->n_tokens = tokens;
     out->backward_passes = s->micro_batches;

@@ -71,8 +71,9 @@ Scores score(Dpo& s, const tf_sdk::Batch& b) {
         "rows with \"chosen\" and \"rejected\"");
   Scores r;
   const tf_sdk::SequenceLogps ref =
-      s.precompute ? s.table.of(b)
-                   : s.reference.run(s.host, [&] { return s.passes.reference_logps(b); });
+      s.precompute ? s.table.of(b) : s.reference.run(s.host, [&](const tf_sdk::PassWeights& w) {
+        return s.passes.reference_logps(b, w);
+      });
   tf_preference::Terms terms;
   tf_preference::MeanLogits means;
   const tf_sdk::SequenceLogps pol = s.passes.sequence_logps(b, {}, &terms, &means);

@@ -7,8 +7,11 @@
 // batch's activations, for the same log-probs (each row is scored on its own
 // either way) and the same gradients, summed in another order.
 //
+// Each pass is one run_pass (ABI 1.20): its terms, mean logits and weights
+// are its own, with nothing armed or switched around it.
+//
 // A model's own loss term (a mixture of experts' load-balancing loss, ABI
-// 1.18's take_loss_terms): TRL adds aux_loss_coef * aux_loss of the policy's
+// 1.18): TRL adds aux_loss_coef * aux_loss of the policy's
 // concatenated pass to its loss, and none of the reference model's. So the
 // policy's passes take it (Terms) when the pairs run concatenated, and the
 // reference's take it and drop it. One side after the other, the two
@@ -54,21 +57,19 @@ struct MeanLogits {
 class PairPasses {
  public:
   static PairPasses read(const tf_sdk::Host& host) {
-    return PairPasses(host, host.get_bool("concatenate_pairs"));
+    return PairPasses(host.get_bool("concatenate_pairs"));
   }
 
   // Each target's log-probability of `targets` (the batch's own when
   // undefined), with the backward of sum weights * logps when `weights`
   // (fp32 [2P, T]) is given; the policy's `terms` taken when concatenated.
-  // With `means`, each position's mean logit too.
+  // With `means`, each position's mean logit too. `with`: the weights the
+  // passes read (the reference's).
   at::Tensor token_logps(const tf_sdk::Batch& b, const at::Tensor& targets = {},
                          const at::Tensor& weights = {}, Terms* terms = nullptr,
-                         MeanLogits* means = nullptr) const {
-    if (concatenated_) {
-      take(terms);
-      const Measured measured(host_, means);
-      return b.token_logps(targets, weights);
-    }
+                         MeanLogits* means = nullptr, const tf_sdk::PassWeights& with = {}) const {
+    if (concatenated_)
+      return pass(b, TF_PASS_TOKEN_LOGPS, targets, weights, terms, means, with).logps;
     const at::Tensor all = targets.defined() ? targets : b.targets();
     const int64_t pairs = b.pairs();
     at::Tensor sum;
@@ -77,8 +78,9 @@ class PairPasses {
       at::Tensor own = at::full_like(all, kIgnoreIndex);
       own.narrow(0, side * pairs, pairs).copy_(all.narrow(0, side * pairs, pairs));
       // The other side's rows score exactly 0: adding them keeps this side's.
-      const Measured measured(host_, means ? &side_means[side] : nullptr);
-      const at::Tensor part = b.token_logps(own, weights);
+      const at::Tensor part = pass(b, TF_PASS_TOKEN_LOGPS, own, weights, nullptr,
+                                   means ? &side_means[side] : nullptr, with)
+                                  .logps;
       sum = side == 0 ? part : sum + part;
     }
     if (means && side_means[0].per_token.defined() && side_means[1].per_token.defined())
@@ -90,31 +92,35 @@ class PairPasses {
   // Batch::sequence_logps, with the backward of sum row_weights * logps when
   // `row_weights` (fp32 [2P]) is given.
   tf_sdk::SequenceLogps sequence_logps(const tf_sdk::Batch& b, const at::Tensor& row_weights = {},
-                                       Terms* terms = nullptr, MeanLogits* means = nullptr) const {
+                                       Terms* terms = nullptr, MeanLogits* means = nullptr,
+                                       const tf_sdk::PassWeights& with = {}) const {
     if (concatenated_) {
-      take(terms);
-      const Measured measured(host_, means);
-      return b.sequence_logps(row_weights);
+      tf_sdk::Batch::PassResult r =
+          pass(b, TF_PASS_SEQUENCE_LOGPS, {}, row_weights, terms, means, with);
+      return {std::move(r.logps), std::move(r.counts)};
     }
     const at::Tensor& targets = b.targets();
     const at::Tensor weights =
         row_weights.defined()
             ? row_weights.to(at::kFloat).unsqueeze(1).expand(targets.sizes()).contiguous()
             : at::Tensor();
-    return {token_logps(b, {}, weights, nullptr, means).sum(1),
+    return {token_logps(b, {}, weights, nullptr, means, with).sum(1),
             targets.ne(kIgnoreIndex).sum(1).to(at::kCPU, at::kLong)};
   }
 
-  // The reference model's log-probs, one pass over the whole batch: the
-  // terms its model adds are taken and dropped (TRL adds the policy's only).
-  static tf_sdk::SequenceLogps reference_logps(const tf_sdk::Host& host, const tf_sdk::Batch& b) {
-    double dropped = 0;
-    host.take_loss_terms(0, &dropped);
-    return b.sequence_logps();
+  // The reference model's log-probs, one pass over the whole batch read
+  // `with` its weights: the terms its model adds are taken and dropped (TRL
+  // adds the policy's only).
+  static tf_sdk::SequenceLogps whole_batch_reference_logps(const tf_sdk::Batch& b,
+                                                           const tf_sdk::PassWeights& with) {
+    Terms dropped;  // grad_weight 0
+    tf_sdk::Batch::PassResult r = pass(b, TF_PASS_SEQUENCE_LOGPS, {}, {}, &dropped, nullptr, with);
+    return {std::move(r.logps), std::move(r.counts)};
   }
-  tf_sdk::SequenceLogps reference_logps(const tf_sdk::Batch& b) const {
-    if (concatenated_) return reference_logps(host_, b);
-    return sequence_logps(b);
+  tf_sdk::SequenceLogps reference_logps(const tf_sdk::Batch& b,
+                                        const tf_sdk::PassWeights& with) const {
+    if (concatenated_) return whole_batch_reference_logps(b, with);
+    return sequence_logps(b, {}, nullptr, nullptr, with);
   }
 
   // The plan: a backward keeps one side's activations, half the batch's.
@@ -123,34 +129,32 @@ class PairPasses {
   }
 
  private:
-  PairPasses(const tf_sdk::Host& host, bool concatenated)
-      : host_(host), concatenated_(concatenated) {}
-  // The next pass takes the policy's terms (a host before ABI 1.18 leaves
-  // them refused).
-  void take(Terms* terms) const {
-    if (terms == nullptr) return;
-    terms->sum = 0;
-    host_.take_loss_terms(terms->grad_weight, &terms->sum);
+  explicit PairPasses(bool concatenated) : concatenated_(concatenated) {}
+  // One log-probs pass (run_pass): of `targets` (the batch's when
+  // undefined), with the backward of sum weights * logps when `weights` is
+  // given, taking the model's terms into `terms` and the mean logits into
+  // `means` when asked, read `with` the given weights.
+  static tf_sdk::Batch::PassResult pass(const tf_sdk::Batch& b, tf_pass_compute what,
+                                        const at::Tensor& targets, const at::Tensor& weights,
+                                        Terms* terms, MeanLogits* means,
+                                        const tf_sdk::PassWeights& with) {
+    tf_pass p = b.new_pass(what);
+    if (targets.defined()) p.targets = tf_sdk::lend(targets);
+    if (weights.defined()) {
+      p.backward = 1;
+      p.grad_weights = tf_sdk::lend(weights);
+    }
+    if (terms) {
+      p.take_loss_terms = 1;
+      p.loss_terms_grad_weight = terms->grad_weight;
+    }
+    p.mean_logits = means ? 1 : 0;
+    with.apply(p);
+    tf_sdk::Batch::PassResult r = b.run(p);
+    if (terms) terms->sum = r.raw.loss_terms;
+    if (means) means->per_token = r.mean_logits;
+    return r;
   }
-  // The next pass's mean logits into `means` (when asked), taken from the
-  // host once the pass has run.
-  class Measured {
-   public:
-    Measured(const tf_sdk::Host& host, MeanLogits* means) : means_(means) {
-      if (means_ && host.take_mean_logits(&handle_)) asked_ = true;
-    }
-    ~Measured() {
-      if (asked_ && handle_ != nullptr) means_->per_token = tf_sdk::take(handle_);
-    }
-    Measured(const Measured&) = delete;
-    Measured& operator=(const Measured&) = delete;
-
-   private:
-    MeanLogits* means_;
-    tf_tensor handle_ = nullptr;
-    bool asked_ = false;
-  };
-  tf_sdk::Host host_;
   bool concatenated_ = true;
 };
 

@@ -96,8 +96,10 @@ inline void prepare_reference(const tf_sdk::Host& host, ReferenceModel& model,
                            std::to_string(step));
   const int64_t chunk = std::max<int64_t>(1, host.run_info().batch_size / 2);
   table->compute(host, chunk, [&](const tf_sdk::Batch& b) {
-    auto scored = [&] { return PairPasses::reference_logps(host, b); };
-    return model.adapters(host) ? model.run(host, scored) : scored();
+    auto scored = [&](const tf_sdk::PassWeights& w) {
+      return PairPasses::whole_batch_reference_logps(b, w);
+    };
+    return model.adapters(host) ? model.run(host, scored) : scored({});
   });
 }
 

@@ -6,7 +6,7 @@
 // as frozen parameters the strategies place (reference_tier = "weights",
 // ABI 1.19's declare_param_copies: quantize stores them compact, offload
 // keeps a block's in host memory or on disk), which the reference pass reads
-// instead of the trained ones (use_param_copies).
+// instead of the trained ones (tf_pass.param_copies).
 #pragma once
 
 #include <optional>
@@ -79,19 +79,22 @@ class ReferenceModel {
     weights_.take(host, on_host_);
   }
 
-  // f() run as the reference model, the policy back however it ends.
+  // f(weights) run as the reference model: the passes f makes read
+  // `weights` (adapters off, or the declared copies: each pass's own, ABI
+  // 1.20), or the schedule's copy swapped in, the policy back however it
+  // ends.
   template <class F>
   auto run(const tf_sdk::Host& host, F&& f) {
-    if (copies_) {
-      const CopiesRead read(host);
-      return f();
-    }
+    if (copies_) return f(tf_sdk::PassWeights{false, kReferencePrefix});
     if (weights_.empty()) {
-      const AdaptersOff off(host, schedule_);
-      return f();
+      // Nothing turned off would score the policy as its own reference.
+      if (!adapters(host))
+        throw std::logic_error(schedule_ +
+                               ": a reference pass with neither adapters nor a reference copy");
+      return f(tf_sdk::PassWeights{true, ""});
     }
     const ReferenceSwapped in(weights_, host);
-    return f();
+    return f(tf_sdk::PassWeights{});
   }
 
   // The copies as parameters are the kernel's to save (frozen weights).
@@ -118,50 +121,6 @@ class ReferenceModel {
   }
 
  private:
-  // The adapters off while a reference pass runs, back on however it ends.
-  class AdaptersOff {
-   public:
-    AdaptersOff(const tf_sdk::Host& host, const std::string& schedule) : host_(host) {
-      // Nothing turned off would score the policy as its own reference.
-      if (host_.set_adapters_enabled(false) == 0)
-        throw std::logic_error(schedule +
-                               ": a reference pass with neither adapters nor a reference copy");
-    }
-    ~AdaptersOff() {
-      try {
-        host_.set_adapters_enabled(true);
-      } catch (...) {
-        // Reported by the host's last error; a destructor must not throw.
-      }
-    }
-    AdaptersOff(const AdaptersOff&) = delete;
-    AdaptersOff& operator=(const AdaptersOff&) = delete;
-
-   private:
-    const tf_sdk::Host& host_;
-  };
-
-  // The reference pass reads the copies, the policy's weights again
-  // however it ends.
-  class CopiesRead {
-   public:
-    explicit CopiesRead(const tf_sdk::Host& host) : host_(host) {
-      host_.use_param_copies(kReferencePrefix);
-    }
-    ~CopiesRead() {
-      try {
-        host_.use_param_copies("");
-      } catch (...) {
-        // Reported by the host's last error; a destructor must not throw.
-      }
-    }
-    CopiesRead(const CopiesRead&) = delete;
-    CopiesRead& operator=(const CopiesRead&) = delete;
-
-   private:
-    const tf_sdk::Host& host_;
-  };
-
   void declare_copies(const tf_sdk::Host& host) {
     for (const std::string& name : host.param_names())
       if (host.param_info(name).flags & TF_PARAM_ADAPTER)

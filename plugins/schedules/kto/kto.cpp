@@ -74,9 +74,9 @@ Scores score(Kto& s, const tf_sdk::Batch& b, bool across_ranks) {
   // whose targets are all ignored).
   const bool kl_rows = tf_preference::reads_kl(s.options);
   const at::Tensor targets = kl_rows ? b.targets() : completion_targets(b);
-  auto sums = [&] { return b.token_logps(targets).sum(1); };
+  auto sums = [&](const tf_sdk::PassWeights& w) { return b.token_logps(targets, {}, w).sum(1); };
   const at::Tensor ref = s.precompute ? s.table.of(b).logps : s.reference.run(s.host, sums);
-  const at::Tensor pol = sums();
+  const at::Tensor pol = sums({});
   Scores r;
   r.policy = pol.narrow(0, 0, n);
   r.reference = ref.narrow(0, 0, n);

@@ -28,7 +28,9 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
   return tf_sdk::guard(api, ctx, [&] {
     const double lr = s->lr.apply(s->host, step, total);
     s->host.zero_grad();
-    const tf_pass_result pass = tf_sdk::Batch(s->host).forward_backward(1.0);
+    // The loss is read with the update's gradient norm: one read a step.
+    tf_pass_result pass{};
+    tf_sdk::Batch(s->host).forward_backward_deferred(1.0, &pass);
     tf_sdk::step_or_skip(s->host, step, s->skipped);
     out->loss = pass.loss;
     out->n_tokens = pass.n_tokens;

@@ -296,6 +296,16 @@ class Host {
     api_->log(ctx_, level, msg.c_str());
   }
 
+  // `value` (one real number) read with the host's next read of the device
+  // (the update's gradient norm) into *out, which must outlive the step
+  // (ABI 1.20's read_later): a plugin's own figure without a read of its
+  // own. False on an older host, which wrote nothing: read it yourself.
+  bool read_later(const at::Tensor& value, double* out) const {
+    if (!TF_HAS(api_, tf_host_api, read_later)) return false;
+    check(api_->read_later(ctx_, lend(value), out));
+    return true;
+  }
+
   // The strategies' adapters (LoRA) off or on for the passes that follow
   // (ABI 1.10); how many strategies hold adapters (0: none, nothing changed).
   int32_t set_adapters_enabled(bool on) const {
@@ -540,6 +550,20 @@ struct SequenceLogps {
   at::Tensor logps, counts;
 };
 
+// Which weights a pass reads (ABI 1.20's tf_pass), for that pass alone:
+// the strategies' adapters off (the base model, as PEFT's
+// disable_adapter()), or the frozen copies declared under a prefix
+// (Host::declare_param_copies); the default reads the parameters.
+struct PassWeights {
+  bool adapters_off = false;
+  std::string param_copies;
+  bool plain() const { return !adapters_off && param_copies.empty(); }
+  void apply(tf_pass& pass) const {
+    pass.adapters_off = adapters_off ? 1 : 0;
+    pass.param_copies = param_copies.empty() ? nullptr : param_copies.c_str();
+  }
+};
+
 class Batch {
  public:
   // The next training batch.
@@ -577,10 +601,23 @@ class Batch {
 
   // Each row's summed target log-probability (ABI 1.10), without gradients
   // when `grad_weights` is undefined, else also the backward of
-  // sum_r grad_weights[r] * logps[r] into the parameters' gradients.
-  SequenceLogps sequence_logps(const at::Tensor& grad_weights = {}) const {
+  // sum_r grad_weights[r] * logps[r] into the parameters' gradients; read
+  // with `weights` (one run_pass, ABI 1.20, where the host has it).
+  SequenceLogps sequence_logps(const at::Tensor& grad_weights = {},
+                               const PassWeights& weights = {}) const {
+    if (TF_HAS(host_.api(), tf_host_api, run_pass)) {
+      tf_pass pass = new_pass(TF_PASS_SEQUENCE_LOGPS);
+      if (grad_weights.defined()) {
+        pass.backward = 1;
+        pass.grad_weights = lend(grad_weights);
+      }
+      weights.apply(pass);
+      PassResult r = run(pass);
+      return {std::move(r.logps), std::move(r.counts)};
+    }
     if (!TF_HAS(host_.api(), tf_host_api, sequence_logps))
       throw std::runtime_error("this tightfit has no sequence_logps (plugin ABI 1.10): update it");
+    need_plain(weights);
     tf_tensor logps = nullptr, counts = nullptr;
     host_.check(host_.api()->sequence_logps(host_.ctx(), &batch_,
                                             grad_weights.defined() ? lend(grad_weights) : nullptr,
@@ -592,11 +629,23 @@ class Batch {
   // where the target is ignored. `targets` (int64 [B, T]), when given, is
   // scored in place of the batch's (ORPO's NLL scores the prompt's tokens
   // too); with `grad_weights` (fp32 [B, T]) also the backward of
-  // sum grad_weights * logps into the parameters' gradients.
-  at::Tensor token_logps(const at::Tensor& targets = {},
-                         const at::Tensor& grad_weights = {}) const {
+  // sum grad_weights * logps into the parameters' gradients; read with
+  // `weights` (one run_pass, ABI 1.20, where the host has it).
+  at::Tensor token_logps(const at::Tensor& targets = {}, const at::Tensor& grad_weights = {},
+                         const PassWeights& weights = {}) const {
+    if (TF_HAS(host_.api(), tf_host_api, run_pass)) {
+      tf_pass pass = new_pass(TF_PASS_TOKEN_LOGPS);
+      if (targets.defined()) pass.targets = lend(targets);
+      if (grad_weights.defined()) {
+        pass.backward = 1;
+        pass.grad_weights = lend(grad_weights);
+      }
+      weights.apply(pass);
+      return run(pass).logps;
+    }
     if (!TF_HAS(host_.api(), tf_host_api, token_logps))
       throw std::runtime_error("this tightfit has no token_logps (plugin ABI 1.12): update it");
+    need_plain(weights);
     tf_batch scored = batch_;
     if (targets.defined()) scored.targets = lend(targets);
     tf_tensor logps = nullptr;
@@ -626,6 +675,57 @@ class Batch {
   tf_pass_result forward_backward(double loss_scale) const {
     tf_pass_result pass = empty_pass();
     host_.check(host_.api()->forward_backward(host_.ctx(), &batch_, loss_scale, &pass));
+    return pass;
+  }
+  // forward_backward with the loss read later, together with the update's
+  // gradient norm (ABI 1.20's defer_read), so that a step waits for the
+  // device once: *out's loss and finite are written when optimizer_step
+  // reads, so *out must live until then (out->read_pending is 1 until it
+  // is written). A host before 1.20 reads the loss at once.
+  void forward_backward_deferred(double loss_scale, tf_pass_result* out) const {
+    *out = empty_pass();
+    if (!TF_HAS(host_.api(), tf_host_api, run_pass)) {
+      *out = forward_backward(loss_scale);
+      return;
+    }
+    tf_pass pass = new_pass(TF_PASS_LOSS);
+    pass.backward = 1;
+    pass.loss_scale = loss_scale;
+    pass.defer_read = 1;
+    host_.check(host_.api()->run_pass(host_.ctx(), &pass, out));
+  }
+  // One pass over this batch as `pass` says (run_pass, ABI 1.20; its batch
+  // is set here). Log-probs come back owned; the result's handles are taken.
+  struct PassResult {
+    tf_pass_result raw{};
+    at::Tensor logps, counts, mean_logits;
+  };
+  PassResult run(tf_pass pass) const {
+    if (!TF_HAS(host_.api(), tf_host_api, run_pass))
+      throw std::runtime_error("this tightfit has no run_pass (plugin ABI 1.20): update it");
+    pass.batch = &batch_;
+    PassResult r;
+    r.raw = empty_pass();
+    host_.check(host_.api()->run_pass(host_.ctx(), &pass, &r.raw));
+    if (r.raw.logps) r.logps = take(std::exchange(r.raw.logps, nullptr));
+    if (r.raw.counts) r.counts = take(std::exchange(r.raw.counts, nullptr));
+    if (r.raw.mean_logits) r.mean_logits = take(std::exchange(r.raw.mean_logits, nullptr));
+    return r;
+  }
+  // Before run_pass a pass reads the parameters, or what the modal
+  // services (Host::set_adapters_enabled, use_param_copies) set.
+  static void need_plain(const PassWeights& weights) {
+    if (!weights.plain())
+      throw std::runtime_error(
+          "this tightfit has no run_pass (plugin ABI 1.20) to read a pass's own weights: update "
+          "it");
+  }
+  // A tf_pass of this batch computing `what`, every option at its default.
+  tf_pass new_pass(tf_pass_compute what) const {
+    tf_pass pass{};
+    pass.struct_size = sizeof pass;
+    pass.compute = what;
+    pass.batch = &batch_;
     return pass;
   }
 

@@ -30,9 +30,12 @@ struct FusedUpdate {
   double max_norm = 1.0;
   double previous_norm = -1;  // < 0: none yet
   // This step's gradients' squared norms so far, summed on the device and
-  // read once, at the step's end (a read per parameter would wait for the
-  // device each time).
+  // read with the kernel's one read of the step (read_later, asked in the
+  // update's grad_norm_sq; a read per parameter would wait for the device
+  // each time, and a read of its own would be the step's second).
   at::Tensor sum_sq;
+  double sum_sq_read = 0;
+  bool sum_sq_asked = false;
 };
 
 tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
@@ -60,11 +63,27 @@ tf_status grad_ready(void* state, tf_host_context* ctx, const char* name, tf_ten
   });
 }
 
+// It holds no gradient (each went into its update in backward), so it adds
+// nothing to the norm; its own sum is read with the kernel's.
+tf_status grad_norm_sq(void* state, tf_host_context* ctx, double*) {
+  auto* s = static_cast<FusedUpdate*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    if (s->sum_sq.defined() && !s->sum_sq_asked)
+      s->sum_sq_asked = s->host.read_later(s->sum_sq, &s->sum_sq_read);
+    return TF_OK;
+  });
+}
+
 tf_status step_end(void* state, tf_host_context* ctx, int64_t, double) {
   auto* s = static_cast<FusedUpdate*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    s->previous_norm = s->sum_sq.defined() ? std::sqrt(s->sum_sq.item<double>()) : 0.0;
+    // (A step without an update, or an older host: read here.)
+    const double sq = !s->sum_sq.defined() ? 0.0
+                      : s->sum_sq_asked    ? s->sum_sq_read
+                                           : s->sum_sq.item<double>();
+    s->previous_norm = std::sqrt(sq);
     s->sum_sq = at::Tensor();
+    s->sum_sq_asked = false;
     s->host.log_metric("grad_norm", s->previous_norm);
     return TF_OK;
   });
@@ -120,7 +139,8 @@ const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
                                     .grad_ready = grad_ready,
                                     .estimate_memory = estimate_memory,
                                     .save_state = save_state,
-                                    .load_state = load_state};
+                                    .load_state = load_state,
+                                    .grad_norm_sq = grad_norm_sq};
 
 const tf_plugin_descriptor kDescriptor =
     tf_sdk::describe(TF_PLUGIN_STRATEGY, "fused_update", "1.0.0",
