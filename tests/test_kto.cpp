@@ -222,7 +222,8 @@ TEST_P(KtoParity, LogpsLossMetricsAndGradientsEqualTrl) {
     if (want.count("policy_KL"))
       expect_close(sums.narrow(0, n, n), want.at("policy_KL"), "KL logps");
   }
-  // The KL estimate in the loss, not clamped to 0 (seed 15's draw).
+  // The KL estimate in the loss, not clamped to 0 (seed 58's draw: one in the fifty tried on
+  // this base).
   if (c.positive_kl) {
     EXPECT_GT(want.at("metric.kl").item<double>(), 0.1);
   }
@@ -233,7 +234,7 @@ TEST_P(KtoParity, LogpsLossMetricsAndGradientsEqualTrl) {
 }
 
 INSTANTIATE_TEST_SUITE_P(LossTypes, KtoParity,
-                         ::testing::Values(KtoCase{"lora", "kto", 0.1, 1.0, 1.0, true, 15, true},
+                         ::testing::Values(KtoCase{"lora", "kto", 0.1, 1.0, 1.0, true, 58, true},
                                            KtoCase{"lora_apo_weighted", "apo_zero_unpaired", 0.5,
                                                    1.3, 0.7, true},
                                            KtoCase{"full", "kto", 0.1, 1.0, 1.0, false}),

@@ -155,7 +155,8 @@ TEST(CpuBlockCache, HoldsAtMostItsLimitDroppingTheOldest) {
   cpu_block_cache().release_all();
 }
 
-TEST(CpuBlockCache, NeverHoldsTheProcessAboveItsLiveHighWaterMark) {
+// The mark: the live high-water mark and an eighth of it (here under 2 MiB).
+TEST(CpuBlockCache, NeverHoldsTheProcessAboveItsMark) {
   MemoryAccounting::instance();  // installs the counting allocator
   cpu_block_cache().set_limit(int64_t{64} << 20);
   cpu_block_cache().release_all();  // the mark starts at the live bytes
@@ -182,6 +183,40 @@ TEST(CpuBlockCache, NeverHoldsTheProcessAboveItsLiveHighWaterMark) {
     EXPECT_EQ(cpu_block_cache().cached_bytes(), int64_t{10} << 20);
   }
   cpu_block_cache().set_limit(int64_t{512} << 20);
+  cpu_block_cache().release_all();
+}
+
+// While the live bytes climb to a new high (a first step's forward saving its
+// inputs, set-up making layer after layer), a small fresh block leaves a
+// large cached one in place within the eighth: the next request of its
+// class is served from it. Past the eighth, the oldest goes as before.
+TEST(CpuBlockCache, AClimbingLiveHighKeepsTheCacheWithinAnEighth) {
+  MemoryAccounting::instance();  // installs the counting allocator
+  cpu_block_cache().set_limit(int64_t{512} << 20);
+  cpu_block_cache().release_all();
+  const int64_t live = cpu_block_cache().live_bytes();
+  const int64_t mib = int64_t{1} << 20;
+  at::Tensor a = at::empty({8 << 20}, at::kFloat), b = at::empty({8 << 20}, at::kFloat);
+  void* a_data = a.data_ptr();
+  const int64_t high = live + 64 * mib, mark = high + high / 8;
+  a.reset();  // 32 MiB cached; live at its high less 32
+  // 4 MiB fresh: 32 cached + 36 live is over the high (64) but within the mark.
+  at::Tensor saved = at::empty({1 << 20}, at::kFloat);
+  ASSERT_LE(live + 32 * mib + 36 * mib, mark);
+  EXPECT_EQ(cpu_block_cache().cached_bytes(), 32 * mib);
+  at::Tensor again = at::empty({8 << 20}, at::kFloat);
+  EXPECT_EQ(again.data_ptr(), a_data);  // no fresh pages for it
+  // Past the mark: both 32 MiB blocks cached, 40 MiB fresh on 4 live.
+  again.reset();
+  b.reset();
+  EXPECT_EQ(cpu_block_cache().cached_bytes(), 64 * mib);
+  ASSERT_GT(live + 64 * mib + 44 * mib, mark);
+  at::Tensor big = at::empty({10 << 20}, at::kFloat);
+  const int64_t resident = cpu_block_cache().cached_bytes() + cpu_block_cache().live_bytes();
+  EXPECT_LE(resident, std::max(mark, live + 44 * mib + (live + 44 * mib) / 8));
+  EXPECT_LT(cpu_block_cache().cached_bytes(), 64 * mib);
+  big.reset();
+  saved.reset();
   cpu_block_cache().release_all();
 }
 

@@ -189,9 +189,17 @@ TEST_P(PackedEqualsUnpacked, SameLossAndGradients) {
         (g - expected).abs().max().item<double>() / (expected.abs().max().item<double>() + 1e-12);
     EXPECT_LE(rel, 1e-5) << name;
   }
-  // Without its positions the packed row is one long example: not the same.
+  // Without its positions the packed row is one long example: not the same
+  // gradients, by far more than the tolerance above (the loss of a tiny random
+  // model can move less: its attention is nearly uniform).
   const Grads mixed = pass(*s, tokens, targets, at::Tensor());
-  EXPECT_GT(std::abs(mixed.loss - b.loss), 1e-4);
+  double most = 0;
+  for (const auto& [name, g] : mixed.grads) {
+    const at::Tensor& expected = b.grads.at(name);
+    most = std::max(most, (g - expected).abs().max().item<double>() /
+                              (expected.abs().max().item<double>() + 1e-12));
+  }
+  EXPECT_GT(most, 1e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -1,12 +1,12 @@
 // The parameter store's initial values: a function of the seed, the name and
 // the position alone, drawn a chunk at a time on any number of threads, a
 // parameter not kept as CPU fp32 without a whole fp32 copy beside it.
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "initial_draws.hpp"
 #include "memory_accounting.hpp"
 #include "param_store.hpp"
 
@@ -24,21 +24,18 @@ Param param(int64_t numel, at::ScalarType dtype, tf_init_kind init) {
   return p;
 }
 
-// The reference: chunk by chunk of kInitChunkValues, each from its own
-// generator, in fp32 on one thread, then converted.
+// The reference: the whole stream in one call, in fp32 on one thread, then
+// converted.
 at::Tensor reference_draw(const Param& p, uint64_t seed) {
   const int64_t n = p.numel();
   at::Tensor flat = at::empty({n}, at::kFloat);
-  for (int64_t c = 0; c * kInitChunkValues < n; ++c) {
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(init_chunk_seed(seed, p.name, c));
-    at::Tensor chunk =
-        flat.narrow(0, c * kInitChunkValues, std::min(kInitChunkValues, n - c * kInitChunkValues));
-    if (p.init == TF_INIT_NORMAL) chunk.normal_(0.0, p.init_std, gen);
-    if (p.init == TF_INIT_UNIFORM) chunk.uniform_(-p.init_std, p.init_std, gen);
-    if (p.init == TF_INIT_CONSTANT) chunk.fill_(p.init_std);
-    if (p.init == TF_INIT_ONES) chunk.fill_(1.0);
-    if (p.init == TF_INIT_ZEROS) chunk.zero_();
-  }
+  const uint64_t key = init_stream_key(seed, p.name);
+  const auto spread = static_cast<float>(p.init_std);
+  if (p.init == TF_INIT_NORMAL) draw_normal(key, 0, n, spread, flat.data_ptr<float>());
+  if (p.init == TF_INIT_UNIFORM) draw_uniform(key, 0, n, -spread, spread, flat.data_ptr<float>());
+  if (p.init == TF_INIT_CONSTANT) flat.fill_(p.init_std);
+  if (p.init == TF_INIT_ONES) flat.fill_(1.0);
+  if (p.init == TF_INIT_ZEROS) flat.zero_();
   return flat.view(p.shape).to(p.dtype);
 }
 
@@ -50,9 +47,9 @@ struct Threads {
 
 }  // namespace
 
-// The numbers are each chunk's own stream, the same drawn on one thread as
-// on two, in fp32 or converted into place: sizes around LibTorch's 16-value
-// blocks and the chunk size, every init kind.
+// The numbers are the parameter's stream whatever the chunks, the same drawn
+// on one thread as on two, in fp32 or converted into place: sizes around
+// the stream's 32-value blocks and the chunk size, every init kind.
 TEST(ParamStore, InitialValuesAreTheSameOnAnyNumberOfThreads) {
   Threads restore;
   const int64_t K = kInitChunkValues;
@@ -92,8 +89,6 @@ TEST(ParamStore, ChunksNamesAndSeedsDrawTheirOwnNumbers) {
   Param q = p;
   q.name = "w2";
   EXPECT_FALSE(at::equal(a, initial_values(q, at::Device(at::kCPU), 7)));
-  EXPECT_NE(init_chunk_seed(7, "w", 0), init_chunk_seed(7, "w", 1));
-  EXPECT_LT(init_chunk_seed(7, "w", 0), uint64_t{1} << 32);
 }
 
 // A parameter's numbers do not depend on the others: absent, read from a

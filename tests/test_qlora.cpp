@@ -175,9 +175,10 @@ TEST(Nf4Codec, LevelsAreBitsandbytes) {
 
 // The CPU's one-pass loops give the codes, absmaxes and values the tensor
 // ops give (the path other devices take), bit for bit: fp32 and bf16
-// weights, even and odd block sizes, a length no multiple of a block, an
-// all-zero block, values exactly on the midpoints between levels (ties go to
-// the lower level), and a NaN.
+// weights, even and odd block sizes (64 and 32 take the AVX-512 permutes on a
+// CPU that has them), a length no multiple of a block, an all-zero block,
+// values exactly on the midpoints between levels (ties go to the lower
+// level), and a NaN.
 TEST(Nf4Codec, CpuLoopsMatchTheTensorOpsBitForBit) {
   at::manual_seed(7);
   const int64_t n = 100003;
@@ -191,9 +192,9 @@ TEST(Nf4Codec, CpuLoopsMatchTheTensorOpsBitForBit) {
   }
   w.slice(0, 1280, 1280 + static_cast<int64_t>(edge.size())).copy_(at::tensor(edge));
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16})
-    for (const int64_t block : {64, 63, 2}) {
+    for (const int64_t block : {64, 63, 32, 2}) {
       at::Tensor x = w.to(dtype);
-      if (dtype == at::kFloat && block == 63) x[5000] = std::nanf("");
+      if (dtype == at::kFloat && (block == 63 || block == 64)) x[5000] = std::nanf("");
       const auto [packed, absmax] = nf4::encode(x, block);
       const auto [ref_packed, ref_absmax] = nf4::encode_with_tensor_ops(x, block);
       const std::string where =

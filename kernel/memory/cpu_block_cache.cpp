@@ -66,12 +66,16 @@ void CpuBlockCache::drop_past_limit(std::list<Entry>& dropped) {
 }
 
 void CpuBlockCache::drop_past_high_water(std::list<Entry>& dropped) {
-  while (cached_ > 0 && cached_ + live_ > high_water_) drop_oldest(dropped);
+  while (cached_ > 0 && cached_ + live_ > mark()) drop_oldest(dropped);
 }
 
 void CpuBlockCache::drop_oldest(std::list<Entry>& dropped) {
   cached_ -= entries_.back().capacity;
   dropped.splice(dropped.begin(), entries_, std::prev(entries_.end()));
+}
+
+int64_t CpuBlockCache::mark() const {
+  return high_water_ + std::min(limit_, high_water_ / 8);
 }
 
 int64_t CpuBlockCache::cached_bytes() const {

@@ -1,12 +1,12 @@
 #include "param_store.hpp"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <stdexcept>
 
 #include "checked_size.hpp"
+#include "initial_draws.hpp"
 #include "memory_accounting.hpp"
 
 namespace tightfit {
@@ -144,15 +144,9 @@ bool ParamStore::has_copies(const std::string& prefix) const {
 
 namespace {
 
-// Fills `t` (fp32) by the parameter's init kind, drawing from `gen`.
-void fill_initial(at::Tensor& t, const Param& p, at::Generator& gen) {
+// Fills `t` with a constant init kind's value.
+void fill_constant(at::Tensor& t, const Param& p) {
   switch (p.init) {
-    case TF_INIT_NORMAL:
-      t.normal_(0.0, p.init_std, gen);
-      break;
-    case TF_INIT_UNIFORM:
-      t.uniform_(-p.init_std, p.init_std, gen);
-      break;
     case TF_INIT_ZEROS:
       t.zero_();
       break;
@@ -167,46 +161,32 @@ void fill_initial(at::Tensor& t, const Param& p, at::Generator& gen) {
   }
 }
 
-bool draws_from_generator(tf_init_kind k) {
+bool draws_from_stream(tf_init_kind k) {
   return k == TF_INIT_NORMAL || k == TF_INIT_UNIFORM;
-}
-
-// splitmix64's finalizer (Steele et al. 2014): every input bit moves every
-// output bit, so neighbouring chunks and similar names get unrelated streams.
-uint64_t mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
 }
 
 }  // namespace
 
-uint64_t init_chunk_seed(uint64_t seed, const std::string& name, int64_t chunk) {
-  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a over the name
-  for (const unsigned char c : name) h = (h ^ c) * 0x100000001b3ULL;
-  const uint64_t x = mix64(mix64(mix64(seed) ^ h) + static_cast<uint64_t>(chunk));
-  return (x ^ (x >> 32)) & 0xffffffffULL;
-}
-
 at::Tensor initial_values(const Param& p, const at::Device& device, uint64_t seed) {
   at::Tensor out = at::empty(p.shape, at::TensorOptions().dtype(p.dtype).device(device));
-  if (!draws_from_generator(p.init)) {
-    at::Generator unused;  // constants draw nothing
-    fill_initial(out, p, unused);
+  if (!draws_from_stream(p.init)) {
+    fill_constant(out, p);
     return out;
   }
   const int64_t n = p.numel(), n_chunks = (n + kInitChunkValues - 1) / kInitChunkValues;
-  const std::string& key = p.source_name();
+  const uint64_t key = init_stream_key(seed, p.source_name());
+  const auto spread = static_cast<float>(p.init_std);
   at::Tensor flat = out.view({-1});
   const bool in_place = device.is_cpu() && p.dtype == at::kFloat;
   auto draw_chunks = [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t begin = c * kInitChunkValues, m = std::min(kInitChunkValues, n - begin);
-      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(init_chunk_seed(seed, key, c));
       at::Tensor chunk = in_place ? flat.narrow(0, begin, m)
                                   : at::empty({m}, at::TensorOptions().dtype(at::kFloat));
-      fill_initial(chunk, p, gen);
+      if (p.init == TF_INIT_NORMAL)
+        draw_normal(key, begin, m, spread, chunk.data_ptr<float>());
+      else
+        draw_uniform(key, begin, m, -spread, spread, chunk.data_ptr<float>());
       if (!in_place) flat.narrow(0, begin, m).copy_(chunk);
     }
   };

@@ -51,18 +51,17 @@ tf_dtype to_tf_dtype(at::ScalarType t);
 
 // A parameter's initial values, stored as p.dtype on `device`. They are
 // drawn in fp32 on the CPU (every device and dtype starts from the same
-// numbers) in chunks of kInitChunkValues (a multiple of 16), chunk c from
-// its own generator seeded by init_chunk_seed(seed, name, c), the name being
-// that of the parameter a copy copies. So the numbers are a function of the
-// seed, the name and the position alone: chunks are drawn in parallel (the
-// same numbers on any number of threads), and no parameter's values depend
-// on which others exist, are absent or are read from a file instead. A
-// parameter not kept as CPU fp32 is converted into place a chunk at a time,
-// so no whole fp32 copy lives beside it (a 514M-value bf16 embedding's 2 GB
-// at set-up): one fp32 chunk per thread at most.
+// numbers) from the stream init_stream_key(seed, name) (initial_draws.hpp),
+// the name being that of the parameter a copy copies, value i at the
+// stream's position i. So the numbers are a function of the seed, the name
+// and the position alone: chunks of kInitChunkValues are drawn in parallel
+// (the same numbers on any number of threads and any CPU), and no
+// parameter's values depend on which others exist, are absent or are read
+// from a file instead. A parameter not kept as CPU fp32 is converted into
+// place a chunk at a time, so no whole fp32 copy lives beside it (a
+// 514M-value bf16 embedding's 2 GB at set-up): one fp32 chunk per thread at
+// most.
 inline constexpr int64_t kInitChunkValues = int64_t{1} << 20;
-// (LibTorch's mt19937 takes 32 bits of a seed: the 64-bit mix folded.)
-uint64_t init_chunk_seed(uint64_t seed, const std::string& name, int64_t chunk);
 at::Tensor initial_values(const Param& p, const at::Device& device, uint64_t seed);
 
 class ParamStore {

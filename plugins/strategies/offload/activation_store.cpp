@@ -1,8 +1,9 @@
 #include "activation_store.hpp"
 
 #include <cstdio>
-#include <fstream>
 #include <stdexcept>
+
+#include "tier_file.hpp"
 
 namespace offload {
 
@@ -35,15 +36,12 @@ uint64_t ActivationStore::pack(int32_t stage, const at::Tensor& x) {
     e.path = dir_ + "/activation-" + std::to_string(key) + ".bin";
     const std::string path = e.path;
     // The task drops its reference once written, so the memory goes then.
-    e.written = std::async(std::launch::async, [path, t = host_copy]() mutable {
-                  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-                  out.write(static_cast<const char*>(t.data_ptr()),
-                            static_cast<std::streamsize>(t.numel() * t.element_size()));
-                  t = at::Tensor();
-                  if (!out)
-                    throw std::runtime_error("offload: cannot write " + path +
-                                             " (disk full? set offload.dir)");
-                }).share();
+    e.written =
+        std::async(std::launch::async, [path, t = host_copy]() mutable {
+          write_tier_file(path, t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size(),
+                          TierIo::kBuffered);  // read back within the step
+          t = at::Tensor();
+        }).share();
   }
   entries_.emplace(key, std::move(e));
   return key;
@@ -53,10 +51,7 @@ at::Tensor ActivationStore::read(const FileRef& f) const {
   if (f.written.valid()) f.written.get();  // rethrows a failed write
   at::Tensor t;
   track_([&] { t = at::empty(f.shape, at::TensorOptions().dtype(f.dtype).pinned_memory(cuda_)); });
-  std::ifstream in(f.path, std::ios::binary);
-  in.read(static_cast<char*>(t.data_ptr()),
-          static_cast<std::streamsize>(t.numel() * t.element_size()));
-  if (!in) throw std::runtime_error("offload: cannot read " + f.path);
+  read_tier_file(f.path, t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
   return t;
 }
 

@@ -156,7 +156,7 @@ tf_status params_ready(void* state, tf_host_context* ctx) {
           TF_LOG_INFO,
           std::string(s->disk ? "disk" : "host") + " tier: " + std::to_string(s->weights.size()) +
               " weights, " + std::to_string(s->offloaded_bytes >> 20) + " MiB" +
-              (s->disk ? " in " + s->dir : std::string()) +
+              (s->disk ? " in " + s->dir + " (" + describe(s->tier_io) + ")" : std::string()) +
               (s->expert_weights > 0 ? "; " + std::to_string(s->expert_weights) +
                                            " expert weights brought in only when a batch is "
                                            "routed to them"

@@ -18,6 +18,7 @@
 #include "activation_store.hpp"
 #include "device_upload.hpp"
 #include "state_tier.hpp"
+#include "tier_file.hpp"
 #include "tightfit/plugin_sdk.hpp"
 #include "tightfit/scratch_dir.hpp"
 
@@ -61,6 +62,7 @@ struct Offload {
   bool offload_params = true;
   bool offload_trainable = false;                 // trained block weights too
   bool disk = true;                               // params tier: files, or host memory
+  TierIo tier_io = TierIo::kDirect;               // how the disk tier's files were written
   std::map<std::string, at::Tensor> host_copies;  // params = "host": the tier itself
   std::map<int32_t, offload::Upload> uploads;     // CUDA: stages being copied on a side stream
   std::string dir;

@@ -6,10 +6,10 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <stdexcept>
 
 #include "offload_state.hpp"
+#include "tier_file.hpp"
 #include "tightfit/storage_bytes.hpp"
 
 namespace offload {
@@ -31,10 +31,7 @@ Offload::~Offload() {
 at::Tensor Offload::read(const std::string& name, const Offloaded& w) const {
   if (!disk) return host_copies.at(name);
   at::Tensor t = at::empty(w.shape, at::TensorOptions().dtype(w.dtype).pinned_memory(cuda));
-  std::ifstream in(w.path, std::ios::binary);
-  in.read(static_cast<char*>(t.data_ptr()),
-          static_cast<std::streamsize>(t.numel() * t.element_size()));
-  if (!in) throw std::runtime_error("offload: cannot read " + w.path);
+  read_tier_file(w.path, t.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
   return t;
 }
 
@@ -156,12 +153,8 @@ void Offload::offload_stage(int32_t stage) {
     Offloaded o{disk ? (fs::path(files()) / (std::to_string(i) + ".bin")).string() : std::string(),
                 w.sizes().vec(), w.scalar_type(), info.format, info.stage};
     if (disk) {
-      std::ofstream out(o.path, std::ios::binary | std::ios::trunc);
-      out.write(static_cast<const char*>(w.data_ptr()),
-                static_cast<std::streamsize>(w.numel() * w.element_size()));
-      if (!out)
-        throw std::runtime_error("offload: cannot write " + o.path +
-                                 " (disk full? set offload.dir)");
+      tier_io = write_tier_file(o.path, w.data_ptr(),
+                                static_cast<size_t>(w.numel()) * w.element_size(), TierIo::kDirect);
     } else {
       // The host tier: pinned on a CUDA run (asynchronous copies), counted as weights.
       const tf_sdk::MemoryCategory as_weights(host, TF_MEM_WEIGHTS);
@@ -209,11 +202,9 @@ void Offload::fill_leaf(Offloaded& w, const at::Tensor& src) {
 void Offload::store_back(const std::string& name, const Offloaded& w) {
   const at::Tensor value = w.leaf.detach().cpu().contiguous();
   if (disk) {
-    std::ofstream out(w.path, std::ios::binary | std::ios::trunc);
-    out.write(static_cast<const char*>(value.data_ptr()),
-              static_cast<std::streamsize>(value.numel() * value.element_size()));
-    if (!out)
-      throw std::runtime_error("offload: cannot write " + w.path + " (disk full? set offload.dir)");
+    // Through the page cache: read back at the next step.
+    write_tier_file(w.path, value.data_ptr(),
+                    static_cast<size_t>(value.numel()) * value.element_size(), TierIo::kBuffered);
   } else {
     host_copies.at(name).copy_(value);
   }

@@ -179,6 +179,80 @@ at::Tensor encode_tensors(const at::Tensor& flat, int64_t block, at::Tensor& abs
   return (codes.select(1, 0) * 16 + codes.select(1, 1)).to(at::kByte);
 }
 
+// With AVX-512 (x86-64-v4), whole blocks of a multiple of 32 values: a
+// block's 16 values made at once (the same fp32 products, rounded to T as
+// c10 rounds: bf16 to nearest even with NaN as 0x7FC0, fp16 by c10::Half),
+// then every 16 bytes of codes become 32 values by one permute of them
+// (vpermw; for fp32, two vpermd). No arithmetic on the values, so the same
+// bits as the loop below; on a 7B QLoRA step the loop's lookups were a tenth
+// of the CPU time.
+using U8x8 = uint8_t __attribute__((vector_size(8)));
+using U16x16 = uint16_t __attribute__((vector_size(32)));
+using U16x32 = uint16_t __attribute__((vector_size(64)));
+using U32x16 = uint32_t __attribute__((vector_size(64)));
+using I32x8 = int32_t __attribute__((vector_size(32)));
+
+bool cpu_has_v4() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512cd");
+  return has;
+}
+
+template <typename T>
+__attribute__((target("arch=x86-64-v4"))) void decode_blocks_v4(const uint8_t* packed,
+                                                                const float* absmax, int64_t b0,
+                                                                int64_t b1, int64_t block, T* out) {
+  F32x16 levels;
+  std::memcpy(&levels, kLevels.data(), sizeof levels);
+  for (int64_t b = b0; b < b1; ++b) {
+    const F32x16 product = levels * absmax[b];
+    const uint8_t* p = packed + b * block / 2;
+    T* o = out + b * block;
+    if constexpr (sizeof(T) == 2) {
+      U16x32 table{};
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        U32x16 u;
+        std::memcpy(&u, &product, sizeof u);
+        U32x16 rounded = (u + ((u >> 16) & 1) + 0x7fff) >> 16;
+        const I32x16 nan = product != product;
+        rounded = nan ? U32x16{} + 0x7fc0 : rounded;
+        const U16x16 t = __builtin_convertvector(rounded, U16x16);
+        table = __builtin_shufflevector(t, t, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+                                        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      } else {
+        for (int k = 0; k < 16; ++k) table[k] = static_cast<T>(product[k]).x;
+      }
+      for (int64_t i = 0; i < block / 2; i += 16) {
+        U8x16 bytes;
+        std::memcpy(&bytes, p + i, sizeof bytes);
+        const U16x16 w = __builtin_convertvector(bytes, U16x16);
+        U16x32 codes =
+            __builtin_shufflevector(w, w, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9,
+                                    9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+        codes = (codes >> U16x32{4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0,
+                                 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0}) &
+                15;
+        const U16x32 values = __builtin_shuffle(table, codes);
+        std::memcpy(o + 2 * i, &values, sizeof values);
+      }
+    } else {
+      I32x16 table;
+      std::memcpy(&table, &product, sizeof table);
+      for (int64_t i = 0; i < block / 2; i += 8) {
+        U8x8 bytes;
+        std::memcpy(&bytes, p + i, sizeof bytes);
+        const I32x8 w = __builtin_convertvector(bytes, I32x8);
+        I32x16 codes =
+            __builtin_shufflevector(w, w, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        codes = (codes >> I32x16{4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0}) & 15;
+        const I32x16 values = __builtin_shuffle(table, codes);
+        std::memcpy(o + 2 * i, &values, sizeof values);
+      }
+    }
+  }
+}
+
 // On the CPU, one pass over the codes with no temporaries: element i of a
 // block is kLevels[code] * absmax, rounded once to T — the same fp32 product
 // and the same rounding as the tensor path, so the same bits. Each block's
@@ -188,9 +262,16 @@ at::Tensor encode_tensors(const at::Tensor& flat, int64_t block, at::Tensor& abs
 template <typename T>
 void decode_cpu(const uint8_t* packed, const float* absmax, int64_t n, int64_t block, T* out) {
   const int64_t n_blocks = (n + block - 1) / block;
+  // Whole blocks of a multiple of 32 values go to the AVX-512 permutes.
+  constexpr bool kPermutable =
+      std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half>;
+  const int64_t vector_blocks = kPermutable && block % 32 == 0 && cpu_has_v4() ? n / block : 0;
   at::parallel_for(0, n_blocks, std::max<int64_t>(1, 65536 / block), [&](int64_t b0, int64_t b1) {
+    const int64_t v1 = std::min(b1, vector_blocks);
+    if constexpr (kPermutable)
+      if (b0 < v1) decode_blocks_v4(packed, absmax, b0, v1, block, out);
     std::array<T, 16> value;
-    for (int64_t b = b0; b < b1; ++b) {
+    for (int64_t b = std::max(b0, v1); b < b1; ++b) {
       for (size_t k = 0; k < value.size(); ++k) value[k] = static_cast<T>(kLevels[k] * absmax[b]);
       int64_t i = b * block;
       const int64_t end = std::min(n, (b + 1) * block);
