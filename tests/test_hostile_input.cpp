@@ -21,6 +21,7 @@
 #include "chat_data.hpp"
 #include "checkpoint_manifest.hpp"
 #include "data.hpp"
+#include "input_files.hpp"
 #include "memory_accounting.hpp"
 #include "memory_plan.hpp"
 #include "metrics.hpp"
@@ -413,7 +414,7 @@ TEST(UsersFiles, MetricsStartFreshAndNeverFollowALink) {
   try {
     test::make_session(test::tiny_recipe(corpus, e.str()))->train();
     ADD_FAILURE() << "metrics were written through a symlink";
-  } catch (const std::runtime_error& err) {
+  } catch (const InputError& err) {  // exit 2 at the command line
     EXPECT_NE(std::string(err.what()).find("symbolic link"), std::string::npos) << err.what();
   }
   std::ifstream p(precious);

@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "commands.hpp"
+#include "input_files.hpp"
 #include "plugin_loader.hpp"
 #include "recipe.hpp"
 #include "session.hpp"
@@ -50,6 +51,9 @@ int report_current_error() {
     throw;
   } catch (const RecipeError& e) {
     write_stderr_line(std::string("tightfit: recipe error: ") + e.what());
+    return kUsage;
+  } catch (const InputError& e) {
+    write_stderr_line(std::string("tightfit: ") + e.what());
     return kUsage;
   } catch (const PluginLoadError& e) {
     write_stderr_line(std::string("tightfit: ") + e.what());

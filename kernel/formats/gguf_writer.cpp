@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "file_util.hpp"
+#include "input_files.hpp"
 
 namespace tightfit::gguf {
 namespace {
@@ -98,6 +99,7 @@ Value array_value(ValueType item_type, std::vector<Value> items) {
 }
 
 GgufWriter::GgufWriter(std::string path) : path_(std::move(path)) {
+  refuse_output_over_inputs(path_, /*folder=*/false, "a GGUF file");
   // Unlinked as soon as it exists: nothing is left behind on any exit.
   static std::atomic<uint64_t> counter{0};
   const std::string spool =

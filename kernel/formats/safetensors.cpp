@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "file_util.hpp"
+#include "input_files.hpp"
 #include "json_input.hpp"
 
 namespace tightfit {
@@ -52,6 +53,7 @@ uint64_t round8(uint64_t n) {
 SafetensorsWriter::SafetensorsWriter(std::string path, std::map<std::string, std::string> metadata,
                                      uint64_t header_space)
     : path_(std::move(path)), metadata_(std::move(metadata)) {
+  refuse_output_over_inputs(path_, /*folder=*/false, "a safetensors file");
   static std::atomic<uint64_t> counter{0};
   tmp_ = path_ + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
   fd_ = ::open(tmp_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);

@@ -17,6 +17,7 @@
 #include "checkpoint_checks.hpp"
 #include "checkpoint_manifest.hpp"
 #include "file_util.hpp"
+#include "input_files.hpp"
 #include "json_output.hpp"
 #include "safetensors.hpp"
 #include "session.hpp"
@@ -282,6 +283,7 @@ bool Session::load_latest_checkpoint() {
   std::string errors;
   for (auto it = names.rbegin(); it != names.rend(); ++it) {
     const fs::path cp = dir / *it;
+    note_input_folder(this, cp.string(), "the checkpoint");  // no export replaces what it loads
     try {
       const TrainerRecord trainer = parse_trainer_record(
           read_file_text((cp / "trainer.json").string()), (cp / "trainer.json").string());

@@ -10,6 +10,7 @@
 #include "file_util.hpp"
 #include "host_reads.hpp"
 #include "ignore_index.hpp"
+#include "input_files.hpp"
 #include "json_output.hpp"
 #include "logging.hpp"
 #include "op_timer.hpp"
@@ -45,6 +46,7 @@ Session::Session(const Recipe& recipe, const PluginRegistry& registry, SessionOp
 // The plugins go first, while every part they may still reach exists.
 Session::~Session() {
   plugins_.destroy_all();
+  forget_inputs(this);  // its files may go now, and their inode numbers be reused
 }
 
 void Session::log(tf_log_level level, const std::string& message) {

@@ -14,6 +14,7 @@
 #include "data_setup.hpp"
 #include "device_spec.hpp"
 #include "hf_weights.hpp"
+#include "input_files.hpp"
 #include "kernel_config.hpp"
 #include "kernel_keys.hpp"
 #include "logging.hpp"
@@ -155,6 +156,39 @@ std::optional<DistEnv> Session::set_up_device_and_ranks() {
   return dist;
 }
 
+namespace {
+
+// What this run reads, so that no output of it replaces one
+// (input_files.hpp): the recipe, the weights, the data and the tokenizer.
+void note_inputs(const void* owner, const std::string& recipe, const DataRequest& req) {
+  auto resolve = [&](const std::string& spec) {
+    fs::path p = spec;
+    std::error_code ec;
+    if (p.is_relative() && !fs::exists(p, ec)) p = fs::path(req.base_dir) / p;
+    return p;
+  };
+  std::error_code ec;
+  note_input(owner, recipe, "the recipe", InputKind::kOtherFile);
+  if (!req.weights.empty()) {
+    const fs::path w = resolve(req.weights);
+    if (fs::is_directory(w, ec))
+      note_input_folder(owner, w.string(), "the base weights");
+    else
+      note_input(owner, w.string(), "the base weights", InputKind::kModelFile);
+  }
+  if (!req.corpus.empty() && req.corpus.rfind("builtin:", 0) != 0)
+    note_input(owner, resolve(req.corpus).string(), "the data", InputKind::kOtherFile);
+  if (!req.tokenizer.empty() && req.tokenizer != "byte" && req.tokenizer != "auto") {
+    const fs::path t = resolve(req.tokenizer);
+    if (fs::is_directory(t, ec))
+      note_input_folder(owner, t.string(), "the tokenizer");
+    else
+      note_input(owner, t.string(), "the tokenizer", InputKind::kModelFile);
+  }
+}
+
+}  // namespace
+
 // The tokenizer and the batches (none in a dry run or with skip_data).
 void Session::set_up_data(const std::string& base_dir, int64_t world_size) {
   try {
@@ -174,6 +208,7 @@ void Session::set_up_data(const std::string& base_dir, int64_t world_size) {
       if (!env_.model_source.empty() && env_.model_source.back() == '/')
         env_.model_source.pop_back();
     }
+    note_inputs(this, recipe_.source(), req);
     req.chat_template = env_.config.data.chat_template;
     req.train_on = env_.config.data.train_on;
     req.packing = env_.config.data.packing;

@@ -10,6 +10,7 @@
 #include "gguf_export.hpp"
 #include "hf_shards.hpp"
 #include "hf_weights.hpp"
+#include "input_files.hpp"
 #include "json_input.hpp"
 #include "plugin_hooks.hpp"
 #include "session.hpp"
@@ -62,6 +63,7 @@ bool Session::exports_on_this_rank() const {
 
 std::string Session::export_hf(const std::string& dir, bool merge, int64_t max_shard_bytes) {
   if (!exports_on_this_rank()) return dir;
+  refuse_output_over_inputs(dir, /*folder=*/true, "the exported model");
   const std::string config = model_config_json();
   if (config.empty())
     log(TF_LOG_WARN, "model plugin \"" + plugins_.model.plugin->name +
@@ -86,6 +88,7 @@ std::string Session::export_hf(const std::string& dir, bool merge, int64_t max_s
 
 std::string Session::export_gguf(const std::string& file, const std::string& type) {
   if (!exports_on_this_rank()) return file;
+  refuse_output_over_inputs(file, /*folder=*/false, "the exported model");
   const std::string config = model_config_json();
   if (config.empty())
     throw std::runtime_error("model plugin \"" + plugins_.model.plugin->name +
@@ -103,6 +106,7 @@ std::string Session::export_gguf(const std::string& file, const std::string& typ
 }
 
 std::string Session::export_adapter(const std::string& dir) {
+  refuse_output_over_inputs(dir, /*folder=*/true, "the adapter");
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw std::runtime_error("cannot create " + dir + ": " + ec.message());
@@ -124,6 +128,7 @@ std::string Session::export_adapter(const std::string& dir) {
 }
 
 std::string Session::export_adapter_gguf(const std::string& file, const std::string& type) {
+  refuse_output_over_inputs(file, /*folder=*/false, "the adapter");
   const gguf::TensorType& tt = gguf::out_type(type);
   const nlohmann::json config = parse_json(model_config_json(), "the model's config.json");
   gguf::gguf_architecture(config);  // refused before anything is written

@@ -4,12 +4,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <utility>
 
 #include "file_util.hpp"
+#include "input_files.hpp"
 #include "json_output.hpp"
 
 namespace tightfit {
@@ -50,6 +53,35 @@ off_t end_of_rows_through(int fd, int64_t step, const std::string& path) {
   }
 }
 
+// A new file at `path` holding the first `keep` bytes of `fd`'s, written
+// beside it and renamed over the name: a file another hard link names keeps
+// its bytes. Returns the new file's descriptor, open for appending.
+int own_copy(int fd, off_t keep, const std::string& path) {
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  const int out =
+      ::open(tmp.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (out < 0)
+    throw std::runtime_error("cannot create " + tmp + ": " + std::strerror(errno) +
+                             (errno == EEXIST ? " (something is in the way: remove it)" : ""));
+  try {
+    char buf[1 << 16];
+    for (off_t at = 0; at < keep;) {
+      const size_t want = static_cast<size_t>(std::min<off_t>(keep - at, sizeof buf));
+      if (!read_at(fd, buf, want, static_cast<uint64_t>(at)))
+        throw std::runtime_error("cannot read metrics file " + path);
+      write_all(out, buf, want, tmp);
+      at += static_cast<off_t>(want);
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      throw std::runtime_error("cannot replace metrics file " + path + ": " + std::strerror(errno));
+  } catch (...) {
+    ::close(out);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  return out;
+}
+
 }  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path, int64_t resumed_at_step) : path_(path) {
@@ -60,32 +92,35 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t resumed_at_step) :
                (resumed ? O_RDWR : O_WRONLY) | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK |
                    (resumed ? O_APPEND : 0),
                0644);
+  if (fd_ < 0 && (errno == ELOOP || errno == ENXIO))
+    throw InputError("cannot open metrics file " + path + ": " +
+                     (errno == ELOOP ? "it is a symbolic link, which tightfit does not write "
+                                       "through; remove it"
+                                     : "it is not a regular file; move it away"));
   if (fd_ < 0)
-    throw std::runtime_error("cannot open metrics file " + path + ": " +
-                             (errno == ELOOP ? std::string("it is a symbolic link, which tightfit "
-                                                           "does not write through")
-                              : errno == ENXIO ? std::string("it is not a regular file")
-                                               : std::string(std::strerror(errno))));
+    throw std::runtime_error("cannot open metrics file " + path + ": " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd_);
     fd_ = -1;
-    throw std::runtime_error("cannot open metrics file " + path +
-                             ": it is not a regular file; move it away");
-  }
-  if (!resumed) {
-    if (::ftruncate(fd_, 0) != 0) {
-      const int err = errno;
-      ::close(fd_);
-      fd_ = -1;
-      throw std::runtime_error("cannot start metrics file " + path + ": " + std::strerror(err));
-    }
-    return;
+    throw InputError("cannot open metrics file " + path +
+                     ": it is not a regular file; move it away");
   }
   try {
-    if (::ftruncate(fd_, end_of_rows_through(fd_, resumed_at_step, path)) != 0)
-      throw std::runtime_error("cannot cut metrics file " + path +
-                               " back to the rows of steps 1.." + std::to_string(resumed_at_step) +
+    const off_t keep = resumed ? end_of_rows_through(fd_, resumed_at_step, path) : 0;
+    if (st.st_nlink > 1) {
+      // Another name shares the file: cutting or appending in place would
+      // change that file too. The rows kept go to a file of this run's own.
+      const int own = own_copy(fd_, keep, path);
+      ::close(fd_);
+      fd_ = own;
+      return;
+    }
+    if (::ftruncate(fd_, keep) != 0)
+      throw std::runtime_error((resumed ? "cannot cut metrics file " + path +
+                                              " back to the rows of steps 1.." +
+                                              std::to_string(resumed_at_step)
+                                        : "cannot start metrics file " + path) +
                                ": " + std::strerror(errno));
   } catch (...) {
     ::close(fd_);

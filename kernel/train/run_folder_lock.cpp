@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -10,6 +11,8 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
+
+#include "input_files.hpp"
 
 namespace tightfit {
 
@@ -33,11 +36,20 @@ std::shared_ptr<RunFolderLock> RunFolderLock::take(const std::string& run_dir) {
   const std::string path = (std::filesystem::path(run_dir) / kFileName).string();
   // Never through a link planted at the lock's name; never inherited by the
   // children tightfit starts (they exec).
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  // O_NONBLOCK: a FIFO planted there must not block the open.
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0644);
+  if (fd < 0 && errno == ELOOP)
+    throw InputError("cannot open the run folder's lock " + path +
+                     ": it is a symbolic link, which tightfit does not write through; remove it");
   if (fd < 0)
     throw std::runtime_error("cannot open the run folder's lock " + path + ": " +
-                             std::strerror(errno) +
-                             (errno == ELOOP ? " (it is a symbolic link; remove it)" : ""));
+                             std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw InputError("cannot open the run folder's lock " + path +
+                     ": it is not a regular file; move it away");
+  }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     char buf[32] = {};
@@ -53,8 +65,12 @@ std::shared_ptr<RunFolderLock> RunFolderLock::take(const std::string& run_dir) {
         ": one run trains into one folder. Wait for it to finish (or stop it), or give this "
         "run its own folder with [run] name or out_dir");
   }
+  // The pid, for the message of a run that finds the folder in use; not
+  // when another name shares the file (a hard link): writing it would change
+  // that file too. The lock holds without its note.
   const std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+  if (st.st_nlink == 1 &&
+      (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0)) {
     // The lock holds without its note; the other run's message just lacks the pid.
   }
   return std::shared_ptr<RunFolderLock>(new RunFolderLock(fd));

@@ -15,6 +15,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "input_files.hpp"
+
 namespace tightfit {
 
 namespace {
@@ -97,6 +99,7 @@ void create_empty_file(const std::string& path) {
 }
 
 void write_file_replacing(const std::string& path, const std::function<void(int fd)>& fill) {
+  refuse_output_over_inputs(path, /*folder=*/false, "a file");
   static std::atomic<uint64_t> counter{0};
   const std::string tmp =
       path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
