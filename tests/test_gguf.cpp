@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -313,6 +314,41 @@ TEST(GgufHostile, AMixtralFileReadsAsMixtralAndOtherExpertCountsAreRefused) {
   EXPECT_NE(what.find(qwen2 + ": qwen2.expert_count is 4: a mixture of experts"), std::string::npos)
       << what;
   EXPECT_NE(what.find("Hugging Face folder"), std::string::npos) << what;
+}
+
+// A float in the metadata that is NaN, infinite, zero or negative (the rope
+// base, the norm's epsilon) is refused naming the key where it enters: a NaN
+// once went into config.json as null and the plugin trained with its default.
+TEST(GgufHostile, ANonFiniteOrNonPositiveRopeBaseOrEpsilonIsRefusedByName) {
+  test::TempDir dir;
+  auto file = [&](const std::string& key, float value) {
+    Bytes f;
+    f.header(0, 5).str("general.architecture").put<uint32_t>(8).str("llama");
+    f.str("llama.block_count").put<uint32_t>(4).put<uint32_t>(2);
+    f.str("llama.embedding_length").put<uint32_t>(4).put<uint32_t>(32);
+    f.str("llama.attention.head_count").put<uint32_t>(4).put<uint32_t>(4);
+    f.str(key).put<uint32_t>(6).put<float>(value);  // FLOAT32
+    f.pad_to(32);
+    static int n = 0;
+    return test::write_file(dir, "f" + std::to_string(n++) + ".gguf", f.b);
+  };
+  {
+    GgufReader ok(file("llama.rope.freq_base", 10000.0f));
+    EXPECT_EQ(hf_config(ok)["rope_theta"].get<double>(), 10000.0);
+  }
+  for (const std::string key : {"llama.rope.freq_base", "llama.attention.layer_norm_rms_epsilon"})
+    for (const float bad : {std::nanf(""), INFINITY, -INFINITY, 0.0f, -1.0f}) {
+      const std::string p = file(key, bad);
+      GgufReader r(p);
+      try {
+        const nlohmann::json c = hf_config(r);
+        ADD_FAILURE() << key << " = " << bad << " was read: " << c.dump();
+      } catch (const GgufError& e) {
+        const std::string what = e.what();
+        EXPECT_EQ(what.rfind(p + ": " + key + " is ", 0), 0u) << what;
+        EXPECT_NE(what.find("positive finite number"), std::string::npos) << what;
+      }
+    }
 }
 
 TEST(GgufHostile, AFifoOrAFolderIsRefusedNotWaitedOn) {

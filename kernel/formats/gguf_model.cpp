@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -117,11 +118,20 @@ nlohmann::json hf_config(const GgufReader& file) {
     const std::string key = arch + "." + gguf_key;
     if (const Value* v = file.find(key)) c[hf_key] = v->as_int(key);
   }
+  // Checked here, where they enter: a NaN would be written into config.json
+  // as null, and the model plugin would then train with its default.
   for (const auto& [gguf_key, hf_key] :
        {std::pair{"rope.freq_base", "rope_theta"},
         std::pair{"attention.layer_norm_rms_epsilon", "rms_norm_eps"}}) {
     const std::string key = arch + "." + gguf_key;
-    if (const Value* v = file.find(key)) c[hf_key] = v->as_number(key);
+    if (const Value* v = file.find(key)) {
+      const double x = v->as_number(key);
+      if (!std::isfinite(x) || x <= 0)
+        throw GgufError(file.path() + ": " + key + " is " + std::to_string(x) +
+                        ": it must be a positive finite number (the rope base, the norm's "
+                        "epsilon); the file's metadata is damaged: use another copy of the model");
+      c[hf_key] = x;
+    }
   }
   // rope.dimension_count is head_dim for llama and mistral only.
   if (arch == "llama" || arch == "mistral")
