@@ -53,6 +53,33 @@ TEST_F(NumericFaults, SkipLeavesTheWeightsAsTheyWereAndGoesOn) {
   EXPECT_EQ(sum.losses[2], c.losses[2]);
 }
 
+// A run whose every step is skipped as non-finite trained nothing: it ends
+// with an error (exit 1 at the command line) and saves no checkpoint, hf
+// folder or adapter that would claim otherwise; one good step saves.
+TEST_F(NumericFaults, ARunWhoseEveryStepIsSkippedSavesNothingAndFails) {
+  const std::string all = "debug_nan_at_steps = [0, 1, 2, 3, 4, 5, 6, 7]\n";
+  const std::string keep = "[save]\nevery = 2\nfinal = true\nhf = true\n";
+  auto s = test::make_session(recipe(dir.str() + "/all", all, keep));
+  try {
+    s->train();
+    ADD_FAILURE() << "a run that trained nothing ended as if it had";
+  } catch (const NonFiniteError& e) {
+    EXPECT_NE(std::string(e.what()).find("every one of the 8 steps run was non-finite"),
+              std::string::npos)
+        << e.what();
+  }
+  const std::filesystem::path run = dir.path() / "all" / "t";
+  EXPECT_FALSE(std::filesystem::exists(run / "checkpoints" / "step-00000002"));
+  EXPECT_FALSE(std::filesystem::exists(run / "checkpoints" / "step-00000008"));
+  EXPECT_FALSE(std::filesystem::exists(run / "hf"));
+  // Seven skipped and one good step: trained, saved.
+  auto t = test::make_session(
+      recipe(dir.str() + "/seven", "debug_nan_at_steps = [0, 1, 2, 3, 4, 5, 6]\n", keep));
+  EXPECT_NO_THROW(t->train());
+  EXPECT_TRUE(
+      std::filesystem::exists(dir.path() / "seven" / "t" / "checkpoints" / "step-00000008"));
+}
+
 TEST_F(NumericFaults, StopEndsTheRunNamingTheStepAndParameters) {
   auto s = test::make_session(
       recipe(dir.str() + "/stop", "debug_nan_at_steps = [2]\non_non_finite = \"stop\"\n"));

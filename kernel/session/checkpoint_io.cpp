@@ -283,7 +283,6 @@ bool Session::load_latest_checkpoint() {
   std::string errors;
   for (auto it = names.rbegin(); it != names.rend(); ++it) {
     const fs::path cp = dir / *it;
-    note_input_folder(this, cp.string(), "the checkpoint");  // no export replaces what it loads
     try {
       const TrainerRecord trainer = parse_trainer_record(
           read_file_text((cp / "trainer.json").string()), (cp / "trainer.json").string());
@@ -386,6 +385,7 @@ bool Session::load_latest_checkpoint() {
       load_plugin(plugins_.schedule, "schedule." + plugins_.schedule.plugin->name + ".",
                   plugins_.schedule.plugin->schedule()->load_state);
       step_ = trainer.step;
+      note_input_folder(this, cp.string(), "the checkpoint");  // no export replaces what it loaded
       log(TF_LOG_INFO, "resumed from " + cp.string() + " at step " + std::to_string(step_));
       return true;
     } catch (const std::exception& e) {

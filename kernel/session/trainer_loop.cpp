@@ -91,6 +91,10 @@ TrainSummary Session::train() {
         "adapter = true to keep it)");
   const auto t0 = std::chrono::steady_clock::now();
   int64_t tokens = 0;
+  // Steps whose update was skipped as non-finite (on_non_finite = "skip"):
+  // when they are all the steps run, nothing was trained, and nothing is
+  // saved as if it had been.
+  int64_t skipped = 0;
   std::optional<OpTimer> op_timer;
   std::optional<OpCounter> op_counter;
   OpCounter::Counts last_step_ops;
@@ -143,6 +147,7 @@ TrainSummary Session::train() {
           --step_;  // the loop's ++ lands on the checkpoint's step
           continue;
         }
+        ++skipped;
       }
       tokens += r.n_tokens * env_.run_info.world_size;
       sum.backward_passes += r.backward_passes;
@@ -200,7 +205,8 @@ TrainSummary Session::train() {
             p.schedule_metrics.emplace_back(key.substr(prefix.size()), value);
         emit_progress(p);
       }
-      if (save_every > 0 && done % save_every == 0 && done < stop_at)
+      if (save_every > 0 && done % save_every == 0 && done < stop_at &&
+          skipped < done - sum.first_step)
         sum.saved.push_back(save_checkpoint(done));
     }
     sum.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -212,6 +218,13 @@ TrainSummary Session::train() {
                                                    sum.memory.total_peak, mapped_growth_);
     }
     if (op_timer && env_.is_rank0()) write_op_profile(*op_timer, sum.wall_s, last_step_ops);
+    if (const int64_t run = step_ - sum.first_step; run > 0 && skipped == run)
+      throw NonFiniteError(
+          "every one of the " + std::to_string(run) +
+          " steps run was non-finite and its update skipped ([run] on_non_finite = \"skip\"): "
+          "nothing was trained, so nothing was saved (the checkpoints saved before are as they "
+          "were). Lower the learning rate or set optimizer.grad_clip, and check the data and the "
+          "base weights for NaN");
     // An interrupted run always saves, so that --resume can continue it.
     if ((env_.config.save.final || step_ < total) && step_ > sum.first_step)
       sum.saved.push_back(save_checkpoint(step_));
