@@ -154,6 +154,44 @@ TEST(Ab, BadArgumentsAreUsageErrors) {
   EXPECT_NE(log.find("missing.toml"), std::string::npos) << log;
 }
 
+// The seeds are ab's: a --set run.seed moves the first seed and every run still
+// gets its own (the --set is not applied after ab's, which made N identical
+// runs with an interval over them); a --vary of the seed is refused.
+TEST(Ab, ASetSeedMovesTheFirstSeedAndEachRunKeepsItsOwn) {
+  test::TempDir dir;
+  const std::string corpus = test::write_corpus(dir);
+  const std::string base =
+      test::write_file(dir, "plain.toml", test::tiny_recipe(corpus, dir.str()));
+  const fs::path out = dir.path() / "ab";
+  std::string log;
+  ASSERT_EQ(test::run_tightfit("ab " + base + " " + base +
+                                   " --seeds 2 --steps 2 --no-html --set run.seed=40 --out " +
+                                   out.string(),
+                               &log),
+            0)
+      << log;
+  const json report = json::parse(std::ifstream(out / "ab.json"));
+  EXPECT_EQ(report["seeds"], json::array({40, 41}));
+  for (const auto& v : report["variants"]) {
+    ASSERT_EQ(v["runs"].size(), 2u);
+    EXPECT_EQ(v["runs"][0]["seed"], 40);
+    EXPECT_EQ(v["runs"][1]["seed"], 41);
+    EXPECT_NE(read_metrics(v["runs"][0]["run_dir"].get<std::string>()).front()["loss"],
+              read_metrics(v["runs"][1]["run_dir"].get<std::string>()).front()["loss"]);
+  }
+  // Seed 40 is the seed a plain run with run.seed=40 uses: the same first loss.
+  ASSERT_EQ(test::run_tightfit("run " + base + " -q --set run.steps=1 --set run.seed=40 --set " +
+                                   "run.name=single --set run.out_dir=" + dir.str(),
+                               &log),
+            0)
+      << log;
+  EXPECT_EQ(
+      read_metrics(dir.path() / "single").front()["loss"],
+      read_metrics(report["variants"][0]["runs"][0]["run_dir"].get<std::string>()).front()["loss"]);
+  EXPECT_EQ(test::run_tightfit("ab " + base + " --vary run.seed=1,2 --steps 2", &log), 2) << log;
+  EXPECT_NE(log.find("--seeds N"), std::string::npos) << log;
+}
+
 // A variant whose every run fails (here: out of its budget) keeps its row,
 // with no figures, in the table and the HTML report, and ab says it failed.
 TEST(Ab, AVariantThatFailsKeepsARowWithoutFigures) {

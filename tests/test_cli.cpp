@@ -112,6 +112,15 @@ TEST_F(CliTest, ASamplePastTheModelsPositionsIsRefusedAfterSaving) {
       test::run_tightfit("run " + recipe + " -q --set run.sample_tokens=40 --set run.name=s", &out),
       0)
       << out;
+  // `generate` refuses such a count before its first token, naming -n and the
+  // most it can give (an input error, not a plugin's failure in decode).
+  EXPECT_EQ(test::run_tightfit("generate " + recipe + " -p Hello -n 100 --greedy", &out), 2) << out;
+  EXPECT_NE(out.find("the model has 64 (n_positions). Ask for at most "), std::string::npos) << out;
+  EXPECT_NE(out.find("generate -n"), std::string::npos) << out;
+  EXPECT_EQ(out.find("decode"), std::string::npos) << out;
+  EXPECT_EQ(test::run_tightfit("generate " + recipe + " -p Hello -n 40 --greedy --no-cache", &out),
+            0)
+      << out;
 }
 
 // [run] answer_prompts: the prompts answered before the first step and after

@@ -9,10 +9,16 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "gguf_file.hpp"
+#include "gguf_model.hpp"
 #include "gguf_recipe.hpp"
+#include "hf_weights.hpp"
+#include "input_files.hpp"
 #include "plan_recipes.hpp"
+#include "recipe.hpp"
+#include "safetensors.hpp"
 #include "session.hpp"
 #include "test_support.hpp"
 
@@ -141,6 +147,102 @@ TEST_F(GgufQlora, WeightsThatAreNotAGgufFileAreRefusedWithTheFix) {
               std::string::npos)
         << message;
   }
+}
+
+// Base weights are checked finite where they enter, naming the tensor: a GGUF
+// file read dense or kept as its blocks (a NaN scale), and a safetensors
+// folder. An input error (exit 2), never a run that trains on NaN.
+TEST_F(GgufQlora, ANonFiniteBaseWeightIsRefusedNamingTheTensor) {
+  const gguf::GgufReader r(file());
+  const gguf::TensorInfo* target = nullptr;
+  for (const gguf::TensorInfo& t : r.tensors()) {  // a type whose first two bytes are an f16
+    const std::string type = t.type->name;
+    if (t.name.rfind("blk.", 0) == 0 && t.dims.size() == 2 &&
+        (type == "F16" || type == "Q8_0" || type == "Q4_0" || type == "Q4_K" || type == "Q5_K")) {
+      target = &t;
+      break;
+    }
+  }
+  ASSERT_NE(target, nullptr);
+  const std::string bad = dir_->str() + "/nan.gguf";
+  std::filesystem::copy_file(file(), bad, std::filesystem::copy_options::overwrite_existing);
+  {
+    std::fstream f(bad, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(r.data_offset() + target->offset));
+    const unsigned char nan_f16[2] = {0x00, 0x7E};
+    f.write(reinterpret_cast<const char*>(nan_f16), 2);
+  }
+  // A session names the recipe's weights key before the file and tensor (a
+  // recipe error: exit 2).
+  auto refusal = [&](const std::string& text) -> std::string {
+    try {
+      test::make_session(text);
+    } catch (const RecipeError& e) {
+      return e.what();
+    } catch (const std::exception& e) {
+      return std::string("not a recipe error: ") + e.what();
+    }
+    return "loaded";
+  };
+  for (const char* extra : {"", kGguf}) {
+    std::string text = recipe(bad, extra);
+    text.replace(text.find("config = \"" + file()), 10 + file().size(), "config = \"" + bad);
+    const std::string message = refusal(text);
+    EXPECT_NE(message.find(": " + bad + ": tensor \"model.layers."), std::string::npos)
+        << extra << message;
+    EXPECT_EQ(message.find("not a recipe error"), std::string::npos) << message;
+    EXPECT_NE(message.find("holds a NaN or infinity"), std::string::npos) << message;
+  }
+  // The file's own blocks, as the quantize strategy keeps them: decoded to
+  // look, the NaN scale found in its row.
+  {
+    const HfWeightSource source(bad);
+    Param p;
+    std::string hf_name;
+    std::string message;
+    for (const char* name :
+         {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight",
+          "model.layers.0.self_attn.v_proj.weight", "model.layers.0.self_attn.o_proj.weight",
+          "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
+          "model.layers.0.mlp.down_proj.weight"}) {
+      p.name = name;
+      try {
+        const gguf::HfBlocks shape = gguf::read_hf_blocks(r, hf_config(r), name, false);
+        p.shape = {shape.rows, shape.cols};
+        source.blocks(p, true);
+      } catch (const InputError& e) {
+        message = e.what();
+        hf_name = name;
+      } catch (const std::exception&) {
+      }
+    }
+    EXPECT_EQ(message,
+              bad + ": tensor \"" + hf_name +
+                  "\" holds a NaN or infinity (in row 0); the file is damaged or was saved "
+                  "from a diverged run: use another copy of the model");
+  }
+  // A safetensors folder: one value of one tensor made infinite.
+  const std::string hf = dir_->str() + "/hf-inf";
+  test::make_session(recipe(file(), ""))->export_hf(hf);
+  {
+    const SafetensorsReader in(hf + "/model.safetensors");
+    SafetensorsWriter out(hf + "/model.safetensors.new");
+    for (const std::string& name : in.names()) {
+      at::Tensor t = in.read(name);
+      if (name == "model.layers.1.mlp.up_proj.weight") t.view(-1)[5] = INFINITY;
+      out.put(name, t);
+    }
+    out.finish();
+  }
+  std::filesystem::rename(hf + "/model.safetensors.new", hf + "/model.safetensors");
+  std::string text = recipe(hf, "");
+  text.replace(text.find("config = \"" + file()), 10 + file().size(), "config = \"" + hf);
+  const std::string message = refusal(text);
+  EXPECT_NE(message.find(": " + hf +
+                         "/model.safetensors: tensor \"model.layers.1.mlp.up_proj.weight\" "
+                         "holds a NaN or infinity (first at element 5)"),
+            std::string::npos)
+      << message;
 }
 
 }  // namespace

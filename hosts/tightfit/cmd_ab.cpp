@@ -169,7 +169,19 @@ int ab_command(const std::vector<std::string>& args) {
       for (const auto& r : recipes) variants.push_back({stem(r), r, {}});
     }
     for (const auto& var : variants) Recipe::load(var.recipe);  // a missing or broken one: now
-    const Recipe first = Recipe::load(recipes[0]);
+    const auto user_sets =
+        vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
+    // The seeds are ab's to choose: each run's run.seed is set after every other --set, so the
+    // seeds the report lists are the ones the runs used. A --set run.seed=S moves the first;
+    // a --vary of the seed would compare seeds, not recipes.
+    for (const auto& var : variants)
+      for (const auto& s : var.sets)
+        if (s.rfind("run.seed=", 0) == 0)
+          throw std::invalid_argument(
+              "--vary run.seed: ab runs every variant on the same seeds; "
+              "give --seeds N (and --set run.seed=S for the first)");
+    Recipe first = Recipe::load(recipes[0]);
+    for (const auto& s : user_sets) first.apply_override(s);
     const toml::table* run = first.table("run");
     const int64_t steps = vm.count("steps") ? vm["steps"].as<int64_t>()
                                             : (run ? (*run)["steps"].value_or(int64_t{200}) : 200);
@@ -181,8 +193,6 @@ int ab_command(const std::vector<std::string>& args) {
       std::cerr << "tightfit ab: --steps, --seeds and --eval-interval must be at least 1\n";
       return kUsage;
     }
-    const auto user_sets =
-        vm.count("set") ? vm["set"].as<std::vector<std::string>>() : std::vector<std::string>{};
 
     json report = {{"steps", steps}, {"seeds", json::array()}, {"variants", json::array()}};
     for (int k = 0; k < seeds; ++k) report["seeds"].push_back(seed0 + k);
@@ -196,9 +206,8 @@ int ab_command(const std::vector<std::string>& args) {
           a.insert(a.end(), {"--nproc", std::to_string(vm["nproc"].as<int>())});
         if (!var.add_strategy.empty()) a.insert(a.end(), {"--add-strategy", var.add_strategy});
         for (const std::string& s :
-             {"run.seed=" + std::to_string(seed0 + k), "run.steps=" + std::to_string(steps),
-              "run.out_dir=" + (out / "runs").string(), "run.name=" + name,
-              std::string("run.sample_tokens=0"),
+             {"run.steps=" + std::to_string(steps), "run.out_dir=" + (out / "runs").string(),
+              "run.name=" + name, std::string("run.sample_tokens=0"),
               "run.eval_interval=" + std::to_string(eval_interval), std::string("save.every=0"),
               std::string("save.final=false")}) {
           a.push_back("--set");
@@ -206,6 +215,7 @@ int ab_command(const std::vector<std::string>& args) {
         }
         for (const auto& s : user_sets) a.insert(a.end(), {"--set", s});
         for (const auto& s : var.sets) a.insert(a.end(), {"--set", s});
+        a.insert(a.end(), {"--set", "run.seed=" + std::to_string(seed0 + k)});  // last: it holds
         const fs::path run_dir = out / "runs" / name;
         remove_tree(run_dir.string());  // an earlier ab's run of the same name
         const std::string log = (out / "logs" / (name + ".log")).string();

@@ -1,5 +1,9 @@
 #include "hf_weights.hpp"
 
+#include <ATen/Parallel.h>
+
+#include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -10,13 +14,58 @@
 
 #include "file_util.hpp"
 #include "gguf_model.hpp"
+#include "gguf_quants.hpp"
 #include "hf_shards.hpp"
+#include "input_files.hpp"
 #include "json_input.hpp"
 #include "memory_accounting.hpp"
 #include "safetensors.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
+
+namespace {
+
+// Base weights are checked where they enter: a NaN or infinity in a file
+// would otherwise train (every step skipped, or garbage), so it is refused
+// naming the tensor, whatever the file's format.
+[[noreturn]] void refuse_non_finite(const std::string& source, const std::string& name,
+                                    const std::string& where) {
+  throw InputError(source + ": tensor \"" + name + "\" holds a NaN or infinity" + where +
+                   "; the file is damaged or was saved from a diverged run: use another copy of "
+                   "the model");
+}
+
+void require_finite(const at::Tensor& t, const std::string& source, const std::string& name) {
+  if (!t.is_floating_point() || t.numel() == 0 || t.isfinite().all().item<bool>()) return;
+  const int64_t at = at::logical_not(t.isfinite()).flatten().nonzero()[0][0].item<int64_t>();
+  refuse_non_finite(source, name, " (first at element " + std::to_string(at) + ")");
+}
+
+// A GGUF matrix kept as its blocks: decoded row by row (in parallel, one
+// row of scratch a thread) only to look, as the step would decode it.
+void require_finite(const gguf::HfBlocks& b, const std::string& source, const std::string& name) {
+  if (!b.bytes.defined() || !gguf::can_dequantize(*b.type)) return;
+  const auto* bytes = b.bytes.data_ptr<uint8_t>();
+  std::atomic<int64_t> first_bad{b.rows};
+  at::parallel_for(0, b.rows, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> row(static_cast<size_t>(b.cols));
+    for (int64_t r = begin; r < end && r < first_bad.load(std::memory_order_relaxed); ++r) {
+      gguf::dequantize(*b.type, bytes + r * b.row_bytes, b.cols, row.data());
+      for (float v : row)
+        if (!std::isfinite(v)) {
+          for (int64_t seen = first_bad.load();
+               r < seen && !first_bad.compare_exchange_weak(seen, r);)
+            ;
+          return;
+        }
+    }
+  });
+  if (first_bad.load() < b.rows)
+    refuse_non_finite(source, name, " (in row " + std::to_string(first_bad.load()) + ")");
+}
+
+}  // namespace
 
 HfWeightSource::HfWeightSource(const std::string& path) {
   if (gguf::looks_like_gguf(path)) {
@@ -76,6 +125,7 @@ void HfWeightSource::load(Param& p) const {
     {
       CategoryScope scope(TF_MEM_TRANSIENT);  // dequantized only until it is in the parameter
       t = gguf::read_hf_tensor(*gguf_, gguf_config_, p.source_name());
+      require_finite(t, source_, p.source_name());
     }
     if ((p.flags & TF_PARAM_HF_TRANSPOSED) && t.dim() == 2) t = t.t();
     if (t.sizes() != at::IntArrayRef(p.shape))
@@ -103,6 +153,7 @@ void HfWeightSource::load(Param& p) const {
     CategoryScope scope(
         TF_MEM_TRANSIENT);  // the file's copy lives only until it is in the parameter
     t = readers_[it->second].read(name);
+    require_finite(t, source_, name);
   }
   if ((p.flags & TF_PARAM_HF_TRANSPOSED) && t.dim() == 2) t = t.t();
   if (t.sizes() != at::IntArrayRef(p.shape))
@@ -119,6 +170,7 @@ gguf::HfBlocks HfWeightSource::blocks(const Param& p, bool with_bytes) const {
   if (p.flags & TF_PARAM_HF_TRANSPOSED)
     throw std::runtime_error(p.name + " is stored transposed, so its GGUF rows are not its rows");
   gguf::HfBlocks b = gguf::read_hf_blocks(*gguf_, gguf_config_, p.source_name(), with_bytes);
+  require_finite(b, source_, p.source_name());
   if (p.shape != std::vector<int64_t>{b.rows, b.cols})
     throw std::runtime_error(source_ + ": \"" + p.name + "\" has shape [" + std::to_string(b.rows) +
                              ", " + std::to_string(b.cols) + "], the recipe's model needs " +

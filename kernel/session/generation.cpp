@@ -7,6 +7,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "input_files.hpp"
+#include "json_input.hpp"
 #include "logging.hpp"
 #include "session.hpp"
 #include "strategy_chain.hpp"
@@ -24,6 +26,22 @@ const char* sampling_problem(int64_t n_tokens, int64_t top_k, double temperature
     return "top-p must be in [0, 1] (1 = off, 0 = the likeliest token)";
   return nullptr;
 }
+
+namespace {
+
+// The positions the model has, from its config.json (LLaMA-style
+// max_position_embeddings, GPT-2's n_positions); 0 = no limit (RWKV).
+std::pair<const char*, int64_t> position_limit(Session& s) {
+  const std::string text = s.model_config_json();
+  if (text.empty()) return {"", 0};
+  const nlohmann::json config = parse_json(text, "the model's config.json");
+  for (const char* key : {"max_position_embeddings", "n_positions"})
+    if (config.contains(key) && config[key].is_number_integer())
+      return {key, config[key].get<int64_t>()};
+  return {"", 0};
+}
+
+}  // namespace
 
 std::string generate_text(Session& s, const std::string& prompt, const SamplingOptions& o) {
   const int64_t n_tokens = o.n_tokens, top_k = o.top_k;
@@ -49,6 +67,17 @@ std::string generate_text(Session& s, const std::string& prompt, const SamplingO
         "the prompt is empty and the tokenizer adds no beginning-of-sequence token: give a "
         "prompt of at least one token");
   const size_t prompt_len = ids.size();
+  // Refused before the first token, not when decode reaches the end: the
+  // count is the user's to change (transformers' GPT-2 fails there too).
+  const auto [limit_key, limit] = position_limit(s);
+  if (limit > 0 && static_cast<int64_t>(prompt_len) + n_tokens > limit)
+    throw InputError(
+        "the prompt's " + std::to_string(prompt_len) + " tokens and " + std::to_string(n_tokens) +
+        " new ones need " + std::to_string(static_cast<int64_t>(prompt_len) + n_tokens) +
+        " positions; the model has " + std::to_string(limit) + " (" + limit_key +
+        "). Ask for at most " +
+        std::to_string(std::max<int64_t>(0, limit - static_cast<int64_t>(prompt_len))) +
+        " new tokens (generate -n, or [run] sample_tokens), or a shorter prompt");
   auto pick = [&](const at::Tensor& logits_in) -> int64_t {
     const at::Tensor logits = logits_in.to(at::kCPU, at::kFloat);
     if (top_k == 1 || temperature <= 0) return logits.argmax().item<int64_t>();
