@@ -90,6 +90,11 @@ TEST_F(TokenizerFolders, LlamaAddBosFalseAddEosTrueRebuildThePostProcessor) {
 TEST_F(TokenizerFolders, LlamaClassDefaultsFromModelType) {
   compare("llama_json_type");
 }
+// Metaspace's "first" prepend beside special and added tokens, leading
+// spaces and newlines (the EDGES lines of tokenizer_folders.py).
+TEST_F(TokenizerFolders, MetaspaceFirstWithSpecialTokensAsLlamaTokenizerNonLegacy) {
+  compare("spm_json_first");
+}
 
 TEST_F(TokenizerFolders, UnigramSentencePieceIsRefusedByName) {
   try {

@@ -14,6 +14,8 @@ Folders:
                    add_bos_token = false and add_eos_token = true
   llama_json_type  the same tokenizer.json, no tokenizer_config.json: config.json model_type llama
                    (LlamaTokenizerFast's defaults: BOS, no EOS)
+  spm_json_first   tokenizer.json with a Metaspace pre-tokenizer (prepend_scheme "first", split
+                   false, byte fallback), LlamaTokenizer with legacy = false
   unigram_spm      tokenizer.model of a SentencePiece Unigram model (tightfit refuses it)
 
 Writes OUT/NAME/ and OUT/NAME.ids.json ({"ids": [...], "decoded": [...], "eos_token", "bos_token"}),
@@ -58,9 +60,19 @@ def train_spm(folder: pathlib.Path, corpus: list, model_type: str) -> None:
     (folder / "tokenizer.vocab").unlink()
 
 
+# Where a Metaspace's "first" prepend and the special tokens meet: leading
+# spaces and newlines, special and added tokens first, last and in between.
+EDGES = [" leading", "  two spaces", "\nnewline first", "\n\nHello world", "Hello\n world", " \n x",
+         "<s> after bos", "<s>glued", "</s>Hello", "Hello</s> world", "a </s> b", "[INST] hi </s><s> there",
+         "[INST]first", " [INST] spaced", "<|user|>x", " <|user|> y", "x <|user|>", "x\n\n y", "Hello <s>",
+         "<s>\n\nline", "\t<s>tab", "<unk> z", "memory budget first", "say memory budget now",
+         "<s>memory budget", " memory budget", "\u2581already marked", "x\u2581y", "<s>", "<s><s>", " <s>",
+         "<s> ", "Hello  <s>  world", "\u00a0nbsp first", "\r\nwindows", "</s>\n</s>", "[INST] \n[INST]"]
+
+
 def main(out: pathlib.Path) -> None:
     corpus = lines(3000)
-    test = lines(3500)[500:800] + HARD + ["[INST] hi <|user|> there </s><s>", "a<|endoftext|>b"]
+    test = lines(3500)[500:800] + HARD + ["[INST] hi <|user|> there </s><s>", "a<|endoftext|>b"] + EDGES
     write(out / "lines.json", test)
 
     gpt2 = build("gpt2", corpus)
@@ -97,9 +109,16 @@ def main(out: pathlib.Path) -> None:
           {"tokenizer_class": "LlamaTokenizerFast", "add_bos_token": False, "add_eos_token": True,
            "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
     write(out / "llama_json_type" / "config.json", {"model_type": "llama"})
+    # A tokenizer.json of today's SentencePiece conversions (Metaspace, prepend_scheme "first",
+    # split false, byte fallback) named LlamaTokenizer with legacy false.
+    (out / "spm_json_first").mkdir(exist_ok=True)
+    build("mistral", corpus).save(str(out / "spm_json_first" / "tokenizer.json"))
+    write(out / "spm_json_first" / "tokenizer_config.json",
+          {"tokenizer_class": "LlamaTokenizer", "legacy": False, "bos_token": "<s>", "eos_token": "</s>",
+           "unk_token": "<unk>"})
 
     for name in ["gpt2_vm", "gpt2_vm_type", "gpt2_vm_bos", "qwen2_vm", "llama_spm", "llama_spm_new",
-                 "llama_json_flags", "llama_json_type"]:
+                 "llama_json_flags", "llama_json_type", "spm_json_first"]:
         # A copy, so that nothing transformers writes while loading lands in the folder tightfit reads.
         scratch = out / (name + ".hf")
         shutil.copytree(out / name, scratch)
