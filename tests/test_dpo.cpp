@@ -2,6 +2,9 @@
 // the same weights, rows and batch (fp32): each row's policy and reference
 // log-probabilities, the loss, the metrics TRL logs and every adapter
 // gradient, for each loss type; and the schedule in recipes.
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "preference_test_support.hpp"
 
 namespace tightfit {
@@ -378,6 +381,68 @@ TEST_F(DpoRecipes, PrecomputedReferenceLogpsEqualTheReferencePass) {
     for (size_t i = 0; i < 3; ++i)
       EXPECT_EQ(second.losses[i], table.losses[3 + i]) << "step " << 3 + i;
   }
+}
+
+// The table is keyed by the rows it was computed from: a resume whose rows
+// changed under the same count (here each pair's answers swapped) never
+// looks up the old values. With LoRA (the reference is the base with the
+// adapters off) it is computed again, and the resumed losses are those of
+// the per-step reference pass resumed on the same rows; a full fine-tune,
+// whose reference cannot be scored again, is refused naming what changed.
+TEST_F(DpoRecipes, AResumeOnOtherRowsNeverLooksUpTheOldReferenceLogps) {
+  test::TempDir d;
+  const std::string swapped = d.str() + "/swapped.jsonl";
+  {
+    std::ifstream in(rows());
+    std::ofstream out(swapped);
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty()) continue;
+      nlohmann::json row = nlohmann::json::parse(line);
+      std::swap(row["chosen"], row["rejected"]);
+      out << row.dump() << "\n";
+    }
+  }
+  auto run = [&](const std::string& out, const std::string& data, bool precompute,
+                 const char* strategies, bool resume, int64_t stop_after) {
+    SessionOptions o;
+    o.resume = resume;
+    o.stop_after_steps = stop_after;
+    const std::string schedule =
+        std::string("plugin = \"dpo\"\n") + (precompute ? "precompute_ref_log_probs = true\n" : "");
+    return test::make_session(recipe(out, data, "", schedule, strategies, 6), o)->train();
+  };
+  run(d.str() + "/pass", rows(), false, kLora, false, 3);
+  const TrainSummary pass = run(d.str() + "/pass", swapped, false, kLora, true, -1);
+  run(d.str() + "/table", rows(), true, kLora, false, 3);
+  testing::internal::CaptureStdout();
+  const TrainSummary table = run(d.str() + "/table", swapped, true, kLora, true, -1);
+  std::fflush(stdout);
+  const std::string log = testing::internal::GetCapturedStdout();
+  ASSERT_EQ(pass.losses.size(), 3u);
+  ASSERT_EQ(table.losses.size(), 3u);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_NEAR(table.losses[i], pass.losses[i], 1e-5 * std::max(1.0, std::abs(pass.losses[i])))
+        << "step " << 3 + i;
+  EXPECT_NE(log.find("dpo: the data's rows (their text, tokenizer or truncation) changed since "
+                     "the checkpoint was saved: its precomputed reference log-probs are dropped "
+                     "and computed again"),
+            std::string::npos)
+      << log;
+  // The same rows resume from the table as they were, with no word of it.
+  run(d.str() + "/same", rows(), true, kLora, false, 3);
+  testing::internal::CaptureStdout();
+  run(d.str() + "/same", rows(), true, kLora, true, -1);
+  std::fflush(stdout);
+  const std::string quiet = testing::internal::GetCapturedStdout();
+  EXPECT_EQ(quiet.find("computed again"), std::string::npos) << quiet;
+  // A full fine-tune.
+  run(d.str() + "/full", rows(), true, "", false, 3);
+  const std::string e = error_of([&] { run(d.str() + "/full", swapped, true, "", true, -1); });
+  EXPECT_NE(e.find("a full fine-tune's reference (the model before its first update) cannot be "
+                   "scored again"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("the data's rows"), std::string::npos) << e;
 }
 
 // reference_tier = "host": a full fine-tune's reference copy kept in host

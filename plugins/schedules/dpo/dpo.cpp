@@ -198,7 +198,7 @@ tf_status load_state(void* state, tf_host_context* ctx) {
     s->skipped = static_cast<int64_t>(s->host.saved_double("skipped"));
     if (!s->precompute)
       s->reference.load(s->host);
-    else if (!s->table.load(s->host))
+    else if (!tf_preference::load_reference_table(s->host, s->reference, s->table, "dpo"))
       throw std::runtime_error(
           "the checkpoint holds no precomputed reference log-probs (it was saved without "
           "precompute_ref_log_probs): resume with the recipe that saved it");
