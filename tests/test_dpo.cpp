@@ -201,6 +201,60 @@ TEST_F(DpoParity, AMixtureOfExpertsAddsItsRoutersLossAsTrlDoes) {
   }
 }
 
+// A row whose truncation (truncation_mode = "keep_end", TRL's default)
+// leaves no prompt token: DPOTrainer rolls its loss mask by one, so such a
+// row counts one more position (the batch's last column) in IPO's average
+// and in logits/chosen. The loss, the metrics and every adapter gradient
+// equal TRL's for each loss type; before ABI 1.21's answer_first IPO's
+// average divided by one token fewer.
+TEST_P(DpoParity, ARowTruncatedPastItsPromptIsCountedAsTrlCountsIt) {
+  const Case& c = GetParam();
+  test::TempDir d;
+  const std::string dir = d.str();
+  copy_peer_data(*data_, d);
+  std::string long_answer;
+  for (int i = 0; i < 12; ++i) long_answer += " the memory budget holds";
+  std::ofstream(dir + "/rows.jsonl", std::ios::trunc)
+      << nlohmann::json({{"prompt", "The sky is"}, {"chosen", " blue"}, {"rejected", " green"}})
+             .dump()
+      << "\n"
+      << nlohmann::json({{"prompt", "Say it again."}, {"chosen", long_answer}, {"rejected", " no"}})
+             .dump()
+      << "\n";
+  constexpr int64_t kMaxLength = 24;
+  std::string text = recipe(dir, c);
+  text.replace(text.find("seq_len = "), 0, "max_length = " + std::to_string(kMaxLength) + "\n");
+  text.replace(text.find("batch_size = 9"), 14, "batch_size = 2");  // the two pairs, once
+  auto s = test::make_session(text);
+  randomize_trainable(*s);
+  s->export_hf(dir + "/base", /*merge=*/false);
+  s->export_adapter(dir + "/adapter");
+  std::ofstream(dir + "/options.json") << nlohmann::json({{"loss_type", c.loss_type},
+                                                          {"beta", c.beta},
+                                                          {"label_smoothing", c.label_smoothing},
+                                                          {"max_length", kMaxLength}})
+                                              .dump();
+  const auto want = run_trl_peer("dpo_parity.py", dir);
+  ASSERT_FALSE(want.empty());
+  {  // the long answer's row starts in its answer: the case under test
+    auto tok = BpeTokenizer::load(dir + "/tokenizer");
+    const ChatFormatter chat(*tok, TokenizerConfig::load(dir + "/tokenizer"), TrainOn::kCompletion);
+    PreferenceOptions options;
+    options.max_length = kMaxLength;
+    const std::vector<Example> seq =
+        load_preference_examples(dir + "/rows.jsonl", PreferenceFormatter(chat, options));
+    int64_t answer_first = 0;
+    for (const Example& e : seq) answer_first += e.trained.front() ? 1 : 0;
+    ASSERT_EQ(answer_first, 1);
+  }
+  const int compared = expect_step_equals_peer(
+      *s, want, "dpo",
+      {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+       "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected"},
+      /*adapters=*/true, dir);
+  EXPECT_EQ(compared, 2 * 2 * 7);
+}
+
 INSTANTIATE_TEST_SUITE_P(LossTypes, DpoParity,
                          ::testing::Values(Case{"sigmoid", "sigmoid", 0.1, 0.0},
                                            Case{"sigmoid_smoothed", "sigmoid", 0.5, 0.2},
@@ -380,6 +434,42 @@ TEST_F(DpoRecipes, PrecomputedReferenceLogpsEqualTheReferencePass) {
     ASSERT_EQ(second.losses.size(), 3u);
     for (size_t i = 0; i < 3; ++i)
       EXPECT_EQ(second.losses[i], table.losses[3 + i]) << "step " << 3 + i;
+  }
+}
+
+// A row that is not UTF-8 is reported as that row (its file and line, and
+// that the encoding is the fix), first or later, whatever preference keys
+// the recipe sets: the first row was taken for text before, and
+// max_prompt_length blamed ("shapes preference rows, and corpus ... holds
+// none").
+TEST_F(DpoRecipes, ARowThatIsNotUtf8IsReportedAsThatRow) {
+  test::TempDir d;
+  std::vector<std::string> lines;
+  {
+    std::ifstream in(rows());
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) lines.push_back(line);
+  }
+  ASSERT_GE(lines.size(), 3u);
+  for (const size_t bad : {size_t{0}, size_t{2}}) {
+    const std::string file = d.str() + "/latin1-" + std::to_string(bad) + ".jsonl";
+    {
+      std::ofstream out(file);
+      for (size_t i = 0; i < lines.size(); ++i) {
+        std::string line = lines[i];
+        if (i == bad) line.insert(line.find("\"chosen\": \"") + 11, "caf\xe9 ");
+        out << line << "\n";
+      }
+    }
+    const std::string e = error_of([&] {
+      test::make_session(
+          recipe(d.str(), file, "max_prompt_length = 32\n", "plugin = \"dpo\"\n", kLora));
+    });
+    EXPECT_NE(e.find(file + ":" + std::to_string(bad + 1) + ": not valid UTF-8 (byte "),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("iconv -f latin1 -t utf-8"), std::string::npos) << e;
+    EXPECT_EQ(e.find("max_prompt_length"), std::string::npos) << e;
   }
 }
 

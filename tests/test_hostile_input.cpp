@@ -6,6 +6,7 @@
 // overflow, never a hang.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -504,6 +505,92 @@ TEST(HostileConfig, AbsurdNumbersAreRefusedNamingTheKey) {
     EXPECT_NE(msg.find(c.expect), std::string::npos) << c.config << "\n" << msg;
     EXPECT_NE(msg.find("config.json"), std::string::npos) << c.config << "\n" << msg;
   }
+}
+
+// Declared counts bound the work: a mixture of experts with 100,000 experts
+// in each of 32 layers (every count within its key's bound) is refused
+// where the weights are declared, naming the count, before plan or create
+// holds millions of entries; one layer of them (300,000 weights) is planned.
+TEST(HostileConfig, ExpertsByTheHundredThousandAreBoundedWork) {
+  test::TempDir d;
+  const std::string corpus = test::write_corpus(d);
+  auto recipe_for = [&](int layers) {
+    const std::string folder = d.str() + "/moe" + std::to_string(layers);
+    std::filesystem::create_directories(folder);
+    std::ofstream(folder + "/config.json") << nlohmann::json({{"model_type", "mixtral"},
+                                                              {"num_hidden_layers", layers},
+                                                              {"hidden_size", 8},
+                                                              {"intermediate_size", 8},
+                                                              {"num_attention_heads", 2},
+                                                              {"num_key_value_heads", 1},
+                                                              {"num_local_experts", 100000},
+                                                              {"num_experts_per_tok", 2},
+                                                              {"vocab_size", 256},
+                                                              {"max_position_embeddings", 64}})
+                                                  .dump();
+    std::string text = test::tiny_recipe(corpus, d.str());
+    const auto model = text.find("[model]\n");
+    const auto end = text.find("\n[", model + 1);
+    text.replace(model, end - model, "[model]\nplugin = \"llama\"\nconfig = \"" + folder + "\"");
+    return text;
+  };
+  SessionOptions dry;
+  dry.dry_run = true;
+  try {
+    test::make_session(recipe_for(32), dry);
+    ADD_FAILURE() << "3.2 million experts' weights were declared";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("the model declares more than 524288 weights"),
+              std::string::npos)
+        << e.what();
+  }
+  auto s = test::make_session(recipe_for(1), dry);
+  EXPECT_GT(s->store().all().size(), 300000u);
+  const MemoryPlan plan = plan_memory(*s);
+  EXPECT_GT(plan.tracked_peak, int64_t{100000} * 3 * 8 * 8 * 4);  // the experts' fp32 weights
+}
+
+// An allocation that fails while the model is built names the parameter,
+// its size and where its values come from, and is the out-of-memory exit
+// (OutOfBudgetError: exit 3), not LibTorch's allocator text alone. The
+// failure is made real with an address-space limit 4 GiB above what the
+// process maps (so it fails whatever the machine's overcommit policy).
+TEST(HostileConfig, AnAllocationThatFailsNamesTheParameterAndItsSize) {
+  test::TempDir d;
+  const std::string corpus = test::write_corpus(d);
+  std::string text = test::tiny_recipe(corpus, d.str());
+  text.replace(text.find("n_embd = 32"), 11, "n_embd = 4096\nvocab_size = 1000000");
+  text.replace(text.find("n_head = 2"), 10, "n_head = 32");
+  size_t mapped_kib = 0;
+  {
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);)
+      if (line.rfind("VmSize:", 0) == 0) mapped_kib = std::stoull(line.substr(7));
+  }
+  ASSERT_GT(mapped_kib, 0u);
+  rlimit before{};
+  ASSERT_EQ(::getrlimit(RLIMIT_AS, &before), 0);
+  rlimit limited = before;
+  limited.rlim_cur = (mapped_kib << 10) + (rlim_t{4} << 30);
+  if (before.rlim_max != RLIM_INFINITY && limited.rlim_cur > before.rlim_max)
+    GTEST_SKIP() << "the address-space limit is already below what the test needs";
+  std::string message;
+  ASSERT_EQ(::setrlimit(RLIMIT_AS, &limited), 0);
+  try {
+    test::make_session(text);
+    message = "(built)";
+  } catch (const OutOfBudgetError& e) {
+    message = e.what();
+  } catch (const std::exception& e) {
+    message = std::string("not the out-of-memory exit: ") + e.what();
+  }
+  ::setrlimit(RLIMIT_AS, &before);
+  EXPECT_NE(message.find("while allocating parameter transformer.wte.weight (Float [1000000, "
+                         "4096], 15.3GiB, initial values)"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("`tightfit plan` shows where its memory goes"), std::string::npos)
+      << message;
 }
 
 // Each size within its bound, the product not: batch_size x seq_len x

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <random>
 #include <string>
 
 #include "file_util.hpp"
@@ -94,6 +95,89 @@ TEST(OutputPaths, TheExportCommandRefusesTheBaseWithExitTwo) {
   EXPECT_EQ(lines_of(weights), before);
   EXPECT_EQ(test::run_tightfit("export " + recipe + " --out " + d.str() + "/base", &out), 2) << out;
   EXPECT_EQ(lines_of(weights), before);
+}
+
+// The rule as a property: for every command that writes a file or folder the
+// user names (export as a folder, a GGUF file, an adapter folder or GGUF;
+// fit's recipe), an output at any input the command reads (the recipe, the
+// data, the base weights file, another file of the base's folder, the
+// folder itself, the checkpoint's weights), spelled as its path, through
+// "..", by a symbolic link or a hard link, is refused with exit 2 and every
+// input keeps its bytes. Cases drawn with a fixed seed, every command and
+// input among them (fit reads no checkpoint, so that one is export's).
+TEST(OutputPaths, EveryWritingCommandRefusesEveryInputByEverySpelling) {
+  test::TempDir d;
+  const std::string corpus = test::write_corpus(d);
+  test::make_session(test::tiny_recipe(corpus, d.str()))->export_hf(d.str() + "/base", false);
+  const std::string base = d.str() + "/base";
+  const std::string recipe =
+      test::write_file(d, "lora.toml",
+                       test::tiny_recipe(corpus, d.str() + "/out", "weights = \"" + base + "\"\n",
+                                         "[[strategy]]\nplugin = \"lora\"\nrank = 4\nalpha = 8.0\n"
+                                         "[save]\nfinal = true\n"));
+  std::string log;
+  ASSERT_EQ(test::run_tightfit("run " + recipe + " --set run.steps=1 -q", &log), 0) << log;
+  const std::string checkpoint = d.str() + "/out/t/checkpoints/step-00000001";
+  ASSERT_TRUE(fs::exists(checkpoint)) << log;
+  std::string checkpoint_weights;
+  for (const auto& e : fs::directory_iterator(checkpoint))
+    if (e.path().extension() == ".safetensors") checkpoint_weights = e.path().string();
+  ASSERT_FALSE(checkpoint_weights.empty());
+
+  struct Input {
+    std::string path;
+    bool folder;
+  };
+  const std::vector<Input> inputs = {{recipe, false},
+                                     {corpus, false},
+                                     {base + "/model.safetensors", false},
+                                     {base + "/config.json", false},
+                                     {base, true},
+                                     {checkpoint_weights, false}};
+  std::vector<std::pair<std::string, std::string>> before;
+  for (const Input& in : inputs)
+    if (!in.folder) before.emplace_back(in.path, lines_of(in.path));
+  const std::vector<std::string> commands = {"export " + recipe + " --out ",
+                                             "export " + recipe + " --adapter --out ",
+                                             "fit " + recipe + " --budget 1GiB --out "};
+  enum Spelling { kPath, kDotDot, kSymlink, kHardLink };
+  std::mt19937 draw(63);
+  int links = 0, ran = 0;
+  std::vector<bool> command_seen(commands.size()), input_seen(inputs.size());
+  for (int k = 0; k < 40 && ran < 18; ++k) {
+    const size_t c = draw() % commands.size(), i = draw() % inputs.size();
+    const auto spelling = static_cast<Spelling>(draw() % 4);
+    // Each command and input once before any repeats.
+    if (k < 12 && command_seen[c] && input_seen[i]) continue;
+    const Input& in = inputs[i];
+    if (in.folder && spelling == kHardLink) continue;  // folders have no hard links
+    if (c == 2 && (in.folder || i == 5)) continue;     // fit writes a file, reads no checkpoint
+    std::string out = in.path;
+    const fs::path p(in.path);
+    if (spelling == kDotDot)
+      out = (p.parent_path() / ".." / p.parent_path().filename() / p.filename()).string();
+    // A link named .gguf (a file output the export writes as GGUF) or as the folder.
+    const std::string name =
+        d.str() + "/link" + std::to_string(++links) + (in.folder || c == 2 ? "" : ".gguf");
+    if (spelling == kSymlink) {
+      fs::create_symlink(in.path, name);
+      out = name;
+    }
+    if (spelling == kHardLink) {
+      ASSERT_EQ(::link(in.path.c_str(), name.c_str()), 0);
+      out = name;
+    }
+    ++ran;
+    command_seen[c] = input_seen[i] = true;
+    SCOPED_TRACE(commands[c] + out);
+    EXPECT_EQ(test::run_tightfit(commands[c] + out, &log), 2) << log;
+    EXPECT_NE(log.find("choose another"), std::string::npos) << log;
+    for (const auto& [path, bytes] : before) EXPECT_EQ(lines_of(path), bytes) << path;
+    if (spelling == kSymlink) EXPECT_TRUE(fs::is_symlink(out));
+  }
+  EXPECT_GE(ran, 12);
+  for (size_t c = 0; c < commands.size(); ++c) EXPECT_TRUE(command_seen[c]) << commands[c];
+  for (size_t i = 0; i < inputs.size(); ++i) EXPECT_TRUE(input_seen[i]) << inputs[i].path;
 }
 
 // A hard link planted at metrics.jsonl or at the run folder's lock: the run

@@ -23,6 +23,7 @@
 #include "fit_rates.hpp"
 #include "fit_search.hpp"
 #include "fit_verify.hpp"
+#include "input_files.hpp"
 #include "json_output.hpp"
 #include "logging.hpp"
 #include "session.hpp"
@@ -298,6 +299,16 @@ int fit_command(const std::vector<std::string>& args) {
     if (vm.count("set"))
       for (const auto& s : vm["set"].as<std::vector<std::string>>()) base.apply_override(s);
     PluginRegistry registry = PluginRegistry::discover();
+    const std::string out = vm.count("out") ? vm["out"].as<std::string>()
+                                            : fs::path(recipe_path).stem().string() + ".fit.toml";
+    {
+      // The fitted recipe never replaces what the recipe reads (itself, its
+      // data, weights or tokenizer): refused before the search, not after it.
+      SessionOptions dry;
+      dry.dry_run = true;
+      const Session inputs(base, registry, dry);
+      refuse_output_over_inputs(out, /*folder=*/false, "the fitted recipe");
+    }
     const auto keep = split_list(vm["keep"].as<std::string>());
     auto without = split_list(vm["without"].as<std::string>());
     for (const auto& name : keep)
@@ -347,8 +358,6 @@ int fit_command(const std::vector<std::string>& args) {
     const Planned plain = plan_recipe(apply_choice(stripped, space, plain_choice), registry,
                                       o->ranks, rates, plain_choice);
 
-    const std::string out = vm.count("out") ? vm["out"].as<std::string>()
-                                            : fs::path(recipe_path).stem().string() + ".fit.toml";
     write_winner(out, search.fitting.front(), plain.cost.total(), recipe_path,
                  vm["budget"].as<std::string>(), o->objective, shape.device);
     const int top = std::max(1, vm["top"].as<int>());

@@ -53,6 +53,9 @@ class Batcher {
     // int64 [B, T], 1 where the token is an example's and 0 where it pads
     // its row (transformers' attention_mask); undefined when none pads.
     at::Tensor attention_mask;
+    // Preference batches: int64 [B], 1 where the row's first token is its
+    // answer's (no prompt token precedes it); undefined otherwise.
+    at::Tensor answer_first;
   };
   // The batch at the current position; advances the position.
   virtual Batch next() = 0;

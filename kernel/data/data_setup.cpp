@@ -286,7 +286,7 @@ std::optional<nlohmann::json> first_row(const std::string& spec, const std::stri
   constexpr size_t kMaxProbe = size_t{16} << 20;
   std::ifstream in(file);
   std::string line;
-  size_t probed = 0;
+  size_t probed = 0, line_number = 1;
   for (char c; probed < kMaxProbe && in.get(c); ++probed) {
     if (c != '\n') {
       line += c;
@@ -294,15 +294,14 @@ std::optional<nlohmann::json> first_row(const std::string& spec, const std::stri
     }
     if (line.find_first_not_of(" \t\r") != std::string::npos) break;
     line.clear();
+    ++line_number;
   }
   if (line.find_first_not_of(" \t\r") == std::string::npos || probed >= kMaxProbe)
     return std::nullopt;
-  nlohmann::json row;
-  try {
-    row = parse_json(line, file.string());
-  } catch (const std::invalid_argument&) {
-    return std::nullopt;  // read as text, which names the defect if it is one
-  }
+  // A .jsonl file's rows are JSON: the first one decides what the data is,
+  // and one that does not parse is reported as that row (its file and
+  // line), never taken for text and then blamed on a key the recipe sets.
+  nlohmann::json row = parse_json(line, file.string() + ":" + std::to_string(line_number));
   if (!row.is_object()) return std::nullopt;
   return row;
 }

@@ -212,6 +212,11 @@ ExampleBatcher::Batch ExampleBatcher::units_batch(const std::vector<Row>& rows,
   Batch b = batch_of(picked);
   if (group_ != 2) return b;
   b.pairs = static_cast<int64_t>(units.size());
+  b.answer_first = at::zeros({static_cast<int64_t>(picked.size())}, at::kLong);
+  for (size_t r = 0; r < picked.size(); ++r) {
+    const Example* first = picked[r]->front();
+    b.answer_first[static_cast<int64_t>(r)] = !first->trained.empty() && first->trained[0] ? 1 : 0;
+  }
   b.row_ids = at::empty({b.pairs}, at::kLong);
   for (size_t i = 0; i < units.size(); ++i)
     b.row_ids[static_cast<int64_t>(i)] = id_offset + static_cast<int64_t>(units[i]);

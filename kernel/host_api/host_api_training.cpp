@@ -56,6 +56,9 @@ static bool covers_row_ids(const tf_batch* b) {
 bool covers_attention_mask(const tf_batch* b) {
   return b->struct_size >= offsetof(tf_batch, attention_mask) + sizeof(b->attention_mask);
 }
+static bool covers_answer_first(const tf_batch* b) {
+  return b->struct_size >= offsetof(tf_batch, answer_first) + sizeof(b->answer_first);
+}
 
 // A batch handed to a plugin, refused to a caller whose tf_batch cannot
 // carry what it holds.
@@ -95,6 +98,8 @@ static void write_batch(tf_batch* out, Batcher::Batch b) {
   // (run_batch).
   if (b.attention_mask.defined() && covers_attention_mask(out))
     batch.attention_mask = give_handle(std::move(b.attention_mask));
+  if (b.answer_first.defined() && covers_answer_first(out))
+    batch.answer_first = give_handle(std::move(b.answer_first));
   write_struct(out, batch);
 }
 
@@ -132,6 +137,10 @@ void h_batch_release(tf_host_context*, tf_batch* batch) {
   if (covers_attention_mask(batch)) {
     release_handle(batch->attention_mask);
     batch->attention_mask = nullptr;
+  }
+  if (covers_answer_first(batch)) {
+    release_handle(batch->answer_first);
+    batch->answer_first = nullptr;
   }
 }
 

@@ -60,12 +60,26 @@ tf_dtype to_tf_dtype(at::ScalarType t) {
   }
 }
 
+namespace {
+// The most weights a store holds, adapters and copies included: 2^19, ten
+// times DeepSeek-V3's with adapters on every expert.
+constexpr size_t kMaxParams = size_t{1} << 19;
+}  // namespace
+
 void ParamStore::declare(const tf_param_spec& spec) {
   if (materialized_)
     throw std::logic_error("parameters can no longer be declared: already materialized");
   if (spec.name == nullptr || *spec.name == 0)
     throw std::invalid_argument("parameter without a name");
   const std::string name = spec.name;
+  // Declared counts bound the work: a config.json's layers times experts
+  // (100,000 experts) would otherwise declare millions of entries, and plan
+  // or create run out of memory before saying anything.
+  if (params_.size() >= kMaxParams)
+    throw std::invalid_argument(
+        "the model declares more than " + std::to_string(kMaxParams) + " weights (the next is \"" +
+        name + "\"): real models declare thousands (DeepSeek-V3, 61 layers of 256 experts, about " +
+        "47,000); the config's counts of layers and experts are absurd for any model");
   if (index_.count(name)) throw std::invalid_argument("parameter \"" + name + "\" declared twice");
   if (spec.ndim < 0 || spec.ndim > 8 || (spec.ndim > 0 && spec.shape == nullptr))
     throw std::invalid_argument("parameter \"" + name + "\": ndim must be 0..8 with a shape");
@@ -124,6 +138,11 @@ int32_t ParamStore::declare_copies(const std::string& prefix) {
     c.trainable = false;
     copies.push_back(std::move(c));
   }
+  if (params_.size() + copies.size() > kMaxParams)
+    throw std::invalid_argument("declare_param_copies: " + std::to_string(copies.size()) +
+                                " copies beside " + std::to_string(params_.size()) +
+                                " weights pass the " + std::to_string(kMaxParams) +
+                                " a model may declare");
   total_elements_ = 0;  // the bound covers the copies too
   for (const std::vector<Param>* list : {&params_, &copies})
     for (const Param& p : *list)

@@ -111,12 +111,13 @@ double Session::eval_loss(int64_t batches) {
     batch.desirable = b.desirable.defined() ? give_handle(b.desirable) : nullptr;
     batch.row_ids = b.row_ids.defined() ? give_handle(b.row_ids) : nullptr;
     batch.attention_mask = b.attention_mask.defined() ? give_handle(b.attention_mask) : nullptr;
+    batch.answer_first = b.answer_first.defined() ? give_handle(b.answer_first) : nullptr;
     tf_pass_result r{};
     r.struct_size = sizeof r;
     const tf_status st =
         call_hook(schedule, schedule.plugin->schedule(), TF_SCHEDULE_HOOK(eval_batch), &batch, &r);
     for (tf_tensor t : {batch.tokens, batch.targets, batch.positions, batch.desirable,
-                        batch.row_ids, batch.attention_mask})
+                        batch.row_ids, batch.attention_mask, batch.answer_first})
       release_handle(t);
     check_plugin_status(st, schedule, "eval_batch");
     sum += r.loss;

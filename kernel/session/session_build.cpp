@@ -9,6 +9,8 @@
 #include <limits>
 #include <optional>
 
+#include "byte_size.hpp"
+#include "checked_size.hpp"
 #include "cpu_block_cache.hpp"
 #include "cuda_memory.hpp"
 #include "data_setup.hpp"
@@ -320,36 +322,83 @@ void Session::materialize_params() {
     if (p.stage >= 0 && executor_.stages()[stage].skip) return std::nullopt;
     return at::Device(executor_.stages()[stage].device);
   };
-  store_.materialize(
-      env_.run_info.seed, place,
-      [&](size_t first, size_t last) {
-        auto& params = store_.all();
-        if (weights) {
-          try {
-            for (size_t k = first; k < last; ++k)
-              if (!(params[k].flags & TF_PARAM_ADAPTER) && !params[k].absent)
-                weights->load(params[k]);  // adapters load on their own
-          } catch (const std::runtime_error& e) {
-            weights_error(e);
+  // What set-up was doing when an allocation failed: the parameter, its size
+  // and where its values come from, never LibTorch's allocator text alone.
+  const Param* building = nullptr;
+  const char* doing = "allocating";
+  auto out_of_memory = [&](const std::string& allocator) {
+    std::string what = "building the model";
+    if (building) {
+      const int64_t bytes = checked_product(
+          {building->numel(), static_cast<int64_t>(c10::elementSize(building->dtype))},
+          "parameter " + building->name);
+      what = std::string(doing) + " parameter " + building->name + " (" +
+             c10::toString(building->dtype) + " " + c10::str(at::IntArrayRef(building->shape)) +
+             ", " + format_bytes(bytes) + ", " +
+             (weights && !(building->flags & TF_PARAM_ADAPTER) ? "values from " + weights->source()
+                                                               : std::string("initial values")) +
+             ")";
+    }
+    return OutOfBudgetError(allocator + " — while " + what +
+                            ". The model does not fit this machine as the recipe builds it: "
+                            "`tightfit plan` shows where its memory goes, `tightfit fit` finds "
+                            "strategies that fit a budget");
+  };
+  try {
+    store_.materialize(
+        env_.run_info.seed,
+        [&](const Param& p) {
+          building = &p;
+          doing = "allocating";
+          return place(p);
+        },
+        [&](size_t first, size_t last) {
+          auto& params = store_.all();
+          if (weights) {
+            try {
+              for (size_t k = first; k < last; ++k)
+                if (!(params[k].flags & TF_PARAM_ADAPTER) && !params[k].absent) {
+                  building = &params[k];
+                  doing = "reading";
+                  weights->load(params[k]);  // adapters load on their own
+                }
+            } catch (const std::runtime_error& e) {
+              weights_error(e);
+            }
           }
-        }
-        const int32_t stage = params[first].stage;
-        if (params[first].absent) return;  // a skipped stage: nothing to convert
-        StrategyChain(plugins_.strategies)
-            .each_with(
-                TF_STRATEGY_HOOK(stage_params_ready),
-                [&](size_t i, tf_status st) { check_strategy_setup(i, st, "stage_params_ready"); },
-                stage);
-        // The stage's initial values are converted and freed; the heap's free
-        // pages go back before the next stage, so set-up's resident peak is one
-        // stage and not the fragments left between the ones kept (scales, codes).
-        release_free_heap();
-      },
-      [&](const Param& p) {
-        // What the weights file gives is read, not drawn first (a 7B model's
-        // draws were 22 s of its set-up); no other parameter's numbers change.
-        return weights == nullptr || (p.flags & TF_PARAM_ADAPTER);
-      });
+          building = nullptr;
+          doing = "converting a stage of";
+          const int32_t stage = params[first].stage;
+          if (params[first].absent) return;  // a skipped stage: nothing to convert
+          StrategyChain(plugins_.strategies)
+              .each_with(
+                  TF_STRATEGY_HOOK(stage_params_ready),
+                  [&](size_t i, tf_status st) {
+                    check_strategy_setup(i, st, "stage_params_ready");
+                  },
+                  stage);
+          // The stage's initial values are converted and freed; the heap's free
+          // pages go back before the next stage, so set-up's resident peak is one
+          // stage and not the fragments left between the ones kept (scales, codes).
+          release_free_heap();
+        },
+        [&](const Param& p) {
+          // What the weights file gives is read, not drawn first (a 7B model's
+          // draws were 22 s of its set-up); no other parameter's numbers change.
+          return weights == nullptr || (p.flags & TF_PARAM_ADAPTER);
+        });
+  } catch (const c10::Error& e) {
+    // The budget's refusal or a device's, or the CPU allocator's own (the
+    // machine's memory: a plain c10::Error from its enforce).
+    if (std::optional<std::string> refusal = budget_refusal(e)) throw out_of_memory(*refusal);
+    const std::string text = e.what_without_backtrace();
+    const size_t at = text.find("DefaultCPUAllocator");
+    if (at != std::string::npos && text.find("allocate memory", at) != std::string::npos)
+      throw out_of_memory(text.substr(at));
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw out_of_memory("this machine ran out of memory");
+  }
   StrategyChain(plugins_.strategies)
       .each_with(TF_STRATEGY_HOOK(params_ready),
                  [&](size_t i, tf_status st) { check_strategy_setup(i, st, "params_ready"); });

@@ -23,6 +23,7 @@ Batcher::Batch TrainingData::next_batch() {
   b.targets = mine(b.targets);
   b.positions = mine(b.positions);
   b.attention_mask = mine(b.attention_mask);
+  b.answer_first = mine(b.answer_first);
   for (at::Tensor* per_pair : {&b.desirable, &b.row_ids})
     if (per_pair->defined()) {
       const int64_t rows = b.pairs / info.world_size;

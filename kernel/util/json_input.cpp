@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "file_util.hpp"
+#include "utf8.hpp"
 
 namespace tightfit {
 namespace {
@@ -18,6 +19,12 @@ Json parse_bounded(const std::string& text, const std::string& source, int max_d
   try {
     return Json::parse(text, guard, /*allow_exceptions=*/true);
   } catch (const typename Json::parse_error& e) {
+    // Text that is not UTF-8 is named as that (JSON is UTF-8 by definition):
+    // the fix is the file's encoding, not its syntax.
+    if (const size_t bad = first_invalid_utf8(text); bad != std::string::npos && bad < e.byte)
+      throw std::invalid_argument(source + ": not valid UTF-8 (byte " + std::to_string(bad + 1) +
+                                  "), and JSON is UTF-8: convert the file (for Latin-1 text: "
+                                  "iconv -f latin1 -t utf-8)");
     throw std::invalid_argument(source + ": not valid JSON (at byte " + std::to_string(e.byte) +
                                 ")");
   } catch (const typename Json::exception& e) {

@@ -1,6 +1,6 @@
 /*
- * tightfit plugin ABI, version 1.20 (1.0 plus the fields marked "Added in 1.1"
- * through "Added in 1.20"). What each version added, and what ABI 2.0 would
+ * tightfit plugin ABI, version 1.21 (1.0 plus the fields marked "Added in 1.1"
+ * through "Added in 1.21"). What each version added, and what ABI 2.0 would
  * drop or reshape: plugin-api/README.md, "Versions".
  *
  * This header is the whole contract between the tightfit host (the kernel) and
@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 20
+#define TF_ABI_VERSION_MINOR 21
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -472,6 +472,16 @@ typedef struct tf_batch {
    * schedule hands it on with the batch; the host reads it when the
    * caller's struct_size covers it. */
   tf_tensor attention_mask;
+  /* Added in 1.21: for preference batches, int64 [B] (new like the others),
+   * 1 where the row's first token is its answer's: no prompt token precedes
+   * it (truncation_mode = "keep_end" cut the prompt away, or the prompt is
+   * empty), 0 where a prompt token comes first; NULL for other batches.
+   * Nothing scores a row's first token, so the targets cannot say it; TRL's
+   * DPOTrainer counts one more position in such a row (its rolled loss
+   * mask wraps the first token's flag onto the batch's last column), which
+   * a schedule matching it reads here. The host writes it when the
+   * caller's struct_size covers it. */
+  tf_tensor answer_first;
 } tf_batch;
 
 /* Result of one forward (and backward) the host ran for a schedule. */

@@ -63,6 +63,15 @@ tf_preference::PairLogps as_used(const Dpo& s, const at::Tensor& sums, const at:
       tf_preference::averages_logps(s.options) ? sums / counts.to(at::kFloat) : sums, pairs);
 }
 
+// Each row's positions as DPOTrainer counts them: the scored targets, and
+// one more in a row whose first token is its answer's (ABI 1.21's
+// answer_first): TRL rolls its loss mask by one, and the first token's flag
+// wraps onto the batch's last column. IPO's average divides by this count.
+at::Tensor trl_counts(const tf_sdk::Batch& b, const at::Tensor& counts) {
+  const at::Tensor first = b.answer_first();
+  return first.defined() ? counts + first.to(counts.device(), counts.scalar_type()) : counts;
+}
+
 Scores score(Dpo& s, const tf_sdk::Batch& b) {
   const int64_t pairs = b.pairs();
   if (pairs <= 0)
@@ -78,11 +87,11 @@ Scores score(Dpo& s, const tf_sdk::Batch& b) {
   tf_preference::MeanLogits means;
   const tf_sdk::SequenceLogps pol = s.passes.sequence_logps(b, {}, &terms, &means);
   r.terms = terms.sum;
-  r.logits_chosen = means.of_side(b.targets(), pairs, 0);
-  r.logits_rejected = means.of_side(b.targets(), pairs, 1);
-  r.counts = pol.counts;
+  r.logits_chosen = means.of_side(b.targets(), pairs, 0, b.answer_first());
+  r.logits_rejected = means.of_side(b.targets(), pairs, 1, b.answer_first());
+  r.counts = trl_counts(b, pol.counts);
   r.policy_rows = pol.logps;
-  r.reference = as_used(s, ref.logps, ref.counts, pairs);
+  r.reference = as_used(s, ref.logps, trl_counts(b, ref.counts), pairs);
   return r;
 }
 

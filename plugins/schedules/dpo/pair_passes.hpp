@@ -43,10 +43,18 @@ struct Terms {
 struct MeanLogits {
   at::Tensor per_token;
   // The mean over side `side`'s counted targets (0 chosen, 1 rejected);
-  // NaN where there is none or nothing was measured.
-  double of_side(const at::Tensor& targets, int64_t pairs, int64_t side) const {
+  // NaN where there is none or nothing was measured. With `answer_first`
+  // (int64 [2P]), as DPOTrainer's rolled loss mask counts them: a row whose
+  // first token is its answer's counts the batch's last column too.
+  double of_side(const at::Tensor& targets, int64_t pairs, int64_t side,
+                 const at::Tensor& answer_first = {}) const {
     if (!per_token.defined()) return std::nan("");
-    const at::Tensor counted = targets.narrow(0, side * pairs, pairs).to(at::kCPU).ne(kIgnoreIndex);
+    at::Tensor counted = targets.narrow(0, side * pairs, pairs).to(at::kCPU).ne(kIgnoreIndex);
+    if (answer_first.defined() && counted.size(1) > 0) {
+      counted = counted.clone();
+      counted.select(1, counted.size(1) - 1)
+          .logical_or_(answer_first.narrow(0, side * pairs, pairs).to(at::kCPU).ne(0));
+    }
     const int64_t n = counted.sum().item<int64_t>();
     if (n == 0) return std::nan("");
     return (per_token.narrow(0, side * pairs, pairs) * counted).sum(at::kDouble).item<double>() /

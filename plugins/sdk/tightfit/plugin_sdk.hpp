@@ -664,6 +664,10 @@ class Batch {
   // Preference batches (ABI 1.13): int64 [pairs], each pair's index among
   // the run's preference rows (training rows as stored, then held-out ones).
   at::Tensor row_ids() const;
+  // Preference batches (ABI 1.21): int64 [B], 1 where the row's first token
+  // is its answer's (no prompt token before it). Undefined from an older
+  // host or for any other batch.
+  at::Tensor answer_first() const;
 
   // The loss at the current weights, no gradients.
   tf_pass_result forward() const {
@@ -800,6 +804,10 @@ inline at::Tensor Batch::desirable() const {
 inline at::Tensor Batch::row_ids() const {
   if (!TF_SDK_REACHES(&batch_, tf_batch, row_ids) || batch_.row_ids == nullptr) return {};
   return borrow(batch_.row_ids);
+}
+inline at::Tensor Batch::answer_first() const {
+  if (!TF_SDK_REACHES(&batch_, tf_batch, answer_first) || batch_.answer_first == nullptr) return {};
+  return borrow(batch_.answer_first);
 }
 
 inline tf_dtype parse_dtype(const std::string& d) {
