@@ -42,19 +42,7 @@ class PrecomputedReference {
     int64_t rows = 0, model = 0;
   };
   static Key key_of(const tf_sdk::Host& host, int64_t chunk) {
-    Key k;
-    uint64_t h = kFnvOffset;
-    for (int64_t first = 0;;) {
-      const tf_sdk::Batch b(host, first, chunk);
-      const int64_t n = b.pairs();
-      if (n == 0) break;
-      mix_rows(b, h);
-      first += n;
-    }
-    k.rows = static_cast<int64_t>(h);
-    const char* source = host.run_info().model_source;
-    k.model = static_cast<int64_t>(fnv(source ? source : "", kFnvOffset));
-    return k;
+    return each_batch(host, chunk, [](const tf_sdk::Batch&, int64_t) {});
   }
 
   // `score(batch)` -> each row's summed log-prob and target count
@@ -63,23 +51,16 @@ class PrecomputedReference {
   template <class Score>
   void compute(const tf_sdk::Host& host, int64_t chunk, Score&& score) {
     std::vector<at::Tensor> sums, counts;
-    uint64_t h = kFnvOffset;
-    for (int64_t first = 0;;) {
-      const tf_sdk::Batch b(host, first, chunk);
-      const int64_t n = b.pairs();
-      if (n == 0) break;
-      mix_rows(b, h);
+    const Key key = each_batch(host, chunk, [&](const tf_sdk::Batch& b, int64_t n) {
       const tf_sdk::SequenceLogps s = score(b);
       // [2n] rows (first then second of each pair) -> [n, 2]
       sums.push_back(at::stack({s.logps.narrow(0, 0, n), s.logps.narrow(0, n, n)}, 1));
       counts.push_back(at::stack({s.counts.narrow(0, 0, n), s.counts.narrow(0, n, n)}, 1));
-      first += n;
-    }
+    });
     if (sums.empty()) throw std::runtime_error("precompute_ref_log_probs: the data has no rows");
     sums_ = at::cat(sums).to(at::kFloat);
     counts_ = at::cat(counts).to(at::kLong);
-    const char* source = host.run_info().model_source;
-    key_ = {static_cast<int64_t>(h), static_cast<int64_t>(fnv(source ? source : "", kFnvOffset))};
+    key_ = key;
     recompute_ = false;
   }
 
@@ -163,6 +144,22 @@ class PrecomputedReference {
     return h;
   }
   static uint64_t fnv(const std::string& s, uint64_t h) { return fnv(s.data(), s.size(), h); }
+  // Every preference row, `chunk` pairs a batch, given to `on_batch(batch,
+  // pairs)`; the key of the rows seen and of the model's source.
+  template <class OnBatch>
+  static Key each_batch(const tf_sdk::Host& host, int64_t chunk, OnBatch&& on_batch) {
+    uint64_t h = kFnvOffset;
+    for (int64_t first = 0;;) {
+      const tf_sdk::Batch b(host, first, chunk);
+      const int64_t n = b.pairs();
+      if (n == 0) break;
+      mix_rows(b, h);
+      on_batch(b, n);
+      first += n;
+    }
+    const char* source = host.run_info().model_source;
+    return {static_cast<int64_t>(h), static_cast<int64_t>(fnv(source ? source : "", kFnvOffset))};
+  }
   // Each row of a preference batch: its id, then its tokens and targets up
   // to its last scored target.
   static void mix_rows(const tf_sdk::Batch& b, uint64_t& h) {
