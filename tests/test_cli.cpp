@@ -1,5 +1,6 @@
 // The tightfit command: run, export, generate, plugins — exit codes and output.
 #include <gtest/gtest.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -417,6 +418,43 @@ TEST_F(CliTest, UnknownCommandIsAUsageError) {
   std::string out;
   EXPECT_EQ(test::run_tightfit("frobnicate", &out), 2) << out;
   EXPECT_NE(out.find("usage: tightfit"), std::string::npos) << out;
+}
+
+// What a newcomer types first: --version names the build, the plugin ABI and
+// LibTorch; a recipe key written without --set is told the fix; generate's
+// help shows its defaults as a user types them.
+TEST_F(CliTest, VersionBareKeysAndHelpDefaultsSpeakTheUsersLanguage) {
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("--version", &out), 0) << out;
+  EXPECT_EQ(out.rfind("tightfit ", 0), 0u) << out;
+  EXPECT_NE(out.find(" (plugin ABI " + std::to_string(TF_ABI_VERSION_MAJOR) + "." +
+                     std::to_string(TF_ABI_VERSION_MINOR) + ", LibTorch " + TORCH_VERSION + ")\n"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(test::run_tightfit("run " + recipe + " run.steps=10", &out), 2) << out;
+  EXPECT_NE(out.find("\"run.steps=10\" looks like a recipe key's new value: write it as --set "
+                     "run.steps=10"),
+            std::string::npos)
+      << out;
+  ASSERT_EQ(test::run_tightfit("generate --help", &out), 0) << out;
+  EXPECT_NE(out.find("(='\\n')"), std::string::npos) << out;
+  EXPECT_NE(out.find("(=0.8)"), std::string::npos) << out;
+  EXPECT_EQ(out.find("0.80000"), std::string::npos) << out;
+  EXPECT_EQ(out.find("(=\n"), std::string::npos) << out;
+}
+
+// A warmup longer than the run: the learning rate never reaches optimizer.lr,
+// said at the start (the tiny recipe warms up for 2 steps).
+TEST_F(CliTest, AWarmupLongerThanTheRunIsWarnedAtTheStart) {
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("run " + recipe + " --set run.steps=1 --set run.name=w", &out), 0)
+      << out;
+  EXPECT_NE(out.find("[schedule] warmup_steps = 2 is longer than the run's 1 steps: the learning "
+                     "rate climbs to 0.5 x optimizer.lr at the last step and never reaches it"),
+            std::string::npos)
+      << out;
+  ASSERT_EQ(test::run_tightfit("run " + recipe + " --set run.name=ok", &out), 0) << out;
+  EXPECT_EQ(out.find("warmup_steps"), std::string::npos) << out;
 }
 
 // One table gives the usage text and the dispatch: every command the usage

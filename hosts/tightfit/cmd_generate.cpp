@@ -29,12 +29,13 @@ namespace po = boost::program_options;
 int generate_command(const std::vector<std::string>& args) {
   po::options_description opts("tightfit generate RECIPE.toml|MODEL_FOLDER|MODEL.gguf [options]");
   opts.add_options()("help,h", "show this help")(
-      "prompt,p", po::value<std::string>()->default_value("\n"), "text to continue")(
+      "prompt,p", po::value<std::string>()->default_value("\n", "'\\n'"),
+      "text to continue (a newline: a sample from nothing)")(
       "tokens,n", po::value<int64_t>()->default_value(200), "tokens to generate")(
-      "temperature,t", po::value<double>()->default_value(0.8), "sampling temperature; 0 = greedy")(
-      "top-k", po::value<int64_t>()->default_value(40),
-      "sample among the k likeliest; 1 = greedy, 0 = all")(
-      "top-p", po::value<double>()->default_value(1.0),
+      "temperature,t", po::value<double>()->default_value(0.8, "0.8"),
+      "sampling temperature; 0 = greedy")("top-k", po::value<int64_t>()->default_value(40),
+                                          "sample among the k likeliest; 1 = greedy, 0 = all")(
+      "top-p", po::value<double>()->default_value(1.0, "1.0"),
       "nucleus: the smallest set with this much mass")("greedy", "always the likeliest token")(
       "seed", po::value<uint64_t>()->default_value(1234), "sampling seed")(
       "chat", po::value<std::string>(),

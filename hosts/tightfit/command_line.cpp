@@ -24,6 +24,18 @@ bool parse_command_line(const std::vector<std::string>& args, const po::options_
     po::notify(vm);
     return true;
   } catch (const po::error& e) {
+    // A recipe key written as an argument (run.steps=10) reads as a second
+    // recipe: say what was meant.
+    for (size_t i = 0; i < args.size(); ++i) {
+      const std::string& a = args[i];
+      const size_t eq = a.find('=');
+      if (!a.empty() && a[0] != '-' && eq != std::string::npos && a.find('.') < eq &&
+          (i == 0 || args[i - 1] != "--set")) {
+        std::cerr << "tightfit " << command << ": \"" << a
+                  << "\" looks like a recipe key's new value: write it as --set " << a << "\n";
+        return false;
+      }
+    }
     std::cerr << "tightfit " << command << ": " << e.what() << "\n\n" << opts;
     return false;
   }

@@ -1,6 +1,8 @@
 // tightfit: train language models that do not fit. Subcommands in the style
 // of torchtune's `tune`, from one table that gives the usage text and the
 // dispatch.
+#include <torch/version.h>
+
 #include <csignal>
 #include <iostream>
 #include <string>
@@ -9,6 +11,7 @@
 
 #include "commands.hpp"
 #include "logging.hpp"
+#include "tightfit/plugin_api.h"
 
 namespace {
 
@@ -70,7 +73,8 @@ void usage(std::ostream& os) {
         line += *p == '\n' ? "\n" + std::string(kColumn + 2, ' ') : std::string(1, *p);
       os << line << "\n";
     }
-  os << "\n`tightfit <command> --help` shows a command's options.\n";
+  os << "\n`tightfit <command> --help` shows a command's options; `tightfit --version` the "
+        "build.\n";
 }
 
 }  // namespace
@@ -85,6 +89,13 @@ int main(int argc, char** argv) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     usage(args.empty() ? std::cerr : std::cout);
     return args.empty() ? tightfit::host::kUsage : tightfit::host::kOk;
+  }
+  if (args[0] == "--version" || args[0] == "-V" || args[0] == "version") {
+    // What a bug report needs: this build, the plugin ABI it hosts, and the
+    // LibTorch it runs on.
+    std::cout << "tightfit " << TIGHTFIT_VERSION << " (plugin ABI " << TF_ABI_VERSION_MAJOR << "."
+              << TF_ABI_VERSION_MINOR << ", LibTorch " << TORCH_VERSION << ")\n";
+    return tightfit::host::kOk;
   }
   const std::string cmd = args[0];
   args.erase(args.begin());

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -19,8 +20,25 @@ struct LrSchedule {
   double min_ratio = 0.1;
 
   static LrSchedule read(const Host& host) {
-    return {host.get_int("warmup_steps"), host.get_string("decay"),
-            host.get_double("min_lr_ratio")};
+    const LrSchedule s{host.get_int("warmup_steps"), host.get_string("decay"),
+                       host.get_double("min_lr_ratio")};
+    s.warn_if_capped(host);
+    return s;
+  }
+
+  // A warmup longer than the run keeps the learning rate below what the
+  // recipe says for every step: said at the start, not found in the curves.
+  void warn_if_capped(const Host& host) const {
+    const int64_t total = host.run_info().total_steps;
+    if (total <= 0 || warmup <= total) return;
+    const double peak = static_cast<double>(total) / static_cast<double>(warmup);
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%.2g", peak);
+    host.log(TF_LOG_WARN, "[schedule] warmup_steps = " + std::to_string(warmup) +
+                              " is longer than the run's " + std::to_string(total) +
+                              " steps: the learning rate climbs to " + ratio +
+                              " x optimizer.lr at the last step and never reaches it; set "
+                              "warmup_steps below the steps (a tenth of them is common)");
   }
 
   // lr(step) = base * (step+1)/warmup during warmup, then decays to base * min_ratio.
