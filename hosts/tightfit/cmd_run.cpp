@@ -3,10 +3,13 @@
 
 #include <algorithm>
 #include <boost/program_options.hpp>
+#include <cctype>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -20,6 +23,7 @@
 #include "memory_plan.hpp"
 #include "run_answers.hpp"
 #include "session.hpp"
+#include "stop_request.hpp"
 
 namespace tightfit::host {
 namespace po = boost::program_options;
@@ -32,6 +36,18 @@ std::string default_recipe() {
        {fs::path("configs/default.toml"), fs::path(TIGHTFIT_SOURCE_DIR) / "configs/default.toml"})
     if (fs::exists(p)) return p.string();
   return "configs/default.toml";
+}
+
+// An argument as a shell reads it back: as it is when it is plain, else in
+// single quotes (a quote inside closed, escaped and reopened).
+std::string shell_word(const std::string& a) {
+  const bool plain = !a.empty() && std::all_of(a.begin(), a.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("-_./=:,+@%", c);
+  });
+  if (plain) return a;
+  std::string out = "'";
+  for (char c : a) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
 }
 
 std::string duration(double s) {
@@ -147,6 +163,9 @@ int run_command(const std::vector<std::string>& args) {
     }
   }
 
+  // Ctrl-C or SIGTERM while the steps run: stop at the next step boundary
+  // and save (a second one, or one during set-up, stops at once).
+  install_stop_handlers();
   std::optional<MemoryPlan> plan;  // the planner's prediction, when there is one
   try {
     const auto started = std::chrono::steady_clock::now();
@@ -218,6 +237,27 @@ int run_command(const std::vector<std::string>& args) {
     if (!answer_file.empty()) answers.emplace(session, answer_file, recipe.source());
     const double train_from_s = seconds_since_start();
     TrainSummary s = session.train();
+    if (const int signal = stop_requested()) {
+      if (rank0) {
+        std::string again = "tightfit run";
+        bool resumes = false;
+        for (const std::string& a : args) {
+          again += " " + shell_word(a);
+          resumes = resumes || a == "--resume";
+        }
+        if (!resumes) again += " --resume";
+        const std::string what = signal == SIGINT ? "Ctrl-C" : "SIGTERM";
+        if (s.steps_run > 0 && !s.saved.empty())
+          write_stderr_line("tightfit: stopped by " + what + " after step " +
+                            std::to_string(s.first_step + s.steps_run) + " of " +
+                            std::to_string(s.total_steps) + "; saved " + s.saved.back() +
+                            "\ntightfit: continue with: " + again);
+        else
+          write_stderr_line("tightfit: stopped by " + what + " before a step finished; nothing " +
+                            "new was saved (the checkpoints before are as they were)");
+      }
+      return 128 + signal;
+    }
     if (!rank0) return kOk;
 
     std::cout << "\n== summary: " << recipe.source() << " ==\n";

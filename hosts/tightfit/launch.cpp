@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -71,6 +72,15 @@ int exit_code(int status) {
 
 }  // namespace
 
+namespace {
+// SIGTERM sent to the launcher alone, for its ranks (a terminal's Ctrl-C
+// reaches them itself: they are in its process group).
+volatile std::sig_atomic_t terminate_requests = 0;
+void on_terminate(int) {
+  terminate_requests = terminate_requests + 1;
+}
+}  // namespace
+
 int launch_local_ranks(int nproc, const std::vector<std::string>& args, double grace_s) {
   const std::string exe = self_exe();
   const std::string port = std::to_string(free_port());
@@ -90,9 +100,16 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args, double g
     ranks[pid] = r;
   }
 
+  // The ranks stop at a step boundary and save on Ctrl-C or SIGTERM; the
+  // launcher waits for them rather than leave them behind.
+  std::signal(SIGINT, SIG_IGN);
+  std::signal(SIGTERM, on_terminate);
+  std::sig_atomic_t forwarded = 0;
   int result = 0;
   auto deadline = std::chrono::steady_clock::time_point::max();
   while (!ranks.empty()) {
+    for (; forwarded < terminate_requests; ++forwarded)
+      for (const auto& [p, r] : ranks) ::kill(p, SIGTERM);
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid < 0 && errno != EINTR) break;

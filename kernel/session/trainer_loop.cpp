@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <optional>
 
@@ -16,6 +17,7 @@
 #include "process_memory.hpp"
 #include "session.hpp"
 #include "step_record.hpp"
+#include "stop_request.hpp"
 #include "strategy_chain.hpp"
 
 namespace tightfit {
@@ -102,10 +104,32 @@ TrainSummary Session::train() {
     op_timer.emplace();
     op_counter.emplace();
   }
+  // Ctrl-C or SIGTERM while steps run: the loop stops at the next step
+  // boundary and saves, as an interrupted run does. Every rank stops at the
+  // same one (a rank that stopped alone would leave the others in a
+  // collective): with several, they agree each step on a 4-byte maximum.
+  arm_stop_request();
+  struct Disarm {
+    ~Disarm() { disarm_stop_request(); }
+  } disarm;
+  auto stop_here = [&] {
+    if (!env_.pg) return stop_requested() != 0;
+    at::Tensor flag = at::full({1}, stop_requested() != 0 ? 1.0f : 0.0f, at::kFloat);
+    flag = flag.to(env_.device);
+    env_.pg->all_reduce(flag, ReduceOp::Max);
+    const bool any = read_value(flag) > 0;
+    if (any && stop_requested() == 0) request_stop(SIGINT);  // another rank's: said alike
+    return any;
+  };
+  bool interrupted = false;
   try {
     const int64_t stop_at =
         options_.stop_after_steps >= 0 ? std::min(total, step_ + options_.stop_after_steps) : total;
     for (; step_ < stop_at; ++step_) {
+      if (stop_here()) {
+        interrupted = true;
+        break;
+      }
       step_metrics_.clear();
       const auto step_t0 = std::chrono::steady_clock::now();
       const double op_s0 = op_timer ? op_timer->seconds() : 0;
@@ -226,8 +250,18 @@ TrainSummary Session::train() {
           "were). Lower the learning rate or set optimizer.grad_clip, and check the data and the "
           "base weights for NaN");
     // An interrupted run always saves, so that --resume can continue it.
+    disarm_stop_request();  // the save, once begun, is finished
     if ((env_.config.save.final || step_ < total) && step_ > sum.first_step)
       sum.saved.push_back(save_checkpoint(step_));
+    if (interrupted) {
+      // Stopped by a signal: what --resume needs is saved; the exports, the
+      // held-out loss and the sample are the end of a run, which this is not.
+      sum.steps_run = step_ - sum.first_step;
+      sum.final_loss = sum.losses.empty() ? std::nan("") : sum.losses.back();
+      sum.val_loss = std::nan("");
+      sum.tokens_per_s = sum.wall_s > 0 ? static_cast<double>(tokens) / sum.wall_s : 0;
+      return sum;
+    }
     if (env_.config.save.hf)
       sum.saved.push_back(export_hf((fs::path(env_.run_dir) / "hf").string()));
     if (env_.is_rank0() && env_.config.save.adapter)
