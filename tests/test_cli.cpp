@@ -1,6 +1,9 @@
 // The tightfit command: run, export, generate, plugins — exit codes and output.
 #include <gtest/gtest.h>
+#include <pty.h>
+#include <sys/wait.h>
 #include <torch/version.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -455,6 +458,53 @@ TEST_F(CliTest, AWarmupLongerThanTheRunIsWarnedAtTheStart) {
       << out;
   ASSERT_EQ(test::run_tightfit("run " + recipe + " --set run.name=ok", &out), 0) << out;
   EXPECT_EQ(out.find("warmup_steps"), std::string::npos) << out;
+}
+
+// `tightfit` with a pseudo-terminal as its output, as a person at a terminal
+// runs it: what it wrote and its exit code.
+std::pair<std::string, int> run_in_terminal(const std::vector<std::string>& args) {
+  int master = -1;
+  const pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
+  if (pid == 0) {
+    std::vector<char*> argv{const_cast<char*>(TIGHTFIT_BINARY)};
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(TIGHTFIT_BINARY, argv.data());
+    ::_exit(127);
+  }
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(master, buf, sizeof buf)) > 0;) out.append(buf, n);  // EIO at the end
+  ::close(master);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
+}
+
+// Long phases show a line that updates in place on a terminal (building the
+// model, generating token by token, exporting weight by weight), and nothing
+// of it in a pipe or with -q.
+TEST_F(CliTest, PhasesShowProgressOnATerminalAndNotInAPipe) {
+  const auto [run, run_rc] = run_in_terminal({"run", recipe});
+  ASSERT_EQ(run_rc, 0) << run;
+  EXPECT_NE(run.find("\r\033[Kbuilding the model: 0 of "), std::string::npos) << run;
+  const auto [quiet, quiet_rc] = run_in_terminal({"run", recipe, "-q", "--set", "run.name=q"});
+  ASSERT_EQ(quiet_rc, 0) << quiet;
+  EXPECT_EQ(quiet.find("building the model"), std::string::npos) << quiet;
+  const auto [gen, gen_rc] =
+      run_in_terminal({"generate", recipe, "-p", "Hello", "-n", "20", "--greedy"});
+  ASSERT_EQ(gen_rc, 0) << gen;
+  EXPECT_NE(gen.find("\r\033[Kgenerating: 0 of 20 tokens (0%)"), std::string::npos) << gen;
+  const auto [exp, exp_rc] = run_in_terminal({"export", recipe, "--out", dir.str() + "/hf"});
+  ASSERT_EQ(exp_rc, 0) << exp;
+  EXPECT_NE(exp.find("\r\033[Kexporting: 0 of "), std::string::npos) << exp;
+  // In a pipe: none of it.
+  std::string piped;
+  ASSERT_EQ(test::run_tightfit("generate " + recipe + " -p Hello -n 20 --greedy", &piped), 0);
+  EXPECT_EQ(piped.find("generating:"), std::string::npos) << piped;
+  EXPECT_EQ(piped.find("\033[K"), std::string::npos) << piped;
+  ASSERT_EQ(test::run_tightfit("run " + recipe + " --set run.name=p", &piped), 0);
+  EXPECT_EQ(piped.find("building the model"), std::string::npos) << piped;
 }
 
 // One table gives the usage text and the dispatch: every command the usage

@@ -24,6 +24,7 @@
 #include "run_answers.hpp"
 #include "session.hpp"
 #include "stop_request.hpp"
+#include "terminal_progress.hpp"
 
 namespace tightfit::host {
 namespace po = boost::program_options;
@@ -109,8 +110,8 @@ int run_command(const std::vector<std::string>& args) {
       "nproc", po::value<int>(),
       "start N local ranks of this run (as torchrun --nproc-per-node N would); without it, "
       "RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the environment are used when set")(
-      "quiet,q", "no progress line")("log-level", po::value<std::string>()->default_value("info"),
-                                     "debug, info, warn, error");
+      "quiet,q", "no progress lines (steps, set-up phases)")(
+      "log-level", po::value<std::string>()->default_value("info"), "debug, info, warn, error");
   po::variables_map vm;
   if (!parse_command_line(args, opts, "recipe", "run", vm)) return kUsage;
   if (vm.count("help")) {
@@ -126,6 +127,7 @@ int run_command(const std::vector<std::string>& args) {
   const char* rank_env = std::getenv("RANK");
   const bool rank0 = rank_env == nullptr || std::string(rank_env) == "0";
   const bool quiet = vm.count("quiet") > 0 || !rank0;
+  show_progress_on_terminal(quiet);
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   const std::string who = rank0 ? "tightfit: " : "tightfit (rank " + std::string(rank_env) + "): ";
 

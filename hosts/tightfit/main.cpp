@@ -11,6 +11,7 @@
 
 #include "commands.hpp"
 #include "logging.hpp"
+#include "terminal_progress.hpp"
 #include "tightfit/plugin_api.h"
 
 namespace {
@@ -97,6 +98,8 @@ int main(int argc, char** argv) {
               << TF_ABI_VERSION_MINOR << ", LibTorch " << TORCH_VERSION << ")\n";
     return tightfit::host::kOk;
   }
+  // Long phases show a line that updates on a terminal (`run -q` turns it off).
+  tightfit::host::show_progress_on_terminal(false);
   const std::string cmd = args[0];
   args.erase(args.begin());
   for (const Command& c : commands())

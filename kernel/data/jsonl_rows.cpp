@@ -6,6 +6,7 @@
 
 #include "file_util.hpp"
 #include "json_input.hpp"
+#include "progress.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
@@ -45,7 +46,11 @@ size_t for_each_jsonl_row(const std::string& spec, const std::string& base_dir,
       throw std::invalid_argument(std::string("data: ") + e.what());
     }
     size_t line = 0, pos = 0;
+    // The rows are tokenized (and templates rendered) as they are read.
+    Progress progress("reading " + file.filename().string(), static_cast<int64_t>(text.size()),
+                      "bytes");
     while (pos < text.size()) {
+      progress.set(static_cast<int64_t>(pos));
       ++line;
       size_t nl = text.find('\n', pos);
       if (nl == std::string::npos) nl = text.size();

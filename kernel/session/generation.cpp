@@ -10,6 +10,7 @@
 #include "input_files.hpp"
 #include "json_input.hpp"
 #include "logging.hpp"
+#include "progress.hpp"
 #include "session.hpp"
 #include "strategy_chain.hpp"
 #include "tensor_handle.hpp"
@@ -93,6 +94,7 @@ std::string generate_text(Session& s, const std::string& prompt, const SamplingO
     }
     return idx[at::multinomial(probs, 1, false, gen).item<int64_t>()].item<int64_t>();
   };
+  Progress progress("generating", n_tokens, "tokens");
   const tf_model_vtable* vt = model.plugin->model();
   const bool can_decode = o.use_cache && vt->decode && vt->release_cache;
   if (can_decode) {
@@ -121,6 +123,7 @@ std::string generate_text(Session& s, const std::string& prompt, const SamplingO
           "decode");
       at::Tensor logits = adopt_handle(StrategyChain::returned(out, model, "decode"));
       ids.push_back(pick(logits[0][-1]));
+      progress.set(i + 1);
       if (stops(ids.back())) break;
       x = at::full({1, 1}, ids.back(), at::TensorOptions().dtype(at::kLong).device(device));
     }
@@ -131,6 +134,7 @@ std::string generate_text(Session& s, const std::string& prompt, const SamplingO
     for (int64_t i = 0; i < n_tokens; ++i) {
       at::Tensor x = at::tensor(ids, at::kLong).unsqueeze(0).to(device);
       ids.push_back(pick(s.executor().forward_logits(x, /*training=*/false)[0][-1]));
+      progress.set(i + 1);
       if (stops(ids.back())) break;
     }
   }

@@ -23,6 +23,7 @@
 #include "memory_budget.hpp"
 #include "plugin_hooks.hpp"
 #include "process_memory.hpp"
+#include "progress.hpp"
 #include "session.hpp"
 #include "strategy_chain.hpp"
 
@@ -344,6 +345,11 @@ void Session::materialize_params() {
                             "`tightfit plan` shows where its memory goes, `tightfit fit` finds "
                             "strategies that fit a budget");
   };
+  int64_t stages = 0;  // the groups materialize hands over, for the progress line
+  for (size_t i = 0; i < store_.all().size(); ++i)
+    stages += i + 1 == store_.all().size() || store_.all()[i + 1].stage != store_.all()[i].stage;
+  Progress progress("building the model", stages, "stages");
+  int64_t stages_done = 0;
   try {
     store_.materialize(
         env_.run_info.seed,
@@ -368,6 +374,7 @@ void Session::materialize_params() {
           }
           building = nullptr;
           doing = "converting a stage of";
+          progress.set(++stages_done);
           const int32_t stage = params[first].stage;
           if (params[first].absent) return;  // a skipped stage: nothing to convert
           StrategyChain(plugins_.strategies)

@@ -13,6 +13,7 @@
 #include "input_files.hpp"
 #include "json_input.hpp"
 #include "plugin_hooks.hpp"
+#include "progress.hpp"
 #include "session.hpp"
 #include "strategy_chain.hpp"
 #include "tokenizer_folder.hpp"
@@ -33,6 +34,8 @@ void Session::each_export_tensor(
     bool merge, const std::function<void(const std::string&, const at::Tensor&)>& sink) {
   at::NoGradGuard no_grad;
   CategoryScope scope(TF_MEM_TRANSIENT);
+  Progress progress("exporting", static_cast<int64_t>(store_.all().size()), "weights");
+  int64_t done = 0;
   // One parameter at a time, in stage order: dense from any tier (gathering
   // one split across ranks takes every rank), merged by the strategies that
   // rewrite it (LoRA).
@@ -51,6 +54,7 @@ void Session::each_export_tensor(
       StrategyChain(plugins_.strategies)
           .thread_tensor(TF_STRATEGY_HOOK(export_weight), value, p.name.c_str());
     if (env_.is_rank0()) sink(p.name, hf_layout(p, value));
+    progress.set(++done);
   }
 }
 
