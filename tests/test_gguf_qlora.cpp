@@ -149,6 +149,39 @@ TEST_F(GgufQlora, WeightsThatAreNotAGgufFileAreRefusedWithTheFix) {
   }
 }
 
+// The PEFT adapter of a run whose base is a GGUF file loads the documented
+// way, AutoPeftModelForCausalLM.from_pretrained(adapter): the export writes
+// the base it applies to (the GGUF as the run read it) beside it as a
+// Hugging Face folder and names it as base_model_name_or_path (the folder
+// holding the .gguf, which transformers cannot load, before). PEFT's logits
+// equal tightfit's within 1e-4.
+TEST_F(GgufQlora, AnAdapterOnAGgufBaseLoadsWithAutoPeftModel) {
+  auto s = test::make_session(recipe(file(), ""));
+  s->update().optimizer().set_lr(1e-2);
+  s->train();
+  const std::string out = dir_->str() + "/auto-peft";
+  s->export_adapter(out + "/adapter");
+  const std::string base = std::filesystem::absolute(out + "/adapter/base").string();
+  ASSERT_TRUE(std::filesystem::exists(base + "/config.json"));
+  ASSERT_TRUE(std::filesystem::exists(base + "/model.safetensors"));
+  const nlohmann::json config =
+      nlohmann::json::parse(std::ifstream(out + "/adapter/adapter_config.json"));
+  EXPECT_EQ(config["base_model_name_or_path"], base);
+  const at::Tensor tokens = at::randint(0, 200, {2, 16}, at::kLong);
+  at::Tensor logits;
+  {
+    at::NoGradGuard no_grad;
+    logits = s->executor().forward_logits(tokens, false);
+  }
+  write_safetensors(out + "/expected.safetensors", {{"tokens", tokens}, {"logits", logits}});
+  const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                          "/tests/peers/peft_adapter.py " + out + " --auto > " + out +
+                          "/peer.log 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0)
+      << "AutoPeftModelForCausalLM did not reproduce tightfit's logits:\n"
+      << std::string(std::istreambuf_iterator<char>(std::ifstream(out + "/peer.log").rdbuf()), {});
+}
+
 // Base weights are checked finite where they enter, naming the tensor: a GGUF
 // file read dense or kept as its blocks (a NaN scale), and a safetensors
 // folder. An input error (exit 2), never a run that trains on NaN.

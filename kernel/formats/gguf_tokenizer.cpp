@@ -297,6 +297,7 @@ TokenizerFiles tokenizer_files(const GgufReader& f) {
   // generation_config.json: generation stops at EOS, and at the
   // end-of-turn token where the file names another.
   json& g = out.generation_config;
+  g = json::object();  // written even when the file names no special token: never `null`
   if (v.bos) g["bos_token_id"] = *v.bos;
   if (v.eos && v.eot && *v.eot != *v.eos)
     g["eos_token_id"] = {*v.eos, *v.eot};

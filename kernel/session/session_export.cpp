@@ -109,25 +109,58 @@ std::string Session::export_gguf(const std::string& file, const std::string& typ
   return file;
 }
 
-std::string Session::export_adapter(const std::string& dir) {
-  refuse_output_over_inputs(dir, /*folder=*/true, "the adapter");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw std::runtime_error("cannot create " + dir + ": " + ec.message());
+namespace {
+
+// The strategies' adapters written into `dir` (a PEFT folder); refused when
+// no strategy has any.
+void write_adapters(std::vector<PluginInstance>& strategies, const std::string& dir) {
   at::NoGradGuard no_grad;
   bool written = false;
-  StrategyChain(plugins_.strategies)
+  StrategyChain(strategies)
       .each_with(
           TF_STRATEGY_HOOK(export_adapter),
           [&](size_t i, tf_status st) {
             written = written || st == TF_OK;
-            check_plugin_status(st, plugins_.strategies[i], "export_adapter");
+            check_plugin_status(st, strategies[i], "export_adapter");
           },
           dir.c_str());
   if (!written)
     throw std::runtime_error(
         "no strategy of this recipe has adapters to export (add a [[strategy]] with plugin = "
         "\"lora\"), or export the whole model without --adapter");
+}
+
+}  // namespace
+
+std::string Session::export_adapter(const std::string& dir) {
+  refuse_output_over_inputs(dir, /*folder=*/true, "the adapter");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error("cannot create " + dir + ": " + ec.message());
+  const HfWeightSource* weights = weight_source();
+  if (!weights || !weights->is_gguf()) {
+    write_adapters(plugins_.strategies, dir);
+    return dir;
+  }
+  // PEFT loads an adapter's base with AutoModelForCausalLM.from_pretrained(
+  // base_model_name_or_path), which reads no GGUF file (that needs its
+  // gguf_file argument): the base this adapter applies to, the GGUF file as
+  // the run read it (dequantized, as transformers' GGUF loader reads it), is
+  // written beside it as a Hugging Face folder, and the adapter names it.
+  const std::string base = fs::absolute(fs::path(dir) / "base").lexically_normal().string();
+  export_hf(base, /*merge=*/false);
+  const std::string source = env_.model_source;
+  struct Restore {
+    RunEnvironment& env;
+    std::string source;
+    ~Restore() {
+      env.model_source = source;
+      env.run_info.model_source = env.model_source.c_str();
+    }
+  } restore{env_, source};
+  env_.model_source = base;
+  env_.run_info.model_source = env_.model_source.c_str();
+  write_adapters(plugins_.strategies, dir);
   return dir;
 }
 
@@ -145,7 +178,7 @@ std::string Session::export_adapter_gguf(const std::string& file, const std::str
     throw std::runtime_error("cannot create " + peft + (ec ? ": " + ec.message() : ": it exists") +
                              " (the adapter is written there before it is converted)");
   try {
-    export_adapter(peft);
+    write_adapters(plugins_.strategies, peft);  // the base GGUF file is the base: none written
     gguf::write_lora_adapter(peft, config, file, tt, fs::path(file).stem().string());
   } catch (...) {
     remove_tree(peft);
