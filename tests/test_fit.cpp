@@ -292,6 +292,51 @@ TEST(Fit, TrainsAdaptersOnlyWhenNoFullFineTuneFits) {
       << log;
 }
 
+// The recipe's choices stay: a QLoRA recipe (LoRA r16 on an nf4 base) comes
+// back with rank 16 and nf4 whatever the budget (r64 and a bf16 base were
+// tried before), other ranks and formats only when asked for; each change to
+// the recipe is printed with why.
+TEST(Fit, KeepsTheRecipesRankAndFormatAndSaysWhatItChanged) {
+  test::TempDir dir;
+  private_rates_cache(dir);
+  const std::string qlora =
+      "[[strategy]]\nplugin = \"quantize\"\nformat = \"nf4\"\n"
+      "[[strategy]]\nplugin = \"lora\"\nrank = 16\nalpha = 32.0\n";
+  const std::string path = test::write_file(dir, "r.toml", recipe(dir.str(), qlora));
+  const int64_t plain = planned_peak(path);
+  const std::string out = (dir.path() / "fit.toml").string();
+  std::string log;
+  ASSERT_EQ(
+      test::run_tightfit(
+          "fit " + path + " --budget " + std::to_string(plain * 3 / 4) + " --out " + out, &log),
+      0)
+      << log;
+  const Recipe fitted = Recipe::load(out);
+  ASSERT_NE(fitted.strategy_table("lora"), nullptr) << read_file_text(out);
+  EXPECT_EQ((*fitted.strategy_table("lora"))["rank"].value_or(int64_t{0}), 16) << log;
+  ASSERT_NE(fitted.strategy_table("quantize"), nullptr) << read_file_text(out);
+  EXPECT_EQ((*fitted.strategy_table("quantize"))["format"].value_or(std::string()), "nf4") << log;
+  EXPECT_NE(log.find("note          LoRA rank 16 as the recipe sets it"), std::string::npos) << log;
+  EXPECT_NE(log.find("note          the base stays nf4 as the recipe quantizes it"),
+            std::string::npos)
+      << log;
+  const size_t changes = log.find("changes       ");
+  ASSERT_NE(changes, std::string::npos) << log;
+  // Each change with why (here the batch split into micro-batches, or a strategy added).
+  const std::string listed = log.substr(changes, log.find("\n\n", changes) - changes);
+  EXPECT_TRUE(listed.find(": to fit ") != std::string::npos ||
+              listed.find(": the same batch in micro-batches") != std::string::npos)
+      << listed;
+  // Asked for, other ranks are searched; an unknown --change is refused.
+  ASSERT_EQ(test::run_tightfit("fit " + path + " --budget 1GiB --lora-ranks 4 --out " + out, &log),
+            0)
+      << log;
+  EXPECT_EQ(log.find("LoRA rank 16 as the recipe sets it"), std::string::npos) << log;
+  EXPECT_EQ(test::run_tightfit("fit " + path + " --budget 1GiB --change rank --out " + out, &log),
+            2)
+      << log;
+}
+
 // A full fine-tune whose weights, gradients and state do not fit keeps its
 // trained weights on disk with their optimizer state (offload trainable).
 TEST(Fit, PutsTrainedWeightsOnDiskWithTheirState) {

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -58,11 +59,14 @@ po::options_description fit_options() {
       "keep", po::value<std::string>()->default_value(""),
       "comma list of plugins whose recipe tables stay as they are (not searched)")(
       "without", po::value<std::string>()->default_value(""), "comma list of plugins never to use")(
-      "lora-ranks", po::value<std::string>()->default_value("8,16,64"),
-      "LoRA ranks to try (LoRA trains an adapter instead of the weights; --without lora to keep "
-      "training all weights)")("set", po::value<std::vector<std::string>>()->composing(),
-                               "override a recipe key before the search")(
-      "json", "print the result as JSON")(
+      "lora-ranks", po::value<std::string>()->default_value(""),
+      "LoRA ranks to try beside the recipe's own (default: the recipe's rank alone; 8,16,64 "
+      "when a recipe training all weights turns to LoRA; --without lora keeps all weights "
+      "training)")("change", po::value<std::string>()->default_value(""),
+                   "comma list of the recipe's choices fit may change: quantize (the format "
+                   "of a quantized base)")(
+      "set", po::value<std::vector<std::string>>()->composing(),
+      "override a recipe key before the search")("json", "print the result as JSON")(
       "measure", "measure this machine's rates again instead of using the cached ones")(
       "verify", "run the top stacks for a few steps and compare predicted with measured")(
       "verify-top", po::value<int>()->default_value(3), "stacks --verify runs")(
@@ -178,21 +182,35 @@ void search_stacks(const FitSpace& space, const Recipe& stripped, const PluginRe
 // a tie (the model is not finer than that): the simpler stack wins, then the
 // more exact, then the smaller.
 void rank_stacks(std::vector<Planned>& fitting, int64_t budget, const std::string& objective) {
-  auto time_bucket = [](const Planned& p) {
-    return std::llround(std::log(std::max(p.cost.total(), 1e-9)) / std::log(1.02));
-  };
   auto tight = [&](const Planned& p) { return p.plan.safe_budget() > budget; };
+  auto penalty = [](const Planned& p) { return std::round(p.choice.quality_penalty() * 100); };
+  const bool quality = objective == "quality";
+  // Those inside their margin first, (by the maths they change first with
+  // --objective quality), each class fastest first.
   std::stable_sort(fitting.begin(), fitting.end(), [&](const Planned& a, const Planned& b) {
     if (tight(a) != tight(b)) return !tight(a);
-    const double qa = std::round(a.choice.quality_penalty() * 100),
-                 qb = std::round(b.choice.quality_penalty() * 100);
-    if (objective == "quality" && qa != qb) return qa < qb;
-    if (time_bucket(a) != time_bucket(b)) return time_bucket(a) < time_bucket(b);
-    if (a.choice.strategies() != b.choice.strategies())
-      return a.choice.strategies() < b.choice.strategies();
-    if (qa != qb) return qa < qb;
-    return a.plan.tracked_peak < b.plan.tracked_peak;
+    if (quality && penalty(a) != penalty(b)) return penalty(a) < penalty(b);
+    return a.cost.total() < b.cost.total();
   });
+  // Times within 2% of the fastest left tie: among them the stack that
+  // changes the maths least, then the one with fewer strategies, then the
+  // smaller (an exact stack 0.4% slower than a lossy one wins).
+  for (size_t i = 0; i < fitting.size();) {
+    size_t j = i + 1;
+    while (j < fitting.size() && tight(fitting[j]) == tight(fitting[i]) &&
+           (!quality || penalty(fitting[j]) == penalty(fitting[i])) &&
+           fitting[j].cost.total() <= fitting[i].cost.total() * 1.02)
+      ++j;
+    std::stable_sort(fitting.begin() + static_cast<std::ptrdiff_t>(i),
+                     fitting.begin() + static_cast<std::ptrdiff_t>(j),
+                     [&](const Planned& a, const Planned& b) {
+                       if (penalty(a) != penalty(b)) return penalty(a) < penalty(b);
+                       if (a.choice.strategies() != b.choice.strategies())
+                         return a.choice.strategies() < b.choice.strategies();
+                       return a.plan.tracked_peak < b.plan.tracked_peak;
+                     });
+    i = j;
+  }
 }
 
 // The winner as a recipe, whole or not at all (a planted link is replaced).
@@ -209,10 +227,68 @@ void write_winner(const std::string& out, const Planned& best, double plain_s,
   write_file_synced(out, text.str());
 }
 
+// A TOML value as the recipe writes it (strings quoted).
+std::string toml_text(const toml::node& n) {
+  std::ostringstream os;
+  if (const auto* t = n.as_table())
+    os << toml::toml_formatter(*t);
+  else if (const auto* a = n.as_array())
+    os << toml::toml_formatter(*a);
+  else
+    n.visit([&](const auto& v) { os << toml::toml_formatter(v); });
+  return os.str();
+}
+
+// What the written recipe changes in the user's, one line each with why: the
+// strategies fit added, dropped or set otherwise, and the batch it split.
+std::vector<std::string> recipe_changes(const Recipe& from, const Recipe& to, int64_t budget) {
+  std::vector<std::string> out;
+  auto by_plugin = [](const Recipe& r) {
+    std::map<std::string, const toml::table*> m;
+    for (const toml::table* t : r.array_tables("strategy"))
+      m.emplace((*t)["plugin"].value_or(std::string()), t);
+    return m;
+  };
+  const auto before = by_plugin(from), after = by_plugin(to);
+  const std::string why = "to fit " + format_bytes(budget) + " with the fastest stack that does";
+  for (const auto& [plugin, t] : after) {
+    const auto was = before.find(plugin);
+    if (was == before.end()) {
+      std::string keys;
+      for (const auto& [k, v] : *t)
+        if (k != "plugin")
+          keys += (keys.empty() ? "" : ", ") + std::string(k.str()) + " = " + toml_text(v);
+      out.push_back("+ " + plugin + (keys.empty() ? "" : " (" + keys + ")") + ": " + why);
+      continue;
+    }
+    for (const auto& [k, v] : *t) {
+      const toml::node* old = was->second->get(k.str());
+      if (!old || toml_text(*old) != toml_text(v))
+        out.push_back("~ " + plugin + "." + std::string(k.str()) + " = " + toml_text(v) +
+                      (old ? " (was " + toml_text(*old) + ")" : "") + ": " + why);
+    }
+  }
+  for (const auto& [plugin, t] : before)
+    if (!after.count(plugin)) out.push_back("- " + plugin + ": the stack written does without it");
+  for (const char* key : {"data.batch_size", "schedule.plugin", "schedule.micro_batches"}) {
+    const std::string k = key;
+    const std::string table = k.substr(0, k.find('.')), name = k.substr(k.find('.') + 1);
+    const toml::table* a = from.table(table);
+    const toml::table* b = to.table(table);
+    const toml::node* x = a ? a->get(name) : nullptr;
+    const toml::node* y = b ? b->get(name) : nullptr;
+    if (y && (!x || toml_text(*x) != toml_text(*y)))
+      out.push_back("~ " + k + " = " + toml_text(*y) + (x ? " (was " + toml_text(*x) + ")" : "") +
+                    ": the same batch in micro-batches (a smaller one at a time, one update)");
+  }
+  return out;
+}
+
 void print_stacks(const std::string& recipe_path, int64_t budget, const std::string& objective,
                   const ModelShape& shape, const MachineRates& rates,
                   const std::string& rates_source, const Planned& plain, const FitSpace& space,
-                  const std::vector<Planned>& fitting, int top, const std::string& out) {
+                  const std::vector<Planned>& fitting, int top, const std::string& out,
+                  const Recipe& base) {
   const double plain_s = plain.cost.total();
   char line[512];
   std::cout << "== fit: " << recipe_path << ", budget " << format_bytes(budget) << ", objective "
@@ -246,6 +322,10 @@ void print_stacks(const std::string& recipe_path, int64_t budget, const std::str
   }
   const Planned& best = fitting.front();
   std::cout << "\nwritten       " << out << " (" << best.choice.describe() << ")\n";
+  const std::vector<std::string> changes = recipe_changes(base, best.recipe, budget);
+  if (changes.empty()) std::cout << "changes       none: the recipe as it is fits\n";
+  for (size_t i = 0; i < changes.size(); ++i)
+    std::cout << (i ? "              " : "changes       ") << changes[i] << "\n";
   if (best.plan.safe_budget() > budget)
     std::cout << "tight         its plan fits, but within the plan's margin of error: its "
                  "safe budget is "
@@ -316,7 +396,15 @@ int fit_command(const std::vector<std::string>& args) {
         std::cerr << "tightfit fit: --keep: no plugin named \"" << name << "\" is installed\n";
         return kUsage;
       }
-    FitSpace space = fit_space(base, registry, keep, without, o->lora_ranks, false, o->ranks);
+    const auto change = split_list(vm["change"].as<std::string>());
+    for (const std::string& c : change)
+      if (c != "quantize") {
+        std::cerr << "tightfit fit: --change: \"" << c
+                  << "\" is not a choice fit changes (quantize; LoRA ranks: --lora-ranks)\n";
+        return kUsage;
+      }
+    FitSpace space =
+        fit_space(base, registry, keep, without, change, o->lora_ranks, false, o->ranks);
     Recipe stripped = base;
     stripped.remove_strategies(without);
 
@@ -335,7 +423,7 @@ int fit_command(const std::vector<std::string>& args) {
     const bool searchable_lora =
         std::find(space.searched.begin(), space.searched.end(), "lora") != space.searched.end();
     if (search.fitting.empty() && space.allow_full && searchable_lora) {
-      space = fit_space(base, registry, keep, without, o->lora_ranks, true, o->ranks);
+      space = fit_space(base, registry, keep, without, change, o->lora_ranks, true, o->ranks);
       search_stacks(space, stripped, registry, o->ranks, rates, o->budget, search);
     }
     std::cerr << "fit: " << search.stacks << " stacks: " << search.planned << " planned, "
@@ -365,7 +453,7 @@ int fit_command(const std::vector<std::string>& args) {
         result_json(recipe_path, o->budget, o->objective, shape, search, out, plain, rates, top);
     if (!vm.count("json"))
       print_stacks(recipe_path, o->budget, o->objective, shape, rates, rates_source, plain, space,
-                   search.fitting, top, out);
+                   search.fitting, top, out, base);
     if (vm.count("verify"))
       verify_stacks(search.fitting, plain.cost.total(),
                     VerifyOptions{vm["verify-top"].as<int>(), vm["verify-steps"].as<int>(),

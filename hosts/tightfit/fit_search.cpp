@@ -101,7 +101,8 @@ FitChoice FitChoice::plain() const {
 
 FitSpace fit_space(const Recipe& base, const PluginRegistry& registry,
                    const std::vector<std::string>& keep, const std::vector<std::string>& without,
-                   std::vector<int> lora_ranks, bool adapters_instead, int ranks) {
+                   const std::vector<std::string>& change, std::vector<int> lora_ranks,
+                   bool adapters_instead, int ranks) {
   FitSpace sp;
   auto installed = [&](const std::string& name) { return registry.find_any(name) != nullptr; };
   for (const char* name : {"lora", "quantize", "adamw8", "precision", "checkpoint", "offload",
@@ -120,7 +121,17 @@ FitSpace fit_space(const Recipe& base, const PluginRegistry& registry,
     sp.notes.push_back("LoRA as the recipe sets it (--keep lora)");
   } else if (searched("lora") && (lora || adapters_instead)) {
     sp.allow_full = false;
-    if (lora) lora_ranks.push_back(static_cast<int>((*lora)["rank"].value_or(int64_t{8})));
+    // The recipe's rank is its choice: other ranks only when asked for
+    // (--lora-ranks); a recipe without LoRA that turns to it tries 8, 16, 64.
+    if (lora) {
+      const int own = static_cast<int>((*lora)["rank"].value_or(int64_t{8}));
+      if (lora_ranks.empty())
+        sp.notes.push_back("LoRA rank " + std::to_string(own) +
+                           " as the recipe sets it (--lora-ranks to try others)");
+      lora_ranks.push_back(own);
+    } else if (lora_ranks.empty()) {
+      lora_ranks = {8, 16, 64};
+    }
     std::sort(lora_ranks.rbegin(), lora_ranks.rend());  // a larger rank saves less
     lora_ranks.erase(std::unique(lora_ranks.begin(), lora_ranks.end()), lora_ranks.end());
     sp.lora_ranks = lora_ranks;
@@ -128,7 +139,19 @@ FitSpace fit_space(const Recipe& base, const PluginRegistry& registry,
       sp.notes.push_back("no stack that trains all weights fits: LoRA adapters train instead");
   }
   sp.weights = {"dense"};
-  if (searched("quantize")) sp.weights = {"dense", "int8", "nf4"};
+  if (searched("quantize")) {
+    // A recipe that quantizes its base keeps its format (a different base
+    // is a different model to train), unless --change quantize.
+    const toml::table* quantize = base.strategy_table("quantize");
+    if (quantize && (*quantize)["weights"].value_or(true) && !has(change, "quantize")) {
+      const std::string format = (*quantize)["format"].value_or(std::string("nf4"));
+      sp.weights = {format};
+      sp.notes.push_back("the base stays " + format +
+                         " as the recipe quantizes it (--change quantize to try others)");
+    } else {
+      sp.weights = {"dense", "int8", "nf4"};
+    }
+  }
   sp.precision = {"none"};
   if (searched("precision")) sp.precision = {"none", "autocast", "bf16"};
   sp.optimizer = {"fp32"};
@@ -258,9 +281,11 @@ Recipe apply_choice(const Recipe& base, const FitSpace& sp, const FitChoice& c) 
   }
   if (searched("quantize") && c.weights != "dense") {
     toml::table t = user_keys(base, "quantize");
-    t.insert_or_assign("weights", true);
+    // The plugin's defaults (weights = true, optimizer_state = "fp32": 8-bit
+    // state is adamw8's knob) are written only over a value that differs.
+    if (t.contains("weights")) t.insert_or_assign("weights", true);
+    if (t.contains("optimizer_state")) t.insert_or_assign("optimizer_state", std::string("fp32"));
     t.insert_or_assign("format", c.weights);
-    t.insert_or_assign("optimizer_state", std::string("fp32"));  // 8-bit state: adamw8's
     r.add_strategy("quantize", t);
   }
   if (searched("adamw8") && c.optimizer == "int8")

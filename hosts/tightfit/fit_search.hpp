@@ -73,13 +73,16 @@ struct FitSpace {
 };
 
 // The search space for `base` given the installed plugins, the device, and
-// the user's --keep / --without lists. What trains stays what the recipe
-// trains: all weights, or LoRA adapters (then at each of `lora_ranks` and
-// the recipe's rank); `adapters_instead` searches LoRA for a recipe that
-// trains all weights (when no stack that does fits).
+// the user's --keep / --without / --change lists. The recipe's choices stay:
+// what trains (all weights, or LoRA adapters at the recipe's rank, and at
+// `lora_ranks` only when the user gave them) and the format of a quantized
+// base (others only with "quantize" in `change`); `adapters_instead`
+// searches LoRA (`lora_ranks`, else 8, 16, 64) for a recipe that trains all
+// weights, when no stack that does fits.
 FitSpace fit_space(const Recipe& base, const PluginRegistry& registry,
                    const std::vector<std::string>& keep, const std::vector<std::string>& without,
-                   std::vector<int> lora_ranks, bool adapters_instead, int ranks);
+                   const std::vector<std::string>& change, std::vector<int> lora_ranks,
+                   bool adapters_instead, int ranks);
 
 // Every consistent choice (NF4/int8 only for frozen weights, fused update
 // only with one micro-batch, ...), the most memory-saving first.
