@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "json_input.hpp"
+#include "spawn_run.hpp"
 #include "test_support.hpp"
 
 namespace tightfit {
@@ -30,15 +31,7 @@ namespace fs = std::filesystem;
 
 // Starts `tightfit run <recipe> --resume -q`, output to `log`.
 pid_t start_run(const std::string& recipe, const std::string& log) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    std::FILE* out = std::freopen(log.c_str(), "a", stdout);
-    if (out) ::dup2(::fileno(stdout), STDERR_FILENO);
-    ::execl(TIGHTFIT_BINARY, TIGHTFIT_BINARY, "run", recipe.c_str(), "--resume", "-q",
-            static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  return pid;
+  return test::start_tightfit({"run", recipe, "--resume", "-q"}, log);
 }
 
 // Every loss metrics.jsonl records, as (step, loss) in the order written (a

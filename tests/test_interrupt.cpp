@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "json_input.hpp"
+#include "spawn_run.hpp"
 #include "test_support.hpp"
 
 namespace tightfit {
@@ -23,15 +24,7 @@ namespace fs = std::filesystem;
 
 // Starts `tightfit run <recipe> -q`, its output to `log`.
 pid_t start_run(const std::string& recipe, const std::string& log) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    std::FILE* out = std::freopen(log.c_str(), "w", stdout);
-    if (out) ::dup2(::fileno(stdout), STDERR_FILENO);
-    ::execl(TIGHTFIT_BINARY, TIGHTFIT_BINARY, "run", recipe.c_str(), "-q",
-            static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  return pid;
+  return test::start_tightfit({"run", recipe, "-q"}, log, /*truncate=*/true);
 }
 
 // (step, loss) of every row metrics.jsonl holds.
