@@ -507,6 +507,37 @@ TEST_F(CliTest, PhasesShowProgressOnATerminalAndNotInAPipe) {
   EXPECT_EQ(piped.find("building the model"), std::string::npos) << piped;
 }
 
+// A recipe copied out of configs/ says at --dry-run which relative path it
+// can no longer find, key by key (a dry run read no data before, so a missing
+// corpus or answer_prompts file was found only when the run came to it).
+TEST_F(CliTest, ACopiedRecipeSaysAtDryRunWhichPathItCannotFind) {
+  std::string out;
+  const std::string copied = dir.str() + "/copied.toml";
+  std::filesystem::copy_file(std::string(TIGHTFIT_SOURCE_DIR) + "/configs/default.toml", copied);
+  EXPECT_EQ(test::run_tightfit("run " + copied + " --dry-run", &out), 2) << out;
+  EXPECT_NE(out.find("corpus = \"data/persona-train.jsonl\" is not there"), std::string::npos)
+      << out;
+  const std::string text = read_file_text(recipe);
+  const std::string moved = test::write_file(
+      dir, "moved.toml",
+      std::regex_replace(text, std::regex("corpus = \"[^\"]*\""), "corpus = \"data/rows.jsonl\""));
+  EXPECT_EQ(test::run_tightfit("run " + moved + " --dry-run", &out), 2) << out;
+  EXPECT_NE(out.find("[data] corpus = \"data/rows.jsonl\" is not there (looked in the working "
+                     "directory and in the recipe's folder " +
+                     dir.str()),
+            std::string::npos)
+      << out;
+  const std::string asks =
+      test::write_file(dir, "asks.toml",
+                       std::regex_replace(text, std::regex("\\[run\\]\n"),
+                                          "[run]\nanswer_prompts = \"data/questions.txt\"\n"));
+  EXPECT_EQ(test::run_tightfit("run " + asks + " --dry-run", &out), 2) << out;
+  EXPECT_NE(out.find("[run] answer_prompts = \"data/questions.txt\" is not there"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(test::run_tightfit("run " + recipe + " --dry-run", &out), 0) << out;
+}
+
 // One table gives the usage text and the dispatch: every command the usage
 // lists is one `tightfit` runs, whose --help answers with its own options.
 TEST_F(CliTest, EveryCommandTheUsageListsAnswersItsHelp) {

@@ -221,6 +221,24 @@ int run_command(const std::vector<std::string>& args) {
     Session session(recipe, registry, so);
     const double setup_s = seconds_since_start();  // the model built, converted and placed
     if (so.dry_run) {
+      // What the run would read is there: a dry run reads no data, and a
+      // recipe copied out of configs/ reads its relative paths from where it
+      // now is.
+      const fs::path recipe_dir = fs::path(recipe.source()).parent_path();
+      for (const auto& [key, spec] :
+           {std::pair{"[data] corpus", session.env().config.data.corpus},
+            std::pair{"[run] answer_prompts", session.env().config.run.answer_prompts}}) {
+        std::error_code ec;
+        fs::path p = spec;
+        if (p.is_relative() && !fs::exists(p, ec)) p = recipe_dir / p;
+        if (spec.empty() || spec.rfind("builtin:", 0) == 0 || fs::exists(p, ec)) continue;
+        std::cerr << "tightfit: recipe error: " << recipe.source() << ": " << key << " = \"" << spec
+                  << "\" is not there (looked in the working directory and in the "
+                  << "recipe's folder " << (recipe_dir.empty() ? "." : recipe_dir.string())
+                  << "): a relative path is read from the recipe's folder; copy the file beside "
+                     "the recipe, or give its absolute path\n";
+        return kUsage;
+      }
       std::cout << recipe.source() << ": valid; model " << session.plugins().model.plugin->name
                 << ", " << session.store().count_params(false) << " parameters ("
                 << session.store().count_params(true) << " trainable), "
