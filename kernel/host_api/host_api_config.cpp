@@ -89,4 +89,29 @@ tf_status h_run_info(tf_host_context* ctx, tf_run_info* out) {
   });
 }
 
+// A plugin's own long phase, drawn by the host's progress sink (a terminal
+// only); without one a call is a comparison.
+tf_status h_progress(tf_host_context* ctx, const char* phase, int64_t done, int64_t total,
+                     const char* unit) {
+  return serve(ctx, [&] {
+    if (phase == nullptr) {
+      ctx->end_progress();
+      return;
+    }
+    if (total < 0 || done < 0)
+      throw std::invalid_argument("progress: done and total count up from 0 (got " +
+                                  std::to_string(done) + " of " + std::to_string(total) + ")");
+    if (!has_progress_sink()) return;
+    if (!ctx->progress || ctx->progress_phase != phase) {
+      ctx->end_progress();
+      ctx->progress_phase = phase;
+      ctx->progress_unit = unit ? unit : "";
+      ctx->progress = std::make_unique<Progress>("[" + ctx->plugin_name + "] " + phase, total,
+                                                 ctx->progress_unit.c_str());
+    }
+    ctx->progress->set(done);
+    if (total > 0 && done >= total) ctx->end_progress();
+  });
+}
+
 }  // namespace tightfit::host_services

@@ -15,6 +15,7 @@
 
 #include "plugin_call_scope.hpp"
 #include "plugin_loader.hpp"
+#include "progress.hpp"
 #include "recipe.hpp"
 #include "tightfit/plugin_api.h"
 
@@ -48,6 +49,14 @@ struct tf_host_context {
   // The last tensor file this plugin read with tensors_load.
   std::string loaded_path;
   std::map<std::string, at::Tensor> loaded_tensors;
+  // The plugin's own long phase (the progress service), ended when the
+  // plugin call it was reported in returns. The unit outlives it.
+  std::string progress_phase, progress_unit;
+  std::unique_ptr<tightfit::Progress> progress;
+  void end_progress() noexcept {
+    progress.reset();
+    progress_phase.clear();
+  }
 };
 
 namespace tightfit {
@@ -80,6 +89,12 @@ void check_plugin_status(tf_status status, const PluginInstance& inst, const cha
 template <class Call>
 auto plugin_call(const PluginInstance& inst, const char* hook, Call&& call) -> decltype(call()) {
   const PluginCallScope in_plugin_call;
+  struct EndsItsProgress {
+    tf_host_context* ctx;
+    ~EndsItsProgress() {
+      if (ctx) ctx->end_progress();
+    }
+  } ends_its_progress{inst.ctx.get()};
   try {
     return call();
   } catch (...) {

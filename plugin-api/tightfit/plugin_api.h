@@ -1,6 +1,6 @@
 /*
- * tightfit plugin ABI, version 1.21 (1.0 plus the fields marked "Added in 1.1"
- * through "Added in 1.21"). What each version added, and what ABI 2.0 would
+ * tightfit plugin ABI, version 1.22 (1.0 plus the fields marked "Added in 1.1"
+ * through "Added in 1.22"). What each version added, and what ABI 2.0 would
  * drop or reshape: plugin-api/README.md, "Versions".
  *
  * This header is the whole contract between the tightfit host (the kernel) and
@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 21
+#define TF_ABI_VERSION_MINOR 22
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -1041,7 +1041,21 @@ typedef struct tf_host_api {
    * returns. */
   tf_status (*read_later)(tf_host_context* ctx, tf_tensor value, double* out);
 
-  void* reserved[1];
+  /* Added in 1.22 (the last reserved slot): how far a phase of the plugin's
+   * own that can take more than a few seconds has come (a schedule scoring
+   * every preference row with the reference before training, a reward model
+   * read at create): `done` of `total` `unit`s ("rows"; total 0 when not
+   * known). A call with another `phase` than the running one starts it (and
+   * ends the one before); done >= total > 0, or a NULL `phase`, ends it, as
+   * does the plugin call it was made in returning. The host draws it on a
+   * terminal, at most ten times a second, and nothing in a pipe or with -q:
+   * a call costs a comparison when no one watches. */
+  tf_status (*progress)(tf_host_context* ctx, const char* phase, int64_t done, int64_t total,
+                        const char* unit);
+
+  /* Slots for services added in later 1.x versions (the struct grows past
+   * them too: it is size-prefixed). */
+  void* reserved[4];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */

@@ -51,12 +51,16 @@ class PrecomputedReference {
   template <class Score>
   void compute(const tf_sdk::Host& host, int64_t chunk, Score&& score) {
     std::vector<at::Tensor> sums, counts;
+    int64_t scored = 0;
+    host.progress("scoring the reference", 0, 0, "rows");
     const Key key = each_batch(host, chunk, [&](const tf_sdk::Batch& b, int64_t n) {
       const tf_sdk::SequenceLogps s = score(b);
+      host.progress("scoring the reference", scored += n, 0, "rows");
       // [2n] rows (first then second of each pair) -> [n, 2]
       sums.push_back(at::stack({s.logps.narrow(0, 0, n), s.logps.narrow(0, n, n)}, 1));
       counts.push_back(at::stack({s.counts.narrow(0, 0, n), s.counts.narrow(0, n, n)}, 1));
     });
+    host.end_progress();
     if (sums.empty()) throw std::runtime_error("precompute_ref_log_probs: the data has no rows");
     sums_ = at::cat(sums).to(at::kFloat);
     counts_ = at::cat(counts).to(at::kLong);

@@ -306,6 +306,17 @@ class Host {
     return true;
   }
 
+  // How far a long phase of the plugin's own has come, for a person at a
+  // terminal (ABI 1.22's progress): `done` of `total` `unit`s (total 0: not
+  // known). It ends at done >= total > 0, at end_progress(), or when the
+  // plugin call it was reported in returns. Nothing on an older host.
+  void progress(const char* phase, int64_t done, int64_t total, const char* unit) const {
+    if (TF_HAS(api_, tf_host_api, progress)) check(api_->progress(ctx_, phase, done, total, unit));
+  }
+  void end_progress() const {
+    if (TF_HAS(api_, tf_host_api, progress)) check(api_->progress(ctx_, nullptr, 0, 0, nullptr));
+  }
+
   // The strategies' adapters (LoRA) off or on for the passes that follow
   // (ABI 1.10); how many strategies hold adapters (0: none, nothing changed).
   int32_t set_adapters_enabled(bool on) const {
