@@ -1,5 +1,6 @@
-// The tests' tiny recipe with a GGUF file as its model: its shape, weights
-// and tokenizer ("auto") all from the file.
+// The tests' tiny recipe with a GGUF file as its model: its shape, weights,
+// tokenizer ("auto") and model plugin (plugin = "auto": the one that computes
+// the file's architecture) all from the file.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -18,7 +19,7 @@ inline std::string gguf_recipe(const std::string& corpus, const std::string& out
   const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
   recipe.replace(
       begin, end - begin,
-      "[model]\nplugin = \"llama\"\nconfig = \"" + gguf + "\"\nweights = \"" + gguf + "\"\n\n");
+      "[model]\nplugin = \"auto\"\nconfig = \"" + gguf + "\"\nweights = \"" + gguf + "\"\n\n");
   recipe.replace(recipe.find("tokenizer = \"byte\""), 18, "tokenizer = \"auto\"");
   return recipe;
 }

@@ -572,9 +572,9 @@ namespace {
 // A recipe for a model folder the user brings (config = weights = "MODEL"):
 // checked with the shape of the model it names and the byte tokenizer.
 std::string model_folder_stand_in(const std::filesystem::path& recipe) {
-  return recipe.filename() == "deepseek-r1-distill-qwen-1.5b-finetune.toml"
-             ? " --set model.config= --set model.preset=qwen2-1.5B --set data.tokenizer=byte "
-               "--set data.corpus=builtin:fortunes"
+  return recipe.filename() == "fine-tune.toml"
+             ? " --set model.plugin=llama --set model.config= --set model.preset=qwen2-1.5B "
+               "--set data.tokenizer=byte --set data.corpus=builtin:fortunes"
              : "";
 }
 
@@ -593,15 +593,14 @@ TEST(Configs, TheFineTuneRecipeKeepsWhatItTrained) {
   ASSERT_EQ(
       test::run_tightfit(
           "run " + std::string(TIGHTFIT_SOURCE_DIR) +
-              "/configs/deepseek-r1-distill-qwen-1.5b-finetune.toml -q --set model.config=" +
-              model + " --set model.weights=" + model + " --set data.corpus=" + chat +
-              " --set run.out_dir=" + d.str() +
+              "/configs/fine-tune.toml -q --set model.config=" + model + " --set model.weights=" +
+              model + " --set data.corpus=" + chat + " --set run.out_dir=" + d.str() +
               "/runs --set run.steps=4 --set save.every=2 --set data.seq_len=64 "
               "--set data.batch_size=2 --set schedule.micro_batches=2 --set run.eval_interval=0",
           &out),
       0)
       << out;
-  const std::string run = d.str() + "/runs/deepseek-r1-distill-qwen-1.5b-finetune";
+  const std::string run = d.str() + "/runs/fine-tune";
   for (const char* f : {"checkpoints/step-00000002", "checkpoints/step-00000004", "hf/config.json",
                         "hf/tokenizer.json", "hf/tokenizer_config.json",
                         "adapter/adapter_config.json", "adapter/adapter_model.safetensors"})
@@ -613,6 +612,51 @@ TEST(Configs, TheFineTuneRecipeKeepsWhatItTrained) {
       "P.from_pretrained(sys.argv[2])\" " +
       run + "/hf " + run + "/adapter";
   EXPECT_EQ(std::system(load.c_str()), 0) << "transformers or PEFT could not load the results";
+}
+
+// plugin = "auto" takes the model plugin from the model_type of the
+// config.json that [model] config names, a folder or a GGUF file, as
+// transformers' AutoModel picks a class: one fine-tune recipe for every
+// family. A type no plugin computes, or no config to read it from, is
+// refused naming the fix.
+TEST(Configs, AutoPicksTheModelPluginFromTheFoldersModelType) {
+  test::TempDir d;
+  auto folder = [&](const std::string& name, const std::string& config) {
+    std::filesystem::create_directories(d.str() + "/" + name);
+    test::write_file(d, name + "/config.json", config);
+    return d.str() + "/" + name;
+  };
+  const std::string gpt2 = folder("gpt2", R"({"model_type": "gpt2", "n_layer": 2, "n_embd": 32,
+      "n_head": 2, "n_positions": 64, "vocab_size": 256})");
+  const std::string llama = folder("llama", R"({"model_type": "llama", "num_hidden_layers": 2,
+      "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1,
+      "intermediate_size": 64, "vocab_size": 256, "max_position_embeddings": 64})");
+  const std::string other = folder("other", R"({"model_type": "bloom"})");
+  auto recipe = [&](const std::string& config) {
+    return test::write_file(d, "r.toml",
+                            "[run]\nsteps = 1\n[model]\nplugin = \"auto\"\n" +
+                                (config.empty() ? "" : "config = \"" + config + "\"\n") +
+                                "[data]\ntokenizer = \"byte\"\ncorpus = \"builtin:fortunes\"\n"
+                                "seq_len = 32\nbatch_size = 2\n");
+  };
+  std::string out;
+  ASSERT_EQ(test::run_tightfit("run " + recipe(gpt2) + " --dry-run", &out), 0) << out;
+  EXPECT_NE(out.find("valid; model gpt2"), std::string::npos) << out;
+  ASSERT_EQ(test::run_tightfit("run " + recipe(llama) + " --dry-run", &out), 0) << out;
+  EXPECT_NE(out.find("valid; model llama"), std::string::npos) << out;
+  EXPECT_EQ(test::run_tightfit("run " + recipe(other) + " --dry-run", &out), 2) << out;
+  EXPECT_NE(out.find("has model_type \"bloom\", which no installed model plugin computes "
+                     "(installed: "),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("gpt2"), std::string::npos) << out;
+  EXPECT_EQ(test::run_tightfit("run " + recipe("") + " --dry-run", &out), 2) << out;
+  EXPECT_NE(out.find("plugin = \"auto\" takes the model plugin from the model_type"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(test::run_tightfit("run " + recipe("MODEL") + " --dry-run", &out), 2) << out;
+  EXPECT_NE(out.find("config = \"MODEL\" is not there"), std::string::npos) << out;
+  EXPECT_NE(out.find("--set model.config=PATH"), std::string::npos) << out;
 }
 
 // docs/recipes.md's key reference is the binary's key schema, word for word.

@@ -21,6 +21,7 @@
 #include "logging.hpp"
 #include "memory_budget.hpp"
 #include "memory_plan.hpp"
+#include "recipe_paths.hpp"
 #include "run_answers.hpp"
 #include "session.hpp"
 #include "stop_request.hpp"
@@ -228,10 +229,9 @@ int run_command(const std::vector<std::string>& args) {
       for (const auto& [key, spec] :
            {std::pair{"[data] corpus", session.env().config.data.corpus},
             std::pair{"[run] answer_prompts", session.env().config.run.answer_prompts}}) {
-        std::error_code ec;
-        fs::path p = spec;
-        if (p.is_relative() && !fs::exists(p, ec)) p = recipe_dir / p;
-        if (spec.empty() || spec.rfind("builtin:", 0) == 0 || fs::exists(p, ec)) continue;
+        if (spec.empty() || spec.rfind("builtin:", 0) == 0 ||
+            recipe_path_exists(spec, recipe_dir.string()))
+          continue;
         std::cerr << "tightfit: recipe error: " << recipe.source() << ": " << key << " = \"" << spec
                   << "\" is not there (looked in the working directory and in the "
                   << "recipe's folder " << (recipe_dir.empty() ? "." : recipe_dir.string())

@@ -15,10 +15,10 @@ namespace fs = std::filesystem;
 namespace {
 
 // A recipe that builds the model a Hugging Face folder describes, with the
-// model plugin that declares its model_type; its weights from `weights`
-// (the folder itself, or the GGUF file the folder was converted from).
-Recipe recipe_for_model_folder(const fs::path& folder, const PluginRegistry& plugins,
-                               const std::string& weights) {
+// model plugin that declares its model_type (plugin = "auto"); its weights
+// from `weights` (the folder itself, or the GGUF file the folder was
+// converted from).
+Recipe recipe_for_model_folder(const fs::path& folder, const std::string& weights) {
   nlohmann::json cfg;
   try {
     cfg = read_json_file((folder / "config.json").string(), size_t{16} << 20);
@@ -27,17 +27,6 @@ Recipe recipe_for_model_folder(const fs::path& folder, const PluginRegistry& plu
   }
   if (!cfg.is_object())
     throw RecipeError((folder / "config.json").string() + ": not a Hugging Face config.json");
-  const auto type_key = cfg.find("model_type");
-  const std::string type =
-      type_key != cfg.end() && type_key->is_string() ? type_key->get<std::string>() : "";
-  const PluginInfo* plugin = plugins.find_hf_model_type(type);
-  if (!plugin) {
-    std::string known;
-    for (const PluginInfo* p : plugins.all())
-      for (const auto& t : p->hf_model_types) known += (known.empty() ? "" : ", ") + t;
-    throw RecipeError((folder / "config.json").string() + ": model_type \"" + type +
-                      "\" has no tightfit model plugin (installed: " + known + ")");
-  }
   auto positive = [&](const char* key) -> int64_t {
     const auto it = cfg.find(key);
     return it != cfg.end() && it->is_number_integer() && it->get<int64_t>() > 0 ? it->get<int64_t>()
@@ -51,7 +40,7 @@ Recipe recipe_for_model_folder(const fs::path& folder, const PluginRegistry& plu
     }
   // The folder's path goes into the recipe as a TOML string value, never pasted as text.
   const std::string f = fs::absolute(folder).string();
-  toml::table model{{"plugin", plugin->name}, {"config", f}, {"weights", weights}};
+  toml::table model{{"plugin", "auto"}, {"config", f}, {"weights", weights}};
   toml::table doc{{"run", toml::table{{"name", "generate"}, {"sample_tokens", 0}}},
                   {"model", model},
                   {"data", toml::table{{"seq_len", std::min<int64_t>(positions, 1024)}}}};
@@ -70,10 +59,9 @@ std::unique_ptr<Session> load_target(const std::string& target,
   PluginRegistry plugins = PluginRegistry::discover();
   // A GGUF file reads as the Hugging Face folder converted from its metadata.
   const std::string weights = gguf_file ? fs::absolute(target).string() : "";
-  Recipe recipe = !folder ? Recipe::load(target)
-                  : gguf_file
-                      ? recipe_for_model_folder(gguf::model_folder(target).path, plugins, weights)
-                      : recipe_for_model_folder(target, plugins, fs::absolute(target).string());
+  Recipe recipe = !folder     ? Recipe::load(target)
+                  : gguf_file ? recipe_for_model_folder(gguf::model_folder(target).path, weights)
+                              : recipe_for_model_folder(target, fs::absolute(target).string());
   for (const auto& s : sets) recipe.apply_override(s);
   SessionOptions so;
   so.skip_data = true;

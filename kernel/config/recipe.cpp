@@ -10,6 +10,7 @@
 
 #include "file_util.hpp"
 #include "memory_accounting.hpp"
+#include "recipe_paths.hpp"
 #include "toml_nesting.hpp"
 
 namespace tightfit {
@@ -171,13 +172,7 @@ void ConfigTable::substitute_path(const std::string& key, std::string path) {
 std::string ConfigTable::get_string(const std::string& key) const {
   if (const auto it = substituted_.find(key); it != substituted_.end()) return it->second;
   std::string v = node(key).value_or(std::string{});
-  if (spec(key).type == TF_VALUE_PATH && !v.empty() && !base_dir_.empty()) {
-    const std::filesystem::path p = v;
-    std::error_code ec;
-    if (p.is_relative() && !std::filesystem::exists(p, ec) &&
-        std::filesystem::exists(std::filesystem::path(base_dir_) / p, ec))
-      return (std::filesystem::path(base_dir_) / p).string();
-  }
+  if (spec(key).type == TF_VALUE_PATH) return resolve_recipe_path(v, base_dir_).string();
   return v;
 }
 int64_t ConfigTable::get_size(const std::string& key) const {

@@ -24,6 +24,7 @@
 #include "plugin_hooks.hpp"
 #include "process_memory.hpp"
 #include "progress.hpp"
+#include "recipe_paths.hpp"
 #include "session.hpp"
 #include "strategy_chain.hpp"
 
@@ -161,20 +162,10 @@ std::optional<DistEnv> Session::set_up_device_and_ranks() {
 
 namespace {
 
-// A path the recipe gives: as written when it exists from here, else
-// against the recipe's folder (as the data, tokenizer and weights readers
-// resolve it).
-fs::path resolve_against(const std::string& spec, const std::string& base_dir) {
-  fs::path p = spec;
-  std::error_code ec;
-  if (p.is_relative() && !fs::exists(p, ec)) p = fs::path(base_dir) / p;
-  return p;
-}
-
 // What this run reads, so that no output of it replaces one
 // (input_files.hpp): the recipe, the weights, the data and the tokenizer.
 void note_inputs(const void* owner, const std::string& recipe, const DataRequest& req) {
-  auto resolve = [&](const std::string& spec) { return resolve_against(spec, req.base_dir); };
+  auto resolve = [&](const std::string& spec) { return resolve_recipe_path(spec, req.base_dir); };
   std::error_code ec;
   note_input(owner, recipe, "the recipe", InputKind::kOtherFile);
   if (!req.weights.empty()) {
@@ -208,7 +199,7 @@ void Session::set_up_data(const std::string& base_dir, int64_t world_size) {
       req.weights = (*mt)["weights"].value_or(std::string{});
     if (!req.weights.empty()) {
       // The folder the weights come from (as materialize_params resolves it).
-      fs::path w = resolve_against(req.weights, base_dir);
+      fs::path w = resolve_recipe_path(req.weights, base_dir);
       std::error_code ec;
       if (!fs::is_directory(w, ec)) w = w.parent_path();
       env_.model_source = fs::absolute(w, ec).lexically_normal().string();

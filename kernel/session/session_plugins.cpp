@@ -7,8 +7,10 @@
 
 #include "gguf_folder.hpp"
 #include "gguf_model.hpp"
+#include "json_input.hpp"
 #include "logging.hpp"
 #include "plugin_hooks.hpp"
+#include "recipe_paths.hpp"
 #include "session.hpp"
 #include "strategy_chain.hpp"
 
@@ -35,6 +37,55 @@ void check_head_projection(const StageState& head, ParamStore& store,
   if (b == nullptr || b->shape.size() != 1 || b->shape[0] != w->shape[0])
     refuse("has a bias \"" + head.projection_bias + "\" that is not a parameter of its " +
            std::to_string(w->shape[0]) + " rows");
+}
+
+// `plugin = "auto"`: the model plugin that declares the model_type of the
+// config.json that [model] config names (a model folder, or a GGUF file read
+// as the folder converted from its metadata), as transformers' AutoModel
+// picks a class, so one recipe fine-tunes any family.
+std::string model_plugin_for_config(const Recipe& recipe, const toml::table& model,
+                                    const PluginRegistry& registry, const std::string& base_dir) {
+  const std::string where = recipe.where(*model.get("plugin"));
+  const toml::node* config = model.get("config");
+  const std::optional<std::string> spec = config ? config->value<std::string>() : std::nullopt;
+  if (!spec || spec->empty())
+    throw RecipeError(where +
+                      ": plugin = \"auto\" takes the model plugin from the model_type in the "
+                      "config.json that [model] config names; give config (a model folder or a "
+                      "GGUF file), or name the plugin (`tightfit plugins list`)");
+  std::string folder = resolve_recipe_path(*spec, base_dir).string();
+  std::error_code ec;
+  if (!fs::exists(folder, ec))
+    throw RecipeError(recipe.where(*config) + ": config = \"" + *spec +
+                      "\" is not there (looked in the working directory and beside the "
+                      "recipe): give your model folder or GGUF file, as --set model.config=PATH "
+                      "--set model.weights=PATH");
+  try {
+    if (!fs::is_directory(folder) && gguf::looks_like_gguf(folder))
+      folder = gguf::model_folder(folder).path;
+  } catch (const std::runtime_error& e) {
+    throw RecipeError(recipe.where(*config) + ": " + e.what());
+  }
+  const std::string file = (fs::path(folder) / "config.json").string();
+  nlohmann::json cfg;
+  try {
+    cfg = read_json_file(file, size_t{16} << 20);
+  } catch (const std::exception& e) {
+    throw RecipeError(recipe.where(*config) + ": plugin = \"auto\" reads the model_type of " +
+                      file + ": " + e.what());
+  }
+  const auto type = cfg.is_object() ? cfg.find("model_type") : cfg.end();
+  const std::string model_type =
+      cfg.is_object() && type != cfg.end() && type->is_string() ? type->get<std::string>() : "";
+  if (const PluginInfo* p = registry.find_hf_model_type(model_type)) return p->name;
+  std::string known;
+  for (const PluginInfo* p : registry.all())
+    for (const auto& t : p->hf_model_types) known += (known.empty() ? "" : ", ") + t;
+  throw RecipeError(
+      where + ": plugin = \"auto\": " + file +
+      (model_type.empty() ? " has no model_type" : " has model_type \"" + model_type + "\"") +
+      ", which no installed model plugin computes (installed: " + known +
+      "); name the plugin, or convert the model to one of those");
 }
 
 }  // namespace
@@ -159,7 +210,11 @@ std::string Session::schedule_preference_tokenization() const {
 // The model, declared.
 void Session::create_model(const std::string& base_dir) {
   const toml::table* model_table = recipe_.table("model");
-  const std::string model_name = recipe_.required_string(model_table, "model", "plugin");
+  std::string model_name = recipe_.required_string(model_table, "model", "plugin");
+  if (model_name == "auto") {
+    model_name = model_plugin_for_config(recipe_, *model_table, plugins_.registry, base_dir);
+    log(TF_LOG_INFO, "[model] plugin = \"auto\": " + model_name);
+  }
   plugins_.model = make_instance(model_name, TF_PLUGIN_MODEL, model_table, "model",
                                  recipe_.where(*model_table->get("plugin")));
   if (env_.config.data.packing &&

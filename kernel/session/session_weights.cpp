@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "hf_weights.hpp"
+#include "recipe_paths.hpp"
 #include "session.hpp"
 
 namespace tightfit {
@@ -17,8 +18,7 @@ const HfWeightSource* Session::weight_source() {
   if (!key) return nullptr;
   if (!key->is_string())
     throw RecipeError(recipe_.where(*key) + ": [model].weights must be a path string");
-  fs::path path = key->value_or(std::string{});
-  if (path.is_relative() && !fs::exists(path)) path = fs::path(weights_base_dir_) / path;
+  const fs::path path = resolve_recipe_path(key->value_or(std::string{}), weights_base_dir_);
   try {
     weight_source_ = std::make_unique<HfWeightSource>(path.string());
   } catch (const std::runtime_error& e) {
