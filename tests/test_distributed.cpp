@@ -420,6 +420,28 @@ TEST_F(Distributed, KilledRankStopsTheOthers) {
   EXPECT_EQ(find_rank(r, 0), -1) << "rank 0 still running";
 }
 
+// Ctrl-C reaching one rank only (a signal sent to its process): every rank
+// stops at the same step boundary, they save one checkpoint together, and
+// the launcher ends with 130 once all have, killing none.
+TEST_F(Distributed, CtrlCOnOneRankStopsEveryRankAtTheSameStepAndSaves) {
+  const std::string r = recipe(dir, corpus, "ctrlc", 2, shard("mode = \"data\""), kSgd, 100000);
+  const Launched l = launch(dir, r);
+  const pid_t rank1 = wait_for_rank(r, 1);
+  ASSERT_GT(rank1, 0);
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // training
+  ASSERT_EQ(::kill(rank1, SIGINT), 0);
+  const auto [rc, seconds] = wait_for(l.pid, 120);
+  const std::string log = read_text(l.log);
+  EXPECT_EQ(rc, 130) << log;
+  EXPECT_EQ(log.find("did not stop"), std::string::npos) << log;
+  EXPECT_EQ(log.find("the other ranks stop too"), std::string::npos) << log;
+  const auto at = log.find("stopped by Ctrl-C after step ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const int64_t step = std::stoll(log.substr(at + 29));
+  EXPECT_TRUE(fs::exists(final_checkpoint(dir, "ctrlc", step))) << log;
+  EXPECT_FALSE(fs::exists(final_checkpoint(dir, "ctrlc", step + 1))) << log;
+}
+
 // A rank that hangs (stopped): the others give up after dist_timeout with a
 // message naming themselves and the timeout; the launcher ends the hung one.
 TEST_F(Distributed, HungRankTimesOut) {

@@ -130,7 +130,13 @@ int launch_local_ranks(int nproc, const std::vector<std::string>& args, double g
     const int rank = it->second;
     ranks.erase(it);
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-    if (result == 0) {
+    // Stopped by Ctrl-C or SIGTERM: every rank stops at the same step
+    // boundary and saves together, so the others are not hurried.
+    if (WIFEXITED(status) && (WEXITSTATUS(status) == 130 || WEXITSTATUS(status) == 143)) {
+      if (result == 0) result = WEXITSTATUS(status);
+      continue;
+    }
+    if (result == 0 || result == 130 || result == 143) {
       result = exit_code(status);
       write_stderr_line("tightfit: rank " + std::to_string(rank) + " of " + std::to_string(nproc) +
                         " " + describe(status) + "; the other ranks stop too");

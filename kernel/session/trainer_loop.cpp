@@ -7,6 +7,7 @@
 #include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <memory>
 #include <optional>
 
 #include "cuda_memory.hpp"
@@ -112,14 +113,25 @@ TrainSummary Session::train() {
   struct Disarm {
     ~Disarm() { disarm_stop_request(); }
   } disarm;
+  // With several ranks, a Ctrl-C on any of them stops all at the same step
+  // boundary: each step all-reduces every rank's flag (queued with the
+  // step's work) and the step's one read of the device brings the result
+  // back (pending_reads), so the ranks agree a step later without a wait of
+  // their own. The reduced value is the same on every rank.
+  // (Shared with the fill, which a step that throws leaves pending.)
+  const auto a_rank_stops = std::make_shared<bool>(false);
   auto stop_here = [&] {
     if (!env_.pg) return stop_requested() != 0;
+    if (*a_rank_stops && stop_requested() == 0) request_stop(SIGINT);  // another rank's: said alike
+    return *a_rank_stops;
+  };
+  auto share_stop_flag = [&] {
+    if (!env_.pg) return;
     at::Tensor flag = at::full({1}, stop_requested() != 0 ? 1.0f : 0.0f, at::kFloat);
     flag = flag.to(env_.device);
     env_.pg->all_reduce(flag, ReduceOp::Max);
-    const bool any = read_value(flag) > 0;
-    if (any && stop_requested() == 0) request_stop(SIGINT);  // another rank's: said alike
-    return any;
+    executor_.pending_reads().add(
+        flag, [a_rank_stops](double any) { *a_rank_stops = any > 0; }, /*outlives=*/true);
   };
   bool interrupted = false;
   try {
@@ -143,6 +155,7 @@ TrainSummary Session::train() {
       // A pass's loss may wait for the update's read inside run_step; what
       // waits when it returns would be written into a call that ended.
       executor_.pending_reads().open();
+      share_stop_flag();
       const tf_status stepped = call_hook(schedule, schedule.plugin->schedule(),
                                           TF_SCHEDULE_HOOK(run_step), step_, total, &r);
       const size_t unread = executor_.pending_reads().close();
