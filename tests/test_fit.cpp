@@ -11,6 +11,7 @@
 
 #include "byte_size.hpp"
 #include "file_util.hpp"
+#include "fit_rank.hpp"
 #include "fit_search.hpp"
 #include "memory_plan.hpp"
 #include "recipe.hpp"
@@ -482,6 +483,47 @@ TEST(FitSearch, Bf16ComputeThatDoesNotFitRulesOutNothingInFp32) {
   EXPECT_TRUE(autocast.saves_no_more_than(bf16_weights));
   EXPECT_TRUE(fp32.saves_no_more_than(checkpointed));
   EXPECT_FALSE(checkpointed.saves_no_more_than(fp32));
+}
+
+// fit's documented tie-break: predicted times within 2% of the fastest are
+// a tie the cost model cannot split, so the stack that changes the maths
+// least wins it (an exact stack 0.4% slower than bf16 weights), then the
+// one with fewer strategies, then the smaller; past 2% the faster wins. A
+// stack that fits only by its plan comes after every one inside its margin.
+TEST(FitRank, AnExactStackWithinTwoPercentBeatsAFasterLossyOne) {
+  using host::FitChoice;
+  using host::Planned;
+  using host::rank_stacks;
+  const Recipe recipe = Recipe::parse("[run]\nsteps = 1\n", "r.toml");
+  auto stack = [&](const std::string& weights, const std::string& precision, int checkpoint,
+                   double seconds, int64_t peak) {
+    Planned p{FitChoice{}, recipe, MemoryPlan{}, StepCost{}};
+    p.choice.weights = weights;
+    p.choice.precision = precision;
+    p.choice.checkpoint_every = checkpoint;
+    p.cost.matmul = seconds;
+    p.plan.tracked_peak = peak;
+    return p;
+  };
+  const int64_t budget = int64_t{1} << 30;
+  std::vector<Planned> fitting{stack("dense", "bf16", 0, 1.000, 100 << 20),
+                               stack("dense", "none", 1, 1.004, 120 << 20)};
+  rank_stacks(fitting, budget, "speed");
+  EXPECT_EQ(fitting[0].choice.describe(), stack("dense", "none", 1, 0, 0).choice.describe())
+      << "the exact stack, 0.4% slower, wins the tie";
+  // Past 2%, the faster stack wins whatever it changes.
+  fitting = {stack("dense", "none", 1, 1.03, 120 << 20), stack("dense", "bf16", 0, 1.0, 100 << 20)};
+  rank_stacks(fitting, budget, "speed");
+  EXPECT_EQ(fitting[0].choice.precision, "bf16");
+  // Two exact stacks in a tie: fewer strategies, then the smaller.
+  fitting = {stack("dense", "none", 1, 1.0, 90 << 20), stack("dense", "none", 0, 1.01, 150 << 20)};
+  rank_stacks(fitting, budget, "speed");
+  EXPECT_EQ(fitting[0].choice.checkpoint_every, 0);
+  // Fitting only by its plan (no room for the plan's margin): last, however fast.
+  fitting = {stack("dense", "none", 0, 0.5, budget - 1), stack("dense", "bf16", 0, 1.0, 100 << 20)};
+  rank_stacks(fitting, budget, "speed");
+  EXPECT_EQ(fitting[0].choice.precision, "bf16");
+  EXPECT_EQ(fitting[1].plan.tracked_peak, budget - 1);
 }
 
 TEST(Fit, RefusesBadInput) {
