@@ -1,11 +1,15 @@
 #include "gguf_folder.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <system_error>
+#include <tuple>
 
 #include "file_util.hpp"
 #include "gguf_model.hpp"
@@ -41,7 +45,9 @@ std::string cache_root() {
       "set TIGHTFIT_CACHE (or XDG_CACHE_HOME or HOME)");
 }
 
-ModelFolder model_folder(const std::string& gguf_path) {
+namespace {
+
+ModelFolder convert_to_folder(const std::string& gguf_path) {
   const GgufReader file(gguf_path);
   // Everything the folder holds, made first: its hash names the folder.
   std::vector<std::pair<std::string, std::string>> files;
@@ -104,6 +110,35 @@ ModelFolder model_folder(const std::string& gguf_path) {
   }
   fsync_path(root.string());
   return out;
+}
+
+}  // namespace
+
+// One conversion per file and process: a session asks for the folder once
+// per key that names the file (plugin = "auto", [model] config, the
+// tokenizer), and `fit` builds a session per stack it plans. The file is
+// known by its device, inode, size and modification time, so a file changed
+// in place is converted again; a folder removed from the cache meanwhile is
+// made again.
+ModelFolder model_folder(const std::string& gguf_path) {
+  struct stat st {};
+  if (::stat(gguf_path.c_str(), &st) != 0) return convert_to_folder(gguf_path);  // it says why
+  using Key = std::tuple<std::string, dev_t, ino_t, off_t, int64_t, int64_t>;
+  const Key key{cache_root(), st.st_dev,         st.st_ino,
+                st.st_size,   st.st_mtim.tv_sec, st.st_mtim.tv_nsec};
+  static std::mutex mutex;
+  static std::map<Key, ModelFolder> made;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto it = made.find(key);
+    std::error_code ec;
+    if (it != made.end() && fs::exists(fs::path(it->second.path) / kComplete, ec))
+      return it->second;
+  }
+  ModelFolder folder = convert_to_folder(gguf_path);
+  const std::lock_guard<std::mutex> lock(mutex);
+  made[key] = folder;
+  return folder;
 }
 
 }  // namespace tightfit::gguf
