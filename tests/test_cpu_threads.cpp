@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "cpu_load.hpp"
@@ -29,6 +31,33 @@ TEST(CpuThreads, TheKernelsParallelLoopsRunOnLibTorchsThreads) {
   at::set_num_threads(1);
   EXPECT_EQ(parallel_for_threads(), 1);
   at::set_num_threads(saved);
+}
+
+// Idle OpenMP threads sleep rather than spin (hosts/startup/openmp_waits.cpp)
+// in the host and in the test executables, and a value the user gave is
+// kept. libgomp says what it read when OMP_DISPLAY_ENV=verbose: a spin count
+// of 0 is the passive policy (unset, it spins 300000 turns and still prints
+// PASSIVE).
+TEST(CpuThreads, IdleOpenmpThreadsSleepUnlessTheUserSaysOtherwise) {
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  for (const std::string& program :
+       {std::string(TIGHTFIT_BINARY) + " --version", self + " --gtest_list_tests"}) {
+    std::string out;
+    ASSERT_EQ(test::run_command(
+                  "env -u OMP_WAIT_POLICY OMP_DISPLAY_ENV=verbose " + program + " 2>&1", &out),
+              0)
+        << out;
+    EXPECT_NE(out.find("GOMP_SPINCOUNT = '0'"), std::string::npos) << program << "\n" << out;
+    ASSERT_EQ(test::run_command(
+                  "OMP_WAIT_POLICY=active OMP_DISPLAY_ENV=verbose " + program + " 2>&1", &out),
+              0)
+        << out;
+    EXPECT_NE(out.find("OMP_WAIT_POLICY = 'ACTIVE'"), std::string::npos) << program << "\n" << out;
+    EXPECT_EQ(out.find("GOMP_SPINCOUNT = '0'"), std::string::npos) << program << "\n" << out;
+  }
+  // This executable is one of them: its variable is set by now.
+  const char* now = std::getenv("OMP_WAIT_POLICY");
+  ASSERT_NE(now, nullptr);
 }
 
 TEST(CpuThreads, ACpuCountsAsTakenFromThreeQuartersBusy) {
