@@ -11,17 +11,20 @@
 // 1.20's run_pass): Batch::pairs (a batch of chosen rows, then rejected
 // rows), Batch::sequence_logps (each row's summed log-probability through
 // the fused head; with weights, the backward of their weighted sum: the
-// schedule passes d loss / d logps), with PassWeights{.adapters_off = true}
-// for the reference (the base with the adapters off, as PEFT's
-// disable_adapter(), for that pass alone).
+// schedule passes d loss / d logps). The SDK's preference kit
+// (tightfit/preference/, what dpo, cpo, orpo and kto are built from) gives
+// the reference model as dpo makes it — with adapters, the base with them
+// off for that pass alone (PEFT's disable_adapter()) — and the hooks'
+// common parts.
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
-#include <cmath>
 #include <memory>
-#include <string>
 #include <tightfit/lr_schedule.hpp>
 #include <tightfit/plugin_sdk.hpp>
+#include <tightfit/preference/preference_loss.hpp>
+#include <tightfit/preference/reference_model.hpp>
+#include <tightfit/preference/schedule_hooks.hpp>
 
 namespace {
 
@@ -30,6 +33,7 @@ struct ApoZero {
   tf_sdk::LrSchedule lr;
   double beta = 0.1;
   int64_t skipped = 0;
+  tf_preference::ReferenceModel reference{"apo_zero"};
 };
 
 struct Loss {
@@ -38,34 +42,18 @@ struct Loss {
 
 Loss apo_zero(const at::Tensor& policy_rows, const at::Tensor& reference_rows, int64_t pairs,
               double beta) {
-  const at::Tensor ratios = policy_rows - reference_rows;
-  const at::Tensor chosen = ratios.narrow(0, 0, pairs), rejected = ratios.narrow(0, pairs, pairs);
-  const at::Tensor losses = 1 - at::sigmoid(beta * chosen) + at::sigmoid(beta * rejected);
-  return {losses.mean(), (beta * chosen).detach(), (beta * rejected).detach()};
+  const tf_preference::PairLogps ratios =
+      tf_preference::split_pairs(policy_rows - reference_rows, pairs);
+  const at::Tensor losses =
+      1 - at::sigmoid(beta * ratios.chosen) + at::sigmoid(beta * ratios.rejected);
+  return {losses.mean(), (beta * ratios.chosen).detach(), (beta * ratios.rejected).detach()};
 }
 
-// The reference's log-probabilities: one gradient-free pass of the base
-// model, the adapters off for that pass alone (ABI 1.20's run_pass).
-at::Tensor reference_logps(const tf_sdk::Batch& batch) {
-  return batch.sequence_logps({}, tf_sdk::PassWeights{.adapters_off = true}).logps;
-}
-
-// With the adapters off the base model is the reference; without adapters
-// there would be no reference at all (the policy would score itself).
-void need_adapters(const tf_sdk::Host& host) {
-  for (const std::string& name : host.param_names())
-    if (host.param_info(name).flags & TF_PARAM_ADAPTER) return;
-  throw std::invalid_argument(
-      "apo_zero's reference is the base model with the adapters off, and no strategy holds "
-      "adapters: add [[strategy]] plugin = \"lora\"");
-}
-
-int64_t pairs_of(const tf_sdk::Batch& batch) {
-  if (batch.pairs() <= 0)
-    throw std::invalid_argument(
-        "apo_zero trains on preference pairs: give [data] corpus rows with \"chosen\" and "
-        "\"rejected\"");
-  return batch.pairs();
+// The reference's log-probabilities: one gradient-free pass of the
+// reference model (the kit's: each pass's own weights, ABI 1.20's run_pass).
+at::Tensor reference_logps(ApoZero& s, const tf_sdk::Batch& batch) {
+  return s.reference.run(
+      s.host, [&](const tf_sdk::PassWeights& w) { return batch.sequence_logps({}, w).logps; });
 }
 
 tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
@@ -73,7 +61,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     auto s = std::make_unique<ApoZero>(ApoZero{tf_sdk::Host(api, ctx)});
     s->lr = tf_sdk::LrSchedule::read(s->host);
     s->beta = s->host.get_double("beta");
-    need_adapters(s->host);  // (the strategies have declared theirs)
+    s->reference.read(s->host, /*precompute=*/false);
     *out = s.release();
     return TF_OK;
   });
@@ -85,9 +73,10 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const double lr = s->lr.apply(s->host, step, total);
     s->host.zero_grad();
+    s->reference.keep(s->host, step);
     const tf_sdk::Batch batch(s->host);
-    const int64_t pairs = pairs_of(batch);
-    const at::Tensor reference = reference_logps(batch);
+    const int64_t pairs = tf_preference::require_pairs(batch, "apo_zero");
+    const at::Tensor reference = reference_logps(*s, batch);
     // d loss / d logps of the policy rows by autograd, then the model's
     // backward of sum_r w_r logp_r with those weights.
     at::AutoGradMode grad(true);
@@ -98,12 +87,8 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
     tf_sdk::step_or_skip(s->host, step, s->skipped);
     s->host.log_metric("rewards/chosen", l.chosen_rewards.mean().item<double>());
     s->host.log_metric("rewards/rejected", l.rejected_rewards.mean().item<double>());
-    out->loss = l.loss.item<double>();
-    out->n_tokens = batch.n_tokens();
-    out->forward_passes = 3;
-    out->backward_passes = 1;
-    out->lr = lr;
-    out->phase = "apo_zero";
+    const tf_preference::AccumulatedStep done{l.loss.item<double>(), batch.n_tokens()};
+    tf_preference::step_result(done, /*accumulation=*/1, /*forwards=*/3, lr, "apo_zero", out);
     return TF_OK;
   });
 }
@@ -113,24 +98,43 @@ tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf
   auto* s = static_cast<ApoZero*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const tf_sdk::Batch batch(s->host, lent);
-    const int64_t pairs = pairs_of(batch);
-    const at::Tensor reference = reference_logps(batch);
-    const double loss =
-        apo_zero(batch.sequence_logps().logps, reference, pairs, s->beta).loss.item<double>();
-    out->loss = loss;
-    out->n_tokens = batch.n_tokens();
-    out->finite = std::isfinite(loss) ? 1 : 0;
+    const int64_t pairs = tf_preference::require_pairs(batch, "apo_zero");
+    s->reference.keep(s->host);
+    const at::Tensor reference = reference_logps(*s, batch);
+    tf_preference::eval_result(
+        apo_zero(batch.sequence_logps().logps, reference, pairs, s->beta).loss.item<double>(),
+        batch, out);
     return TF_OK;
   });
 }
 
 // Three forwards (reference, policy, policy again) and one backward against
-// the plain step's forward and backward, for `tightfit plan`'s time.
+// the plain step's forward and backward, for `tightfit plan`'s time; a full
+// fine-tune's reference copy in its tier.
 tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary*,
                           tf_memory_estimate* out) {
   auto* s = static_cast<ApoZero*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    out->time_factor = 5.0 / 3.0;
+    tf_preference::plan_micro_batches(5.0, /*accumulation=*/1, out);
+    s->reference.plan(s->host, out);
+    return TF_OK;
+  });
+}
+
+// Checkpoints carry the skipped steps and a full fine-tune's reference copy.
+tf_status save_state(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<ApoZero*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    s->host.save_double("skipped", static_cast<double>(s->skipped));
+    s->reference.save(s->host);
+    return TF_OK;
+  });
+}
+tf_status load_state(void* state, tf_host_context* ctx) {
+  auto* s = static_cast<ApoZero*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    s->skipped = static_cast<int64_t>(s->host.saved_double("skipped"));
+    s->reference.load(s->host);
     return TF_OK;
   });
 }
@@ -138,6 +142,7 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
 const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
     tf_sdk::key("beta", TF_VALUE_FLOAT, "0.1", "how far from the reference each answer may move",
                 1e-6, 1e6),
+    tf_preference::reference_tier_key(),
 });
 
 const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),
@@ -145,15 +150,15 @@ const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),
                                     .destroy = tf_sdk::destroy_state<ApoZero>,
                                     .run_step = run_step,
                                     .estimate_memory = estimate_memory,
-                                    .save_state = tf_sdk::save_skipped_state<ApoZero>,
-                                    .load_state = tf_sdk::load_skipped_state<ApoZero>,
+                                    .save_state = save_state,
+                                    .load_state = load_state,
                                     .eval_batch = eval_batch,
                                     .preference_tokenization = "dpo"};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
-    TF_PLUGIN_SCHEDULE, "apo_zero", "0.1.0",
-    "preference pairs: APO-zero against the base model with the adapters off (an out-of-tree "
-    "example)",
+    TF_PLUGIN_SCHEDULE, "apo_zero", "0.2.0",
+    "preference pairs: APO-zero against the reference model as dpo makes it (an out-of-tree "
+    "example on the SDK's preference kit)",
     kKeys, &kVtable);
 
 }  // namespace

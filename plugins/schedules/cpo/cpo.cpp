@@ -14,10 +14,11 @@
 #include <cmath>
 #include <memory>
 
-#include "../dpo/micro_batches.hpp"
-#include "../dpo/pair_passes.hpp"
-#include "../dpo/preference_loss.hpp"
 #include "tightfit/lr_schedule.hpp"
+#include "tightfit/preference/micro_batches.hpp"
+#include "tightfit/preference/pair_passes.hpp"
+#include "tightfit/preference/preference_loss.hpp"
+#include "tightfit/preference/schedule_hooks.hpp"
 
 namespace {
 
@@ -34,10 +35,7 @@ struct Cpo {
 // aux_loss_coef * aux_loss).
 tf_sdk::SequenceLogps policy_logps(const Cpo& s, const tf_sdk::Batch& b,
                                    tf_preference::Terms* terms) {
-  if (b.pairs() <= 0)
-    throw std::invalid_argument(
-        "schedule cpo trains on preference pairs, and this batch has none: give [data] corpus "
-        "rows with \"chosen\" and \"rejected\"");
+  tf_preference::require_pairs(b, "cpo");
   return s.passes.sequence_logps(b, {}, terms);
 }
 
@@ -74,10 +72,8 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
                    tf_step_result* out) {
   auto* s = static_cast<Cpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    const double lr = s->lr.apply(s->host, step, total);
-    s->host.zero_grad();
-    const tf_preference::AccumulatedStep done = tf_preference::accumulate_pairs(
-        s->host, s->accumulation,
+    tf_preference::preference_step(
+        *s, step, total, 2, "cpo", out,
         [&](const tf_sdk::Batch& batch, double scale, tf_preference::Metrics& metrics) {
           tf_preference::Terms terms;
           const tf_sdk::SequenceLogps pol = policy_logps(*s, batch, &terms);
@@ -93,13 +89,6 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
           tf_preference::add_terms_metric(metrics, terms.sum);
           return r.loss.item<double>() + terms.sum;
         });
-    tf_sdk::step_or_skip(s->host, step, s->skipped);
-    out->loss = done.loss;
-    out->n_tokens = done.n_tokens;
-    out->backward_passes = s->accumulation;
-    out->forward_passes = 2 * s->accumulation;
-    out->lr = lr;
-    out->phase = "cpo";
     return TF_OK;
   });
 }
@@ -113,23 +102,7 @@ tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf
     const double loss = tf_preference::cpo_loss(pol.logps, pol.counts, batch.pairs(), s->options)
                             .loss.item<double>() +
                         terms.sum;
-    out->loss = loss;
-    out->n_tokens = batch.n_tokens();
-    out->finite = std::isfinite(loss) ? 1 : 0;
-    return TF_OK;
-  });
-}
-
-// Two forwards (policy, policy again) and one backward against the plain
-// step's forward and backward (a backward ~ two forwards).
-tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model,
-                          tf_memory_estimate* out) {
-  auto* s = static_cast<Cpo*>(state);
-  return tf_sdk::guard(s->host.api(), ctx, [&] {
-    s->passes.estimate(model, out);
-    out->time_factor = 4.0 / 3.0 * s->accumulation;
-    // The gradients of the earlier micro-batches live through the later ones.
-    if (s->accumulation > 1) out->grads_in_forward = 1;
+    tf_preference::eval_result(loss, batch, out);
     return TF_OK;
   });
 }
@@ -154,7 +127,7 @@ const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),
                                     .create = create,
                                     .destroy = tf_sdk::destroy_state<Cpo>,
                                     .run_step = run_step,
-                                    .estimate_memory = estimate_memory,
+                                    .estimate_memory = tf_preference::estimate_policy_passes<Cpo>,
                                     .save_state = tf_sdk::save_skipped_state<Cpo>,
                                     .load_state = tf_sdk::load_skipped_state<Cpo>,
                                     .eval_batch = eval_batch,

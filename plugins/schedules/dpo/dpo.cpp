@@ -18,12 +18,13 @@
 #include <cmath>
 #include <memory>
 
-#include "micro_batches.hpp"
-#include "pair_passes.hpp"
-#include "precomputed_reference.hpp"
-#include "preference_loss.hpp"
-#include "reference_model.hpp"
 #include "tightfit/lr_schedule.hpp"
+#include "tightfit/preference/micro_batches.hpp"
+#include "tightfit/preference/pair_passes.hpp"
+#include "tightfit/preference/precomputed_reference.hpp"
+#include "tightfit/preference/preference_loss.hpp"
+#include "tightfit/preference/reference_model.hpp"
+#include "tightfit/preference/schedule_hooks.hpp"
 
 namespace {
 
@@ -73,11 +74,7 @@ at::Tensor trl_counts(const tf_sdk::Batch& b, const at::Tensor& counts) {
 }
 
 Scores score(Dpo& s, const tf_sdk::Batch& b) {
-  const int64_t pairs = b.pairs();
-  if (pairs <= 0)
-    throw std::invalid_argument(
-        "schedule dpo trains on preference pairs, and this batch has none: give [data] corpus "
-        "rows with \"chosen\" and \"rejected\"");
+  const int64_t pairs = tf_preference::require_pairs(b, "dpo");
   Scores r;
   const tf_sdk::SequenceLogps ref =
       s.precompute ? s.table.of(b) : s.reference.run(s.host, [&](const tf_sdk::PassWeights& w) {
@@ -123,11 +120,9 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
                    tf_step_result* out) {
   auto* s = static_cast<Dpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    const double lr = s->lr.apply(s->host, step, total);
-    s->host.zero_grad();
     prepare_reference(*s, step);
-    const tf_preference::AccumulatedStep done = tf_preference::accumulate_pairs(
-        s->host, s->accumulation,
+    tf_preference::preference_step(
+        *s, step, total, 3, "dpo", out,
         [&](const tf_sdk::Batch& batch, double scale, tf_preference::Metrics& metrics) {
           const Scores sc = score(*s, batch);
           // d loss / d logps of the policy rows, by autograd on the loss itself.
@@ -146,13 +141,6 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
           if (std::isfinite(sc.logits_rejected)) metrics["logits/rejected"] = sc.logits_rejected;
           return r.loss.item<double>() + sc.terms;
         });
-    tf_sdk::step_or_skip(s->host, step, s->skipped);
-    out->loss = done.loss;
-    out->n_tokens = done.n_tokens;
-    out->backward_passes = s->accumulation;
-    out->forward_passes = 3 * s->accumulation;
-    out->lr = lr;
-    out->phase = "dpo";
     return TF_OK;
   });
 }
@@ -164,11 +152,9 @@ tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf
     prepare_reference(*s, -1);
     const Scores sc = score(*s, batch);
     const tf_preference::PairLogps policy = as_used(*s, sc.policy_rows, sc.counts, batch.pairs());
-    const double loss =
-        tf_preference::dpo_loss(policy, sc.reference, s->options).loss.item<double>() + sc.terms;
-    out->loss = loss;
-    out->n_tokens = batch.n_tokens();
-    out->finite = std::isfinite(loss) ? 1 : 0;
+    tf_preference::eval_result(
+        tf_preference::dpo_loss(policy, sc.reference, s->options).loss.item<double>() + sc.terms,
+        batch, out);
     return TF_OK;
   });
 }
@@ -181,36 +167,10 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     s->passes.estimate(model, out);
     // Precomputed, the reference pass is gone from the step.
-    out->time_factor = (s->precompute ? 4.0 : 5.0) / 3.0 * s->accumulation;
-    // The gradients of the earlier micro-batches live through the later ones.
-    if (s->accumulation > 1) out->grads_in_forward = 1;
+    tf_preference::plan_micro_batches(s->precompute ? 4.0 : 5.0, s->accumulation, out);
     // A full fine-tune keeps a copy of the trainable weights as its reference
     // (unless its log-probs are precomputed).
     if (!s->precompute) s->reference.plan(s->host, out);
-    return TF_OK;
-  });
-}
-
-tf_status save_state(void* state, tf_host_context* ctx) {
-  auto* s = static_cast<Dpo*>(state);
-  return tf_sdk::guard(s->host.api(), ctx, [&] {
-    s->host.save_double("skipped", static_cast<double>(s->skipped));
-    s->reference.save(s->host);
-    s->table.save(s->host);
-    return TF_OK;
-  });
-}
-
-tf_status load_state(void* state, tf_host_context* ctx) {
-  auto* s = static_cast<Dpo*>(state);
-  return tf_sdk::guard(s->host.api(), ctx, [&] {
-    s->skipped = static_cast<int64_t>(s->host.saved_double("skipped"));
-    if (!s->precompute)
-      s->reference.load(s->host);
-    else if (!tf_preference::load_reference_table(s->host, s->reference, s->table, "dpo"))
-      throw std::runtime_error(
-          "the checkpoint holds no precomputed reference log-probs (it was saved without "
-          "precompute_ref_log_probs): resume with the recipe that saved it");
     return TF_OK;
   });
 }
@@ -234,8 +194,8 @@ const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),
                                     .destroy = tf_sdk::destroy_state<Dpo>,
                                     .run_step = run_step,
                                     .estimate_memory = estimate_memory,
-                                    .save_state = save_state,
-                                    .load_state = load_state,
+                                    .save_state = tf_preference::save_reference_state<Dpo>,
+                                    .load_state = tf_preference::load_reference_state<Dpo>,
                                     .eval_batch = eval_batch};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(

@@ -21,11 +21,12 @@
 #include <cmath>
 #include <memory>
 
-#include "../dpo/micro_batches.hpp"
-#include "../dpo/precomputed_reference.hpp"
-#include "../dpo/preference_loss.hpp"
-#include "../dpo/reference_model.hpp"
 #include "tightfit/lr_schedule.hpp"
+#include "tightfit/preference/micro_batches.hpp"
+#include "tightfit/preference/precomputed_reference.hpp"
+#include "tightfit/preference/preference_loss.hpp"
+#include "tightfit/preference/reference_model.hpp"
+#include "tightfit/preference/schedule_hooks.hpp"
 
 namespace {
 
@@ -151,11 +152,9 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
                    tf_step_result* out) {
   auto* s = static_cast<Kto*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    const double lr = s->lr.apply(s->host, step, total);
-    s->host.zero_grad();
     prepare_reference(*s, step);
-    const tf_preference::AccumulatedStep done = tf_preference::accumulate_pairs(
-        s->host, s->accumulation,
+    tf_preference::preference_step(
+        *s, step, total, 3, "kto", out,
         [&](const tf_sdk::Batch& batch, double scale, tf_preference::Metrics& metrics) {
           const Scores sc = score(*s, batch, /*across_ranks=*/true);
           // d loss / d logps of the completions, by autograd on the loss itself.
@@ -174,13 +173,6 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
           return r.loss.item<double>();
         },
         finish_metrics);
-    tf_sdk::step_or_skip(s->host, step, s->skipped);
-    out->loss = done.loss;
-    out->n_tokens = done.n_tokens;
-    out->backward_passes = s->accumulation;
-    out->forward_passes = 3 * s->accumulation;
-    out->lr = lr;
-    out->phase = "kto";
     return TF_OK;
   });
 }
@@ -191,12 +183,10 @@ tf_status eval_batch(void* state, tf_host_context* ctx, const tf_batch* lent, tf
     const tf_sdk::Batch batch(s->host, lent);
     prepare_reference(*s, -1);
     const Scores sc = score(*s, batch, /*across_ranks=*/false);
-    const double loss =
+    tf_preference::eval_result(
         tf_preference::kto_loss(sc.policy, sc.reference, sc.desirable, sc.kl, s->options)
-            .loss.item<double>();
-    out->loss = loss;
-    out->n_tokens = batch.n_tokens();
-    out->finite = std::isfinite(loss) ? 1 : 0;
+            .loss.item<double>(),
+        batch, out);
     return TF_OK;
   });
 }
@@ -210,34 +200,9 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
                           tf_memory_estimate* out) {
   auto* s = static_cast<Kto*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
-    out->time_factor = ((s->precompute ? 1.0 : 2.0) + 1.5) / 3.0 * s->accumulation;
+    tf_preference::plan_micro_batches((s->precompute ? 1.0 : 2.0) + 1.5, s->accumulation, out);
     tf_preference::plan_half_the_activations(model, out);
-    if (s->accumulation > 1) out->grads_in_forward = 1;
     if (!s->precompute) s->reference.plan(s->host, out);
-    return TF_OK;
-  });
-}
-
-tf_status save_state(void* state, tf_host_context* ctx) {
-  auto* s = static_cast<Kto*>(state);
-  return tf_sdk::guard(s->host.api(), ctx, [&] {
-    s->host.save_double("skipped", static_cast<double>(s->skipped));
-    s->reference.save(s->host);
-    s->table.save(s->host);
-    return TF_OK;
-  });
-}
-
-tf_status load_state(void* state, tf_host_context* ctx) {
-  auto* s = static_cast<Kto*>(state);
-  return tf_sdk::guard(s->host.api(), ctx, [&] {
-    s->skipped = static_cast<int64_t>(s->host.saved_double("skipped"));
-    if (!s->precompute)
-      s->reference.load(s->host);
-    else if (!tf_preference::load_reference_table(s->host, s->reference, s->table, "kto"))
-      throw std::runtime_error(
-          "the checkpoint holds no precomputed reference log-probs (it was saved without "
-          "precompute_ref_log_probs): resume with the recipe that saved it");
     return TF_OK;
   });
 }
@@ -263,8 +228,8 @@ const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),
                                     .destroy = tf_sdk::destroy_state<Kto>,
                                     .run_step = run_step,
                                     .estimate_memory = estimate_memory,
-                                    .save_state = save_state,
-                                    .load_state = load_state,
+                                    .save_state = tf_preference::save_reference_state<Kto>,
+                                    .load_state = tf_preference::load_reference_state<Kto>,
                                     .eval_batch = eval_batch,
                                     .preference_tokenization = "kto"};
 

@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "pair_passes.hpp"
-#include "reference_model.hpp"
 #include "tightfit/plugin_sdk.hpp"
+#include "tightfit/preference/pair_passes.hpp"
+#include "tightfit/preference/reference_model.hpp"
 
 namespace tf_preference {
 

@@ -24,8 +24,8 @@
 
 #include <cmath>
 
-#include "preference_loss.hpp"
 #include "tightfit/plugin_sdk.hpp"
+#include "tightfit/preference/preference_loss.hpp"
 
 namespace tf_preference {
 

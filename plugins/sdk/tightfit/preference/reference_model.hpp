@@ -13,8 +13,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "reference_weights.hpp"
 #include "tightfit/plugin_sdk.hpp"
+#include "tightfit/preference/reference_weights.hpp"
 
 namespace tf_preference {
 
@@ -34,6 +34,7 @@ inline constexpr const char* kReferencePrefix = "reference.";
 class ReferenceModel {
  public:
   explicit ReferenceModel(std::string schedule) : schedule_(std::move(schedule)) {}
+  const std::string& schedule() const { return schedule_; }
 
   // reference_tier, refused where there is no copy to place: with the
   // reference's log-probs precomputed (none is kept), and, once the
