@@ -52,13 +52,13 @@ class ReferenceModel {
     if (tier == "weights") declare_copies(host);
   }
 
-  // Whether a strategy holds adapters. The strategies do not change during
-  // a run: asked once.
+  // Whether a strategy holds adapters (parameters flagged TF_PARAM_ADAPTER:
+  // read, not probed by switching them off and on). The strategies do not
+  // change during a run: asked once.
   bool adapters(const tf_sdk::Host& host) {
     if (copies_) return false;  // refused with adapters when declared
     if (!adapters_) {
-      const bool adapters = host.set_adapters_enabled(false) > 0;
-      if (adapters) host.set_adapters_enabled(true);
+      const bool adapters = holds_adapters(host);
       if (adapters && on_host_)
         throw std::invalid_argument(
             schedule_ +
@@ -122,14 +122,19 @@ class ReferenceModel {
   }
 
  private:
-  void declare_copies(const tf_sdk::Host& host) {
+  static bool holds_adapters(const tf_sdk::Host& host) {
     for (const std::string& name : host.param_names())
-      if (host.param_info(name).flags & TF_PARAM_ADAPTER)
-        throw std::invalid_argument(
-            schedule_ +
-            ": reference_tier = \"weights\" places a full fine-tune's reference copy, and "
-            "with adapters the reference is the base with them off, no copy: leave "
-            "reference_tier out");
+      if (host.param_info(name).flags & TF_PARAM_ADAPTER) return true;
+    return false;
+  }
+
+  void declare_copies(const tf_sdk::Host& host) {
+    if (holds_adapters(host))
+      throw std::invalid_argument(
+          schedule_ +
+          ": reference_tier = \"weights\" places a full fine-tune's reference copy, and "
+          "with adapters the reference is the base with them off, no copy: leave "
+          "reference_tier out");
     const int32_t n = host.declare_param_copies(kReferencePrefix);
     if (n < 0)
       throw std::invalid_argument(schedule_ +
