@@ -13,11 +13,13 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "bpe_tokenizer.hpp"
 #include "gguf_export.hpp"
 #include "gguf_recipe.hpp"
 #include "gguf_tokenizer.hpp"
+#include "model_families.hpp"
 #include "session.hpp"
 #include "test_support.hpp"
 
@@ -235,6 +237,35 @@ TEST_F(GgufExport, WhatCannotBeWrittenIsRefusedByName) {
     EXPECT_NE(std::string(err.what()).find("convert_hf_to_gguf.py"), std::string::npos)
         << err.what();
   }
+}
+
+// The families table (util/model_families.hpp): each model_type once, with
+// a tokenizer class; one that is not written as GGUF is refused by export;
+// one that is reads back as a family with its tokenizer, its head size key
+// and its experts (Mistral is written as llama, and reads back as llama).
+TEST(ModelFamilies, EachTypeOnceAndWhatIsWrittenReadsBackAsItsKind) {
+  std::set<std::string> types;
+  for (const ModelFamily& f : model_families()) {
+    EXPECT_TRUE(types.insert(f.model_type).second) << f.model_type << " has two rows";
+    EXPECT_NE(f.tokenizer_class, nullptr) << f.model_type;
+    EXPECT_EQ(f.experts != ExpertLayout::kNone, f.expert_count_key != nullptr) << f.model_type;
+    if (f.gguf_writes == nullptr) {
+      EXPECT_THROW(gguf::gguf_architecture({{"model_type", f.model_type}}), gguf::GgufError);
+      continue;
+    }
+    EXPECT_EQ(gguf::gguf_architecture({{"model_type", f.model_type}}), f.gguf_writes);
+    const ModelFamily* back = family_of_gguf(f.gguf_writes, f.experts != ExpertLayout::kNone);
+    ASSERT_NE(back, nullptr) << f.model_type << " is written as " << f.gguf_writes;
+    EXPECT_STREQ(back->tokenizer_class, f.tokenizer_class) << f.model_type;
+    EXPECT_EQ(back->rope_dimension_count, f.rope_dimension_count) << f.model_type;
+    EXPECT_EQ(back->experts, f.experts) << f.model_type;
+    EXPECT_EQ(back->shared_expert, f.shared_expert) << f.model_type;
+  }
+  // A llama with experts is Mixtral; an architecture read by none, none.
+  EXPECT_STREQ(family_of_gguf("llama", true)->model_type, "mixtral");
+  EXPECT_STREQ(family_of_gguf("llama", false)->model_type, "llama");
+  EXPECT_STREQ(family_of_gguf("qwen2moe", false)->model_type, "qwen2_moe");
+  EXPECT_EQ(family_of_gguf("gpt2", false), nullptr);
 }
 
 }  // namespace

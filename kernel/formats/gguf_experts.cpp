@@ -4,6 +4,7 @@
 
 #include "gguf_file.hpp"
 #include "json_input.hpp"
+#include "model_families.hpp"
 
 namespace tightfit::gguf {
 namespace {
@@ -17,20 +18,18 @@ int64_t required_int(const nlohmann::json& c, const char* key) {
 
 }  // namespace
 
-bool has_experts(const std::string& arch) {
-  return arch == "qwen2moe" || arch == "qwen3moe" || arch == "olmoe";
+const ModelFamily* routed_family(const nlohmann::json& config) {
+  const ModelFamily* f = family_of_model_type(config.value("model_type", ""));
+  return f != nullptr && f->experts != ExpertLayout::kNone ? f : nullptr;
 }
 
 bool routes_experts(const nlohmann::json& config) {
-  const std::string type = config.value("model_type", "");
-  return type == "mixtral" || type == "olmoe" || type == "qwen2_moe" || type == "qwen3_moe";
+  return routed_family(config) != nullptr;
 }
 
 int64_t routed_expert_count(const nlohmann::json& config) {
-  if (!routes_experts(config)) return 0;
-  const char* key =
-      config.value("model_type", "") == "mixtral" ? "num_local_experts" : "num_experts";
-  return required_int(config, key);
+  const ModelFamily* f = routed_family(config);
+  return f == nullptr ? 0 : required_int(config, f->expert_count_key);
 }
 
 std::optional<ExpertName> expert_name(const std::string& hf_name) {
@@ -62,7 +61,8 @@ void write_expert_keys(const nlohmann::json& config, const std::string& arch, Gg
                     "convert_hf_to_gguf.py if your llama.cpp reads it");
   };
   const std::string a = arch + ".";
-  const std::string type = config.value("model_type", "");
+  const ModelFamily* family = routed_family(config);
+  if (family == nullptr) return;
   // convert_hf_to_gguf writes Mixtral's and OLMoE's counts only (their
   // experts are intermediate_size wide: feed_forward_length).
   auto write_counts = [&] {
@@ -74,7 +74,7 @@ void write_expert_keys(const nlohmann::json& config, const std::string& arch, Gg
     return config.contains(key) && !config[key].is_null() &&
            !(config[key].is_number() && config[key].get<double>() == 0.0);
   };
-  if (type == "mixtral") {
+  if (family->experts == ExpertLayout::kMixtral) {
     // llama.cpp's llama graph routes every layer and normalizes the chosen
     // experts' weights, as Mixtral does; it has no sliding window.
     if (is_set("sliding_window"))
@@ -82,7 +82,7 @@ void write_expert_keys(const nlohmann::json& config, const std::string& arch, Gg
     write_counts();
     return;
   }
-  if (type == "olmoe") {
+  if (family->experts == ExpertLayout::kOlmoe) {
     // llama.cpp's olmoe graph: q and k normed over all heads ({n_embd}
     // each, so as many key heads as query heads), no clipping, the top-k
     // weights not normalized.
@@ -104,7 +104,7 @@ void write_expert_keys(const nlohmann::json& config, const std::string& arch, Gg
     refuse("decoder_sparse_step", "llama.cpp's " + arch + " gives every layer experts");
   // Its graph normalizes the chosen experts' weights for qwen3moe and not
   // for qwen2moe, whatever the file says.
-  const bool normalized = arch == "qwen3moe";
+  const bool normalized = family->normalized_topk;
   if (config.value("norm_topk_prob", false) != normalized)
     refuse("norm_topk_prob", std::string("llama.cpp's ") + arch +
                                  (normalized ? " normalizes" : " does not normalize") +
@@ -112,7 +112,7 @@ void write_expert_keys(const nlohmann::json& config, const std::string& arch, Gg
   write_counts();
   out.set_u32(a + "expert_feed_forward_length",
               static_cast<uint32_t>(required_int(config, "moe_intermediate_size")));
-  if (arch == "qwen2moe")
+  if (family->shared_expert)
     out.set_u32(a + "expert_shared_feed_forward_length",
                 static_cast<uint32_t>(required_int(config, "shared_expert_intermediate_size")));
 }

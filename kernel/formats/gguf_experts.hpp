@@ -20,13 +20,9 @@
 
 namespace tightfit::gguf {
 
-// Whether `arch` (a GGUF architecture name) always has routed experts
-// (qwen2moe, qwen3moe, olmoe; Mixtral is llama with an expert_count).
-bool has_experts(const std::string& arch);
-
-// Whether config.json's model routes experts (model_type mixtral, olmoe,
-// qwen2_moe or qwen3_moe), and how many each layer has (Mixtral's
-// num_local_experts, the others' num_experts; 0 for a dense model).
+// Whether config.json's model routes experts (its model_type's row in
+// util/model_families.hpp has an expert layout), and how many each layer
+// has (the row's expert_count_key; 0 for a dense model).
 bool routes_experts(const nlohmann::json& config);
 int64_t routed_expert_count(const nlohmann::json& config);
 

@@ -13,6 +13,7 @@
 #include "gguf_tokenizer_export.hpp"
 #include "json_input.hpp"
 #include "logging.hpp"
+#include "model_families.hpp"
 #include "safetensors.hpp"
 
 namespace tightfit::gguf {
@@ -58,7 +59,8 @@ at::Tensor permute_rows(const at::Tensor& w, int64_t n_head, const std::string& 
 // tensor or architecture.
 int64_t permuted_heads(const std::string& arch, const nlohmann::json& c,
                        const std::string& gguf_name) {
-  if (arch != "llama") return 0;
+  const ModelFamily* written_as = family_of_gguf(arch, false);
+  if (written_as == nullptr || !written_as->permuted_qk) return 0;
   if (gguf_name.find(".attn_q.") != std::string::npos) return config_int(c, "num_attention_heads");
   if (gguf_name.find(".attn_k.") != std::string::npos)
     return c.contains("num_key_value_heads") ? config_int(c, "num_key_value_heads")
@@ -98,16 +100,13 @@ const TensorType& out_type(const std::string& name) {
 
 std::string gguf_architecture(const nlohmann::json& config) {
   const std::string type = config.value("model_type", "");
-  // Mixtral is llama with experts, as convert_hf_to_gguf writes it.
-  if (type == "llama" || type == "mistral" || type == "mixtral") return "llama";
-  if (type == "qwen2" || type == "qwen3" || type == "olmoe") return type;
-  if (type == "qwen2_moe") return "qwen2moe";
-  if (type == "qwen3_moe") return "qwen3moe";
-  throw GgufError("a model of model_type \"" + type +
-                  "\" is not written as GGUF by tightfit (it writes llama, mistral, qwen2, qwen3, "
-                  "mixtral, olmoe, qwen2_moe and qwen3_moe models); export it as a Hugging Face "
-                  "folder and convert "
-                  "that with llama.cpp's convert_hf_to_gguf.py");
+  // Mistral and Mixtral are written as llama, as convert_hf_to_gguf does.
+  if (const ModelFamily* f = family_of_model_type(type); f != nullptr && f->gguf_writes != nullptr)
+    return f->gguf_writes;
+  throw GgufError("a model of model_type \"" + type + "\" is not written as GGUF by tightfit (it " +
+                  "writes " + gguf_written_model_types() +
+                  " models); export it as a Hugging Face folder and convert that with "
+                  "llama.cpp's convert_hf_to_gguf.py");
 }
 
 void write_tokenizer_keys(const std::string& tokenizer_source_file, GgufWriter& out) {
@@ -177,7 +176,7 @@ GgufModelWriter::GgufModelWriter(const std::string& path, const nlohmann::json& 
     out_.set_u32(a + "attention.key_length", config["head_dim"].get<uint32_t>());
     out_.set_u32(a + "attention.value_length", config["head_dim"].get<uint32_t>());
   }
-  if (arch_ == "llama") {
+  if (family_of_gguf(arch_, false)->rope_dimension_count) {
     out_.set_u32(a + "vocab_size", static_cast<uint32_t>(config_int(config, "vocab_size")));
     out_.set_u32(
         a + "rope.dimension_count",

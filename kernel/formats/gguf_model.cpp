@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "gguf_experts.hpp"
+#include "model_families.hpp"
 
 namespace tightfit::gguf {
 namespace {
@@ -17,13 +18,17 @@ std::string architecture(const GgufReader& file) {
   return file.get("general.architecture").as_string("general.architecture");
 }
 
-// Whether the file's model routes experts: the qwen2moe, qwen3moe and
-// olmoe architectures, and llama with an expert_count (Mixtral, as
-// convert_hf_to_gguf writes it).
-bool routes_experts(const GgufReader& file, const std::string& arch) {
-  if (has_experts(arch)) return true;
-  const Value* v = arch == "llama" ? file.find("llama.expert_count") : nullptr;
-  return v != nullptr && v->as_int("llama.expert_count") > 0;
+// The family the file's model is (util/model_families.hpp): of those
+// that read its architecture, the one with experts when it gives an
+// expert_count (a llama with experts is Mixtral, as convert_hf_to_gguf
+// writes it); nullptr for an architecture tightfit does not read.
+const ModelFamily* family_of(const GgufReader& file, const std::string& arch) {
+  const Value* v = file.find(arch + ".expert_count");
+  return family_of_gguf(arch, v != nullptr && v->as_int(arch + ".expert_count") > 0);
+}
+
+bool routes_experts(const ModelFamily& family) {
+  return family.experts != ExpertLayout::kNone;
 }
 
 // A mixture of experts' keys (convert_hf_to_gguf's), and what llama.cpp's
@@ -32,13 +37,13 @@ bool routes_experts(const GgufReader& file, const std::string& arch) {
 // experts feed_forward_length wide. transformers' GGUF loader reads neither
 // moe_intermediate_size nor norm_topk_prob; llama.cpp, which defines these
 // files, computes with both.
-void expert_config(const GgufReader& file, const std::string& arch, nlohmann::json& c) {
-  const bool qwen = arch == "qwen2moe" || arch == "qwen3moe";
+void expert_config(const GgufReader& file, const std::string& arch, const ModelFamily& family,
+                   nlohmann::json& c) {
   std::vector<std::pair<const char*, const char*>> keys = {
-      {"expert_count", arch == "llama" ? "num_local_experts" : "num_experts"},
-      {"expert_used_count", "num_experts_per_tok"}};
-  if (qwen) keys.emplace_back("expert_feed_forward_length", "moe_intermediate_size");
-  if (arch == "qwen2moe")
+      {"expert_count", family.expert_count_key}, {"expert_used_count", "num_experts_per_tok"}};
+  if (family.experts == ExpertLayout::kQwenMoe)
+    keys.emplace_back("expert_feed_forward_length", "moe_intermediate_size");
+  if (family.shared_expert)
     keys.emplace_back("expert_shared_feed_forward_length", "shared_expert_intermediate_size");
   for (const auto& [gguf_key, hf_key] : keys) {
     const std::string key = arch + "." + gguf_key;
@@ -48,23 +53,12 @@ void expert_config(const GgufReader& file, const std::string& arch, nlohmann::js
                       ", which a mixture of experts needs (the file is not llama.cpp's)");
     c[hf_key] = v->as_int(key);
   }
-  if (arch == "llama") return;  // Mixtral always normalizes, and routes every layer
-  if (arch == "olmoe") {
-    c["norm_topk_prob"] = false;
-    return;
-  }
-  c["norm_topk_prob"] = arch == "qwen3moe";
+  // Mixtral always normalizes, and routes every layer.
+  if (family.experts == ExpertLayout::kMixtral) return;
+  c["norm_topk_prob"] = family.normalized_topk;
+  if (family.experts == ExpertLayout::kOlmoe) return;
   c["decoder_sparse_step"] = 1;
   c["mlp_only_layers"] = nlohmann::json::array();
-}
-
-// The model_type transformers gives a GGUF architecture (a llama with
-// experts is Mixtral).
-std::string model_type_of(const GgufReader& file, const std::string& arch) {
-  if (arch == "qwen2moe") return "qwen2_moe";
-  if (arch == "qwen3moe") return "qwen3_moe";
-  if (arch == "llama" && routes_experts(file, arch)) return "mixtral";
-  return arch;
 }
 
 }  // namespace
@@ -82,28 +76,29 @@ bool looks_like_gguf(const std::string& path) {
 }
 
 bool is_supported_architecture(const std::string& arch) {
-  return arch == "llama" || arch == "mistral" || arch == "qwen2" || arch == "qwen3" ||
-         has_experts(arch);
+  return family_of_gguf(arch, false) != nullptr;
 }
 
 nlohmann::json hf_config(const GgufReader& file) {
   const std::string arch = architecture(file);
-  if (!is_supported_architecture(arch))
+  const ModelFamily* family = family_of(file, arch);
+  if (family == nullptr)
     throw GgufError(file.path() + ": general.architecture is \"" + arch +
-                    "\"; tightfit reads GGUF models of the llama (Mixtral too), mistral, qwen2, "
-                    "qwen3, olmoe, qwen2moe and qwen3moe architectures");
-  // A mixture of experts other than llama's (Mixtral) with an expert_count
-  // key: its experts would be missing tensors, without saying why.
-  if (!routes_experts(file, arch))
+                    "\"; tightfit reads GGUF models of the " + gguf_read_architectures() +
+                    " architectures (a llama with experts is Mixtral)");
+  // An expert_count where the architecture's family has no experts: its
+  // experts would be missing tensors, without saying why.
+  if (!routes_experts(*family))
     if (const Value* v = file.find(arch + ".expert_count");
         v && v->as_int(arch + ".expert_count") > 0)
       throw GgufError(file.path() + ": " + arch + ".expert_count is " +
                       std::to_string(v->as_int(arch + ".expert_count")) +
-                      ": a mixture of experts tightfit reads only as llama (Mixtral), olmoe, "
-                      "qwen2moe or qwen3moe: train from the model's Hugging Face folder "
-                      "([model] weights = \"folder\")");
+                      ": a mixture of experts tightfit reads only as " +
+                      gguf_expert_architectures() +
+                      ": train from the model's Hugging Face folder ([model] weights = "
+                      "\"folder\")");
   nlohmann::json c;
-  c["model_type"] = model_type_of(file, arch);
+  c["model_type"] = family->model_type;
   // GGUF_CONFIG_MAPPING: "<arch>.<key>" -> config.json's key.
   const std::pair<const char*, const char*> ints[] = {
       {"context_length", "max_position_embeddings"},
@@ -133,15 +128,12 @@ nlohmann::json hf_config(const GgufReader& file) {
       c[hf_key] = x;
     }
   }
-  // rope.dimension_count is head_dim for llama and mistral only.
-  if (arch == "llama" || arch == "mistral")
-    if (const Value* v = file.find(arch + ".rope.dimension_count"))
-      c["head_dim"] = v->as_int(arch + ".rope.dimension_count");
-  // The others say it as the keys' length (transformers' qwen3 mapping).
-  if (arch != "llama" && arch != "mistral")
-    if (const Value* v = file.find(arch + ".attention.key_length"))
-      c["head_dim"] = v->as_int(arch + ".attention.key_length");
-  if (routes_experts(file, arch)) expert_config(file, arch, c);
+  // rope.dimension_count is head_dim for llama and mistral only; the
+  // others say it as the keys' length (transformers' qwen3 mapping).
+  const std::string head_dim_key =
+      arch + (family->rope_dimension_count ? ".rope.dimension_count" : ".attention.key_length");
+  if (const Value* v = file.find(head_dim_key)) c["head_dim"] = v->as_int(head_dim_key);
+  if (routes_experts(*family)) expert_config(file, arch, *family, c);
   for (const char* required : {"num_hidden_layers", "hidden_size", "num_attention_heads"})
     if (!c.contains(required))
       throw GgufError(file.path() + ": the metadata gives no " + required + " (" + arch +
@@ -209,8 +201,8 @@ at::Tensor undo_qk_permutation(const GgufReader& file, const nlohmann::json& con
                                const std::string& name, at::Tensor w) {
   const bool q = name.find(".attn_q.") != std::string::npos;
   const bool k = name.find(".attn_k.") != std::string::npos;
-  const std::string type = config.value("model_type", "");
-  if ((type != "llama" && type != "mixtral") || !(q || k) ||
+  const ModelFamily* family = family_of_model_type(config.value("model_type", ""));
+  if (family == nullptr || !family->permuted_qk || !(q || k) ||
       !config.contains("num_attention_heads") || !config.contains("num_key_value_heads"))
     return w;
   const int64_t n_head = q ? config["num_attention_heads"].get<int64_t>()

@@ -7,6 +7,7 @@
 
 #include "file_util.hpp"
 #include "json_input.hpp"
+#include "model_families.hpp"
 
 namespace tightfit {
 namespace fs = std::filesystem;
@@ -52,20 +53,11 @@ std::string token_text(const ojson& j, const char* key, const std::string& src) 
   return token_spec(j[key], std::string("\"") + key + "\"", src).content;
 }
 
-// AutoTokenizer's class for a config.json model_type (the ones tightfit's
-// model plugins load), as transformers' TOKENIZER_MAPPING_NAMES has it.
+// AutoTokenizer's class for a config.json model_type (util/model_families.hpp,
+// as transformers' TOKENIZER_MAPPING_NAMES has it).
 const char* class_for_model_type(const std::string& type) {
-  static const std::pair<const char*, const char*> kMap[] = {
-      {"llama", "LlamaTokenizer"},       {"mistral", "LlamaTokenizer"},
-      {"mixtral", "LlamaTokenizer"},     {"qwen2", "Qwen2Tokenizer"},
-      {"qwen2_moe", "Qwen2Tokenizer"},   {"qwen3", "Qwen2Tokenizer"},
-      {"qwen3_moe", "Qwen2Tokenizer"},   {"gpt2", "GPT2Tokenizer"},
-      {"gemma", "GemmaTokenizer"},       {"gemma2", "GemmaTokenizer"},
-      {"gemma3_text", "GemmaTokenizer"}, {"phi3", "LlamaTokenizer"},
-      {"gpt_neox", "GPTNeoXTokenizer"}};
-  for (const auto& [t, c] : kMap)
-    if (type == t) return c;
-  return "";
+  const ModelFamily* f = family_of_model_type(type);
+  return f != nullptr && f->tokenizer_class != nullptr ? f->tokenizer_class : "";
 }
 
 // The special tokens a class's __init__ defaults to (used when the config
