@@ -18,15 +18,6 @@ std::string architecture(const GgufReader& file) {
   return file.get("general.architecture").as_string("general.architecture");
 }
 
-// The family the file's model is (util/model_families.hpp): of those
-// that read its architecture, the one with experts when it gives an
-// expert_count (a llama with experts is Mixtral, as convert_hf_to_gguf
-// writes it); nullptr for an architecture tightfit does not read.
-const ModelFamily* family_of(const GgufReader& file, const std::string& arch) {
-  const Value* v = file.find(arch + ".expert_count");
-  return family_of_gguf(arch, v != nullptr && v->as_int(arch + ".expert_count") > 0);
-}
-
 bool routes_experts(const ModelFamily& family) {
   return family.experts != ExpertLayout::kNone;
 }
@@ -81,22 +72,24 @@ bool is_supported_architecture(const std::string& arch) {
 
 nlohmann::json hf_config(const GgufReader& file) {
   const std::string arch = architecture(file);
-  const ModelFamily* family = family_of(file, arch);
+  // The family (util/model_families.hpp): of those that read the
+  // architecture, the one with experts when the file counts some (a llama
+  // with experts is Mixtral, as convert_hf_to_gguf writes it).
+  const std::string count_key = arch + ".expert_count";
+  const Value* count = file.find(count_key);
+  const int64_t experts = count != nullptr ? count->as_int(count_key) : 0;
+  const ModelFamily* family = family_of_gguf(arch, experts > 0);
   if (family == nullptr)
     throw GgufError(file.path() + ": general.architecture is \"" + arch +
                     "\"; tightfit reads GGUF models of the " + gguf_read_architectures() +
                     " architectures (a llama with experts is Mixtral)");
   // An expert_count where the architecture's family has no experts: its
   // experts would be missing tensors, without saying why.
-  if (!routes_experts(*family))
-    if (const Value* v = file.find(arch + ".expert_count");
-        v && v->as_int(arch + ".expert_count") > 0)
-      throw GgufError(file.path() + ": " + arch + ".expert_count is " +
-                      std::to_string(v->as_int(arch + ".expert_count")) +
-                      ": a mixture of experts tightfit reads only as " +
-                      gguf_expert_architectures() +
-                      ": train from the model's Hugging Face folder ([model] weights = "
-                      "\"folder\")");
+  if (!routes_experts(*family) && experts > 0)
+    throw GgufError(file.path() + ": " + count_key + " is " + std::to_string(experts) +
+                    ": a mixture of experts tightfit reads only as " + gguf_expert_architectures() +
+                    ": train from the model's Hugging Face folder ([model] weights = "
+                    "\"folder\")");
   nlohmann::json c;
   c["model_type"] = family->model_type;
   // GGUF_CONFIG_MAPPING: "<arch>.<key>" -> config.json's key.

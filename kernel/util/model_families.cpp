@@ -1,6 +1,6 @@
 #include "model_families.hpp"
 
-#include <cstring>
+#include <algorithm>
 
 namespace tightfit {
 namespace {
@@ -97,10 +97,9 @@ const ModelFamily* family_of_gguf(const std::string& arch, bool expert_count) {
 std::string gguf_read_architectures() {
   std::vector<std::string> archs;
   for (const ModelFamily& f : model_families()) {
-    if (f.gguf_reads == nullptr) continue;
-    bool seen = false;
-    for (const std::string& a : archs) seen = seen || a == f.gguf_reads;
-    if (!seen) archs.emplace_back(f.gguf_reads);
+    if (f.gguf_reads != nullptr &&
+        std::find(archs.begin(), archs.end(), f.gguf_reads) == archs.end())
+      archs.emplace_back(f.gguf_reads);
   }
   return listed(archs);
 }
