@@ -317,9 +317,12 @@ TEST(Fit, KeepsTheRecipesRankAndFormatAndSaysWhatItChanged) {
   EXPECT_EQ((*fitted.strategy_table("lora"))["rank"].value_or(int64_t{0}), 16) << log;
   ASSERT_NE(fitted.strategy_table("quantize"), nullptr) << read_file_text(out);
   EXPECT_EQ((*fitted.strategy_table("quantize"))["format"].value_or(std::string()), "nf4") << log;
-  EXPECT_NE(log.find("note          LoRA rank 16 as the recipe sets it"), std::string::npos) << log;
-  EXPECT_NE(log.find("note          the base stays nf4 as the recipe quantizes it"),
+  EXPECT_NE(log.find("note          lora rank = 16 as the recipe sets it (--lora-ranks"),
             std::string::npos)
+      << log;
+  EXPECT_NE(
+      log.find("note          quantize format = nf4 as the recipe sets it (--change quantize"),
+      std::string::npos)
       << log;
   const size_t changes = log.find("changes       ");
   ASSERT_NE(changes, std::string::npos) << log;
@@ -332,7 +335,7 @@ TEST(Fit, KeepsTheRecipesRankAndFormatAndSaysWhatItChanged) {
   ASSERT_EQ(test::run_tightfit("fit " + path + " --budget 1GiB --lora-ranks 4 --out " + out, &log),
             0)
       << log;
-  EXPECT_EQ(log.find("LoRA rank 16 as the recipe sets it"), std::string::npos) << log;
+  EXPECT_EQ(log.find("lora rank = 16 as the recipe sets it"), std::string::npos) << log;
   EXPECT_EQ(test::run_tightfit("fit " + path + " --budget 1GiB --change rank --out " + out, &log),
             2)
       << log;
@@ -340,6 +343,8 @@ TEST(Fit, KeepsTheRecipesRankAndFormatAndSaysWhatItChanged) {
 
 // A full fine-tune whose weights, gradients and state do not fit keeps its
 // trained weights on disk with their optimizer state (offload trainable).
+// (Updating in backward instead, fused_update with the state on disk, fits
+// too and is left out here.)
 TEST(Fit, PutsTrainedWeightsOnDiskWithTheirState) {
   test::TempDir dir;
   private_rates_cache(dir);
@@ -350,9 +355,11 @@ TEST(Fit, PutsTrainedWeightsOnDiskWithTheirState) {
   const std::string path = test::write_file(dir, "r.toml", text);
   const std::string out = (dir.path() / "fit.toml").string();
   std::string log;
-  ASSERT_EQ(test::run_tightfit(
-                "fit " + path + " --budget 20MiB --without lora,precision --out " + out, &log),
-            0)
+  ASSERT_EQ(
+      test::run_tightfit(
+          "fit " + path + " --budget 20MiB --without lora,precision,fused_update --out " + out,
+          &log),
+      0)
       << log;
   const Recipe fitted = Recipe::load(out);
   const toml::table* offload = fitted.strategy_table("offload");
@@ -466,23 +473,35 @@ TEST(Fit, PartitionsAcrossRanksWhenThereAreRanks) {
   EXPECT_LE(std::stoll(json.substr(json.find("\"tracked_peak\": ") + 16)), budget) << json;
 }
 
-// A stack that does not fit rules out those saving no more on every knob,
-// but bf16 compute can cost memory (weight casts), so it rules out nothing
-// in fp32; bf16 weights and the other knobs do.
+// The installed plugins' declarations make the space. A stack that does not
+// fit rules out those saving no more on every knob, but bf16 compute can
+// cost memory (weight casts: precision declares autocast so), so it rules
+// out nothing in fp32; bf16 weights and the other knobs do.
 TEST(FitSearch, Bf16ComputeThatDoesNotFitRulesOutNothingInFp32) {
-  using host::FitChoice;
-  FitChoice fp32, autocast, bf16_weights, checkpointed;
-  autocast.precision = "autocast";
-  autocast.saving[host::kPrecision] = 1;
-  bf16_weights.precision = "bf16";
-  bf16_weights.saving[host::kPrecision] = 2;
-  checkpointed.checkpoint_every = 1;
-  checkpointed.saving[host::kCheckpoint] = 2;
+  test::TempDir dir;
+  const Recipe base = Recipe::parse(recipe(dir.str(), ""), "r.toml");
+  const host::FitSpace space = host::fit_space(
+      base, test::registry(), {},
+      {"lora", "quantize", "adamw8", "offload", "fused_update", "accumulate"}, {}, {}, false, 0);
+  const std::vector<host::FitChoice> choices = host::enumerate_choices(space);
+  auto stack = [&](const std::string& described) {
+    for (const host::FitChoice& c : choices)
+      if (c.describe() == described) return c;
+    ADD_FAILURE() << "no stack \"" << described << "\" among " << choices.size();
+    return host::FitChoice{};
+  };
+  const host::FitChoice fp32 = stack("plain"), autocast = stack("autocast"),
+                        bf16_weights = stack("bf16 weights"), checkpointed = stack("checkpoint 1");
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(choices.size(), 9u);  // precision out, autocast, bf16 x checkpoint out, 2, 1
   EXPECT_FALSE(fp32.saves_no_more_than(autocast));
   EXPECT_TRUE(fp32.saves_no_more_than(bf16_weights));
   EXPECT_TRUE(autocast.saves_no_more_than(bf16_weights));
   EXPECT_TRUE(fp32.saves_no_more_than(checkpointed));
   EXPECT_FALSE(checkpointed.saves_no_more_than(fp32));
+  EXPECT_EQ(autocast.approximations(), std::vector<std::string>{"bf16 compute"});
+  EXPECT_EQ(fp32.strategies(), 0);
+  EXPECT_EQ(stack("bf16 weights + checkpoint 2").strategies(), 2);
 }
 
 // fit's documented tie-break: predicted times within 2% of the fastest are
@@ -495,12 +514,19 @@ TEST(FitRank, AnExactStackWithinTwoPercentBeatsAFasterLossyOne) {
   using host::Planned;
   using host::rank_stacks;
   const Recipe recipe = Recipe::parse("[run]\nsteps = 1\n", "r.toml");
+  // As fit describes and scores them: bf16 weights change the maths (1), a
+  // checkpoint adds a strategy.
   auto stack = [&](const std::string& weights, const std::string& precision, int checkpoint,
                    double seconds, int64_t peak) {
     Planned p{FitChoice{}, recipe, MemoryPlan{}, StepCost{}};
-    p.choice.weights = weights;
-    p.choice.precision = precision;
-    p.choice.checkpoint_every = checkpoint;
+    std::vector<std::string> parts;
+    if (weights != "dense") parts.push_back(weights + " base");
+    if (precision == "bf16") parts.push_back("bf16 weights");
+    if (checkpoint > 0) parts.push_back("checkpoint " + std::to_string(checkpoint));
+    for (const std::string& part : parts)
+      p.choice.described = p.choice.described == "plain" ? part : p.choice.described + " + " + part;
+    p.choice.penalty = (precision == "bf16" ? 1.0 : 0.0) + (weights == "nf4" ? 1.0 : 0.0);
+    p.choice.added = static_cast<int>(parts.size());
     p.cost.matmul = seconds;
     p.plan.tracked_peak = peak;
     return p;
@@ -514,15 +540,15 @@ TEST(FitRank, AnExactStackWithinTwoPercentBeatsAFasterLossyOne) {
   // Past 2%, the faster stack wins whatever it changes.
   fitting = {stack("dense", "none", 1, 1.03, 120 << 20), stack("dense", "bf16", 0, 1.0, 100 << 20)};
   rank_stacks(fitting, budget, "speed");
-  EXPECT_EQ(fitting[0].choice.precision, "bf16");
+  EXPECT_EQ(fitting[0].choice.describe(), "bf16 weights");
   // Two exact stacks in a tie: fewer strategies, then the smaller.
   fitting = {stack("dense", "none", 1, 1.0, 90 << 20), stack("dense", "none", 0, 1.01, 150 << 20)};
   rank_stacks(fitting, budget, "speed");
-  EXPECT_EQ(fitting[0].choice.checkpoint_every, 0);
+  EXPECT_EQ(fitting[0].choice.describe(), "plain");
   // Fitting only by its plan (no room for the plan's margin): last, however fast.
   fitting = {stack("dense", "none", 0, 0.5, budget - 1), stack("dense", "bf16", 0, 1.0, 100 << 20)};
   rank_stacks(fitting, budget, "speed");
-  EXPECT_EQ(fitting[0].choice.precision, "bf16");
+  EXPECT_EQ(fitting[0].choice.describe(), "bf16 weights");
   EXPECT_EQ(fitting[1].plan.tracked_peak, budget - 1);
 }
 

@@ -87,6 +87,31 @@ TEST(Loader, RefusesTooSmallDescriptorBeforeReadingIt) {
   EXPECT_NE(msg.find(fixture("fixture_small_struct")), std::string::npos) << msg;
 }
 
+// What `tightfit fit` may try (ABI 1.23) is checked as a recipe's value
+// would be: a value the key refuses makes the plugin a problem, by name.
+TEST(Loader, RefusesASearchValueItsOwnKeyRefuses) {
+  const std::string msg = refusal(fixture("fixture_bad_search"));
+  EXPECT_NE(msg.find(fixture("fixture_bad_search")), std::string::npos) << msg;
+  EXPECT_NE(msg.find("fixture_bad_search.answer's search: value 200 is not one the key takes"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("out of range [0, 100]"), std::string::npos) << msg;
+  // Declarations the keys take come through the scanner's answer whole, in
+  // their order (quantize's formats, least saving first).
+  const PluginInfo* quantize = test::registry().find_any("quantize");
+  ASSERT_NE(quantize, nullptr);
+  ASSERT_TRUE(quantize->search.has_value());
+  EXPECT_EQ(quantize->search->flags, TF_SEARCH_PLUGIN_FROZEN_WEIGHTS);
+  const auto format = std::find_if(quantize->keys.begin(), quantize->keys.end(),
+                                   [](const KeySpec& k) { return k.name == "format"; });
+  ASSERT_NE(format, quantize->keys.end());
+  ASSERT_TRUE(format->search.has_value());
+  ASSERT_EQ(format->search->values.size(), 2u);
+  EXPECT_EQ(format->search->values[0].value, "\"int8\"");
+  EXPECT_EQ(format->search->values[1].label, "nf4 base");
+  EXPECT_EQ(format->search->flags, TF_SEARCH_KEY_RECIPES_CHOICE);
+}
+
 TEST(Loader, RefusesMissingFile) {
   const std::string msg = refusal("/nonexistent/libnothing.so");
   EXPECT_NE(msg.find("/nonexistent/libnothing.so"), std::string::npos) << msg;

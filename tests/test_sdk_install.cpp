@@ -133,6 +133,25 @@ TEST_F(SdkInstall, OutOfTreePluginBuildsAgainstTheInstalledSdkAndRuns) {
   ASSERT_EQ(a.losses.size(), 4u);
   EXPECT_EQ(a.losses, b.losses);
   EXPECT_LT(a.peak_activations, 0.5 * b.peak_activations);
+
+  // `tightfit fit` searches it as it declares (ABI 1.23), beside the
+  // built-in strategies (left out here): its two values are stacks fit
+  // plans and lists, under the labels it gave them.
+  ASSERT_EQ(test::run_command(
+                "(" + env + host + " fit " + quoted(plain) +
+                    " --budget 64GiB --top 10 --json --without "
+                    "lora,quantize,adamw8,precision,checkpoint,offload,fused_update,accumulate"
+                    " --out " +
+                    quoted(dir.path() / "fit.toml") + " 2>/dev/null)",
+                &out),
+            0)
+      << out;
+  const nlohmann::json fit = nlohmann::json::parse(out);
+  std::vector<std::string> stacks;
+  for (const nlohmann::json& b : fit["best"]) stacks.push_back(b["stack"].get<std::string>());
+  EXPECT_EQ(fit["stacks"].get<int>(), 3) << out;  // plain, block 0, blocks 0 and 1
+  for (const char* stack : {"plain", "recompute block 0", "recompute blocks 0, 1"})
+    EXPECT_NE(std::find(stacks.begin(), stacks.end(), stack), stacks.end()) << stack << "\n" << out;
 }
 
 // The out-of-tree preference schedule: built against the installed SDK,

@@ -144,9 +144,20 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   });
 }
 
+// `tightfit fit` may add it (ABI 1.23), recomputing the first block or the
+// first two: the values from the least to the most memory-saving.
+const tf_plugin_search kSearch = {
+    .struct_size = sizeof(tf_plugin_search), .label = "selective checkpoint", .stack_order = 40};
+const tf_search_value kBlocks[] = {
+    tf_sdk::search_value("[0]", "recompute block 0"),
+    tf_sdk::search_value("[0, 1]", "recompute blocks 0, 1"),
+};
+const tf_key_search kBlocksSearch = tf_sdk::key_search(kBlocks);
+
 const tf_config_key kKeys[] = {
-    tf_sdk::key("blocks", TF_VALUE_INT_LIST, "[]",
-                "blocks to recompute in backward, 0-based (-1 = the last)"),
+    tf_sdk::searched(tf_sdk::key("blocks", TF_VALUE_INT_LIST, "[]",
+                                 "blocks to recompute in backward, 0-based (-1 = the last)"),
+                     kBlocksSearch),
     tf_sdk::key("activation_budget", TF_VALUE_SIZE, "0",
                 "recompute the fewest blocks that bring the activations the blocks keep under "
                 "this (e.g. \"64MiB\"); 0 = use blocks"),
@@ -158,10 +169,12 @@ const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
                                     .configure = configure,
                                     .estimate_memory = estimate_memory};
 
-const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
-    TF_PLUGIN_STRATEGY, "selective_checkpoint", "0.1.0",
-    "activation checkpointing of chosen blocks, or of the fewest that fit an activation budget",
-    kKeys, &kVtable);
+const tf_plugin_descriptor kDescriptor = tf_sdk::searched(
+    tf_sdk::describe(
+        TF_PLUGIN_STRATEGY, "selective_checkpoint", "0.1.0",
+        "activation checkpointing of chosen blocks, or of the fewest that fit an activation budget",
+        kKeys, &kVtable),
+    kSearch);
 
 }  // namespace
 

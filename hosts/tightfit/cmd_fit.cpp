@@ -64,8 +64,8 @@ po::options_description fit_options() {
       "LoRA ranks to try beside the recipe's own (default: the recipe's rank alone; 8,16,64 "
       "when a recipe training all weights turns to LoRA; --without lora keeps all weights "
       "training)")("change", po::value<std::string>()->default_value(""),
-                   "comma list of the recipe's choices fit may change: quantize (the format "
-                   "of a quantized base)")(
+                   "comma list of plugins whose choice in the recipe fit may change (quantize: "
+                   "the format of a quantized base)")(
       "set", po::value<std::vector<std::string>>()->composing(),
       "override a recipe key before the search")("json", "print the result as JSON")(
       "measure", "measure this machine's rates again instead of using the cached ones")(
@@ -138,6 +138,23 @@ ModelShape probe_model_shape(const Recipe& recipe, const PluginRegistry& registr
     }
   m.device = probe.env().device.str();
   return m;
+}
+
+// Whether the plugin has a key whose recipe value is the user's choice
+// (TF_SEARCH_KEY_RECIPES_CHOICE), one `--change` may name.
+bool holds_recipes_choice(const PluginInfo* p) {
+  if (!p) return false;
+  return std::any_of(p->keys.begin(), p->keys.end(), [](const KeySpec& k) {
+    return k.search && (k.search->flags & TF_SEARCH_KEY_RECIPES_CHOICE) &&
+           !(k.search->flags & TF_SEARCH_KEY_RANK);
+  });
+}
+
+std::string recipes_choice_plugins(const PluginRegistry& registry) {
+  std::string out;
+  for (const PluginInfo* p : registry.all())
+    if (holds_recipes_choice(p)) out += (out.empty() ? "" : ", ") + p->name;
+  return out.empty() ? "none installed" : out;
 }
 
 struct SearchResult {
@@ -233,8 +250,11 @@ std::vector<std::string> recipe_changes(const Recipe& from, const Recipe& to, in
   }
   for (const auto& [plugin, t] : before)
     if (!after.count(plugin)) out.push_back("- " + plugin + ": the stack written does without it");
-  for (const char* key : {"data.batch_size", "schedule.plugin", "schedule.micro_batches"}) {
-    const std::string k = key;
+  // A schedule fit stood in for the recipe's, and the batch it split.
+  std::vector<std::string> keys = {"data.batch_size"};
+  if (const toml::table* s = to.table("schedule"))
+    for (const auto& [k, v] : *s) keys.push_back("schedule." + std::string(k.str()));
+  for (const std::string& k : keys) {
     const std::string table = k.substr(0, k.find('.')), name = k.substr(k.find('.') + 1);
     const toml::table* a = from.table(table);
     const toml::table* b = to.table(table);
@@ -361,9 +381,10 @@ int fit_command(const std::vector<std::string>& args) {
       }
     const auto change = split_list(vm["change"].as<std::string>());
     for (const std::string& c : change)
-      if (c != "quantize") {
+      if (!holds_recipes_choice(registry.find_any(c))) {
         std::cerr << "tightfit fit: --change: \"" << c
-                  << "\" is not a choice fit changes (quantize; LoRA ranks: --lora-ranks)\n";
+                  << "\" is not a plugin with a choice of the recipe's fit changes ("
+                  << recipes_choice_plugins(registry) << "; LoRA ranks: --lora-ranks)\n";
         return kUsage;
       }
     FitSpace space =
@@ -383,9 +404,7 @@ int fit_command(const std::vector<std::string>& args) {
 
     SearchResult search;
     search_stacks(space, stripped, registry, o->ranks, rates, o->budget, search);
-    const bool searchable_lora =
-        std::find(space.searched.begin(), space.searched.end(), "lora") != space.searched.end();
-    if (search.fitting.empty() && space.allow_full && searchable_lora) {
+    if (search.fitting.empty() && space.trains_all_weights && space.adapters_possible) {
       space = fit_space(base, registry, keep, without, change, o->lora_ranks, true, o->ranks);
       search_stacks(space, stripped, registry, o->ranks, rates, o->budget, search);
     }
@@ -403,11 +422,12 @@ int fit_command(const std::vector<std::string>& args) {
       std::cerr << "\n";
       return kOutOfBudget;
     }
+    drop_settings_that_do_nothing(search.fitting);
     rank_stacks(search.fitting, o->budget, o->objective);
     // The slowdown's base: the winner's training target with no strategy.
-    const FitChoice plain_choice = search.fitting.front().choice.plain();
-    const Planned plain = plan_recipe(apply_choice(stripped, space, plain_choice), registry,
-                                      o->ranks, rates, plain_choice);
+    const FitChoice plain_stack = plain_choice(space, search.fitting.front().choice);
+    const Planned plain = plan_recipe(apply_choice(stripped, space, plain_stack), registry,
+                                      o->ranks, rates, plain_stack);
 
     write_winner(out, search.fitting.front(), plain.cost.total(), recipe_path,
                  vm["budget"].as<std::string>(), o->objective, shape.device);

@@ -40,4 +40,18 @@ void rank_stacks(std::vector<Planned>& fitting, int64_t budget, const std::strin
   }
 }
 
+void drop_settings_that_do_nothing(std::vector<Planned>& fitting) {
+  auto same_effect = [](const Planned& a, const Planned& b) {
+    return a.plan.tracked_peak == b.plan.tracked_peak && a.cost.total() == b.cost.total() &&
+           a.choice.approximations() == b.choice.approximations();
+  };
+  std::vector<Planned> kept;
+  for (const Planned& p : fitting)
+    if (std::none_of(fitting.begin(), fitting.end(), [&](const Planned& q) {
+          return same_effect(p, q) && q.choice.settings < p.choice.settings;
+        }))
+      kept.push_back(p);
+  fitting = std::move(kept);
+}
+
 }  // namespace tightfit::host

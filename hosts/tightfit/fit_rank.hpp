@@ -16,4 +16,10 @@ namespace tightfit::host {
 // then the smaller (an exact stack 0.4% slower than a lossy one wins).
 void rank_stacks(std::vector<Planned>& fitting, int64_t budget, const std::string& objective);
 
+// Drops a stack whose plan, predicted time and changes to the maths are
+// another's with fewer settings: what it adds does nothing here (offload's
+// params tier in a full fine-tune that keeps trained weights in memory),
+// and a stack that names it would say otherwise.
+void drop_settings_that_do_nothing(std::vector<Planned>& fitting);
+
 }  // namespace tightfit::host

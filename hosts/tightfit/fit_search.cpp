@@ -1,7 +1,9 @@
 #include "fit_search.hpp"
 
 #include <algorithm>
-#include <cmath>
+#include <numeric>
+#include <set>
+#include <sstream>
 
 namespace tightfit::host {
 
@@ -11,92 +13,143 @@ bool has(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
 }
 
-template <class T>
-int index_of(const std::vector<T>& v, const T& x) {
-  return static_cast<int>(std::find(v.begin(), v.end(), x) - v.begin());
+// A TOML literal as a node ("\"nf4\"" -> the string nf4).
+toml::table literal_table(const std::string& literal) {
+  return toml::parse("v = " + literal);
 }
 
-// The user's keys of a replaced table (LoRA targets, quantize block size).
-toml::table user_keys(const Recipe& base, const std::string& plugin) {
-  const toml::table* t = base.strategy_table(plugin);
-  return t ? *t : toml::table{};
+// A node as the recipe writes it, a string without its quotes.
+std::string value_text(const toml::node& n) {
+  if (const auto* s = n.as_string()) return s->get();
+  std::ostringstream os;
+  n.visit([&](const auto& v) { os << toml::toml_formatter(v); });
+  return os.str();
+}
+
+std::string literal_text(const std::string& literal) {
+  const toml::table t = literal_table(literal);
+  return value_text(*t.get("v"));
+}
+
+// The node's TOML literal ("nf4" -> "'nf4'").
+std::string literal_of(const toml::node& n) {
+  toml::table t;
+  n.visit([&](const auto& v) { t.insert("v", v); });
+  std::ostringstream os;
+  os << toml::toml_formatter(t);
+  std::string s = os.str();
+  s = s.substr(s.find('=') + 1);
+  const auto first = s.find_first_not_of(" \t\n"), last = s.find_last_not_of(" \t\n");
+  return first == std::string::npos ? std::string() : s.substr(first, last - first + 1);
+}
+
+const KeySpec* find_key(const std::vector<KeySpec>& keys, const std::string& name) {
+  for (const KeySpec& k : keys)
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+bool is_off(const FitKnob& k, int at) {
+  return at < 0 || (k.values[static_cast<size_t>(at)].flags & TF_SEARCH_VALUE_OFF);
+}
+
+// Strategies in their declared stack order (their hooks run in recipe
+// order), then schedules.
+bool written_before(const PluginInfo* a, const PluginInfo* b) {
+  const bool sa = a->kind == TF_PLUGIN_SCHEDULE, sb = b->kind == TF_PLUGIN_SCHEDULE;
+  if (sa != sb) return sb;
+  if (a->search->stack_order != b->search->stack_order)
+    return a->search->stack_order < b->search->stack_order;
+  return a->name < b->name;
+}
+
+// The values a key is searched at in this space; empty with a note when
+// none can be (the plugin is then left as the recipe has it).
+std::vector<SearchValue> key_values(const FitPlugin& p, const KeySpec& k, const FitSpace& sp,
+                                    const std::vector<int>& lora_ranks,
+                                    const std::vector<std::string>& change, bool in_recipe,
+                                    std::vector<std::string>& notes) {
+  const KeySearch& s = *k.search;
+  if ((s.flags & TF_SEARCH_KEY_RANK) && !lora_ranks.empty()) {
+    std::vector<SearchValue> out;
+    for (int r : lora_ranks) {
+      SearchValue v = s.values.front();
+      v.value = std::to_string(r);
+      v.quality_penalty = 0;
+      for (const SearchValue& d : s.values)
+        if (d.value == v.value) v = d;
+      out.push_back(v);
+    }
+    return out;
+  }
+  if ((s.flags & TF_SEARCH_KEY_RECIPES_CHOICE) && in_recipe && !has(change, p.name)) {
+    // The recipe's value (set, or the default it runs with) is its choice.
+    std::string literal = k.default_value.value_or("");
+    if (const toml::node* n = p.user.get(k.name)) literal = literal_of(*n);
+    SearchValue v = s.values.front();
+    v.value = literal;
+    v.quality_penalty = 0;
+    v.approximation.clear();
+    for (const SearchValue& d : s.values)
+      if (literal_text(d.value) == literal_text(literal)) v = d;
+    notes.push_back(p.name + " " + k.name + " = " + literal_text(literal) +
+                    " as the recipe sets it (" +
+                    ((s.flags & TF_SEARCH_KEY_RANK) ? std::string("--lora-ranks to try others")
+                                                    : "--change " + p.name + " to search it") +
+                    ")");
+    return {v};
+  }
+  std::vector<SearchValue> out;
+  for (const SearchValue& v : s.values) {
+    if ((v.flags & TF_SEARCH_VALUE_CUDA_ONLY) && !sp.cuda) continue;
+    if (s.flags & TF_SEARCH_KEY_SPLITS_BATCH) {
+      const int64_t n = literal_table(v.value)["v"].value_or(int64_t{0});
+      if (n < 1 || sp.batch_size % n != 0) continue;
+    }
+    out.push_back(v);
+  }
+  if (out.empty())
+    notes.push_back(p.name + " not searched: no value of " + k.name + " it declares fits" +
+                    ((s.flags & TF_SEARCH_KEY_SPLITS_BATCH)
+                         ? " data.batch_size = " + std::to_string(sp.batch_size)
+                         : std::string(" this device")));
+  return out;
+}
+
+// A recipe value of a searched key that fit would not try (shard's layers):
+// the plugin stays as the recipe has it.
+std::string value_fit_leaves(const FitPlugin& p) {
+  for (const KeySpec& k : p.keys) {
+    if (!k.search || (k.search->flags & (TF_SEARCH_KEY_RECIPES_CHOICE | TF_SEARCH_KEY_FOLLOWS)))
+      continue;
+    const toml::node* n = p.user.get(k.name);
+    if (!n) continue;
+    const std::string text = value_text(*n);
+    const bool listed =
+        std::any_of(k.search->values.begin(), k.search->values.end(),
+                    [&](const SearchValue& v) { return literal_text(v.value) == text; });
+    if (!listed) return k.name + " = " + literal_of(*n);
+  }
+  return {};
 }
 
 }  // namespace
 
-std::string FitChoice::describe() const {
-  std::vector<std::string> parts;
-  if (lora_rank > 0) parts.push_back("lora r" + std::to_string(lora_rank));
-  if (lora_rank < 0) parts.push_back("lora (recipe's)");
-  if (weights != "dense") parts.push_back(weights + " base");
-  if (precision != "none") parts.push_back(precision == "bf16" ? "bf16 weights" : "autocast");
-  if (optimizer == "int8") parts.push_back("8-bit adam");
-  if (optimizer == "host" || optimizer == "disk") parts.push_back("optimizer@" + optimizer);
-  if (checkpoint_every > 0) parts.push_back("checkpoint " + std::to_string(checkpoint_every));
-  if (params_tier != "none")
-    parts.push_back("weights@" + params_tier + " prefetch " + std::to_string(prefetch));
-  if (activations_tier != "none") parts.push_back("activations@" + activations_tier);
-  if (fused) parts.push_back("fused update");
-  if (micro > 1) parts.push_back("micro x" + std::to_string(micro));
-  if (zero_stage > 0) parts.push_back("zero " + std::to_string(zero_stage));
-  if (parts.empty()) return "plain";
-  std::string out = parts[0];
-  for (size_t i = 1; i < parts.size(); ++i) out += " + " + parts[i];
-  return out;
-}
-
-std::vector<std::string> FitChoice::approximations() const {
-  std::vector<std::string> out;
-  if (lora_rank != 0) out.push_back("LoRA");
-  if (weights != "dense") out.push_back(weights + " weights");
-  if (precision == "autocast") out.push_back("bf16 compute");
-  if (precision == "bf16") out.push_back("bf16 weights");
-  if (optimizer == "int8") out.push_back("8-bit state");
-  if (fused) out.push_back("clip by last norm");
-  return out;
-}
-
-double FitChoice::quality_penalty() const {
-  // Ordered by how far each moves from the plain run's maths: training a
-  // low-rank update instead of the weights first (higher rank closer),
-  // then 4-bit and 8-bit bases, bf16 weights (small updates round away),
-  // 8-bit moments, bf16 compute, clipping by the previous norm.
-  double p = 0;
-  if (lora_rank > 0) p += 3 - std::log2(static_cast<double>(lora_rank)) / 10;
-  if (weights == "nf4") p += 1;
-  if (weights == "int8") p += 0.5;
-  if (precision == "bf16") p += 1;
-  if (precision == "autocast") p += 0.3;
-  if (optimizer == "int8") p += 0.3;
-  if (fused) p += 0.1;
-  return p;
+int FitSpace::plugin_index(const std::string& name) const {
+  for (size_t i = 0; i < plugins.size(); ++i)
+    if (plugins[i].name == name) return static_cast<int>(i);
+  return -1;
 }
 
 bool FitChoice::saves_no_more_than(const FitChoice& other) const {
-  // bf16 compute is not a saving everywhere: its casts of the weights can
-  // outweigh the halved activations (short sequences, checkpointed blocks),
-  // so a stack with it that does not fit says nothing of the same stack in
-  // fp32.
-  if (precision == "none" && other.precision == "autocast") return false;
-  for (int k = 0; k < kKnobCount; ++k)
-    if (saving[static_cast<size_t>(k)] > other.saving[static_cast<size_t>(k)]) return false;
+  // A value that may cost memory (bf16 compute's casts of the weights can
+  // outweigh the halved activations) says nothing, when it does not fit,
+  // of a stack with another value there.
+  for (size_t k = 0; k < at.size(); ++k)
+    if (other.may_cost[k] && at[k] != other.at[k]) return false;
+  for (size_t k = 0; k < at.size(); ++k)
+    if (at[k] > other.at[k]) return false;
   return true;
-}
-
-int FitChoice::strategies() const {
-  return (weights != "dense") + (optimizer == "int8") + (precision != "none") +
-         (checkpoint_every > 0) +
-         (optimizer == "host" || optimizer == "disk" || params_tier != "none" ||
-          activations_tier != "none") +
-         fused + (micro > 1);
-}
-
-FitChoice FitChoice::plain() const {
-  FitChoice c;
-  c.lora_rank = lora_rank;
-  c.zero_stage = zero_stage < 0 ? -1 : 0;  // data parallel: what ranks do without ZeRO
-  c.saving[kTrain] = saving[kTrain];
-  return c;
 }
 
 FitSpace fit_space(const Recipe& base, const PluginRegistry& registry,
@@ -104,222 +157,305 @@ FitSpace fit_space(const Recipe& base, const PluginRegistry& registry,
                    const std::vector<std::string>& change, std::vector<int> lora_ranks,
                    bool adapters_instead, int ranks) {
   FitSpace sp;
-  auto installed = [&](const std::string& name) { return registry.find_any(name) != nullptr; };
-  for (const char* name : {"lora", "quantize", "adamw8", "precision", "checkpoint", "offload",
-                           "fused_update", "accumulate", "shard"})
-    if (installed(name) && !has(keep, name) && !has(without, name)) sp.searched.push_back(name);
-  auto searched = [&](const char* name) { return has(sp.searched, name); };
   const toml::table* run = base.table("run");
   const std::string device = run ? (*run)["device"].value_or(std::string("cpu")) : "cpu";
-  const bool cuda = device.rfind("cuda", 0) == 0;
+  sp.cuda = device.rfind("cuda", 0) == 0;
   const toml::table* data = base.table("data");
   sp.batch_size = data ? (*data)["batch_size"].value_or(int64_t{1}) : 1;
-
-  const toml::table* lora = base.strategy_table("lora");
-  if (lora && has(keep, "lora")) {
-    sp.allow_full = false;
-    sp.notes.push_back("LoRA as the recipe sets it (--keep lora)");
-  } else if (searched("lora") && (lora || adapters_instead)) {
-    sp.allow_full = false;
-    // The recipe's rank is its choice: other ranks only when asked for
-    // (--lora-ranks); a recipe without LoRA that turns to it tries 8, 16, 64.
-    if (lora) {
-      const int own = static_cast<int>((*lora)["rank"].value_or(int64_t{8}));
-      if (lora_ranks.empty())
-        sp.notes.push_back("LoRA rank " + std::to_string(own) +
-                           " as the recipe sets it (--lora-ranks to try others)");
-      lora_ranks.push_back(own);
-    } else if (lora_ranks.empty()) {
-      lora_ranks = {8, 16, 64};
-    }
-    std::sort(lora_ranks.rbegin(), lora_ranks.rend());  // a larger rank saves less
-    lora_ranks.erase(std::unique(lora_ranks.begin(), lora_ranks.end()), lora_ranks.end());
-    sp.lora_ranks = lora_ranks;
-    if (!lora)
-      sp.notes.push_back("no stack that trains all weights fits: LoRA adapters train instead");
-  }
-  sp.weights = {"dense"};
-  if (searched("quantize")) {
-    // A recipe that quantizes its base keeps its format (a different base
-    // is a different model to train), unless --change quantize.
-    const toml::table* quantize = base.strategy_table("quantize");
-    if (quantize && (*quantize)["weights"].value_or(true) && !has(change, "quantize")) {
-      const std::string format = (*quantize)["format"].value_or(std::string("nf4"));
-      sp.weights = {format};
-      sp.notes.push_back("the base stays " + format +
-                         " as the recipe quantizes it (--change quantize to try others)");
-    } else {
-      sp.weights = {"dense", "int8", "nf4"};
-    }
-  }
-  sp.precision = {"none"};
-  if (searched("precision")) sp.precision = {"none", "autocast", "bf16"};
-  sp.optimizer = {"fp32"};
-  if (searched("adamw8")) sp.optimizer.push_back("int8");  // 8-bit AdamW, its own strategy
-  if (searched("offload")) {
-    // On a CPU run the host tier is the same RAM: it saves nothing there.
-    if (cuda) sp.optimizer.push_back("host");
-    sp.optimizer.push_back("disk");
-  }
-  sp.checkpoint_every = {0};
-  if (searched("checkpoint")) sp.checkpoint_every = {0, 2, 1};
-  sp.params_tier = {"none"};
-  sp.prefetch = {0};
-  if (searched("offload")) {
-    if (cuda) sp.params_tier.push_back("host");
-    sp.params_tier.push_back("disk");
-    sp.prefetch = {2, 1};  // more read ahead holds more
-  }
-  sp.activations_tier = {"none"};
-  if (searched("offload") && searched("checkpoint")) {
-    if (cuda) sp.activations_tier.push_back("host");
-    sp.activations_tier.push_back("disk");
-  }
-  sp.fused = searched("fused_update");
-  sp.zero = {-1};
-  // ZeRO stages are a knob only with ranks; layer sharding (one process,
-  // several devices) stays as the recipe has it.
-  const toml::table* shard = base.strategy_table("shard");
-  const bool layers = shard && (*shard)["mode"].value_or(std::string("data")) == "layers";
-  if (searched("shard") && ranks > 1 && !layers) {
-    sp.zero = {0, 1, 2, 3};
-  } else if (searched("shard")) {
-    sp.searched.erase(std::find(sp.searched.begin(), sp.searched.end(), "shard"));
-    if (layers) sp.notes.push_back("shard mode = \"layers\" kept as the recipe sets it");
-  }
-  sp.micro = {1};
   const toml::table* sched = base.table("schedule");
   const std::string schedule = sched ? (*sched)["plugin"].value_or(std::string()) : "standard";
-  if (searched("accumulate")) {
-    if (schedule == "standard") {
-      for (int m : {2, 4, 8})
-        if (sp.batch_size % m == 0) sp.micro.push_back(m);
-    } else {
-      sp.notes.push_back("micro-batches not searched: the recipe's schedule is " + schedule);
+  std::sort(lora_ranks.rbegin(), lora_ranks.rend());  // a larger rank saves less
+  lora_ranks.erase(std::unique(lora_ranks.begin(), lora_ranks.end()), lora_ranks.end());
+
+  std::vector<const PluginInfo*> declared;
+  for (const PluginInfo* p : registry.all())
+    if (p->search && p->kind != TF_PLUGIN_MODEL) declared.push_back(p);
+  std::stable_sort(declared.begin(), declared.end(), written_before);
+  for (const PluginInfo* info : declared) {
+    const uint32_t flags = info->search->flags;
+    const bool adapters = flags & TF_SEARCH_PLUGIN_TRAINS_ADAPTERS;
+    const toml::table* own =
+        info->kind == TF_PLUGIN_STRATEGY ? base.strategy_table(info->name) : nullptr;
+    if (has(without, info->name)) continue;
+    if (has(keep, info->name)) {
+      if (own) sp.kept.push_back(info->name);
+      if (own && adapters) {
+        sp.trains_all_weights = false;
+        sp.notes.push_back(info->name + " as the recipe sets it (--keep " + info->name + ")");
+      }
+      continue;
     }
+    FitPlugin p;
+    p.name = info->name;
+    p.search = *info->search;
+    p.keys = info->keys;
+    if (own) p.user = *own;
+    if (info->kind == TF_PLUGIN_SCHEDULE) {
+      p.schedule = true;
+      if (schedule == info->name || p.search.stands_in_for.empty()) continue;
+      if (schedule != p.search.stands_in_for) {
+        sp.notes.push_back(info->name + " not searched: the recipe's schedule is " + schedule);
+        continue;
+      }
+    }
+    if (flags & TF_SEARCH_PLUGIN_RANKS) {
+      if (ranks <= 1) continue;
+      p.optional = false;
+    }
+    if (adapters) {
+      sp.adapters_possible = sp.adapters_possible || !own;
+      if (own) {
+        p.optional = false;
+      } else if (adapters_instead) {
+        p.optional = false;
+        sp.notes.push_back("no stack that trains all weights fits: " +
+                           (p.search.approximation.empty() ? p.name : p.search.approximation) +
+                           " adapters train instead");
+      } else if (lora_ranks.empty()) {
+        continue;
+      }
+      if (!p.optional) sp.trains_all_weights = false;
+    }
+    if (const std::string left = value_fit_leaves(p); !left.empty()) {
+      sp.kept.push_back(p.name);
+      sp.notes.push_back(p.name + " " + left + " kept as the recipe sets it");
+      continue;
+    }
+    bool recipes_choice = false;
+    for (const KeySpec& k : p.keys)
+      recipes_choice |= k.search && (k.search->flags & TF_SEARCH_KEY_RECIPES_CHOICE);
+    if (own && recipes_choice && !has(change, p.name)) p.optional = false;
+
+    // Its knobs: in or out, then each searched key, those others depend on first.
+    std::vector<FitKnob> knobs;
+    if (p.optional) knobs.push_back(FitKnob{sp.plugins.size(), "", {SearchValue{}, SearchValue{}}});
+    std::vector<const KeySpec*> searched;
+    for (const KeySpec& k : p.keys)
+      if (k.search && !(k.search->flags & TF_SEARCH_KEY_FOLLOWS)) searched.push_back(&k);
+    std::stable_partition(searched.begin(), searched.end(),
+                          [](const KeySpec* k) { return k->search->with.empty(); });
+    bool searchable = true;
+    for (const KeySpec* k : searched) {
+      FitKnob knob{sp.plugins.size(), k->name,
+                   key_values(p, *k, sp, lora_ranks, change, own != nullptr, sp.notes)};
+      knob.key_flags = k->search->flags;
+      if (knob.values.empty()) searchable = false;
+      for (size_t j = 0; j < knobs.size(); ++j)
+        if (knobs[j].key == k->search->with && !k->search->with.empty())
+          knob.with = static_cast<int>(sp.knobs.size() + j);
+      knobs.push_back(std::move(knob));
+    }
+    if (!searchable) {
+      if (own) sp.kept.push_back(p.name);
+      continue;
+    }
+    sp.knobs.insert(sp.knobs.end(), knobs.begin(), knobs.end());
+    sp.plugins.push_back(std::move(p));
   }
   return sp;
 }
 
-std::vector<FitChoice> enumerate_choices(const FitSpace& sp) {
-  std::vector<int> trains;
-  if (sp.allow_full) trains.push_back(0);
-  if (!sp.allow_full && sp.lora_ranks.empty()) trains.push_back(-1);  // the recipe's LoRA
-  for (int r : sp.lora_ranks) trains.push_back(r);
-  std::vector<FitChoice> out;
-  for (size_t ti = 0; ti < trains.size(); ++ti)
-    for (const auto& w : sp.weights)
-      for (const auto& pr : sp.precision)
-        for (const auto& opt : sp.optimizer)
-          for (int ck : sp.checkpoint_every)
-            for (const auto& tier : sp.params_tier)
-              for (int pf : tier == "none" ? std::vector<int>{0} : sp.prefetch)
-                for (const auto& act : sp.activations_tier)
-                  for (int fused = 0; fused <= (sp.fused ? 1 : 0); ++fused)
-                    for (int m : sp.micro)
-                      for (int z : sp.zero) {
-                        // Only checkpointed stages keep an input to move.
-                        if (act != "none" && ck == 0) continue;
-                        const bool frozen_base = trains[ti] != 0;
-                        // A full fine-tune stores its weights dense; it may put
-                        // them on a tier only with the optimizer state there too
-                        // (the update runs where the state is).
-                        if (!frozen_base && w != "dense") continue;
-                        if (!frozen_base && tier != "none" && opt != "host" && opt != "disk")
-                          continue;
-                        // bf16 weights are converted on the device only.
-                        if (pr == "bf16" && w == "dense" && tier != "none") continue;
-                        if (fused && m > 1) continue;  // the update happens once per batch
-                        if (fused && (opt == "host" || opt == "disk")) continue;  // updated there
-                        FitChoice c;
-                        c.lora_rank = trains[ti];
-                        c.weights = w;
-                        c.precision = pr;
-                        c.optimizer = opt;
-                        c.checkpoint_every = ck;
-                        c.params_tier = tier;
-                        c.prefetch = pf;
-                        c.activations_tier = act;
-                        c.fused = fused != 0;
-                        c.micro = m;
-                        c.zero_stage = z;
-                        c.saving = {static_cast<int>(ti),
-                                    index_of(sp.weights, w),
-                                    index_of(sp.precision, pr),
-                                    index_of(sp.optimizer, opt),
-                                    index_of(sp.checkpoint_every, ck),
-                                    tier == "none" ? 0
-                                                   : index_of(sp.params_tier, tier) +
-                                                         index_of(sp.prefetch, pf),
-                                    index_of(sp.activations_tier, act),
-                                    fused,
-                                    index_of(sp.micro, m),
-                                    index_of(sp.zero, z)};
-                        out.push_back(c);
-                      }
-  std::stable_sort(out.begin(), out.end(), [](const FitChoice& a, const FitChoice& b) {
-    int sa = 0, sb = 0;
-    for (int k = 0; k < kKnobCount; ++k) {
-      sa += a.saving[static_cast<size_t>(k)];
-      sb += b.saving[static_cast<size_t>(k)];
+namespace {
+
+// Whether the stack is one to plan: an added plugin does something, no two
+// settings claim one resource, a value's needs are in the stack, frozen
+// weights only beside adapters.
+bool consistent(const FitSpace& sp, const FitChoice& c) {
+  auto in_stack = [&](const std::string& name) {
+    const int i = sp.plugin_index(name);
+    if (i >= 0) return c.in[static_cast<size_t>(i)] != 0;
+    return has(sp.kept, name);
+  };
+  bool adapters = !sp.trains_all_weights;
+  for (size_t i = 0; i < sp.plugins.size(); ++i)
+    adapters |= c.in[i] && (sp.plugins[i].search.flags & TF_SEARCH_PLUGIN_TRAINS_ADAPTERS);
+  std::set<std::string> claimed;
+  auto claim = [&](const std::string& what) { return what.empty() || claimed.insert(what).second; };
+  for (size_t i = 0; i < sp.plugins.size(); ++i) {
+    if (!c.in[i]) continue;
+    const FitPlugin& p = sp.plugins[i];
+    if ((p.search.flags & TF_SEARCH_PLUGIN_FROZEN_WEIGHTS) && !adapters) return false;
+    if (!claim(p.search.claims)) return false;
+    bool any_key = false, all_off = true;
+    for (size_t k = 0; k < sp.knobs.size(); ++k) {
+      const FitKnob& knob = sp.knobs[k];
+      if (knob.plugin != i || knob.key.empty() || c.at[k] < 0) continue;
+      const SearchValue& v = knob.values[static_cast<size_t>(c.at[k])];
+      any_key = true;
+      all_off &= (v.flags & TF_SEARCH_VALUE_OFF) != 0;
+      if (!claim(v.claims)) return false;
+      if (!v.needs.empty() && !in_stack(v.needs)) return false;
     }
-    return sa > sb;
-  });
+    if (p.optional && any_key && all_off) return false;  // the stack without it
+  }
+  return true;
+}
+
+void enumerate_from(const FitSpace& sp, size_t k, FitChoice& c, std::vector<FitChoice>& out) {
+  if (k == sp.knobs.size()) {
+    if (consistent(sp, c)) {
+      out.push_back(c);
+      finish_choice(sp, out.back());
+    }
+    return;
+  }
+  const FitKnob& knob = sp.knobs[k];
+  if (knob.key.empty()) {
+    for (int v = 0; v < 2; ++v) {
+      c.at[k] = v;
+      c.in[knob.plugin] = static_cast<char>(v);
+      enumerate_from(sp, k + 1, c, out);
+    }
+    return;
+  }
+  const bool chosen =
+      c.in[knob.plugin] && (knob.with < 0 || !is_off(sp.knobs[static_cast<size_t>(knob.with)],
+                                                     c.at[static_cast<size_t>(knob.with)]));
+  if (!chosen) {
+    c.at[k] = -1;
+    enumerate_from(sp, k + 1, c, out);
+    return;
+  }
+  for (size_t v = 0; v < knob.values.size(); ++v) {
+    c.at[k] = static_cast<int>(v);
+    enumerate_from(sp, k + 1, c, out);
+  }
+}
+
+FitChoice empty_choice(const FitSpace& sp) {
+  FitChoice c;
+  c.at.assign(sp.knobs.size(), -1);
+  c.in.assign(sp.plugins.size(), 0);
+  for (size_t i = 0; i < sp.plugins.size(); ++i) c.in[i] = !sp.plugins[i].optional;
+  return c;
+}
+
+}  // namespace
+
+void finish_choice(const FitSpace& sp, FitChoice& c) {
+  std::vector<std::string> parts;
+  c.changed_maths.clear();
+  c.penalty = 0;
+  c.added = 0;
+  c.may_cost.assign(sp.knobs.size(), 0);
+  for (size_t i = 0; i < sp.plugins.size(); ++i) {
+    if (!c.in[i]) continue;
+    const FitPlugin& p = sp.plugins[i];
+    c.added += p.optional;
+    if (!p.search.approximation.empty()) c.changed_maths.push_back(p.search.approximation);
+    c.penalty += p.search.quality_penalty;
+    size_t labelled = 0;
+    for (size_t k = 0; k < sp.knobs.size(); ++k) {
+      const FitKnob& knob = sp.knobs[k];
+      if (knob.plugin != i || knob.key.empty() || c.at[k] < 0) continue;
+      const SearchValue& v = knob.values[static_cast<size_t>(c.at[k])];
+      c.may_cost[k] = (v.flags & TF_SEARCH_VALUE_MAY_COST) != 0;
+      c.penalty += v.quality_penalty;
+      if (!v.approximation.empty()) c.changed_maths.push_back(v.approximation);
+      if (v.flags & TF_SEARCH_VALUE_OFF) continue;
+      parts.push_back(v.label.empty() ? p.name + " " + knob.key + " = " + literal_text(v.value)
+                                      : search_label(v.label, literal_text(v.value)));
+      ++labelled;
+    }
+    if (labelled == 0 && p.optional)
+      parts.push_back(p.search.label.empty() ? p.name : p.search.label);
+  }
+  c.settings = static_cast<int>(parts.size());
+  c.described = parts.empty() ? "plain" : parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) c.described += " + " + parts[i];
+}
+
+std::vector<FitChoice> enumerate_choices(const FitSpace& sp) {
+  std::vector<FitChoice> out;
+  FitChoice c = empty_choice(sp);
+  enumerate_from(sp, 0, c, out);
+  // The most memory-saving first: a stack that does not fit rules out
+  // those after it that save no more on any knob.
+  auto saving = [](const FitChoice& x) {
+    return std::accumulate(x.at.begin(), x.at.end(), 0, [](int s, int v) { return s + v + 1; });
+  };
+  std::stable_sort(out.begin(), out.end(),
+                   [&](const FitChoice& a, const FitChoice& b) { return saving(a) > saving(b); });
   return out;
+}
+
+FitChoice plain_choice(const FitSpace& sp, const FitChoice& from) {
+  FitChoice c = empty_choice(sp);
+  for (size_t i = 0; i < sp.plugins.size(); ++i) {
+    const uint32_t flags = sp.plugins[i].search.flags;
+    // What trains stays; ranks run as they do without a memory strategy.
+    if (flags & TF_SEARCH_PLUGIN_TRAINS_ADAPTERS)
+      c.in[i] = from.in[i];
+    else
+      c.in[i] = (flags & TF_SEARCH_PLUGIN_RANKS) != 0;
+  }
+  for (size_t k = 0; k < sp.knobs.size(); ++k) {
+    const FitKnob& knob = sp.knobs[k];
+    if (!c.in[knob.plugin]) continue;
+    if (knob.key.empty()) {
+      c.at[k] = 1;
+    } else if (sp.plugins[knob.plugin].search.flags & TF_SEARCH_PLUGIN_TRAINS_ADAPTERS) {
+      c.at[k] = from.at[k];
+    } else if (knob.with < 0 || !is_off(sp.knobs[static_cast<size_t>(knob.with)],
+                                        c.at[static_cast<size_t>(knob.with)])) {
+      c.at[k] = 0;
+    }
+  }
+  finish_choice(sp, c);
+  return c;
 }
 
 Recipe apply_choice(const Recipe& base, const FitSpace& sp, const FitChoice& c) {
   Recipe r = base;
-  r.remove_strategies(sp.searched);
-  auto searched = [&](const char* name) { return has(sp.searched, name); };
-  if (c.lora_rank > 0 && searched("lora")) {
-    toml::table t = user_keys(base, "lora");
-    const bool own_alpha = t.contains("alpha");
-    t.insert_or_assign("rank", int64_t{c.lora_rank});
-    if (!own_alpha) t.insert_or_assign("alpha", 2.0 * c.lora_rank);
-    r.add_strategy("lora", t);
-  }
-  if (searched("quantize") && c.weights != "dense") {
-    toml::table t = user_keys(base, "quantize");
-    // The plugin's defaults (weights = true, optimizer_state = "fp32": 8-bit
-    // state is adamw8's knob) are written only over a value that differs.
-    if (t.contains("weights")) t.insert_or_assign("weights", true);
-    if (t.contains("optimizer_state")) t.insert_or_assign("optimizer_state", std::string("fp32"));
-    t.insert_or_assign("format", c.weights);
-    r.add_strategy("quantize", t);
-  }
-  if (searched("adamw8") && c.optimizer == "int8")
-    r.add_strategy("adamw8", user_keys(base, "adamw8"));
-  if (searched("precision") && c.precision != "none") {
-    toml::table t = user_keys(base, "precision");
-    t.insert_or_assign("mode", c.precision);
-    r.add_strategy("precision", t);
-  }
-  if (searched("checkpoint") && c.checkpoint_every > 0)
-    r.add_strategy("checkpoint", toml::table{{"every", int64_t{c.checkpoint_every}}});
-  const bool opt_tier = c.optimizer == "host" || c.optimizer == "disk";
-  if (searched("offload") &&
-      (opt_tier || c.params_tier != "none" || c.activations_tier != "none")) {
-    toml::table t = user_keys(base, "offload");
-    t.insert_or_assign("params", c.params_tier);
-    t.insert_or_assign("optimizer", std::string(opt_tier ? c.optimizer : "none"));
-    t.insert_or_assign("activations", c.activations_tier);
-    if (c.params_tier != "none") t.insert_or_assign("prefetch", int64_t{c.prefetch});
-    if (c.params_tier != "none" && c.lora_rank == 0) t.insert_or_assign("trainable", true);
-    r.add_strategy("offload", t);
-  }
-  if (searched("fused_update") && c.fused)
-    r.add_strategy("fused_update", user_keys(base, "fused_update"));
-  if (searched("shard") && c.zero_stage >= 0) {
-    toml::table t = user_keys(base, "shard");
-    t.insert_or_assign("mode", std::string(c.zero_stage == 0 ? "data" : "zero"));
-    if (c.zero_stage > 0) t.insert_or_assign("stage", int64_t{c.zero_stage});
-    r.add_strategy("shard", t);
-  }
-  if (c.micro > 1) {
-    r.apply_override("schedule.plugin=\"accumulate\"");
-    r.apply_override("schedule.micro_batches=" + std::to_string(c.micro));
-    r.apply_override("data.batch_size=" + std::to_string(sp.batch_size / c.micro));
+  std::vector<std::string> strategies;
+  for (const FitPlugin& p : sp.plugins)
+    if (!p.schedule) strategies.push_back(p.name);
+  r.remove_strategies(strategies);
+  for (size_t i = 0; i < sp.plugins.size(); ++i) {
+    if (!c.in[i]) continue;
+    const FitPlugin& p = sp.plugins[i];
+    toml::table t = p.user;
+    std::vector<std::pair<std::string, std::string>> set;  // key, TOML literal
+    for (size_t k = 0; k < sp.knobs.size(); ++k) {
+      const FitKnob& knob = sp.knobs[k];
+      if (knob.plugin != i || knob.key.empty() || c.at[k] < 0) continue;
+      const std::string& literal = knob.values[static_cast<size_t>(c.at[k])].value;
+      set.emplace_back(knob.key, literal);
+      if (knob.key_flags & TF_SEARCH_KEY_SPLITS_BATCH) {
+        const int64_t n = literal_table(literal)["v"].value_or(int64_t{1});
+        r.apply_override("data.batch_size=" + std::to_string(sp.batch_size / n));
+      }
+    }
+    // A key that follows another keeps its default's ratio to it, unless set.
+    for (const KeySpec& k : p.keys) {
+      if (!k.search || !(k.search->flags & TF_SEARCH_KEY_FOLLOWS) || t.contains(k.name)) continue;
+      const auto with = std::find_if(set.begin(), set.end(),
+                                     [&](const auto& s) { return s.first == k.search->with; });
+      const KeySpec* w = find_key(p.keys, k.search->with);
+      if (with == set.end() || !w || !w->default_value || !k.default_value) continue;
+      auto number = [](const std::string& literal) {
+        const toml::table v = literal_table(literal);
+        return v["v"].is_integer() ? static_cast<double>(v["v"].value_or(int64_t{0}))
+                                   : v["v"].value_or(0.0);
+      };
+      const double x = number(*k.default_value) * number(with->second) / number(*w->default_value);
+      std::ostringstream os;
+      if (k.type == TF_VALUE_INT)
+        os << static_cast<int64_t>(x);
+      else
+        os << std::showpoint << x;
+      set.emplace_back(k.name, os.str());
+    }
+    if (p.schedule) {
+      r.apply_override("schedule.plugin=\"" + p.name + "\"");
+      for (const auto& [key, literal] : set) r.apply_override("schedule." + key + "=" + literal);
+      continue;
+    }
+    for (const auto& [key, literal] : set) {
+      const toml::table v = literal_table(literal);
+      v.get("v")->visit([&](const auto& x) { t.insert_or_assign(key, x); });
+    }
+    r.add_strategy(p.name, t);
   }
   return r;
 }

@@ -118,6 +118,11 @@ std::vector<KeySpec> key_specs_from_abi(const tf_config_key* keys, uint32_t n) {
       s.max_value = 0;
     }
     if (copy.choices) s.choices = copy.choices;
+    try {
+      s.search = key_search_from_abi(copy.search);
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error("config key \"" + s.name + "\": " + e.what());
+    }
     out.push_back(std::move(s));
     p += k->struct_size;
   }

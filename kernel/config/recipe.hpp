@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "key_search.hpp"
 #include "recipe_error.hpp"
 #include "tightfit/plugin_api.h"
 
@@ -24,6 +25,7 @@ struct KeySpec {
   std::string doc;
   double min_value = 1, max_value = 0;  // range when min <= max
   std::string choices;                  // "a|b|c"
+  std::optional<KeySearch> search;      // what `tightfit fit` tries for it
 };
 
 std::vector<KeySpec> key_specs_from_abi(const tf_config_key* keys, uint32_t n);

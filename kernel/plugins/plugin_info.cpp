@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "key_search_checks.hpp"
+
 namespace tightfit {
 namespace {
 
@@ -74,6 +76,7 @@ nlohmann::json plugin_info_to_json(const PluginInfo& p) {
                           {"max", bound_json(k.max_value)},
                           {"choices", k.choices}};
     if (k.default_value) key["default"] = *k.default_value;
+    if (k.search) key["search"] = key_search_json(*k.search);
     keys.push_back(std::move(key));
   }
   return {{"path", p.path},
@@ -87,6 +90,7 @@ nlohmann::json plugin_info_to_json(const PluginInfo& p) {
           {"description", p.description},
           {"libtorch_version", p.libtorch_version},
           {"keys", keys},
+          {"search", p.search ? plugin_search_json(*p.search) : nlohmann::json(nullptr)},
           {"hf_model_types", p.hf_model_types},
           {"model_features", p.model_features},
           {"hooks", p.hooks}};
@@ -124,14 +128,19 @@ PluginInfo plugin_info_from_json(const nlohmann::json& j) {
       s.min_value = bound_from_json(k.at("min"), -std::numeric_limits<double>::infinity());
       s.max_value = bound_from_json(k.at("max"), std::numeric_limits<double>::infinity());
       s.choices = answer_string(k, "choices");
+      if (k.contains("search")) s.search = key_search_from_json(k.at("search"));
       p.keys.push_back(std::move(s));
     }
+    check_key_searches(p.keys, p.name);
+    if (!j.at("search").is_null()) p.search = plugin_search_from_json(j.at("search"));
     for (const nlohmann::json& t : j.at("hf_model_types"))
       p.hf_model_types.push_back(t.get<std::string>());
     p.model_features = j.at("model_features").get<uint64_t>();
     for (const nlohmann::json& h : j.at("hooks")) p.hooks.push_back(h.get<std::string>());
     return p;
   } catch (const nlohmann::json::exception& e) {
+    throw std::invalid_argument(e.what());
+  } catch (const std::runtime_error& e) {
     throw std::invalid_argument(e.what());
   }
 }

@@ -40,6 +40,7 @@ struct PluginInfo {
   uint32_t flags = 0;  // TF_PLUGIN_FLAG_*
   std::string name, version, description, libtorch_version;
   std::vector<KeySpec> keys;
+  std::optional<PluginSearch> search;       // whether and how `tightfit fit` adds it
   std::vector<std::string> hf_model_types;  // a model's Hugging Face model_type values
   uint64_t model_features = 0;              // a model's TF_MODEL_FEATURE_* bits
   std::vector<std::string> hooks;           // the hooks its vtable offers

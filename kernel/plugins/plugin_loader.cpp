@@ -16,6 +16,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "key_search_checks.hpp"
 #include "plugin_hooks.hpp"
 #include "plugin_scan.hpp"
 #include "sha256.hpp"
@@ -263,6 +264,9 @@ LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin
   }
   try {
     out.keys = key_specs_from_abi(d.config_keys, d.n_config_keys);
+    check_key_searches(out.keys, out.name);
+    // The slot was reserved (zero) before 1.23.
+    if (TF_VERSION_MINOR(d.abi_version) >= 23) out.search = plugin_search_from_abi(d.search);
   } catch (const std::exception& e) {
     throw fail(e.what());
   }

@@ -1,6 +1,6 @@
 /*
  * tightfit plugin ABI, version 1.22 (1.0 plus the fields marked "Added in 1.1"
- * through "Added in 1.22"). What each version added, and what ABI 2.0 would
+ * through "Added in 1.23"). What each version added, and what ABI 2.0 would
  * drop or reshape: plugin-api/README.md, "Versions".
  *
  * This header is the whole contract between the tightfit host (the kernel) and
@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 22
+#define TF_ABI_VERSION_MINOR 23
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -188,6 +188,96 @@ typedef enum tf_value_type {
   TF_VALUE_TYPE_MAX_ENUM = 0x7FFFFFFF /* holds the enum at 32 bits; never a value */
 } tf_value_type;
 
+/* What `tightfit fit` may search (added in 1.23). fit plans stacks of the
+ * installed plugins under a memory budget; a plugin that declares a
+ * tf_plugin_search is one it may add to a recipe or leave out, and a key with
+ * a tf_key_search is one whose values it tries. Strings are the host's to
+ * read while the library is loaded; labels may hold "{}", the value as the
+ * recipe writes it without quotes ("checkpoint {}" -> "checkpoint 2"). */
+
+/* One value fit tries for a key. */
+typedef struct tf_search_value {
+  uint32_t struct_size;
+  const char* value;         /* TOML literal, as default_value: "2", "\"nf4\"", "true" */
+  const char* label;         /* how fit names it in a stack ("nf4 base"); NULL: "key = value" */
+  const char* approximation; /* what it changes in the maths ("nf4 weights"); NULL: exact */
+  double quality_penalty;    /* how far that is from the plain maths, for --objective quality:
+                                0 exact; nf4 weights 1, bf16 weights 1, 8-bit state 0.3 */
+  uint32_t flags;            /* TF_SEARCH_VALUE_* */
+  const char* claims;        /* a resource it takes over ("optimizer state"); NULL: none.
+                                Two settings claiming the same one are never stacked */
+  const char* needs;         /* a plugin that must be in the stack for it to do anything
+                                ("checkpoint"); NULL: none */
+} tf_search_value;
+
+/* Does nothing by itself: a stack in which fit adds the plugin with every
+ * searched key at an OFF value is the stack without it, and is skipped. */
+#define TF_SEARCH_VALUE_OFF 0x1u
+/* Tried only when the recipe's device is CUDA (a host tier on a CPU run is
+ * the same memory). */
+#define TF_SEARCH_VALUE_CUDA_ONLY 0x2u
+/* Not always a saving: it may take more memory than the key's values before
+ * it, or than the plugin left out (bf16 compute casts the weights), so a
+ * stack with it that does not fit rules out nothing that has another value. */
+#define TF_SEARCH_VALUE_MAY_COST 0x4u
+
+/* How fit searches one key. */
+typedef struct tf_key_search {
+  uint32_t struct_size;
+  uint32_t flags; /* TF_SEARCH_KEY_* */
+  /* From the least to the most memory-saving; stride: each one's struct_size. */
+  const tf_search_value* values;
+  uint32_t n_values;
+  /* Another key of the plugin: this one is searched only while that one is
+   * at a value that is not OFF (offload's prefetch with its params tier); with
+   * TF_SEARCH_KEY_FOLLOWS, the key this one keeps its default ratio to. */
+  const char* with;
+} tf_key_search;
+
+/* The recipe's value is the user's choice of what to train (LoRA's rank, the
+ * format of a quantized base): a recipe with the plugin keeps it, and fit
+ * searches it only with `--change <plugin>`. */
+#define TF_SEARCH_KEY_RECIPES_CHOICE 0x1u
+/* `--lora-ranks` gives this key's values (an adapter's rank). */
+#define TF_SEARCH_KEY_RANK 0x2u
+/* A value n splits [data] batch_size into n micro-batches: tried when n
+ * divides it, and fit writes batch_size / n (the same effective batch). */
+#define TF_SEARCH_KEY_SPLITS_BATCH 0x4u
+/* Not searched: unless the recipe sets it, fit writes the key's default times
+ * the ratio of the `with` key's value to that key's default (LoRA's alpha
+ * follows its rank, so alpha / rank stays). */
+#define TF_SEARCH_KEY_FOLLOWS 0x8u
+
+/* How fit treats the plugin as a whole. */
+typedef struct tf_plugin_search {
+  uint32_t struct_size;
+  uint32_t flags;            /* TF_SEARCH_PLUGIN_* */
+  const char* label;         /* how fit names it in a stack when no value's label does */
+  const char* approximation; /* what adding it changes in the maths; NULL: exact */
+  double quality_penalty;    /* as tf_search_value's, for adding it */
+  const char* claims;        /* as tf_search_value's */
+  /* A schedule: the schedule it may replace in a recipe ("standard"), taking
+   * that schedule's keys; fit searches it only in recipes with that one. */
+  const char* stands_in_for;
+  /* Where fit writes it among the strategies of a stack, lower first (their
+   * hooks run in recipe order): what trains 0, weight formats 10, optimizer
+   * state 20, precision 30, recomputation 40, tiers 50, the update 60, ranks
+   * 70. Equal ones are written by name. */
+  int32_t stack_order;
+} tf_plugin_search;
+
+/* Trains adapters instead of the weights (LoRA): fit adds it only to a
+ * recipe that has it, when the user gives --lora-ranks, or when no stack that
+ * trains all weights fits; it is never taken out of a recipe that has it. */
+#define TF_SEARCH_PLUGIN_TRAINS_ADAPTERS 0x1u
+/* Works on frozen weights only (quantize): tried only in stacks that train
+ * adapters. */
+#define TF_SEARCH_PLUGIN_FROZEN_WEIGHTS 0x2u
+/* Searched only with ranks (world size > 1), and then always in: its OFF
+ * values are what ranks run without a memory strategy (shard's data
+ * parallel). */
+#define TF_SEARCH_PLUGIN_RANKS 0x4u
+
 /* One key of the plugin's recipe table. The kernel validates the recipe
  * against these before the plugin sees it: unknown key, wrong type, missing
  * required key and out-of-range value are errors at file:line:column.
@@ -201,6 +291,9 @@ typedef struct tf_config_key {
   double min_value;          /* numeric range, inclusive; ignored when min > max */
   double max_value;
   const char* choices; /* for strings: allowed values separated by '|', or NULL */
+  /* Added in 1.23: how `tightfit fit` searches the key; NULL: it does not
+   * (the recipe's value or the default stays). */
+  const tf_key_search* search;
 } tf_config_key;
 
 /* ------------------------------------------------------------------------- */
@@ -1297,7 +1390,11 @@ typedef struct tf_plugin_descriptor {
   uint32_t n_config_keys;
   /* tf_model_vtable*, tf_strategy_vtable* or tf_schedule_vtable* as `kind` says. */
   const void* vtable;
-  void* reserved[8];
+  /* Added in 1.23 (the first reserved slot): `tightfit fit` may add this
+   * plugin to a recipe or leave it out, as declared; NULL: it keeps the
+   * recipe's table as it is. Read only from a plugin of ABI 1.23 or later. */
+  const tf_plugin_search* search;
+  void* reserved[7];
 } tf_plugin_descriptor;
 
 /* What the host offers when it opens a library. */

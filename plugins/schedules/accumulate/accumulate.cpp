@@ -104,9 +104,24 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   });
 }
 
+// `tightfit fit` may run a standard recipe's batch as micro-batches (the
+// same effective batch, a smaller one in memory at a time).
+const tf_plugin_search kSearch = {.struct_size = sizeof(tf_plugin_search),
+                                  .claims = "gradient lifetime",
+                                  .stands_in_for = "standard"};
+const tf_search_value kMicro[] = {
+    tf_sdk::search_value("2", "micro x{}"),
+    tf_sdk::search_value("4", "micro x{}"),
+    tf_sdk::search_value("8", "micro x{}"),
+};
+const tf_key_search kMicroSearch = tf_sdk::key_search(kMicro, TF_SEARCH_KEY_SPLITS_BATCH);
+
 const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
-    tf_sdk::key("micro_batches", TF_VALUE_INT, "4",
-                "batches of data.batch_size whose gradients are summed into one update", 1, 1e6),
+    tf_sdk::searched(
+        tf_sdk::key("micro_batches", TF_VALUE_INT, "4",
+                    "batches of data.batch_size whose gradients are summed into one update", 1,
+                    1e6),
+        kMicroSearch),
 });
 
 const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),
@@ -117,10 +132,12 @@ const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),
                                     .save_state = tf_sdk::save_skipped_state<Accumulate>,
                                     .load_state = tf_sdk::load_skipped_state<Accumulate>};
 
-const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
-    TF_PLUGIN_SCHEDULE, "accumulate", "1.0.0",
-    "gradient accumulation over micro_batches batches per update; warmup then cosine/linear decay",
-    kKeys, &kVtable);
+const tf_plugin_descriptor kDescriptor =
+    tf_sdk::searched(tf_sdk::describe(TF_PLUGIN_SCHEDULE, "accumulate", "1.0.0",
+                                      "gradient accumulation over micro_batches batches per "
+                                      "update; warmup then cosine/linear decay",
+                                      kKeys, &kVtable),
+                     kSearch);
 
 }  // namespace
 

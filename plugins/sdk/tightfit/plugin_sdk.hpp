@@ -857,8 +857,41 @@ inline double recompute_time_factor(const Host& host) {
 inline tf_config_key key(const char* name, tf_value_type type, const char* default_value,
                          const char* doc, double min_value = 1, double max_value = 0,
                          const char* choices = nullptr) {
-  return tf_config_key{
-      sizeof(tf_config_key), name, type, default_value, doc, min_value, max_value, choices};
+  return tf_config_key{sizeof(tf_config_key),
+                       name,
+                       type,
+                       default_value,
+                       doc,
+                       min_value,
+                       max_value,
+                       choices,
+                       nullptr};
+}
+
+// What `tightfit fit` may search (ABI 1.23; an older host ignores it). The
+// arrays and structs must be static: the host reads them while the library
+// is loaded.
+constexpr tf_search_value search_value(const char* value, const char* label,
+                                       const char* approximation = nullptr, double penalty = 0,
+                                       uint32_t flags = 0, const char* claims = nullptr,
+                                       const char* needs = nullptr) {
+  return tf_search_value{
+      sizeof(tf_search_value), value, label, approximation, penalty, flags, claims, needs};
+}
+template <size_t N>
+constexpr tf_key_search key_search(const tf_search_value (&values)[N], uint32_t flags = 0,
+                                   const char* with = nullptr) {
+  return tf_key_search{sizeof(tf_key_search), flags, values, static_cast<uint32_t>(N), with};
+}
+// A key fit searches as `search` says.
+inline tf_config_key searched(tf_config_key key, const tf_key_search& search) {
+  key.search = &search;
+  return key;
+}
+// A descriptor fit may add to a recipe or leave out as `search` says.
+inline tf_plugin_descriptor searched(tf_plugin_descriptor d, const tf_plugin_search& search) {
+  d.search = &search;
+  return d;
 }
 
 // A vtable's destroy for a plugin whose state is a `new T` (its destructor

@@ -68,6 +68,15 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   });
 }
 
+// `tightfit fit` may add it: 8-bit moments, which another strategy keeping
+// the optimizer state (offload's tier) would take over.
+const tf_plugin_search kSearch = {.struct_size = sizeof(tf_plugin_search),
+                                  .label = "8-bit adam",
+                                  .approximation = "8-bit state",
+                                  .quality_penalty = 0.3,
+                                  .claims = "optimizer state",
+                                  .stack_order = 20};
+
 const tf_config_key kKeys[] = {
     tf_sdk::key("state_block_size", TF_VALUE_INT, "256", "values per absmax block of the moments",
                 2, 65536),
@@ -81,11 +90,12 @@ const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
                                     .save_state = save_state,
                                     .load_state = load_state};
 
-const tf_plugin_descriptor kDescriptor =
+const tf_plugin_descriptor kDescriptor = tf_sdk::searched(
     tf_sdk::describe(TF_PLUGIN_STRATEGY, "adamw8", "1.0.0",
                      "8-bit AdamW: the optimizer's two moments as block-wise int8 codes "
                      "(bitsandbytes' blockwise 8-bit optimizers), a quarter of their memory",
-                     kKeys, &kVtable);
+                     kKeys, &kVtable),
+    kSearch);
 
 }  // namespace
 

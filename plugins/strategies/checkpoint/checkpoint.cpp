@@ -55,8 +55,18 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   });
 }
 
+// `tightfit fit` may add it, checkpointing every 2nd block or every one.
+const tf_plugin_search kSearch = {.struct_size = sizeof(tf_plugin_search), .stack_order = 40};
+const tf_search_value kEvery[] = {
+    tf_sdk::search_value("2", "checkpoint {}"),
+    tf_sdk::search_value("1", "checkpoint {}"),
+};
+const tf_key_search kEverySearch = tf_sdk::key_search(kEvery);
+
 const tf_config_key kKeys[] = {
-    tf_sdk::key("every", TF_VALUE_INT, "1", "checkpoint every N-th block (1 = all blocks)", 1, 1e6),
+    tf_sdk::searched(tf_sdk::key("every", TF_VALUE_INT, "1",
+                                 "checkpoint every N-th block (1 = all blocks)", 1, 1e6),
+                     kEverySearch),
 };
 
 const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
@@ -65,9 +75,11 @@ const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
                                     .configure = configure,
                                     .estimate_memory = estimate_memory};
 
-const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
-    TF_PLUGIN_STRATEGY, "checkpoint", "1.0.0",
-    "activation checkpointing: recompute every N-th block in backward", kKeys, &kVtable);
+const tf_plugin_descriptor kDescriptor = tf_sdk::searched(
+    tf_sdk::describe(TF_PLUGIN_STRATEGY, "checkpoint", "1.0.0",
+                     "activation checkpointing: recompute every N-th block in backward", kKeys,
+                     &kVtable),
+    kSearch);
 
 }  // namespace
 

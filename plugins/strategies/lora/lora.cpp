@@ -212,12 +212,34 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   });
 }
 
+// `tightfit fit` keeps a recipe's adapters and their rank (what trains is
+// the user's choice), and turns to them at these ranks only when asked or
+// when nothing training all weights fits; alpha follows the rank it picks.
+const tf_plugin_search kSearch = {.struct_size = sizeof(tf_plugin_search),
+                                  .flags = TF_SEARCH_PLUGIN_TRAINS_ADAPTERS,
+                                  .label = "lora",
+                                  .approximation = "LoRA",
+                                  .quality_penalty = 3.0,
+                                  .stack_order = 0};
+// A higher rank is closer to training the weights (and saves less).
+const tf_search_value kRanks[] = {
+    tf_sdk::search_value("64", "lora r{}", nullptr, -0.6),
+    tf_sdk::search_value("16", "lora r{}", nullptr, -0.4),
+    tf_sdk::search_value("8", "lora r{}", nullptr, -0.3),
+};
+const tf_key_search kRankSearch =
+    tf_sdk::key_search(kRanks, TF_SEARCH_KEY_RECIPES_CHOICE | TF_SEARCH_KEY_RANK);
+const tf_key_search kAlphaFollows = {
+    .struct_size = sizeof(tf_key_search), .flags = TF_SEARCH_KEY_FOLLOWS, .with = "rank"};
+
 const tf_config_key kKeys[] = {
     tf_sdk::key("targets", TF_VALUE_STRING_LIST, "[\"q\", \"v\"]",
                 "projections to adapt: q k v o gate up down, or any substring of a weight's name"),
-    tf_sdk::key("rank", TF_VALUE_INT, "8", "adapter rank r", 1, 4096),
-    tf_sdk::key("alpha", TF_VALUE_FLOAT, "16.0",
-                "scaling numerator: the update is (alpha / r) B A x", 0, 1e6),
+    tf_sdk::searched(tf_sdk::key("rank", TF_VALUE_INT, "8", "adapter rank r", 1, 4096),
+                     kRankSearch),
+    tf_sdk::searched(tf_sdk::key("alpha", TF_VALUE_FLOAT, "16.0",
+                                 "scaling numerator: the update is (alpha / r) B A x", 0, 1e6),
+                     kAlphaFollows),
     tf_sdk::key("dropout", TF_VALUE_FLOAT, "0.0", "dropout on the adapter input in training", 0, 1),
     tf_sdk::key(
         "adapter", TF_VALUE_STRING, "\"\"",
@@ -235,9 +257,11 @@ const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
                                     .export_adapter = export_adapter,
                                     .set_adapters_enabled = set_adapters_enabled};
 
-const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
-    TF_PLUGIN_STRATEGY, "lora", "1.0.0",
-    "low-rank adapters on chosen projections, base frozen (with quantize: QLoRA)", kKeys, &kVtable);
+const tf_plugin_descriptor kDescriptor = tf_sdk::searched(
+    tf_sdk::describe(TF_PLUGIN_STRATEGY, "lora", "1.0.0",
+                     "low-rank adapters on chosen projections, base frozen (with quantize: QLoRA)",
+                     kKeys, &kVtable),
+    kSearch);
 
 }  // namespace
 

@@ -427,18 +427,64 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   });
 }
 
+// `tightfit fit` may add it. A host tier is searched on CUDA runs only (on
+// a CPU run it is the same memory); inputs move only for checkpointed
+// stages; a trained weight goes to a tier with its optimizer state.
+const tf_plugin_search kSearch = {.struct_size = sizeof(tf_plugin_search), .stack_order = 50};
+const tf_search_value kParamTiers[] = {
+    tf_sdk::search_value("\"none\"", nullptr, nullptr, 0, TF_SEARCH_VALUE_OFF),
+    tf_sdk::search_value("\"host\"", "weights@host", nullptr, 0, TF_SEARCH_VALUE_CUDA_ONLY),
+    tf_sdk::search_value("\"disk\"", "weights@disk"),
+};
+const tf_search_value kStateTiers[] = {
+    tf_sdk::search_value("\"none\"", nullptr, nullptr, 0, TF_SEARCH_VALUE_OFF),
+    tf_sdk::search_value("\"host\"", "optimizer@host", nullptr, 0, TF_SEARCH_VALUE_CUDA_ONLY,
+                         "optimizer state"),
+    tf_sdk::search_value("\"disk\"", "optimizer@disk", nullptr, 0, 0, "optimizer state"),
+};
+const tf_search_value kInputTiers[] = {
+    tf_sdk::search_value("\"none\"", nullptr, nullptr, 0, TF_SEARCH_VALUE_OFF),
+    tf_sdk::search_value("\"host\"", "activations@host", nullptr, 0, TF_SEARCH_VALUE_CUDA_ONLY,
+                         nullptr, "checkpoint"),
+    tf_sdk::search_value("\"disk\"", "activations@disk", nullptr, 0, 0, nullptr, "checkpoint"),
+};
+const tf_search_value kTrainable[] = {
+    tf_sdk::search_value("false", nullptr, nullptr, 0, TF_SEARCH_VALUE_OFF),
+    tf_sdk::search_value("true", "trained weights too", nullptr, 0, 0, "trained weights' storage"),
+};
+const tf_search_value kPrefetch[] = {
+    // more read ahead holds more
+    tf_sdk::search_value("2", "prefetch {}"),
+    tf_sdk::search_value("1", "prefetch {}"),
+};
+const tf_key_search kParamsSearch = tf_sdk::key_search(kParamTiers);
+const tf_key_search kStateSearch = tf_sdk::key_search(kStateTiers);
+const tf_key_search kInputsSearch = tf_sdk::key_search(kInputTiers);
+const tf_key_search kTrainableSearch = tf_sdk::key_search(kTrainable, 0, "params");
+const tf_key_search kPrefetchSearch = tf_sdk::key_search(kPrefetch, 0, "params");
+
 const tf_config_key kKeys[] = {
-    tf_sdk::key("params", TF_VALUE_STRING, "\"disk\"",
-                "tier for frozen block weights (none: leave them)", 1, 0, "disk|host|none"),
-    tf_sdk::key("optimizer", TF_VALUE_STRING, "\"none\"",
-                "tier for the optimizer state of trainable weights, updated there (ZeRO-Offload)",
-                1, 0, "none|host|disk"),
-    tf_sdk::key("activations", TF_VALUE_STRING, "\"none\"",
-                "tier for the inputs checkpointed stages keep until backward (needs checkpoint)", 1,
-                0, "none|host|disk"),
-    tf_sdk::key("trainable", TF_VALUE_BOOL, "false",
-                "params tier also for trained block weights (needs optimizer = disk|host)"),
-    tf_sdk::key("prefetch", TF_VALUE_INT, "1", "stages read ahead on a background thread", 0, 64),
+    tf_sdk::searched(
+        tf_sdk::key("params", TF_VALUE_STRING, "\"disk\"",
+                    "tier for frozen block weights (none: leave them)", 1, 0, "disk|host|none"),
+        kParamsSearch),
+    tf_sdk::searched(tf_sdk::key("optimizer", TF_VALUE_STRING, "\"none\"",
+                                 "tier for the optimizer state of trainable weights, updated "
+                                 "there (ZeRO-Offload)",
+                                 1, 0, "none|host|disk"),
+                     kStateSearch),
+    tf_sdk::searched(tf_sdk::key("activations", TF_VALUE_STRING, "\"none\"",
+                                 "tier for the inputs checkpointed stages keep until backward "
+                                 "(needs checkpoint)",
+                                 1, 0, "none|host|disk"),
+                     kInputsSearch),
+    tf_sdk::searched(
+        tf_sdk::key("trainable", TF_VALUE_BOOL, "false",
+                    "params tier also for trained block weights (needs optimizer = disk|host)"),
+        kTrainableSearch),
+    tf_sdk::searched(tf_sdk::key("prefetch", TF_VALUE_INT, "1",
+                                 "stages read ahead on a background thread", 0, 64),
+                     kPrefetchSearch),
     tf_sdk::key("expert_prefetch", TF_VALUE_INT, "6",
                 "disk tier: expert weights read ahead on that thread once the router has chosen "
                 "(and in backward, those the forward used); 0 = each read when fetched",
@@ -463,11 +509,13 @@ const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
                                     .want_weight = want_weight,
                                     .expect_weight = expect_weight};
 
-const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
-    TF_PLUGIN_STRATEGY, "offload", "0.2.0",
-    "frozen block weights on a disk tier streamed with prefetch; optimizer state on a host/disk "
-    "tier, updated there",
-    kKeys, &kVtable);
+const tf_plugin_descriptor kDescriptor =
+    tf_sdk::searched(tf_sdk::describe(TF_PLUGIN_STRATEGY, "offload", "0.2.0",
+                                      "frozen block weights on a disk tier streamed with prefetch; "
+                                      "optimizer state on a host/disk "
+                                      "tier, updated there",
+                                      kKeys, &kVtable),
+                     kSearch);
 
 }  // namespace
 

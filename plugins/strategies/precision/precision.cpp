@@ -339,11 +339,24 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   });
 }
 
+// `tightfit fit` may add it. bf16 compute is not a saving everywhere: its
+// casts of the weights can outweigh the halved activations.
+const tf_plugin_search kSearch = {.struct_size = sizeof(tf_plugin_search), .stack_order = 30};
+const tf_search_value kModes[] = {
+    tf_sdk::search_value("\"autocast\"", "autocast", "bf16 compute", 0.3, TF_SEARCH_VALUE_MAY_COST),
+    // Trained weights are stored (and updated) in bf16 on the device; a tier
+    // that keeps them (offload trainable) would store them otherwise.
+    tf_sdk::search_value("\"bf16\"", "bf16 weights", "bf16 weights", 1.0, 0,
+                         "trained weights' storage"),
+};
+const tf_key_search kModeSearch = tf_sdk::key_search(kModes);
+
 const tf_config_key kKeys[] = {
-    tf_sdk::key(
-        "mode", TF_VALUE_STRING, "\"autocast\"",
-        "autocast: fp32 weights, low-precision compute; bf16: bf16 weights, fp32 optimizer state",
-        1, 0, "autocast|bf16"),
+    tf_sdk::searched(tf_sdk::key("mode", TF_VALUE_STRING, "\"autocast\"",
+                                 "autocast: fp32 weights, low-precision compute; bf16: bf16 "
+                                 "weights, fp32 optimizer state",
+                                 1, 0, "autocast|bf16"),
+                     kModeSearch),
     tf_sdk::key("dtype", TF_VALUE_STRING, "\"bf16\"",
                 "low-precision type (fp16: autocast with loss scaling)", 1, 0, "bf16|fp16"),
     tf_sdk::key("init_scale", TF_VALUE_FLOAT, "65536.0", "fp16: initial loss scale", 1e-8, 1e30),
@@ -362,11 +375,13 @@ const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
                                     .loss_scale = loss_scale,
                                     .loss_scale_update = loss_scale_update};
 
-const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
-    TF_PLUGIN_STRATEGY, "precision", "1.0.0",
-    "bf16/fp16 autocast with fp32 master weights (fp16: dynamic loss scaling), or bf16 weights "
-    "with fp32 optimizer state",
-    kKeys, &kVtable);
+const tf_plugin_descriptor kDescriptor = tf_sdk::searched(
+    tf_sdk::describe(
+        TF_PLUGIN_STRATEGY, "precision", "1.0.0",
+        "bf16/fp16 autocast with fp32 master weights (fp16: dynamic loss scaling), or bf16 weights "
+        "with fp32 optimizer state",
+        kKeys, &kVtable),
+    kSearch);
 
 }  // namespace
 

@@ -319,6 +319,17 @@ tf_status load_state(void* state, tf_host_context* ctx) {
   });
 }
 
+// `tightfit fit` may quantize frozen weights; a recipe's format is its
+// choice of base (a different base is a different model to train).
+const tf_plugin_search kSearch = {.struct_size = sizeof(tf_plugin_search),
+                                  .flags = TF_SEARCH_PLUGIN_FROZEN_WEIGHTS,
+                                  .stack_order = 10};
+const tf_search_value kFormats[] = {
+    tf_sdk::search_value("\"int8\"", "int8 base", "int8 weights", 0.5),
+    tf_sdk::search_value("\"nf4\"", "nf4 base", "nf4 weights", 1.0),
+};
+const tf_key_search kFormatSearch = tf_sdk::key_search(kFormats, TF_SEARCH_KEY_RECIPES_CHOICE);
+
 const tf_config_key kKeys[] = {
     tf_sdk::key("weights", TF_VALUE_BOOL, "true", "store frozen block weights compact"),
     tf_sdk::key(
@@ -328,9 +339,11 @@ const tf_config_key kKeys[] = {
         1, 0, "fp32|int8"),
     tf_sdk::key("state_block_size", TF_VALUE_INT, "256",
                 "int8 optimizer state: values per absmax block", 2, 65536),
-    tf_sdk::key("format", TF_VALUE_STRING, "\"nf4\"",
-                "storage of frozen block weights; gguf: a GGUF weights file's own blocks", 1, 0,
-                "nf4|int8|gguf"),
+    tf_sdk::searched(
+        tf_sdk::key("format", TF_VALUE_STRING, "\"nf4\"",
+                    "storage of frozen block weights; gguf: a GGUF weights file's own blocks", 1, 0,
+                    "nf4|int8|gguf"),
+        kFormatSearch),
     tf_sdk::key("block_size", TF_VALUE_INT, "64", "nf4: weights per absmax block", 2, 65536),
     tf_sdk::key("double_quant", TF_VALUE_BOOL, "true", "nf4: store block absmaxes as int8 (QLoRA)"),
 };
@@ -401,11 +414,12 @@ const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
                                     .load_state = load_state,
                                     .stage_params_ready = stage_params_ready};
 
-const tf_plugin_descriptor kDescriptor =
+const tf_plugin_descriptor kDescriptor = tf_sdk::searched(
     tf_sdk::describe(TF_PLUGIN_STRATEGY, "quantize", "1.0.0",
                      "frozen block weights as int8 (per channel), NF4 "
                      "(double-quantized) or a GGUF file's own blocks, dequantized just in time",
-                     kKeys, &kVtable);
+                     kKeys, &kVtable),
+    kSearch);
 
 }  // namespace
 

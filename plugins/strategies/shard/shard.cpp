@@ -535,15 +535,33 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   });
 }
 
+// With ranks, `tightfit fit` runs them data parallel or partitions them
+// (ZeRO 1, 2, 3); a recipe's layer split stays as it is.
+const tf_plugin_search kSearch = {
+    .struct_size = sizeof(tf_plugin_search), .flags = TF_SEARCH_PLUGIN_RANKS, .stack_order = 70};
+const tf_search_value kModes[] = {
+    tf_sdk::search_value("\"data\"", nullptr, nullptr, 0, TF_SEARCH_VALUE_OFF),
+    tf_sdk::search_value("\"zero\"", nullptr),
+};
+const tf_key_search kModeSearch = tf_sdk::key_search(kModes);
+const tf_search_value kStages[] = {
+    tf_sdk::search_value("1", "zero {}"),
+    tf_sdk::search_value("2", "zero {}"),
+    tf_sdk::search_value("3", "zero {}"),
+};
+const tf_key_search kStageSearch = tf_sdk::key_search(kStages, 0, "mode");
+
 const tf_config_key kKeys[] = {
-    tf_sdk::key("mode", TF_VALUE_STRING, "\"data\"",
-                "layers: stages on devices in one process; data: data parallel (gradient "
-                "all-reduce); zero: ZeRO partitioning across ranks",
-                1, 0, "layers|data|zero"),
-    tf_sdk::key("stage", TF_VALUE_INT, "1",
-                "zero: 1 partitions optimizer state, 2 also gradients (reduce-scatter), 3 also "
-                "parameters (gathered per stage)",
-                1, 3),
+    tf_sdk::searched(tf_sdk::key("mode", TF_VALUE_STRING, "\"data\"",
+                                 "layers: stages on devices in one process; data: data parallel "
+                                 "(gradient all-reduce); zero: ZeRO partitioning across ranks",
+                                 1, 0, "layers|data|zero"),
+                     kModeSearch),
+    tf_sdk::searched(tf_sdk::key("stage", TF_VALUE_INT, "1",
+                                 "zero: 1 partitions optimizer state, 2 also gradients "
+                                 "(reduce-scatter), 3 also parameters (gathered per stage)",
+                                 1, 3),
+                     kStageSearch),
     tf_sdk::key("devices", TF_VALUE_STRING_LIST, "[]",
                 "layers: a device per part, e.g. [\"cuda:0\", \"cuda:1\"] or [\"cpu\", \"cpu\"]"),
     tf_sdk::key("split", TF_VALUE_INT_LIST, "[]",
@@ -566,10 +584,12 @@ const tf_strategy_vtable kVtable = {.struct_size = sizeof(tf_strategy_vtable),
                                     .apply_held_grads = apply_held_grads,
                                     .drop_held_grads = drop_held_grads};
 
-const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
-    TF_PLUGIN_STRATEGY, "shard", "1.0.0",
-    "one model over several devices (layers) or ranks (data parallel, ZeRO 1/2/3) on c10d", kKeys,
-    &kVtable);
+const tf_plugin_descriptor kDescriptor = tf_sdk::searched(
+    tf_sdk::describe(
+        TF_PLUGIN_STRATEGY, "shard", "1.0.0",
+        "one model over several devices (layers) or ranks (data parallel, ZeRO 1/2/3) on c10d",
+        kKeys, &kVtable),
+    kSearch);
 
 }  // namespace
 
