@@ -433,8 +433,9 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
 const tf_plugin_search kSearch = {.struct_size = sizeof(tf_plugin_search), .stack_order = 50};
 const tf_search_value kParamTiers[] = {
     tf_sdk::search_value("\"none\"", nullptr, nullptr, 0, TF_SEARCH_VALUE_OFF),
-    tf_sdk::search_value("\"host\"", "weights@host", nullptr, 0, TF_SEARCH_VALUE_CUDA_ONLY),
-    tf_sdk::search_value("\"disk\"", "weights@disk"),
+    tf_sdk::search_value("\"host\"", "weights@host", nullptr, 0, TF_SEARCH_VALUE_CUDA_ONLY,
+                         "where block weights live"),
+    tf_sdk::search_value("\"disk\"", "weights@disk", nullptr, 0, 0, "where block weights live"),
 };
 const tf_search_value kStateTiers[] = {
     tf_sdk::search_value("\"none\"", nullptr, nullptr, 0, TF_SEARCH_VALUE_OFF),
@@ -450,7 +451,7 @@ const tf_search_value kInputTiers[] = {
 };
 const tf_search_value kTrainable[] = {
     tf_sdk::search_value("false", nullptr, nullptr, 0, TF_SEARCH_VALUE_OFF),
-    tf_sdk::search_value("true", "trained weights too", nullptr, 0, 0, "trained weights' storage"),
+    tf_sdk::search_value("true", "trained weights too"),
 };
 const tf_search_value kPrefetch[] = {
     // more read ahead holds more

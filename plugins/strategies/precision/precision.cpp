@@ -344,10 +344,11 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
 const tf_plugin_search kSearch = {.struct_size = sizeof(tf_plugin_search), .stack_order = 30};
 const tf_search_value kModes[] = {
     tf_sdk::search_value("\"autocast\"", "autocast", "bf16 compute", 0.3, TF_SEARCH_VALUE_MAY_COST),
-    // Trained weights are stored (and updated) in bf16 on the device; a tier
-    // that keeps them (offload trainable) would store them otherwise.
+    // Converted on the device as the stages are built: a block weight another
+    // strategy keeps on a tier (offload params; norms are never quantized)
+    // is refused when the run starts.
     tf_sdk::search_value("\"bf16\"", "bf16 weights", "bf16 weights", 1.0, 0,
-                         "trained weights' storage"),
+                         "where block weights live"),
 };
 const tf_key_search kModeSearch = tf_sdk::key_search(kModes);
 
