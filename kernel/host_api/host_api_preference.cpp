@@ -37,15 +37,11 @@ LogpsRows logps_rows(tf_host_context* ctx, const tf_batch* in, tf_batch& b) {
   return r;
 }
 
-// Runs a logps pass, measuring each position's mean logit into
-// take_mean_logits' *out when the call was asked to.
-template <class F>
-auto measuring_mean_logits(tf_host_context* ctx, const LogpsRows& rows, F&& pass) {
-  at::Tensor means;
-  const ScopedAssign<at::Tensor*> sink(ctx->kernel->executor->mean_logits_sink,
-                                       rows.mean_logits ? &means : nullptr);
-  auto r = pass();
-  if (rows.mean_logits) *rows.mean_logits = give_handle(means);
+// Hands take_mean_logits' *out each position's mean logit, when the call
+// was asked to measure them.
+template <class R>
+const R& handing_mean_logits(const LogpsRows& rows, const R& r) {
+  if (rows.mean_logits) *rows.mean_logits = give_handle(r.mean_logits);
   return r;
 }
 
@@ -78,12 +74,12 @@ tf_status h_sequence_logps(tf_host_context* ctx, const tf_batch* in, tf_tensor g
     const LogpsRows rows = logps_rows(ctx, in, b);
     require(b.tokens, "tf_batch.tokens");
     require(b.targets, "tf_batch.targets");
-    const Executor::SequenceLogps r = measuring_mean_logits(ctx, rows, [&] {
-      return ctx->kernel->executor->sequence_logps(
-          handle_tensor(b.tokens), handle_tensor(b.targets), rows.positions,
-          grad_weights ? handle_tensor(grad_weights) : at::Tensor(), rows.attention_mask,
-          rows.terms ? &*rows.terms : nullptr, rows.padding_known);
-    });
+    const Executor::SequenceLogps r = handing_mean_logits(
+        rows,
+        ctx->kernel->executor->sequence_logps(
+            handle_tensor(b.tokens), handle_tensor(b.targets), rows.positions,
+            grad_weights ? handle_tensor(grad_weights) : at::Tensor(), rows.attention_mask,
+            rows.terms ? &*rows.terms : nullptr, rows.padding_known, rows.mean_logits != nullptr));
     if (out_logps) *out_logps = give_handle(r.logps);
     if (out_counts) *out_counts = give_handle(r.counts);
   });
@@ -97,12 +93,12 @@ tf_status h_token_logps(tf_host_context* ctx, const tf_batch* in, tf_tensor grad
     require(b.tokens, "tf_batch.tokens");
     require(b.targets, "tf_batch.targets");
     require(out_logps, "out_logps");
-    const Executor::TokenLogps r = measuring_mean_logits(ctx, rows, [&] {
-      return ctx->kernel->executor->token_logps(
-          handle_tensor(b.tokens), handle_tensor(b.targets), rows.positions,
-          grad_weights ? handle_tensor(grad_weights) : at::Tensor(), rows.attention_mask,
-          rows.terms ? &*rows.terms : nullptr, rows.padding_known);
-    });
+    const Executor::TokenLogps r = handing_mean_logits(
+        rows,
+        ctx->kernel->executor->token_logps(
+            handle_tensor(b.tokens), handle_tensor(b.targets), rows.positions,
+            grad_weights ? handle_tensor(grad_weights) : at::Tensor(), rows.attention_mask,
+            rows.terms ? &*rows.terms : nullptr, rows.padding_known, rows.mean_logits != nullptr));
     *out_logps = give_handle(r.logps);
   });
 }

@@ -127,21 +127,28 @@ void Executor::raise_stage_event(int32_t stage, tf_pass_phase phase, bool begin)
 
 at::Tensor Executor::run_stage(int32_t stage, const at::Tensor& input, bool training,
                                bool recompute) {
-  tf_stage_call call{
-      sizeof(tf_stage_call),        stage,  training ? 1 : 0, recompute ? 1 : 0, step_, nullptr,
-      stage == fused_head_ ? 1 : 0, nullptr};
+  tf_stage_call call{sizeof(tf_stage_call),
+                     stage,
+                     training ? 1 : 0,
+                     recompute ? 1 : 0,
+                     step_,
+                     nullptr,
+                     stage == pass_->fused_head ? 1 : 0,
+                     nullptr};
   const at::Device stage_device(stages_[static_cast<size_t>(stage)].device);
-  at::Tensor positions = pass_rows_.positions;
+  at::Tensor positions = pass_->rows.positions;
   if (positions.defined()) {
     if (positions.device() != stage_device) positions = positions.to(stage_device);
     call.positions = borrow_handle(positions);
   }
-  at::Tensor mask = pass_rows_.attention_mask;
+  at::Tensor mask = pass_->rows.attention_mask;
   if (mask.defined()) {
     if (mask.device() != stage_device) mask = mask.to(stage_device);
     call.attention_mask = borrow_handle(mask);
   }
-  const ScopedAssign<std::optional<at::Device>> weights_to(compute_device_, stage_device);
+  PassScope in_stage = *pass_;  // its weights come to its device
+  in_stage.compute_device = stage_device;
+  const EnteredPass entered(*this, in_stage);
   tf_tensor out = nullptr;
   const tf_model_vtable* vt = plugins_.model.plugin->model();
   const tf_tensor lent = borrow_handle(input);
@@ -157,12 +164,16 @@ at::Tensor Executor::run_stage(int32_t stage, const at::Tensor& input, bool trai
 
 at::Tensor Executor::recompute_stage(int32_t stage, const at::Tensor& input,
                                      std::vector<at::Tensor>* terms) {
-  const ScopedAssign<std::vector<at::Tensor>*> collect(recompute_terms_, terms);
+  PassScope rerun = *pass_;
+  rerun.recompute_terms = terms;
+  const EnteredPass entered(*this, rerun);
   return run_stage(stage, input, /*training=*/true, /*recompute=*/true);
 }
 
 at::Tensor Executor::forward_logits(const at::Tensor& tokens, bool training, const PassRows& rows) {
-  const ScopedAssign<int32_t> whole_logits(fused_head_, -1);
+  PassScope whole_logits = *pass_;
+  whole_logits.fused_head = -1;
+  const EnteredPass entered(*this, whole_logits);
   return forward_stages(tokens, training, rows, nullptr);
 }
 
@@ -184,7 +195,9 @@ at::Tensor Executor::forward_stages(const at::Tensor& tokens, bool training, con
   PassRows on_device = rows;
   if (positions.defined()) on_device.positions = positions.to(env_.device);
   if (mask.defined()) on_device.attention_mask = mask.to(env_.device);
-  const ScopedAssign<PassRows> pass(pass_rows_, std::move(on_device));
+  PassScope pass = *pass_;
+  pass.rows = std::move(on_device);
+  const EnteredPass entered(*this, pass);
   CategoryScope scope(TF_MEM_ACTIVATIONS);
   const bool grad = at::GradMode::is_enabled();
   const bool hooks = std::any_of(plugins_.strategies.begin(), plugins_.strategies.end(),
@@ -205,7 +218,7 @@ at::Tensor Executor::forward_stages(const at::Tensor& tokens, bool training, con
       h = StageRecompute::apply(h, recompute_anchor_, this, static_cast<int64_t>(idx));
     else
       h = run_stage(idx, h, training, false);
-    if (loss != nullptr && idx == fused_head_) h = head_loss(idx, h, *loss);
+    if (loss != nullptr && idx == pass_->fused_head) h = head_loss(idx, h, *loss);
     raise_stage_event(idx, TF_PHASE_FORWARD, false);
     if (grad && hooks && h.requires_grad()) {
       // Gradient w.r.t. this stage's output arriving = its backward begins
@@ -237,11 +250,12 @@ PassResult Executor::run_pass(const at::Tensor& tokens_in, const at::Tensor& tar
   PassRows rows = rows_in;
   if (rows.positions.defined()) rows.positions = rows.positions.to(env_.device);
   if (rows.attention_mask.defined()) rows.attention_mask = rows.attention_mask.to(env_.device);
-  // Backward recomputes checkpointed stages: they see the same rows.
-  const ScopedAssign<PassRows> pass(pass_rows_, rows);
-  // Checkpointed stages rerun in backward as in forward: a fused head again
-  // gives its hidden state.
-  const ScopedAssign<int32_t> head(fused_head_, fusable_head());
+  // Backward recomputes checkpointed stages: they see the same rows, and a
+  // fused head again gives its hidden state.
+  PassScope pass = *pass_;
+  pass.rows = rows;
+  pass.fused_head = fusable_head();
+  const EnteredPass entered(*this, pass);
   // The fused head's gradients are made in forward: it needs the scale the
   // loss will have in backward.
   const double strategies_scale = backward ? strategies_loss_scale() : 1.0;
@@ -278,7 +292,7 @@ PassResult Executor::run_pass(const at::Tensor& tokens_in, const at::Tensor& tar
 void Executor::backward_pass(const at::Tensor& loss, double loss_scale, double strategies_scale) {
   grads_dispatched_.assign(store_.all().size(), false);
   applied_loss_scale_ = strategies_scale;
-  term_seed_ = loss_scale * strategies_scale * term_weight_;
+  term_seed_ = loss_scale * strategies_scale * pass_->term_weight;
   {
     CategoryScope scope(TF_MEM_TRANSIENT);
     (loss * (loss_scale * applied_loss_scale_)).backward();
@@ -361,7 +375,8 @@ at::Tensor Executor::fetch_weight(const std::string& name) {
     w = fetch_resident(p);
   else  // a copy: the tier may free the resident bytes when the access ends
     with_resident(p, [&] { w = fetch_resident(p).detach().clone(); });
-  if (compute_device_ && w.device() != *compute_device_) w = w.to(*compute_device_);
+  if (pass_->compute_device && w.device() != *pass_->compute_device)
+    w = w.to(*pass_->compute_device);
   return w;
 }
 

@@ -17,6 +17,7 @@
 
 #include "param_store.hpp"
 #include "pass_request.hpp"
+#include "pass_scope.hpp"
 #include "plugin_set.hpp"
 #include "run_environment.hpp"
 
@@ -119,14 +120,19 @@ class Executor {
   // a time; with `grad_weights` ([B]) also the backward of
   // sum_b grad_weights[b] * logps[b], as run_pass's backward (strategies'
   // loss scale, grad_ready). A preference schedule's pass (executor_logps.cpp).
+  // With `mean_logits`, also each position's logits averaged over the
+  // vocabulary (fp32 [B, T] on the CPU: every position's, padding too; 0 in
+  // a row without a target, which the pass leaves out).
   struct SequenceLogps {
     at::Tensor logps, counts;
     bool finite = true;
+    at::Tensor mean_logits;
   };
   SequenceLogps sequence_logps(const at::Tensor& tokens, const at::Tensor& targets,
                                const at::Tensor& positions, const at::Tensor& grad_weights,
                                const at::Tensor& attention_mask = {},
-                               const LossTermsTaken* terms = nullptr, bool padding_known = true);
+                               const LossTermsTaken* terms = nullptr, bool padding_known = true,
+                               bool mean_logits = false);
   // take_loss_terms: the next logps call of the host API takes the terms
   // (disarm_loss_terms hands that call the request, once).
   void arm_loss_terms(const LossTermsTaken& t) { armed_terms_ = t; }
@@ -136,21 +142,19 @@ class Executor {
   // TokenLogps::mean_logits), once.
   void arm_mean_logits(tf_tensor* out) { armed_mean_logits_ = out; }
   tf_tensor* disarm_mean_logits() { return std::exchange(armed_mean_logits_, nullptr); }
-  // While set, token_logps and sequence_logps measure them into *sink
-  // (fp32 [B, T] on the CPU: every position's, padding too; 0 in a row
-  // without a target, which the pass leaves out).
-  at::Tensor* mean_logits_sink = nullptr;
   // Each target's log-probability (fp32 [B, T] on the CPU, 0 where ignored),
   // and with `grad_weights` ([B, T]) the backward of their weighted sum: the
   // per-token form of sequence_logps (ORPO's NLL over every token).
   struct TokenLogps {
     at::Tensor logps;
     bool finite = true;
+    at::Tensor mean_logits;
   };
   TokenLogps token_logps(const at::Tensor& tokens, const at::Tensor& targets,
                          const at::Tensor& positions, const at::Tensor& grad_weights,
                          const at::Tensor& attention_mask = {},
-                         const LossTermsTaken* terms = nullptr, bool padding_known = true);
+                         const LossTermsTaken* terms = nullptr, bool padding_known = true,
+                         bool mean_logits = false);
   at::Tensor run_stage(int32_t stage, const at::Tensor& input, bool training, bool recompute);
   // A checkpointed stage's recompute in backward; the loss terms it adds
   // land in `terms`, for its backward with the factor loss_term_seed().
@@ -243,25 +247,34 @@ class Executor {
   std::vector<StageState> stages_;
   std::set<int64_t> nan_steps_pending_;
   PendingReads pending_reads_;
-  double applied_loss_scale_ = 1.0;           // the loss scale of this step's backward passes
-  std::vector<int> active_events_;            // per stage: stage events begun and not yet ended
-  std::vector<bool> grads_dispatched_;        // per backward: grad_ready already called
-  std::optional<at::Device> compute_device_;  // the running stage's, while one runs
-  PassRows pass_rows_;  // while a pass runs (backward included), on the run's device
-  // The model's loss terms: those of the pass whose loss is computed, and
-  // those of the stage being recomputed; null where none is collected.
-  std::vector<at::Tensor>* pass_terms_ = nullptr;
-  std::vector<at::Tensor>* recompute_terms_ = nullptr;
-  const char* terms_refused_by_ = nullptr;  // a pass that adds no terms (logps)
+  double applied_loss_scale_ = 1.0;     // the loss scale of this step's backward passes
+  std::vector<int> active_events_;      // per stage: stage events begun and not yet ended
+  std::vector<bool> grads_dispatched_;  // per backward: grad_ready already called
+  // The pass running (pass_scope.hpp): a pass entry's local, or idle_pass_
+  // outside any pass.
+  PassScope idle_pass_;
+  PassScope* pass_ = &idle_pass_;
+  // Makes `scope` the running pass until the enclosing block ends.
+  class EnteredPass {
+   public:
+    EnteredPass(Executor& executor, PassScope& scope)
+        : executor_(executor), outer_(executor.pass_) {
+      executor.pass_ = &scope;
+    }
+    ~EnteredPass() { executor_.pass_ = outer_; }
+    EnteredPass(const EnteredPass&) = delete;
+    EnteredPass& operator=(const EnteredPass&) = delete;
+
+   private:
+    Executor& executor_;
+    PassScope* outer_;
+  };
   double term_seed_ = 1.0;
-  // The terms' weight in the backward's loss (a logps pass's grad_weight).
-  double term_weight_ = 1.0;
   std::optional<LossTermsTaken> armed_terms_;
   tf_tensor* armed_mean_logits_ = nullptr;
   at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward
   bool fused_loss_ = true;
   int64_t loss_chunk_tokens_ = 0;      // 0: fused_loss_chunk_rows decides
-  int32_t fused_head_ = -1;            // while a pass runs: the head asked for its hidden
   std::optional<bool> head_extended_;  // head_is_extended, once asked (with adapters on)
   bool adapters_enabled_ = true;
   std::string copies_prefix_;  // use_param_copies
@@ -275,9 +288,8 @@ class Executor {
 // hooks); how many hold some.
 int32_t switch_strategy_adapters(PluginSet& plugins, bool on);
 
-// Sets a slot for a scope and puts its value back after: the device
-// weights are fetched to while a stage computes, packed rows' positions and
-// the fused head while a pass (and its backward) runs.
+// Sets a slot for a scope and puts its value back after (a session's
+// window in which a schedule may declare parameter copies).
 template <class T>
 class ScopedAssign {
  public:

@@ -55,12 +55,10 @@ FinalIds with_final_ids(const at::Tensor& tokens, const at::Tensor& targets,
 
 }  // namespace
 
-Executor::TokenLogps Executor::token_logps(const at::Tensor& tokens_in,
-                                           const at::Tensor& targets_in,
-                                           const at::Tensor& positions_in,
-                                           const at::Tensor& grad_weights,
-                                           const at::Tensor& attention_mask,
-                                           const LossTermsTaken* terms_taken, bool padding_known) {
+Executor::TokenLogps Executor::token_logps(
+    const at::Tensor& tokens_in, const at::Tensor& targets_in, const at::Tensor& positions_in,
+    const at::Tensor& grad_weights, const at::Tensor& attention_mask,
+    const LossTermsTaken* terms_taken, bool padding_known, bool mean_logits) {
   const bool backward = grad_weights.defined();
   if (tokens_in.dim() != 2 || targets_in.sizes() != tokens_in.sizes() ||
       targets_in.scalar_type() != at::kLong)
@@ -85,11 +83,11 @@ Executor::TokenLogps Executor::token_logps(const at::Tensor& tokens_in,
     };
     const TokenLogps part =
         token_logps(pick(tokens_in), pick(targets_in), pick(positions_in), pick(grad_weights),
-                    pick(attention_mask), terms_taken, padding_known);
+                    pick(attention_mask), terms_taken, padding_known, mean_logits);
     TokenLogps out;
     out.logps = at::zeros({B, T}, at::kFloat).index_copy_(0, rows, part.logps);
-    if (mean_logits_sink != nullptr)
-      *mean_logits_sink = at::zeros({B, T}, at::kFloat).index_copy_(0, rows, *mean_logits_sink);
+    if (mean_logits)
+      out.mean_logits = at::zeros({B, T}, at::kFloat).index_copy_(0, rows, part.mean_logits);
     out.finite = part.finite;
     return out;
   }
@@ -108,13 +106,14 @@ Executor::TokenLogps Executor::token_logps(const at::Tensor& tokens_in,
   const at::Tensor positions = positions_in.defined() ? positions_in.to(env_.device) : positions_in;
   PassRows rows(positions, run.mask.defined() ? run.mask.to(env_.device) : run.mask);
   rows.padding_known = padding_known;
-  const ScopedAssign<PassRows> pass(pass_rows_, rows);
   // The model's own terms: refused unless the schedule takes them.
   std::vector<at::Tensor> terms;
-  const ScopedAssign<const char*> no_terms(terms_refused_by_,
-                                           terms_taken ? nullptr : "sequence_logps/token_logps");
-  const ScopedAssign<std::vector<at::Tensor>*> collect(pass_terms_, terms_taken ? &terms : nullptr);
-  const ScopedAssign<int32_t> head(fused_head_, fusable_head());
+  PassScope pass = *pass_;
+  pass.rows = rows;
+  pass.terms_refused_by = terms_taken ? nullptr : "sequence_logps/token_logps";
+  pass.terms = terms_taken ? &terms : nullptr;
+  pass.fused_head = fusable_head();
+  const EnteredPass entered(*this, pass);
   const double strategies_scale = backward ? strategies_loss_scale() : 1.0;
   LossRequest request{run.targets, strategies_scale};
   {
@@ -122,7 +121,7 @@ Executor::TokenLogps Executor::token_logps(const at::Tensor& tokens_in,
     request.each = at::zeros({B * Tr}, at::TensorOptions().dtype(at::kFloat).device(env_.device));
     // logp_t = -CE_t, so sum_t w_t logp_t = sum_t (-w_t) CE_t.
     if (backward) request.weights = (-run.weights.to(env_.device, at::kFloat)).reshape({-1});
-    if (mean_logits_sink != nullptr) request.mean_logits = at::zeros_like(request.each);
+    if (mean_logits) request.mean_logits = at::zeros_like(request.each);
   }
   at::Tensor loss;
   {
@@ -137,8 +136,7 @@ Executor::TokenLogps Executor::token_logps(const at::Tensor& tokens_in,
   }
   TokenLogps out;
   out.logps = (-request.each.view({B, Tr})).narrow(1, 0, T).to(at::kCPU);
-  if (mean_logits_sink != nullptr)
-    *mean_logits_sink = request.mean_logits.view({B, Tr}).narrow(1, 0, T).to(at::kCPU);
+  if (mean_logits) out.mean_logits = request.mean_logits.view({B, Tr}).narrow(1, 0, T).to(at::kCPU);
   out.finite = out.logps.isfinite().all().item<bool>();
   double weight = 0;
   if (terms_taken) {
@@ -152,7 +150,7 @@ Executor::TokenLogps Executor::token_logps(const at::Tensor& tokens_in,
   }
   if (backward) {
     // A checkpointed stage's recomputed part of a term gets the same weight.
-    const ScopedAssign<double> term_weight(term_weight_, weight);
+    pass.term_weight = weight;
     backward_pass(loss, 1.0, strategies_scale);
   }
   return out;
@@ -181,12 +179,10 @@ void Executor::check_target_ids(const at::Tensor& targets) const {
                                 "vocabulary: a schedule's own targets must be one or the other");
 }
 
-Executor::SequenceLogps Executor::sequence_logps(const at::Tensor& tokens,
-                                                 const at::Tensor& targets,
-                                                 const at::Tensor& positions,
-                                                 const at::Tensor& grad_weights,
-                                                 const at::Tensor& attention_mask,
-                                                 const LossTermsTaken* terms, bool padding_known) {
+Executor::SequenceLogps Executor::sequence_logps(
+    const at::Tensor& tokens, const at::Tensor& targets, const at::Tensor& positions,
+    const at::Tensor& grad_weights, const at::Tensor& attention_mask, const LossTermsTaken* terms,
+    bool padding_known, bool mean_logits) {
   if (tokens.dim() != 2)
     throw std::invalid_argument("sequence_logps: tokens and targets must be int64 [B, T]");
   const int64_t B = tokens.size(0), T = tokens.size(1);
@@ -198,9 +194,10 @@ Executor::SequenceLogps Executor::sequence_logps(const at::Tensor& tokens,
   const at::Tensor per_token = grad_weights.defined()
                                    ? grad_weights.to(at::kFloat).unsqueeze(1).expand({B, T})
                                    : at::Tensor();
-  const TokenLogps each =
-      token_logps(tokens, targets, positions, per_token, attention_mask, terms, padding_known);
+  const TokenLogps each = token_logps(tokens, targets, positions, per_token, attention_mask, terms,
+                                      padding_known, mean_logits);
   SequenceLogps out;
+  out.mean_logits = each.mean_logits;
   out.logps = each.logps.sum(1);
   out.counts = targets.ne(kIgnoreIndex).sum(1).to(at::kCPU, at::kLong);
   out.finite = each.finite;

@@ -28,12 +28,14 @@ int32_t Executor::fusable_head() const {
 at::Tensor Executor::forward_loss(const at::Tensor& tokens, const at::Tensor& targets,
                                   bool training, const PassRows& rows, double grad_scale) {
   // A pass (run_pass) has chosen the head already, for its backward too.
-  const ScopedAssign<int32_t> head(fused_head_, fused_head_ >= 0 ? fused_head_ : fusable_head());
+  std::vector<at::Tensor> terms;
+  PassScope pass = *pass_;
+  if (pass.fused_head < 0) pass.fused_head = fusable_head();
+  pass.terms = &terms;
+  const EnteredPass entered(*this, pass);
   LossRequest request{targets, grad_scale};
   // A batch's targets come from the host: counted there, never read back.
   if (targets.device().is_cpu()) request.counted = count_not_equal(targets, kIgnoreIndex);
-  std::vector<at::Tensor> terms;
-  const ScopedAssign<std::vector<at::Tensor>*> collect(pass_terms_, &terms);
   const at::Tensor out = forward_stages(tokens.to(env_.device), training, rows, &request);
   CategoryScope scope(TF_MEM_ACTIVATIONS);
   at::Tensor loss = request.computed ? out
@@ -50,35 +52,37 @@ void Executor::add_loss_term(const at::Tensor& term) {
   if (!term.is_floating_point() || term.numel() != 1)
     throw std::invalid_argument("add_loss_term: the term must be a float scalar, not a tensor of " +
                                 std::to_string(term.numel()) + " values");
-  if (recompute_terms_ != nullptr) {  // a checkpointed stage's: only its gradient is new
-    recompute_terms_->push_back(term.reshape({}));
+  if (pass_->recompute_terms != nullptr) {  // a checkpointed stage's: only its gradient is new
+    pass_->recompute_terms->push_back(term.reshape({}));
     return;
   }
-  if (terms_refused_by_ != nullptr)
+  if (pass_->terms_refused_by != nullptr)
     throw std::invalid_argument(
         std::string("model plugin \"") + plugins_.model.plugin->name +
         "\" added a term to the loss (a mixture of experts' load-balancing loss) in a pass of " +
-        terms_refused_by_ +
+        pass_->terms_refused_by +
         " that does not take it (ABI 1.18's take_loss_terms): its schedule computes its own "
         "loss and leaves the term out of these passes, as one built before 1.18 must, and as "
         "the paired schedules do with concatenate_pairs = false (TRL adds the term of the "
         "concatenated pass, which one side's passes after the other's do not add up to): see "
         "the schedule's README, or turn the term off in the model (output_router_logits = "
         "false in its config.json)");
-  if (pass_terms_ == nullptr) return;  // no loss in this pass (logits, generation)
-  if (!pass_rows_.padding_known)
+  if (pass_->terms == nullptr) return;  // no loss in this pass (logits, generation)
+  if (!pass_->rows.padding_known)
     throw std::invalid_argument(
         std::string("model plugin \"") + plugins_.model.plugin->name +
         "\" added a term to the loss that counts tokens, and this batch came from a schedule "
         "whose tf_batch (ABI before 1.16) cannot say which tokens pad their rows: rebuild the "
         "schedule against this tightfit's plugin_api.h, or turn the term off in the model "
         "(output_router_logits = false)");
-  pass_terms_->push_back(term.reshape({}));
+  pass_->terms->push_back(term.reshape({}));
 }
 
 at::Tensor Executor::head_loss(int32_t stage, const at::Tensor& hidden, LossRequest& loss) {
   const StageState& st = stages_[static_cast<size_t>(stage)];
-  const ScopedAssign<std::optional<at::Device>> weights_to(compute_device_, at::Device(st.device));
+  PassScope in_head = *pass_;  // its projection comes to its device
+  in_head.compute_device = at::Device(st.device);
+  const EnteredPass entered(*this, in_head);
   CategoryScope scope(TF_MEM_ACTIVATIONS);
   loss.computed = true;
   const at::Tensor targets = loss.targets.to(hidden.device());

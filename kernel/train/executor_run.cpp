@@ -94,25 +94,24 @@ PassOutcome Executor::run(const PassRequest& request) {
   std::optional<LossTermsTaken> terms;
   if (request.loss_terms_weight)
     terms = LossTermsTaken{*request.loss_terms_weight, &out.loss_terms};
-  at::Tensor means;
-  const ScopedAssign<at::Tensor*> sink(mean_logits_sink, request.mean_logits ? &means : nullptr);
   const LossTermsTaken* taken = terms ? &*terms : nullptr;
   if (request.compute == Compute::kSequenceLogps) {
     const SequenceLogps r = sequence_logps(request.tokens, request.targets, request.rows.positions,
                                            request.grad_weights, request.rows.attention_mask, taken,
-                                           request.rows.padding_known);
+                                           request.rows.padding_known, request.mean_logits);
     out.logps = r.logps;
     out.counts = r.counts;
     out.finite = r.finite;
+    out.mean_logits = r.mean_logits;
   } else {
-    const TokenLogps r =
-        token_logps(request.tokens, request.targets, request.rows.positions, request.grad_weights,
-                    request.rows.attention_mask, taken, request.rows.padding_known);
+    const TokenLogps r = token_logps(request.tokens, request.targets, request.rows.positions,
+                                     request.grad_weights, request.rows.attention_mask, taken,
+                                     request.rows.padding_known, request.mean_logits);
     out.logps = r.logps;
     out.finite = r.finite;
+    out.mean_logits = r.mean_logits;
   }
   out.n_tokens = request.tokens.numel();
-  if (request.mean_logits) out.mean_logits = means;
   return out;
 }
 
