@@ -224,6 +224,10 @@ TEST(Fit, WritesARecipeThatFitsTheBudget) {
             0)
       << log;
   EXPECT_NE(log.find("(does not fit)"), std::string::npos) << log;  // the plain recipe
+  // The plugins' refusals of stacks fit tried, each reason once with its count
+  // (a full fine-tune's trained weights in a tier without their state there).
+  EXPECT_NE(log.find(" refused: offload: trainable = true needs optimizer = "), std::string::npos)
+      << log;
   EXPECT_NE(log.find("written       " + out), std::string::npos) << log;
   const int64_t fitted = planned_peak(out);
   EXPECT_LE(fitted, budget);

@@ -162,6 +162,7 @@ struct SearchResult {
   std::optional<Planned> smallest;
   size_t stacks = 0;
   int pruned = 0, refused = 0, planned = 0;
+  std::map<std::string, int> refusals;  // why the plugins refused stacks: how many each
 };
 
 // Plans every stack of `space`, the most memory-saving first, so that one
@@ -180,8 +181,11 @@ void search_stacks(const FitSpace& space, const Recipe& stripped, const PluginRe
     std::optional<Planned> p;
     try {
       p = plan_recipe(apply_choice(stripped, space, c), registry, ranks, rates, c);
-    } catch (const std::exception&) {  // a combination the plugins refuse
+    } catch (const std::exception& e) {  // a combination the plugins refuse
       ++r.refused;
+      std::string why = e.what();
+      if (why.rfind("--set: ", 0) == 0) why = why.substr(7);  // the recipe fit made
+      ++r.refusals[why.substr(0, why.find('\n'))];
       continue;
     }
     ++r.planned;
@@ -328,6 +332,7 @@ json result_json(const std::string& recipe_path, int64_t budget, const std::stri
                  {"planned", search.planned},
                  {"pruned", search.pruned},
                  {"refused", search.refused},
+                 {"refusals", search.refusals},
                  {"written", out},
                  {"plain", choice_json(plain, plain_s)},
                  {"rates",
@@ -412,6 +417,9 @@ int fit_command(const std::vector<std::string>& args) {
               << search.pruned << " ruled out by a larger saving that did not fit, "
               << search.refused << " refused by the plugins; " << search.fitting.size() << " fit "
               << format_bytes(o->budget) << "\n";
+    // Why, so that a plugin's refusal of what fit tried is not a mystery.
+    for (const auto& [why, count] : search.refusals)
+      std::cerr << "fit: " << count << " refused: " << why << "\n";
     if (search.fitting.empty()) {
       std::cerr << "tightfit fit: no stack of the installed strategies fits "
                 << format_bytes(o->budget);
