@@ -47,7 +47,7 @@ inline MemoryPlan plan_of(const std::string& text) {
   SessionOptions dry;
   dry.dry_run = true;
   auto s = test::make_session(text, dry);
-  return plan_memory(*s);
+  return plan_memory(s->parts());
 }
 
 inline double relative(int64_t predicted, int64_t measured) {

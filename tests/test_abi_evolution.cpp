@@ -56,7 +56,7 @@ TEST(AbiEvolution, V10ScheduleIsPlanned) {
   SessionOptions dry;
   dry.dry_run = true;
   auto s = test::make_session(recipe(dir.str(), "plugin = \"abi_v1_0_schedule\"\n"), dry);
-  const MemoryPlan plan = plan_memory(*s);
+  const MemoryPlan plan = plan_memory(s->parts());
   EXPECT_TRUE(plan.unestimated.empty());
   ASSERT_FALSE(plan.contributions.empty());
   const PlanContribution& c = plan.contributions.back();

@@ -6,8 +6,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint_manifest.hpp"
 #include "preference_test_support.hpp"
 #include "progress.hpp"
+#include "safetensors.hpp"
 
 namespace tightfit {
 namespace {
@@ -631,6 +633,80 @@ TEST_F(DpoRecipes, AReferenceCopyInHostMemoryGivesTheSameRun) {
     EXPECT_NE(precomputed.find("precompute_ref_log_probs = true keeps none"), std::string::npos)
         << precomputed;
   }
+}
+
+// A full fine-tune's reference copy is the kernel's (ABI 1.24): parameters
+// the strategies never see (param_count leaves them out), in the tier
+// reference_tier names, in the plan's table there and in the checkpoint.
+// A checkpoint of a tightfit before 1.24 held them in dpo's own state: it
+// resumes to the same run; one that holds them nowhere is refused by name.
+TEST_F(DpoRecipes, TheReferenceCopyIsTheKernelsAndOldCheckpointsResume) {
+  test::TempDir d;
+  auto text = [&](const std::string& out) {
+    return recipe(out, rows(), "", "plugin = \"dpo\"\nreference_tier = \"host\"\n", "", 6);
+  };
+  auto run = [&](const std::string& out, bool resume, int64_t stop_after) {
+    SessionOptions o;
+    o.resume = resume;
+    o.stop_after_steps = stop_after;
+    return test::make_session(text(out), o)->train();
+  };
+  {
+    SessionOptions dry;
+    dry.dry_run = true;
+    auto s = test::make_session(text(d.str() + "/plan"), dry);
+    const ParamStore& store = s->store();
+    const size_t trainable = static_cast<size_t>(std::count_if(
+        store.all().begin(), store.all().end(), [](const Param& p) { return p.trainable; }));
+    ASSERT_EQ(store.all().size(), store.plugins_see() + trainable);
+    for (size_t i = store.plugins_see(); i < store.all().size(); ++i) {
+      const Param& copy = store.all()[i];
+      EXPECT_TRUE(copy.kept_by_host) << copy.name;
+      EXPECT_EQ(copy.residency, TF_TIER_HOST) << copy.name;
+      EXPECT_EQ(copy.name, "reference." + copy.copy_of);
+      EXPECT_FALSE(copy.trainable) << copy.name;
+    }
+    plan_memory(s->parts());
+    for (size_t i = store.plugins_see(); i < store.all().size(); ++i)
+      EXPECT_EQ(s->plan_table().params.at(store.all()[i].name).tier, TF_TIER_HOST);
+  }
+  const TrainSummary whole = run(d.str() + "/whole", false, -1);
+  ASSERT_EQ(whole.losses.size(), 6u);
+  // Rewritten as 1.23 wrote it: the copies in the schedule's state, or
+  // (keep_in_state false) nowhere.
+  auto rewrite = [&](const TrainSummary& first, bool keep_in_state) {
+    const fs::path dir = first.checkpoint_dir;
+    const fs::path cp = dir / read_checkpoint_manifest(dir / "manifest.json").back();
+    std::map<std::string, at::Tensor> copies;
+    {
+      const SafetensorsReader model((cp / "model.safetensors").string());
+      SafetensorsWriter out((cp / "model.safetensors.new").string(), model.metadata());
+      for (const std::string& name : model.names())
+        if (name.rfind("reference.", 0) == 0)
+          copies[name] = model.read(name);
+        else
+          out.put(name, model.read(name));
+      out.finish();
+      const SafetensorsReader state((cp / "state.safetensors").string());
+      SafetensorsWriter state_out((cp / "state.safetensors.new").string(), state.metadata());
+      for (const std::string& name : state.names()) state_out.put(name, state.read(name));
+      if (keep_in_state)
+        for (const auto& [name, t] : copies) state_out.put("schedule.dpo." + name, t);
+      state_out.finish();
+    }
+    EXPECT_FALSE(copies.empty());
+    fs::rename(cp / "model.safetensors.new", cp / "model.safetensors");
+    fs::rename(cp / "state.safetensors.new", cp / "state.safetensors");
+  };
+  rewrite(run(d.str() + "/old", false, 3), true);
+  const TrainSummary resumed = run(d.str() + "/old", true, -1);
+  ASSERT_EQ(resumed.losses.size(), 3u);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_EQ(resumed.losses[i], whole.losses[3 + i]) << "step " << 3 + i;
+
+  rewrite(run(d.str() + "/lost", false, 3), false);
+  const std::string e = error_of([&] { run(d.str() + "/lost", true, -1); });
+  EXPECT_NE(e.find("has no copy \"reference."), std::string::npos) << e;
 }
 
 // TRL's gradient_accumulation_steps: each micro-batch's loss divided by

@@ -57,8 +57,8 @@ StepCost cost_of(const std::string& text, const CostOptions& options = {}) {
   SessionOptions dry;
   dry.dry_run = true;
   auto s = test::make_session(text, dry);
-  const MemoryPlan plan = plan_memory(*s);
-  return predict_step_cost(*s, plan, fixed_rates(), options);
+  const MemoryPlan plan = plan_memory(s->parts());
+  return predict_step_cost(s->parts(), plan, fixed_rates(), options);
 }
 
 TEST(StepCost, CheckpointingAddsTheForwardOfTheRecomputedBlocks) {
@@ -136,24 +136,58 @@ TEST(StepCost, PluginsSayWhetherThePlanShowsTheirTime) {
                                      "[[strategy]]\nplugin = \"checkpoint\"\nevery = 1\n"
                                      "[[strategy]]\nplugin = \"fused_update\"\n"),
                               dry);
-  MemoryPlan plan = plan_memory(*s);
+  MemoryPlan plan = plan_memory(s->parts());
   ASSERT_EQ(plan.contributions.size(), 3u);  // two strategies and the schedule
   for (const PlanContribution& c : plan.contributions)
     EXPECT_TRUE(c.time_from_plan) << c.plugin;  // built-in: all in the plan
-  const StepCost priced = predict_step_cost(*s, plan, fixed_rates(), {});
+  const StepCost priced = predict_step_cost(s->parts(), plan, fixed_rates(), {});
   EXPECT_EQ(priced.other, 1.0);
   // The same effect from a plugin that does not say so: its factor multiplies.
   PlanContribution& ckpt = plan.contributions[0];
   ASSERT_GT(ckpt.time_factor, 1.0);
   ckpt.time_from_plan = false;
-  const StepCost unseen = predict_step_cost(*s, plan, fixed_rates(), {});
+  const StepCost unseen = predict_step_cost(s->parts(), plan, fixed_rates(), {});
   EXPECT_DOUBLE_EQ(unseen.other, ckpt.time_factor);
   EXPECT_DOUBLE_EQ(unseen.total(), priced.total() * ckpt.time_factor);
   // MeZO's two forwards do not show in a plan: its own factor is used.
   auto mezo = test::make_session(recipe(dir.str(), "", 8, "plugin = \"mezo\"\n"), dry);
-  const MemoryPlan mezo_plan = plan_memory(*mezo);
+  const MemoryPlan mezo_plan = plan_memory(mezo->parts());
   EXPECT_FALSE(mezo_plan.contributions.back().time_from_plan);
-  EXPECT_DOUBLE_EQ(predict_step_cost(*mezo, mezo_plan, fixed_rates(), {}).other, 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(predict_step_cost(mezo->parts(), mezo_plan, fixed_rates(), {}).other, 2.0 / 3.0);
+}
+
+// What the cost model reads beside the plan (16-bit compute, prefetch,
+// micro-batches, what ranks exchange) is what the plugins' estimates say
+// (tf_memory_estimate, ABI 1.24): the host names none of them.
+TEST(StepCost, ThePluginsSayWhatTheCostModelReadsBesideThePlan) {
+  test::TempDir dir;
+  auto options_of = [&](const std::string& strategies, const std::string& schedule = "",
+                        int ranks = 0) {
+    SessionOptions dry;
+    dry.dry_run = true;
+    dry.plan_world_size = ranks;
+    auto s = test::make_session(recipe(dir.str(), strategies, 8, schedule), dry);
+    return cost_options(plan_memory(s->parts()));
+  };
+  const CostOptions plain = options_of("");
+  EXPECT_FALSE(plain.low_precision_compute);
+  EXPECT_EQ(plain.prefetch, 0);
+  EXPECT_EQ(plain.micro_batches, 1);
+  EXPECT_EQ(plain.zero_stage, -1);
+  EXPECT_TRUE(options_of("[[strategy]]\nplugin = \"precision\"\n").low_precision_compute);
+  EXPECT_FALSE(
+      options_of("[[strategy]]\nplugin = \"precision\"\nmode = \"bf16\"\n").low_precision_compute);
+  EXPECT_EQ(options_of("[[strategy]]\nplugin = \"lora\"\nrank = 8\n[[strategy]]\nplugin = "
+                       "\"offload\"\nparams = \"disk\"\nprefetch = 2\n")
+                .prefetch,
+            2);
+  EXPECT_EQ(options_of("", "plugin = \"accumulate\"\nmicro_batches = 4\nwarmup_steps = 1\n")
+                .micro_batches,
+            4);
+  EXPECT_EQ(options_of("[[strategy]]\nplugin = \"shard\"\nmode = \"data\"\n", "", 2).zero_stage, 0);
+  EXPECT_EQ(options_of("[[strategy]]\nplugin = \"shard\"\nmode = \"zero\"\nstage = 2\n", "", 2)
+                .zero_stage,
+            2);
 }
 
 TEST(Recipe, StrategiesAreReplacedAndWrittenBack) {

@@ -258,11 +258,11 @@ TEST(FusedLoss, ThePlanKeepsAChunkOfLogitsNotAllOfThem) {
   const std::string model =
       "plugin = \"llama\"\npreset = \"custom\"\nn_layer = 1\nn_embd = 32\nn_head = 4\n"
       "intermediate_size = 64\nmax_positions = 64\ntie_embeddings = false\nvocab_size = 16384\n";
-  const MemoryPlan fused = plan_memory(*test::make_session(recipe(dir, model,
-                                                                  "fused_loss = true\n"
-                                                                  "loss_chunk_tokens = 16\n")));
+  const MemoryPlan fused = plan_memory(
+      test::make_session(recipe(dir, model, "fused_loss = true\nloss_chunk_tokens = 16\n"))
+          ->parts());
   const MemoryPlan whole =
-      plan_memory(*test::make_session(recipe(dir, model, "fused_loss = false\n")));
+      plan_memory(test::make_session(recipe(dir, model, "fused_loss = false\n"))->parts());
   const int64_t logits = int64_t{4} * 128 * 16384;
   EXPECT_GE(whole.device_peak - fused.device_peak, logits / 2)
       << "whole " << whole.device_peak << " fused " << fused.device_peak;

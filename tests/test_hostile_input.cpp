@@ -546,7 +546,7 @@ TEST(HostileConfig, ExpertsByTheHundredThousandAreBoundedWork) {
   }
   auto s = test::make_session(recipe_for(1), dry);
   EXPECT_GT(s->store().all().size(), 300000u);
-  const MemoryPlan plan = plan_memory(*s);
+  const MemoryPlan plan = plan_memory(s->parts());
   EXPECT_GT(plan.tracked_peak, int64_t{100000} * 3 * 8 * 8 * 4);  // the experts' fp32 weights
 }
 
@@ -609,7 +609,7 @@ TEST(HostileConfig, ProductsPastInt64AreRefusedNotWrapped) {
   dry.dry_run = true;
   try {
     auto s = test::make_session(text, dry);
-    const MemoryPlan plan = plan_memory(*s);
+    const MemoryPlan plan = plan_memory(s->parts());
     FAIL() << "planned a peak of " << plan.tracked_peak << " bytes";
   } catch (const RecipeError& e) {
     EXPECT_NE(std::string(e.what()).find("passes 64 PiB"), std::string::npos) << e.what();

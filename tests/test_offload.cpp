@@ -514,7 +514,7 @@ TEST(OffloadExperts, ThePlanCountsWhatTheRoutedExpertsCostTheTier) {
       SessionOptions dry;
       dry.dry_run = true;
       auto planned = test::make_session(text, dry);
-      const MemoryPlan plan = plan_memory(*planned);
+      const MemoryPlan plan = plan_memory(planned->parts());
       const double uses = extra.empty() ? 2 : 3;
       const double used = 1 - std::pow(15.0 / 16.0, 16);
       const double weights = 3 * 16 * 3;  // 3 blocks of 16 experts' gate, up and down
@@ -562,7 +562,7 @@ TEST(OffloadExperts, ThePlanCountsWhatTheRoutedExpertsCostTheTier) {
       rates.ram_available = int64_t{1} << 40;
       CostOptions options;
       options.prefetch = 2;
-      const StepCost cost = predict_step_cost(*planned, plan, rates, options);
+      const StepCost cost = predict_step_cost(planned->parts(), plan, rates, options);
       EXPECT_NEAR(cost.transfer, plan.routed.bytes_per_pass / 1e9, 1e-9 * cost.transfer + 1e-15);
     }
 }

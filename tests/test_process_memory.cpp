@@ -137,11 +137,11 @@ TEST_F(ProcessBudgetTest, PlanCountsTheHostOverheadUnderAProcessBudget) {
   SessionOptions dry;
   dry.dry_run = true;
   auto tracked = test::make_session(recipe("", "plan_t"), dry);
-  const MemoryPlan a = plan_memory(*tracked);
+  const MemoryPlan a = plan_memory(tracked->parts());
   EXPECT_GT(a.host_overhead, 10 * kMiB);
   EXPECT_EQ(a.budget_need(), a.tracked_peak);
   auto process = test::make_session(recipe("memory_budget_scope = \"process\"\n", "plan_p"), dry);
-  const MemoryPlan b = plan_memory(*process);
+  const MemoryPlan b = plan_memory(process->parts());
   EXPECT_TRUE(b.process_scope);
   EXPECT_EQ(b.budget_need(), b.tracked_peak + b.host_overhead);
 }

@@ -197,7 +197,7 @@ int64_t peak_at_batch(const Recipe& base, const PluginRegistry& registry, int64_
   SessionOptions so;
   so.dry_run = true;
   Session session(r, registry, so);
-  return plan_memory(session).device_peak;
+  return plan_memory(session.parts()).device_peak;
 }
 
 // The largest batch size whose plan fits `bytes` (0 when not even 1 does):
@@ -282,7 +282,7 @@ int plan_command(const std::vector<std::string>& args) {
     so.dry_run = true;
     so.plan_world_size = vm["ranks"].as<int>();
     Session session(recipe, registry, so);
-    const MemoryPlan plan = plan_memory(session);
+    const MemoryPlan plan = plan_memory(session.parts());
     // Without --budget, the verdict is against the recipe's own budget.
     const char* budget_from = "--budget";
     if (!vm.count("budget")) {

@@ -212,7 +212,7 @@ int run_command(const std::vector<std::string>& args) {
     if (rank0 && !so.dry_run)
       so.on_composed = [&plan](Session& composed) {
         try {
-          plan = plan_memory(composed);
+          plan = plan_memory(composed.parts());
         } catch (const OutOfBudgetError&) {
           throw;
         } catch (const std::exception& e) {

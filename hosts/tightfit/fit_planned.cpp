@@ -8,31 +8,14 @@ using nlohmann::json;
 
 namespace tightfit::host {
 
-CostOptions cost_options(const Recipe& r) {
-  CostOptions o;
-  if (const toml::table* p = r.strategy_table("precision"))
-    o.low_precision_compute = (*p)["mode"].value_or(std::string("autocast")) == "autocast";
-  if (const toml::table* off = r.strategy_table("offload"))
-    o.prefetch = static_cast<int>((*off)["prefetch"].value_or(int64_t{1}));
-  if (const toml::table* sh = r.strategy_table("shard")) {
-    const std::string mode = (*sh)["mode"].value_or(std::string("data"));
-    if (mode == "data") o.zero_stage = 0;
-    if (mode == "zero") o.zero_stage = static_cast<int>((*sh)["stage"].value_or(int64_t{1}));
-  }
-  const toml::table* sched = r.table("schedule");
-  if (sched && (*sched)["plugin"].value_or(std::string()) == "accumulate")
-    o.micro_batches = (*sched)["micro_batches"].value_or(int64_t{4});
-  return o;
-}
-
 Planned plan_recipe(const Recipe& recipe, const PluginRegistry& registry, int ranks,
                     const MachineRates& rates, const FitChoice& choice) {
   SessionOptions so;
   so.dry_run = true;
   so.plan_world_size = ranks;
   Session session(recipe, registry, so);
-  Planned p{choice, recipe, plan_memory(session), {}};
-  p.cost = predict_step_cost(session, p.plan, rates, cost_options(recipe));
+  Planned p{choice, recipe, plan_memory(session.parts()), {}};
+  p.cost = predict_step_cost(session.parts(), p.plan, rates, cost_options(p.plan));
   return p;
 }
 

@@ -21,9 +21,6 @@ struct Planned {
   StepCost cost;
 };
 
-// What the cost model needs that the plan does not show, from the recipe.
-CostOptions cost_options(const Recipe& r);
-
 // Plans `recipe` as a dry run for `ranks` ranks.
 Planned plan_recipe(const Recipe& recipe, const PluginRegistry& registry, int ranks,
                     const MachineRates& rates, const FitChoice& choice);

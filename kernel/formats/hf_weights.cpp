@@ -181,7 +181,8 @@ gguf::HfBlocks HfWeightSource::blocks(const Param& p, bool with_bytes) const {
 void load_hf_weights(ParamStore& store, const std::string& path) {
   const HfWeightSource source(path);
   for (Param& p : store.all())
-    if (!(p.flags & TF_PARAM_ADAPTER)) source.load(p);  // adapters load on their own
+    // Adapters load on their own; the kernel's copies are taken from the weights.
+    if (!(p.flags & TF_PARAM_ADAPTER) && !p.kept_by_host) source.load(p);
 }
 
 void save_hf_model(const ParamStore& store, const std::string& dir, const std::string& config_json,

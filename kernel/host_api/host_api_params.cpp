@@ -7,6 +7,7 @@
 #include "checked_size.hpp"
 #include "device_spec.hpp"
 #include "host_api_services.hpp"
+#include "memory_accounting.hpp"
 
 namespace tightfit::host_services {
 
@@ -32,6 +33,17 @@ tf_status h_declare_param_copies(tf_host_context* ctx, const char* prefix, int32
     if (!ctx->kernel->plugins->declaring_copies)
       throw WrongPhase("declare_param_copies is only allowed in a schedule's create");
     const int32_t n = ctx->kernel->store->declare_copies(prefix);
+    if (out_count) *out_count = n;
+  });
+}
+
+tf_status h_declare_kept_param_copies(tf_host_context* ctx, const char* prefix, tf_residency tier,
+                                      int32_t* out_count) {
+  return serve(ctx, [&] {
+    require(prefix, "prefix");
+    if (!ctx->kernel->plugins->declaring_copies)
+      throw WrongPhase("declare_kept_param_copies is only allowed in a schedule's create");
+    const int32_t n = ctx->kernel->store->declare_copies(prefix, tier);
     if (out_count) *out_count = n;
   });
 }
@@ -134,14 +146,15 @@ tf_status h_linear(tf_host_context* ctx, tf_tensor x, const char* weight, const 
 tf_status h_param_count(tf_host_context* ctx, int32_t* out) {
   return serve(ctx, [&] {
     require(out, "out");
-    *out = static_cast<int32_t>(ctx->kernel->store->all().size());
+    // The copies the kernel keeps are not the plugins' to place.
+    *out = static_cast<int32_t>(ctx->kernel->store->plugins_see());
   });
 }
 tf_status h_param_name(tf_host_context* ctx, int32_t index, const char** out) {
   return serve(ctx, [&] {
     require(out, "out");
     auto& all = ctx->kernel->store->all();
-    if (index < 0 || static_cast<size_t>(index) >= all.size())
+    if (index < 0 || static_cast<size_t>(index) >= ctx->kernel->store->plugins_see())
       throw std::out_of_range("parameter index out of range");
     *out = intern(all[static_cast<size_t>(index)].name);
   });
@@ -185,6 +198,20 @@ tf_status h_param_set_storage(tf_host_context* ctx, const char* name, tf_tensor 
     require(value, "value");
     Param& p = ctx->kernel->store->get(name);
     at::Tensor v = handle_tensor(value).detach();
+    if (p.kept_by_host) {
+      // A copy the kernel keeps takes values (a schedule's from an older
+      // checkpoint), never another format or tier.
+      const Param& live = ctx->kernel->store->get(p.copy_of);
+      if (format != TF_FORMAT_DENSE || residency != p.residency || v.sizes() != live.value.sizes())
+        throw std::invalid_argument("\"" + p.name +
+                                    "\" is a copy the kernel keeps: it takes dense values of " +
+                                    live.name + "'s shape in its own tier");
+      at::NoGradGuard no_grad;
+      const CategoryScope scope(TF_MEM_WEIGHTS);
+      p.value = ParamStore::kept_copy_of(p, v, live.value);
+      p.dtype = p.value.scalar_type();
+      return;
+    }
     // A dense trainable parameter stays an autograd leaf in its new storage.
     if (format == TF_FORMAT_DENSE && p.trainable && at::isFloatingType(v.scalar_type()))
       v.requires_grad_(true);
@@ -283,8 +310,8 @@ tf_status h_stage_set_trainable(tf_host_context* ctx, int32_t stage, int32_t tra
   return serve(ctx, [&] {
     stage_at(ctx, stage).trainable = trainable != 0;
     auto& store = *ctx->kernel->store;
-    for (auto& p : store.all())
-      if (p.stage == stage) store.set_trainable(p, trainable != 0);
+    for (auto& p : store.all())  // a reference's copies stay frozen
+      if (p.stage == stage && !(p.flags & TF_PARAM_COPY)) store.set_trainable(p, trainable != 0);
   });
 }
 

@@ -81,6 +81,8 @@ void ParamStore::declare(const tf_param_spec& spec) {
         name + "\"): real models declare thousands (DeepSeek-V3, 61 layers of 256 experts, about " +
         "47,000); the config's counts of layers and experts are absurd for any model");
   if (index_.count(name)) throw std::invalid_argument("parameter \"" + name + "\" declared twice");
+  if (kept_ > 0)
+    throw std::logic_error("parameter \"" + name + "\" declared after the kernel's copies");
   if (spec.ndim < 0 || spec.ndim > 8 || (spec.ndim > 0 && spec.shape == nullptr))
     throw std::invalid_argument("parameter \"" + name + "\": ndim must be 0..8 with a shape");
   Param p;
@@ -119,7 +121,12 @@ void ParamStore::adopt(Param p) {
   materialized_ = true;
 }
 
-int32_t ParamStore::declare_copies(const std::string& prefix) {
+int32_t ParamStore::declare_copies(const std::string& prefix, std::optional<tf_residency> kept_in) {
+  if (kept_in && *kept_in != TF_TIER_DEVICE && *kept_in != TF_TIER_HOST)
+    throw std::invalid_argument(
+        "declare_kept_param_copies: the tier must be TF_TIER_DEVICE or TF_TIER_HOST");
+  if (kept_ > 0)
+    throw std::invalid_argument("declare_param_copies: copies are declared once a run");
   if (materialized_)
     throw std::logic_error("parameters can no longer be declared: already materialized");
   if (prefix.empty()) throw std::invalid_argument("declare_param_copies: an empty prefix");
@@ -136,6 +143,10 @@ int32_t ParamStore::declare_copies(const std::string& prefix) {
     c.copy_of = p.name;
     c.flags |= TF_PARAM_COPY | TF_PARAM_FROZEN;
     c.trainable = false;
+    if (kept_in) {
+      c.kept_by_host = true;
+      c.residency = *kept_in;
+    }
     copies.push_back(std::move(c));
   }
   if (params_.size() + copies.size() > kMaxParams)
@@ -152,6 +163,7 @@ int32_t ParamStore::declare_copies(const std::string& prefix) {
     index_[c.name] = params_.size();
     params_.push_back(std::move(c));
   }
+  if (kept_in) kept_ = copies.size();
   return static_cast<int32_t>(copies.size());
 }
 
@@ -222,7 +234,9 @@ void ParamStore::materialize(uint64_t seed,
                              const std::function<void(size_t, size_t)>& after_group,
                              const std::function<bool(const Param&)>& drawn) {
   size_t group_start = 0;
-  for (size_t i = 0; i < params_.size(); ++i) {
+  // The copies the kernel keeps are filled when training starts.
+  const size_t made = plugins_see();
+  for (size_t i = 0; i < made; ++i) {
     Param& p = params_[i];
     {
       const tf_mem_category cat = (p.flags & TF_PARAM_ADAPTER) ? TF_MEM_ADAPTERS : TF_MEM_WEIGHTS;
@@ -239,11 +253,49 @@ void ParamStore::materialize(uint64_t seed,
         p.value = t.set_requires_grad(p.trainable && at::isFloatingType(p.dtype));
       }
     }
-    const bool group_ends = i + 1 == params_.size() || params_[i + 1].stage != p.stage;
+    const bool group_ends = i + 1 == made || params_[i + 1].stage != p.stage;
     if (group_ends && after_group) after_group(group_start, i + 1);
     if (group_ends) group_start = i + 1;
   }
   materialized_ = true;
+}
+
+at::Tensor ParamStore::kept_copy_of(const Param& copy, const at::Tensor& values,
+                                    const at::Tensor& beside) {
+  at::TensorOptions where = beside.options().requires_grad(false);
+  if (copy.residency == TF_TIER_HOST)
+    where = where.device(at::kCPU).pinned_memory(beside.is_cuda());
+  at::Tensor kept = at::empty(beside.sizes(), where);
+  kept.copy_(values.detach());
+  return kept;
+}
+
+void ParamStore::check_kept_copies() const {
+  for (size_t i = plugins_see(); i < params_.size(); ++i) {
+    const Param& live = get(params_[i].copy_of);
+    if (live.format != TF_FORMAT_DENSE || live.residency != TF_TIER_DEVICE)
+      throw std::invalid_argument(
+          "the kernel keeps " + params_[i].name + ", a copy of " + live.name + ", and " +
+          live.name +
+          " is not a dense weight in the device tier (a strategy moves or converts it): the "
+          "kernel copies only dense weights on the device; leave that strategy out, or let the "
+          "strategies place the copies (declare_param_copies)");
+  }
+}
+
+void ParamStore::take_kept_copies() {
+  check_kept_copies();
+  at::NoGradGuard no_grad;
+  const CategoryScope scope(TF_MEM_WEIGHTS);
+  for (size_t i = plugins_see(); i < params_.size(); ++i) {
+    Param& copy = params_[i];
+    if (copy.value.defined()) continue;
+    const Param& live = get(copy.copy_of);
+    if (!live.value.defined() || live.format != TF_FORMAT_DENSE)
+      throw std::logic_error("the copy " + copy.name + " has no dense weight to copy");
+    copy.value = kept_copy_of(copy, live.value, live.value);
+    copy.dtype = copy.value.scalar_type();
+  }
 }
 
 Param* ParamStore::find(const std::string& name) {

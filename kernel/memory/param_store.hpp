@@ -39,6 +39,10 @@ struct Param {
   // reference model's weights): that one's name, whose values it starts
   // from (the weights file's tensor of that name, or the same initial draw).
   std::string copy_of;
+  // A copy the kernel keeps (ABI 1.24 declare_kept_param_copies): dense in
+  // `residency` (the device, or host memory), out of the strategies' sight;
+  // `value` stays undefined until take_kept_copies (or a checkpoint) fills it.
+  bool kept_by_host = false;
 
   int64_t numel() const;
   // The name its values are read under from a weights file.
@@ -75,7 +79,10 @@ class ParamStore {
   // Declares `prefix` + name, a frozen copy (TF_PARAM_COPY), of every
   // trainable parameter that is not an adapter; returns how many. Throws
   // std::invalid_argument on an empty prefix or one a declared name starts with.
-  int32_t declare_copies(const std::string& prefix);
+  // kept_in: the copies are the kernel's (kept_by_host), in that tier
+  // (TF_TIER_DEVICE or TF_TIER_HOST), declared after every other parameter.
+  int32_t declare_copies(const std::string& prefix,
+                         std::optional<tf_residency> kept_in = std::nullopt);
   // Whether copies were declared under `prefix`.
   bool has_copies(const std::string& prefix) const;
 
@@ -92,6 +99,17 @@ class ParamStore {
                    const std::function<void(size_t first, size_t last)>& after_group = {},
                    const std::function<bool(const Param&)>& drawn = {});
   bool materialized() const { return materialized_; }
+  // How many parameters the plugins see (param_count): all but the copies
+  // the kernel keeps, which come last.
+  size_t plugins_see() const { return params_.size() - kept_; }
+  // Fills every kept copy not filled yet with its parameter's values as they
+  // are now, dense, in the copy's tier (pinned host memory beside a GPU
+  // weight). Throws, by name, when the parameter is not a dense weight in
+  // the device tier (a strategy converted or moved it).
+  void take_kept_copies();
+  // Where a kept copy's values go: `values` placed as `copy` keeps them.
+  static at::Tensor kept_copy_of(const Param& copy, const at::Tensor& values,
+                                 const at::Tensor& beside);
 
   Param& get(const std::string& name);
   const Param& get(const std::string& name) const;
@@ -106,7 +124,12 @@ class ParamStore {
   int64_t stored_bytes() const;
 
  private:
-  int64_t total_elements_ = 0;  // of the declared parameters, bounded by checked_product
+  // The parameter each kept copy copies is a dense weight on the device.
+  void check_kept_copies() const;
+
+  int64_t total_elements_ = 0;
+  size_t kept_ = 0;  // copies kept by the kernel, the last entries of params_  // of the declared
+                     // parameters, bounded by checked_product
   std::vector<Param> params_;
   std::unordered_map<std::string, size_t> index_;
   bool materialized_ = false;

@@ -5,8 +5,8 @@
 #include "checked_size.hpp"
 #include "cuda_memory.hpp"
 #include "fused_head_loss.hpp"
+#include "kernel_parts.hpp"
 #include "process_memory.hpp"
-#include "session.hpp"
 #include "strategy_chain.hpp"
 
 namespace tightfit {
@@ -31,15 +31,15 @@ struct FusedHeadPlan {
   int64_t hidden_grad = 0;  // the gradient of the hidden state forward keeps for backward
 };
 
-FusedHeadPlan fused_head_plan(Session& s, int64_t tokens) {
+FusedHeadPlan fused_head_plan(const KernelParts& s, int64_t tokens) {
   FusedHeadPlan f;
-  f.head = s.executor().fusable_head();
+  f.head = s.executor->fusable_head();
   if (f.head < 0) return f;
-  const StageState& st = s.executor().stages()[static_cast<size_t>(f.head)];
-  const Param& w = s.store().get(st.projection_weight);
+  const StageState& st = s.executor->stages()[static_cast<size_t>(f.head)];
+  const Param& w = s.store->get(st.projection_weight);
   const int64_t vocab = w.shape[0], width = w.shape[1], elt = element_bytes(w.dtype);
   f.chunk_rows =
-      std::min(tokens, fused_loss_chunk_rows(vocab, s.env().config.run.loss_chunk_tokens));
+      std::min(tokens, fused_loss_chunk_rows(vocab, s.env->config.run.loss_chunk_tokens));
   // fp32 logits, and their copy in the weight's dtype when it is another; a
   // capped head's slope of its cap beside them (fp32).
   const int64_t slope = st.projection_softcap > 0 ? 4 : 0;
@@ -76,13 +76,13 @@ struct Baseline {
   int64_t logits_tokens = 0;  // a fused head's chunk (0: not fused)
 };
 
-Baseline baseline(Session& s) {
+Baseline baseline(const KernelParts& s) {
   Baseline b;
-  const tf_run_info& run = s.env().run_info;
+  const tf_run_info& run = s.env->run_info;
   const int64_t tokens =
       checked_product({run.batch_size, run.seq_len}, "tokens per batch (batch_size x seq_len)");
-  const int64_t slots = optimizer_slots(s.env().config.optimizer);
-  const auto& stages = s.executor().stages();
+  const int64_t slots = optimizer_slots(s.env->config.optimizer);
+  const auto& stages = s.executor->stages();
   const size_t n = stages.size();
   b.stages.resize(n);
   std::vector<bool> own_trainable(n, false), any_trainable(n, false);
@@ -90,7 +90,7 @@ Baseline baseline(Session& s) {
     // Shared parameters (tied embeddings) count where their gradient is born: the head.
     return p.stage >= 0 && static_cast<size_t>(p.stage) < n ? static_cast<size_t>(p.stage) : n - 1;
   };
-  for (const Param& p : s.store().all()) {
+  for (const Param& p : s.store->all()) {
     const size_t st = stage_of(p);
     if (p.absent || (p.stage >= 0 && stages[st].skip)) continue;  // never allocated
     const int64_t count = p.numel();
@@ -115,7 +115,7 @@ Baseline baseline(Session& s) {
   // tied embedding counted there) — the model's, which may be larger than
   // the tokenizer's.
   int64_t vocab = run.vocab_size;
-  for (const Param& p : s.store().all())
+  for (const Param& p : s.store->all())
     if (p.shape.size() == 2 && (p.stage < 0 || static_cast<size_t>(p.stage) == n - 1))
       vocab = std::max(vocab, p.shape[0]);
   // fp32: the logits' gradient, which the loss writes over the logits it
@@ -182,21 +182,21 @@ Baseline baseline(Session& s) {
   return b;
 }
 
-tf_model_summary summary(Session& s, const Baseline& b) {
+tf_model_summary summary(const KernelParts& s, const Baseline& b) {
   tf_model_summary m{};
   m.struct_size = sizeof m;
   m.n_params = b.n_params;
   m.n_trainable = b.n_trainable;
   m.param_bytes = b.bytes[TF_MEM_WEIGHTS];
-  m.n_stages = static_cast<int32_t>(s.executor().stages().size());
-  m.batch_size = s.env().run_info.batch_size;
-  m.seq_len = s.env().run_info.seq_len;
+  m.n_stages = static_cast<int32_t>(s.executor->stages().size());
+  m.batch_size = s.env->run_info.batch_size;
+  m.seq_len = s.env->run_info.seq_len;
   m.activation_bytes = b.live_total;  // strategies' activation deltas are against this
   m.logits_tokens = b.logits_tokens;
   return m;
 }
 
-PlanContribution ask(Session& s, PluginInstance& inst, const std::string& label,
+PlanContribution ask(const KernelParts& s, PluginInstance& inst, const std::string& label,
                      tf_status (*hook)(void*, tf_host_context*, const tf_model_summary*,
                                        tf_memory_estimate*),
                      const tf_model_summary& model) {
@@ -218,6 +218,10 @@ PlanContribution ask(Session& s, PluginInstance& inst, const std::string& label,
   c.update_bytes = std::max<int64_t>(0, e.update_bytes);
   c.forward_bytes = std::max<int64_t>(0, e.forward_bytes);
   c.block_bytes = std::max<int64_t>(0, e.block_bytes);
+  c.autocast_compute = e.autocast_compute != 0;
+  c.prefetch_stages = std::max(0, e.prefetch_stages);
+  c.micro_batches = std::max(0, e.micro_batches);
+  c.rank_exchange = std::clamp(e.rank_exchange, 0, 4);
   if (e.recompute_inputs_tier == TF_TIER_HOST || e.recompute_inputs_tier == TF_TIER_DISK)
     c.recompute_inputs_tier = static_cast<tf_residency>(e.recompute_inputs_tier);
   return c;
@@ -225,17 +229,17 @@ PlanContribution ask(Session& s, PluginInstance& inst, const std::string& label,
 
 }  // namespace
 
-MemoryPlan plan_memory(Session& s) {
+MemoryPlan plan_memory(const KernelParts& s) {
   const Baseline b = baseline(s);
   const tf_model_summary model = summary(s, b);
   MemoryPlan plan;
   plan.n_params = b.n_params;
   plan.n_trainable = b.n_trainable;
-  plan.batch_size = s.env().run_info.batch_size;
-  plan.seq_len = s.env().run_info.seq_len;
+  plan.batch_size = s.env->run_info.batch_size;
+  plan.seq_len = s.env->run_info.seq_len;
   if (const std::optional<ProcessMemory> now = read_process_memory()) plan.host_overhead = now->rss;
-  plan.process_scope = s.env().budget.scope == MemoryBudget::Scope::kProcess;
-  plan.block_cache = s.env().config.run.cpu_block_cache;
+  plan.process_scope = s.env->budget.scope == MemoryBudget::Scope::kProcess;
+  plan.block_cache = s.env->config.run.cpu_block_cache;
 
   TierCounts held{};
   bool grads_in_forward = false;
@@ -243,32 +247,33 @@ MemoryPlan plan_memory(Session& s) {
   held[TF_TIER_DEVICE] = b.bytes;
   // The planned parameter table: declared, dense, on the device; strategies
   // that convert or move parameters edit it while they are asked.
-  auto& table = s.plan_table().params;
+  auto& table = s.plan->params;
   table.clear();
-  const auto& stages = s.executor().stages();
-  for (const Param& p : s.store().all()) {
+  const auto& stages = s.executor->stages();
+  for (const Param& p : s.store->all()) {
     if (p.absent || (p.stage >= 0 && static_cast<size_t>(p.stage) < stages.size() &&
                      stages[static_cast<size_t>(p.stage)].skip))
       continue;
+    // The copies the kernel keeps sit in their own tier (no strategy sees them).
     table[p.name] = tf_param_plan{sizeof(tf_param_plan), p.numel() * element_bytes(p.dtype),
-                                  TF_FORMAT_DENSE, TF_TIER_DEVICE};
+                                  TF_FORMAT_DENSE, p.kept_by_host ? p.residency : TF_TIER_DEVICE};
   }
-  s.plan_table().planning = true;
+  s.plan->planning = true;
   struct EndPlanning {
-    Session& s;
-    ~EndPlanning() { s.plan_table().planning = false; }
+    const KernelParts& s;
+    ~EndPlanning() { s.plan->planning = false; }
   } end_planning{s};
-  for (PluginInstance& inst : s.plugins().strategies)
+  for (PluginInstance& inst : s.plugins->strategies)
     plan.contributions.push_back(
         ask(s, inst, inst.plugin->name, inst.plugin->strategy()->estimate_memory, model));
-  if (s.plugins().schedule.plugin)
+  if (s.plugins->schedule.plugin)
     plan.contributions.push_back(
-        ask(s, s.plugins().schedule, "schedule " + s.plugins().schedule.plugin->name,
-            s.plugins().schedule.plugin->schedule()->estimate_memory, model));
-  s.plan_table().planning = false;
+        ask(s, s.plugins->schedule, "schedule " + s.plugins->schedule.plugin->name,
+            s.plugins->schedule.plugin->schedule()->estimate_memory, model));
+  s.plan->planning = false;
   // On a GPU, cuBLAS keeps its workspaces in the caching allocator from the
   // first matmul on: resident through every moment of every step.
-  if (const at::Device& dev = s.env().device; dev.is_cuda()) {
+  if (const at::Device& dev = s.env->device; dev.is_cuda()) {
     const int64_t measured = cuda_library_workspace_bytes(dev.has_index() ? dev.index() : 0);
     PlanContribution c;
     c.plugin = measured >= 0 ? "cuBLAS workspaces (measured on this GPU)"
@@ -280,7 +285,7 @@ MemoryPlan plan_memory(Session& s) {
   // Weights and adapters per tier from the table.
   held[TF_TIER_DEVICE][TF_MEM_WEIGHTS] = held[TF_TIER_DEVICE][TF_MEM_ADAPTERS] = 0;
   for (const auto& [name, planned] : table) {
-    const bool adapter = (s.store().get(name).flags & TF_PARAM_ADAPTER) != 0;
+    const bool adapter = (s.store->get(name).flags & TF_PARAM_ADAPTER) != 0;
     held[static_cast<size_t>(planned.tier)][adapter ? TF_MEM_ADAPTERS : TF_MEM_WEIGHTS] +=
         planned.bytes;
   }
@@ -406,7 +411,7 @@ MemoryPlan plan_memory(Session& s) {
     plan.disk_bytes += held[TF_TIER_DISK][k];
   }
   // On a CPU run the host tier is the same memory the run counts.
-  plan.tracked_peak = plan.device_peak + (s.env().device.is_cpu() ? plan.host_bytes : 0);
+  plan.tracked_peak = plan.device_peak + (s.env->device.is_cpu() ? plan.host_bytes : 0);
   return plan;
 }
 

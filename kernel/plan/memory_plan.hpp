@@ -31,7 +31,7 @@
 
 namespace tightfit {
 
-class Session;
+struct KernelParts;
 
 using TierCounts = std::array<CategoryCounts, TF_TIER_COUNT>;
 
@@ -46,6 +46,11 @@ struct PlanContribution {
   int64_t forward_bytes = 0;  // alive only at the end of forward
   int64_t block_bytes = 0;    // alive only while a decoder block computes
   tf_residency recompute_inputs_tier = TF_TIER_DEVICE;
+  // What the step cost model reads of it (ABI 1.24; 0: nothing of the kind).
+  bool autocast_compute = false;
+  int32_t prefetch_stages = 0;
+  int32_t micro_batches = 0;
+  int32_t rank_exchange = 0;  // 1 gradients, 2-4 ZeRO stage 1-3
 };
 
 struct MemoryPlan {
@@ -92,7 +97,7 @@ struct MemoryPlan {
 };
 
 // The plan of a session composed with SessionOptions::dry_run (or a live one).
-MemoryPlan plan_memory(Session& session);
+MemoryPlan plan_memory(const KernelParts& kernel);
 
 // "weights 1.0MiB, grads 1.0MiB, ...": what the device holds at the planned
 // peak, by category (those with bytes), as plan and run messages print it.

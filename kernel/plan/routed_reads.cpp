@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "session.hpp"
+#include "kernel_parts.hpp"
 
 namespace tightfit {
 
@@ -16,15 +16,15 @@ bool read_when_routed(const Param& p) {
   return (p.flags & TF_PARAM_EXPERT) != 0 && !p.trainable;
 }
 
-RoutedReads plan_routed_reads(Session& s, const std::vector<StageFlow>& stages) {
+RoutedReads plan_routed_reads(const KernelParts& s, const std::vector<StageFlow>& stages) {
   RoutedReads r;
-  const tf_run_info& run = s.env().run_info;
+  const tf_run_info& run = s.env->run_info;
   const double tokens = static_cast<double>(run.batch_size) * static_cast<double>(run.seq_len);
   r.stage_host_bytes.assign(stages.size(), 0);
   r.stage_disk_bytes.assign(stages.size(), 0);
-  const auto& table = s.plan_table().params;
-  const auto& declared = s.executor().stages();
-  for (const Param& p : s.store().all()) {
+  const auto& table = s.plan->params;
+  const auto& declared = s.executor->stages();
+  for (const Param& p : s.store->all()) {
     const auto it = table.find(p.name);
     if (it == table.end() || !read_when_routed(p) || p.stage < 0 ||
         static_cast<size_t>(p.stage) >= stages.size())

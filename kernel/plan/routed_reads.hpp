@@ -22,7 +22,7 @@
 
 namespace tightfit {
 
-class Session;
+struct KernelParts;
 struct Param;
 
 // Whether `p`, kept in the host or disk tier, is read when a batch routes
@@ -48,6 +48,6 @@ double routed_use_probability(double share, double tokens);
 
 // From the session's planned parameter table (plan_memory fills it) and the
 // plan's stage flows.
-RoutedReads plan_routed_reads(Session& session, const std::vector<StageFlow>& stages);
+RoutedReads plan_routed_reads(const KernelParts& kernel, const std::vector<StageFlow>& stages);
 
 }  // namespace tightfit

@@ -4,7 +4,7 @@
 #include <set>
 #include <vector>
 
-#include "session.hpp"
+#include "kernel_parts.hpp"
 
 namespace tightfit {
 
@@ -27,12 +27,24 @@ struct StageWork {
 
 }  // namespace
 
-StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRates& rates,
+CostOptions cost_options(const MemoryPlan& plan) {
+  CostOptions o;
+  for (const PlanContribution& c : plan.contributions) {
+    if (!c.estimated) continue;
+    o.low_precision_compute = o.low_precision_compute || c.autocast_compute;
+    o.prefetch = std::max(o.prefetch, static_cast<int>(c.prefetch_stages));
+    o.micro_batches = std::max<int64_t>(o.micro_batches, c.micro_batches);
+    if (c.rank_exchange > 0) o.zero_stage = std::max(o.zero_stage, c.rank_exchange - 1);
+  }
+  return o;
+}
+
+StepCost predict_step_cost(const KernelParts& s, const MemoryPlan& plan, const MachineRates& rates,
                            const CostOptions& options) {
   StepCost cost;
-  const tf_run_info& run = s.env().run_info;
+  const tf_run_info& run = s.env->run_info;
   const double tokens = static_cast<double>(run.batch_size * run.seq_len);
-  const auto& stages = s.executor().stages();
+  const auto& stages = s.executor->stages();
   const size_t n = stages.size();
   std::vector<StageWork> work(n);
   auto stage_of = [&](const Param& p) {
@@ -40,8 +52,8 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
   };
   double trainable_values = 0;
   double trained_on_tier = 0, trained_on_disk = 0;  // bytes written back after the update
-  const auto& table = s.plan_table().params;
-  for (const Param& p : s.store().all()) {
+  const auto& table = s.plan->params;
+  for (const Param& p : s.store->all()) {
     const auto it = table.find(p.name);
     if (it == table.end()) continue;  // absent or skipped: never touched
     StageWork& w = work[stage_of(p)];
@@ -77,7 +89,7 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
   // copies into it (the kernel flushes them in the background).
   const double disk_write = disk_cold ? rates.disk_write : rates.disk_read_warm;
   // On a CPU run the host tier is the same RAM: nothing crosses a link.
-  const double host_read = s.env().device.is_cpu() ? 0 : rates.host_link_bytes_per_s;
+  const double host_read = s.env->device.is_cpu() ? 0 : rates.host_link_bytes_per_s;
 
   double per_micro_matmul = 0, per_micro_recompute = 0, per_micro_memory = 0, per_micro_dequant = 0,
          per_micro_transfer = 0;
@@ -96,7 +108,7 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
     // fp32 (AMX), but whole 16-bit training steps measured here do not
     // (`fit --verify`: bf16 and autocast steps as slow as fp32 or slower),
     // so a CPU step is costed at fp32 rates per value whatever its dtype.
-    const bool fast16 = w.bf16 && !s.env().device.is_cpu();
+    const bool fast16 = w.bf16 && !s.env->device.is_cpu();
     const int64_t rows = run.batch_size * run.seq_len;
     const double rate = std::max(1.0, w.bf16 && !fast16 ? std::min(rates.matmul_flops(rows, false),
                                                                    rates.matmul_flops(rows, true))
@@ -194,7 +206,7 @@ StepCost predict_step_cost(Session& s, const MemoryPlan& plan, const MachineRate
     const double link = std::max(1.0, rates.host_link_bytes_per_s);
     const double share = (world - 1) / world;
     double grad_bytes = 0, weight_bytes = 0;
-    for (const Param& p : s.store().all()) {
+    for (const Param& p : s.store->all()) {
       const auto it = table.find(p.name);
       if (it == table.end()) continue;
       if (p.trainable) grad_bytes += static_cast<double>(p.numel()) * 4;

@@ -18,7 +18,7 @@
 
 namespace tightfit {
 
-class Session;
+struct KernelParts;
 
 // What the cost model needs to know that the plan does not show.
 struct CostOptions {
@@ -42,8 +42,13 @@ struct StepCost {
   }
 };
 
+// What the plugins' estimates say of the step (tf_memory_estimate's
+// autocast_compute, prefetch_stages, micro_batches, rank_exchange): the
+// options a planned recipe is priced with.
+CostOptions cost_options(const MemoryPlan& plan);
+
 // Seconds per optimizer step. `plan` must be plan_memory(session).
-StepCost predict_step_cost(Session& session, const MemoryPlan& plan, const MachineRates& rates,
-                           const CostOptions& options);
+StepCost predict_step_cost(const KernelParts& kernel, const MemoryPlan& plan,
+                           const MachineRates& rates, const CostOptions& options);
 
 }  // namespace tightfit

@@ -161,6 +161,8 @@ std::string Session::write_checkpoint(int64_t step) {
     for (Param& p : store_.all()) {
       if (p.residency == TF_TIER_SHARDED)
         model.put(p.name, at::empty({0}, at::TensorOptions().dtype(p.value.scalar_type())));
+      else if (p.kept_by_host && !p.value.defined())  // not taken yet: none to carry
+        model.put(p.name, at::empty({0}, at::TensorOptions().dtype(p.dtype)));
       else if (p.trainable && p.residency != TF_TIER_DEVICE)
         executor_.with_resident(p, [&] { model.put(p.name, p.value); });
       else
@@ -324,9 +326,28 @@ bool Session::load_latest_checkpoint() {
       // dense values or their placeholders); their declared shape still has
       // to match.
       auto frozen_away = [](const Param& p) {
-        return !p.trainable && (p.residency == TF_TIER_HOST || p.residency == TF_TIER_DISK);
+        return !p.trainable && !p.kept_by_host &&
+               (p.residency == TF_TIER_HOST || p.residency == TF_TIER_DISK);
       };
+      // The copies the kernel keeps, as the checkpoint holds them: their
+      // values, nothing (saved before any pass took them), or missing (saved
+      // by a tightfit before 1.24, whose schedule kept them in its state:
+      // its load_state hands them over, or the checkpoint is refused below).
+      std::vector<std::string> kept_missing;
       for (const Param& p : store_.all()) {
+        if (p.kept_by_host) {
+          if (!model.contains(p.name)) {
+            kept_missing.push_back(p.name);
+            continue;
+          }
+          const int64_t n = c10::multiply_integers(model.shape(p.name));
+          if (n > 0 && at::IntArrayRef(model.shape(p.name)) != at::IntArrayRef(p.shape))
+            throw std::runtime_error("the copy \"" + p.name + "\" has shape " +
+                                     c10::str(at::IntArrayRef(model.shape(p.name))) +
+                                     " in the checkpoint but " +
+                                     c10::str(at::IntArrayRef(p.shape)) + " in this recipe");
+          continue;
+        }
         if (!model.contains(p.name))
           throw std::runtime_error("model.safetensors has no parameter \"" + p.name +
                                    "\" (was it saved from another model or preset?)");
@@ -349,6 +370,15 @@ bool Session::load_latest_checkpoint() {
         for (Param& p : store_.all()) {
           if (p.residency == TF_TIER_SHARDED) continue;  // its strategy's load_state
           if (frozen_away(p)) continue;
+          if (p.kept_by_host) {
+            const CategoryScope scope(TF_MEM_WEIGHTS);
+            const bool taken =
+                model.contains(p.name) && c10::multiply_integers(model.shape(p.name)) > 0;
+            p.value =
+                taken ? ParamStore::kept_copy_of(p, model.read(p.name), store_.get(p.copy_of).value)
+                      : at::Tensor();
+            continue;
+          }
           if (p.trainable && p.residency != TF_TIER_DEVICE)
             executor_.with_resident(p, [&] { p.value.copy_(model.read(p.name)); });
           else
@@ -384,6 +414,12 @@ bool Session::load_latest_checkpoint() {
             plugins_.strategies[i].plugin->strategy()->load_state);
       load_plugin(plugins_.schedule, "schedule." + plugins_.schedule.plugin->name + ".",
                   plugins_.schedule.plugin->schedule()->load_state);
+      for (const std::string& name : kept_missing)
+        if (!store_.get(name).value.defined())
+          throw std::runtime_error("model.safetensors has no copy \"" + name +
+                                   "\" (the reference the run trains against), and the "
+                                   "schedule's state did not bring it: resume with the recipe "
+                                   "and tightfit that saved it");
       step_ = trainer.step;
       note_input_folder(this, cp.string(), "the checkpoint");  // no export replaces what it loaded
       log(TF_LOG_INFO, "resumed from " + cp.string() + " at step " + std::to_string(step_));

@@ -189,6 +189,8 @@ class Session {
   Snapshots& snapshots() { return snapshots_; }
   TrainingData& data() { return data_; }
   ParamPlanTable& plan_table() { return plan_; }
+  // The parts the services and the planner work on (plan_memory(parts())).
+  const KernelParts& parts() const { return parts_; }
   const tf_host_api* host_api() const { return kernel_host_api(); }
   // The number of steps done (the step being run, 0-based, inside one).
   int64_t step() const { return step_; }

@@ -337,8 +337,8 @@ void Session::materialize_params() {
                             "strategies that fit a budget");
   };
   int64_t stages = 0;  // the groups materialize hands over, for the progress line
-  for (size_t i = 0; i < store_.all().size(); ++i)
-    stages += i + 1 == store_.all().size() || store_.all()[i + 1].stage != store_.all()[i].stage;
+  for (size_t i = 0, n = store_.plugins_see(); i < n; ++i)
+    stages += i + 1 == n || store_.all()[i + 1].stage != store_.all()[i].stage;
   Progress progress("building the model", stages, "stages");
   int64_t stages_done = 0;
   try {

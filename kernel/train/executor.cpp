@@ -349,7 +349,8 @@ bool Executor::stage_in_use(int32_t stage) const {
 }
 
 void Executor::with_resident(Param& p, const std::function<void()>& fn) {
-  if (p.residency == TF_TIER_DEVICE || p.stage < 0 || stage_in_use(p.stage)) return fn();
+  if (p.kept_by_host || p.residency == TF_TIER_DEVICE || p.stage < 0 || stage_in_use(p.stage))
+    return fn();
   // Outside its stage's events (export, checkpoints, snapshots, decoding) a
   // parameter kept in another tier is brought in for this access only.
   raise_stage_event(p.stage, TF_PHASE_ACCESS, true);
@@ -371,7 +372,15 @@ std::string Executor::read_name(const std::string& name) const {
 at::Tensor Executor::fetch_weight(const std::string& name) {
   Param& p = store_.get(read_name(name));
   at::Tensor w;
-  if (p.residency == TF_TIER_DEVICE || stage_in_use(p.stage))
+  if (p.kept_by_host) {
+    // Taken as the first pass that reads one finds the weights (the
+    // schedule's reference model: before the first update).
+    if (!p.value.defined()) store_.take_kept_copies();
+    // In pinned host memory: to the device its parameter lives on, for this read.
+    w = p.value.is_pinned()
+            ? p.value.to(store_.get(p.copy_of).value.device(), /*non_blocking=*/true)
+            : p.value;
+  } else if (p.residency == TF_TIER_DEVICE || stage_in_use(p.stage))
     w = fetch_resident(p);
   else  // a copy: the tier may free the resident bytes when the access ends
     with_resident(p, [&] { w = fetch_resident(p).detach().clone(); });
@@ -402,7 +411,7 @@ void Executor::expect_weights(const std::vector<std::string>& names) {
   for (const std::string& asked : names) {
     const std::string name = read_name(asked);
     const Param& p = store_.get(name);
-    if (p.residency != TF_TIER_DEVICE && p.value.numel() == 0 && p.numel() > 0 &&
+    if (!p.kept_by_host && p.residency != TF_TIER_DEVICE && p.value.numel() == 0 && p.numel() > 0 &&
         stage_in_use(p.stage))
       StrategyChain(plugins_.strategies)
           .first_handled(TF_STRATEGY_HOOK(expect_weight), name.c_str());

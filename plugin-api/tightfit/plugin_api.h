@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 23
+#define TF_ABI_VERSION_MINOR 24
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -771,6 +771,16 @@ typedef struct tf_memory_estimate {
    * backward — and not while the head computes or the update runs (a frozen
    * weight dequantized for one projection); kept out of delta_bytes. */
   int64_t block_bytes;
+  /* Added in 1.24: what the step cost model (`tightfit fit`) needs to know
+   * of this plugin that the plan does not show; 0 where it does nothing of
+   * the kind. */
+  int32_t autocast_compute; /* 1: matmuls run in 16 bits from weights kept in 32 */
+  int32_t prefetch_stages;  /* how many stages ahead it reads the tiers it keeps */
+  int32_t micro_batches;    /* a schedule's passes of data.batch_size per update */
+  /* What the ranks exchange each step (with world_size > 1): 1 gradients,
+   * all-reduced (data parallel); 2, 3, 4: ZeRO stage 1, 2, 3 (the optimizer
+   * state, then the gradients, then the weights partitioned). */
+  int32_t rank_exchange;
 } tf_memory_estimate;
 
 /* ------------------------------------------------------------------------- */
@@ -1146,9 +1156,25 @@ typedef struct tf_host_api {
   tf_status (*progress)(tf_host_context* ctx, const char* phase, int64_t done, int64_t total,
                         const char* unit);
 
+  /* Added in 1.24 (a reserved slot): declares the copies declare_param_copies
+   * declares (the same names, rules and phase), kept by the host rather than
+   * placed by the strategies: dense, in `tier` — TF_TIER_DEVICE, beside the
+   * weights, or TF_TIER_HOST, host memory (pinned on a GPU run) that a pass
+   * reads each copy from as it needs it — in the dtype their parameter has
+   * once the strategies have placed it. They hold the parameters' values as
+   * training finds them (TRL's create_reference_model: a copy of the model
+   * when the trainer starts), taken when training starts or a pass first
+   * reads one; checkpoints carry them, the plan counts them in `tier`, and no
+   * strategy sees them (param_count and param_name leave them out; no hook
+   * is called for them). Set-up refuses, by name, a parameter they copy that
+   * a strategy keeps compact or in another tier. tf_pass.param_copies reads
+   * them. */
+  tf_status (*declare_kept_param_copies)(tf_host_context* ctx, const char* prefix,
+                                         tf_residency tier, int32_t* out_count);
+
   /* Slots for services added in later 1.x versions (the struct grows past
    * them too: it is size-prefixed). */
-  void* reserved[4];
+  void* reserved[3];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */

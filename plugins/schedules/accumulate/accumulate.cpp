@@ -100,6 +100,8 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
     out->time_from_plan = 1;  // tightfit fit prices it from the plan
     if (s->micro_batches > 1 && TF_SDK_REACHES(out, tf_memory_estimate, grads_in_forward))
       out->grads_in_forward = 1;
+    if (TF_SDK_REACHES(out, tf_memory_estimate, micro_batches))
+      out->micro_batches = static_cast<int32_t>(s->micro_batches);
     return TF_OK;
   });
 }

@@ -4,7 +4,7 @@
 //   reference log-probs  no gradients, from the reference model: with
 //                        adapters, the base with them off (as PEFT's
 //                        disable_adapter()); a full fine-tune's, the weights
-//                        before the first update (reference_weights.hpp);
+//                        before the first update (reference_model.hpp);
 //   policy log-probs     the model as it is, no gradients;
 //   loss                 TRL's dpo_loss of the two (sigmoid, ipo or hinge),
 //                        differentiated with respect to the policy log-probs;

@@ -374,6 +374,16 @@ class Host {
     check(api_->declare_param_copies(ctx_, prefix.c_str(), &n));
     return n;
   }
+  // ABI 1.24: the same copies, kept by the host dense in `tier`
+  // (TF_TIER_DEVICE, or TF_TIER_HOST: host memory) and holding the weights
+  // as training finds them; no strategy places them. How many; -1 on an
+  // older host.
+  int32_t declare_kept_param_copies(const std::string& prefix, tf_residency tier) const {
+    if (!TF_HAS(api_, tf_host_api, declare_kept_param_copies)) return -1;
+    int32_t n = 0;
+    check(api_->declare_kept_param_copies(ctx_, prefix.c_str(), tier, &n));
+    return n;
+  }
   // The passes read the copies under `prefix` ("" : the parameters).
   void use_param_copies(const std::string& prefix) const {
     if (!TF_HAS(api_, tf_host_api, use_param_copies))

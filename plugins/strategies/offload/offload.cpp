@@ -423,6 +423,8 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
       out->recompute_inputs_tier = s->activations_tier == "disk" ? TF_TIER_DISK : TF_TIER_HOST;
     out->time_factor = 0;
     out->time_from_plan = 1;  // tightfit fit prices it from the plan
+    if (TF_SDK_REACHES(out, tf_memory_estimate, prefetch_stages))
+      out->prefetch_stages = static_cast<int32_t>(s->prefetch);  // reads it hides behind compute
     return TF_OK;
   });
 }

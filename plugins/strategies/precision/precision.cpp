@@ -335,6 +335,8 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
     }
     out->time_factor = 0;
     out->time_from_plan = 1;  // tightfit fit prices it from the plan
+    if (TF_SDK_REACHES(out, tf_memory_estimate, autocast_compute))
+      out->autocast_compute = s->autocast ? 1 : 0;  // the casts each forward makes
     return TF_OK;
   });
 }

@@ -521,6 +521,12 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     out->time_factor = 1.0;
     out->time_from_plan = 1;  // tightfit fit prices it from the plan
+    // What the ranks exchange each step: the gradients (data parallel), or
+    // ZeRO's partitions; a layer split exchanges activations inside a pass.
+    if (TF_SDK_REACHES(out, tf_memory_estimate, rank_exchange))
+      out->rank_exchange = static_cast<int32_t>(s->mode == "data"   ? 1
+                                                : s->mode == "zero" ? 1 + s->zero_stage
+                                                                    : 0);
     if (s->mode != "zero" || s->world <= 1) return TF_OK;
     const double keep = 1.0 / s->world;
     const int64_t opt = 4 * static_cast<int64_t>(s->n_state()) * model->n_trainable;
