@@ -96,7 +96,8 @@ struct MemoryPlan {
   static constexpr double kPlanMargin = 0.15;
 };
 
-// The plan of a session composed with SessionOptions::dry_run (or a live one).
+// The plan of a session's parts (Session::parts()), composed with
+// SessionOptions::dry_run or live.
 MemoryPlan plan_memory(const KernelParts& kernel);
 
 // "weights 1.0MiB, grads 1.0MiB, ...": what the device holds at the planned

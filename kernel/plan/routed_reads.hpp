@@ -46,7 +46,7 @@ struct RoutedReads {
 // independent of the others'.
 double routed_use_probability(double share, double tokens);
 
-// From the session's planned parameter table (plan_memory fills it) and the
+// From the kernel's planned parameter table (plan_memory fills it) and the
 // plan's stage flows.
 RoutedReads plan_routed_reads(const KernelParts& kernel, const std::vector<StageFlow>& stages);
 

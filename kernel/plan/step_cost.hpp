@@ -1,5 +1,5 @@
 // The step-time cost model `tightfit fit` ranks strategy stacks with: from a
-// planned session (plan_memory has filled its parameter table) and the
+// session's planned parts (plan_memory has filled their parameter table) and the
 // machine's measured rates, the seconds one optimizer step should take, in
 // parts: matmuls (forward, backward, recomputation) at the measured FLOP/s
 // of their dtype and micro-batch, memory-bound work on the activations,
@@ -47,7 +47,7 @@ struct StepCost {
 // options a planned recipe is priced with.
 CostOptions cost_options(const MemoryPlan& plan);
 
-// Seconds per optimizer step. `plan` must be plan_memory(session).
+// Seconds per optimizer step. `plan` must be plan_memory(kernel).
 StepCost predict_step_cost(const KernelParts& kernel, const MemoryPlan& plan,
                            const MachineRates& rates, const CostOptions& options);
 
