@@ -70,6 +70,7 @@ struct Baseline {
   bool low_precision = false;  // a trained parameter is stored in 16 bits
   int64_t live_total = 0;      // all stages' activations were none recomputed
   int64_t n_params = 0, n_trainable = 0;
+  int64_t kept_bytes = 0;  // the copies the kernel keeps: not the strategies' to estimate
   // A fused head's forward: a chunk's logits and the projection's weight
   // gradient, which forward makes and backward hands over.
   int64_t head_forward = 0;
@@ -96,6 +97,7 @@ Baseline baseline(const KernelParts& s) {
     const int64_t count = p.numel();
     const int64_t bytes = checked_product({count, element_bytes(p.dtype)}, "parameter " + p.name);
     if (p.copy_of.empty()) b.n_params += count;  // a copy is not more of the model
+    if (p.kept_by_host) b.kept_bytes += bytes;
     const bool adapter = (p.flags & TF_PARAM_ADAPTER) != 0;
     b.bytes[adapter ? TF_MEM_ADAPTERS : TF_MEM_WEIGHTS] += bytes;
     if (!p.trainable) continue;
@@ -187,7 +189,7 @@ tf_model_summary summary(const KernelParts& s, const Baseline& b) {
   m.struct_size = sizeof m;
   m.n_params = b.n_params;
   m.n_trainable = b.n_trainable;
-  m.param_bytes = b.bytes[TF_MEM_WEIGHTS];
+  m.param_bytes = b.bytes[TF_MEM_WEIGHTS] - b.kept_bytes;
   m.n_stages = static_cast<int32_t>(s.executor->stages().size());
   m.batch_size = s.env->run_info.batch_size;
   m.seq_len = s.env->run_info.seq_len;
