@@ -1,4 +1,4 @@
-# tightfit_add_plugin(NAME KIND model|strategy|schedule SOURCES ...)
+# tightfit_add_plugin(NAME KIND model|strategy|schedule|reward SOURCES ...)
 #
 # Builds a plugin as a MODULE library against LibTorch and the plugin SDK
 # (target tightfit::plugin_sdk: the C ABI headers and the C++ conveniences).
@@ -18,8 +18,8 @@ endif()
 
 function(tightfit_add_plugin name)
   cmake_parse_arguments(ARG "" "KIND" "SOURCES" ${ARGN})
-  if(NOT ARG_KIND MATCHES "^(model|strategy|schedule)$")
-    message(FATAL_ERROR "tightfit_add_plugin(${name}): KIND must be model, strategy or schedule")
+  if(NOT ARG_KIND MATCHES "^(model|strategy|schedule|reward)$")
+    message(FATAL_ERROR "tightfit_add_plugin(${name}): KIND must be model, strategy, schedule or reward")
   endif()
   if(NOT ARG_SOURCES)
     message(FATAL_ERROR "tightfit_add_plugin(${name}): no SOURCES")

@@ -225,6 +225,8 @@ TF_FROZEN(tf_host_api, run_pass, 624);
 TF_FROZEN(tf_host_api, read_later, 632);
 TF_FROZEN(tf_host_api, progress, 640);
 TF_FROZEN(tf_host_api, declare_kept_param_copies, 648);
+TF_FROZEN(tf_host_api, generate, 656);  // 1.25
+TF_FROZEN(tf_host_api, score_rewards, 664);
 TF_FROZEN(tf_model_vtable, struct_size, 0);
 TF_FROZEN(tf_model_vtable, create, 8);
 TF_FROZEN(tf_model_vtable, destroy, 16);
@@ -269,6 +271,10 @@ TF_FROZEN(tf_schedule_vtable, save_state, 40);
 TF_FROZEN(tf_schedule_vtable, load_state, 48);
 TF_FROZEN(tf_schedule_vtable, eval_batch, 56);
 TF_FROZEN(tf_schedule_vtable, preference_tokenization, 64);
+TF_FROZEN(tf_schedule_vtable, features, 72);  // 1.25
+TF_FROZEN(tf_batch, prompts, 88);
+TF_FROZEN(tf_reward_vtable, score, 24);
+TF_FROZEN(tf_reward_batch, prompts, 24);
 TF_FROZEN(tf_plugin_descriptor, struct_size, 0);
 TF_FROZEN(tf_plugin_descriptor, abi_version, 4);
 TF_FROZEN(tf_plugin_descriptor, kind, 8);

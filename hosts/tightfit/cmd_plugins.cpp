@@ -142,6 +142,7 @@ void print_all_keys(const PluginRegistry& reg) {
   for (const PluginInfo* p : builtin)
     print_key_table(std::string(p->kind == TF_PLUGIN_MODEL      ? "[model]"
                                 : p->kind == TF_PLUGIN_STRATEGY ? "[[strategy]]"
+                                : p->kind == TF_PLUGIN_REWARD   ? "[[reward]]"
                                                                 : "[schedule]") +
                         " plugin = \"" + p->name + "\"",
                     p->keys);

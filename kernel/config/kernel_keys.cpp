@@ -98,14 +98,18 @@ const std::vector<KeySpec>& data_keys() {
   static const std::vector<KeySpec> keys = {
       key("corpus", TF_VALUE_STRING, "\"builtin:fortunes\"",
           "builtin:fortunes, a text file, a folder of text files, a .jsonl with \"text\", or "
-          "JSONL instruction/chat rows (messages, prompt/completion, instruction/output), or "
-          "preference rows (chosen/rejected, for a preference schedule such as dpo)"),
+          "JSONL instruction/chat rows (messages, prompt/completion, instruction/output), "
+          "preference rows (chosen/rejected, for a preference schedule such as dpo), or prompt "
+          "rows (a \"prompt\" alone, for a schedule that samples its completions: grpo)"),
       key("tokenizer", TF_VALUE_STRING, "\"auto\"",
           "byte (256 ids), or a model folder or tokenizer.json; auto = the [model].weights "
           "folder's tokenizer (tokenizer.json, vocab.json + merges.txt or tokenizer.model), "
           "refused when it has none"),
       key("seq_len", TF_VALUE_INT, "128", "tokens per sequence", 1, 1e7),
-      key("batch_size", TF_VALUE_INT, "16", "sequences per batch", 1, 1e6),
+      key("batch_size", TF_VALUE_INT, "16",
+          "sequences per batch (pairs of preference rows; prompts, each sampled num_generations "
+          "times, for grpo)",
+          1, 1e6),
       key("val_fraction", TF_VALUE_FLOAT, "0.05",
           "held out for eval: the corpus's tail, or that share of the examples", 0, 0.5),
       key("train_on", TF_VALUE_STRING, "\"completion\"",
@@ -118,8 +122,9 @@ const std::vector<KeySpec>& data_keys() {
       key("chat_template", TF_VALUE_STRING, "\"\"",
           "a .jinja chat template to use instead of the tokenizer_config.json's"),
       key("max_prompt_length", TF_VALUE_INT, "512",
-          "preference rows: the prompt's last tokens kept (TRL's max_prompt_length); 0 = all", 0,
-          1e7),
+          "preference rows: the prompt's last tokens kept (TRL's max_prompt_length); prompt rows "
+          "(grpo): cut on the tokenizer's truncation_side, as TRL's GRPOTrainer; 0 = all",
+          0, 1e7),
       key("max_completion_length", TF_VALUE_INT, "0",
           "preference rows: each completion's first tokens kept (TRL's max_completion_length); "
           "0 = all",
@@ -171,7 +176,7 @@ const std::vector<KeySpec>& save_keys() {
 
 const std::vector<std::string>& kernel_top_level_tables() {
   static const std::vector<std::string> tables = {"run",      "model",    "data", "optimizer",
-                                                  "strategy", "schedule", "save"};
+                                                  "strategy", "schedule", "save", "reward"};
   return tables;
 }
 

@@ -56,6 +56,9 @@ class Batcher {
     // Preference batches: int64 [B], 1 where the row's first token is its
     // answer's (no prompt token precedes it); undefined otherwise.
     at::Tensor answer_first;
+    // Prompts alone (PromptBatcher): this many rows, each one prompt's ids
+    // padded after, row_ids set, no target; 0 otherwise.
+    int64_t prompts = 0;
   };
   // The batch at the current position; advances the position.
   virtual Batch next() = 0;

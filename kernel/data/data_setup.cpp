@@ -16,6 +16,7 @@
 #include "json_input.hpp"
 #include "kto_data.hpp"
 #include "memory_accounting.hpp"
+#include "prompt_data.hpp"
 #include "tokenizer_choice.hpp"
 #include "tokenizer_folder.hpp"
 
@@ -210,6 +211,32 @@ DataSetup unpaired_examples(const DataRequest& r, DataSetup d, const ChatFormatt
   return d;
 }
 
+// Prompt rows for a schedule that completes them (prompt_data.hpp).
+DataSetup prompt_examples(const DataRequest& r, DataSetup d, const ChatFormatter& formatter,
+                          const TokenizerConfig& config, int64_t pad) {
+  const int64_t cap = r.preference.max_prompt_length;
+  std::vector<PromptRow> rows = preparing_data(r, "reading the prompts", [&] {
+    return load_prompt_rows(r.corpus, formatter, cap, config.truncate_left, r.base_dir);
+  });
+  const auto cut =
+      std::count_if(rows.begin(), rows.end(), [](const PromptRow& p) { return p.truncated; });
+  auto id_of = [&](const std::string& token) {
+    return token.empty() ? int64_t{-1} : d.tokenizer->token_id(token);
+  };
+  auto batcher = std::make_unique<PromptBatcher>(std::move(rows), r.batch_size * r.world_size,
+                                                 r.seed, r.val_fraction, pad,
+                                                 id_of(config.eos_token), id_of(config.pad_token));
+  d.description = std::to_string(batcher->train_rows() + batcher->validation_rows()) +
+                  " prompts: " + std::to_string(batcher->train_rows()) + " train, " +
+                  std::to_string(batcher->validation_rows()) + " validation; the longest " +
+                  std::to_string(batcher->longest()) + " tokens; " + std::to_string(cut) +
+                  " cut to max_prompt_length = " + std::to_string(cap) + " (keeping the " +
+                  (config.truncate_left ? "last" : "first") +
+                  " tokens, as the tokenizer's truncation_side says)";
+  d.batcher = std::move(batcher);
+  return d;
+}
+
 // `preference`: the checked preference options (preference_options) for pairs.
 DataSetup examples(const DataRequest& r, DataSetup d, const PreferenceOptions& preference) {
   // The tokenizer's folder holds its tokenizer_config.json (special tokens, chat template).
@@ -228,6 +255,7 @@ DataSetup examples(const DataRequest& r, DataSetup d, const PreferenceOptions& p
   if (pad < 0) pad = d.tokenizer->token_id(config.eos_token);
   if (pad < 0) pad = 0;  // padding is never a target, and causal attention never looks ahead to it
   if (d.unpaired) return unpaired_examples(r, std::move(d), formatter, preference, pad);
+  if (d.prompts) return prompt_examples(r, std::move(d), formatter, config, pad);
   const bool pairs = d.pairs;
   const PreferenceFormatter preferences(formatter, preference);
   std::vector<Example> rows = preparing_data(r, "reading the rows", [&] {
@@ -313,6 +341,7 @@ CorpusKind corpus_kind(const std::string& spec, const std::string& base_dir) {
   if (!row) return CorpusKind::kText;
   if (row->contains("chosen") && row->contains("rejected")) return CorpusKind::kPairs;
   if (row->contains("completion") && row->contains("label")) return CorpusKind::kUnpaired;
+  if (is_prompt_only_row(*row)) return CorpusKind::kPrompts;
   for (const char* key :
        {"messages", "prompt", "completion", "instruction", "output", "chosen", "rejected"})
     if (row->contains(key)) return CorpusKind::kExamples;
@@ -396,11 +425,33 @@ DataSetup setup_data(const DataRequest& r) {
         "label; or chosen and rejected, unpaired), and corpus \"" +
         r.corpus + "\" holds " + (kind == CorpusKind::kText ? "text" : "supervised examples") +
         ": give it rows of either kind");
+  if (r.prompts != (kind == CorpusKind::kPrompts))
+    throw std::invalid_argument(
+        r.prompts ? "the schedule samples its own completions of prompts (online RL), and "
+                    "corpus \"" +
+                        r.corpus + "\" holds " +
+                        (kind == CorpusKind::kText ? std::string("text")
+                                                   : std::string("rows with answers")) +
+                        ": give rows with a \"prompt\" (text or messages) and no answer"
+                  : "corpus \"" + r.corpus +
+                        "\" holds prompts without answers, which only a schedule that "
+                        "samples its own completions trains on: set [schedule] plugin = "
+                        "\"grpo\" (with [[reward]] tables), or give each row a "
+                        "\"completion\"");
+  d.prompts = r.prompts;
   d.pairs = kind == CorpusKind::kPairs || kind == CorpusKind::kUnpaired;
   d.unpaired = r.preference.unpaired;
+  // Prompts are cut by max_prompt_length alone.
+  for (const std::string& key : r.preference_keys_set)
+    if (d.prompts && key != "max_prompt_length")
+      throw std::invalid_argument(key +
+                                  " shapes preference rows, and a schedule that samples its own "
+                                  "completions reads only max_prompt_length from [data] (the "
+                                  "completions' length is its max_completion_length): leave it "
+                                  "out");
   // The preference keys shape preference rows only: set for other data,
   // they would change nothing.
-  if (!d.pairs && !r.preference_keys_set.empty())
+  if (!d.pairs && !d.prompts && !r.preference_keys_set.empty())
     throw std::invalid_argument(r.preference_keys_set.front() +
                                 " shapes preference rows (chosen/rejected), and corpus \"" +
                                 r.corpus + "\" holds none: leave it out");

@@ -29,6 +29,9 @@ struct DataRequest {
   int64_t memory_budget = 0;       // named in the message when the data alone is over it
   bool budget_counts_host = true;  // false on a GPU, whose budget is the device's
   bool read_data = true;           // false: the tokenizer only
+  // The schedule completes prompts itself (TF_SCHEDULE_FEATURE_PROMPTS):
+  // the corpus must hold prompt rows, batched as prompts (prompt_data.hpp).
+  bool prompts = false;
 };
 
 struct DataSetup {
@@ -39,6 +42,7 @@ struct DataSetup {
   std::string description;  // examples and what became of them; "" for a text corpus
   bool pairs = false;       // the batches hold preference pairs (Batcher::Batch::pairs)
   bool unpaired = false;    // ... unpaired rows and their KL rows (Batch::desirable)
+  bool prompts = false;     // ... prompts alone (Batch::prompts, PromptBatcher)
 };
 
 // Throws std::invalid_argument or std::runtime_error naming the file, line
@@ -48,8 +52,9 @@ DataSetup setup_data(const DataRequest& request);
 // What `spec` holds, told by its first JSONL row: plain text; rows of
 // instruction or chat data (messages, prompt/completion, instruction/output);
 // preference pairs (chosen and rejected); or unpaired preference rows
-// (completion and label, KTO's).
-enum class CorpusKind { kText, kExamples, kPairs, kUnpaired };
+// (completion and label, KTO's); or prompts alone ("prompt" and no answer:
+// online RL's).
+enum class CorpusKind { kText, kExamples, kPairs, kUnpaired, kPrompts };
 CorpusKind corpus_kind(const std::string& spec, const std::string& base_dir);
 
 }  // namespace tightfit

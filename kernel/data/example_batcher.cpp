@@ -11,17 +11,17 @@
 #include "memory_accounting.hpp"
 
 namespace tightfit {
-namespace {
-
-// A permutation of [0, n) from `seed` (std::mt19937_64 and a Fisher-Yates
-// shuffle written out: std::shuffle's draws are the library's choice).
-std::vector<size_t> permutation(size_t n, uint64_t seed) {
+// std::mt19937_64 and a Fisher-Yates shuffle written out: std::shuffle's
+// draws are the library's choice.
+std::vector<size_t> seeded_permutation(size_t n, uint64_t seed) {
   std::vector<size_t> p(n);
   std::iota(p.begin(), p.end(), size_t{0});
   std::mt19937_64 rng(seed);
   for (size_t i = n; i > 1; --i) std::swap(p[i - 1], p[rng() % i]);
   return p;
 }
+
+namespace {
 
 // Tokens an example fills in a row: all its ids but the last, which is only a target.
 int64_t row_length(const Example& e) {
@@ -33,7 +33,7 @@ int64_t row_length(const Example& e) {
 std::vector<bool> ExampleBatcher::held_out(size_t units, double val_fraction, uint64_t seed) {
   std::vector<bool> held(units, false);
   if (units == 0) return held;
-  const std::vector<size_t> order = permutation(units, seed ^ 0xA5A5A5A5ull);
+  const std::vector<size_t> order = seeded_permutation(units, seed ^ 0xA5A5A5A5ull);
   size_t n_val = static_cast<size_t>(static_cast<double>(units) * val_fraction);
   if (n_val >= units) n_val = units - 1;
   for (size_t k = 0; k < n_val; ++k) held[order[k]] = true;
@@ -91,7 +91,7 @@ ExampleBatcher::ExampleBatcher(std::vector<Example> examples, int64_t seq_len, i
         "none of the " + std::to_string(counts_.examples) +
         " examples has a token to train on within seq_len = " + std::to_string(seq_len) +
         " (prompts longer than seq_len?): raise [data] seq_len");
-  const std::vector<size_t> order = permutation(kept.size(), seed ^ 0xA5A5A5A5ull);
+  const std::vector<size_t> order = seeded_permutation(kept.size(), seed ^ 0xA5A5A5A5ull);
   const std::vector<bool> held = held_out(kept.size(), val_fraction, seed);
   for (size_t k = 0; k < order.size(); ++k)
     for (Example& e : kept[order[k]]) (held[order[k]] ? val_ : train_).push_back(std::move(e));
@@ -258,7 +258,7 @@ ExampleBatcher::Batch ExampleBatcher::next() {
                        static_cast<uint64_t>(k);
     const int64_t epoch = static_cast<int64_t>(g / n);
     if (epoch != order_epoch_) {  // each epoch its own order, from (seed, epoch) alone
-      order_ = permutation(n, seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch));
+      order_ = seeded_permutation(n, seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch));
       order_epoch_ = epoch;
     }
     picked.push_back(order_[g % n]);

@@ -23,6 +23,9 @@
 
 namespace tightfit {
 
+// A permutation of [0, n) drawn from `seed`, the same on every machine.
+std::vector<size_t> seeded_permutation(size_t n, uint64_t seed);
+
 class ExampleBatcher final : public Batcher {
  public:
   ExampleBatcher(std::vector<Example> examples, int64_t seq_len, int64_t batch_size, uint64_t seed,

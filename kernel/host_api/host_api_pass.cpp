@@ -79,6 +79,12 @@ tf_status h_run_pass(tf_host_context* ctx, const tf_pass* in, tf_pass_result* ou
       r.loss_terms_weight = pass.loss_terms_grad_weight;
     }
     r.mean_logits = pass.mean_logits != 0;
+    r.temperature = pass.temperature == 0 ? 1.0 : pass.temperature;
+    r.entropies = pass.entropies != 0;
+    if (r.entropies && out->struct_size < offsetof(tf_pass_result, entropies) + sizeof(tf_tensor))
+      throw std::invalid_argument(
+          "tf_pass.entropies: the caller's tf_pass_result is older than ABI 1.25 and cannot "
+          "carry them");
     if (!loss && out->struct_size < offsetof(tf_pass_result, read_pending) + sizeof(int32_t))
       throw std::invalid_argument(
           "run_pass: the caller's tf_pass_result is older than ABI 1.20 and cannot carry "
@@ -122,6 +128,7 @@ tf_status h_run_pass(tf_host_context* ctx, const tf_pass* in, tf_pass_result* ou
     if (o.logps.defined()) p.logps = give_handle(o.logps);
     if (o.counts.defined()) p.counts = give_handle(o.counts);
     if (o.mean_logits.defined()) p.mean_logits = give_handle(o.mean_logits);
+    if (o.entropies.defined()) p.entropies = give_handle(o.entropies);
     write_struct(out, p);
   });
 }

@@ -59,6 +59,9 @@ bool covers_attention_mask(const tf_batch* b) {
 static bool covers_answer_first(const tf_batch* b) {
   return b->struct_size >= offsetof(tf_batch, answer_first) + sizeof(b->answer_first);
 }
+static bool covers_prompts(const tf_batch* b) {
+  return b->struct_size >= offsetof(tf_batch, prompts) + sizeof(b->prompts);
+}
 
 // A batch handed to a plugin, refused to a caller whose tf_batch cannot
 // carry what it holds.
@@ -81,8 +84,15 @@ static void write_batch(tf_batch* out, Batcher::Batch b) {
         "the data holds unpaired preference rows (KTO's) and this caller's tf_batch (ABI "
         "before 1.13) cannot carry their labels: use schedule kto, or rebuild this one "
         "against this tightfit's plugin_api.h");
+  // Prompts read as examples would be trained as text with no target.
+  if (b.prompts > 0 && !covers_prompts(out))
+    throw std::invalid_argument(
+        "the data holds prompts alone (online RL's) and this caller's tf_batch (ABI before "
+        "1.25) cannot say so: use schedule grpo, or rebuild this one against this tightfit's "
+        "plugin_api.h");
   tf_batch batch{};
   batch.pairs = b.pairs;
+  batch.prompts = b.prompts;
   if (b.tokens.defined()) {
     batch.n_tokens = b.tokens.numel();
     batch.n_targets = count_not_equal(b.targets, kIgnoreIndex);  // on the host: no read
@@ -145,6 +155,11 @@ void h_batch_release(tf_host_context*, tf_batch* batch) {
 }
 
 void refuse_pairs_in_a_loss_pass(const tf_batch& b) {
+  if (b.prompts > 0)
+    throw std::invalid_argument(
+        "this batch holds prompts alone, with no answer to train on: a schedule that samples "
+        "its own completions (grpo) scores prompt + completion rows it builds, with log-probs "
+        "passes");
   if (b.pairs > 0)
     throw std::invalid_argument(
         "this batch holds preference pairs (chosen and rejected answers), and the mean "

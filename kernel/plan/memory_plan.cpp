@@ -272,6 +272,11 @@ MemoryPlan plan_memory(const KernelParts& s) {
     plan.contributions.push_back(
         ask(s, s.plugins->schedule, "schedule " + s.plugins->schedule.plugin->name,
             s.plugins->schedule.plugin->schedule()->estimate_memory, model));
+  // A reward that holds memory (a scorer model) says so; the others hold none.
+  for (RewardInstance& r : s.plugins->rewards)
+    if (r.instance.plugin->reward()->estimate_memory)
+      plan.contributions.push_back(ask(s, r.instance, "reward " + r.name,
+                                       r.instance.plugin->reward()->estimate_memory, model));
   s.plan->planning = false;
   // On a GPU, cuBLAS keeps its workspaces in the caching allocator from the
   // first matmul on: resident through every moment of every step.

@@ -106,7 +106,8 @@ PluginInfo plugin_info_from_json(const nlohmann::json& j) {
               f.at("mtime_ns").get<int64_t>()};
     p.sha256 = answer_string(j, "sha256");
     const int kind = j.at("kind").get<int>();
-    if (kind != TF_PLUGIN_MODEL && kind != TF_PLUGIN_STRATEGY && kind != TF_PLUGIN_SCHEDULE)
+    if (kind != TF_PLUGIN_MODEL && kind != TF_PLUGIN_STRATEGY && kind != TF_PLUGIN_SCHEDULE &&
+        kind != TF_PLUGIN_REWARD)
       throw std::invalid_argument("unknown kind " + std::to_string(kind));
     p.kind = static_cast<tf_plugin_kind>(kind);
     p.abi_version = j.at("abi_version").get<uint32_t>();

@@ -54,6 +54,8 @@ const char* plugin_kind_name(tf_plugin_kind kind) {
       return "strategy";
     case TF_PLUGIN_SCHEDULE:
       return "schedule";
+    case TF_PLUGIN_REWARD:
+      return "reward";
     case TF_PLUGIN_KIND_MAX_ENUM:
       break;
   }
@@ -76,6 +78,9 @@ const tf_strategy_vtable* LoadedPlugin::strategy() const {
 }
 const tf_schedule_vtable* LoadedPlugin::schedule() const {
   return descriptor.kind == TF_PLUGIN_SCHEDULE ? &schedule_vtable_ : nullptr;
+}
+const tf_reward_vtable* LoadedPlugin::reward() const {
+  return descriptor.kind == TF_PLUGIN_REWARD ? &reward_vtable_ : nullptr;
 }
 
 namespace {
@@ -213,7 +218,8 @@ LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin
   out.description = str_or_empty(d.description);
   out.libtorch_version = str_or_empty(d.libtorch_version);
   if (out.name.empty()) throw fail("descriptor has no name");
-  if (d.kind != TF_PLUGIN_MODEL && d.kind != TF_PLUGIN_STRATEGY && d.kind != TF_PLUGIN_SCHEDULE)
+  if (d.kind != TF_PLUGIN_MODEL && d.kind != TF_PLUGIN_STRATEGY && d.kind != TF_PLUGIN_SCHEDULE &&
+      !(d.kind == TF_PLUGIN_REWARD && TF_VERSION_MINOR(plugin_abi) >= 25))
     throw fail("unknown plugin kind " + std::to_string(static_cast<int>(d.kind)));
   if (!(d.flags & TF_PLUGIN_FLAG_STABLE_ABI_ONLY) && out.libtorch_version != TORCH_VERSION)
     throw fail("built against LibTorch " +
@@ -226,6 +232,7 @@ LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin
   const size_t vt_min =
       d.kind == TF_PLUGIN_MODEL      ? offsetof(tf_model_vtable, stage_forward) + sizeof(void*)
       : d.kind == TF_PLUGIN_STRATEGY ? offsetof(tf_strategy_vtable, configure)
+      : d.kind == TF_PLUGIN_REWARD   ? offsetof(tf_reward_vtable, score) + sizeof(void*)
                                      : offsetof(tf_schedule_vtable, run_step) + sizeof(void*);
   if (vt_size < vt_min)
     throw fail("vtable struct_size " + std::to_string(vt_size) + " is smaller than the " +
@@ -239,16 +246,19 @@ LoadedPlugin load_plugin_file(const std::string& path, const std::string& origin
   if (d.kind == TF_PLUGIN_MODEL) copy_vtable(out.model_vtable_);
   if (d.kind == TF_PLUGIN_STRATEGY) copy_vtable(out.strategy_vtable_);
   if (d.kind == TF_PLUGIN_SCHEDULE) copy_vtable(out.schedule_vtable_);
+  if (d.kind == TF_PLUGIN_REWARD) copy_vtable(out.reward_vtable_);
   out.plugin_vtable_size = vt_size;
   out.kind = d.kind;
   // The functions every instance needs must be present.
   const bool has_main = out.model()      ? out.model()->create && out.model()->stage_forward
                         : out.schedule() ? out.schedule()->create && out.schedule()->run_step
+                        : out.reward()   ? out.reward()->create && out.reward()->score
                                          : out.strategy()->create != nullptr;
   if (!has_main)
     throw fail(std::string("the ") + plugin_kind_name(d.kind) + " vtable lacks create" +
                (d.kind == TF_PLUGIN_MODEL      ? " or stage_forward"
                 : d.kind == TF_PLUGIN_SCHEDULE ? " or run_step"
+                : d.kind == TF_PLUGIN_REWARD   ? " or score"
                                                : ""));
   if (const tf_strategy_vtable* v = out.strategy();
       v && (v->pack_activation == nullptr) != (v->unpack_activation == nullptr))

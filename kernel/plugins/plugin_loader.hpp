@@ -42,6 +42,7 @@ struct LoadedPlugin : PluginInfo {
   const tf_model_vtable* model() const;
   const tf_strategy_vtable* strategy() const;
   const tf_schedule_vtable* schedule() const;
+  const tf_reward_vtable* reward() const;
   uint32_t plugin_vtable_size = 0;  // the struct_size the plugin's own vtable declared
 
  private:
@@ -50,6 +51,7 @@ struct LoadedPlugin : PluginInfo {
   tf_model_vtable model_vtable_{};
   tf_strategy_vtable strategy_vtable_{};
   tf_schedule_vtable schedule_vtable_{};
+  tf_reward_vtable reward_vtable_{};
 };
 
 const char* plugin_kind_name(tf_plugin_kind kind);

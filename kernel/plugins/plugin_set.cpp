@@ -17,6 +17,7 @@ void PluginSet::destroy_all() noexcept {
       std::fprintf(stderr, "tightfit: [warning] %s\n", e.what());
     }
   };
+  for (auto& r : rewards) destroy(r.instance, r.instance.plugin->reward()->destroy);
   destroy(schedule, schedule.plugin ? schedule.plugin->schedule()->destroy : nullptr);
   for (auto& s : strategies) destroy(s, s.plugin->strategy()->destroy);
   destroy(model, model.plugin ? model.plugin->model()->destroy : nullptr);

@@ -102,6 +102,14 @@ auto plugin_call(const PluginInstance& inst, const char* hook, Call&& call) -> d
   }
 }
 
+// A [[reward]] table's plugin (ABI 1.25), with its weight and the name its
+// metrics carry.
+struct RewardInstance {
+  PluginInstance instance;
+  double weight = 1.0;
+  std::string name;
+};
+
 struct PluginSet {
   PluginSet() = default;
   // Destroys the instances (destroy_all) if the owner has not.
@@ -119,6 +127,8 @@ struct PluginSet {
   PluginInstance model;
   std::vector<PluginInstance> strategies;
   PluginInstance schedule;
+  std::vector<RewardInstance> rewards;    // in recipe order
+  std::vector<const char*> reward_names;  // into `rewards`, made once they are all made
   // True while the model and the strategies may declare parameters and
   // stages (from the model's create to the last strategy's configure).
   bool declaring = false;

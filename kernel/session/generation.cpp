@@ -7,6 +7,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "completion_sampler.hpp"
 #include "input_files.hpp"
 #include "json_input.hpp"
 #include "logging.hpp"
@@ -79,20 +80,9 @@ std::string generate_text(Session& s, const std::string& prompt, const SamplingO
         "). Ask for at most " +
         std::to_string(std::max<int64_t>(0, limit - static_cast<int64_t>(prompt_len))) +
         " new tokens (generate -n, or [run] sample_tokens), or a shorter prompt");
-  auto pick = [&](const at::Tensor& logits_in) -> int64_t {
-    const at::Tensor logits = logits_in.to(at::kCPU, at::kFloat);
-    if (top_k == 1 || temperature <= 0) return logits.argmax().item<int64_t>();
-    auto [vals, idx] =
-        logits.div(temperature)
-            .topk(top_k > 0 ? std::min<int64_t>(top_k, logits.size(0)) : logits.size(0));
-    at::Tensor probs = at::softmax(vals, 0);
-    if (top_p < 1.0) {  // keep the smallest prefix whose mass reaches top_p, at least one
-      at::Tensor past = probs.cumsum(0) - probs >= top_p;
-      past[0] = false;  // as transformers' min_tokens_to_keep = 1: top_p = 0 is greedy
-      probs = probs.masked_fill(past, 0.0);
-      probs = probs / probs.sum();
-    }
-    return idx[at::multinomial(probs, 1, false, gen).item<int64_t>()].item<int64_t>();
+  const SamplingRule rule{temperature, top_k, top_p};
+  auto pick = [&](const at::Tensor& logits) -> int64_t {
+    return sample_next_tokens(logits.unsqueeze(0), rule, gen).item<int64_t>();
   };
   Progress progress("generating", n_tokens, "tokens");
   const tf_model_vtable* vt = model.plugin->model();

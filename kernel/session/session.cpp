@@ -80,10 +80,11 @@ double Session::eval_loss(int64_t batches) {
   // rows together would be no loss anyone trains on.
   PluginInstance& schedule = plugins_.schedule;
   const bool by_schedule = schedule.plugin->schedule()->eval_batch != nullptr;
-  if (!by_schedule && data_.pairs()) {
+  if (!by_schedule && (data_.pairs() || data_.prompts())) {
     if (!eval_unreported_logged_)
       log(TF_LOG_WARN, "no held-out loss: schedule \"" + schedule.plugin->name +
-                           "\" defines none for preference pairs (eval_batch)");
+                           "\" defines none for " +
+                           (data_.pairs() ? "preference pairs" : "prompts") + " (eval_batch)");
     eval_unreported_logged_ = true;
     return std::nan("");
   }
@@ -105,6 +106,7 @@ double Session::eval_loss(int64_t batches) {
     batch.n_tokens = b.tokens.numel();
     batch.n_targets = count_not_equal(b.targets, kIgnoreIndex);
     batch.pairs = b.pairs;
+    batch.prompts = b.prompts;
     batch.tokens = give_handle(b.tokens);
     batch.targets = give_handle(b.targets);
     batch.positions = b.positions.defined() ? give_handle(b.positions) : nullptr;

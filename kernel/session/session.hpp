@@ -207,11 +207,13 @@ class Session {
   void set_up_registry(const PluginRegistry& base_registry, const std::string& base_dir);
   std::string schedule_name() const;
   std::string schedule_preference_tokenization() const;
+  uintptr_t schedule_features() const;
   std::string pinned_sha256(const toml::table* table) const;
   void create_model(const std::string& base_dir);
   void create_strategies();
   void check_strategy_setup(size_t i, tf_status st, const char* what);
   void create_optimizer_and_schedule();
+  void create_rewards();  // session_rewards.cpp
   void materialize_params();
   // [model] weights, opened once when first asked for (session_weights.cpp);
   // nullptr when the recipe has none. Throws RecipeError naming the key.

@@ -44,6 +44,7 @@ void Session::build(const PluginRegistry& base_registry) {
   create_model(base_dir);
   create_strategies();
   create_optimizer_and_schedule();
+  create_rewards();
   if (options_.on_composed) options_.on_composed(*this);
   if (options_.dry_run) return;
   // Set-up makes a stage's dense values, converts them and frees them, and
@@ -217,6 +218,7 @@ void Session::set_up_data(const std::string& base_dir, int64_t world_size) {
     const std::string tokenization = schedule_preference_tokenization();
     req.preference.joint = tokenization == "joint";
     req.preference.unpaired = tokenization == "kto";
+    req.prompts = (schedule_features() & TF_SCHEDULE_FEATURE_PROMPTS) != 0;
     req.seq_len = env_.config.data.seq_len;
     req.batch_size = env_.config.data.batch_size;
     req.world_size = world_size;

@@ -137,10 +137,11 @@ PluginInstance Session::make_instance(const std::string& name, tf_plugin_kind ki
                          "] sets release_weight, which no tightfit 1.x host calls (the hook is "
                          "withdrawn and goes in ABI 2.0): evict in stage_event when begin = 0");
   // "weights" in [model] is the kernel's: Hugging Face weights to start from.
-  inst.ctx->config =
-      recipe_.validate(table, "[" + role + "] (plugin " + plugin.name + ")", plugin.keys,
-                       role == "model" ? std::vector<std::string>{"plugin", "weights", "sha256"}
-                                       : std::vector<std::string>{"plugin", "sha256"});
+  inst.ctx->config = recipe_.validate(
+      table, "[" + role + "] (plugin " + plugin.name + ")", plugin.keys,
+      role == "model"    ? std::vector<std::string>{"plugin", "weights", "sha256"}
+      : role == "reward" ? std::vector<std::string>{"plugin", "sha256", "weight", "name"}
+                         : std::vector<std::string>{"plugin", "sha256"});
   if (role == "model") read_gguf_paths_as_folders(inst.ctx->config);
   return inst;
 }
@@ -205,6 +206,20 @@ std::string Session::schedule_preference_tokenization() const {
                     "\" asks for preference_tokenization \"" + how +
                     "\", which this host does not know (\"dpo\", \"joint\" or \"kto\"): "
                     "update tightfit or the plugin");
+}
+
+// The recipe's schedule's TF_SCHEDULE_FEATURE_* bits (ABI 1.25), read
+// before it is made, as its preference_tokenization is; 0 when the registry
+// cannot give it (reported when it is made).
+uintptr_t Session::schedule_features() const {
+  try {
+    const LoadedPlugin& p = plugins_.registry.find(schedule_name(), TF_PLUGIN_SCHEDULE,
+                                                   pinned_sha256(recipe_.table("schedule")));
+    if (TF_VERSION_MINOR(p.abi_version) < 25 || !p.schedule()) return 0;
+    return p.schedule()->features;
+  } catch (const std::exception&) {
+    return 0;
+  }
 }
 
 // The model, declared.

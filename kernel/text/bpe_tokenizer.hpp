@@ -49,6 +49,9 @@ class BpeTokenizer final : public Tokenizer {
   }
   std::string decode(const std::vector<int64_t>& ids) const override { return decode(ids, false); }
   std::string decode(const std::vector<int64_t>& ids, bool skip_special_tokens) const;
+  std::string decode_skipping_special(const std::vector<int64_t>& ids) const override {
+    return decode(ids, true);
+  }
   std::string source_file() const override { return source_; }
   // The id of a token (added tokens included), as token_to_id does.
   std::optional<int64_t> token_to_id(const std::string& token) const;

@@ -21,6 +21,11 @@ class Tokenizer {
     return encode(text);
   }
   virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
+  // As decode, its special tokens left out (batch_decode(ids,
+  // skip_special_tokens=True) in transformers); the byte tokenizer has none.
+  virtual std::string decode_skipping_special(const std::vector<int64_t>& ids) const {
+    return decode(ids);
+  }
   // Token ids with the [begin, end) bytes of `text` each came from (no
   // special tokens added), as a fast tokenizer's offsets.
   virtual std::vector<int64_t> encode_with_offsets(

@@ -148,6 +148,12 @@ void read_config(TokenizerConfig& c, const ojson& j) {
   c.add_eos_token = flag(j, "add_eos_token", src);
   c.legacy = flag(j, "legacy", src);
   c.add_prefix_space = flag(j, "add_prefix_space", src);
+  if (j.contains("truncation_side") && !j["truncation_side"].is_null()) {
+    const ojson& side = j["truncation_side"];
+    if (!side.is_string() || (side != "left" && side != "right"))
+      throw std::invalid_argument(src + ": \"truncation_side\" must be \"left\" or \"right\"");
+    c.truncate_left = side == "left";
+  }
   if (j.contains("added_tokens_decoder") && !j["added_tokens_decoder"].is_null()) {
     const ojson& d = j["added_tokens_decoder"];
     if (!d.is_object() || d.size() > kMaxAddedTokens)

@@ -31,6 +31,9 @@ struct TokenizerConfig {
   std::string tokenizer_class;
   std::string class_source;  // where tokenizer_class came from, for messages
   std::optional<bool> add_bos_token, add_eos_token, legacy, add_prefix_space;
+  // truncation_side = "left": a cut (tokenizer(..., truncation=True)) keeps
+  // the last tokens; "right" (transformers' default) the first.
+  bool truncate_left = false;
   std::vector<AddedTokenSpec> added_tokens_decoder;  // sorted by id
   // bos/eos/unk/pad and additional_special_tokens, with their flags.
   std::vector<AddedTokenSpec> special_tokens;

@@ -50,6 +50,13 @@ struct PassResult {
   bool finite = true;
 };
 
+// A token logps pass's scoring (Executor::token_logps): the logits divided
+// by a temperature first, and each position's entropy measured.
+struct TokenScoring {
+  double temperature = 1.0;
+  bool entropies = false;
+};
+
 class Executor {
  public:
   // `step` is the trainer's counter (0-based), read for each call's tf_stage_call.
@@ -145,16 +152,20 @@ class Executor {
   // Each target's log-probability (fp32 [B, T] on the CPU, 0 where ignored),
   // and with `grad_weights` ([B, T]) the backward of their weighted sum: the
   // per-token form of sequence_logps (ORPO's NLL over every token).
+  // `scoring`: the logits divided by a temperature first (online RL scores
+  // at its sampling temperature), and each position's entropy measured
+  // (fp32 [B, T] on the CPU, 0 where the target is ignored).
   struct TokenLogps {
     at::Tensor logps;
     bool finite = true;
     at::Tensor mean_logits;
+    at::Tensor entropies;
   };
   TokenLogps token_logps(const at::Tensor& tokens, const at::Tensor& targets,
                          const at::Tensor& positions, const at::Tensor& grad_weights,
                          const at::Tensor& attention_mask = {},
                          const LossTermsTaken* terms = nullptr, bool padding_known = true,
-                         bool mean_logits = false);
+                         bool mean_logits = false, const TokenScoring& scoring = {});
   at::Tensor run_stage(int32_t stage, const at::Tensor& input, bool training, bool recompute);
   // A checkpointed stage's recompute in backward; the loss terms it adds
   // land in `terms`, for its backward with the factor loss_term_seed().
@@ -215,6 +226,10 @@ class Executor {
     // Set when asked (take_mean_logits): each position's logits averaged
     // over the vocabulary.
     at::Tensor mean_logits;
+    // A weighted loss's logits are multiplied by this first (1 / temperature).
+    double logits_scale = 1.0;
+    // Set when asked: each position's entropy (after logits_scale), 0 where ignored.
+    at::Tensor entropies;
   };
   // Backward of `loss` times loss_scale and the strategies' factor, then
   // the stages' last events and grad_ready for what is left.

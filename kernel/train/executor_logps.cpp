@@ -55,10 +55,13 @@ FinalIds with_final_ids(const at::Tensor& tokens, const at::Tensor& targets,
 
 }  // namespace
 
-Executor::TokenLogps Executor::token_logps(
-    const at::Tensor& tokens_in, const at::Tensor& targets_in, const at::Tensor& positions_in,
-    const at::Tensor& grad_weights, const at::Tensor& attention_mask,
-    const LossTermsTaken* terms_taken, bool padding_known, bool mean_logits) {
+Executor::TokenLogps Executor::token_logps(const at::Tensor& tokens_in,
+                                           const at::Tensor& targets_in,
+                                           const at::Tensor& positions_in,
+                                           const at::Tensor& grad_weights,
+                                           const at::Tensor& attention_mask,
+                                           const LossTermsTaken* terms_taken, bool padding_known,
+                                           bool mean_logits, const TokenScoring& scoring) {
   const bool backward = grad_weights.defined();
   if (tokens_in.dim() != 2 || targets_in.sizes() != tokens_in.sizes() ||
       targets_in.scalar_type() != at::kLong)
@@ -83,11 +86,13 @@ Executor::TokenLogps Executor::token_logps(
     };
     const TokenLogps part =
         token_logps(pick(tokens_in), pick(targets_in), pick(positions_in), pick(grad_weights),
-                    pick(attention_mask), terms_taken, padding_known, mean_logits);
+                    pick(attention_mask), terms_taken, padding_known, mean_logits, scoring);
     TokenLogps out;
     out.logps = at::zeros({B, T}, at::kFloat).index_copy_(0, rows, part.logps);
     if (mean_logits)
       out.mean_logits = at::zeros({B, T}, at::kFloat).index_copy_(0, rows, part.mean_logits);
+    if (scoring.entropies)
+      out.entropies = at::zeros({B, T}, at::kFloat).index_copy_(0, rows, part.entropies);
     out.finite = part.finite;
     return out;
   }
@@ -122,6 +127,8 @@ Executor::TokenLogps Executor::token_logps(
     // logp_t = -CE_t, so sum_t w_t logp_t = sum_t (-w_t) CE_t.
     if (backward) request.weights = (-run.weights.to(env_.device, at::kFloat)).reshape({-1});
     if (mean_logits) request.mean_logits = at::zeros_like(request.each);
+    if (scoring.entropies) request.entropies = at::zeros_like(request.each);
+    request.logits_scale = 1.0 / scoring.temperature;
   }
   at::Tensor loss;
   {
@@ -131,12 +138,15 @@ Executor::TokenLogps Executor::token_logps(
       request.each = request.each.to(loss.device());
       if (request.mean_logits.defined())
         request.mean_logits = request.mean_logits.to(loss.device());
+      if (request.entropies.defined()) request.entropies = request.entropies.to(loss.device());
       loss = weighted_logits_loss(loss, run.targets, request);
     }
   }
   TokenLogps out;
   out.logps = (-request.each.view({B, Tr})).narrow(1, 0, T).to(at::kCPU);
   if (mean_logits) out.mean_logits = request.mean_logits.view({B, Tr}).narrow(1, 0, T).to(at::kCPU);
+  if (scoring.entropies)
+    out.entropies = request.entropies.view({B, Tr}).narrow(1, 0, T).to(at::kCPU);
   out.finite = out.logps.isfinite().all().item<bool>();
   double weight = 0;
   if (terms_taken) {

@@ -102,6 +102,8 @@ at::Tensor Executor::head_loss(int32_t stage, const at::Tensor& hidden, LossRequ
     if (st.projection_softcap > 0)  // as the head caps its output
       logits = at::tanh(logits / st.projection_softcap) * st.projection_softcap;
     if (loss.each.defined()) return weighted_logits_loss(logits, targets, loss);
+    if (loss.logits_scale != 1.0 || loss.entropies.defined())
+      throw std::logic_error("a temperature or entropies belong to a weighted (log-probs) loss");
     return cross_entropy_mean(logits.reshape({-1, logits.size(-1)}).to(at::kFloat),
                               targets.reshape({-1}), loss.counted);
   }
@@ -110,7 +112,8 @@ at::Tensor Executor::head_loss(int32_t stage, const at::Tensor& hidden, LossRequ
   const int64_t chunk = fused_loss_chunk_rows(projection.weight.size(0), loss_chunk_tokens_);
   if (loss.each.defined())
     return fused_head_weighted_loss(hidden, targets, projection, chunk, loss.grad_scale,
-                                    loss.weights, loss.each, loss.mean_logits);
+                                    loss.weights, loss.each, loss.mean_logits, loss.logits_scale,
+                                    loss.entropies);
   return fused_head_loss(hidden, targets, projection, chunk, loss.grad_scale, loss.counted);
 }
 
@@ -118,8 +121,12 @@ at::Tensor Executor::weighted_logits_loss(const at::Tensor& logits, const at::Te
                                           LossRequest& loss) {
   CategoryScope scope(TF_MEM_ACTIVATIONS);
   const at::Tensor t = targets.to(logits.device()).reshape({-1});
-  const at::Tensor lp = at::log_softmax(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), -1);
+  at::Tensor scaled = logits.reshape({-1, logits.size(-1)}).to(at::kFloat);
+  if (loss.logits_scale != 1.0) scaled = scaled * loss.logits_scale;
+  const at::Tensor lp = at::log_softmax(scaled, -1);
   const at::Tensor counted = t.ne(kIgnoreIndex).to(at::kFloat);
+  if (loss.entropies.defined())
+    loss.entropies.copy_(-(lp.detach().exp() * lp.detach()).sum(1) * counted);
   // A head without a declared projection: its logits say the vocabulary.
   if (const int64_t highest = t.numel() > 0 ? static_cast<int64_t>(read_value(t.max())) : -1;
       highest >= logits.size(-1))

@@ -2,6 +2,7 @@
 // names (adapters off, the frozen copies) hold for it alone: what the
 // modal services set (adapters_set_enabled, use_param_copies) is back when
 // it returns, whether it returned or threw.
+#include <cmath>
 #include <stdexcept>
 
 #include "executor.hpp"
@@ -77,6 +78,11 @@ PassOutcome Executor::run(const PassRequest& request) {
     throw std::invalid_argument(
         "a loss pass takes no grad_weights, mean logits or loss terms (those are a log-probs "
         "pass's; its loss has the model's terms in it already)");
+  if (request.compute != Compute::kTokenLogps && (request.temperature != 1.0 || request.entropies))
+    throw std::invalid_argument(
+        "a temperature or entropies are a token log-probs pass's (TF_PASS_TOKEN_LOGPS)");
+  if (!(request.temperature > 0 && std::isfinite(request.temperature)))
+    throw std::invalid_argument("a pass's temperature must be finite and positive");
   const PassWeights weights(*this, request);
   PassOutcome out;
   if (request.compute == Compute::kLoss) {
@@ -104,12 +110,14 @@ PassOutcome Executor::run(const PassRequest& request) {
     out.finite = r.finite;
     out.mean_logits = r.mean_logits;
   } else {
-    const TokenLogps r = token_logps(request.tokens, request.targets, request.rows.positions,
-                                     request.grad_weights, request.rows.attention_mask, taken,
-                                     request.rows.padding_known, request.mean_logits);
+    const TokenLogps r =
+        token_logps(request.tokens, request.targets, request.rows.positions, request.grad_weights,
+                    request.rows.attention_mask, taken, request.rows.padding_known,
+                    request.mean_logits, {request.temperature, request.entropies});
     out.logps = r.logps;
     out.finite = r.finite;
     out.mean_logits = r.mean_logits;
+    out.entropies = r.entropies;
   }
   out.n_tokens = request.tokens.numel();
   return out;

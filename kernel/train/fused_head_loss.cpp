@@ -104,7 +104,8 @@ void accumulate_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& 
 at::Tensor chunked_loss(const at::Tensor& hidden, const at::Tensor& targets,
                         const HeadProjection& p, at::ScalarType dtype, int64_t chunk_rows,
                         double row_scale, HeadGrads& g, const at::Tensor& weights = {},
-                        const at::Tensor& each = {}, const at::Tensor& mean_logits = {}) {
+                        const at::Tensor& each = {}, const at::Tensor& mean_logits = {},
+                        double logits_scale = 1.0, const at::Tensor& entropies = {}) {
   // Everything below is in explicit dtypes, as linear under autocast would be.
   const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   at::Tensor w, b;
@@ -152,6 +153,13 @@ at::Tensor chunked_loss(const at::Tensor& hidden, const at::Tensor& targets,
       logits.mul_(cap);
     }
     if (mean_logits.defined()) mean_logits.narrow(0, i, m).copy_(logits.mean(1));
+    if (logits_scale != 1.0) logits.mul_(logits_scale);
+    if (entropies.defined()) {  // H = lse - sum_v p_v z_v, before the gradient overwrites z
+      const at::Tensor lse = at::logsumexp(logits, 1);
+      const at::Tensor counted = targets.narrow(0, i, m).ne(kIgnoreIndex).to(at::kFloat);
+      entropies.narrow(0, i, m).copy_((lse - (at::exp(logits - lse.unsqueeze(1)) * logits).sum(1)) *
+                                      counted);
+    }
     // The chunk's gradient is written over its fp32 logits.
     const at::Tensor row_weights = weights.defined() ? weights.narrow(0, i, m) : at::Tensor();
     const at::Tensor losses = cross_entropy_each(
@@ -159,6 +167,7 @@ at::Tensor chunked_loss(const at::Tensor& hidden, const at::Tensor& targets,
     if (each.defined()) each.narrow(0, i, m).copy_(losses);
     total.add_(row_weights.defined() ? (losses * row_weights).sum() : losses.sum());
     if (!g.any()) continue;
+    if (logits_scale != 1.0) logits.mul_(logits_scale);  // d / dz of the scaled logits
     if (slope.defined()) logits.mul_(slope);  // d loss / dz = d loss / d cap(z) * cap'(z)
     const at::Tensor d = low.is_same(logits) ? logits : low.copy_(logits);
     if (g.want_hidden) {
@@ -193,16 +202,17 @@ struct FusedHeadLossFunction : public torch::autograd::Function<FusedHeadLossFun
                             const at::Tensor& targets, int64_t chunk_rows, double grad_scale,
                             int64_t dtype, const std::optional<at::Tensor>& weights,
                             const std::optional<at::Tensor>& each, double softcap,
-                            const std::optional<at::Tensor>& mean_logits, double count) {
+                            const std::optional<at::Tensor>& mean_logits, double count,
+                            double logits_scale, const std::optional<at::Tensor>& entropies) {
     const HeadProjection p{weight, bias.value_or(at::Tensor()), softcap};
     HeadGrads g;
     g.want_hidden = hidden.requires_grad();
     g.want_weight = weight.requires_grad();
     g.want_bias = p.bias.defined() && p.bias.requires_grad();
-    const at::Tensor sum =
-        chunked_loss(hidden, targets, p, static_cast<at::ScalarType>(dtype), chunk_rows,
-                     grad_scale / count, g, weights.value_or(at::Tensor()),
-                     each.value_or(at::Tensor()), mean_logits.value_or(at::Tensor()));
+    const at::Tensor sum = chunked_loss(
+        hidden, targets, p, static_cast<at::ScalarType>(dtype), chunk_rows, grad_scale / count, g,
+        weights.value_or(at::Tensor()), each.value_or(at::Tensor()),
+        mean_logits.value_or(at::Tensor()), logits_scale, entropies.value_or(at::Tensor()));
     ctx->saved_data["grad_scale"] = grad_scale;
     ctx->saved_data["hidden_dtype"] = static_cast<int64_t>(hidden.scalar_type());
     if (g.hidden.defined()) ctx->saved_data["hidden"] = g.hidden;
@@ -229,8 +239,9 @@ struct FusedHeadLossFunction : public torch::autograd::Function<FusedHeadLossFun
     at::Tensor dh = take("hidden"), dw = take("weight"), db = take("bias");
     const auto hidden_dtype = static_cast<at::ScalarType>(ctx->saved_data["hidden_dtype"].toInt());
     if (dh.defined() && dh.scalar_type() != hidden_dtype) dh = dh.to(hidden_dtype);
-    return {dh,           dw,           db,           at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {dh,           dw,           db,           at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -243,7 +254,8 @@ namespace {
 at::Tensor fused_head(const at::Tensor& hidden, const at::Tensor& targets,
                       const HeadProjection& projection, int64_t chunk_rows, double grad_scale,
                       const at::Tensor& weights, const at::Tensor& each,
-                      const at::Tensor& mean_logits, int64_t counted) {
+                      const at::Tensor& mean_logits, int64_t counted, double logits_scale = 1.0,
+                      const at::Tensor& entropies = {}) {
   if (chunk_rows <= 0) throw std::invalid_argument("fused loss: chunk_rows must be positive");
   const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});
   const at::Tensor t = targets.reshape({-1}).to(h.device(), at::kLong);
@@ -263,18 +275,19 @@ at::Tensor fused_head(const at::Tensor& hidden, const at::Tensor& targets,
   if (!grad) {
     at::NoGradGuard no_grad;
     HeadGrads none;
-    const at::Tensor sum =
-        chunked_loss(h, t, projection, dtype, chunk_rows, 0.0, none, w, each, mean_logits);
+    const at::Tensor sum = chunked_loss(h, t, projection, dtype, chunk_rows, 0.0, none, w, each,
+                                        mean_logits, logits_scale, entropies);
     return w.defined() ? sum : sum / count;
   }
-  std::optional<at::Tensor> bias, weights_opt, each_opt, means_opt;
+  std::optional<at::Tensor> bias, weights_opt, each_opt, means_opt, entropies_opt;
   if (projection.bias.defined()) bias = projection.bias;
   if (w.defined()) weights_opt = w;
   if (each.defined()) each_opt = each;
   if (mean_logits.defined()) means_opt = mean_logits;
-  return FusedHeadLossFunction::apply(h, projection.weight, bias, t, chunk_rows, grad_scale,
-                                      static_cast<int64_t>(dtype), weights_opt, each_opt,
-                                      projection.softcap, means_opt, count);
+  if (entropies.defined()) entropies_opt = entropies;
+  return FusedHeadLossFunction::apply(
+      h, projection.weight, bias, t, chunk_rows, grad_scale, static_cast<int64_t>(dtype),
+      weights_opt, each_opt, projection.softcap, means_opt, count, logits_scale, entropies_opt);
 }
 
 }  // namespace
@@ -289,13 +302,16 @@ at::Tensor fused_head_loss(const at::Tensor& hidden, const at::Tensor& targets,
 at::Tensor fused_head_weighted_loss(const at::Tensor& hidden, const at::Tensor& targets,
                                     const HeadProjection& projection, int64_t chunk_rows,
                                     double grad_scale, const at::Tensor& weights,
-                                    const at::Tensor& each, const at::Tensor& mean_logits) {
+                                    const at::Tensor& each, const at::Tensor& mean_logits,
+                                    double logits_scale, const at::Tensor& entropies) {
   if (!each.defined() || each.numel() != targets.numel())
     throw std::invalid_argument("fused weighted loss: one loss slot per target");
   if (mean_logits.defined() && mean_logits.numel() != targets.numel())
     throw std::invalid_argument("fused weighted loss: one mean-logit slot per target");
+  if (entropies.defined() && entropies.numel() != targets.numel())
+    throw std::invalid_argument("fused weighted loss: one entropy slot per target");
   return fused_head(hidden, targets, projection, chunk_rows, grad_scale, weights, each, mean_logits,
-                    /*counted=*/-1);
+                    /*counted=*/-1, logits_scale, entropies);
 }
 
 }  // namespace tightfit

@@ -55,9 +55,13 @@ at::Tensor fused_head_loss(const at::Tensor& hidden, const at::Tensor& targets,
 // (fp32, one slot per target, when defined) receives each row's logits
 // averaged over the vocabulary, capped as the loss sees them: TRL's
 // logits/chosen and logits/rejected before their mean over the tokens.
+// `logits_scale` multiplies the (capped) logits before the cross-entropy
+// (1 / temperature); `entropies` (one slot per target, when defined)
+// receives each position's entropy after it, 0 where ignored.
 at::Tensor fused_head_weighted_loss(const at::Tensor& hidden, const at::Tensor& targets,
                                     const HeadProjection& projection, int64_t chunk_rows,
                                     double grad_scale, const at::Tensor& weights,
-                                    const at::Tensor& each, const at::Tensor& mean_logits = {});
+                                    const at::Tensor& each, const at::Tensor& mean_logits = {},
+                                    double logits_scale = 1.0, const at::Tensor& entropies = {});
 
 }  // namespace tightfit

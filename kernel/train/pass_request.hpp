@@ -56,6 +56,9 @@ struct PassRequest {
   std::optional<double> loss_terms_weight;
   // Logps: also each position's logits averaged over the vocabulary.
   bool mean_logits = false;
+  // Token logps: the logits divided by this first; also each position's entropy.
+  double temperature = 1.0;
+  bool entropies = false;
   // kLoss: the loss stays on the device and is read with the host's next
   // read (the update's gradient norm), which hands it to `deferred`;
   // unset: read before run returns.
@@ -71,6 +74,7 @@ struct PassOutcome {
   // row's targets, int64 [B] (sequence).
   at::Tensor logps, counts;
   at::Tensor mean_logits;  // fp32 [B, T] on the CPU, when asked
+  at::Tensor entropies;    // fp32 [B, T] on the CPU, when asked
   double loss_terms = 0;   // when taken
 };
 

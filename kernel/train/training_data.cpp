@@ -24,12 +24,15 @@ Batcher::Batch TrainingData::next_batch() {
   b.positions = mine(b.positions);
   b.attention_mask = mine(b.attention_mask);
   b.answer_first = mine(b.answer_first);
+  // Per pair, or per prompt (a batch of prompts is one row each).
+  const int64_t units = b.pairs > 0 ? b.pairs : b.prompts;
   for (at::Tensor* per_pair : {&b.desirable, &b.row_ids})
     if (per_pair->defined()) {
-      const int64_t rows = b.pairs / info.world_size;
+      const int64_t rows = units / info.world_size;
       *per_pair = per_pair->narrow(0, info.rank * rows, rows).contiguous();
     }
   if (b.pairs > 0) b.pairs /= info.world_size;
+  if (b.prompts > 0) b.prompts /= info.world_size;
   return b;
 }
 

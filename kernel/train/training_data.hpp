@@ -30,6 +30,8 @@ class TrainingData {
   double unigram_entropy() const { return setup_.unigram_entropy; }
   // The batches hold preference pairs (Batcher::Batch::pairs).
   bool pairs() const { return setup_.pairs; }
+  // The batches hold prompts alone (Batcher::Batch::prompts).
+  bool prompts() const { return setup_.prompts; }
   // Instruction/chat examples and what became of them; "" for a text corpus.
   const std::string& description() const { return setup_.description; }
 

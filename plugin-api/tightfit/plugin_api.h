@@ -1,6 +1,6 @@
 /*
- * tightfit plugin ABI, version 1.22 (1.0 plus the fields marked "Added in 1.1"
- * through "Added in 1.23"). What each version added, and what ABI 2.0 would
+ * tightfit plugin ABI, version 1.25 (1.0 plus the fields marked "Added in 1.1"
+ * through "Added in 1.25"). What each version added, and what ABI 2.0 would
  * drop or reshape: plugin-api/README.md, "Versions".
  *
  * This header is the whole contract between the tightfit host (the kernel) and
@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 24
+#define TF_ABI_VERSION_MINOR 25
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -109,6 +109,7 @@ typedef enum tf_plugin_kind {
   TF_PLUGIN_MODEL = 1,
   TF_PLUGIN_STRATEGY = 2,
   TF_PLUGIN_SCHEDULE = 3,
+  TF_PLUGIN_REWARD = 4, /* added in 1.25: scores completions (tf_reward_vtable) */
   TF_PLUGIN_KIND_MAX_ENUM = 0x7FFFFFFF /* holds the enum at 32 bits; never a value */
 } tf_plugin_kind;
 
@@ -575,6 +576,15 @@ typedef struct tf_batch {
    * a schedule matching it reads here. The host writes it when the
    * caller's struct_size covers it. */
   tf_tensor answer_first;
+  /* Added in 1.25: non-zero in a batch of prompts, given only to a schedule
+   * with TF_SCHEDULE_FEATURE_PROMPTS ([data] rows with a "prompt" and no
+   * answer: online RL completes them itself). Its `prompts` rows each hold
+   * one prompt's ids as TRL's GRPOTrainer tokenizes it (the chat template
+   * with the generation prompt for messages, no special tokens added; cut
+   * to [data] max_prompt_length), padded after (attention_mask 0); every
+   * target is ignore_index; row_ids says each row's index among the run's
+   * prompt rows, as score_rewards reads it. Loss passes refuse it. */
+  int64_t prompts;
 } tf_batch;
 
 /* Result of one forward (and backward) the host ran for a schedule. */
@@ -597,6 +607,10 @@ typedef struct tf_pass_result {
   /* 1 while a deferred read (tf_pass.defer_read) has not written `loss`
    * and `finite` yet; the host sets it to 0 when it writes them. */
   int32_t read_pending;
+  /* Added in 1.25: fp32 [B, T] on the CPU (new), each position's entropy
+   * when the pass asked for them (tf_pass.entropies), 0 where the target is
+   * ignore_index; NULL otherwise. */
+  tf_tensor entropies;
 } tf_pass_result;
 
 /* What a pass computes (tf_pass.compute, ABI 1.20). */
@@ -659,7 +673,73 @@ typedef struct tf_pass {
    * step fails naming the schedule. Outside run_step (create, eval_batch)
    * the loss is read before run_pass returns. */
   int32_t defer_read;
+  /* Added in 1.25. A log-probs pass: the logits are divided by this before
+   * the log-softmax (TRL's GRPOTrainer scores at its sampling temperature);
+   * 0 reads as 1. It must be finite and positive. */
+  double temperature;
+  /* Added in 1.25. A log-probs pass: 1 also measures the entropy of each
+   * position's distribution (after `temperature`) in result.entropies,
+   * computed a chunk at a time as the log-probs are (TRL's entropy). */
+  int32_t entropies;
 } tf_pass;
+
+/* Added in 1.25: what generate samples. A prompt's `n` completions are
+ * sampled together (one batched decode of n rows of the same prompt), each
+ * token from the model's logits divided by `temperature`, cut to the `top_k`
+ * likeliest and then to the smallest set whose probability reaches `top_p`
+ * (transformers' TemperatureLogitsWarper, TopKLogitsWarper and
+ * TopPLogitsWarper, in that order), with the policy's weights as they are
+ * (the strategies' adapters on). */
+typedef struct tf_generate_request {
+  uint32_t struct_size;
+  tf_tensor prompt;       /* int64 [P] (borrowed): the prompt's ids, P >= 1 */
+  int32_t n;              /* completions to sample, >= 1 */
+  int64_t max_new_tokens; /* each completion's most tokens, >= 1 */
+  double temperature;     /* > 0; 0 = greedy (every row the same) */
+  double top_p;           /* (0, 1]; 1 = off */
+  int64_t top_k;          /* 0 = off */
+  uint64_t seed;          /* the sampler's generator is seeded with it */
+  /* A completion ends with the first of these it samples (kept as its last
+   * token, as transformers' generate keeps the EOS); NULL and 0: the
+   * tokenizer's EOS (TRL's generation_config.eos_token_id). */
+  const int64_t* stop_ids;
+  int32_t n_stop_ids;
+} tf_generate_request;
+
+typedef struct tf_generate_result {
+  uint32_t struct_size;
+  /* int64 [n, C] (new), C the longest completion: each completion's ids,
+   * its stop id included, then `pad` to C. */
+  tf_tensor completions;
+  tf_tensor lengths; /* int64 [n] (new): each completion's ids */
+  int64_t pad;       /* the id after each completion's end in `completions` */
+  /* The tokenizer's EOS and pad ids (-1 where it names none): a completion
+   * that ends in neither was cut at max_new_tokens (TRL's is_truncated). */
+  int64_t eos;
+  int64_t pad_token;
+} tf_generate_result;
+
+/* Added in 1.25: completions score_rewards hands the recipe's rewards. Row i
+ * completes the prompt row row_ids[i] of the batch of prompts it came from. */
+typedef struct tf_reward_request {
+  uint32_t struct_size;
+  tf_tensor row_ids;     /* int64 [n] (borrowed): tf_batch.row_ids of its prompt */
+  tf_tensor completions; /* int64 [n, C] (borrowed), as generate writes them */
+  tf_tensor lengths;     /* int64 [n] (borrowed) */
+} tf_reward_request;
+
+typedef struct tf_reward_scores {
+  uint32_t struct_size;
+  int32_t count; /* R: the recipe's rewards ([[reward]] tables), in order */
+  /* fp64 [n, R] (new): reward r's score of completion i, NaN where it gave
+   * none for the row (TRL's None); the host has refused every other
+   * non-finite value. */
+  tf_tensor scores;
+  tf_tensor weights; /* fp64 [R] (new): each reward's weight (TRL's reward_weights) */
+  /* [R]: each reward's name for metrics (TRL's reward function names),
+   * valid for the life of the run. */
+  const char* const* names;
+} tf_reward_scores;
 
 /* What a schedule reports for one step. */
 typedef struct tf_step_result {
@@ -1172,9 +1252,25 @@ typedef struct tf_host_api {
   tf_status (*declare_kept_param_copies)(tf_host_context* ctx, const char* prefix,
                                          tf_residency tier, int32_t* out_count);
 
+  /* Added in 1.25 (a reserved slot): samples request->n completions of one
+   * prompt with the model as it is (tf_generate_request), no gradients; the
+   * key/value cache is transient memory. Only from run_step and
+   * eval_batch. */
+  tf_status (*generate)(tf_host_context* ctx, const tf_generate_request* request,
+                        tf_generate_result* out);
+  /* Added in 1.25 (a reserved slot): the recipe's reward plugins' scores of
+   * completions (tf_reward_request, tf_reward_scores): the host decodes each
+   * completion (special tokens skipped, as TRL's batch_decode), hands every
+   * reward the texts, ids and data rows, and checks what it returns. A
+   * reward that fails, or returns an infinity or a NaN it did not mean
+   * (anything but a finite number or NaN for "no score"), fails the call
+   * naming the reward and the row; so does a completion no reward scored. */
+  tf_status (*score_rewards)(tf_host_context* ctx, const tf_reward_request* request,
+                             tf_reward_scores* out);
+
   /* Slots for services added in later 1.x versions (the struct grows past
    * them too: it is size-prefixed). */
-  void* reserved[3];
+  void* reserved[1];
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */
@@ -1392,8 +1488,49 @@ typedef struct tf_schedule_vtable {
    * truncation, the KL rows; tf_batch.desirable). The host refuses any
    * other value by name. */
   const char* preference_tokenization;
-  void* reserved[6];
+  /* Added in 1.25 (a reserved slot): TF_SCHEDULE_FEATURE_* bits. */
+  uintptr_t features;
+  void* reserved[5];
 } tf_schedule_vtable;
+
+/* The schedule trains on prompts it completes itself (online RL: GRPO):
+ * [data] rows with a "prompt" and no answer come as batches of prompts
+ * (tf_batch.prompts), and the recipe's [[reward]] tables are its rewards. */
+#define TF_SCHEDULE_FEATURE_PROMPTS ((uintptr_t)1)
+
+/* Added in 1.25: what a reward plugin scores, borrowed for the call. Rows
+ * [g * group_size, (g + 1) * group_size) complete the same prompt. */
+typedef struct tf_reward_batch {
+  uint32_t struct_size;
+  int64_t n;
+  int32_t group_size;
+  /* [n] UTF-8: each row's prompt as the model read it (the chat template
+   * applied), its completion decoded with special tokens skipped (TRL's
+   * completions text), and its data row, the JSONL object as written (a
+   * reward reads its own fields from it: "answer"). */
+  const char* const* prompts;
+  const char* const* completions;
+  const char* const* rows;
+  tf_tensor completion_ids; /* int64 [n, C]: ids, then -1 past each one's end */
+  tf_tensor lengths;        /* int64 [n] */
+} tf_reward_batch;
+
+/* Added in 1.25: a reward ([[reward]] plugin = "NAME", weight = w, and its
+ * own keys), as TRL's reward functions. */
+typedef struct tf_reward_vtable {
+  uint32_t struct_size;
+  tf_status (*create)(const tf_host_api* host, tf_host_context* ctx, void** out_state);
+  void (*destroy)(void* state);
+  /* out_scores[i] (n, written by the plugin): completion i's score, or NaN
+   * where the reward does not apply to the row (TRL's None). Any other
+   * non-finite value, or an error, stops the run naming the reward. */
+  tf_status (*score)(void* state, tf_host_context* ctx, const tf_reward_batch* batch,
+                     double* out_scores);
+  /* Optional: memory the reward holds (a scorer model), as a strategy's. */
+  tf_status (*estimate_memory)(void* state, tf_host_context* ctx, const tf_model_summary* model,
+                               tf_memory_estimate* out);
+  void* reserved[4];
+} tf_reward_vtable;
 
 /* ------------------------------------------------------------------------- */
 /* Descriptor and entry point                                                 */
@@ -1414,7 +1551,8 @@ typedef struct tf_plugin_descriptor {
   uint32_t flags;                   /* TF_PLUGIN_FLAG_* */
   const tf_config_key* config_keys; /* array of n_config_keys, stride = element struct_size */
   uint32_t n_config_keys;
-  /* tf_model_vtable*, tf_strategy_vtable* or tf_schedule_vtable* as `kind` says. */
+  /* tf_model_vtable*, tf_strategy_vtable*, tf_schedule_vtable* or (1.25)
+   * tf_reward_vtable* as `kind` says. */
   const void* vtable;
   /* Added in 1.23 (the first reserved slot): `tightfit fit` may add this
    * plugin to a recipe or leave it out, as declared; NULL: it keeps the

@@ -602,6 +602,22 @@ class Batch {
     host_.check(host_.api()->preference_rows(host_.ctx(), first, count, &batch_));
     owned_ = true;
   }
+  // A batch the plugin made itself (online RL's prompt + completion rows):
+  // int64 [B, T] tokens and targets (ignore_index -100 where nothing is
+  // scored) and the attention mask (1 on each row's tokens, 0 on the
+  // padding after them), kept for the batch's life.
+  Batch(const Host& host, at::Tensor tokens, at::Tensor targets, at::Tensor attention_mask)
+      : host_(host),
+        own_tokens_(std::move(tokens)),
+        own_targets_(std::move(targets)),
+        own_mask_(std::move(attention_mask)) {
+    batch_.struct_size = sizeof batch_;
+    batch_.tokens = lend(own_tokens_);
+    batch_.targets = lend(own_targets_);
+    batch_.attention_mask = own_mask_.defined() ? lend(own_mask_) : nullptr;
+    batch_.n_tokens = own_tokens_.numel();
+    batch_.n_targets = own_targets_.ne(-100).sum().item<int64_t>();
+  }
   // A batch the host lends for one call (a schedule's eval_batch).
   Batch(const Host& host, const tf_batch* lent) : host_(host) {
     std::memcpy(&batch_, lent, std::min<size_t>(lent->struct_size, sizeof batch_));
@@ -618,6 +634,10 @@ class Batch {
   int64_t n_targets() const;
   // Preference pairs: rows [0, pairs) chosen, [pairs, 2 pairs) rejected (0: none).
   int64_t pairs() const;
+  // A batch of prompts alone (ABI 1.25, online RL): how many rows; 0 otherwise.
+  int64_t prompts() const;
+  // int64 [B, T]: 1 on each row's tokens, 0 on padding; undefined when none pads.
+  at::Tensor attention_mask() const;
   int64_t n_tokens() const { return batch_.n_tokens; }
 
   // Each row's summed target log-probability (ABI 1.10), without gradients
@@ -724,6 +744,7 @@ class Batch {
   struct PassResult {
     tf_pass_result raw{};
     at::Tensor logps, counts, mean_logits;
+    at::Tensor entropies;  // ABI 1.25 (tf_pass.entropies)
   };
   PassResult run(tf_pass pass) const {
     if (!TF_HAS(host_.api(), tf_host_api, run_pass))
@@ -735,6 +756,9 @@ class Batch {
     if (r.raw.logps) r.logps = take(std::exchange(r.raw.logps, nullptr));
     if (r.raw.counts) r.counts = take(std::exchange(r.raw.counts, nullptr));
     if (r.raw.mean_logits) r.mean_logits = take(std::exchange(r.raw.mean_logits, nullptr));
+    if (r.raw.struct_size >= offsetof(tf_pass_result, entropies) + sizeof(tf_tensor) &&
+        r.raw.entropies)
+      r.entropies = take(std::exchange(r.raw.entropies, nullptr));
     return r;
   }
   // Before run_pass a pass reads the parameters, or what the modal
@@ -761,6 +785,7 @@ class Batch {
     return pass;
   }
   Host host_;
+  at::Tensor own_tokens_, own_targets_, own_mask_;  // a batch the plugin made
   tf_batch batch_{};
   bool owned_ = false;
 };
@@ -817,6 +842,14 @@ inline int64_t Batch::n_targets() const {
 }
 inline int64_t Batch::pairs() const {
   return TF_SDK_REACHES(&batch_, tf_batch, pairs) ? batch_.pairs : 0;
+}
+inline int64_t Batch::prompts() const {
+  return TF_SDK_REACHES(&batch_, tf_batch, prompts) ? batch_.prompts : 0;
+}
+inline at::Tensor Batch::attention_mask() const {
+  if (!TF_SDK_REACHES(&batch_, tf_batch, attention_mask) || batch_.attention_mask == nullptr)
+    return {};
+  return borrow(batch_.attention_mask);
 }
 inline at::Tensor Batch::desirable() const {
   if (!TF_SDK_REACHES(&batch_, tf_batch, desirable) || batch_.desirable == nullptr) return {};

@@ -1,0 +1,85 @@
+// Online RL's services (ABI 1.25): generate samples a prompt's completions
+// with the policy as it is (completion_sampler.hpp), and score_rewards hands
+// them to the recipe's [[reward]] plugins (reward_scoring.hpp).
+#include <algorithm>
+#include <cstddef>
+
+#include "completion_sampler.hpp"
+#include "host_api_services.hpp"
+#include "prompt_data.hpp"
+#include "reward_scoring.hpp"
+#include "training_data.hpp"
+
+namespace tightfit::host_services {
+namespace {
+
+// The run's prompt rows, which know the tokenizer's special ids.
+const PromptBatcher& prompt_rows(const KernelParts& k) {
+  const auto* prompts = k.data && k.data->has_batches()
+                            ? dynamic_cast<const PromptBatcher*>(&k.data->batcher())
+                            : nullptr;
+  if (prompts == nullptr)
+    throw std::invalid_argument(
+        "generate: the run's data holds no prompt rows (a schedule with "
+        "TF_SCHEDULE_FEATURE_PROMPTS gets them)");
+  return *prompts;
+}
+
+}  // namespace
+
+tf_status h_generate(tf_host_context* ctx, const tf_generate_request* in, tf_generate_result* out) {
+  return serve(ctx, [&] {
+    const tf_generate_request r = read_struct(in);
+    check_size(out, "tf_generate_result");
+    require(r.prompt, "tf_generate_request.prompt");
+    if (!ctx->kernel->executor)
+      throw std::invalid_argument("generate: no pass can run (a plan runs none)");
+    if (!PluginCallScope::active())
+      throw WrongPhase("generate is only served inside a call the host made to the plugin");
+    const at::Tensor prompt = handle_tensor(r.prompt);
+    if (prompt.dim() != 1 || prompt.scalar_type() != at::kLong)
+      throw std::invalid_argument("tf_generate_request.prompt must be int64 [P]");
+    CompletionRequest c;
+    const at::Tensor p = prompt.to(at::kCPU).contiguous();
+    c.prompt.assign(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + p.numel());
+    c.n = r.n;
+    c.max_new_tokens = r.max_new_tokens;
+    c.rule = {r.temperature, r.top_k, r.top_p};
+    c.seed = r.seed;
+    if (r.n_stop_ids < 0 || (r.n_stop_ids > 0 && r.stop_ids == nullptr))
+      throw std::invalid_argument("tf_generate_request: n_stop_ids stop ids must be given");
+    const PromptBatcher& rows = prompt_rows(*ctx->kernel);
+    c.stop_ids.assign(r.stop_ids, r.stop_ids + std::max<int32_t>(r.n_stop_ids, 0));
+    if (c.stop_ids.empty() && rows.eos_id() >= 0) c.stop_ids.push_back(rows.eos_id());
+    Completions done = sample_completions(*ctx->kernel, c, rows.pad_id());
+    tf_generate_result g{};
+    g.pad = done.pad;
+    g.eos = rows.eos_id();
+    g.pad_token = rows.pad_token_id();
+    g.completions = give_handle(std::move(done.ids));
+    g.lengths = give_handle(std::move(done.lengths));
+    write_struct(out, g);
+  });
+}
+
+tf_status h_score_rewards(tf_host_context* ctx, const tf_reward_request* in,
+                          tf_reward_scores* out) {
+  return serve(ctx, [&] {
+    const tf_reward_request r = read_struct(in);
+    check_size(out, "tf_reward_scores");
+    require(r.row_ids, "tf_reward_request.row_ids");
+    require(r.completions, "tf_reward_request.completions");
+    require(r.lengths, "tf_reward_request.lengths");
+    RewardScores s = score_completions(*ctx->kernel, handle_tensor(r.row_ids),
+                                       handle_tensor(r.completions), handle_tensor(r.lengths));
+    const std::vector<const char*>& names = ctx->kernel->plugins->reward_names;
+    tf_reward_scores o{};
+    o.count = static_cast<int32_t>(names.size());
+    o.scores = give_handle(std::move(s.scores));
+    o.weights = give_handle(std::move(s.weights));
+    o.names = names.data();
+    write_struct(out, o);
+  });
+}
+
+}  // namespace tightfit::host_services

@@ -1,0 +1,128 @@
+#include "completion_sampler.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "executor.hpp"
+#include "kernel_parts.hpp"
+#include "logging.hpp"
+#include "memory_accounting.hpp"
+#include "plugin_hooks.hpp"
+#include "plugin_set.hpp"
+#include "run_environment.hpp"
+#include "strategy_chain.hpp"
+#include "tensor_handle.hpp"
+
+namespace tightfit {
+
+at::Tensor sample_next_tokens(const at::Tensor& logits_in, const SamplingRule& rule,
+                              at::Generator& generator) {
+  const at::Tensor logits = logits_in.to(at::kCPU, at::kFloat);
+  if (rule.top_k == 1 || rule.temperature <= 0) return logits.argmax(1);
+  const int64_t vocab = logits.size(1);
+  auto [vals, idx] = (logits / rule.temperature)
+                         .topk(rule.top_k > 0 ? std::min<int64_t>(rule.top_k, vocab) : vocab, 1);
+  at::Tensor probs = at::softmax(vals, 1);
+  if (rule.top_p < 1.0) {  // keep the smallest prefix whose mass reaches top_p, at least one
+    at::Tensor past = probs.cumsum(1) - probs >= rule.top_p;
+    past.select(1, 0).fill_(false);  // transformers' min_tokens_to_keep = 1: top_p = 0 is greedy
+    probs = probs.masked_fill(past, 0.0);
+    probs = probs / probs.sum(1, true);
+  }
+  return idx.gather(1, at::multinomial(probs, 1, false, generator)).squeeze(1);
+}
+
+namespace {
+
+void check_request(const CompletionRequest& r) {
+  if (r.prompt.empty()) throw std::invalid_argument("generate: the prompt has no token");
+  if (r.n < 1) throw std::invalid_argument("generate: n must be >= 1");
+  if (r.max_new_tokens < 1) throw std::invalid_argument("generate: max_new_tokens must be >= 1");
+  if (!(r.rule.temperature >= 0 && std::isfinite(r.rule.temperature)))
+    throw std::invalid_argument("generate: temperature must be a finite number >= 0");
+  if (!(r.rule.top_p > 0 && r.rule.top_p <= 1))
+    throw std::invalid_argument("generate: top_p must be in (0, 1]");
+  if (r.rule.top_k < 0) throw std::invalid_argument("generate: top_k must be >= 0");
+}
+
+// The model's decode over `x` [n, T] after what its cache holds: the last
+// position's logits [n, V].
+struct Decoder {
+  explicit Decoder(const KernelParts& k) : kernel(k), model(k.plugins->model) {
+    const tf_model_vtable* vt = model.plugin->model();
+    incremental = vt->decode && vt->release_cache;
+  }
+  ~Decoder() {
+    if (!cache) return;
+    try {
+      plugin_call(model, "release_cache",
+                  [&] { model.plugin->model()->release_cache(model.state, cache); });
+    } catch (const std::exception& e) {
+      log_message(TF_LOG_WARN, e.what());
+    }
+  }
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
+
+  // `context` [n, T]: every id so far; `fresh`: how many of its last are new.
+  at::Tensor next_logits(const at::Tensor& context, int64_t fresh) {
+    if (!incremental)  // the whole context again, as generate_text does without a cache
+      return kernel.executor->forward_logits(context, /*training=*/false).select(1, -1);
+    const at::Tensor x = context.narrow(1, context.size(1) - fresh, fresh);
+    tf_tensor out = nullptr;
+    check_plugin_status(call_hook(model, model.plugin->model(), TF_MODEL_HOOK(decode), &cache,
+                                  borrow_handle(x), &out),
+                        model, "decode");
+    return adopt_handle(StrategyChain::returned(out, model, "decode")).select(1, -1);
+  }
+
+  const KernelParts& kernel;
+  const PluginInstance& model;
+  bool incremental = false;
+  void* cache = nullptr;
+};
+
+}  // namespace
+
+Completions sample_completions(const KernelParts& kernel, const CompletionRequest& r,
+                               int64_t pad_id) {
+  check_request(r);
+  at::NoGradGuard no_grad;
+  CategoryScope scope(TF_MEM_TRANSIENT);
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(r.seed);
+  const at::Device device = kernel.env->device;
+  const auto P = static_cast<int64_t>(r.prompt.size());
+  at::Tensor context = at::tensor(r.prompt, at::kLong).unsqueeze(0).expand({r.n, P}).contiguous();
+  context = context.to(device);
+  at::Tensor ids = at::full({r.n, r.max_new_tokens}, pad_id, at::kLong);
+  at::Tensor lengths = at::full({r.n}, r.max_new_tokens, at::kLong);
+  std::vector<bool> done(static_cast<size_t>(r.n), false);
+  int64_t open = r.n, steps = 0;
+  Decoder decoder(kernel);
+  for (int64_t t = 0; t < r.max_new_tokens && open > 0; ++t) {
+    const at::Tensor next =
+        sample_next_tokens(decoder.next_logits(context, t == 0 ? P : 1), r.rule, generator);
+    auto picked = next.accessor<int64_t, 1>();
+    for (int64_t i = 0; i < r.n; ++i) {
+      if (done[static_cast<size_t>(i)]) continue;  // a finished row's draws are dropped
+      ids[i][t] = picked[i];
+      if (std::find(r.stop_ids.begin(), r.stop_ids.end(), picked[i]) != r.stop_ids.end()) {
+        done[static_cast<size_t>(i)] = true;
+        lengths[i] = t + 1;
+        --open;
+      }
+    }
+    context = at::cat({context, next.to(device).unsqueeze(1)}, 1);
+    steps = t + 1;
+  }
+  Completions out;
+  out.ids = ids.narrow(1, 0, std::max<int64_t>(steps, 1)).contiguous();
+  out.lengths = lengths.clamp_max(steps);
+  out.pad = pad_id;
+  return out;
+}
+
+}  // namespace tightfit

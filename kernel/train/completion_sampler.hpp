@@ -1,0 +1,50 @@
+// Sampling the next token of many rows at once, and a prompt's completions
+// sampled together: n rows of the same prompt through one batched decode
+// (the rows share the prompt's length, so no row pads), each ending at its
+// first stop id. Online RL's generation (the host's generate service) and
+// `tightfit generate` sample with the same rule.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace tightfit {
+
+struct KernelParts;
+
+// transformers' warpers in generate's order: temperature, top-k, top-p.
+struct SamplingRule {
+  double temperature = 1.0;  // 0: greedy
+  int64_t top_k = 0;         // 0: every token; 1: greedy
+  double top_p = 1.0;        // 1: off
+};
+
+// The next token of each row of `logits` ([R, V], any device and dtype):
+// int64 [R] on the CPU, drawn with `generator`.
+at::Tensor sample_next_tokens(const at::Tensor& logits, const SamplingRule& rule,
+                              at::Generator& generator);
+
+struct CompletionRequest {
+  std::vector<int64_t> prompt;  // at least one id
+  int64_t n = 1;                // completions
+  int64_t max_new_tokens = 1;
+  SamplingRule rule;
+  uint64_t seed = 0;
+  std::vector<int64_t> stop_ids;  // a completion ends with the first it samples (kept)
+};
+
+struct Completions {
+  at::Tensor ids;      // int64 [n, C] on the CPU: each completion, then `pad`
+  at::Tensor lengths;  // int64 [n]
+  int64_t pad = 0;
+};
+
+// No gradients; the key/value cache (or each step's whole context, for a
+// model without decode) is transient memory. Throws std::invalid_argument
+// for bad values, and what the model throws (a context past its positions).
+Completions sample_completions(const KernelParts& kernel, const CompletionRequest& request,
+                               int64_t pad_id);
+
+}  // namespace tightfit

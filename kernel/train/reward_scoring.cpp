@@ -1,0 +1,113 @@
+#include "reward_scoring.hpp"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "kernel_parts.hpp"
+#include "plugin_set.hpp"
+#include "prompt_data.hpp"
+#include "tensor_handle.hpp"
+#include "training_data.hpp"
+
+namespace tightfit {
+namespace {
+
+// How many rows at the start complete the same prompt (TRL's num_generations).
+int32_t leading_group(const at::Tensor& row_ids) {
+  const auto ids = row_ids.accessor<int64_t, 1>();
+  int64_t g = 1;
+  while (g < ids.size(0) && ids[g] == ids[0]) ++g;
+  return static_cast<int32_t>(g);
+}
+
+}  // namespace
+
+RewardScores score_completions(KernelParts& kernel, const at::Tensor& row_ids_in,
+                               const at::Tensor& completions_in, const at::Tensor& lengths_in) {
+  const std::vector<RewardInstance>& rewards = kernel.plugins->rewards;
+  if (rewards.empty())
+    throw std::invalid_argument(
+        "score_rewards: the recipe has no [[reward]] table: add one (plugin = \"length\", "
+        "\"format\", \"exact_answer\" or your own reward plugin)");
+  const auto* prompts = dynamic_cast<const PromptBatcher*>(&kernel.data->batcher());
+  if (prompts == nullptr)
+    throw std::invalid_argument("score_rewards: the run's data holds no prompt rows");
+  const at::Tensor row_ids = row_ids_in.to(at::kCPU, at::kLong).contiguous();
+  const at::Tensor completions = completions_in.to(at::kCPU, at::kLong).contiguous();
+  const at::Tensor lengths = lengths_in.to(at::kCPU, at::kLong).contiguous();
+  const int64_t n = row_ids.numel();
+  if (row_ids.dim() != 1 || completions.dim() != 2 || completions.size(0) != n ||
+      lengths.dim() != 1 || lengths.size(0) != n)
+    throw std::invalid_argument(
+        "score_rewards: row_ids [n], completions [n, C] and lengths [n] must agree");
+  const int64_t C = completions.size(1);
+  const auto len = lengths.accessor<int64_t, 1>();
+  const auto rid = row_ids.accessor<int64_t, 1>();
+  // Texts, ids (-1 past each end) and rows, alive for every reward's call.
+  std::vector<std::string> prompt_text, completion_text, row_text;
+  at::Tensor ids = at::full({n, C}, -1, at::kLong);
+  for (int64_t i = 0; i < n; ++i) {
+    if (len[i] < 0 || len[i] > C)
+      throw std::invalid_argument("score_rewards: completion " + std::to_string(i) + "'s length " +
+                                  std::to_string(len[i]) + " is not within its " +
+                                  std::to_string(C) + " columns");
+    const PromptRow& row = prompts->row(rid[i]);
+    const at::Tensor own = completions[i].narrow(0, 0, len[i]);
+    ids[i].narrow(0, 0, len[i]).copy_(own);
+    const std::vector<int64_t> tokens(own.data_ptr<int64_t>(), own.data_ptr<int64_t>() + len[i]);
+    prompt_text.push_back(row.text);
+    completion_text.push_back(kernel.data->tokenizer().decode_skipping_special(tokens));
+    row_text.push_back(row.row);
+  }
+  std::vector<const char*> p_ptr, c_ptr, r_ptr;
+  for (int64_t i = 0; i < n; ++i) {
+    p_ptr.push_back(prompt_text[static_cast<size_t>(i)].c_str());
+    c_ptr.push_back(completion_text[static_cast<size_t>(i)].c_str());
+    r_ptr.push_back(row_text[static_cast<size_t>(i)].c_str());
+  }
+  tf_reward_batch batch{};
+  batch.struct_size = sizeof batch;
+  batch.n = n;
+  batch.group_size = n > 0 ? leading_group(row_ids) : 1;
+  batch.prompts = p_ptr.data();
+  batch.completions = c_ptr.data();
+  batch.rows = r_ptr.data();
+  batch.completion_ids = borrow_handle(ids);
+  batch.lengths = borrow_handle(lengths);
+  const auto R = static_cast<int64_t>(rewards.size());
+  RewardScores out;
+  out.scores = at::empty({n, R}, at::kDouble);
+  out.weights = at::empty({R}, at::kDouble);
+  for (int64_t r = 0; r < R; ++r) {
+    const RewardInstance& reward = rewards[static_cast<size_t>(r)];
+    out.weights[r] = reward.weight;
+    std::vector<double> scores(static_cast<size_t>(n), std::nan(""));
+    const PluginInstance& inst = reward.instance;
+    check_plugin_status(plugin_call(inst, "score",
+                                    [&] {
+                                      return inst.plugin->reward()->score(
+                                          inst.state, inst.ctx.get(), &batch, scores.data());
+                                    }),
+                        inst, "score");
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = scores[static_cast<size_t>(i)];
+      if (std::isinf(v))
+        throw std::invalid_argument(
+            "reward \"" + reward.name + "\" scored completion " + std::to_string(i) + " of " +
+            prompts->row(rid[i]).where + " " + (v > 0 ? "+inf" : "-inf") +
+            ": a reward is a finite number, or NaN for none; fix the reward (nothing was "
+            "trained on this batch)");
+      out.scores[i][r] = v;
+    }
+  }
+  // A completion every reward passed over would train on a reward of 0.
+  for (int64_t i = 0; i < n; ++i)
+    if (out.scores[i].isnan().all().item<bool>())
+      throw std::invalid_argument(
+          "no reward scored completion " + std::to_string(i) + " of " + prompts->row(rid[i]).where +
+          " (each returned NaN, \"none\"): TRL would train it at a reward of 0 with a "
+          "warning; give a reward that scores every row (nothing was trained on this batch)");
+  return out;
+}
+
+}  // namespace tightfit

@@ -1,0 +1,131 @@
+// Online RL's sampling (completion_sampler.hpp): each draw follows the
+// distribution transformers' generate samples from after its temperature,
+// top-k and top-p warpers (tests/peers/sampling_warpers.py), where seeded
+// draws of two libraries cannot agree; and a prompt's completions decoded
+// together, n rows through one key/value cache, are the tokens one row
+// recomputing its whole context gives, each ending at its stop id.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "completion_sampler.hpp"
+#include "executor.hpp"
+#include "file_util.hpp"
+#include "kernel_parts.hpp"
+#include "test_support.hpp"
+
+namespace tightfit {
+namespace {
+
+struct Rule {
+  const char* name;
+  double temperature;
+  int64_t top_k;
+  double top_p;
+};
+
+void PrintTo(const Rule& r, std::ostream* os) {
+  *os << r.name;
+}
+
+class SamplerDistribution : public ::testing::TestWithParam<Rule> {};
+
+TEST_P(SamplerDistribution, DrawsFollowTransformersWarpedProbabilities) {
+  const Rule& rule = GetParam();
+  const std::vector<float> logits = {2.0f, 1.5f, 1.0f, 0.2f, -0.5f, -1.0f, 0.9f, 1.4f};
+  test::TempDir d;
+  std::ofstream(d.str() + "/rule.json") << nlohmann::json({{"logits", logits},
+                                                           {"temperature", rule.temperature},
+                                                           {"top_k", rule.top_k},
+                                                           {"top_p", rule.top_p}})
+                                               .dump();
+  const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                          "/tests/peers/sampling_warpers.py " + d.str() + " > " + d.str() +
+                          "/peer.log 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file_text(d.str() + "/peer.log");
+  const auto want =
+      nlohmann::json::parse(read_file_text(d.str() + "/probs.json")).get<std::vector<double>>();
+  // Many rows at once, as a group's rows are drawn.
+  constexpr int64_t kRows = 60000;
+  const at::Tensor batch = at::tensor(logits).unsqueeze(0).expand({kRows, -1}).contiguous();
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1234);
+  const at::Tensor drawn =
+      sample_next_tokens(batch, {rule.temperature, rule.top_k, rule.top_p}, gen);
+  const at::Tensor counts = at::bincount(drawn, {}, static_cast<int64_t>(logits.size()));
+  for (size_t v = 0; v < logits.size(); ++v) {
+    const double p = want[v], seen = counts[static_cast<int64_t>(v)].item<double>() / kRows;
+    if (p == 0) {
+      EXPECT_EQ(seen, 0.0) << "token " << v << " is warped away and was drawn";
+      continue;
+    }
+    // Five standard deviations of a binomial share.
+    EXPECT_NEAR(seen, p, 5 * std::sqrt(p * (1 - p) / kRows) + 1e-9) << "token " << v;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Rules, SamplerDistribution,
+                         ::testing::Values(Rule{"plain", 1.0, 0, 1.0},
+                                           Rule{"temperature", 0.6, 0, 1.0},
+                                           Rule{"top_k", 1.3, 3, 1.0}, Rule{"top_p", 1.0, 0, 0.7},
+                                           Rule{"all_three", 0.8, 5, 0.8}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(CompletionSampler, AGroupDecodedTogetherIsWhatOneRowRecomputingGives) {
+  test::TempDir dir;
+  std::string recipe = test::tiny_recipe(test::write_corpus(dir), dir.str());
+  const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
+  recipe.replace(begin, end - begin,
+                 "[model]\nplugin = \"llama\"\npreset = \"tiny\"\nvocab_size = 256\n\n");
+  SessionOptions so;
+  so.skip_data = true;
+  auto s = test::make_session(recipe, so);
+  const std::vector<int64_t> prompt = {84, 104, 101, 32, 99, 97, 116};
+  // Greedy, one row recomputing its whole context each token.
+  std::vector<int64_t> want = prompt;
+  {
+    at::NoGradGuard no_grad;
+    for (int i = 0; i < 12; ++i)
+      want.push_back(s->executor()
+                         .forward_logits(at::tensor(want, at::kLong).unsqueeze(0), false)[0][-1]
+                         .argmax()
+                         .item<int64_t>());
+  }
+  CompletionRequest r;
+  r.prompt = prompt;
+  r.n = 3;
+  r.max_new_tokens = 12;
+  r.rule = {0.0, 0, 1.0};
+  const Completions got = sample_completions(s->parts(), r, /*pad_id=*/0);
+  ASSERT_EQ(got.ids.size(0), 3);
+  for (int64_t row = 0; row < 3; ++row) {
+    EXPECT_EQ(got.lengths[row].item<int64_t>(), 12);
+    for (int64_t t = 0; t < 12; ++t)
+      EXPECT_EQ(got.ids[row][t].item<int64_t>(), want[prompt.size() + static_cast<size_t>(t)])
+          << "row " << row << ", token " << t;
+  }
+  // The fourth greedy token as a stop id: every row ends with it, kept.
+  r.stop_ids = {want[prompt.size() + 3]};
+  const Completions stopped = sample_completions(s->parts(), r, /*pad_id=*/0);
+  for (int64_t row = 0; row < 3; ++row) {
+    const int64_t first_stop =
+        static_cast<int64_t>(std::find(want.begin() + static_cast<std::ptrdiff_t>(prompt.size()),
+                                       want.end(), r.stop_ids[0]) -
+                             want.begin() - static_cast<std::ptrdiff_t>(prompt.size()));
+    EXPECT_EQ(stopped.lengths[row].item<int64_t>(), first_stop + 1);
+  }
+  // Sampled rows differ from each other (one generator draws them all).
+  r.stop_ids.clear();
+  r.rule = {1.5, 0, 1.0};
+  r.n = 4;
+  const Completions sampled = sample_completions(s->parts(), r, 0);
+  EXPECT_FALSE(sampled.ids[0].equal(sampled.ids[1]) && sampled.ids[1].equal(sampled.ids[2]) &&
+               sampled.ids[2].equal(sampled.ids[3]));
+  // Bad values are refused by name.
+  r.n = 0;
+  EXPECT_THROW(sample_completions(s->parts(), r, 0), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace tightfit

@@ -1,0 +1,270 @@
+// The grpo schedule against TRL 0.24's GRPOTrainer on the same weights,
+// prompts and completions (the schedule's completions_file, the trainer's
+// sampling replaced by the same ids; tests/peers/grpo_parity.py): the loss,
+// the metrics TRL logs and every trained gradient, for each loss type, with
+// a PEFT LoRA adapter and as a full fine-tune, with and without the KL term.
+// Then what a recipe may and may not ask of it.
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "preference_test_support.hpp"
+
+namespace tightfit {
+namespace {
+
+using namespace preference_test;
+
+struct GrpoCase {
+  const char* name;
+  bool lora;
+  const char* loss_type;
+  double beta, temperature;
+  const char* level;
+  const char* scale_rewards;
+  bool mask_truncated;
+  double epsilon_high;
+};
+
+void PrintTo(const GrpoCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
+constexpr int64_t kGenerations = 4;
+constexpr int64_t kMaxCompletion = 12;
+
+class GrpoStepParity : public ::testing::TestWithParam<GrpoCase> {
+ protected:
+  static void SetUpTestSuite() { data_ = data_peer(); }
+  static void TearDownTestSuite() { delete data_; }
+  static test::TempDir* data_;
+};
+test::TempDir* GrpoStepParity::data_ = nullptr;
+
+// Two prompt rows (text, and messages through the chat template), each with
+// an answer, and their completions: some end with EOS, one is cut at
+// max_completion_length; the rewards differ inside each group.
+void write_prompts_and_completions(const std::string& dir) {
+  std::ofstream(dir + "/prompts.jsonl")
+      << R"({"prompt": "Count to three:", "answer": "3"})"
+      << "\n"
+      << R"({"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"})"
+      << "\n";
+  auto tok = BpeTokenizer::load(dir + "/tokenizer");
+  const int64_t eos = tok->token_id("</s>");
+  auto ended = [&](const std::string& text) {
+    std::vector<int64_t> ids = tok->encode(text);
+    ids.push_back(eos);
+    return ids;
+  };
+  std::vector<int64_t> cut = tok->encode(" one, two, three, four, five, six, seven, eight");
+  cut.resize(static_cast<size_t>(kMaxCompletion));
+  const nlohmann::json rows[] = {
+      {{"row", 0}, {"completion_ids", {ended(" 1 2 3"), ended(" three"), ended(" 3"), cut}}},
+      {{"row", 1},
+       {"completion_ids", {ended("4"), ended("The answer is 4"), ended("5"), ended("#### 4")}}}};
+  std::ofstream out(dir + "/completions.jsonl");
+  for (const auto& r : rows) out << r.dump() << "\n";
+}
+
+std::string grpo_recipe(const std::string& dir, const GrpoCase& c) {
+  std::ostringstream os;
+  os << "[run]\nname = \"grpo\"\nseed = 7\nsteps = 1\nout_dir = \"" << dir
+     << "\"\nsample_tokens = 0\neval_batches = 0\nlog_every = 1000\n\n"
+     << "[model]\nplugin = \"llama\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 4\n"
+     << "n_kv_head = 2\nintermediate_size = 64\nmax_positions = 128\n\n"
+     << "[data]\ncorpus = \"" << dir << "/prompts.jsonl\"\ntokenizer = \"" << dir
+     << "/tokenizer\"\nseq_len = " << kSeqLen << "\nbatch_size = 2\nval_fraction = 0\n\n"
+     << "[optimizer]\nlr = 0.0\ngrad_clip = 0.0\n\n"
+     << "[schedule]\nplugin = \"grpo\"\nwarmup_steps = 0\nnum_generations = " << kGenerations
+     << "\nmax_completion_length = " << kMaxCompletion << "\nloss_type = \"" << c.loss_type
+     << "\"\nbeta = " << c.beta << "\ntemperature = " << c.temperature
+     << "\nimportance_sampling_level = \"" << c.level << "\"\nscale_rewards = \"" << c.scale_rewards
+     << "\"\nmask_truncated_completions = " << (c.mask_truncated ? "true" : "false")
+     << "\nepsilon_high = " << c.epsilon_high << "\ncompletions_file = \"" << dir
+     << "/completions.jsonl\"\n\n"
+     << "[[reward]]\nplugin = \"length\"\ntarget = 8\nweight = 0.5\n\n"
+     << "[[reward]]\nplugin = \"exact_answer\"\n\n";
+  if (c.lora)
+    os << "[[strategy]]\nplugin = \"lora\"\nrank = 4\nalpha = 8.0\n"
+       << "targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n";
+  return os.str();
+}
+
+TEST_P(GrpoStepParity, LossMetricsAndGradientsEqualTrl) {
+  const GrpoCase& c = GetParam();
+  test::TempDir d;
+  const std::string dir = d.str();
+  copy_peer_data(*data_, d);
+  write_prompts_and_completions(dir);
+  auto s = test::make_session(grpo_recipe(dir, c));
+  if (c.lora) randomize_trainable(*s);
+  s->export_hf(dir + "/base", /*merge=*/false);
+  if (c.lora) s->export_adapter(dir + "/adapter");
+  std::ofstream(dir + "/options.json")
+      << nlohmann::json({
+                            {"num_generations", kGenerations},
+                            {"max_completion_length", kMaxCompletion},
+                            {"temperature", c.temperature},
+                            {"beta", c.beta},
+                            {"loss_type", c.loss_type},
+                            {"importance_sampling_level", c.level},
+                            {"scale_rewards", c.scale_rewards},
+                            {"mask_truncated_completions", c.mask_truncated},
+                            {"epsilon", 0.2},
+                            {"epsilon_high", c.epsilon_high},
+                            {"rewards",
+                             {{{"plugin", "length"}, {"target", 8}, {"weight", 0.5}},
+                              {{"plugin", "exact_answer"}}}},
+                        })
+             .dump();
+  const auto want = run_trl_peer("grpo_parity.py", dir);
+  ASSERT_FALSE(want.empty());
+  // The groups' rewards differ: the advantages are not all zero.
+  ASSERT_LT(want.at("metric.frac_reward_zero_std").item<double>(), 1.0);
+  std::vector<const char*> metrics = {"reward",
+                                      "reward_std",
+                                      "frac_reward_zero_std",
+                                      "rewards/length/mean",
+                                      "rewards/length/std",
+                                      "rewards/exact_answer/mean",
+                                      "rewards/exact_answer/std",
+                                      "completions/mean_length",
+                                      "completions/min_length",
+                                      "completions/max_length",
+                                      "completions/clipped_ratio",
+                                      "completions/mean_terminated_length",
+                                      "completions/min_terminated_length",
+                                      "completions/max_terminated_length",
+                                      "num_tokens",
+                                      "entropy",
+                                      "clip_ratio/low_mean",
+                                      "clip_ratio/high_mean",
+                                      "clip_ratio/region_mean"};
+  if (c.beta != 0) metrics.push_back("kl");
+  const int compared = expect_step_equals_peer(*s, want, "grpo", metrics, c.lora, dir);
+  EXPECT_EQ(compared, c.lora ? 2 * 2 * 7 : 2 * 9 + 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, GrpoStepParity,
+    ::testing::Values(
+        // TRL's defaults: DAPO, no reference (one pass).
+        GrpoCase{"lora_dapo", true, "dapo", 0.0, 1.0, "token", "group", false, 0.2},
+        // The KL term (the base with the adapters off), a temperature, the
+        // batch's deviation, truncated completions masked.
+        GrpoCase{"lora_grpo_kl", true, "grpo", 0.04, 0.7, "token", "batch", true, 0.2},
+        // GSPO's sequence weights, Dr. GRPO's constant normalizer, no scaling.
+        GrpoCase{"lora_dr_grpo_sequence", true, "dr_grpo", 0.0, 1.0, "sequence", "none", false,
+                 0.28},
+        // A full fine-tune against its starting weights (the kernel's copy).
+        GrpoCase{"full_bnpo_kl", false, "bnpo", 0.04, 1.0, "token", "group", false, 0.2}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+class GrpoRecipes : public GrpoStepParity {};
+
+std::string error_of_session(const std::string& recipe) {
+  return error_of([&] { test::make_session(recipe)->train(); });
+}
+
+TEST_F(GrpoRecipes, WhatCannotWorkIsRefusedByName) {
+  test::TempDir d;
+  const std::string dir = d.str();
+  copy_peer_data(*data_, d);
+  write_prompts_and_completions(dir);
+  const GrpoCase c{"x", true, "dapo", 0.0, 1.0, "token", "group", false, 0.2};
+  const std::string good = grpo_recipe(dir, c);
+  auto without = [&](const std::string& part) {
+    std::string r = good;
+    const auto at = r.find(part);
+    EXPECT_NE(at, std::string::npos) << part;
+    return r.erase(at, part.size());
+  };
+  // No reward: nothing to train on.
+  std::string e =
+      error_of_session(without("[[reward]]\nplugin = \"length\"\ntarget = 8\nweight = "
+                               "0.5\n\n[[reward]]\nplugin = \"exact_answer\"\n\n"));
+  EXPECT_NE(e.find("no [[reward]] table"), std::string::npos) << e;
+  // Rewards for a schedule that samples nothing.
+  std::string dpo = good;
+  dpo.replace(dpo.find("plugin = \"grpo\""), 15, "plugin = \"dpo\"");
+  dpo.replace(dpo.find("prompts.jsonl"), 13, "rows.jsonl");
+  e = error_of([&] {
+    test::make_session(dpo.substr(0, dpo.find("num_generations")) +
+                       dpo.substr(dpo.find("[[reward]]")));
+  });
+  EXPECT_NE(e.find("[[reward]] scores completions"), std::string::npos) << e;
+  // Prompt rows for a schedule that does not sample.
+  e = error_of([&] {
+    std::string sft = good.substr(0, good.find("[schedule]"));
+    test::make_session(sft);
+  });
+  EXPECT_NE(e.find("prompts without answers"), std::string::npos) << e;
+  // A reward weight that is not a number, two rewards under one name.
+  std::string r = good;
+  r.replace(r.find("weight = 0.5"), 12, "weight = nan");
+  e = error_of([&] { test::make_session(r); });
+  EXPECT_NE(e.find("weight must be a finite number"), std::string::npos) << e;
+  r = good;
+  r.replace(r.find("plugin = \"exact_answer\""), 23, "plugin = \"length\"");
+  e = error_of([&] { test::make_session(r); });
+  EXPECT_NE(e.find("a second reward named \"length\""), std::string::npos) << e;
+  // A data row without the answer the reward reads: the run stops naming it.
+  std::ofstream(dir + "/prompts.jsonl", std::ios::app) << R"({"prompt": "No answer here"})"
+                                                       << "\n";
+  std::ofstream(dir + "/completions.jsonl", std::ios::app)
+      << R"({"row": 2, "completion_ids": [[5], [6], [7], [8]]})"
+      << "\n";
+  r = good;
+  r.replace(r.find("batch_size = 2"), 14, "batch_size = 3");
+  e = error_of_session(r);
+  EXPECT_NE(e.find("has no \"answer\""), std::string::npos) << e;
+}
+
+// Sampling (no completions file): each step samples, scores and trains;
+// what TRL logs is logged; a run stopped after its first step and resumed
+// samples the same completions and ends where the uninterrupted run ends.
+TEST_F(GrpoRecipes, SamplesScoresTrainsAndResumesExactly) {
+  test::TempDir d;
+  const std::string dir = d.str();
+  copy_peer_data(*data_, d);
+  write_prompts_and_completions(dir);
+  const GrpoCase c{"x", true, "grpo", 0.04, 0.9, "token", "group", false, 0.2};
+  std::string text = grpo_recipe(dir, c);
+  text.erase(text.find("completions_file"),
+             text.find("\n\n[[reward]]") - text.find("completions_file"));
+  text.replace(text.find("steps = 1"), 9, "steps = 2");
+  text.replace(text.find("lr = 0.0"), 8, "lr = 1e-2");
+  text.replace(text.find("batch_size = 2"), 14, "batch_size = 1");
+  const TrainSummary whole = test::make_session(text)->train();
+  ASSERT_EQ(whole.losses.size(), 2u);
+  std::ifstream in(whole.metrics_path);
+  std::string last;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) last = line;
+  const auto rec = nlohmann::json::parse(last);
+  for (const char* key : {"grpo.reward", "grpo.rewards/length/mean", "grpo.kl", "grpo.entropy",
+                          "grpo.completions/mean_length"})
+    EXPECT_TRUE(rec.contains(key)) << key << " not in " << last;
+  EXPECT_LE(rec["grpo.completions/max_length"].get<double>(), kMaxCompletion);
+  EXPECT_TRUE(std::isfinite(whole.losses[1]));
+
+  test::TempDir d2;
+  copy_peer_data(*data_, d2);
+  write_prompts_and_completions(d2.str());
+  std::string again = text;
+  for (size_t at; (at = again.find(dir)) != std::string::npos;)
+    again.replace(at, dir.size(), d2.str());
+  {
+    SessionOptions o;
+    o.stop_after_steps = 1;
+    ASSERT_EQ(test::make_session(again, o)->train().losses.size(), 1u);
+  }
+  SessionOptions o;
+  o.resume = true;
+  const TrainSummary resumed = test::make_session(again, o)->train();
+  ASSERT_FALSE(resumed.losses.empty());
+  EXPECT_DOUBLE_EQ(resumed.losses.back(), whole.losses.back());
+}
+
+}  // namespace
+}  // namespace tightfit
