@@ -220,6 +220,54 @@ TEST_F(GrpoRecipes, WhatCannotWorkIsRefusedByName) {
   EXPECT_NE(e.find("has no \"answer\""), std::string::npos) << e;
 }
 
+// A reward that fails or returns what is not a score stops the run naming
+// it and the row, before any update; a reward's NaN ("none for this row")
+// is left out of the sum where another reward scores the row.
+TEST_F(GrpoRecipes, ARewardThatFailsOrReturnsGarbageStopsTheRunBeforeAnUpdate) {
+  test::TempDir d;
+  const std::string dir = d.str();
+  copy_peer_data(*data_, d);
+  write_prompts_and_completions(dir);
+  const GrpoCase c{"x", true, "dapo", 0.0, 1.0, "token", "group", false, 0.2};
+  std::string base = grpo_recipe(dir, c);
+  base.replace(
+      base.find("[model]"), 7,
+      "plugin_paths = [\"" + std::string(TIGHTFIT_FIXTURE_DIR) + "/hostile_reward\"]\n\n[model]");
+  auto with = [&](const std::string& mode, bool alone) {
+    std::string r = base;
+    const std::string hostile =
+        "[[reward]]\nplugin = \"hostile_reward\"\nmode = \"" + mode + "\"\n\n";
+    const auto first = r.find("[[reward]]");
+    if (alone) {
+      r.erase(first, r.find("[[strategy]]") - first);
+      r.insert(first, hostile);
+    } else {
+      r.insert(first, hostile);
+    }
+    return r;
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"inf", "reward \"hostile_reward\" scored completion 1 of"},
+      {"nan_all", "no reward scored completion 0 of"},
+      {"error", "the grader's service is down"},
+      {"throw", "threw an exception in score (hostile reward)"}};
+  for (const auto& [mode, message] : cases) {
+    std::string e = error_of_session(with(mode, true));
+    EXPECT_NE(e.find(message), std::string::npos) << mode << ": " << e;
+    EXPECT_FALSE(fs::exists(dir + "/grpo/checkpoints")) << mode;
+  }
+  // With another reward beside it, a NaN is left out of that row's sum.
+  const TrainSummary sum = test::make_session(with("nan_first", false))->train();
+  ASSERT_EQ(sum.losses.size(), 1u);
+  std::ifstream in(sum.metrics_path);
+  std::string last;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) last = line;
+  const auto rec = nlohmann::json::parse(last);
+  EXPECT_DOUBLE_EQ(rec["grpo.rewards/hostile_reward/mean"].get<double>(), 1.0);
+  EXPECT_TRUE(std::isfinite(rec["grpo.reward"].get<double>()));
+}
+
 // Sampling (no completions file): each step samples, scores and trains;
 // what TRL logs is logged; a run stopped after its first step and resumed
 // samples the same completions and ends where the uninterrupted run ends.

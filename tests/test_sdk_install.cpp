@@ -1,6 +1,6 @@
 // The plugin SDK as an outside project sees it: install tightfit to a
-// temporary prefix, build examples/third-party-strategy and
-// examples/preference-schedule against that prefix alone
+// temporary prefix, build examples/third-party-strategy,
+// examples/preference-schedule and examples/reward-plugin against that prefix alone
 // (find_package(tightfit), tightfit_add_plugin), and run their recipes with
 // the installed host.
 #include <gtest/gtest.h>
@@ -187,6 +187,35 @@ TEST_F(SdkInstall, OutOfTreePreferenceScheduleBuildsAndTrains) {
   std::smatch val;
   ASSERT_TRUE(std::regex_search(out, val, std::regex("final train, ([0-9.]+) validation"))) << out;
   EXPECT_LT(std::stod(val[1]), 1.0) << out;
+}
+
+// examples/reward-plugin: a reward built against the installed SDK, loaded
+// by the installed host beside a built-in reward; two GRPO steps log its
+// scores under its name.
+TEST_F(SdkInstall, OutOfTreeRewardBuildsAndTrains) {
+  const fs::path example = fs::path(TIGHTFIT_SOURCE_DIR) / "examples" / "reward-plugin";
+  ASSERT_TRUE(fs::is_regular_file(fs::path(TIGHTFIT_SOURCE_DIR) / ".cache" / "models" /
+                                  "SmolLM2-135M-Instruct.Q4_1.gguf"))
+      << "scripts/setup fetches the model";
+  std::string out;
+  const fs::path build = build_example("reward-plugin", &out);
+  ASSERT_FALSE(build.empty()) << out;
+  const fs::path plugin = build / "libtightfit_keywords.so";
+  ASSERT_TRUE(fs::exists(plugin)) << out;
+  ASSERT_EQ(test::run_command(host() + " plugins check " + quoted(plugin), &out), 0) << out;
+  EXPECT_NE(out.find("reward"), std::string::npos) << out;
+  test::TempDir runs;
+  const std::string cmd = "TIGHTFIT_PLUGIN_PATH=" + quoted(build) + " " + host() + " run " +
+                          quoted(example / "recipe.toml") +
+                          " --set run.steps=2 --set 'run.plugin_paths=[]' --set "
+                          "schedule.max_completion_length=8 --set run.out_dir=" +
+                          quoted(runs.path());
+  ASSERT_EQ(test::run_command(cmd, &out), 0) << out;
+  std::string metrics;
+  for (const auto& e : fs::recursive_directory_iterator(runs.path()))
+    if (e.path().filename() == "metrics.jsonl") metrics = read(e.path());
+  EXPECT_NE(metrics.find("\"grpo.rewards/keywords/mean\""), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\"grpo.rewards/length/mean\""), std::string::npos) << metrics;
 }
 
 }  // namespace
