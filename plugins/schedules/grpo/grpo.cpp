@@ -72,29 +72,11 @@ uint64_t mix(uint64_t a, uint64_t b) {
   return x ^ (x >> 29);
 }
 
-// The tokenizer's EOS and pad ids, as the host's generate reports them.
-void learn_special_ids(Grpo& s, const at::Tensor& prompt) {
-  if (s.special_ids_known) return;
-  tf_rl::Sampling one = s.sampling;
-  one.n = 1;
-  one.max_new_tokens = 1;
-  tf_generate_request r{};
-  r.struct_size = sizeof r;
-  const at::Tensor p = prompt.contiguous();
-  r.prompt = tf_sdk::lend(p);
-  r.n = 1;
-  r.max_new_tokens = 1;
-  r.temperature = 0;
-  r.top_p = 1;
-  tf_generate_result out{};
-  out.struct_size = sizeof out;
-  if (!TF_HAS(s.host.api(), tf_host_api, generate))
-    throw std::runtime_error("this tightfit has no generate (plugin ABI 1.25): update it");
-  s.host.check(s.host.api()->generate(s.host.ctx(), &r, &out));
-  tf_sdk::take(out.completions);
-  tf_sdk::take(out.lengths);
-  s.eos = out.eos;
-  s.pad_token = out.pad_token;
+// The tokenizer's EOS and pad ids, as the host's generate reports them
+// (with completions_file, from one greedy token of the first prompt).
+void learn_special_ids(Grpo& s, const tf_rl::Sampled& got) {
+  s.eos = got.eos;
+  s.pad_token = got.pad_token;
   s.special_ids_known = true;
 }
 
@@ -205,11 +187,18 @@ void generate(Grpo& s, Metrics& m) {
     int64_t width = 1, pad = 0;
     for (int64_t r = 0; r < prompts.prompts(); ++r) {
       const at::Tensor prompt = tf_rl::prompt_ids(prompts, r);
-      learn_special_ids(s, prompt);
       const uint64_t seed = mix(s.host.run_info().seed, static_cast<uint64_t>(s.prompts_done));
+      if (!s.special_ids_known && !s.completions_file.empty()) {
+        tf_rl::Sampling one = s.sampling;
+        one.n = 1;
+        one.max_new_tokens = 1;
+        one.temperature = 0;
+        learn_special_ids(s, tf_rl::generate(s.host, prompt, one, seed));
+      }
       tf_rl::Sampled got = s.completions_file.empty()
                                ? tf_rl::generate(s.host, prompt, s.sampling, seed)
                                : given_completions(s, row_ids[r].item<int64_t>());
+      if (s.completions_file.empty()) learn_special_ids(s, got);
       ++s.prompts_done;
       pad = got.pad;
       width = std::max<int64_t>(width, got.ids.size(1));

@@ -36,6 +36,9 @@ struct Sampled {
   at::Tensor ids;      // int64 [n, C]: each completion, then `pad`
   at::Tensor lengths;  // int64 [n]
   int64_t pad = 0;
+  // The tokenizer's EOS and pad ids (-1: none): a completion ending in
+  // neither was cut at max_new_tokens (TRL's is_truncated).
+  int64_t eos = -1, pad_token = -1;
 };
 
 // `prompt` (int64 [P]) completed s.n times with the policy as it is.
@@ -58,7 +61,8 @@ inline Sampled generate(const tf_sdk::Host& host, const at::Tensor& prompt, cons
   tf_generate_result out{};
   out.struct_size = sizeof out;
   host.check(host.api()->generate(host.ctx(), &r, &out));
-  return {tf_sdk::take(out.completions), tf_sdk::take(out.lengths), out.pad};
+  return {tf_sdk::take(out.completions), tf_sdk::take(out.lengths), out.pad, out.eos,
+          out.pad_token};
 }
 
 struct Rewards {
