@@ -23,6 +23,11 @@ at::Tensor sample_next_tokens(const at::Tensor& logits_in, const SamplingRule& r
   const at::Tensor logits = logits_in.to(at::kCPU, at::kFloat);
   if (rule.top_k == 1 || rule.temperature <= 0) return logits.argmax(1);
   const int64_t vocab = logits.size(1);
+  // Neither warper cuts: every token keeps its probability, and no sort of
+  // the vocabulary is needed (a full-vocabulary topk was 7% of a GRPO step).
+  if (rule.top_k <= 0 && rule.top_p >= 1.0)
+    return at::multinomial(at::softmax(logits / rule.temperature, 1), 1, false, generator)
+        .squeeze(1);
   auto [vals, idx] = (logits / rule.temperature)
                          .topk(rule.top_k > 0 ? std::min<int64_t>(rule.top_k, vocab) : vocab, 1);
   at::Tensor probs = at::softmax(vals, 1);
