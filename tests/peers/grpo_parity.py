@@ -24,7 +24,7 @@ import torch
 from datasets import Dataset, disable_progress_bars
 from peft import PeftModel
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.data_utils import maybe_apply_chat_template
 
@@ -99,6 +99,9 @@ def main(out: pathlib.Path) -> None:
     peft = (out / "adapter").exists()
     model = PeftModel.from_pretrained(base, str(out / "adapter"), is_trainable=True) if peft else base
 
+    accumulation = o.get("gradient_accumulation_steps", 1)
+    if accumulation > 1:
+        return train_step(out, o, tok, rows, given, funcs, weights, model, peft)
     inputs = [row for row in rows for _ in range(G)]
     with tempfile.TemporaryDirectory() as tmp:
         config = GRPOConfig(
@@ -129,7 +132,63 @@ def main(out: pathlib.Path) -> None:
         loss.backward()
         metrics = {k: sum(v) / len(v) for k, v in trainer._metrics["train"].items() if v}
 
-    tensors = {"loss": loss.detach().reshape(1)}
+    save(out, loss.detach().reshape(1), metrics, model, peft)
+
+
+def train_step(out, o, tok, rows, given, funcs, weights, model, peft):
+    """One optimizer step of trainer.train() over gradient_accumulation_steps
+    micro-batches (one prompt's group each, the rows in their order), the
+    gradients taken before the (lr 0) update, the logged loss and metrics.
+    The dataset holds each row's index as its prompt (a column cannot mix
+    text and messages); the replaced sampling renders the row's own."""
+    G = o["num_generations"]
+    grads = {}
+
+    class Grab(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kw):
+            for name, p in model.named_parameters():
+                if p.grad is not None:
+                    grads[name] = p.grad.detach().clone()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = GRPOConfig(
+            output_dir=tmp, report_to="none", bf16=False, use_cpu=True, per_device_train_batch_size=G,
+            gradient_accumulation_steps=o["gradient_accumulation_steps"], num_generations=G,
+            max_completion_length=o["max_completion_length"], temperature=o["temperature"], beta=o["beta"],
+            loss_type=o["loss_type"], importance_sampling_level=o["importance_sampling_level"],
+            scale_rewards=o["scale_rewards"], mask_truncated_completions=o["mask_truncated_completions"],
+            epsilon=o["epsilon"], epsilon_high=o.get("epsilon_high"), reward_weights=weights, logging_steps=1,
+            learning_rate=0.0, max_grad_norm=0.0, max_steps=1, shuffle_dataset=False, save_strategy="no",
+            disable_tqdm=True)
+        indexed = [dict(row, prompt=str(i)) for i, row in enumerate(rows)]
+        trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=config, train_dataset=Dataset.from_list(indexed),
+                              processing_class=tok, callbacks=[Grab()])
+
+        def given_completions(prompts, images):
+            texts = [maybe_apply_chat_template({"prompt": rows[int(p)]["prompt"]}, tok)["prompt"] for p in prompts]
+            enc = tok(text=texts, padding=True, padding_side="left", max_length=config.max_prompt_length,
+                      truncation=True, add_special_tokens=False)
+            prompt_ids = [[t for t, m in zip(ids, mask) if m]
+                          for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
+            seen = {}
+            completion_ids = []
+            for p in prompts:
+                completion_ids.append(given[int(p)][seen.get(p, 0) % G])
+                seen[p] = seen.get(p, 0) + 1
+            return prompt_ids, completion_ids, None, {}
+
+        trainer._generate_single_turn = given_completions
+        trainer.train()
+        log = next(h for h in trainer.state.log_history if "loss" in h)
+    metrics = {k: v for k, v in log.items() if isinstance(v, (int, float))}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            p.grad = grads[name]
+    save(out, torch.tensor([float(log["loss"])]), metrics, model, peft)
+
+
+def save(out, loss, metrics, model, peft):
+    tensors = {"loss": loss}
     for name, value in metrics.items():
         tensors["metric." + name] = torch.tensor([float(value)])
     for name, p in model.named_parameters():
