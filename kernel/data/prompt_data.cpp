@@ -136,11 +136,14 @@ Batcher::Batch PromptBatcher::next() {
   const auto per_epoch = static_cast<int64_t>(train_.size()) / batch_size_;
   const int64_t index = position_++;
   const int64_t epoch = index / per_epoch, first = (index % per_epoch) * batch_size_;
-  const std::vector<size_t> order = seeded_permutation(
-      train_.size(), seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch));
+  if (epoch != order_epoch_) {  // each epoch its own order, from (seed, epoch) alone
+    order_ = seeded_permutation(train_.size(),
+                                seed_ * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(epoch));
+    order_epoch_ = epoch;
+  }
   std::vector<int64_t> ids;
   for (int64_t k = 0; k < batch_size_; ++k)
-    ids.push_back(train_[order[static_cast<size_t>(first + k)]]);
+    ids.push_back(train_[order_[static_cast<size_t>(first + k)]]);
   return batch_of(ids);
 }
 

@@ -61,6 +61,8 @@ class PromptBatcher final : public Batcher {
   std::vector<int64_t> train_, validation_;  // indices into rows_
   int64_t batch_size_, pad_id_, eos_id_, pad_token_id_, longest_ = 0;
   uint64_t seed_;
+  int64_t order_epoch_ = -1;   // the epoch order_ was drawn for
+  std::vector<size_t> order_;  // that epoch's order of train_
 };
 
 }  // namespace tightfit

@@ -1,5 +1,6 @@
 #include "reward_scoring.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
@@ -75,12 +76,12 @@ RewardScores score_completions(KernelParts& kernel, const at::Tensor& row_ids_in
   batch.completion_ids = borrow_handle(ids);
   batch.lengths = borrow_handle(lengths);
   const auto R = static_cast<int64_t>(rewards.size());
-  RewardScores out;
-  out.scores = at::empty({n, R}, at::kDouble);
-  out.weights = at::empty({R}, at::kDouble);
+  // Row-major [n, R], filled reward by reward, one tensor at the end.
+  std::vector<double> table(static_cast<size_t>(n * R), std::nan(""));
+  std::vector<double> weights;
   for (int64_t r = 0; r < R; ++r) {
     const RewardInstance& reward = rewards[static_cast<size_t>(r)];
-    out.weights[r] = reward.weight;
+    weights.push_back(reward.weight);
     std::vector<double> scores(static_cast<size_t>(n), std::nan(""));
     const PluginInstance& inst = reward.instance;
     check_plugin_status(plugin_call(inst, "score",
@@ -97,16 +98,21 @@ RewardScores score_completions(KernelParts& kernel, const at::Tensor& row_ids_in
             prompts->row(rid[i]).where + " " + (v > 0 ? "+inf" : "-inf") +
             ": a reward is a finite number, or NaN for none; fix the reward (nothing was "
             "trained on this batch)");
-      out.scores[i][r] = v;
+      table[static_cast<size_t>(i * R + r)] = v;
     }
   }
   // A completion every reward passed over would train on a reward of 0.
-  for (int64_t i = 0; i < n; ++i)
-    if (out.scores[i].isnan().all().item<bool>())
+  for (int64_t i = 0; i < n; ++i) {
+    const double* row = table.data() + i * R;
+    if (std::all_of(row, row + R, [](double v) { return std::isnan(v); }))
       throw std::invalid_argument(
           "no reward scored completion " + std::to_string(i) + " of " + prompts->row(rid[i]).where +
           " (each returned NaN, \"none\"): TRL would train it at a reward of 0 with a "
           "warning; give a reward that scores every row (nothing was trained on this batch)");
+  }
+  RewardScores out;
+  out.scores = at::tensor(table, at::kDouble).view({n, R});
+  out.weights = at::tensor(weights, at::kDouble);
   return out;
 }
 

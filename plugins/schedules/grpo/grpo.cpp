@@ -18,11 +18,10 @@
 // importance ratio is 1 at any log-prob, so that gradient is known before
 // the pass: one forward and backward, as TRL's.
 #include <cmath>
-#include <fstream>
-#include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
+#include <optional>
 
+#include "given_completions.hpp"
 #include "tightfit/lr_schedule.hpp"
 #include "tightfit/preference/micro_batches.hpp"
 #include "tightfit/preference/reference_model.hpp"
@@ -58,8 +57,8 @@ struct Grpo {
   double tokens_seen = 0;    // TRL's num_input_tokens_seen
   int64_t eos = -1, pad_token = -1;
   bool special_ids_known = false;
-  std::string completions_file;
-  std::map<int64_t, std::vector<std::vector<int64_t>>> given;  // completions_file, by row
+  std::optional<GivenCompletions> given;  // completions_file's, in its test mode
+  uint64_t seed = 0;                      // the run's seed
   tf_preference::ReferenceModel reference{"grpo"};
   std::vector<Chunk> buffer;  // the current generation's micro-batches
   double buffer_tokens = 0;   // its completion tokens (TRL's num_items_in_batch)
@@ -78,60 +77,6 @@ void learn_special_ids(Grpo& s, const tf_rl::Sampled& got) {
   s.eos = got.eos;
   s.pad_token = got.pad_token;
   s.special_ids_known = true;
-}
-
-// A prompt row's completions from completions_file (read whole at first
-// use): one JSON line a prompt row, {"row": its index among the run's
-// prompt rows, "completion_ids": [[ids...], ... num_generations lists]}.
-tf_rl::Sampled given_completions(Grpo& s, int64_t row) {
-  if (s.given.empty()) {
-    std::ifstream in(s.completions_file);
-    if (!in)
-      throw std::runtime_error("grpo: completions_file " + s.completions_file + " cannot be read");
-    int64_t line_number = 0;
-    for (std::string line; std::getline(in, line);) {
-      ++line_number;
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      const std::string where = s.completions_file + ":" + std::to_string(line_number);
-      const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_object() || !j.contains("row") || !j["row"].is_number_integer() ||
-          !j.contains("completion_ids") || !j["completion_ids"].is_array() ||
-          static_cast<int64_t>(j["completion_ids"].size()) != s.sampling.n)
-        throw std::runtime_error(where +
-                                 ": expected {\"row\": N, \"completion_ids\": [...]} with " +
-                                 std::to_string(s.sampling.n) + " lists of ids (num_generations)");
-      std::vector<std::vector<int64_t>> group;
-      for (const auto& c : j["completion_ids"]) {
-        if (!c.is_array() || c.empty() ||
-            static_cast<int64_t>(c.size()) > s.sampling.max_new_tokens)
-          throw std::runtime_error(where +
-                                   ": each completion holds 1 to max_completion_length ids");
-        std::vector<int64_t> ids;
-        for (const auto& id : c) {
-          if (!id.is_number_integer() || id.get<int64_t>() < 0)
-            throw std::runtime_error(where + ": ids are non-negative integers");
-          ids.push_back(id.get<int64_t>());
-        }
-        group.push_back(std::move(ids));
-      }
-      s.given[j["row"].get<int64_t>()] = std::move(group);
-    }
-  }
-  const auto it = s.given.find(row);
-  if (it == s.given.end())
-    throw std::runtime_error("grpo: completions_file " + s.completions_file +
-                             " has no line for prompt row " + std::to_string(row));
-  int64_t width = 1;
-  for (const auto& c : it->second) width = std::max<int64_t>(width, static_cast<int64_t>(c.size()));
-  tf_rl::Sampled out;
-  out.ids = at::zeros({s.sampling.n, width}, at::kLong);
-  out.lengths = at::zeros({s.sampling.n}, at::kLong);
-  for (int64_t i = 0; i < s.sampling.n; ++i) {
-    const auto& c = it->second[static_cast<size_t>(i)];
-    out.ids[i].narrow(0, 0, static_cast<int64_t>(c.size())).copy_(at::tensor(c, at::kLong));
-    out.lengths[i] = static_cast<int64_t>(c.size());
-  }
-  return out;
 }
 
 // Columns past each row's C padded out to `width`.
@@ -187,18 +132,17 @@ void generate(Grpo& s, Metrics& m) {
     int64_t width = 1, pad = 0;
     for (int64_t r = 0; r < prompts.prompts(); ++r) {
       const at::Tensor prompt = tf_rl::prompt_ids(prompts, r);
-      const uint64_t seed = mix(s.host.run_info().seed, static_cast<uint64_t>(s.prompts_done));
-      if (!s.special_ids_known && !s.completions_file.empty()) {
+      const uint64_t seed = mix(s.seed, static_cast<uint64_t>(s.prompts_done));
+      if (!s.special_ids_known && s.given) {
         tf_rl::Sampling one = s.sampling;
         one.n = 1;
         one.max_new_tokens = 1;
         one.temperature = 0;
         learn_special_ids(s, tf_rl::generate(s.host, prompt, one, seed));
       }
-      tf_rl::Sampled got = s.completions_file.empty()
-                               ? tf_rl::generate(s.host, prompt, s.sampling, seed)
-                               : given_completions(s, row_ids[r].item<int64_t>());
-      if (s.completions_file.empty()) learn_special_ids(s, got);
+      tf_rl::Sampled got = !s.given ? tf_rl::generate(s.host, prompt, s.sampling, seed)
+                                    : s.given->of_row(row_ids[r].item<int64_t>());
+      if (!s.given) learn_special_ids(s, got);
       ++s.prompts_done;
       pad = got.pad;
       width = std::max<int64_t>(width, got.ids.size(1));
@@ -350,7 +294,9 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     s->num_iterations = h.get_int("num_iterations");
     s->accumulation = static_cast<int32_t>(h.get_int("gradient_accumulation_steps"));
     s->mask_truncated = h.get_bool("mask_truncated_completions");
-    s->completions_file = h.get_string("completions_file");
+    if (const std::string file = h.get_string("completions_file"); !file.empty())
+      s->given.emplace(file, s->sampling.n, s->sampling.max_new_tokens);
+    s->seed = h.run_info().seed;
     if (s->sampling.n < 2)
       throw std::invalid_argument(
           "num_generations = " + std::to_string(s->sampling.n) +
