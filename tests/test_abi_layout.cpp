@@ -40,6 +40,10 @@ TF_FROZEN(tf_stage_spec, activation_bytes_per_token, 24);
 TF_FROZEN(tf_stage_spec, flops_per_token, 32);
 TF_FROZEN(tf_stage_spec, frozen_activation_bytes_per_token, 40);
 TF_FROZEN(tf_stage_spec, output_bytes_per_token, 48);
+TF_FROZEN(tf_stage_spec, projection_softcap, 96);
+// 1.26: the decode cache per row.
+TF_FROZEN(tf_stage_spec, decode_cache_bytes_per_token, 104);
+TF_FROZEN(tf_stage_spec, decode_state_bytes, 112);
 TF_FROZEN(tf_stage_call, struct_size, 0);
 TF_FROZEN(tf_stage_call, stage, 4);
 TF_FROZEN(tf_stage_call, training, 8);
@@ -128,6 +132,12 @@ TF_FROZEN(tf_model_summary, n_stages, 32);
 TF_FROZEN(tf_model_summary, batch_size, 40);
 TF_FROZEN(tf_model_summary, seq_len, 48);
 TF_FROZEN(tf_model_summary, activation_bytes, 56);
+TF_FROZEN(tf_model_summary, logits_tokens, 64);
+// 1.26: the decode cache, the vocabulary, the longest prompt.
+TF_FROZEN(tf_model_summary, decode_cache_bytes_per_token, 72);
+TF_FROZEN(tf_model_summary, decode_state_bytes, 80);
+TF_FROZEN(tf_model_summary, vocab_size, 88);
+TF_FROZEN(tf_model_summary, prompt_tokens, 96);
 TF_FROZEN(tf_memory_estimate, struct_size, 0);
 TF_FROZEN(tf_memory_estimate, delta_bytes, 8);
 TF_FROZEN(tf_memory_estimate, time_factor, 264);
@@ -142,6 +152,11 @@ TF_FROZEN(tf_memory_estimate, autocast_compute, 312);
 TF_FROZEN(tf_memory_estimate, prefetch_stages, 316);
 TF_FROZEN(tf_memory_estimate, micro_batches, 320);
 TF_FROZEN(tf_memory_estimate, rank_exchange, 324);
+// 1.26: the training pass's and the generation's shape.
+TF_FROZEN(tf_memory_estimate, pass_rows, 328);
+TF_FROZEN(tf_memory_estimate, pass_seq_len, 336);
+TF_FROZEN(tf_memory_estimate, generate_rows, 344);
+TF_FROZEN(tf_memory_estimate, generate_new_tokens, 352);
 TF_FROZEN(tf_host_api, struct_size, 0);
 TF_FROZEN(tf_host_api, abi_version, 4);
 TF_FROZEN(tf_host_api, libtorch_version, 8);

@@ -4,6 +4,9 @@
 // allocator measures the peak.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <iostream>
+
 #include "plan_recipes.hpp"
 
 namespace tightfit {
@@ -184,6 +187,95 @@ INSTANTIATE_TEST_SUITE_P(
         // The predictor's copy of the weights from before a step lives only in the update.
         PeakCase{"gpt2_hybrid", kGpt2,
                  "plugin = \"hybrid\"\nwarmup_full_steps = 0\nfull_steps = 1\n", ""}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+// Online RL (grpo): the training pass has the schedule's own shape (a
+// batch's prompts x num_generations rows of prompt + completion) and the
+// generation is a moment of its own (the decode cache of one prompt's
+// completions), both planned from the recipe (ABI 1.26).
+struct GrpoCase {
+  const char* name;
+  const char* model;
+  const char* schedule;  // keys after plugin = "grpo"
+  const char* strategies;
+};
+
+class GrpoPlannedPeak : public ::testing::TestWithParam<GrpoCase> {};
+
+std::string grpo_recipe(const std::string& dir, const GrpoCase& c) {
+  {
+    std::ofstream rows(dir + "/prompts.jsonl");
+    for (int i = 0; i < 12; ++i)  // 43 bytes each: every batch is the longest the plan sizes
+      rows << "{\"prompt\": \"" << std::string(43, static_cast<char>('a' + i)) << "\"}\n";
+  }
+  return "[run]\nname = \"p\"\nseed = 1\nsteps = 2\nlog_every = 1000\nsample_tokens = 0\n"
+         "eval_batches = 0\nout_dir = \"" +
+         dir + "\"\n[model]\n" + c.model + "[data]\ncorpus = \"" + dir +
+         "/prompts.jsonl\"\ntokenizer = \"byte\"\nbatch_size = 2\nval_fraction = 0\n"
+         "[optimizer]\nname = \"adamw\"\nlr = 1e-3\n[schedule]\nplugin = \"grpo\"\n" +
+         c.schedule + "\n[[reward]]\nplugin = \"length\"\ntarget = 8\n" + c.strategies;
+}
+
+TEST_P(GrpoPlannedPeak, CountsTheGenerationAndThePassItsRowsMake) {
+  const GrpoCase& c = GetParam();
+  test::TempDir dir;
+  const std::string text = grpo_recipe(dir.str(), c);
+  const MemoryPlan plan = plan_of(text);
+  EXPECT_TRUE(plan.unestimated.empty()) << plan.unestimated.front();
+  // 2 prompts x num_generations rows, each the longest prompt (43 byte
+  // tokens) and max_completion_length; one prompt's completions decoded at once.
+  auto key = [&](const std::string& name) {
+    const size_t at = text.find(name + " = ");
+    return std::stoll(text.substr(at + name.size() + 3));
+  };
+  const int64_t G = key("num_generations"), C = key("max_completion_length");
+  EXPECT_EQ(plan.batch_size, 2 * G);
+  EXPECT_EQ(plan.seq_len, 43 + C);
+  EXPECT_EQ(plan.generation.rows, G);
+  EXPECT_EQ(plan.generation.prompt_tokens, 43);
+  EXPECT_EQ(plan.generation.new_tokens, C);
+  const TrainSummary sum = test::make_session(text)->train();
+  const int64_t measured = sum.memory.total_peak - sum.memory.peak[TF_MEM_OTHER];
+  std::string by;  // at the peak, planned/measured
+  for (int k = 0; k < TF_MEM_CATEGORY_COUNT - 1; ++k)
+    by += std::string(" ") + category_name(static_cast<tf_mem_category>(k)) + " " +
+          format_bytes(plan.at_peak[TF_TIER_DEVICE][k]) + "/" + format_bytes(sum.memory.at_peak[k]);
+  std::cout << c.name << ": planned " << format_bytes(plan.tracked_peak) << " (" << plan.peak_moment
+            << "; generation " << format_bytes(plan.generation.bytes()) << "), measured "
+            << format_bytes(measured) << ", " << relative(plan.tracked_peak, measured) * 100
+            << "%; at the peak, planned/measured:" << by << "\n";
+  EXPECT_LE(std::abs(relative(plan.tracked_peak, measured)), 0.10) << c.name;
+  EXPECT_LE(measured, plan.safe_budget());
+}
+
+const char* kGrpoShort = "num_generations = 4\nmax_completion_length = 16\n";
+INSTANTIATE_TEST_SUITE_P(
+    Recipes, GrpoPlannedPeak,
+    ::testing::Values(
+        GrpoCase{"llama_lora", kLlama, kGrpoShort, "[[strategy]]\nplugin = \"lora\"\n"},
+        // The reference (adapters off) and old log-probs: forward passes without gradients.
+        GrpoCase{"llama_lora_beta_iterations", kLlama,
+                 "num_generations = 4\nmax_completion_length = 16\nbeta = 0.04\n"
+                 "num_iterations = 2\n",
+                 "[[strategy]]\nplugin = \"lora\"\n"},
+        // A full fine-tune's reference: the kernel's copy of the starting weights.
+        GrpoCase{"gpt2_full_beta", kGpt2,
+                 "num_generations = 4\nmax_completion_length = 16\nbeta = 0.04\n", ""},
+        // A recurrent state, not a growing cache.
+        GrpoCase{"rwkv_lora", kRwkv, kGrpoShort,
+                 "[[strategy]]\nplugin = \"lora\"\ntargets = [\"key\", \"value\"]\n"},
+        // Recomputed blocks keep little, so the generation's many long rows
+        // and the big vocabulary's logits weigh more.
+        GrpoCase{"llama_big_vocab_qlora_checkpoint_long", kLlamaBigVocab,
+                 "num_generations = 8\nmax_completion_length = 64\n",
+                 "[[strategy]]\nplugin = \"quantize\"\n[[strategy]]\nplugin = \"lora\"\n"
+                 "[[strategy]]\nplugin = \"checkpoint\"\n"},
+        // Sixteen rows of a prompt at once: the prompt's logits in the
+        // prefill make the peak (a moment of no gradient).
+        GrpoCase{"llama_big_vocab_qlora_checkpoint_wide", kLlamaBigVocab,
+                 "num_generations = 16\nmax_completion_length = 32\n",
+                 "[[strategy]]\nplugin = \"quantize\"\n[[strategy]]\nplugin = \"lora\"\n"
+                 "[[strategy]]\nplugin = \"checkpoint\"\n"}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

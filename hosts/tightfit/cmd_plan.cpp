@@ -46,6 +46,13 @@ nlohmann::json plan_json(const MemoryPlan& p) {
   for (tf_mem_category c : kOrder)
     j["category_peaks"][category_name(c)] = p.device_peak_by_category[c];
   j["unestimated"] = p.unestimated;
+  if (p.generation.rows > 0)
+    j["generation"] = {{"rows", p.generation.rows},
+                       {"prompt_tokens", p.generation.prompt_tokens},
+                       {"new_tokens", p.generation.new_tokens},
+                       {"incremental", p.generation.incremental},
+                       {"cache", p.generation.cache},
+                       {"workspace", p.generation.workspace}};
   if (p.routed.any())
     j["routed_reads"] = {{"weights", p.routed.weights},
                          {"bytes", p.routed.bytes},
@@ -100,6 +107,13 @@ void print_plan(const std::string& source, const MemoryPlan& p, int64_t budget,
   std::cout << "device peak   " << format_bytes(p.device_peak) << " (in the " << p.peak_moment
             << "; the corpus and batches are not in it)\n";
   std::cout << "by category   " << describe_device_peak(p) << "\n";
+  if (const GenerationPlan& g = p.generation; g.rows > 0)
+    std::cout << "generation    " << g.rows << " rows x (" << g.prompt_tokens << " prompt + "
+              << g.new_tokens << " new tokens): "
+              << (g.incremental ? "decode cache " + format_bytes(g.cache) + ", workspace "
+                                : std::string("no decode cache (each token recomputes the "
+                                              "context), workspace "))
+              << format_bytes(g.workspace) << ", beside the weights and optimizer state\n";
   if (p.host_bytes > 0) std::cout << "host tier     " << format_bytes(p.host_bytes) << "\n";
   if (p.disk_bytes > 0) std::cout << "disk tier     " << format_bytes(p.disk_bytes) << "\n";
   if (p.routed.any()) {

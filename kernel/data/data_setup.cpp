@@ -218,6 +218,9 @@ DataSetup prompt_examples(const DataRequest& r, DataSetup d, const ChatFormatter
   std::vector<PromptRow> rows = preparing_data(r, "reading the prompts", [&] {
     return load_prompt_rows(r.corpus, formatter, cap, config.truncate_left, r.base_dir);
   });
+  for (const PromptRow& p : rows)
+    d.longest_prompt = std::max<int64_t>(d.longest_prompt, static_cast<int64_t>(p.ids.size()));
+  if (!r.read_data) return d;  // planning: the length is all it needs
   const auto cut =
       std::count_if(rows.begin(), rows.end(), [](const PromptRow& p) { return p.truncated; });
   auto id_of = [&](const std::string& token) {
@@ -456,7 +459,8 @@ DataSetup setup_data(const DataRequest& r) {
                                 " shapes preference rows (chosen/rejected), and corpus \"" +
                                 r.corpus + "\" holds none: leave it out");
   const PreferenceOptions preference = d.pairs ? preference_options(r) : r.preference;
-  if (!r.read_data) return d;
+  // A plan reads the prompts too: the longest sizes a generation.
+  if (!r.read_data && !d.prompts) return d;
   return kind == CorpusKind::kText ? stream(r, std::move(d))
                                    : examples(r, std::move(d), preference);
 }

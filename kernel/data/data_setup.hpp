@@ -39,10 +39,11 @@ struct DataSetup {
   std::string tokenizer_spec;  // "byte" or the tokenizer.json used
   std::unique_ptr<Batcher> batcher;
   double unigram_entropy = 0;
-  std::string description;  // examples and what became of them; "" for a text corpus
-  bool pairs = false;       // the batches hold preference pairs (Batcher::Batch::pairs)
-  bool unpaired = false;    // ... unpaired rows and their KL rows (Batch::desirable)
-  bool prompts = false;     // ... prompts alone (Batch::prompts, PromptBatcher)
+  std::string description;     // examples and what became of them; "" for a text corpus
+  bool pairs = false;          // the batches hold preference pairs (Batcher::Batch::pairs)
+  bool unpaired = false;       // ... unpaired rows and their KL rows (Batch::desirable)
+  bool prompts = false;        // ... prompts alone (Batch::prompts, PromptBatcher)
+  int64_t longest_prompt = 0;  // prompts: the longest, in tokens (read for a plan too)
 };
 
 // Throws std::invalid_argument or std::runtime_error naming the file, line

@@ -69,7 +69,8 @@ tf_status h_declare_stage(tf_host_context* ctx, const tf_stage_spec* spec, int32
     if (s.name == nullptr) throw std::invalid_argument("stage without a name");
     for (const int64_t per_token :
          {s.activation_bytes_per_token, s.frozen_activation_bytes_per_token,
-          s.output_bytes_per_token, s.backward_bytes_per_token, s.frozen_backward_bytes_per_token})
+          s.output_bytes_per_token, s.backward_bytes_per_token, s.frozen_backward_bytes_per_token,
+          s.decode_cache_bytes_per_token, s.decode_state_bytes})
       if (per_token < 0 || per_token > kMaxPlannedBytes)
         throw std::invalid_argument(std::string("stage \"") + s.name +
                                     "\" declares a per-token byte count outside [0, 2^56]");
@@ -83,6 +84,8 @@ tf_status h_declare_stage(tf_host_context* ctx, const tf_stage_spec* spec, int32
     st.output_bytes_per_token = s.output_bytes_per_token;
     st.backward_bytes_per_token = s.backward_bytes_per_token;
     st.frozen_backward_bytes_per_token = s.frozen_backward_bytes_per_token;
+    st.decode_cache_bytes_per_token = s.decode_cache_bytes_per_token;
+    st.decode_state_bytes = s.decode_state_bytes;
     if (s.projection_weight != nullptr) {
       if (s.kind != TF_STAGE_HEAD)
         throw std::invalid_argument(std::string("stage \"") + s.name +

@@ -5,6 +5,7 @@
 #include "checked_size.hpp"
 #include "cuda_memory.hpp"
 #include "fused_head_loss.hpp"
+#include "generation_plan.hpp"
 #include "kernel_parts.hpp"
 #include "process_memory.hpp"
 #include "strategy_chain.hpp"
@@ -77,11 +78,16 @@ struct Baseline {
   int64_t logits_tokens = 0;  // a fused head's chunk (0: not fused)
 };
 
-Baseline baseline(const KernelParts& s) {
+// The training pass's shape: the batch's, or a schedule's own (pass_rows).
+struct PassShape {
+  int64_t rows = 0, seq_len = 0;
+};
+
+Baseline baseline(const KernelParts& s, PassShape shape) {
   Baseline b;
   const tf_run_info& run = s.env->run_info;
   const int64_t tokens =
-      checked_product({run.batch_size, run.seq_len}, "tokens per batch (batch_size x seq_len)");
+      checked_product({shape.rows, shape.seq_len}, "tokens per batch (batch_size x seq_len)");
   const int64_t slots = optimizer_slots(s.env->config.optimizer);
   const auto& stages = s.executor->stages();
   const size_t n = stages.size();
@@ -184,17 +190,26 @@ Baseline baseline(const KernelParts& s) {
   return b;
 }
 
-tf_model_summary summary(const KernelParts& s, const Baseline& b) {
+tf_model_summary summary(const KernelParts& s, const Baseline& b, PassShape shape) {
   tf_model_summary m{};
   m.struct_size = sizeof m;
   m.n_params = b.n_params;
   m.n_trainable = b.n_trainable;
   m.param_bytes = b.bytes[TF_MEM_WEIGHTS] - b.kept_bytes;
   m.n_stages = static_cast<int32_t>(s.executor->stages().size());
-  m.batch_size = s.env->run_info.batch_size;
-  m.seq_len = s.env->run_info.seq_len;
+  m.batch_size = shape.rows;
+  m.seq_len = shape.seq_len;
   m.activation_bytes = b.live_total;  // strategies' activation deltas are against this
   m.logits_tokens = b.logits_tokens;
+  m.vocab_size = s.env->run_info.vocab_size;
+  for (const StageState& st : s.executor->stages()) {
+    if (st.skip) continue;
+    m.decode_cache_bytes_per_token += st.decode_cache_bytes_per_token;
+    m.decode_state_bytes += st.decode_state_bytes;
+    if (st.kind == TF_STAGE_HEAD && !st.projection_weight.empty())
+      m.vocab_size = std::max(m.vocab_size, s.store->get(st.projection_weight).shape.at(0));
+  }
+  m.prompt_tokens = s.data->prompts() ? s.data->longest_prompt() : 0;
   return m;
 }
 
@@ -224,21 +239,23 @@ PlanContribution ask(const KernelParts& s, PluginInstance& inst, const std::stri
   c.prefetch_stages = std::max(0, e.prefetch_stages);
   c.micro_batches = std::max(0, e.micro_batches);
   c.rank_exchange = std::clamp(e.rank_exchange, 0, 4);
+  c.pass_rows = std::max<int64_t>(0, e.pass_rows);
+  c.pass_seq_len = std::max<int64_t>(0, e.pass_seq_len);
+  c.generate_rows = std::max<int64_t>(0, e.generate_rows);
+  c.generate_new_tokens = std::max<int64_t>(0, e.generate_new_tokens);
   if (e.recompute_inputs_tier == TF_TIER_HOST || e.recompute_inputs_tier == TF_TIER_DISK)
     c.recompute_inputs_tier = static_cast<tf_residency>(e.recompute_inputs_tier);
   return c;
 }
 
-}  // namespace
-
-MemoryPlan plan_memory(const KernelParts& s) {
-  const Baseline b = baseline(s);
-  const tf_model_summary model = summary(s, b);
+MemoryPlan plan_at(const KernelParts& s, PassShape shape) {
+  const Baseline b = baseline(s, shape);
+  const tf_model_summary model = summary(s, b, shape);
   MemoryPlan plan;
   plan.n_params = b.n_params;
   plan.n_trainable = b.n_trainable;
-  plan.batch_size = s.env->run_info.batch_size;
-  plan.seq_len = s.env->run_info.seq_len;
+  plan.batch_size = shape.rows;
+  plan.seq_len = shape.seq_len;
   if (const std::optional<ProcessMemory> now = read_process_memory()) plan.host_overhead = now->rss;
   plan.process_scope = s.env->budget.scope == MemoryBudget::Scope::kProcess;
   plan.block_cache = s.env->config.run.cpu_block_cache;
@@ -246,6 +263,7 @@ MemoryPlan plan_memory(const KernelParts& s) {
   TierCounts held{};
   bool grads_in_forward = false;
   int64_t update_bytes = 0, forward_bytes = 0, block_bytes = 0;
+  int64_t generate_rows = 0, generate_new_tokens = 0;
   held[TF_TIER_DEVICE] = b.bytes;
   // The planned parameter table: declared, dense, on the device; strategies
   // that convert or move parameters edit it while they are asked.
@@ -308,6 +326,9 @@ MemoryPlan plan_memory(const KernelParts& s) {
     update_bytes += c.update_bytes;
     forward_bytes += c.forward_bytes;
     block_bytes += c.block_bytes;
+    generate_rows = std::max(generate_rows, c.generate_rows);
+    generate_new_tokens = std::max(generate_new_tokens, c.generate_new_tokens);
+    if (c.pass_rows > 0) plan.pass_rows = c.pass_rows, plan.pass_seq_len = c.pass_seq_len;
     if (c.recompute_inputs_tier != TF_TIER_DEVICE)
       plan.recompute_inputs_tier = c.recompute_inputs_tier;
   }
@@ -407,10 +428,28 @@ MemoryPlan plan_memory(const KernelParts& s) {
       at_block = false;
     }
   }
+  // Sampling (a schedule's generate): after the update and before the next
+  // pass, no gradient or kept activation alive; a block's own workspace (a
+  // dequantized weight) while each block decodes.
+  bool at_generation = false;
+  if (generate_rows > 0) {
+    plan.generation = plan_generation(s, generate_rows, model.prompt_tokens, generate_new_tokens);
+    const int64_t now = resident + plan.generation.bytes() + block_bytes;
+    if (now > best) {
+      best = now;
+      plan.peak_moment = "generation";
+      at_block = true;
+      at_generation = true;
+    }
+  }
   plan.device_peak = best;
   for (const StagePlan& sp : b.stages) plan.stages.push_back(sp.flow);
   plan.routed = plan_routed_reads(s, plan.stages);
   if (at_block) held[TF_TIER_DEVICE][TF_MEM_TRANSIENT] += block_bytes;
+  if (at_generation) {  // the sampler's bytes count as transient, as the run measures them
+    held[TF_TIER_DEVICE][TF_MEM_GRADS] = held[TF_TIER_DEVICE][TF_MEM_ACTIVATIONS] = 0;
+    held[TF_TIER_DEVICE][TF_MEM_TRANSIENT] += plan.generation.bytes();
+  }
   plan.at_peak = held;
   plan.device_peak_by_category = d;
   for (int k = 0; k < TF_MEM_CATEGORY_COUNT; ++k) {
@@ -419,6 +458,19 @@ MemoryPlan plan_memory(const KernelParts& s) {
   }
   // On a CPU run the host tier is the same memory the run counts.
   plan.tracked_peak = plan.device_peak + (s.env->device.is_cpu() ? plan.host_bytes : 0);
+  return plan;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const KernelParts& s) {
+  const PassShape batch{s.env->run_info.batch_size, s.env->run_info.seq_len};
+  MemoryPlan plan = plan_at(s, batch);
+  // A schedule whose passes have their own shape: everything again at it,
+  // every plugin asked with that shape in tf_model_summary.
+  if (plan.pass_rows > 0 && plan.pass_seq_len > 0 &&
+      (plan.pass_rows != batch.rows || plan.pass_seq_len != batch.seq_len))
+    plan = plan_at(s, {plan.pass_rows, plan.pass_seq_len});
   return plan;
 }
 

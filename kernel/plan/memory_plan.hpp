@@ -16,7 +16,8 @@
 // of forward the activations every stage keeps; while a stage's backward
 // runs, the activations of the stages before it, its own (recomputed ones
 // rerun), its backward's workspace and the gradients of the stages done;
-// at the update all gradients and the update's workspace.
+// at the update all gradients and the update's workspace; and for a schedule
+// that samples, the generation (generation_plan.hpp).
 #pragma once
 
 #include <array>
@@ -24,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "generation_plan.hpp"
 #include "memory_accounting.hpp"
 #include "routed_reads.hpp"
 #include "stage_flow.hpp"
@@ -51,6 +53,9 @@ struct PlanContribution {
   int32_t prefetch_stages = 0;
   int32_t micro_batches = 0;
   int32_t rank_exchange = 0;  // 1 gradients, 2-4 ZeRO stage 1-3
+  // A schedule's own training pass shape, and what it samples (ABI 1.26).
+  int64_t pass_rows = 0, pass_seq_len = 0;
+  int64_t generate_rows = 0, generate_new_tokens = 0;
 };
 
 struct MemoryPlan {
@@ -61,7 +66,7 @@ struct MemoryPlan {
   int64_t device_peak = 0;                   // the device tier's peak
   int64_t tracked_peak = 0;  // what the run measures: on a CPU run the host tier is the same RAM
   int64_t host_bytes = 0, disk_bytes = 0;
-  const char* peak_moment = "";  // "forward", "backward", "update"
+  const char* peak_moment = "";  // "forward", "backward", "update", "generation"
   double time_factor = 1;        // predicted step time relative to the plain recipe
   std::vector<PlanContribution> contributions;
   std::vector<std::string> unestimated;  // plugins with no estimate hook
@@ -71,7 +76,11 @@ struct MemoryPlan {
   // Where recomputed stages' inputs wait for backward (a strategy's tier).
   tf_residency recompute_inputs_tier = TF_TIER_DEVICE;
   int64_t n_params = 0, n_trainable = 0;
-  int64_t batch_size = 0, seq_len = 0;
+  int64_t batch_size = 0, seq_len = 0;  // the training pass's (a schedule's own shape)
+  // The schedule's own pass shape, when it has one (pass_rows = 0: the batch's).
+  int64_t pass_rows = 0, pass_seq_len = 0;
+  // What the schedule's sampling holds (rows = 0: it samples nothing).
+  GenerationPlan generation;
   // The host process beyond the tracked bytes: its RSS while the plan was
   // made (libraries and runtime, plugins composed, nothing materialized).
   // 0 where the system does not say.

@@ -40,6 +40,11 @@ at::Tensor sample_next_tokens(const at::Tensor& logits_in, const SamplingRule& r
   return idx.gather(1, at::multinomial(probs, 1, false, generator)).squeeze(1);
 }
 
+int64_t prefill_chunk_tokens(int64_t rows, int64_t vocab) {
+  return std::max<int64_t>(
+      1, kPrefillLogitsBytes / (std::max<int64_t>(rows, 1) * std::max<int64_t>(vocab, 1) * 4));
+}
+
 namespace {
 
 void check_request(const CompletionRequest& r) {
@@ -76,12 +81,19 @@ struct Decoder {
   at::Tensor next_logits(const at::Tensor& context, int64_t fresh) {
     if (!incremental)  // the whole context again, as generate_text does without a cache
       return kernel.executor->forward_logits(context, /*training=*/false).select(1, -1);
-    const at::Tensor x = context.narrow(1, context.size(1) - fresh, fresh);
-    tf_tensor out = nullptr;
-    check_plugin_status(call_hook(model, model.plugin->model(), TF_MODEL_HOOK(decode), &cache,
-                                  borrow_handle(x), &out),
-                        model, "decode");
-    return adopt_handle(StrategyChain::returned(out, model, "decode")).select(1, -1);
+    // A long prompt in pieces, so its logits never exist at once (only the
+    // last position's are wanted).
+    const int64_t piece = prefill_chunk_tokens(context.size(0), kernel.env->run_info.vocab_size);
+    at::Tensor last;
+    for (int64_t from = context.size(1) - fresh; from < context.size(1); from += piece) {
+      const at::Tensor x = context.narrow(1, from, std::min(piece, context.size(1) - from));
+      tf_tensor out = nullptr;
+      check_plugin_status(call_hook(model, model.plugin->model(), TF_MODEL_HOOK(decode), &cache,
+                                    borrow_handle(x), &out),
+                          model, "decode");
+      last = adopt_handle(StrategyChain::returned(out, model, "decode")).select(1, -1);
+    }
+    return last;
   }
 
   const KernelParts& kernel;

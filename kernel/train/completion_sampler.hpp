@@ -41,6 +41,13 @@ struct Completions {
   int64_t pad = 0;
 };
 
+// The prompt's tokens a decode call takes at once (at least 1): the model's
+// decode returns logits for every new position, and `rows` x that many x
+// `vocab` fp32 logits stay within kPrefillLogitsBytes (a 1,024-token prompt
+// of 8 rows would be 5 GiB of Qwen3's logits in one call).
+inline constexpr int64_t kPrefillLogitsBytes = int64_t{128} << 20;
+int64_t prefill_chunk_tokens(int64_t rows, int64_t vocab);
+
 // No gradients; the key/value cache (or each step's whole context, for a
 // model without decode) is transient memory. Throws std::invalid_argument
 // for bad values, and what the model throws (a context past its positions).

@@ -97,6 +97,10 @@ void accumulate_product(at::Tensor& acc, const at::Tensor& a, const at::Tensor& 
   }
 }
 
+// The fp32 logits of a chunk's rows whose entropies are computed at once
+// (a few temporaries of this size live beside the chunk).
+constexpr int64_t kEntropyBlockBytes = int64_t{1} << 20;
+
 // The sum of the counted rows' losses over every chunk (each weighted by
 // `weights` [N] when defined); fills `g` with the gradients of (that sum x
 // row_scale) as it goes, and `each` ([N] fp32, when defined) with every
@@ -155,10 +159,17 @@ at::Tensor chunked_loss(const at::Tensor& hidden, const at::Tensor& targets,
     if (mean_logits.defined()) mean_logits.narrow(0, i, m).copy_(logits.mean(1));
     if (logits_scale != 1.0) logits.mul_(logits_scale);
     if (entropies.defined()) {  // H = lse - sum_v p_v z_v, before the gradient overwrites z
-      const at::Tensor lse = at::logsumexp(logits, 1);
+      // A few rows at a time: p_v z_v of the whole chunk would be two more
+      // chunk-sized tensors beside the logits.
       const at::Tensor counted = targets.narrow(0, i, m).ne(kIgnoreIndex).to(at::kFloat);
-      entropies.narrow(0, i, m).copy_((lse - (at::exp(logits - lse.unsqueeze(1)) * logits).sum(1)) *
-                                      counted);
+      const int64_t block = std::max<int64_t>(1, kEntropyBlockBytes / (4 * vocab));
+      for (int64_t r = 0; r < m; r += block) {
+        const int64_t k = std::min(block, m - r);
+        const at::Tensor z = logits.narrow(0, r, k);
+        const at::Tensor lse = at::logsumexp(z, 1);
+        entropies.narrow(0, i + r, k)
+            .copy_((lse - (at::exp(z - lse.unsqueeze(1)) * z).sum(1)) * counted.narrow(0, r, k));
+      }
     }
     // The chunk's gradient is written over its fp32 logits.
     const at::Tensor row_weights = weights.defined() ? weights.narrow(0, i, m) : at::Tensor();

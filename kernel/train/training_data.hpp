@@ -32,6 +32,8 @@ class TrainingData {
   bool pairs() const { return setup_.pairs; }
   // The batches hold prompts alone (Batcher::Batch::prompts).
   bool prompts() const { return setup_.prompts; }
+  // Their longest, in tokens as the model reads them (0 for other data).
+  int64_t longest_prompt() const { return setup_.longest_prompt; }
   // Instruction/chat examples and what became of them; "" for a text corpus.
   const std::string& description() const { return setup_.description; }
 

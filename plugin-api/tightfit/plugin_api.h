@@ -1,6 +1,6 @@
 /*
- * tightfit plugin ABI, version 1.25 (1.0 plus the fields marked "Added in 1.1"
- * through "Added in 1.25"). What each version added, and what ABI 2.0 would
+ * tightfit plugin ABI, version 1.26 (1.0 plus the fields marked "Added in 1.1"
+ * through "Added in 1.26"). What each version added, and what ABI 2.0 would
  * drop or reshape: plugin-api/README.md, "Versions".
  *
  * This header is the whole contract between the tightfit host (the kernel) and
@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 25
+#define TF_ABI_VERSION_MINOR 26
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -400,6 +400,12 @@ typedef struct tf_stage_spec {
    * host's fused loss then applies to each chunk, and its derivative in
    * backward; 0 = no cap. A finite value >= 0. */
   double projection_softcap;
+  /* Added in 1.26, for `plan` (0 = none, or unknown): what the model's
+   * decode cache (tf_model_vtable.decode) keeps for this stage, per row: bytes
+   * per token it has seen (an attention block's keys and values), and bytes
+   * however many it has seen (a recurrent block's state). */
+  int64_t decode_cache_bytes_per_token;
+  int64_t decode_state_bytes;
 } tf_stage_spec;
 
 /* What a stage forward call is asked to do. */
@@ -807,6 +813,15 @@ typedef struct tf_model_summary {
    * forward, not kept to backward; activation_bytes leaves the logits out);
    * 0 when the logits come whole, batch_size * seq_len at once. */
   int64_t logits_tokens;
+  /* Added in 1.26: the stages' decode cache per row (tf_stage_spec's, summed
+   * over the stages that run), the head's output rows (the model's
+   * vocabulary), and for a schedule that samples completions of prompts
+   * (TF_SCHEDULE_FEATURE_PROMPTS) the longest prompt of the data, in tokens
+   * as the model reads it (0 otherwise). */
+  int64_t decode_cache_bytes_per_token;
+  int64_t decode_state_bytes;
+  int64_t vocab_size;
+  int64_t prompt_tokens;
 } tf_model_summary;
 
 /* A strategy's or schedule's effect on memory: signed byte deltas per
@@ -861,6 +876,21 @@ typedef struct tf_memory_estimate {
    * all-reduced (data parallel); 2, 3, 4: ZeRO stage 1, 2, 3 (the optimizer
    * state, then the gradients, then the weights partitioned). */
   int32_t rank_exchange;
+  /* Added in 1.26, for a schedule whose training passes are not the batch's
+   * shape (grpo: each prompt's completions are rows of prompt + completion
+   * tokens): the rows and the tokens per row of its largest pass; 0 = the
+   * batch's. The plan then counts activations, logits and backward at that
+   * shape, and asks every plugin again with it in tf_model_summary. */
+  int64_t pass_rows;
+  int64_t pass_seq_len;
+  /* Added in 1.26, for a schedule that samples with the host's generate:
+   * the rows it decodes together and the most tokens each samples (after a
+   * prompt of tf_model_summary.prompt_tokens). The plan counts the
+   * generation as its own moment, outside the training pass: the decode
+   * cache of those rows, a chunk of the prompt's logits and the sampling
+   * workspace, beside the weights and optimizer state. */
+  int64_t generate_rows;
+  int64_t generate_new_tokens;
 } tf_memory_estimate;
 
 /* ------------------------------------------------------------------------- */

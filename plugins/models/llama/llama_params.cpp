@@ -106,11 +106,11 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
   declare(*m, "model.embed_tokens.weight", {V, C}, s.tie_embeddings ? -1 : 0, TF_INIT_NORMAL, std,
           0);
   for (int64_t l = 0; l < L; ++l) {
-    const int32_t st =
-        m->host.declare_stage("block." + std::to_string(l), TF_STAGE_BLOCK,
-                              {block_bytes(l), frozen_block_bytes(l), C * elt, backward_bytes(l),
-                               frozen_backward_bytes(l)},
-                              2 * (2 * C * Q + 2 * C * KV + mlp_flops(l)) + 2 * T * Q);
+    const int32_t st = m->host.declare_stage(
+        "block." + std::to_string(l), TF_STAGE_BLOCK,
+        {block_bytes(l), frozen_block_bytes(l), C * elt, backward_bytes(l),
+         frozen_backward_bytes(l), /*decode_cache: keys, values=*/2 * KV * elt},
+        2 * (2 * C * Q + 2 * C * KV + mlp_flops(l)) + 2 * T * Q);
     declare(*m, m->layer(l, "input_layernorm.weight"), {C}, st, norm_init, 0, no_decay);
     if (s.fused_projections) {
       declare(*m, m->layer(l, "self_attn.qkv_proj.weight"), {Q + 2 * KV, C}, st, TF_INIT_NORMAL,

@@ -254,7 +254,8 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     for (int64_t l = 0; l < L; ++l) {
       const int32_t st = host.declare_stage(
           "block." + std::to_string(l), TF_STAGE_BLOCK,
-          {block_bytes, frozen_block_bytes, C * elt, backward_bytes, frozen_backward_bytes},
+          {block_bytes, frozen_block_bytes, C * elt, backward_bytes, frozen_backward_bytes,
+           /*decode_cache=*/0, /*decode_state: LayerState=*/2 * C * elt + 3 * A * 4},
           2 * (4 * C * A + 2 * C * I + C * C) + 4 * m->chunk * A);
       if (l == 0) {
         declare(m->block(0, "pre_ln.weight"), {C}, st, TF_INIT_ONES, 0, no_decay);

@@ -25,6 +25,7 @@
 #include "tightfit/lr_schedule.hpp"
 #include "tightfit/preference/micro_batches.hpp"
 #include "tightfit/preference/reference_model.hpp"
+#include "tightfit/preference/schedule_hooks.hpp"
 #include "tightfit/rl/grpo_loss.hpp"
 #include "tightfit/rl/online_rl.hpp"
 
@@ -345,6 +346,38 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
 
 // The checkpoint: the counters, and a generation not yet used up
 // (num_iterations > 1) so that a resumed run trains on the same completions.
+// The plan (ABI 1.26): training passes of batch_size x num_generations rows,
+// each its prompt and completion; the generation of one prompt's
+// num_generations completions at once (the host plans its decode cache);
+// the generation's buffer of old and reference log-probs. Each micro-batch
+// is one forward and backward, and a no-gradient forward for each of the
+// old and reference log-probs it needs. Sampling's own time is not in the
+// plan's time factor.
+tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model,
+                          tf_memory_estimate* out) {
+  auto* s = static_cast<Grpo*>(state);
+  return tf_sdk::guard(s->host.api(), ctx, [&] {
+    const int64_t G = s->sampling.n, C = s->sampling.max_new_tokens;
+    const int64_t prompts = s->host.run_info().batch_size;  // a batch's prompts
+    const bool one_pass = s->options.beta == 0 && s->num_iterations == 1;
+    const int64_t logps = (s->options.beta != 0 ? 1 : 0) + (s->num_iterations > 1 ? 1 : 0);
+    tf_preference::plan_micro_batches(static_cast<double>((one_pass ? 3 : 4) + logps),
+                                      s->accumulation, out);
+    if (TF_SDK_REACHES(out, tf_memory_estimate, micro_batches))
+      out->micro_batches = s->accumulation;
+    out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OTHER] +=
+        static_cast<int64_t>(s->accumulation) * prompts * G * C * 4 * (2 + logps);
+    if (TF_SDK_REACHES(model, tf_model_summary, prompt_tokens) &&
+        TF_SDK_REACHES(out, tf_memory_estimate, generate_new_tokens)) {
+      out->pass_rows = prompts * G;
+      out->pass_seq_len = std::max<int64_t>(model->prompt_tokens, 1) + C;
+      out->generate_rows = s->given ? 0 : G;  // completions_file: nothing sampled
+      out->generate_new_tokens = C;
+    }
+    return TF_OK;
+  });
+}
+
 tf_status save_state(void* state, tf_host_context* ctx) {
   auto* s = static_cast<Grpo*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
@@ -450,6 +483,7 @@ const tf_schedule_vtable kVtable = {.struct_size = sizeof(tf_schedule_vtable),
                                     .create = create,
                                     .destroy = tf_sdk::destroy_state<Grpo>,
                                     .run_step = run_step,
+                                    .estimate_memory = estimate_memory,
                                     .save_state = save_state,
                                     .load_state = load_state,
                                     .features = TF_SCHEDULE_FEATURE_PROMPTS};

@@ -169,6 +169,10 @@ class Host {
     int64_t output = 0;
     int64_t backward = 0;
     int64_t frozen_backward = 0;
+    // What the model's decode cache keeps for the stage, per row (ABI 1.26):
+    // bytes per token seen (keys and values), and a recurrent state's bytes.
+    int64_t decode_cache = 0;
+    int64_t decode_state = 0;
   };
   // Activation bytes per token (all, and with the stage's own weights frozen)
   // and output bytes per token, for `plan`; 0 = unknown.
@@ -207,6 +211,8 @@ class Host {
     spec.output_bytes_per_token = bytes.output;
     spec.backward_bytes_per_token = bytes.backward;
     spec.frozen_backward_bytes_per_token = bytes.frozen_backward;
+    spec.decode_cache_bytes_per_token = bytes.decode_cache;  // an older host reads no further
+    spec.decode_state_bytes = bytes.decode_state;
     if (!projection.weight.empty()) {
       spec.projection_weight = projection.weight.c_str();
       spec.projection_bias = projection.bias.empty() ? nullptr : projection.bias.c_str();
