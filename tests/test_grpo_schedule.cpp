@@ -4,10 +4,12 @@
 // the metrics TRL logs and every trained gradient, for each loss type, with
 // a PEFT LoRA adapter and as a full fine-tune, with and without the KL term.
 // Then what a recipe may and may not ask of it.
+#include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "preference_test_support.hpp"
+#include "run_rewards.hpp"
 
 namespace tightfit {
 namespace {
@@ -273,6 +275,21 @@ TEST_F(GrpoRecipes, ARewardThatFailsOrReturnsGarbageStopsTheRunBeforeAnUpdate) {
     EXPECT_NE(e.find(message), std::string::npos) << mode << ": " << e;
     EXPECT_FALSE(fs::exists(dir + "/grpo/checkpoints")) << mode;
   }
+  // A reward that never returns stops the run at its time limit, naming it.
+  {
+    std::string hang = with("hang", true);
+    hang.insert(hang.find("mode = \"hang\""), "time_limit = 0.5\n");
+    const auto began = std::chrono::steady_clock::now();
+    const std::string e = error_of_session(hang);
+    EXPECT_NE(e.find("did not return from score within its time_limit of 0.5 s"), std::string::npos)
+        << e;
+    EXPECT_LT(std::chrono::steady_clock::now() - began, std::chrono::seconds(60));
+    EXPECT_FALSE(fs::exists(dir + "/grpo/checkpoints"));
+    std::string bad = with("none", true);
+    bad.insert(bad.find("mode = \"none\""), "time_limit = -1\n");
+    EXPECT_NE(error_of_session(bad).find("time_limit must be a number of seconds > 0"),
+              std::string::npos);
+  }
   // With another reward beside it, a NaN is left out of that row's sum.
   const TrainSummary sum = test::make_session(with("nan_first", false))->train();
   ASSERT_EQ(sum.losses.size(), 1u);
@@ -312,6 +329,20 @@ TEST_F(GrpoRecipes, SamplesScoresTrainsAndResumesExactly) {
     EXPECT_TRUE(rec.contains(key)) << key << " not in " << last;
   EXPECT_LE(rec["grpo.completions/max_length"].get<double>(), kMaxCompletion);
   EXPECT_TRUE(std::isfinite(whole.losses[1]));
+  // The summary's reward line: the first step's reward, then the last's.
+  {
+    std::ifstream first_in(whole.metrics_path);
+    std::string first;
+    std::getline(first_in, first);
+    char want[128];
+    std::snprintf(want, sizeof want, "%.3f over step 1 -> %.3f over step 2 (grpo.reward",
+                  nlohmann::json::parse(first)["grpo.reward"].get<double>(),
+                  rec["grpo.reward"].get<double>());
+    const std::optional<std::string> line = host::reward_before_after(whole.metrics_path, "grpo");
+    ASSERT_TRUE(line.has_value());
+    EXPECT_EQ(line->rfind(want, 0), 0u) << *line << " vs " << want;
+    EXPECT_FALSE(host::reward_before_after(whole.metrics_path, "dpo").has_value());
+  }
 
   test::TempDir d2;
   copy_peer_data(*data_, d2);

@@ -23,6 +23,7 @@
 #include "memory_plan.hpp"
 #include "recipe_paths.hpp"
 #include "run_answers.hpp"
+#include "run_rewards.hpp"
 #include "session.hpp"
 #include "stop_request.hpp"
 #include "terminal_progress.hpp"
@@ -284,11 +285,21 @@ int run_command(const std::vector<std::string>& args) {
     std::cout << "steps         " << s.first_step << " -> " << s.first_step + s.steps_run << " of "
               << s.total_steps << " in " << duration(s.wall_s) << "\n";
     char buf[256];
-    std::snprintf(
-        buf, sizeof buf,
-        "loss          %.4f final train, %.4f validation (unigram entropy of the corpus: %.4f)\n",
-        s.final_loss, s.val_loss, s.unigram_entropy);
-    std::cout << buf;
+    if (session.data().prompts()) {
+      // Online RL: the loss is the schedule's surrogate; the reward tells.
+      std::snprintf(buf, sizeof buf, "loss          %.4f final train (the schedule's objective)\n",
+                    s.final_loss);
+      std::cout << buf;
+      if (const auto line =
+              reward_before_after(s.metrics_path, session.parts().plugins->schedule.plugin->name))
+        std::cout << "reward        " << *line << "\n";
+    } else {
+      std::snprintf(
+          buf, sizeof buf,
+          "loss          %.4f final train, %.4f validation (unigram entropy of the corpus: %.4f)\n",
+          s.final_loss, s.val_loss, s.unigram_entropy);
+      std::cout << buf;
+    }
     if (!s.data.empty()) std::cout << "data          " << s.data << "\n";
     std::cout << "throughput    " << rate(s.tokens_per_s) << " tokens/s\n";
     if (!std::isnan(s.first_step_s))

@@ -104,10 +104,15 @@ auto plugin_call(const PluginInstance& inst, const char* hook, Call&& call) -> d
 
 // A [[reward]] table's plugin (ABI 1.25), with its weight and the name its
 // metrics carry.
+// How long one call of a reward's score may take, unless its table's
+// time_limit says otherwise: a stuck reward stops the run, never hangs it.
+inline constexpr double kRewardTimeLimitSeconds = 300;
+
 struct RewardInstance {
   PluginInstance instance;
   double weight = 1.0;
   std::string name;
+  double time_limit_s = kRewardTimeLimitSeconds;
 };
 
 struct PluginSet {

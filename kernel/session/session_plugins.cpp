@@ -140,7 +140,7 @@ PluginInstance Session::make_instance(const std::string& name, tf_plugin_kind ki
   inst.ctx->config = recipe_.validate(
       table, "[" + role + "] (plugin " + plugin.name + ")", plugin.keys,
       role == "model"    ? std::vector<std::string>{"plugin", "weights", "sha256"}
-      : role == "reward" ? std::vector<std::string>{"plugin", "sha256", "weight", "name"}
+      : role == "reward" ? std::vector<std::string>{"plugin", "sha256", "weight", "name", "time_limit"}
                          : std::vector<std::string>{"plugin", "sha256"});
   if (role == "model") read_gguf_paths_as_folders(inst.ctx->config);
   return inst;

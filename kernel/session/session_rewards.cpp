@@ -52,6 +52,16 @@ void Session::create_rewards() {
                           "reward_weights; 1 when left out)");
       r.weight = *v;
     }
+    if (const toml::node* w = t->get("time_limit")) {
+      const std::optional<double> v = w->value<double>();
+      if (!v || !(*v > 0) || !std::isfinite(*v))
+        throw RecipeError(recipe_.where(*w) +
+                          ": time_limit must be a number of seconds > 0 (how long one call of "
+                          "the reward's score may take before the run stops; " +
+                          std::to_string(static_cast<int>(kRewardTimeLimitSeconds)) +
+                          " when left out)");
+      r.time_limit_s = *v;
+    }
     plugins_.rewards.push_back(std::move(r));
     PluginInstance& inst = plugins_.rewards.back().instance;
     const tf_status st = plugin_call(inst, "create", [&] {

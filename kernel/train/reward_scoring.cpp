@@ -7,6 +7,7 @@
 #include "kernel_parts.hpp"
 #include "plugin_set.hpp"
 #include "prompt_data.hpp"
+#include "reward_call.hpp"
 #include "tensor_handle.hpp"
 #include "training_data.hpp"
 
@@ -25,7 +26,7 @@ int32_t leading_group(const at::Tensor& row_ids) {
 
 RewardScores score_completions(KernelParts& kernel, const at::Tensor& row_ids_in,
                                const at::Tensor& completions_in, const at::Tensor& lengths_in) {
-  const std::vector<RewardInstance>& rewards = kernel.plugins->rewards;
+  std::vector<RewardInstance>& rewards = kernel.plugins->rewards;
   if (rewards.empty())
     throw std::invalid_argument(
         "score_rewards: the recipe has no [[reward]] table: add one (plugin = \"length\", "
@@ -44,9 +45,11 @@ RewardScores score_completions(KernelParts& kernel, const at::Tensor& row_ids_in
   const int64_t C = completions.size(1);
   const auto len = lengths.accessor<int64_t, 1>();
   const auto rid = row_ids.accessor<int64_t, 1>();
-  // Texts, ids (-1 past each end) and rows, alive for every reward's call.
-  std::vector<std::string> prompt_text, completion_text, row_text;
-  at::Tensor ids = at::full({n, C}, -1, at::kLong);
+  // Texts, ids (-1 past each end) and rows, alive for every reward's call
+  // (and for one abandoned past its time limit).
+  auto input = std::make_shared<RewardInput>();
+  input->ids = at::full({n, C}, -1, at::kLong);
+  input->lengths = lengths;
   for (int64_t i = 0; i < n; ++i) {
     if (len[i] < 0 || len[i] > C)
       throw std::invalid_argument("score_rewards: completion " + std::to_string(i) + "'s length " +
@@ -54,42 +57,22 @@ RewardScores score_completions(KernelParts& kernel, const at::Tensor& row_ids_in
                                   std::to_string(C) + " columns");
     const PromptRow& row = prompts->row(rid[i]);
     const at::Tensor own = completions[i].narrow(0, 0, len[i]);
-    ids[i].narrow(0, 0, len[i]).copy_(own);
+    input->ids[i].narrow(0, 0, len[i]).copy_(own);
     const std::vector<int64_t> tokens(own.data_ptr<int64_t>(), own.data_ptr<int64_t>() + len[i]);
-    prompt_text.push_back(row.text);
-    completion_text.push_back(kernel.data->tokenizer().decode_skipping_special(tokens));
-    row_text.push_back(row.row);
+    input->prompts.push_back(row.text);
+    input->completions.push_back(kernel.data->tokenizer().decode_skipping_special(tokens));
+    input->rows.push_back(row.row);
   }
-  std::vector<const char*> p_ptr, c_ptr, r_ptr;
-  for (int64_t i = 0; i < n; ++i) {
-    p_ptr.push_back(prompt_text[static_cast<size_t>(i)].c_str());
-    c_ptr.push_back(completion_text[static_cast<size_t>(i)].c_str());
-    r_ptr.push_back(row_text[static_cast<size_t>(i)].c_str());
-  }
-  tf_reward_batch batch{};
-  batch.struct_size = sizeof batch;
-  batch.n = n;
-  batch.group_size = n > 0 ? leading_group(row_ids) : 1;
-  batch.prompts = p_ptr.data();
-  batch.completions = c_ptr.data();
-  batch.rows = r_ptr.data();
-  batch.completion_ids = borrow_handle(ids);
-  batch.lengths = borrow_handle(lengths);
+  input->group_size = n > 0 ? leading_group(row_ids) : 1;
+  input->finish();
   const auto R = static_cast<int64_t>(rewards.size());
   // Row-major [n, R], filled reward by reward, one tensor at the end.
   std::vector<double> table(static_cast<size_t>(n * R), std::nan(""));
   std::vector<double> weights;
   for (int64_t r = 0; r < R; ++r) {
-    const RewardInstance& reward = rewards[static_cast<size_t>(r)];
+    RewardInstance& reward = rewards[static_cast<size_t>(r)];
     weights.push_back(reward.weight);
-    std::vector<double> scores(static_cast<size_t>(n), std::nan(""));
-    const PluginInstance& inst = reward.instance;
-    check_plugin_status(plugin_call(inst, "score",
-                                    [&] {
-                                      return inst.plugin->reward()->score(
-                                          inst.state, inst.ctx.get(), &batch, scores.data());
-                                    }),
-                        inst, "score");
+    const std::vector<double> scores = score_within_time_limit(reward, input);
     for (int64_t i = 0; i < n; ++i) {
       const double v = scores[static_cast<size_t>(i)];
       if (std::isinf(v))
