@@ -14,15 +14,18 @@ a step's work differs: reported are each side's median step time after the
 first, its tokens a second (prompt + completion tokens the step processed,
 TRL's num_tokens, over the step's time; both generate and train in a step),
 its completion tokens a second, and the process's peak RSS over the whole
-job. Pass marks (--check, issue 66): tightfit's tokens a second >= 1.2x
-TRL's, and its peak RSS <= 0.7x TRL's.
+job. Two pairs, each measured in the same run: "plain" (fp32, everything
+kept for backward: the recipe as shipped, TRL's defaults) and "lean" (each
+side's own memory savers at their like: tightfit's checkpoint and
+precision (bf16 autocast) strategies, TRL's gradient_checkpointing and
+bf16). Pass marks (--check, issue 66), on each pair: tightfit's tokens a
+second >= 1.2x TRL's, and its peak RSS <= 0.7x TRL's.
 
-usage: bench/grpo_vs_trl.py [--steps N] [--check] [--json OUT]
+usage: bench/grpo_vs_trl.py [--steps N] [--pairs plain,lean] [--check] [--json OUT]
 """
 import argparse
 import json
 import pathlib
-import resource
 import subprocess
 import sys
 import tempfile
@@ -44,6 +47,7 @@ import peft
 from trl import GRPOConfig, GRPOTrainer
 logging.disable(logging.WARNING)
 gguf, data, steps, prompts, G, max_completion = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+lean = sys.argv[7] == "lean"
 folder, name = gguf.rsplit("/", 1)
 tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
 model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
@@ -72,7 +76,8 @@ class Timer(TrainerCallback):
     def on_step_end(self, args, state, control, **kw):
         times.append(time.perf_counter() - self.t0)
 with tempfile.TemporaryDirectory() as out:
-    args = GRPOConfig(output_dir=out, report_to="none", bf16=False, use_cpu=True, per_device_train_batch_size=prompts * G,
+    args = GRPOConfig(output_dir=out, report_to="none", bf16=lean, gradient_checkpointing=lean,
+                      use_cpu=True, per_device_train_batch_size=prompts * G,
                       num_generations=G, max_completion_length=max_completion, learning_rate=5e-4, weight_decay=0.0,
                       max_steps=steps, logging_steps=1, save_strategy="no", disable_tqdm=True,
                       reward_weights=[1.0, 0.25], lr_scheduler_type="constant")
@@ -95,57 +100,87 @@ def rates(times, num_tokens, mean_length):
     return sum(step_tokens) / t, sum(completion) / t
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--check", action="store_true")
-    ap.add_argument("--json")
-    args = ap.parse_args()
-    if not GGUF.exists():
-        sys.exit(f"{GGUF} is missing: run scripts/setup")
+# What each pair adds to each side.
+OUR_STACKS = {"plain": [], "lean": ["--add-strategy", "checkpoint", "--add-strategy", "precision"]}
+
+
+def measure(pair: str, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        cmd = run_args(str(ROOT / "configs" / "grpo-smollm2.toml"), out, args.steps,
-                       ["run.answer_prompts=", "save.adapter=false"])
+        cmd = run_args(str(ROOT / "configs" / "grpo-smollm2.toml"), out, steps,
+                       ["run.answer_prompts=", "save.adapter=false"]) + OUR_STACKS[pair]
         t0 = time.perf_counter()
-        p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # Its own process: the peak resident set of that child alone.
+        p = subprocess.run([sys.executable, "-c", CHILD_RSS] + cmd, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
         ours_wall = time.perf_counter() - t0
         if p.returncode != 0:
-            sys.exit(f"tightfit failed:\n{p.stderr[-3000:]}")
-        # The only child waited for so far: its peak resident set (Linux: KiB).
-        our_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+            sys.exit(f"tightfit ({pair}) failed:\n{p.stderr[-3000:]}")
+        our_rss = int(p.stdout.strip().splitlines()[-1])
         rows = [json.loads(line) for line in (pathlib.Path(out) / "m" / "metrics.jsonl").open()]
     our_times = step_times(rows)
     our_tps, our_cps = rates(our_times, [r["grpo.num_tokens"] for r in rows],
                              [r["grpo.completions/mean_length"] for r in rows])
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", PEER, str(GGUF), str(DATA), str(args.steps), str(PROMPTS), str(G),
-                        str(MAX_COMPLETION)], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-c", PEER, str(GGUF), str(DATA), str(steps), str(PROMPTS), str(G),
+                        str(MAX_COMPLETION), pair], capture_output=True, text=True)
     theirs_wall = time.perf_counter() - t0
     if p.returncode != 0:
-        sys.exit(f"the TRL side failed:\n{p.stderr[-3000:]}")
+        sys.exit(f"the TRL side ({pair}) failed:\n{p.stderr[-3000:]}")
     theirs = json.loads(p.stdout.strip().splitlines()[-1])
     their_tps, their_cps = rates(theirs["times"][1:], theirs["num_tokens"], theirs["mean_length"])
     median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-    speed, rss = our_tps / their_tps, our_rss / theirs["peak_rss"]
-    results = {
-        "date": time.strftime("%Y-%m-%d"), "steps": args.steps, "prompts_per_step": PROMPTS, "generations": G,
+    return {
         "sides": {
-            "tightfit grpo": {"step s": round(median(our_times), 3), "tokens/s": round(our_tps, 1),
-                              "completion tokens/s": round(our_cps, 1), "peak RSS MiB": round(our_rss / 2**20),
-                              "wall s": round(ours_wall, 1)},
-            "TRL GRPOTrainer + PEFT": {"step s": round(median(theirs["times"][1:]), 3),
-                                       "tokens/s": round(their_tps, 1), "completion tokens/s": round(their_cps, 1),
-                                       "peak RSS MiB": round(theirs["peak_rss"] / 2**20),
-                                       "wall s": round(theirs_wall, 1)}},
-        "tokens/s ratio (tightfit / TRL)": round(speed, 3), "RSS ratio": round(rss, 3),
-        "peer threads": theirs["threads"]}
-    for name, side in results["sides"].items():
-        print(f"{name:24s} step {side['step s']:.3f} s  {side['tokens/s']} tokens/s  "
-              f"{side['completion tokens/s']} completion tokens/s  peak RSS {side['peak RSS MiB']} MiB  "
-              f"({side['wall s']} s in all)")
-    return finish(args, results, report_marks([
-        ("tightfit tokens/s >= 1.2x TRL GRPOTrainer's", speed >= 1.2, f"{speed:.2f}x"),
-        ("tightfit peak RSS <= 0.7x TRL GRPOTrainer's", rss <= 0.7, f"{rss:.2f}x")]))
+            f"tightfit grpo ({pair})": {"step s": round(median(our_times), 3), "tokens/s": round(our_tps, 1),
+                                        "completion tokens/s": round(our_cps, 1),
+                                        "peak RSS MiB": round(our_rss / 2**20), "wall s": round(ours_wall, 1),
+                                        "reward": [round(r["grpo.reward"], 3) for r in rows]},
+            f"TRL GRPOTrainer + PEFT ({pair})": {
+                "step s": round(median(theirs["times"][1:]), 3), "tokens/s": round(their_tps, 1),
+                "completion tokens/s": round(their_cps, 1), "peak RSS MiB": round(theirs["peak_rss"] / 2**20),
+                "wall s": round(theirs_wall, 1), "reward": [round(r, 3) for r in theirs["reward"]]}},
+        "tokens/s ratio (tightfit / TRL)": round(our_tps / their_tps, 3),
+        "RSS ratio": round(our_rss / theirs["peak_rss"], 3), "peer threads": theirs["threads"]}
+
+
+# Runs a command and prints its peak resident set in bytes (Linux: ru_maxrss in KiB).
+CHILD_RSS = r"""
+import resource, subprocess, sys
+p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+if p.returncode != 0:
+    sys.stderr.write(p.stderr)
+    sys.exit(p.returncode)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--pairs", default="plain,lean")
+    ap.add_argument("--check", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    if not GGUF.exists():
+        sys.exit(f"{GGUF} is missing: run scripts/setup")
+    pairs = args.pairs.split(",")
+    for pair in pairs:
+        if pair not in OUR_STACKS:
+            sys.exit(f"--pairs: {pair} is not one of {', '.join(OUR_STACKS)}")
+    results = {"date": time.strftime("%Y-%m-%d"), "steps": args.steps, "prompts_per_step": PROMPTS,
+               "generations": G, "pairs": {}}
+    marks = []
+    for pair in pairs:
+        r = measure(pair, args.steps)
+        results["pairs"][pair] = r
+        for name, side in r["sides"].items():
+            print(f"{name:32s} step {side['step s']:.3f} s  {side['tokens/s']} tokens/s  "
+                  f"{side['completion tokens/s']} completion tokens/s  peak RSS {side['peak RSS MiB']} MiB  "
+                  f"({side['wall s']} s in all)")
+        speed, rss = r["tokens/s ratio (tightfit / TRL)"], r["RSS ratio"]
+        marks += [(f"{pair}: tightfit tokens/s >= 1.2x TRL GRPOTrainer's", speed >= 1.2, f"{speed:.2f}x"),
+                  (f"{pair}: tightfit peak RSS <= 0.7x TRL GRPOTrainer's", rss <= 0.7, f"{rss:.2f}x")]
+    return finish(args, results, report_marks(marks))
 
 
 if __name__ == "__main__":

@@ -99,6 +99,19 @@ TEST(AbReport, SaysWhetherTheSeedsTellTimesApart) {
   EXPECT_NE(html.find("The wall time of <b>same</b> is within noise"), std::string::npos) << html;
 }
 
+// Runs of a schedule that samples (online RL) get a curve of their mean
+// reward; others do not.
+TEST(AbReport, DrawsTheMeanRewardWhenTheRunsLogOne) {
+  const json plain = run({3, 2, 1}, {1.5}, 10);
+  EXPECT_EQ(ab_report_html(report_of({{"a", {plain}}})).find("Mean reward"), std::string::npos);
+  json rl = plain;
+  rl["curve"]["reward_step"] = json::array({1, 2, 3});
+  rl["curve"]["reward"] = json::array({0.1, 0.25, 0.4});
+  const std::string html = ab_report_html(report_of({{"grpo", {rl}}}));
+  EXPECT_NE(html.find("Mean reward of the sampled completions by step"), std::string::npos);
+  EXPECT_EQ(count(html, "<svg "), 6u);
+}
+
 TEST(AbReport, AVariantNameIsTextNotMarkup) {
   const json a = run({3, 2, 1}, {1.5}, 10), b = run({3, 2, 0.5}, {1.5}, 10);
   const std::string html =

@@ -10,6 +10,7 @@
 
 #include "preference_test_support.hpp"
 #include "run_rewards.hpp"
+#include "run_summary.hpp"
 
 namespace tightfit {
 namespace {
@@ -342,6 +343,11 @@ TEST_F(GrpoRecipes, SamplesScoresTrainsAndResumesExactly) {
     ASSERT_TRUE(line.has_value());
     EXPECT_EQ(line->rfind(want, 0), 0u) << *line << " vs " << want;
     EXPECT_FALSE(host::reward_before_after(whole.metrics_path, "dpo").has_value());
+    // And `tightfit ab`'s reward curve: each step's mean reward.
+    const nlohmann::json curve = host::summarize(whole.metrics_path)["curve"];
+    ASSERT_EQ(curve["reward"].size(), 2u);
+    EXPECT_EQ(curve["reward_step"][1].get<double>(), 2.0);
+    EXPECT_EQ(curve["reward"][1].get<double>(), rec["grpo.reward"].get<double>());
   }
 
   test::TempDir d2;

@@ -84,6 +84,16 @@ std::string table(const json& report) {
   return o.str();
 }
 
+// Whether a finished run has points on curve `key` (older reports have no such curve).
+bool any_curve(const json& report, const char* key) {
+  for (const auto& v : field(report, "variants"))
+    for (const auto& run : field(v, "runs"))
+      if (finished(run) && run.contains("curve") && run["curve"].contains(key) &&
+          !run["curve"][key].empty())
+        return true;
+  return false;
+}
+
 // Every finished run of every variant as a line; a variant that repeats an
 // earlier one exactly is drawn dashed over it, so both stay visible.
 LinePlot curves(const json& report, const std::vector<int>& same, const std::string& title,
@@ -258,7 +268,12 @@ std::string ab_report_html(const json& report) {
                             "held-out loss"))
     << line_plot_svg(curves(report, same, "Training loss by wall time", "elapsed_s", "loss",
                             "seconds", "loss"))
-    << bar_plot_svg(memory_bars(report)) << bar_plot_svg(time_bars(report)) << "</body></html>\n";
+    << bar_plot_svg(memory_bars(report)) << bar_plot_svg(time_bars(report));
+  // Online RL: what the runs are trained to raise.
+  if (any_curve(report, "reward"))
+    o << line_plot_svg(curves(report, same, "Mean reward of the sampled completions by step",
+                              "reward_step", "reward", "step", "mean reward"));
+  o << "</body></html>\n";
   return o.str();
 }
 

@@ -23,6 +23,7 @@ nlohmann::json summarize(const std::filesystem::path& metrics) {
   std::istringstream in(read_file_text(metrics.string()));
   json last, out;
   std::vector<double> losses, evals, eval_steps, elapsed, peak_total;
+  std::vector<double> rewards, reward_steps;  // online RL: a schedule's "<name>.reward"
   int64_t tokens = 0, backward = 0, diverged = 0;
   double divergence_metric = 0;
   size_t lineno = 0;
@@ -48,9 +49,19 @@ nlohmann::json summarize(const std::filesystem::path& metrics) {
       evals.push_back(r["eval_loss"].get<double>());
       eval_steps.push_back(r["step"].get<double>());
     }
-    for (const auto& [k, v] : r.items())  // a schedule's own count (hybrid's rollbacks)
-      if (k.size() > 12 && k.compare(k.size() - 12, 12, ".divergences") == 0 && v.is_number())
+    for (const auto& [k, v] : r.items()) {
+      if (!v.is_number()) continue;
+      // A schedule's own count (hybrid's rollbacks).
+      if (k.size() > 12 && k.compare(k.size() - 12, 12, ".divergences") == 0)
         divergence_metric = std::max(divergence_metric, v.get<double>());
+      // The mean reward a schedule that samples logs (TRL's "reward"), not
+      // one reward function's ("rewards/NAME/mean").
+      if (k.size() > 7 && k.compare(k.size() - 7, 7, ".reward") == 0 &&
+          k.find('/') == std::string::npos && r["step"].is_number()) {
+        rewards.push_back(v.get<double>());
+        reward_steps.push_back(r["step"].get<double>());
+      }
+    }
     last = r;
   }
   if (last.is_null()) throw std::runtime_error(metrics.string() + " is empty");
@@ -71,11 +82,9 @@ nlohmann::json summarize(const std::filesystem::path& metrics) {
   for (const char* c : kCategories) peaks[c] = last.value(std::string("peak_") + c, 0.0);
   peaks["total"] = last.value("peak_total", 0.0);
   out["peak_bytes"] = peaks;
-  out["curve"] = {{"loss", losses},
-                  {"elapsed_s", elapsed},
-                  {"peak_total", peak_total},
-                  {"eval_step", eval_steps},
-                  {"eval_loss", evals}};
+  out["curve"] = {{"loss", losses},          {"elapsed_s", elapsed}, {"peak_total", peak_total},
+                  {"eval_step", eval_steps}, {"eval_loss", evals},   {"reward_step", reward_steps},
+                  {"reward", rewards}};
   return out;
 }
 
