@@ -180,6 +180,66 @@ INSTANTIATE_TEST_SUITE_P(
                  2}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// A resumed step: one step at lr 1e-2 moves the policy, the run stops and
+// resumes (the schedule's state and a full fine-tune's reference copy in the
+// checkpoint), and the resumed step's loss, metrics and every gradient equal
+// GRPOTrainer's with the moved policy (its LoRA adapter, or the exported
+// weights with the starting ones as the reference).
+TEST_F(GrpoStepParity, AResumedStepEqualsTrl) {
+  for (const GrpoCase& c :
+       {GrpoCase{"lora_grpo_kl", true, "grpo", 0.04, 0.7, "token", "batch", true, 0.2},
+        GrpoCase{"full_bnpo_kl", false, "bnpo", 0.04, 1.0, "token", "group", false, 0.2}}) {
+    SCOPED_TRACE(c.name);
+    test::TempDir d;
+    const std::string dir = d.str();
+    copy_peer_data(*data_, d);
+    write_prompts_and_completions(dir);
+    std::string text = grpo_recipe(dir, c);
+    text.replace(text.find("steps = 1"), 9, "steps = 2");
+    text.replace(text.find("lr = 0.0"), 8, "lr = 1e-2");
+    {
+      SessionOptions o;
+      o.stop_after_steps = 1;
+      auto s = test::make_session(text, o);
+      if (c.lora) randomize_trainable(*s);
+      s->export_hf(dir + "/base", /*merge=*/false);
+      ASSERT_EQ(s->train().losses.size(), 1u);
+      if (c.lora)
+        s->export_adapter(dir + "/adapter");
+      else
+        s->export_hf(dir + "/policy", /*merge=*/false);
+    }
+    std::ofstream(dir + "/options.json")
+        << nlohmann::json({
+                              {"num_generations", kGenerations},
+                              {"max_completion_length", kMaxCompletion},
+                              {"temperature", c.temperature},
+                              {"beta", c.beta},
+                              {"loss_type", c.loss_type},
+                              {"importance_sampling_level", c.level},
+                              {"scale_rewards", c.scale_rewards},
+                              {"mask_truncated_completions", c.mask_truncated},
+                              {"epsilon", 0.2},
+                              {"epsilon_high", c.epsilon_high},
+                              {"rewards",
+                               {{{"plugin", "length"}, {"target", 8}, {"weight", 0.5}},
+                                {{"plugin", "exact_answer"}}}},
+                          })
+               .dump();
+    const auto want = run_trl_peer("grpo_parity.py", dir);
+    ASSERT_FALSE(want.empty());
+    // The policy moved away from its reference: the KL term is not zero.
+    EXPECT_GT(want.at("metric.kl").item<double>(), 1e-6);
+    SessionOptions o;
+    o.resume = true;
+    auto s = test::make_session(text, o);
+    const int compared = expect_step_equals_peer(
+        *s, want, "grpo", {"reward", "reward_std", "kl", "entropy", "clip_ratio/region_mean"},
+        c.lora, dir);
+    EXPECT_EQ(compared, c.lora ? 2 * 2 * 7 : 2 * 9 + 3);
+  }
+}
+
 class GrpoRecipes : public GrpoStepParity {};
 
 std::string error_of_session(const std::string& recipe) {

@@ -95,7 +95,12 @@ def main(out: pathlib.Path) -> None:
         funcs.append(f)
         weights.append(spec.get("weight", 1.0))
 
-    base = AutoModelForCausalLM.from_pretrained(str(out / "base"), torch_dtype=torch.float32)
+    # A resumed step: a full fine-tune's policy after the first update
+    # ("policy"), its reference the starting weights ("base"); LoRA's
+    # adapter after it ("adapter"), its reference the base with it off.
+    policy = out / "policy"
+    base = AutoModelForCausalLM.from_pretrained(str(policy if policy.exists() else out / "base"),
+                                                torch_dtype=torch.float32)
     peft = (out / "adapter").exists()
     model = PeftModel.from_pretrained(base, str(out / "adapter"), is_trainable=True) if peft else base
 
@@ -124,6 +129,9 @@ def main(out: pathlib.Path) -> None:
             return prompt_ids, completion_ids, None, {}
 
         trainer._generate_single_turn = given_completions
+        if policy.exists() and o["beta"] != 0:  # TRL's copy at init would be the moved policy
+            trainer.ref_model = AutoModelForCausalLM.from_pretrained(str(out / "base"), torch_dtype=torch.float32)
+            trainer.ref_model.eval()
         trainer.current_gradient_accumulation_steps = 1  # set by Trainer's training loop
         model.train()
         processed = trainer._generate_and_score_completions(inputs)
