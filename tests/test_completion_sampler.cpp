@@ -24,6 +24,8 @@ struct Rule {
   double temperature;
   int64_t top_k;
   double top_p;
+  double min_p = 0.0;
+  double repetition_penalty = 1.0;
 };
 
 void PrintTo(const Rule& r, std::ostream* os) {
@@ -36,11 +38,18 @@ TEST_P(SamplerDistribution, DrawsFollowTransformersWarpedProbabilities) {
   const Rule& rule = GetParam();
   const std::vector<float> logits = {2.0f, 1.5f, 1.0f, 0.2f, -0.5f, -1.0f, 0.9f, 1.4f};
   test::TempDir d;
-  std::ofstream(d.str() + "/rule.json") << nlohmann::json({{"logits", logits},
-                                                           {"temperature", rule.temperature},
-                                                           {"top_k", rule.top_k},
-                                                           {"top_p", rule.top_p}})
-                                               .dump();
+  // The row so far: ids the repetition penalty weighs (a positive logit, a
+  // negative one, one repeated).
+  const std::vector<int64_t> context = {0, 4, 2, 4};
+  std::ofstream(d.str() + "/rule.json")
+      << nlohmann::json({{"logits", logits},
+                         {"temperature", rule.temperature},
+                         {"top_k", rule.top_k},
+                         {"top_p", rule.top_p},
+                         {"min_p", rule.min_p},
+                         {"repetition_penalty", rule.repetition_penalty},
+                         {"context", context}})
+             .dump();
   const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
                           "/tests/peers/sampling_warpers.py " + d.str() + " > " + d.str() +
                           "/peer.log 2>&1";
@@ -51,8 +60,10 @@ TEST_P(SamplerDistribution, DrawsFollowTransformersWarpedProbabilities) {
   constexpr int64_t kRows = 60000;
   const at::Tensor batch = at::tensor(logits).unsqueeze(0).expand({kRows, -1}).contiguous();
   auto gen = at::make_generator<at::CPUGeneratorImpl>(1234);
-  const at::Tensor drawn =
-      sample_next_tokens(batch, {rule.temperature, rule.top_k, rule.top_p}, gen);
+  const at::Tensor rows_so_far = at::tensor(context).unsqueeze(0).expand({kRows, -1}).contiguous();
+  const at::Tensor drawn = sample_next_tokens(
+      batch, {rule.temperature, rule.top_k, rule.top_p, rule.min_p, rule.repetition_penalty}, gen,
+      rows_so_far);
   const at::Tensor counts = at::bincount(drawn, {}, static_cast<int64_t>(logits.size()));
   for (size_t v = 0; v < logits.size(); ++v) {
     const double p = want[v], seen = counts[static_cast<int64_t>(v)].item<double>() / kRows;
@@ -69,7 +80,10 @@ INSTANTIATE_TEST_SUITE_P(Rules, SamplerDistribution,
                          ::testing::Values(Rule{"plain", 1.0, 0, 1.0},
                                            Rule{"temperature", 0.6, 0, 1.0},
                                            Rule{"top_k", 1.3, 3, 1.0}, Rule{"top_p", 1.0, 0, 0.7},
-                                           Rule{"all_three", 0.8, 5, 0.8}),
+                                           Rule{"all_three", 0.8, 5, 0.8},
+                                           Rule{"min_p", 1.0, 0, 1.0, 0.4},
+                                           Rule{"repetition_penalty", 1.0, 0, 1.0, 0.0, 1.8},
+                                           Rule{"all_five", 0.8, 6, 0.9, 0.2, 1.3}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(CompletionSampler, AGroupDecodedTogetherIsWhatOneRowRecomputingGives) {

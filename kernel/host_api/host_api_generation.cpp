@@ -44,7 +44,9 @@ tf_status h_generate(tf_host_context* ctx, const tf_generate_request* in, tf_gen
     c.prompt.assign(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + p.numel());
     c.n = r.n;
     c.max_new_tokens = r.max_new_tokens;
-    c.rule = {r.temperature, r.top_k, r.top_p};
+    // An older caller's request ends before 1.26's penalty and min-p: off.
+    c.rule = {r.temperature, r.top_k, r.top_p, r.min_p,
+              r.repetition_penalty == 0 ? 1.0 : r.repetition_penalty};
     c.seed = r.seed;
     if (r.n_stop_ids < 0 || (r.n_stop_ids > 0 && r.stop_ids == nullptr))
       throw std::invalid_argument("tf_generate_request: n_stop_ids stop ids must be given");

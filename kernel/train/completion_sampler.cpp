@@ -19,13 +19,21 @@
 namespace tightfit {
 
 at::Tensor sample_next_tokens(const at::Tensor& logits_in, const SamplingRule& rule,
-                              at::Generator& generator) {
-  const at::Tensor logits = logits_in.to(at::kCPU, at::kFloat);
+                              at::Generator& generator, const at::Tensor& context) {
+  at::Tensor logits = logits_in.to(at::kCPU, at::kFloat);
+  if (rule.repetition_penalty != 1.0 && context.defined()) {
+    // RepetitionPenaltyLogitsProcessor: each id seen, its logit divided by
+    // the penalty where positive, multiplied where negative.
+    const at::Tensor seen = context.to(at::kCPU, at::kLong);
+    const at::Tensor z = logits.gather(1, seen);
+    logits = logits.scatter(
+        1, seen, at::where(z < 0, z * rule.repetition_penalty, z / rule.repetition_penalty));
+  }
   if (rule.top_k == 1 || rule.temperature <= 0) return logits.argmax(1);
   const int64_t vocab = logits.size(1);
-  // Neither warper cuts: every token keeps its probability, and no sort of
-  // the vocabulary is needed (a full-vocabulary topk was 7% of a GRPO step).
-  if (rule.top_k <= 0 && rule.top_p >= 1.0)
+  // No warper cuts: every token keeps its probability, and no sort of the
+  // vocabulary is needed (a full-vocabulary topk was 7% of a GRPO step).
+  if (rule.top_k <= 0 && rule.top_p >= 1.0 && rule.min_p <= 0)
     return at::multinomial(at::softmax(logits / rule.temperature, 1), 1, false, generator)
         .squeeze(1);
   auto [vals, idx] = (logits / rule.temperature)
@@ -35,6 +43,11 @@ at::Tensor sample_next_tokens(const at::Tensor& logits_in, const SamplingRule& r
     at::Tensor past = probs.cumsum(1) - probs >= rule.top_p;
     past.select(1, 0).fill_(false);  // transformers' min_tokens_to_keep = 1: top_p = 0 is greedy
     probs = probs.masked_fill(past, 0.0);
+    probs = probs / probs.sum(1, true);
+  }
+  if (rule.min_p > 0) {  // MinPLogitsWarper: below min_p x the likeliest (the first), at least one
+    const at::Tensor under = probs < probs.narrow(1, 0, 1) * rule.min_p;
+    probs = probs.masked_fill(under, 0.0);
     probs = probs / probs.sum(1, true);
   }
   return idx.gather(1, at::multinomial(probs, 1, false, generator)).squeeze(1);
@@ -56,6 +69,11 @@ void check_request(const CompletionRequest& r) {
   if (!(r.rule.top_p > 0 && r.rule.top_p <= 1))
     throw std::invalid_argument("generate: top_p must be in (0, 1]");
   if (r.rule.top_k < 0) throw std::invalid_argument("generate: top_k must be >= 0");
+  if (!(r.rule.min_p >= 0 && r.rule.min_p <= 1))
+    throw std::invalid_argument("generate: min_p must be in [0, 1] (0: off)");
+  if (!(r.rule.repetition_penalty > 0 && std::isfinite(r.rule.repetition_penalty)))
+    throw std::invalid_argument(
+        "generate: repetition_penalty must be a finite number > 0 (1: off)");
 }
 
 // The model's decode over `x` [n, T] after what its cache holds: the last
@@ -121,7 +139,8 @@ Completions sample_completions(const KernelParts& kernel, const CompletionReques
   Decoder decoder(kernel);
   for (int64_t t = 0; t < r.max_new_tokens && open > 0; ++t) {
     const at::Tensor next =
-        sample_next_tokens(decoder.next_logits(context, t == 0 ? P : 1), r.rule, generator);
+        sample_next_tokens(decoder.next_logits(context, t == 0 ? P : 1), r.rule, generator,
+                           r.rule.repetition_penalty != 1.0 ? context : at::Tensor());
     auto picked = next.accessor<int64_t, 1>();
     for (int64_t i = 0; i < r.n; ++i) {
       if (done[static_cast<size_t>(i)]) continue;  // a finished row's draws are dropped

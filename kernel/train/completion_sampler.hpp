@@ -14,17 +14,21 @@ namespace tightfit {
 
 struct KernelParts;
 
-// transformers' warpers in generate's order: temperature, top-k, top-p.
+// transformers' processors in generate's order: the repetition penalty,
+// then the warpers temperature, top-k, top-p and min-p.
 struct SamplingRule {
-  double temperature = 1.0;  // 0: greedy
-  int64_t top_k = 0;         // 0: every token; 1: greedy
-  double top_p = 1.0;        // 1: off
+  double temperature = 1.0;         // 0: greedy
+  int64_t top_k = 0;                // 0: every token; 1: greedy
+  double top_p = 1.0;               // 1: off
+  double min_p = 0.0;               // 0: off
+  double repetition_penalty = 1.0;  // 1: off
 };
 
 // The next token of each row of `logits` ([R, V], any device and dtype):
-// int64 [R] on the CPU, drawn with `generator`.
+// int64 [R] on the CPU, drawn with `generator`. `context` (int64 [R, L]:
+// each row's ids so far) is what the repetition penalty reads.
 at::Tensor sample_next_tokens(const at::Tensor& logits, const SamplingRule& rule,
-                              at::Generator& generator);
+                              at::Generator& generator, const at::Tensor& context = {});
 
 struct CompletionRequest {
   std::vector<int64_t> prompt;  // at least one id

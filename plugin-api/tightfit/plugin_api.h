@@ -710,6 +710,13 @@ typedef struct tf_generate_request {
    * tokenizer's EOS (TRL's generation_config.eos_token_id). */
   const int64_t* stop_ids;
   int32_t n_stop_ids;
+  /* Added in 1.26, transformers' processors in generate's order: the
+   * repetition penalty on every id of the row so far, prompt included (> 0;
+   * 1 and 0 = off), before the temperature, top-k and top-p; then min-p, a
+   * token kept when its probability is at least min_p times the likeliest's
+   * ([0, 1]; 0 = off). */
+  double repetition_penalty;
+  double min_p;
 } tf_generate_request;
 
 typedef struct tf_generate_result {

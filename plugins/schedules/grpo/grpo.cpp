@@ -283,6 +283,8 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     s->sampling.temperature = h.get_double("temperature");
     s->sampling.top_p = h.get_double("top_p");
     s->sampling.top_k = h.get_int("top_k");
+    s->sampling.min_p = h.get_double("min_p");
+    s->sampling.repetition_penalty = h.get_double("repetition_penalty");
     s->options.loss_type = tf_rl::loss_type_named(h.get_string("loss_type"));
     s->options.level = tf_rl::importance_level_named(h.get_string("importance_sampling_level"));
     s->options.epsilon_low = h.get_double("epsilon");
@@ -446,6 +448,13 @@ const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
     tf_sdk::key("top_p", TF_VALUE_FLOAT, "1.0", "nucleus sampling's mass (1 = off)", 1e-6, 1),
     tf_sdk::key("top_k", TF_VALUE_INT, "0", "sample among the k likeliest tokens (0 = off)", 0,
                 1e9),
+    tf_sdk::key("min_p", TF_VALUE_FLOAT, "0.0",
+                "keep tokens at least min_p times as likely as the likeliest (0 = off, TRL's None)",
+                0, 1),
+    tf_sdk::key("repetition_penalty", TF_VALUE_FLOAT, "1.0",
+                "divide the logits of ids already in the row (prompt included) by it, multiply "
+                "negative ones (1 = off)",
+                1e-6, 1e6),
     tf_sdk::key("beta", TF_VALUE_FLOAT, "0.0",
                 "the KL term's weight against the reference model (0: no reference pass)", 0, 1e6),
     tf_sdk::key("epsilon", TF_VALUE_FLOAT, "0.2", "the clip range's lower side (and upper)", 0, 1),

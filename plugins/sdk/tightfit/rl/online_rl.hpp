@@ -29,7 +29,9 @@ struct Sampling {
   double temperature = 1.0;
   double top_p = 1.0;
   int64_t top_k = 0;
-  std::vector<int64_t> stop_ids;  // a completion ends with the first it samples (kept)
+  double min_p = 0.0;               // 0: off (ABI 1.26)
+  double repetition_penalty = 1.0;  // 1: off (ABI 1.26)
+  std::vector<int64_t> stop_ids;    // a completion ends with the first it samples (kept)
 };
 
 struct Sampled {
@@ -56,6 +58,15 @@ inline Sampled generate(const tf_sdk::Host& host, const at::Tensor& prompt, cons
   r.top_p = s.top_p;
   r.top_k = s.top_k;
   r.seed = seed;
+  if (s.min_p != 0 || s.repetition_penalty != 1.0) {
+    // An older host would read no further than top_k and sample without them.
+    if (host.api()->abi_version < TF_MAKE_VERSION(1, 26))
+      throw std::runtime_error(
+          "min_p and repetition_penalty need a tightfit with plugin ABI 1.26: update it, or "
+          "leave them at 0 and 1");
+    r.min_p = s.min_p;
+    r.repetition_penalty = s.repetition_penalty;
+  }
   r.stop_ids = s.stop_ids.data();
   r.n_stop_ids = static_cast<int32_t>(s.stop_ids.size());
   tf_generate_result out{};
