@@ -290,6 +290,9 @@ TF_FROZEN(tf_schedule_vtable, features, 72);  // 1.25
 TF_FROZEN(tf_batch, prompts, 88);
 TF_FROZEN(tf_reward_vtable, score, 24);
 TF_FROZEN(tf_reward_batch, prompts, 24);
+TF_FROZEN(tf_generate_request, n_stop_ids, 72);
+TF_FROZEN(tf_generate_request, repetition_penalty, 80);  // 1.26
+TF_FROZEN(tf_generate_request, min_p, 88);               // 1.26
 TF_FROZEN(tf_plugin_descriptor, struct_size, 0);
 TF_FROZEN(tf_plugin_descriptor, abi_version, 4);
 TF_FROZEN(tf_plugin_descriptor, kind, 8);
