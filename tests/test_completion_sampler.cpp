@@ -119,6 +119,14 @@ TEST(CompletionSampler, AGroupDecodedTogetherIsWhatOneRowRecomputingGives) {
       EXPECT_EQ(got.ids[row][t].item<int64_t>(), want[prompt.size() + static_cast<size_t>(t)])
           << "row " << row << ", token " << t;
   }
+  // A prompt fed in pieces of one token (a long prompt's prefill, whose
+  // logits would not fit at once) decodes the same tokens.
+  {
+    CompletionRequest pieces = r;
+    pieces.prefill_logits_bytes = 1;
+    const Completions in_pieces = sample_completions(s->parts(), pieces, /*pad_id=*/0);
+    EXPECT_TRUE(in_pieces.ids.equal(got.ids)) << in_pieces.ids << "\n" << got.ids;
+  }
   // The fourth greedy token as a stop id: every row ends with it, kept.
   r.stop_ids = {want[prompt.size() + 3]};
   const Completions stopped = sample_completions(s->parts(), r, /*pad_id=*/0);

@@ -106,12 +106,19 @@ std::string generate_text(Session& s, const std::string& prompt, const SamplingO
       }
     } release{model, &cache};
     at::Tensor x = at::tensor(ids, at::kLong).unsqueeze(0).to(device);
+    // The prompt in pieces whose logits stay within the sampler's bound
+    // (completion_sampler.hpp): only the last position's are wanted.
+    const int64_t piece = prefill_chunk_tokens(1, s.env().run_info.vocab_size);
     for (int64_t i = 0; i < n_tokens; ++i) {
-      tf_tensor out = nullptr;
-      check_plugin_status(
-          call_hook(model, vt, TF_MODEL_HOOK(decode), &cache, borrow_handle(x), &out), model,
-          "decode");
-      at::Tensor logits = adopt_handle(StrategyChain::returned(out, model, "decode"));
+      at::Tensor logits;
+      for (int64_t from = 0; from < x.size(1); from += piece) {
+        const at::Tensor part = x.narrow(1, from, std::min(piece, x.size(1) - from));
+        tf_tensor out = nullptr;
+        check_plugin_status(
+            call_hook(model, vt, TF_MODEL_HOOK(decode), &cache, borrow_handle(part), &out), model,
+            "decode");
+        logits = adopt_handle(StrategyChain::returned(out, model, "decode"));
+      }
       ids.push_back(pick(logits[0][-1]));
       progress.set(i + 1);
       if (stops(ids.back())) break;

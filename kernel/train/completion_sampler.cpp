@@ -53,9 +53,9 @@ at::Tensor sample_next_tokens(const at::Tensor& logits_in, const SamplingRule& r
   return idx.gather(1, at::multinomial(probs, 1, false, generator)).squeeze(1);
 }
 
-int64_t prefill_chunk_tokens(int64_t rows, int64_t vocab) {
+int64_t prefill_chunk_tokens(int64_t rows, int64_t vocab, int64_t logits_bytes) {
   return std::max<int64_t>(
-      1, kPrefillLogitsBytes / (std::max<int64_t>(rows, 1) * std::max<int64_t>(vocab, 1) * 4));
+      1, logits_bytes / (std::max<int64_t>(rows, 1) * std::max<int64_t>(vocab, 1) * 4));
 }
 
 namespace {
@@ -79,7 +79,8 @@ void check_request(const CompletionRequest& r) {
 // The model's decode over `x` [n, T] after what its cache holds: the last
 // position's logits [n, V].
 struct Decoder {
-  explicit Decoder(const KernelParts& k) : kernel(k), model(k.plugins->model) {
+  Decoder(const KernelParts& k, int64_t logits_bytes)
+      : kernel(k), model(k.plugins->model), prefill_logits_bytes(logits_bytes) {
     const tf_model_vtable* vt = model.plugin->model();
     incremental = vt->decode && vt->release_cache;
   }
@@ -101,7 +102,8 @@ struct Decoder {
       return kernel.executor->forward_logits(context, /*training=*/false).select(1, -1);
     // A long prompt in pieces, so its logits never exist at once (only the
     // last position's are wanted).
-    const int64_t piece = prefill_chunk_tokens(context.size(0), kernel.env->run_info.vocab_size);
+    const int64_t piece = prefill_chunk_tokens(context.size(0), kernel.env->run_info.vocab_size,
+                                               prefill_logits_bytes);
     at::Tensor last;
     for (int64_t from = context.size(1) - fresh; from < context.size(1); from += piece) {
       const at::Tensor x = context.narrow(1, from, std::min(piece, context.size(1) - from));
@@ -116,6 +118,7 @@ struct Decoder {
 
   const KernelParts& kernel;
   const PluginInstance& model;
+  int64_t prefill_logits_bytes;
   bool incremental = false;
   void* cache = nullptr;
 };
@@ -136,7 +139,7 @@ Completions sample_completions(const KernelParts& kernel, const CompletionReques
   at::Tensor lengths = at::full({r.n}, r.max_new_tokens, at::kLong);
   std::vector<bool> done(static_cast<size_t>(r.n), false);
   int64_t open = r.n, steps = 0;
-  Decoder decoder(kernel);
+  Decoder decoder(kernel, r.prefill_logits_bytes);
   for (int64_t t = 0; t < r.max_new_tokens && open > 0; ++t) {
     const at::Tensor next =
         sample_next_tokens(decoder.next_logits(context, t == 0 ? P : 1), r.rule, generator,

@@ -30,6 +30,14 @@ struct SamplingRule {
 at::Tensor sample_next_tokens(const at::Tensor& logits, const SamplingRule& rule,
                               at::Generator& generator, const at::Tensor& context = {});
 
+// The prompt's tokens a decode call takes at once (at least 1): the model's
+// decode returns logits for every new position, and `rows` x that many x
+// `vocab` fp32 logits stay within kPrefillLogitsBytes (a 1,024-token prompt
+// of 8 rows would be 5 GiB of Qwen3's logits in one call).
+inline constexpr int64_t kPrefillLogitsBytes = int64_t{128} << 20;
+int64_t prefill_chunk_tokens(int64_t rows, int64_t vocab,
+                             int64_t logits_bytes = kPrefillLogitsBytes);
+
 struct CompletionRequest {
   std::vector<int64_t> prompt;  // at least one id
   int64_t n = 1;                // completions
@@ -37,6 +45,7 @@ struct CompletionRequest {
   SamplingRule rule;
   uint64_t seed = 0;
   std::vector<int64_t> stop_ids;  // a completion ends with the first it samples (kept)
+  int64_t prefill_logits_bytes = kPrefillLogitsBytes;  // a prefill piece's logits at most
 };
 
 struct Completions {
@@ -44,13 +53,6 @@ struct Completions {
   at::Tensor lengths;  // int64 [n]
   int64_t pad = 0;
 };
-
-// The prompt's tokens a decode call takes at once (at least 1): the model's
-// decode returns logits for every new position, and `rows` x that many x
-// `vocab` fp32 logits stay within kPrefillLogitsBytes (a 1,024-token prompt
-// of 8 rows would be 5 GiB of Qwen3's logits in one call).
-inline constexpr int64_t kPrefillLogitsBytes = int64_t{128} << 20;
-int64_t prefill_chunk_tokens(int64_t rows, int64_t vocab);
 
 // No gradients; the key/value cache (or each step's whole context, for a
 // model without decode) is transient memory. Throws std::invalid_argument
