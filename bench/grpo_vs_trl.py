@@ -32,7 +32,7 @@ import tempfile
 import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from tightfit_runs import ROOT, finish, report_marks, run_args, step_times  # noqa: E402
+from tightfit_runs import ROOT, finish, report_marks, run_args, run_with_peak_rss, step_times  # noqa: E402
 
 GGUF = ROOT / ".cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 DATA = ROOT / "configs" / "data" / "arithmetic-prompts.jsonl"
@@ -108,14 +108,10 @@ def measure(pair: str, steps: int) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cmd = run_args(str(ROOT / "configs" / "grpo-smollm2.toml"), out, steps,
                        ["run.answer_prompts=", "save.adapter=false"]) + OUR_STACKS[pair]
-        t0 = time.perf_counter()
-        # Its own process: the peak resident set of that child alone.
-        p = subprocess.run([sys.executable, "-c", CHILD_RSS] + cmd, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-        ours_wall = time.perf_counter() - t0
-        if p.returncode != 0:
-            sys.exit(f"tightfit ({pair}) failed:\n{p.stderr[-3000:]}")
-        our_rss = int(p.stdout.strip().splitlines()[-1])
+        try:  # its own process: the peak resident set of that child alone
+            our_rss, ours_wall = run_with_peak_rss(cmd)
+        except RuntimeError as e:
+            sys.exit(f"tightfit ({pair}) failed:\n{e}")
         rows = [json.loads(line) for line in (pathlib.Path(out) / "m" / "metrics.jsonl").open()]
     our_times = step_times(rows)
     our_tps, our_cps = rates(our_times, [r["grpo.num_tokens"] for r in rows],
@@ -141,17 +137,6 @@ def measure(pair: str, steps: int) -> dict:
                 "wall s": round(theirs_wall, 1), "reward": [round(r, 3) for r in theirs["reward"]]}},
         "tokens/s ratio (tightfit / TRL)": round(our_tps / their_tps, 3),
         "RSS ratio": round(our_rss / theirs["peak_rss"], 3), "peer threads": theirs["threads"]}
-
-
-# Runs a command and prints its peak resident set in bytes (Linux: ru_maxrss in KiB).
-CHILD_RSS = r"""
-import resource, subprocess, sys
-p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-if p.returncode != 0:
-    sys.stderr.write(p.stderr)
-    sys.exit(p.returncode)
-print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
-"""
 
 
 def main() -> int:

@@ -3,7 +3,9 @@ from its metrics.jsonl), printing pass marks, and the --json/--check ending."""
 import json
 import pathlib
 import subprocess
+import sys
 import tempfile
+import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TIGHTFIT = ROOT / "build" / "bin" / "tightfit"
@@ -44,6 +46,30 @@ def run_args(recipe: str, out: str, steps: int, sets: list[str], keep_budget: bo
     for s in sets:
         args += ["--set", s]
     return args
+
+
+# Runs a command and prints its peak resident set in bytes (Linux: ru_maxrss
+# in KiB): the child's alone, as the parent wrapper has no other.
+_CHILD_RSS = r"""
+import resource, subprocess, sys
+p = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+if p.returncode != 0:
+    sys.stderr.write(p.stderr)
+    sys.exit(p.returncode)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+"""
+
+
+def run_with_peak_rss(args: list[str]) -> tuple[int, float]:
+    """Runs `args` in a process of its own: its peak resident set in bytes
+    and its wall seconds. A failure raises RuntimeError with its stderr."""
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", _CHILD_RSS] + args, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{p.stderr[-3000:]}")
+    return int(p.stdout.strip().splitlines()[-1]), wall
 
 
 def run(recipe: str, sets: list[str], steps: int = 3, text: str = "") -> dict:

@@ -157,6 +157,7 @@ TF_FROZEN(tf_memory_estimate, pass_rows, 328);
 TF_FROZEN(tf_memory_estimate, pass_seq_len, 336);
 TF_FROZEN(tf_memory_estimate, generate_rows, 344);
 TF_FROZEN(tf_memory_estimate, generate_new_tokens, 352);
+TF_FROZEN(tf_memory_estimate, generate_prompts, 360);  // 1.27
 TF_FROZEN(tf_host_api, struct_size, 0);
 TF_FROZEN(tf_host_api, abi_version, 4);
 TF_FROZEN(tf_host_api, libtorch_version, 8);
@@ -249,6 +250,7 @@ TF_FROZEN(tf_model_vtable, stage_forward, 24);
 TF_FROZEN(tf_model_vtable, hf_config_json, 32);
 TF_FROZEN(tf_model_vtable, decode, 40);
 TF_FROZEN(tf_model_vtable, release_cache, 48);
+TF_FROZEN(tf_model_vtable, decode_rows, 72);  // 1.27, the first reserved slot of 1.3
 TF_FROZEN(tf_strategy_vtable, struct_size, 0);
 TF_FROZEN(tf_strategy_vtable, create, 8);
 TF_FROZEN(tf_strategy_vtable, destroy, 16);
@@ -293,6 +295,9 @@ TF_FROZEN(tf_reward_batch, prompts, 24);
 TF_FROZEN(tf_generate_request, n_stop_ids, 72);
 TF_FROZEN(tf_generate_request, repetition_penalty, 80);  // 1.26
 TF_FROZEN(tf_generate_request, min_p, 88);               // 1.26
+TF_FROZEN(tf_generate_request, n_prompts, 96);           // 1.27
+TF_FROZEN(tf_generate_request, prompt_lengths, 104);     // 1.27
+TF_FROZEN(tf_generate_request, prompt_seeds, 112);       // 1.27
 TF_FROZEN(tf_plugin_descriptor, struct_size, 0);
 TF_FROZEN(tf_plugin_descriptor, abi_version, 4);
 TF_FROZEN(tf_plugin_descriptor, kind, 8);
@@ -331,6 +336,7 @@ constexpr bool one_slot_after_another(const size_t (&offsets)[N], size_t first, 
 constexpr size_t kStrategyHooks[] = {TF_STRATEGY_HOOKS(TF_STRATEGY_OFFSET)};
 constexpr size_t kModelHooks[] = {TF_MODEL_HOOKS(TF_MODEL_OFFSET)};
 constexpr size_t kScheduleHooks[] = {TF_SCHEDULE_HOOKS(TF_SCHEDULE_OFFSET)};
+constexpr size_t kModelLaterHooks[] = {TF_MODEL_LATER_HOOKS(TF_MODEL_OFFSET)};
 static_assert(one_slot_after_another(kStrategyHooks,
                                      offsetof(tf_strategy_vtable, destroy) + sizeof(void*),
                                      offsetof(tf_strategy_vtable, reserved)),
@@ -339,6 +345,10 @@ static_assert(one_slot_after_another(kModelHooks,
                                      offsetof(tf_model_vtable, destroy) + sizeof(void*),
                                      offsetof(tf_model_vtable, hf_model_types)),
               "TF_MODEL_HOOKS must list every hook of tf_model_vtable, in order");
+static_assert(one_slot_after_another(kModelLaterHooks,
+                                     offsetof(tf_model_vtable, features) + sizeof(void*),
+                                     offsetof(tf_model_vtable, reserved)),
+              "TF_MODEL_LATER_HOOKS must list the hooks after tf_model_vtable's data fields");
 static_assert(one_slot_after_another(kScheduleHooks,
                                      offsetof(tf_schedule_vtable, destroy) + sizeof(void*),
                                      offsetof(tf_schedule_vtable, preference_tokenization)),

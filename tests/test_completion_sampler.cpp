@@ -3,7 +3,9 @@
 // top-k and top-p warpers (tests/peers/sampling_warpers.py), where seeded
 // draws of two libraries cannot agree; and a prompt's completions decoded
 // together, n rows through one key/value cache, are the tokens one row
-// recomputing its whole context gives, each ending at its stop id.
+// recomputing its whole context gives, each ending at its stop id; and
+// prompts of different lengths decoded together, left-padded, are what each
+// gives alone.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -86,12 +88,14 @@ INSTANTIATE_TEST_SUITE_P(Rules, SamplerDistribution,
                                            Rule{"all_five", 0.8, 6, 0.9, 0.2, 1.3}),
                          [](const auto& info) { return std::string(info.param.name); });
 
-TEST(CompletionSampler, AGroupDecodedTogetherIsWhatOneRowRecomputingGives) {
+// `plugin`'s tiny model: its n rows prefilled once and fanned out
+// (TF_MODEL_FEATURE_DECODE_FANOUT), decoded together.
+void group_decoded_together(const std::string& plugin) {
   test::TempDir dir;
   std::string recipe = test::tiny_recipe(test::write_corpus(dir), dir.str());
   const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
   recipe.replace(begin, end - begin,
-                 "[model]\nplugin = \"llama\"\npreset = \"tiny\"\nvocab_size = 256\n\n");
+                 "[model]\nplugin = \"" + plugin + "\"\npreset = \"tiny\"\nvocab_size = 256\n\n");
   SessionOptions so;
   so.skip_data = true;
   auto s = test::make_session(recipe, so);
@@ -107,7 +111,8 @@ TEST(CompletionSampler, AGroupDecodedTogetherIsWhatOneRowRecomputingGives) {
                          .item<int64_t>());
   }
   CompletionRequest r;
-  r.prompt = prompt;
+  r.prompts = {prompt};
+  r.seeds = {0};
   r.n = 3;
   r.max_new_tokens = 12;
   r.rule = {0.0, 0, 1.0};
@@ -147,6 +152,57 @@ TEST(CompletionSampler, AGroupDecodedTogetherIsWhatOneRowRecomputingGives) {
   // Bad values are refused by name.
   r.n = 0;
   EXPECT_THROW(sample_completions(s->parts(), r, 0), std::invalid_argument);
+}
+
+TEST(CompletionSampler, AGroupDecodedTogetherIsWhatOneRowRecomputingGives) {
+  group_decoded_together("llama");
+}
+
+TEST(CompletionSampler, ARecurrentGroupDecodedTogetherIsWhatOneRowRecomputingGives) {
+  group_decoded_together("rwkv");
+}
+
+// Prompts of different lengths in one decode (llama's decode_rows: the
+// shorter left-padded, each row's positions from its own start) sample what
+// each prompt sampled alone with its seed gives: greedy, and drawn.
+TEST(CompletionSampler, PromptsOfDifferentLengthsTogetherAreEachAlone) {
+  test::TempDir dir;
+  std::string recipe = test::tiny_recipe(test::write_corpus(dir), dir.str());
+  const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
+  recipe.replace(begin, end - begin,
+                 "[model]\nplugin = \"llama\"\npreset = \"tiny\"\nvocab_size = 256\n\n");
+  SessionOptions so;
+  so.skip_data = true;
+  auto s = test::make_session(recipe, so);
+  const std::vector<std::vector<int64_t>> prompts = {
+      {84, 104, 101, 32, 99, 97, 116}, {65, 32}, {100, 111, 103, 115, 32}};
+  const std::vector<uint64_t> seeds = {7, 8, 9};
+  for (const SamplingRule rule : {SamplingRule{0.0, 0, 1.0}, SamplingRule{1.3, 0, 1.0},
+                                  SamplingRule{0.9, 20, 0.9, 0.05, 1.2}}) {
+    CompletionRequest r;
+    r.prompts = prompts;
+    r.seeds = seeds;
+    r.n = 2;
+    r.max_new_tokens = 10;
+    r.rule = rule;
+    r.stop_ids = {101};
+    const Completions together = sample_completions(s->parts(), r, /*pad_id=*/0);
+    ASSERT_EQ(together.ids.size(0), 6);
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      CompletionRequest one = r;
+      one.prompts = {prompts[b]};
+      one.seeds = {seeds[b]};
+      const Completions alone = sample_completions(s->parts(), one, 0);
+      const auto rows = static_cast<int64_t>(b) * 2;
+      EXPECT_TRUE(together.lengths.narrow(0, rows, 2).equal(alone.lengths))
+          << "prompt " << b << ", temperature " << rule.temperature;
+      const int64_t C = alone.ids.size(1);
+      EXPECT_TRUE(together.ids.narrow(0, rows, 2).narrow(1, 0, C).equal(alone.ids))
+          << "prompt " << b << ", temperature " << rule.temperature << "\n"
+          << together.ids.narrow(0, rows, 2) << "\n"
+          << alone.ids;
+    }
+  }
 }
 
 }  // namespace

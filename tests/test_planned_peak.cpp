@@ -191,8 +191,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Online RL (grpo): the training pass has the schedule's own shape (a
 // batch's prompts x num_generations rows of prompt + completion) and the
-// generation is a moment of its own (the decode cache of one prompt's
-// completions), both planned from the recipe (ABI 1.26).
+// generation is a moment of its own (the decode cache of a batch's
+// completions), both planned from the recipe (ABI 1.26, 1.27).
 struct GrpoCase {
   const char* name;
   const char* model;
@@ -225,7 +225,8 @@ TEST_P(GrpoPlannedPeak, CountsTheGenerationAndThePassItsRowsMake) {
   const MemoryPlan plan = plan_of(text);
   EXPECT_TRUE(plan.unestimated.empty()) << plan.unestimated.front();
   // 2 prompts x num_generations rows, each the longest prompt (43 byte
-  // tokens) and max_completion_length; one prompt's completions decoded at once.
+  // tokens) and max_completion_length; the batch's completions decoded at
+  // once, each prompt prefilled once (llama and rwkv fan a cache out).
   auto key = [&](const std::string& name) {
     const size_t at = text.find(name + " = ");
     return std::stoll(text.substr(at + name.size() + 3));
@@ -233,7 +234,8 @@ TEST_P(GrpoPlannedPeak, CountsTheGenerationAndThePassItsRowsMake) {
   const int64_t G = key("num_generations"), C = key("max_completion_length");
   EXPECT_EQ(plan.batch_size, 2 * G);
   EXPECT_EQ(plan.seq_len, 43 + C);
-  EXPECT_EQ(plan.generation.rows, G);
+  EXPECT_EQ(plan.generation.rows, 2 * G);
+  EXPECT_EQ(plan.generation.prefill_rows, plan.generation.incremental ? 2 : 2 * G);
   EXPECT_EQ(plan.generation.prompt_tokens, 43);
   EXPECT_EQ(plan.generation.new_tokens, C);
   const TrainSummary sum = test::make_session(text)->train();
@@ -275,8 +277,9 @@ INSTANTIATE_TEST_SUITE_P(
                  "num_generations = 8\nmax_completion_length = 64\n",
                  "[[strategy]]\nplugin = \"quantize\"\n[[strategy]]\nplugin = \"lora\"\n"
                  "[[strategy]]\nplugin = \"checkpoint\"\n"},
-        // Sixteen rows of a prompt at once: the prompt's logits in the
-        // prefill make the peak (a moment of no gradient).
+        // Sixteen rows of each of two prompts: 32 rows decoded at once (each
+        // prompt prefilled once, so the prompt's logits no longer make the
+        // peak, as they did when every row was prefilled).
         GrpoCase{"llama_big_vocab_qlora_checkpoint_wide", kLlamaBigVocab,
                  "num_generations = 16\nmax_completion_length = 32\n",
                  "[[strategy]]\nplugin = \"quantize\"\n[[strategy]]\nplugin = \"lora\"\n"

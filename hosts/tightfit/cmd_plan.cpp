@@ -50,6 +50,7 @@ nlohmann::json plan_json(const MemoryPlan& p) {
     j["generation"] = {{"rows", p.generation.rows},
                        {"prompt_tokens", p.generation.prompt_tokens},
                        {"new_tokens", p.generation.new_tokens},
+                       {"prefill_rows", p.generation.prefill_rows},
                        {"incremental", p.generation.incremental},
                        {"cache", p.generation.cache},
                        {"workspace", p.generation.workspace}};
@@ -109,7 +110,13 @@ void print_plan(const std::string& source, const MemoryPlan& p, int64_t budget,
   std::cout << "by category   " << describe_device_peak(p) << "\n";
   if (const GenerationPlan& g = p.generation; g.rows > 0)
     std::cout << "generation    " << g.rows << " rows x (" << g.prompt_tokens << " prompt + "
-              << g.new_tokens << " new tokens): "
+              << g.new_tokens << " new tokens)"
+              << (g.prefill_rows < g.rows
+                      ? (g.prefill_rows == 1 ? std::string(" (one prompt, prefilled once)")
+                                             : " (" + std::to_string(g.prefill_rows) +
+                                                   " prompts, each prefilled once)")
+                      : std::string())
+              << ": "
               << (g.incremental ? "decode cache " + format_bytes(g.cache) + ", workspace "
                                 : std::string("no decode cache (each token recomputes the "
                                               "context), workspace "))

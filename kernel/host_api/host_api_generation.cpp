@@ -1,6 +1,6 @@
-// Online RL's services (ABI 1.25): generate samples a prompt's completions
-// with the policy as it is (completion_sampler.hpp), and score_rewards hands
-// them to the recipe's [[reward]] plugins (reward_scoring.hpp).
+// Online RL's services (ABI 1.25): generate samples prompts' completions
+// (1.27: several prompts' at once) with the policy as it is (completion_sampler.hpp), and
+// score_rewards hands them to the recipe's [[reward]] plugins (reward_scoring.hpp).
 #include <algorithm>
 #include <cstddef>
 
@@ -25,6 +25,39 @@ const PromptBatcher& prompt_rows(const KernelParts& k) {
   return *prompts;
 }
 
+// The request's prompts (1.27: n_prompts of them, one after another in
+// `ids`) and each one's seed.
+void read_prompts(const tf_generate_request& r, const at::Tensor& ids, CompletionRequest& c) {
+  const int64_t* all = ids.data_ptr<int64_t>();
+  if (r.n_prompts == 0) {  // one prompt (and every request before 1.27)
+    c.prompts.emplace_back(all, all + ids.numel());
+    c.seeds.push_back(r.seed);
+    return;
+  }
+  require(r.prompt_lengths, "tf_generate_request.prompt_lengths");
+  const at::Tensor lengths = handle_tensor(r.prompt_lengths).to(at::kCPU).contiguous();
+  if (r.n_prompts < 0 || lengths.dim() != 1 || lengths.scalar_type() != at::kLong ||
+      lengths.numel() != r.n_prompts)
+    throw std::invalid_argument(
+        "tf_generate_request.prompt_lengths must be int64 [n_prompts], n_prompts >= 0");
+  int64_t from = 0;
+  for (int64_t b = 0; b < r.n_prompts; ++b) {
+    const int64_t len = lengths[b].item<int64_t>();
+    if (len < 1 || len > ids.numel() - from)
+      throw std::invalid_argument("tf_generate_request: prompt " + std::to_string(b) + " has " +
+                                  std::to_string(len) +
+                                  " ids, and each needs at least one of those `prompt` holds");
+    c.prompts.emplace_back(all + from, all + from + len);
+    c.seeds.push_back(r.prompt_seeds != nullptr ? r.prompt_seeds[b]
+                                                : r.seed + static_cast<uint64_t>(b));
+    from += len;
+  }
+  if (from != ids.numel())
+    throw std::invalid_argument("tf_generate_request: prompt_lengths sum to " +
+                                std::to_string(from) + ", and `prompt` holds " +
+                                std::to_string(ids.numel()) + " ids");
+}
+
 }  // namespace
 
 tf_status h_generate(tf_host_context* ctx, const tf_generate_request* in, tf_generate_result* out) {
@@ -40,14 +73,12 @@ tf_status h_generate(tf_host_context* ctx, const tf_generate_request* in, tf_gen
     if (prompt.dim() != 1 || prompt.scalar_type() != at::kLong)
       throw std::invalid_argument("tf_generate_request.prompt must be int64 [P]");
     CompletionRequest c;
-    const at::Tensor p = prompt.to(at::kCPU).contiguous();
-    c.prompt.assign(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + p.numel());
+    read_prompts(r, prompt.to(at::kCPU).contiguous(), c);
     c.n = r.n;
     c.max_new_tokens = r.max_new_tokens;
     // An older caller's request ends before 1.26's penalty and min-p: off.
     c.rule = {r.temperature, r.top_k, r.top_p, r.min_p,
               r.repetition_penalty == 0 ? 1.0 : r.repetition_penalty};
-    c.seed = r.seed;
     if (r.n_stop_ids < 0 || (r.n_stop_ids > 0 && r.stop_ids == nullptr))
       throw std::invalid_argument("tf_generate_request: n_stop_ids stop ids must be given");
     const PromptBatcher& rows = prompt_rows(*ctx->kernel);

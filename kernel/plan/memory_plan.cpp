@@ -8,6 +8,7 @@
 #include "generation_plan.hpp"
 #include "kernel_parts.hpp"
 #include "process_memory.hpp"
+#include "stage_flow.hpp"
 #include "strategy_chain.hpp"
 
 namespace tightfit {
@@ -180,11 +181,10 @@ Baseline baseline(const KernelParts& s, PassShape shape) {
       if (st.kind == TF_STAGE_HEAD && !fused_here) sp.dropped = std::min(output, sp.live);
       if (fused_here) b.head_forward = fused.chunk + (own_trainable[i] ? sp.grads : 0);
     }
-    // Without autograd a stage's intermediates go as soon as they are used:
-    // measured, about 0.6 of what it keeps for backward is alive at once.
-    sp.computing = (full - kept_logits) * 6 / 10 + (fused_here                 ? fused.chunk
-                                                    : st.kind == TF_STAGE_HEAD ? logit_grads
-                                                                               : 0);
+    sp.computing =
+        live_without_autograd(full - kept_logits) + (fused_here                 ? fused.chunk
+                                                     : st.kind == TF_STAGE_HEAD ? logit_grads
+                                                                                : 0);
     previous_output = output;
   }
   return b;
@@ -243,6 +243,7 @@ PlanContribution ask(const KernelParts& s, PluginInstance& inst, const std::stri
   c.pass_seq_len = std::max<int64_t>(0, e.pass_seq_len);
   c.generate_rows = std::max<int64_t>(0, e.generate_rows);
   c.generate_new_tokens = std::max<int64_t>(0, e.generate_new_tokens);
+  c.generate_prompts = std::max<int64_t>(0, e.generate_prompts);
   if (e.recompute_inputs_tier == TF_TIER_HOST || e.recompute_inputs_tier == TF_TIER_DISK)
     c.recompute_inputs_tier = static_cast<tf_residency>(e.recompute_inputs_tier);
   return c;
@@ -263,7 +264,7 @@ MemoryPlan plan_at(const KernelParts& s, PassShape shape) {
   TierCounts held{};
   bool grads_in_forward = false;
   int64_t update_bytes = 0, forward_bytes = 0, block_bytes = 0;
-  int64_t generate_rows = 0, generate_new_tokens = 0;
+  int64_t generate_rows = 0, generate_new_tokens = 0, generate_prompts = 0;
   held[TF_TIER_DEVICE] = b.bytes;
   // The planned parameter table: declared, dense, on the device; strategies
   // that convert or move parameters edit it while they are asked.
@@ -326,6 +327,7 @@ MemoryPlan plan_at(const KernelParts& s, PassShape shape) {
     update_bytes += c.update_bytes;
     forward_bytes += c.forward_bytes;
     block_bytes += c.block_bytes;
+    if (c.generate_rows > generate_rows) generate_prompts = c.generate_prompts;
     generate_rows = std::max(generate_rows, c.generate_rows);
     generate_new_tokens = std::max(generate_new_tokens, c.generate_new_tokens);
     if (c.pass_rows > 0) plan.pass_rows = c.pass_rows, plan.pass_seq_len = c.pass_seq_len;
@@ -433,7 +435,8 @@ MemoryPlan plan_at(const KernelParts& s, PassShape shape) {
   // dequantized weight) while each block decodes.
   bool at_generation = false;
   if (generate_rows > 0) {
-    plan.generation = plan_generation(s, generate_rows, model.prompt_tokens, generate_new_tokens);
+    plan.generation = plan_generation(s, generate_rows, generate_prompts, model.prompt_tokens,
+                                      generate_new_tokens);
     const int64_t now = resident + plan.generation.bytes() + block_bytes;
     if (now > best) {
       best = now;

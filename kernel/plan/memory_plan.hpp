@@ -56,6 +56,7 @@ struct PlanContribution {
   // A schedule's own training pass shape, and what it samples (ABI 1.26).
   int64_t pass_rows = 0, pass_seq_len = 0;
   int64_t generate_rows = 0, generate_new_tokens = 0;
+  int64_t generate_prompts = 0;  // 1.27: the prompts those rows complete
 };
 
 struct MemoryPlan {

@@ -37,8 +37,10 @@
   X(want_weight)             \
   X(expect_weight)
 
-// tf_model_vtable's hooks after create and destroy (then its data fields).
+// tf_model_vtable's hooks after create and destroy (then its data fields),
+// and those after its data fields (1.27 on).
 #define TF_MODEL_HOOKS(X) X(stage_forward) X(hf_config_json) X(decode) X(release_cache)
+#define TF_MODEL_LATER_HOOKS(X) X(decode_rows)
 
 // tf_schedule_vtable's hooks after create and destroy.
 #define TF_SCHEDULE_HOOKS(X) \
@@ -53,6 +55,7 @@ TF_STRATEGY_HOOKS(TF_LISTED_STRATEGY_HOOK)
 namespace tightfit::hooks {
 #define TF_LISTED_MODEL_HOOK(name) inline constexpr bool model_##name = true;
 TF_MODEL_HOOKS(TF_LISTED_MODEL_HOOK)
+TF_MODEL_LATER_HOOKS(TF_LISTED_MODEL_HOOK)
 #undef TF_LISTED_MODEL_HOOK
 #define TF_LISTED_SCHEDULE_HOOK(name) inline constexpr bool schedule_##name = true;
 TF_SCHEDULE_HOOKS(TF_LISTED_SCHEDULE_HOOK)

@@ -1,7 +1,6 @@
 #include "generation.hpp"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
 #include <cmath>
@@ -10,11 +9,8 @@
 #include "completion_sampler.hpp"
 #include "input_files.hpp"
 #include "json_input.hpp"
-#include "logging.hpp"
 #include "progress.hpp"
 #include "session.hpp"
-#include "strategy_chain.hpp"
-#include "tensor_handle.hpp"
 
 namespace tightfit {
 
@@ -49,16 +45,11 @@ std::string generate_text(Session& s, const std::string& prompt, const SamplingO
   const int64_t n_tokens = o.n_tokens, top_k = o.top_k;
   const double temperature = o.temperature, top_p = o.top_p;
   const std::vector<int64_t>& stop_ids = o.stop_ids;
-  PluginInstance& model = s.plugins().model;
-  const at::Device device = s.env().device;
   auto stops = [&](int64_t id) {
     return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
   };
   if (const char* bad = sampling_problem(n_tokens, top_k, temperature, top_p))
     throw std::invalid_argument(bad);
-  at::NoGradGuard no_grad;
-  CategoryScope scope(TF_MEM_TRANSIENT);
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   // As tokenizer(prompt) in transformers: with the post-processor's BOS/EOS,
   // unless the prompt is a rendered chat template (which writes its own).
   std::vector<int64_t> ids = o.add_special_tokens
@@ -80,61 +71,19 @@ std::string generate_text(Session& s, const std::string& prompt, const SamplingO
         "). Ask for at most " +
         std::to_string(std::max<int64_t>(0, limit - static_cast<int64_t>(prompt_len))) +
         " new tokens (generate -n, or [run] sample_tokens), or a shorter prompt");
-  const SamplingRule rule{temperature, top_k, top_p};
-  auto pick = [&](const at::Tensor& logits) -> int64_t {
-    return sample_next_tokens(logits.unsqueeze(0), rule, gen).item<int64_t>();
-  };
+  if (n_tokens == 0) return "";
+  CompletionRequest r;
+  r.prompts = {ids};
+  r.seeds = {o.seed};
+  r.max_new_tokens = n_tokens;
+  r.rule = {temperature, top_k, top_p};
+  r.stop_ids = stop_ids;
+  r.use_cache = o.use_cache;
   Progress progress("generating", n_tokens, "tokens");
-  const tf_model_vtable* vt = model.plugin->model();
-  const bool can_decode = o.use_cache && vt->decode && vt->release_cache;
-  if (can_decode) {
-    // Incremental: the model carries its state (or key/value cache) between calls.
-    void* cache = nullptr;
-    // Released through the one door too; a plugin that throws here is
-    // logged, as this runs while another error may be on its way out.
-    struct Release {
-      const PluginInstance& model;
-      void** cache;
-      ~Release() {
-        if (!*cache) return;
-        try {
-          plugin_call(model, "release_cache",
-                      [&] { model.plugin->model()->release_cache(model.state, *cache); });
-        } catch (const std::exception& e) {
-          log_message(TF_LOG_WARN, e.what());
-        }
-      }
-    } release{model, &cache};
-    at::Tensor x = at::tensor(ids, at::kLong).unsqueeze(0).to(device);
-    // The prompt in pieces whose logits stay within the sampler's bound
-    // (completion_sampler.hpp): only the last position's are wanted.
-    const int64_t piece = prefill_chunk_tokens(1, s.env().run_info.vocab_size);
-    for (int64_t i = 0; i < n_tokens; ++i) {
-      at::Tensor logits;
-      for (int64_t from = 0; from < x.size(1); from += piece) {
-        const at::Tensor part = x.narrow(1, from, std::min(piece, x.size(1) - from));
-        tf_tensor out = nullptr;
-        check_plugin_status(
-            call_hook(model, vt, TF_MODEL_HOOK(decode), &cache, borrow_handle(part), &out), model,
-            "decode");
-        logits = adopt_handle(StrategyChain::returned(out, model, "decode"));
-      }
-      ids.push_back(pick(logits[0][-1]));
-      progress.set(i + 1);
-      if (stops(ids.back())) break;
-      x = at::full({1, 1}, ids.back(), at::TensorOptions().dtype(at::kLong).device(device));
-    }
-  } else {
-    // Recompute the whole context for every new token: the same context the
-    // cached path attends to, so a model refuses past its positions here as
-    // its decode does there (never a silent crop to the last seq_len tokens).
-    for (int64_t i = 0; i < n_tokens; ++i) {
-      at::Tensor x = at::tensor(ids, at::kLong).unsqueeze(0).to(device);
-      ids.push_back(pick(s.executor().forward_logits(x, /*training=*/false)[0][-1]));
-      progress.set(i + 1);
-      if (stops(ids.back())) break;
-    }
-  }
+  r.on_token = [&](int64_t tokens) { progress.set(tokens); };
+  const Completions done = sample_completions(s.parts(), r, /*pad_id=*/0);
+  const int64_t length = done.lengths[0].item<int64_t>();
+  for (int64_t t = 0; t < length; ++t) ids.push_back(done.ids[0][t].item<int64_t>());
   if (ids.size() > prompt_len && stops(ids.back())) ids.pop_back();
   return s.data().tokenizer().decode(
       std::vector<int64_t>(ids.begin() + static_cast<std::ptrdiff_t>(prompt_len), ids.end()));

@@ -1,13 +1,16 @@
-// Sampling the next token of many rows at once, and a prompt's completions
-// sampled together: n rows of the same prompt through one batched decode
-// (the rows share the prompt's length, so no row pads), each ending at its
-// first stop id. Online RL's generation (the host's generate service) and
-// `tightfit generate` sample with the same rule.
+// Sampling the next token of many rows at once, and prompts' completions
+// sampled together: n rows of each prompt through one batched decode, each
+// ending at its first stop id. Prompts of different lengths are
+// left-padded to the longest where the model decodes rows that begin at
+// different columns (decode_rows, ABI 1.27), and sampled one after another
+// where it does not. Online RL's generation (the host's generate service)
+// and `tightfit generate` sample with the same rule.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace tightfit {
@@ -39,18 +42,23 @@ int64_t prefill_chunk_tokens(int64_t rows, int64_t vocab,
                              int64_t logits_bytes = kPrefillLogitsBytes);
 
 struct CompletionRequest {
-  std::vector<int64_t> prompt;  // at least one id
-  int64_t n = 1;                // completions
+  std::vector<std::vector<int64_t>> prompts;  // each at least one id
+  // One per prompt: its rows are drawn from a generator seeded with it, so a
+  // prompt's completions do not depend on the prompts beside it.
+  std::vector<uint64_t> seeds;
+  int64_t n = 1;  // completions of each prompt
   int64_t max_new_tokens = 1;
   SamplingRule rule;
-  uint64_t seed = 0;
   std::vector<int64_t> stop_ids;  // a completion ends with the first it samples (kept)
   int64_t prefill_logits_bytes = kPrefillLogitsBytes;  // a prefill piece's logits at most
+  bool use_cache = true;  // false: every token recomputes the whole context (no decode)
+  std::function<void(int64_t)> on_token;  // after each token, with the tokens so far
 };
 
+// Rows: prompt 0's n completions, then prompt 1's, ...
 struct Completions {
-  at::Tensor ids;      // int64 [n, C] on the CPU: each completion, then `pad`
-  at::Tensor lengths;  // int64 [n]
+  at::Tensor ids;      // int64 [rows, C] on the CPU: each completion, then `pad`
+  at::Tensor lengths;  // int64 [rows]
   int64_t pad = 0;
 };
 

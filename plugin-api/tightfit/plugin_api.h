@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 26
+#define TF_ABI_VERSION_MINOR 27
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -717,6 +717,19 @@ typedef struct tf_generate_request {
    * ([0, 1]; 0 = off). */
   double repetition_penalty;
   double min_p;
+  /* Added in 1.27: several prompts sampled together, `n` completions of
+   * each, every row of every prompt in one batched decode (the shorter
+   * prompts left-padded, where the model has decode_rows; else, prompts of
+   * different lengths one after another). 0: one prompt, `prompt`. Else
+   * `prompt` holds the prompts' ids one after another (int64 [sum of
+   * lengths]), `prompt_lengths` (int64 [n_prompts], borrowed, each >= 1) says
+   * where each ends, and prompt b's rows are drawn from a generator seeded
+   * with prompt_seeds[b] (n_prompts seeds; NULL: seed + b), so a prompt's
+   * completions do not depend on which others it is sampled beside. The
+   * result's rows: prompt 0's n, then prompt 1's, ... */
+  int32_t n_prompts;
+  tf_tensor prompt_lengths;
+  const uint64_t* prompt_seeds;
 } tf_generate_request;
 
 typedef struct tf_generate_result {
@@ -898,6 +911,11 @@ typedef struct tf_memory_estimate {
    * workspace, beside the weights and optimizer state. */
   int64_t generate_rows;
   int64_t generate_new_tokens;
+  /* Added in 1.27: how many prompts those rows complete (each prompt's
+   * rows one after another); a model that fans a cache out
+   * (TF_MODEL_FEATURE_DECODE_FANOUT) prefills each prompt once. 0: each
+   * row its own prompt. */
+  int64_t generate_prompts;
 } tf_memory_estimate;
 
 /* ------------------------------------------------------------------------- */
@@ -1290,7 +1308,8 @@ typedef struct tf_host_api {
                                          tf_residency tier, int32_t* out_count);
 
   /* Added in 1.25 (a reserved slot): samples request->n completions of one
-   * prompt with the model as it is (tf_generate_request), no gradients; the
+   * prompt (1.27: of each of several) with the model as it is
+   * (tf_generate_request), no gradients; the
    * key/value cache is transient memory. Only from run_step and
    * eval_batch. */
   tf_status (*generate)(tf_host_context* ctx, const tf_generate_request* request,
@@ -1350,12 +1369,29 @@ typedef struct tf_model_vtable {
   const char* hf_model_types;
   /* Added in 1.3 (the next reserved slot): TF_MODEL_FEATURE_* bits. */
   uintptr_t features;
-  void* reserved[3];
+  /* Added in 1.27 (the next reserved slot), optional: decode as `decode`
+   * does, of rows that begin at different columns, so that prompts of
+   * different lengths are decoded together, each left-padded to the
+   * longest. `starts` (int64 [B], borrowed: a row for each of `tokens`'
+   * rows, the same rows' starts on every call of a cache) is each row's
+   * first real column of everything the cache has seen and `tokens` add:
+   * no position attends to a column before its row's start (a padding
+   * column attends to itself only, so its values stay finite), and a row's
+   * positions count from its start (the column at `starts[b]` is position
+   * 0). Read by a host only from a plugin built against 1.27 or later. */
+  tf_status (*decode_rows)(void* state, tf_host_context* ctx, void** cache, tf_tensor tokens,
+                           tf_tensor starts, tf_tensor* out_logits);
+  void* reserved[2];
 } tf_model_vtable;
 
 /* The model reads tf_stage_call.positions: packed rows (several examples to
  * a row, [data] packing = true) are computed as if each example had its row. */
 #define TF_MODEL_FEATURE_POSITIONS ((uintptr_t)1)
+/* Added in 1.27: decode (and decode_rows) fan a cache out. When a call's
+ * tokens have k > 1 times the rows the cache holds, each cached row is
+ * repeated k times first (row i becomes rows i*k .. i*k+k-1, its starts
+ * too), so that one prompt's prefill serves its k completions. */
+#define TF_MODEL_FEATURE_DECODE_FANOUT ((uintptr_t)2)
 
 /* A memory strategy: any subset of hooks; NULL means "no effect". Strategies
  * run in recipe order; a hook returning TF_NOT_HANDLED passes to the next. */

@@ -127,26 +127,72 @@ tf_status stage_forward(void* state, tf_host_context* ctx, const tf_stage_call* 
 }
 
 // Incremental decoding: the new tokens attend to the cached keys and values.
+// Tokens with k times the cache's rows repeat each cached row k times first
+// (TF_MODEL_FEATURE_DECODE_FANOUT). `starts` (decode_rows): each row's first real column; the
+// columns before it are padding no position sees, and its positions count from it.
+at::Tensor decode_tokens(const Llama& m, void** cache, const at::Tensor& x,
+                         const at::Tensor& starts) {
+  if (*cache == nullptr) {
+    auto* c = new KvCache();
+    c->k.resize(static_cast<size_t>(m.s.n_layer));
+    c->v.resize(static_cast<size_t>(m.s.n_layer));
+    *cache = c;
+  }
+  auto& c = *static_cast<KvCache*>(*cache);
+  if (c.length + x.size(1) > m.s.max_positions)
+    throw std::invalid_argument(
+        "generation reached max_positions = " + std::to_string(m.s.max_positions) +
+        " tokens (prompt and new tokens together)");
+  if (c.length > 0 && c.k.front().size(0) != x.size(0)) {  // fan out (a prompt's completions)
+    const int64_t rows = c.k.front().size(0);
+    if (x.size(0) % rows != 0)
+      throw std::invalid_argument("decode: " + std::to_string(x.size(0)) +
+                                  " rows of tokens after a cache of " + std::to_string(rows) +
+                                  " rows (a multiple of them fans it out)");
+    const int64_t k = x.size(0) / rows;
+    for (std::vector<at::Tensor>* layers : {&c.k, &c.v})
+      for (at::Tensor& t : *layers) t = t.repeat_interleave(k, 0);
+    if (c.starts.defined()) c.starts = c.starts.repeat_interleave(k);
+  }
+  if (starts.defined()) {
+    if (starts.dim() != 1 || starts.size(0) != x.size(0) || starts.scalar_type() != at::kLong)
+      throw std::invalid_argument("decode_rows: starts must be int64 [B], one per row");
+    if (!c.starts.defined()) c.starts = starts.to(x.device());
+    // Each new query's column, and every key's column so far.
+    const int64_t T = x.size(1), S = c.length + T;
+    const at::Tensor row_start = c.starts.unsqueeze(1);                    // [B, 1]
+    const at::Tensor query = at::arange(c.length, S, c.starts.options());  // [T]
+    const at::Tensor key = at::arange(S, c.starts.options());              // [S]
+    c.positions = (query.unsqueeze(0) - row_start).clamp_min(0);           // [B, T]
+    const at::Tensor real = (key.unsqueeze(0) >= row_start).unsqueeze(1);  // [B, 1, S]
+    const at::Tensor causal = key.unsqueeze(0) <= query.unsqueeze(1);      // [T, S]
+    // A padding column sees itself, so that no row of the softmax is empty.
+    const at::Tensor itself = key.unsqueeze(0) == query.unsqueeze(1);
+    c.keys = ((real & causal) | itself).unsqueeze(1);  // [B, 1, T, S]
+    if (m.s.sliding_window > 0)
+      c.window_keys = c.keys & (key.unsqueeze(0) > query.unsqueeze(1) - m.s.sliding_window);
+  }
+  at::Tensor h = m.embed(x);  // Gemma's scaling too
+  for (int64_t l = 0; l < m.s.n_layer; ++l) h = m.block(h, l, &c);
+  c.length += x.size(1);
+  return m.head(h);
+}
+
 tf_status decode(void* state, tf_host_context* ctx, void** cache, tf_tensor tokens,
                  tf_tensor* out) {
   auto* m = static_cast<Llama*>(state);
   return tf_sdk::guard(m->host.api(), ctx, [&] {
-    if (*cache == nullptr) {
-      auto* c = new KvCache();
-      c->k.resize(static_cast<size_t>(m->s.n_layer));
-      c->v.resize(static_cast<size_t>(m->s.n_layer));
-      *cache = c;
-    }
-    auto& c = *static_cast<KvCache*>(*cache);
-    const at::Tensor& x = tf_sdk::borrow(tokens);
-    if (c.length + x.size(1) > m->s.max_positions)
-      throw std::invalid_argument(
-          "generation reached max_positions = " + std::to_string(m->s.max_positions) +
-          " tokens (prompt and new tokens together)");
-    at::Tensor h = m->embed(x);  // Gemma's scaling too
-    for (int64_t l = 0; l < m->s.n_layer; ++l) h = m->block(h, l, &c);
-    c.length += x.size(1);
-    *out = tf_sdk::give(m->head(h));
+    *out = tf_sdk::give(decode_tokens(*m, cache, tf_sdk::borrow(tokens), {}));
+    return TF_OK;
+  });
+}
+
+tf_status decode_rows(void* state, tf_host_context* ctx, void** cache, tf_tensor tokens,
+                      tf_tensor starts, tf_tensor* out) {
+  auto* m = static_cast<Llama*>(state);
+  return tf_sdk::guard(m->host.api(), ctx, [&] {
+    *out = tf_sdk::give(
+        decode_tokens(*m, cache, tf_sdk::borrow(tokens), tf_sdk::borrow(starts).to(at::kLong)));
     return TF_OK;
   });
 }
@@ -198,15 +244,17 @@ tf_status hf_config_json(void* state, tf_host_context*, const char** out) {
   return TF_OK;
 }
 
-const tf_model_vtable kVtable = {.struct_size = sizeof(tf_model_vtable),
-                                 .create = create,
-                                 .destroy = tf_sdk::destroy_state<Llama>,
-                                 .stage_forward = stage_forward,
-                                 .hf_config_json = hf_config_json,
-                                 .decode = decode,
-                                 .release_cache = release_cache,
-                                 .hf_model_types = llama::kModelTypes,
-                                 .features = TF_MODEL_FEATURE_POSITIONS};
+const tf_model_vtable kVtable = {
+    .struct_size = sizeof(tf_model_vtable),
+    .create = create,
+    .destroy = tf_sdk::destroy_state<Llama>,
+    .stage_forward = stage_forward,
+    .hf_config_json = hf_config_json,
+    .decode = decode,
+    .release_cache = release_cache,
+    .hf_model_types = llama::kModelTypes,
+    .features = TF_MODEL_FEATURE_POSITIONS | TF_MODEL_FEATURE_DECODE_FANOUT,
+    .decode_rows = decode_rows};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_MODEL, "llama", "1.0.0",

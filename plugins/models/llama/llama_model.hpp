@@ -62,10 +62,15 @@
 namespace llama {
 
 // Keys and values of every position decoded so far, per layer ([B, KVH, S, D],
-// before grouped heads are repeated), for incremental generation.
+// before grouped heads are repeated), for incremental generation. Rows that
+// begin at different columns (decode_rows: left-padded prompts) keep their
+// starts, and each call's positions and the keys each query may see.
 struct KvCache {
   std::vector<at::Tensor> k, v;
   int64_t length = 0;
+  at::Tensor starts;             // int64 [B]: each row's first real column; undefined: all 0
+  at::Tensor positions;          // this call's [B, T], counted from each row's start
+  at::Tensor keys, window_keys;  // this call's bool [B, 1, T, S] (window_keys: windowed layers)
 };
 
 struct Llama {
@@ -174,8 +179,10 @@ struct Llama {
 
   // Attention of q [B, H, T, D] over k, v [B, KVH, S, D] in layer l: each
   // key/value head serves H / KVH query heads.
+  // `keys` (bool, broadcast to [B, 1, T, S]) says which keys each query sees
+  // where rows begin at different columns; undefined: from pos0 and positions.
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in, int64_t l,
-                    int64_t pos0, const at::Tensor& positions) const {
+                    int64_t pos0, const at::Tensor& positions, const at::Tensor& keys = {}) const {
     const int64_t T = q.size(2), S = k_in.size(2), groups = q.size(1) / k_in.size(1);
     // LibTorch's CPU attention serves grouped heads itself (enable_gqa: the
     // same values and gradients bit for bit, two copies and their backward
@@ -196,11 +203,15 @@ struct Llama {
       at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) *
                           scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
       scores = at::tanh(scores / s.attn_softcap) * s.attn_softcap;
-      scores =
-          scores.masked_fill(allowed_keys(T, S, pos0, window, positions, q.device()).logical_not(),
-                             -std::numeric_limits<double>::infinity());
+      scores = scores.masked_fill(
+          (keys.defined() ? keys : allowed_keys(T, S, pos0, window, positions, q.device()))
+              .logical_not(),
+          -std::numeric_limits<double>::infinity());
       return at::matmul(at::softmax(scores, -1, at::kFloat).to(q.scalar_type()), v);
     }
+    if (keys.defined())
+      return at::scaled_dot_product_attention(q, k, v, keys, 0.0, /*is_causal=*/false, scale,
+                                              grouped);
     if (!positions.defined() && pos0 == 0 && !window)
       return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, scale, grouped);
     if (!positions.defined() && T == 1 && !window)  // one new query sees every key
@@ -246,7 +257,9 @@ struct Llama {
     q = q.transpose(1, 2);
     k = k.transpose(1, 2);
     const int64_t pos0 = cache ? cache->length : 0;
-    const auto [cos, sin] = rotary_cos_sin(s.local_rope(l), positions, pos0, T, q.scalar_type());
+    const bool rows_start_apart = cache != nullptr && cache->starts.defined();
+    const at::Tensor& at_positions = rows_start_apart ? cache->positions : positions;
+    const auto [cos, sin] = rotary_cos_sin(s.local_rope(l), at_positions, pos0, T, q.scalar_type());
     q = rope(q, cos, sin);
     k = rope(k, cos, sin);
     if (cache) {
@@ -256,7 +269,9 @@ struct Llama {
       cv = cv.defined() ? at::cat({cv, v}, 2) : v;
       k = ck, v = cv;
     }
-    at::Tensor y = attend(q, k, v, l, pos0, positions);
+    at::Tensor y = rows_start_apart ? attend(q, k, v, l, pos0, {},
+                                             s.windowed(l) ? cache->window_keys : cache->keys)
+                                    : attend(q, k, v, l, pos0, positions);
     return proj(y.transpose(1, 2).reshape({B, T, H * D}), l, "self_attn.o_proj", s.o_bias);
   }
 

@@ -338,7 +338,19 @@ tf_status decode(void* state, tf_host_context* ctx, void** cache, tf_tensor toke
   return tf_sdk::guard(m->host.api(), ctx, [&] {
     if (*cache == nullptr) *cache = new std::vector<LayerState>(static_cast<size_t>(m->s.n_layer));
     auto& layers = *static_cast<std::vector<LayerState>*>(*cache);
-    at::Tensor h = m->embed(tf_sdk::borrow(tokens));
+    const at::Tensor& x = tf_sdk::borrow(tokens);
+    if (const at::Tensor& seen = layers.front().num; seen.defined() && seen.size(0) != x.size(0)) {
+      // Fan out (TF_MODEL_FEATURE_DECODE_FANOUT): each row's state repeated.
+      if (x.size(0) % seen.size(0) != 0)
+        throw std::invalid_argument(
+            "decode: " + std::to_string(x.size(0)) + " rows of tokens after a state of " +
+            std::to_string(seen.size(0)) + " rows (a multiple of them fans it out)");
+      const int64_t k = x.size(0) / seen.size(0);
+      for (LayerState& l : layers)
+        for (at::Tensor* t : {&l.att_x, &l.ffn_x, &l.num, &l.den, &l.mx})
+          if (t->defined()) *t = t->repeat_interleave(k, 0);
+    }
+    at::Tensor h = m->embed(x);
     for (int64_t l = 0; l < m->s.n_layer; ++l)
       h = m->forward_block(h, l, &layers[static_cast<size_t>(l)]);
     *out = tf_sdk::give(m->head(h));
@@ -377,7 +389,8 @@ const tf_model_vtable kVtable = {.struct_size = sizeof(tf_model_vtable),
                                  .hf_config_json = hf_config_json,
                                  .decode = decode,
                                  .release_cache = release_cache,
-                                 .hf_model_types = "rwkv"};
+                                 .hf_model_types = "rwkv",
+                                 .features = TF_MODEL_FEATURE_DECODE_FANOUT};
 
 const tf_plugin_descriptor kDescriptor =
     tf_sdk::describe(TF_PLUGIN_MODEL, "rwkv", "1.0.0",

@@ -3,9 +3,10 @@
 // their rewards. Each generation (every gradient_accumulation_steps x
 // num_iterations micro-batches, TRL's steps_per_generation x
 // num_iterations):
-//   sample     each prompt's num_generations completions, together, with
-//              the policy as it is (the host's generate: temperature, top_k,
-//              top_p, max_completion_length, stop at EOS); or, with
+//   sample     each prompt's num_generations completions, a batch's prompts
+//              together, with the policy as it is (the host's generate:
+//              temperature, top_k, top_p, max_completion_length, stop at
+//              EOS); or, with
 //              completions_file, read from it (a test mode: TRL's parity);
 //   score      the recipe's [[reward]] plugins, weighted and summed (NaN
 //              rewards left out of the sum, as TRL's nansum);
@@ -129,32 +130,41 @@ void generate(Grpo& s, Metrics& m) {
           "with a \"prompt\" and no answer");
     const at::Tensor row_ids = prompts.row_ids().to(at::kCPU);
     Part part;
-    std::vector<at::Tensor> ids, lengths;
-    int64_t width = 1, pad = 0;
+    std::vector<at::Tensor> prompts_of_batch;
+    std::vector<uint64_t> seeds;
     for (int64_t r = 0; r < prompts.prompts(); ++r) {
       const at::Tensor prompt = tf_rl::prompt_ids(prompts, r);
-      const uint64_t seed = mix(s.seed, static_cast<uint64_t>(s.prompts_done));
-      if (!s.special_ids_known && s.given) {
+      seeds.push_back(mix(s.seed, static_cast<uint64_t>(s.prompts_done++)));
+      for (int64_t g = 0; g < G; ++g) part.prompt_of.push_back(prompt);
+      prompt_tokens += G * prompt.size(0);
+      prompts_of_batch.push_back(prompt);
+    }
+    if (!s.given) {  // the batch's prompts sampled together, each with its own seed
+      tf_rl::Sampled got = tf_rl::generate(s.host, prompts_of_batch, s.sampling, seeds);
+      learn_special_ids(s, got);
+      part.ids = got.ids;
+      part.lengths = got.lengths;
+    } else {
+      if (!s.special_ids_known) {  // one greedy token of the first prompt
         tf_rl::Sampling one = s.sampling;
         one.n = 1;
         one.max_new_tokens = 1;
         one.temperature = 0;
-        learn_special_ids(s, tf_rl::generate(s.host, prompt, one, seed));
+        learn_special_ids(s, tf_rl::generate(s.host, prompts_of_batch.front(), one, seeds.front()));
       }
-      tf_rl::Sampled got = !s.given ? tf_rl::generate(s.host, prompt, s.sampling, seed)
-                                    : s.given->of_row(row_ids[r].item<int64_t>());
-      if (!s.given) learn_special_ids(s, got);
-      ++s.prompts_done;
-      pad = got.pad;
-      width = std::max<int64_t>(width, got.ids.size(1));
-      for (int64_t g = 0; g < G; ++g) part.prompt_of.push_back(prompt);
-      prompt_tokens += G * prompt.size(0);
-      ids.push_back(got.ids);
-      lengths.push_back(got.lengths);
+      std::vector<at::Tensor> ids, lengths;
+      int64_t width = 1, pad = 0;
+      for (int64_t r = 0; r < prompts.prompts(); ++r) {
+        tf_rl::Sampled got = s.given->of_row(row_ids[r].item<int64_t>());
+        pad = got.pad;
+        width = std::max<int64_t>(width, got.ids.size(1));
+        ids.push_back(got.ids);
+        lengths.push_back(got.lengths);
+      }
+      for (auto& t : ids) t = widen(t, width, pad);
+      part.ids = at::cat(ids);
+      part.lengths = at::cat(lengths);
     }
-    for (auto& t : ids) t = widen(t, width, pad);
-    part.ids = at::cat(ids);
-    part.lengths = at::cat(lengths);
     part.row_ids = row_ids.repeat_interleave(G);
     const tf_rl::Rewards rw = tf_rl::score_rewards(s.host, part.row_ids, part.ids, part.lengths);
     all_scores.push_back(rw.scores);
@@ -349,8 +359,9 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
 // The checkpoint: the counters, and a generation not yet used up
 // (num_iterations > 1) so that a resumed run trains on the same completions.
 // The plan (ABI 1.26): training passes of batch_size x num_generations rows,
-// each its prompt and completion; the generation of one prompt's
-// num_generations completions at once (the host plans its decode cache);
+// each its prompt and completion; the generation of a batch's prompts'
+// num_generations completions each, at once (the host plans their decode
+// cache, each row the longest prompt and max_completion_length);
 // the generation's buffer of old and reference log-probs. Each micro-batch
 // is one forward and backward, and a no-gradient forward for each of the
 // old and reference log-probs it needs. Sampling's own time is not in the
@@ -373,8 +384,10 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
         TF_SDK_REACHES(out, tf_memory_estimate, generate_new_tokens)) {
       out->pass_rows = prompts * G;
       out->pass_seq_len = std::max<int64_t>(model->prompt_tokens, 1) + C;
-      out->generate_rows = s->given ? 0 : G;  // completions_file: nothing sampled
+      out->generate_rows = s->given ? 0 : prompts * G;  // completions_file: nothing sampled
       out->generate_new_tokens = C;
+      if (TF_SDK_REACHES(out, tf_memory_estimate, generate_prompts))
+        out->generate_prompts = s->given ? 0 : prompts;
     }
     return TF_OK;
   });

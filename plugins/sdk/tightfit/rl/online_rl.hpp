@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -43,21 +44,57 @@ struct Sampled {
   int64_t eos = -1, pad_token = -1;
 };
 
-// `prompt` (int64 [P]) completed s.n times with the policy as it is.
-inline Sampled generate(const tf_sdk::Host& host, const at::Tensor& prompt, const Sampling& s,
-                        uint64_t seed) {
+// Each of `prompts` (int64 [P_b]) completed s.n times with the policy as it
+// is, prompt b's rows drawn from a generator seeded with seeds[b]: rows
+// prompt 0's n, then prompt 1's, ... A 1.27 host decodes them all at once;
+// an older one is asked for each prompt in turn.
+inline Sampled generate(const tf_sdk::Host& host, const std::vector<at::Tensor>& prompts,
+                        const Sampling& s, const std::vector<uint64_t>& seeds) {
   if (!TF_HAS(host.api(), tf_host_api, generate))
     throw std::runtime_error("this tightfit has no generate (plugin ABI 1.25): update it");
+  if (prompts.empty() || seeds.size() != prompts.size())
+    throw std::invalid_argument("generate: give at least one prompt, and a seed for each");
+  const bool together = host.api()->abi_version >= TF_MAKE_VERSION(1, 27);
+  if (!together && prompts.size() > 1) {
+    std::vector<at::Tensor> ids, lengths;
+    Sampled all;
+    int64_t width = 1;
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      Sampled one = generate(host, {prompts[b]}, s, {seeds[b]});
+      width = std::max<int64_t>(width, one.ids.size(1));
+      ids.push_back(one.ids);
+      lengths.push_back(one.lengths);
+      all.pad = one.pad, all.eos = one.eos, all.pad_token = one.pad_token;
+    }
+    for (at::Tensor& t : ids)
+      if (t.size(1) < width)
+        t = at::cat({t, at::full({t.size(0), width - t.size(1)}, all.pad, t.options())}, 1);
+    all.ids = at::cat(ids);
+    all.lengths = at::cat(lengths);
+    return all;
+  }
   tf_generate_request r{};
   r.struct_size = sizeof r;
-  const at::Tensor p = prompt.to(at::kLong).contiguous();
+  std::vector<at::Tensor> flat;
+  std::vector<int64_t> lengths;
+  for (const at::Tensor& p : prompts) {
+    flat.push_back(p.to(at::kCPU, at::kLong).reshape({-1}));
+    lengths.push_back(flat.back().numel());
+  }
+  const at::Tensor p = at::cat(flat).contiguous();
+  const at::Tensor l = at::tensor(lengths, at::kLong);
   r.prompt = tf_sdk::lend(p);
+  if (together) {
+    r.n_prompts = static_cast<int32_t>(prompts.size());
+    r.prompt_lengths = tf_sdk::lend(l);
+    r.prompt_seeds = seeds.data();
+  }
   r.n = static_cast<int32_t>(s.n);
   r.max_new_tokens = s.max_new_tokens;
   r.temperature = s.temperature;
   r.top_p = s.top_p;
   r.top_k = s.top_k;
-  r.seed = seed;
+  r.seed = seeds.front();
   if (s.min_p != 0 || s.repetition_penalty != 1.0) {
     // An older host would read no further than top_k and sample without them.
     if (host.api()->abi_version < TF_MAKE_VERSION(1, 26))
@@ -74,6 +111,12 @@ inline Sampled generate(const tf_sdk::Host& host, const at::Tensor& prompt, cons
   host.check(host.api()->generate(host.ctx(), &r, &out));
   return {tf_sdk::take(out.completions), tf_sdk::take(out.lengths), out.pad, out.eos,
           out.pad_token};
+}
+
+// `prompt` (int64 [P]) completed s.n times with the policy as it is.
+inline Sampled generate(const tf_sdk::Host& host, const at::Tensor& prompt, const Sampling& s,
+                        uint64_t seed) {
+  return generate(host, std::vector<at::Tensor>{prompt}, s, std::vector<uint64_t>{seed});
 }
 
 struct Rewards {
