@@ -98,16 +98,9 @@ std::string grpo_recipe(const std::string& dir, const GrpoCase& c) {
   return os.str();
 }
 
-TEST_P(GrpoStepParity, LossMetricsAndGradientsEqualTrl) {
-  const GrpoCase& c = GetParam();
-  test::TempDir d;
-  const std::string dir = d.str();
-  copy_peer_data(*data_, d);
-  write_prompts_and_completions(dir);
-  auto s = test::make_session(grpo_recipe(dir, c));
-  if (c.lora) randomize_trainable(*s);
-  s->export_hf(dir + "/base", /*merge=*/false);
-  if (c.lora) s->export_adapter(dir + "/adapter");
+// What tests/peers/grpo_parity.py reads: TRL's GRPOConfig for the case and
+// the rewards (the recipe's [[reward]] tables).
+void write_peer_options(const std::string& dir, const GrpoCase& c) {
   std::ofstream(dir + "/options.json")
       << nlohmann::json({
                             {"num_generations", kGenerations},
@@ -126,6 +119,19 @@ TEST_P(GrpoStepParity, LossMetricsAndGradientsEqualTrl) {
                               {{"plugin", "exact_answer"}}}},
                         })
              .dump();
+}
+
+TEST_P(GrpoStepParity, LossMetricsAndGradientsEqualTrl) {
+  const GrpoCase& c = GetParam();
+  test::TempDir d;
+  const std::string dir = d.str();
+  copy_peer_data(*data_, d);
+  write_prompts_and_completions(dir);
+  auto s = test::make_session(grpo_recipe(dir, c));
+  if (c.lora) randomize_trainable(*s);
+  s->export_hf(dir + "/base", /*merge=*/false);
+  if (c.lora) s->export_adapter(dir + "/adapter");
+  write_peer_options(dir, c);
   const auto want = run_trl_peer("grpo_parity.py", dir);
   ASSERT_FALSE(want.empty());
   // The groups' rewards differ: the advantages are not all zero.
@@ -209,23 +215,7 @@ TEST_F(GrpoStepParity, AResumedStepEqualsTrl) {
       else
         s->export_hf(dir + "/policy", /*merge=*/false);
     }
-    std::ofstream(dir + "/options.json")
-        << nlohmann::json({
-                              {"num_generations", kGenerations},
-                              {"max_completion_length", kMaxCompletion},
-                              {"temperature", c.temperature},
-                              {"beta", c.beta},
-                              {"loss_type", c.loss_type},
-                              {"importance_sampling_level", c.level},
-                              {"scale_rewards", c.scale_rewards},
-                              {"mask_truncated_completions", c.mask_truncated},
-                              {"epsilon", 0.2},
-                              {"epsilon_high", c.epsilon_high},
-                              {"rewards",
-                               {{{"plugin", "length"}, {"target", 8}, {"weight", 0.5}},
-                                {{"plugin", "exact_answer"}}}},
-                          })
-               .dump();
+    write_peer_options(dir, c);
     const auto want = run_trl_peer("grpo_parity.py", dir);
     ASSERT_FALSE(want.empty());
     // The policy moved away from its reference: the KL term is not zero.
