@@ -243,6 +243,8 @@ TF_FROZEN(tf_host_api, progress, 640);
 TF_FROZEN(tf_host_api, declare_kept_param_copies, 648);
 TF_FROZEN(tf_host_api, generate, 656);  // 1.25
 TF_FROZEN(tf_host_api, score_rewards, 664);
+TF_FROZEN(tf_host_api, score_texts, 672);  // 1.28, the last reserved slot
+static_assert(sizeof(tf_host_api) == 680, "tf_host_api grows only by appending services");
 TF_FROZEN(tf_model_vtable, struct_size, 0);
 TF_FROZEN(tf_model_vtable, create, 8);
 TF_FROZEN(tf_model_vtable, destroy, 16);
@@ -298,6 +300,9 @@ TF_FROZEN(tf_generate_request, min_p, 88);               // 1.26
 TF_FROZEN(tf_generate_request, n_prompts, 96);           // 1.27
 TF_FROZEN(tf_generate_request, prompt_lengths, 104);     // 1.27
 TF_FROZEN(tf_generate_request, prompt_seeds, 112);       // 1.27
+TF_FROZEN(tf_score_texts_request, texts, 24);            // 1.28
+TF_FROZEN(tf_score_texts_request, batch_rows, 40);
+TF_FROZEN(tf_score_texts_result, positions, 32);
 TF_FROZEN(tf_plugin_descriptor, struct_size, 0);
 TF_FROZEN(tf_plugin_descriptor, abi_version, 4);
 TF_FROZEN(tf_plugin_descriptor, kind, 8);

@@ -29,6 +29,10 @@ struct GrpoCase {
   // Micro-batches of one prompt's group each (TRL's trainer.train() with
   // gradient_accumulation_steps, its steps_per_generation the same).
   int accumulation = 1;
+  // A third reward, the scorer_model plugin's reward model (a seeded
+  // LlamaForSequenceClassification, tests/peers/scorer_model.py); every
+  // prompt then is a list of messages, as TRL renders a batch one way.
+  bool scorer = false;
 };
 
 void PrintTo(const GrpoCase& c, std::ostream* os) {
@@ -49,9 +53,11 @@ test::TempDir* GrpoStepParity::data_ = nullptr;
 // Two prompt rows (text, and messages through the chat template), each with
 // an answer, and their completions: some end with EOS, one is cut at
 // max_completion_length; the rewards differ inside each group.
-void write_prompts_and_completions(const std::string& dir) {
+void write_prompts_and_completions(const std::string& dir, bool all_conversations = false) {
   std::ofstream(dir + "/prompts.jsonl")
-      << R"({"prompt": "Count to three:", "answer": "3"})"
+      << (all_conversations
+              ? R"({"prompt": [{"role": "user", "content": "Count to three:"}], "answer": "3"})"
+              : R"({"prompt": "Count to three:", "answer": "3"})")
       << "\n"
       << R"({"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"})"
       << "\n";
@@ -92,6 +98,9 @@ std::string grpo_recipe(const std::string& dir, const GrpoCase& c) {
      << "/completions.jsonl\"\n\n"
      << "[[reward]]\nplugin = \"length\"\ntarget = 8\nweight = 0.5\n\n"
      << "[[reward]]\nplugin = \"exact_answer\"\n\n";
+  if (c.scorer)
+    os << "[[reward]]\nplugin = \"scorer_model\"\nname = \"scorer\"\nmodel = \"" << dir
+       << "/scorer\"\nweight = 0.3\n\n";
   if (c.lora)
     os << "[[strategy]]\nplugin = \"lora\"\nrank = 4\nalpha = 8.0\n"
        << "targets = [\"q\", \"k\", \"v\", \"o\", \"gate\", \"up\", \"down\"]\n";
@@ -101,6 +110,10 @@ std::string grpo_recipe(const std::string& dir, const GrpoCase& c) {
 // What tests/peers/grpo_parity.py reads: TRL's GRPOConfig for the case and
 // the rewards (the recipe's [[reward]] tables).
 void write_peer_options(const std::string& dir, const GrpoCase& c) {
+  nlohmann::json rewards = {{{"plugin", "length"}, {"target", 8}, {"weight", 0.5}},
+                            {{"plugin", "exact_answer"}}};
+  if (c.scorer)
+    rewards.push_back({{"plugin", "scorer_model"}, {"model", dir + "/scorer"}, {"weight", 0.3}});
   std::ofstream(dir + "/options.json")
       << nlohmann::json({
                             {"num_generations", kGenerations},
@@ -114,9 +127,7 @@ void write_peer_options(const std::string& dir, const GrpoCase& c) {
                             {"epsilon", 0.2},
                             {"epsilon_high", c.epsilon_high},
                             {"gradient_accumulation_steps", c.accumulation},
-                            {"rewards",
-                             {{{"plugin", "length"}, {"target", 8}, {"weight", 0.5}},
-                              {{"plugin", "exact_answer"}}}},
+                            {"rewards", rewards},
                         })
              .dump();
 }
@@ -126,7 +137,13 @@ TEST_P(GrpoStepParity, LossMetricsAndGradientsEqualTrl) {
   test::TempDir d;
   const std::string dir = d.str();
   copy_peer_data(*data_, d);
-  write_prompts_and_completions(dir);
+  write_prompts_and_completions(dir, c.scorer);
+  if (c.scorer) {
+    const std::string make = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                             "/tests/peers/scorer_model.py " + dir + " > " + dir +
+                             "/scorer.log 2>&1";
+    ASSERT_EQ(std::system(make.c_str()), 0) << read_file_text(dir + "/scorer.log");
+  }
   auto s = test::make_session(grpo_recipe(dir, c));
   if (c.lora) randomize_trainable(*s);
   s->export_hf(dir + "/base", /*merge=*/false);
@@ -155,6 +172,8 @@ TEST_P(GrpoStepParity, LossMetricsAndGradientsEqualTrl) {
   // splits them into micro-batches (its generator's draw), tightfit splits
   // them by prompt, so with several these means are of other splits (the
   // gradient of grpo, dr_grpo and dapo is the same either way).
+  if (c.scorer)
+    for (const char* m : {"rewards/scorer/mean", "rewards/scorer/std"}) metrics.push_back(m);
   if (c.accumulation == 1) {
     for (const char* m :
          {"entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"})
@@ -183,7 +202,12 @@ INSTANTIATE_TEST_SUITE_P(
         // mean over each micro-batch's completions divided by their count).
         GrpoCase{"lora_dapo_accumulated", true, "dapo", 0.0, 1.0, "token", "group", false, 0.2, 2},
         GrpoCase{"lora_grpo_kl_accumulated", true, "grpo", 0.04, 1.0, "token", "group", false, 0.2,
-                 2}),
+                 2},
+        // A reward model's scores beside the two functions (TRL's
+        // PreTrainedModel reward: its chat template over the messages and
+        // the completion, the logit at the last token that is not padding).
+        GrpoCase{"lora_grpo_scorer", true, "grpo", 0.0, 1.0, "token", "group", false, 0.2, 1,
+                 true}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // A resumed step: one step at lr 1e-2 moves the policy, the run stops and

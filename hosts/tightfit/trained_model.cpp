@@ -1,55 +1,15 @@
 #include "trained_model.hpp"
 
 #include <filesystem>
-#include <nlohmann/json.hpp>
 
 #include "gguf_folder.hpp"
 #include "gguf_model.hpp"
-#include "json_input.hpp"
+#include "model_folder_recipe.hpp"
 #include "plugin_loader.hpp"
 
 namespace tightfit::host {
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
-
-namespace {
-
-// A recipe that builds the model a Hugging Face folder describes, with the
-// model plugin that declares its model_type (plugin = "auto"); its weights
-// from `weights` (the folder itself, or the GGUF file the folder was
-// converted from).
-Recipe recipe_for_model_folder(const fs::path& folder, const std::string& weights) {
-  nlohmann::json cfg;
-  try {
-    cfg = read_json_file((folder / "config.json").string(), size_t{16} << 20);
-  } catch (const std::invalid_argument& e) {
-    throw RecipeError(std::string(e.what()) + ": not a Hugging Face config.json");
-  }
-  if (!cfg.is_object())
-    throw RecipeError((folder / "config.json").string() + ": not a Hugging Face config.json");
-  auto positive = [&](const char* key) -> int64_t {
-    const auto it = cfg.find(key);
-    return it != cfg.end() && it->is_number_integer() && it->get<int64_t>() > 0 ? it->get<int64_t>()
-                                                                                : 0;
-  };
-  int64_t positions = 1024;
-  for (const char* key : {"n_positions", "max_position_embeddings", "context_length"})
-    if (positive(key)) {
-      positions = positive(key);
-      break;
-    }
-  // The folder's path goes into the recipe as a TOML string value, never pasted as text.
-  const std::string f = fs::absolute(folder).string();
-  toml::table model{{"plugin", "auto"}, {"config", f}, {"weights", weights}};
-  toml::table doc{{"run", toml::table{{"name", "generate"}, {"sample_tokens", 0}}},
-                  {"model", model},
-                  {"data", toml::table{{"seq_len", std::min<int64_t>(positions, 1024)}}}};
-  std::ostringstream text;
-  text << doc;
-  return Recipe::parse(text.str(), f + "/config.json");
-}
-
-}  // namespace
 
 // A session over TARGET (a recipe: its latest checkpoint; or a model folder).
 std::unique_ptr<Session> load_target(const std::string& target,

@@ -26,8 +26,7 @@ namespace {
 constexpr size_t kListedServices = 0 TIGHTFIT_HOST_SERVICES(TIGHTFIT_COUNT_HOST_SERVICE);
 #undef TIGHTFIT_COUNT_HOST_SERVICE
 static_assert(kListedServices ==
-                  (offsetof(tf_host_api, reserved) - offsetof(tf_host_api, set_error)) /
-                      sizeof(void (*)()),
+                  (sizeof(tf_host_api) - offsetof(tf_host_api, set_error)) / sizeof(void (*)()),
               "a service of tf_host_api is missing from TIGHTFIT_HOST_SERVICES");
 
 tf_host_api make_table() {

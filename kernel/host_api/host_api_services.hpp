@@ -149,7 +149,8 @@ void refuse_pairs_in_a_loss_pass(const tf_batch& b);
   X(param_source_blocks) X(blocks_decode) X(sequence_logps) X(adapters_set_enabled) X(token_logps) \
   X(preference_rows) X(add_loss_term) X(expect_weights) X(take_loss_terms) \
   X(declare_param_copies) X(use_param_copies) X(take_mean_logits) X(run_pass) \
-  X(read_later) X(progress) X(declare_kept_param_copies) X(generate) X(score_rewards)
+  X(read_later) X(progress) X(declare_kept_param_copies) X(generate) X(score_rewards) \
+  X(score_texts)
 // clang-format on
 
 // Each declared with the exact type of its slot in the table.

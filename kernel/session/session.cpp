@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "file_util.hpp"
+#include "folder_scorer.hpp"
 #include "host_reads.hpp"
 #include "ignore_index.hpp"
 #include "input_files.hpp"
@@ -35,6 +36,7 @@ Session::Session(const Recipe& recipe, const PluginRegistry& registry, SessionOp
   parts_.step_metrics = &step_metrics_;
   parts_.weights = [this] { return weight_source(); };
   parts_.log = [this](tf_log_level level, const std::string& message) { log(level, message); };
+  parts_.open_scorer = [this](const std::string& model) { return open_scorer(model); };
   try {
     build(registry);
   } catch (const c10::Error& e) {
@@ -47,6 +49,22 @@ Session::Session(const Recipe& recipe, const PluginRegistry& registry, SessionOp
 Session::~Session() {
   plugins_.destroy_all();
   forget_inputs(this);  // its files may go now, and their inode numbers be reused
+}
+
+// One model a folder for the run, opened when a plugin first asks: a
+// reward's create (so a folder it cannot read stops the run at set-up), its
+// estimate, and each score call (from the reward's own call thread).
+std::shared_ptr<TextScorer> Session::open_scorer(const std::string& model) {
+  std::error_code ec;
+  const fs::path canonical = fs::weakly_canonical(fs::absolute(model), ec);
+  const std::string key = ec ? model : canonical.string();
+  std::lock_guard<std::mutex> lock(scorers_mutex_);
+  std::shared_ptr<TextScorer>& open = scorers_[key];
+  if (!open) {
+    if (!options_.dry_run) log(TF_LOG_INFO, "opening the scoring model " + key);
+    open = open_folder_scorer(key, plugins_.registry, env_.device_str, options_.dry_run);
+  }
+  return open;
 }
 
 void Session::log(tf_log_level level, const std::string& message) {

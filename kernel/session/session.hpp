@@ -22,6 +22,7 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -98,6 +99,10 @@ struct SessionOptions {
   // Validate the recipe and compose the plugins, but allocate no parameters
   // (`tightfit run --dry-run`); nothing else may be called.
   bool dry_run = false;
+  // A model held beside a run (a reward model, score_texts): it joins no
+  // ranks and leaves the process's memory budget, CPU threads and block
+  // cache as the run set them; skip_data is implied.
+  bool guest = false;
   // A dry run planned for this many ranks (`plan --ranks`, `fit --ranks`);
   // 0 = the launch environment's world size.
   int plan_world_size = 0;
@@ -173,6 +178,10 @@ class Session {
   // Loads the latest complete checkpoint in the run's checkpoint folder;
   // returns false when there is none.
   bool load_latest_checkpoint();
+
+  // The sequence classifier in the folder `model` (score_texts), opened once
+  // (KernelParts::open_scorer). Throws RecipeError.
+  std::shared_ptr<TextScorer> open_scorer(const std::string& model);
 
   // Kernel and plugin log lines: the log, and the host's on_log.
   void log(tf_log_level level, const std::string& message);
@@ -254,6 +263,8 @@ class Session {
   KernelParts parts_;             // what every plugin instance's context points to
   std::string weights_base_dir_;  // where a relative [model] weights is looked for
   std::unique_ptr<HfWeightSource> weight_source_;
+  std::map<std::string, std::shared_ptr<TextScorer>> scorers_;  // by canonical folder
+  std::mutex scorers_mutex_;  // reward calls run on their own threads
 
   std::optional<CpuThreads> cpu_threads_;  // made as the recipe's [run] is read
   MetricsWriter metrics_;

@@ -52,14 +52,16 @@ void Session::build(const PluginRegistry& base_registry) {
   // large (a 7B layer's 0.8 GB of fp32), still within the most the live
   // blocks have needed, so the pages are not faulted in and zeroed again for
   // every layer (a tenth of a 7B QLoRA set-up's CPU time).
-  cpu_block_cache().set_limit(std::numeric_limits<int64_t>::max());
+  if (!options_.guest) cpu_block_cache().set_limit(std::numeric_limits<int64_t>::max());
   materialize_params();
   // What set-up read and converted stage by stage is freed; the heap keeps
   // those pages unless asked to give them back (set-up's sizes are not the
   // training's, so the block cache lets go of them too).
-  cpu_block_cache().release_all();
-  cpu_block_cache().set_limit(env_.config.run.cpu_block_cache);
-  release_free_heap();
+  if (!options_.guest) {
+    cpu_block_cache().release_all();
+    cpu_block_cache().set_limit(env_.config.run.cpu_block_cache);
+    release_free_heap();
+  }
 
   // Found now rather than after the training: [save] hf needs every weight.
   if (env_.config.save.hf)
@@ -100,6 +102,7 @@ void Session::read_kernel_tables() {
                       "from one thread per usable CPU, and threads = " +
                       std::to_string(env_.config.run.threads) +
                       " fixes the count: set threads = 0 to adapt, or adapt_threads = false");
+  if (options_.guest) return;  // the host run's threads and cache stand
   cpu_threads_.emplace(env_.config.run.threads, env_.config.run.adapt_threads,
                        [this](tf_log_level l, const std::string& m) { log(l, m); });
   cpu_block_cache().set_limit(env_.config.run.cpu_block_cache);
@@ -123,7 +126,8 @@ std::optional<DistEnv> Session::set_up_device_and_ranks() {
                       "\")");
   }
   // A GPU run's budget is applied once its index is known (below).
-  if (!env_.budget.on_gpu() || options_.dry_run) apply_memory_budget(env_.budget, 0);
+  if ((!env_.budget.on_gpu() || options_.dry_run) && !options_.guest)
+    apply_memory_budget(env_.budget, 0);
   // A dry run plans a GPU recipe on a machine without one (nothing is
   // allocated); a real run needs the device.
   if (env_.device.is_cuda() && !at::hasCUDA() && !options_.dry_run)
@@ -138,7 +142,7 @@ std::optional<DistEnv> Session::set_up_device_and_ranks() {
   // that a rank that cannot start stops the others at once.
   std::optional<DistEnv> dist;
   try {
-    dist = dist_env_from_environment();
+    if (!options_.guest) dist = dist_env_from_environment();
   } catch (const std::invalid_argument& e) {
     throw RecipeError(std::string("distributed launch: ") + e.what());
   }
@@ -153,7 +157,7 @@ std::optional<DistEnv> Session::set_up_device_and_ranks() {
                           std::to_string(dist->world_size) + " joined (" + env_.pg->backend() +
                           ")");
   }
-  if (env_.budget.on_gpu() && !options_.dry_run) {
+  if (env_.budget.on_gpu() && !options_.dry_run && !options_.guest) {
     apply_memory_budget(env_.budget, env_.device.has_index() ? env_.device.index() : 0);
     cuda_set_deterministic(env_.config.run.deterministic);
   }

@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "executor.hpp"
@@ -13,6 +14,7 @@
 #include "plugin_set.hpp"
 #include "run_environment.hpp"
 #include "snapshots.hpp"
+#include "text_scorer.hpp"
 #include "training_data.hpp"
 #include "update_step.hpp"
 
@@ -38,6 +40,10 @@ struct KernelParts {
   std::map<std::string, double>* step_metrics = nullptr;
   // The recipe's [model] weights (opened on first use), nullptr when none.
   std::function<const HfWeightSource*()> weights;
+  // The sequence classifier in the Hugging Face folder `model`, opened once
+  // for the run (composed only when the run is planned); shared, so that a
+  // reward call still running keeps it alive. Throws RecipeError.
+  std::function<std::shared_ptr<TextScorer>(const std::string& model)> open_scorer;
   // The session's log: kernel and plugin lines, also to the host's on_log.
   std::function<void(tf_log_level, const std::string&)> log;
 };

@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 27
+#define TF_ABI_VERSION_MINOR 28
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -767,6 +767,35 @@ typedef struct tf_reward_scores {
   const char* const* names;
 } tf_reward_scores;
 
+/* Added in 1.28: texts a sequence classifier (a reward model) scores, as
+ * transformers' *ForSequenceClassification and TRL's GRPOTrainer score them:
+ * each text's tokens with no special tokens added, and the logit of `label`
+ * at its last token that is not the tokenizer's padding token (its EOS when
+ * it names none). */
+typedef struct tf_score_texts_request {
+  uint32_t struct_size;
+  /* A Hugging Face model folder: config.json of a *ForSequenceClassification
+   * architecture, its weights and its tokenizer. The host opens it once for
+   * the run (composed only, nothing read, when the run is only planned). */
+  const char* model;
+  int64_t n; /* 0: open the model and say what it holds, scoring nothing */
+  /* [n] UTF-8. With `messages` 0 each is a text, tokenized as it is; with 1
+   * each is a JSON array of chat messages the model's chat template renders
+   * first, with no generation prompt (TRL's apply_chat_template). */
+  const char* const* texts;
+  int32_t messages;
+  int32_t label;      /* the label whose logit each score is (TRL: 0) */
+  int64_t batch_rows; /* rows in one forward pass; 0: all n together */
+} tf_score_texts_request;
+
+typedef struct tf_score_texts_result {
+  uint32_t struct_size;
+  double* scores;       /* [n], the caller's: each text's logit of `label` */
+  int64_t weight_bytes; /* the model's weights as held, on the run's device */
+  int64_t num_labels;   /* the classifier's labels (config.json's id2label) */
+  int64_t positions;    /* the most tokens a text may have; 0: no limit */
+} tf_score_texts_result;
+
 /* What a schedule reports for one step. */
 typedef struct tf_step_result {
   uint32_t struct_size;
@@ -1324,9 +1353,14 @@ typedef struct tf_host_api {
   tf_status (*score_rewards)(tf_host_context* ctx, const tf_reward_request* request,
                              tf_reward_scores* out);
 
-  /* Slots for services added in later 1.x versions (the struct grows past
-   * them too: it is size-prefixed). */
-  void* reserved[1];
+  /* Added in 1.28 (the last reserved slot): scores texts with a sequence
+   * classifier the run opens beside its model (tf_score_texts_request), no
+   * gradients, on the run's device; out->scores receives request->n values.
+   * Only from a plugin call (a reward's create, score or estimate_memory).
+   * Services added in later 1.x versions are appended after it (the struct
+   * is size-prefixed). */
+  tf_status (*score_texts)(tf_host_context* ctx, const tf_score_texts_request* request,
+                           tf_score_texts_result* out);
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */

@@ -8,7 +8,8 @@ base with it; the reference the base with it disabled) or, without it, a full
 fine-tune of OUT/base (TRL loads the reference from the same folder);
 OUT/tokenizer; OUT/prompts.jsonl (every row in one batch); OUT/completions.jsonl
 ({"row": i, "completion_ids": [[ids], ...]}); OUT/options.json (GRPOConfig's
-values, and "rewards": [{"plugin", "name", "weight", ...keys}]).
+values, and "rewards": [{"plugin", "name", "weight", ...keys}]; a
+"scorer_model" reward is its "model" folder loaded as the reward model).
 Writes OUT/expected.safetensors: "loss", "metric.<TRL's name>" and
 "grad.<name>" of every trained parameter (PEFT keys without ".default").
 usage: grpo_parity.py OUT
@@ -24,7 +25,7 @@ import torch
 from datasets import Dataset, disable_progress_bars
 from peft import PeftModel
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from trl.data_utils import maybe_apply_chat_template
 
@@ -90,9 +91,13 @@ def main(out: pathlib.Path) -> None:
 
     funcs, weights = [], []
     for spec in o["rewards"]:
-        f = {"length": length_reward, "exact_answer": exact_answer_reward}[spec["plugin"]](spec)
-        f.__name__ = spec.get("name", spec["plugin"])
-        funcs.append(f)
+        if spec["plugin"] == "scorer_model":  # a reward model: TRL names it by its folder
+            funcs.append(AutoModelForSequenceClassification.from_pretrained(spec["model"],
+                                                                            torch_dtype=torch.float32))
+        else:
+            f = {"length": length_reward, "exact_answer": exact_answer_reward}[spec["plugin"]](spec)
+            f.__name__ = spec.get("name", spec["plugin"])
+            funcs.append(f)
         weights.append(spec.get("weight", 1.0))
 
     # A resumed step: a full fine-tune's policy after the first update

@@ -330,6 +330,27 @@ const std::vector<Preset>& presets() {
   return p;
 }
 
+// A *ForSequenceClassification config (transformers' reward models): its
+// labels are id2label's (PretrainedConfig's num_labels, 2 when it has none),
+// and the score head is never tied to the embeddings.
+void read_sequence_classification(const tf_sdk::HfConfig& c, Shape& s) {
+  const auto it = c.json.find("architectures");
+  if (it == c.json.end() || !it->is_array()) return;
+  bool classifies = false;
+  for (const nlohmann::json& a : *it)
+    if (a.is_string() && a.get<std::string>().ends_with("ForSequenceClassification"))
+      classifies = true;
+  if (!classifies) return;
+  const auto labels = c.json.find("id2label");
+  s.num_labels = labels != c.json.end() && labels->is_object() && !labels->empty()
+                     ? static_cast<int64_t>(labels->size())
+                     : c.get("num_labels", 2, 1, 1'000'000);
+  if (s.num_labels > 1'000'000)
+    throw std::invalid_argument(c.source + ": id2label has " + std::to_string(s.num_labels) +
+                                " labels; at most 1,000,000 are read");
+  s.tie_embeddings = false;
+}
+
 Shape shape_from_hf_config(const std::string& path) {
   const tf_sdk::HfConfig c = tf_sdk::read_hf_config(path);
   Shape s;
@@ -364,6 +385,7 @@ Shape shape_from_hf_config(const std::string& path) {
                         1.0, 1e12, false);
   s.rms_eps = c.real("rms_norm_eps", d->rms_eps, 0.0, 1.0);
   s.tie_embeddings = c.flag("tie_word_embeddings", gemma);
+  read_sequence_classification(c, s);
   if (s.model_type == "llama" || s.model_type == "qwen3" || s.model_type == "qwen3_moe" || olmoe ||
       gemma)
     s.qkv_bias = s.o_bias = c.flag("attention_bias", false);

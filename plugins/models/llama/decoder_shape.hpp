@@ -29,6 +29,9 @@ struct Shape {
   int64_t head_dim = 0;  // 0 = n_embd / n_head
   double rope_theta = 10000.0, rms_eps = 1e-5;
   bool tie_embeddings = false;
+  // *ForSequenceClassification (a reward model): the head is `score.weight`,
+  // num_labels rows, untied, and there is no lm_head; 0: a causal LM's head.
+  int64_t num_labels = 0;
   bool qkv_bias = false;  // q, k, v projections carry biases (Qwen2; attention_bias)
   bool o_bias = false;    // the output projection too (LLaMA's attention_bias)
   bool mlp_bias = false;  // gate, up and down (LLaMA's mlp_bias)

@@ -383,6 +383,7 @@ struct Llama {
   }
 
   const char* head_weight() const {
+    if (s.num_labels > 0) return "score.weight";  // *ForSequenceClassification
     return s.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
   }
   // The logits, or (hidden_only) the hidden state the host projects itself

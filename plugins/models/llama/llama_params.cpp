@@ -156,12 +156,14 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
       declare(*m, m->layer(l, "mlp.down_proj.bias"), {C}, st, TF_INIT_ZEROS, 0, no_decay);
     }
   }
-  const int64_t loss = tf_sdk::loss_activation_bytes(V, elt);
+  // The head's rows: the vocabulary's, or a sequence classifier's labels.
+  const int64_t rows = s.num_labels > 0 ? s.num_labels : V;
+  const int64_t loss = tf_sdk::loss_activation_bytes(rows, elt);
   const int32_t head = m->host.declare_stage(
-      "head", TF_STAGE_HEAD, {rms_norm_bytes + loss, frozen_norm_bytes + loss, V * elt}, 2 * C * V,
-      {m->head_weight(), "", loss, s.final_softcap});
+      "head", TF_STAGE_HEAD, {rms_norm_bytes + loss, frozen_norm_bytes + loss, rows * elt},
+      2 * C * rows, {m->head_weight(), "", loss, s.final_softcap});
   declare(*m, "model.norm.weight", {C}, head, norm_init, 0, no_decay);
-  if (!s.tie_embeddings) declare(*m, "lm_head.weight", {V, C}, head, TF_INIT_NORMAL, std, 0);
+  if (!s.tie_embeddings) declare(*m, m->head_weight(), {rows, C}, head, TF_INIT_NORMAL, std, 0);
 }
 
 }  // namespace llama

@@ -71,4 +71,45 @@ tf_status score_hook(void* state, tf_host_context* ctx, const tf_reward_batch* b
   });
 }
 
+// What a sequence classifier the host opened (score_texts, ABI 1.28) gave:
+// each text's score (the logit of the asked label) and what the model holds.
+struct TextScores {
+  std::vector<double> scores;
+  int64_t weight_bytes = 0, num_labels = 0, positions = 0;
+};
+
+// Scores `texts` with the *ForSequenceClassification model in the Hugging
+// Face folder `model` as transformers does (the logit of `label` at each
+// text's last token that is not the pad token; no special tokens added).
+// With `messages`, each text is a JSON array of chat messages the model's
+// chat template renders first. No texts: opens the model and says what it
+// holds. The host opens a folder once for the run.
+inline TextScores score_texts(const tf_sdk::Host& host, const std::string& model,
+                              const std::vector<std::string>& texts, bool messages = false,
+                              int32_t label = 0, int64_t batch_rows = 0) {
+  if (!TF_HAS(host.api(), tf_host_api, score_texts))
+    throw std::runtime_error("this tightfit has no score_texts (plugin ABI 1.28): update it");
+  std::vector<const char*> ptrs;
+  ptrs.reserve(texts.size());
+  for (const std::string& t : texts) ptrs.push_back(t.c_str());
+  TextScores out;
+  out.scores.resize(texts.size());
+  tf_score_texts_request r{};
+  r.struct_size = sizeof r;
+  r.model = model.c_str();
+  r.n = static_cast<int64_t>(texts.size());
+  r.texts = ptrs.data();
+  r.messages = messages ? 1 : 0;
+  r.label = label;
+  r.batch_rows = batch_rows;
+  tf_score_texts_result res{};
+  res.struct_size = sizeof res;
+  res.scores = out.scores.data();
+  host.check(host.api()->score_texts(host.ctx(), &r, &res));
+  out.weight_bytes = res.weight_bytes;
+  out.num_labels = res.num_labels;
+  out.positions = res.positions;
+  return out;
+}
+
 }  // namespace tf_rl
