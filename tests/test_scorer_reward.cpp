@@ -148,5 +148,47 @@ TEST_F(ScorerModel, WhatCannotBeScoredIsRefusedByName) {
   EXPECT_NE(e.find("score_texts row 1: no tokens"), std::string::npos) << e;
 }
 
+// A GRPO recipe with the scorer_model reward: a planned run composes the
+// reward model without reading it and counts its weights, all of them,
+// held through the step; a run holds exactly that.
+TEST_F(ScorerModel, ThePlanCountsTheRewardModelsWeights) {
+  test::TempDir d;
+  const std::string dir = d.str();
+  copy_peer_data(*data_, d);
+  const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                          "/tests/peers/scorer_model.py " + dir + " > " + dir + "/peer.log 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file_text(dir + "/peer.log");
+  std::ofstream(dir + "/prompts.jsonl")
+      << R"({"prompt": [{"role": "user", "content": "Name a colour."}]})"
+      << "\n";
+  std::string recipe = plain_recipe(dir);
+  recipe.replace(recipe.find("rows.jsonl"), 10, "prompts.jsonl");
+  recipe +=
+      "batch_size = 1\nval_fraction = 0\n\n[schedule]\nplugin = \"grpo\"\nnum_generations = "
+      "2\nmax_completion_length = 4\n\n[[reward]]\nplugin = \"scorer_model\"\nmodel = \"" +
+      dir + "/scorer\"\n";
+  SessionOptions planned;
+  planned.dry_run = true;
+  auto s = test::make_session(recipe, planned);
+  const MemoryPlan plan = plan_memory(s->parts());
+  int64_t counted = -1;
+  for (const PlanContribution& c : plan.contributions)
+    if (c.plugin == "reward scorer_model") counted = c.delta[TF_TIER_DEVICE][TF_MEM_WEIGHTS];
+  auto run = test::make_session(recipe);
+  const int64_t held = run->open_scorer(dir + "/scorer")->weight_bytes();
+  EXPECT_GT(held, 100'000);
+  EXPECT_EQ(counted, held);
+  // And the run trains with its scores.
+  const TrainSummary sum = run->train();
+  ASSERT_EQ(sum.losses.size(), 1u);
+  std::ifstream in(sum.metrics_path);
+  std::string last;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) last = line;
+  EXPECT_TRUE(
+      std::isfinite(nlohmann::json::parse(last)["grpo.rewards/scorer_model/mean"].get<double>()))
+      << last;
+}
+
 }  // namespace
 }  // namespace tightfit
