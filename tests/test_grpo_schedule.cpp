@@ -31,8 +31,12 @@ struct GrpoCase {
   int accumulation = 1;
   // A third reward, the scorer_model plugin's reward model (a seeded
   // LlamaForSequenceClassification, tests/peers/scorer_model.py); every
-  // prompt then is a list of messages, as TRL renders a batch one way.
+  // prompt then is a list of messages, as TRL renders a batch one way, and
+  // the first ends with an assistant message the model continues.
   bool scorer = false;
+  // TRL's steps_per_generation (0: the accumulation steps): micro-batches a
+  // generation samples at once.
+  int steps_per_generation = 0;
 };
 
 void PrintTo(const GrpoCase& c, std::ostream* os) {
@@ -56,7 +60,10 @@ test::TempDir* GrpoStepParity::data_ = nullptr;
 void write_prompts_and_completions(const std::string& dir, bool all_conversations = false) {
   std::ofstream(dir + "/prompts.jsonl")
       << (all_conversations
-              ? R"({"prompt": [{"role": "user", "content": "Count to three:"}], "answer": "3"})"
+              // Ending with an assistant message: the model continues it, and
+              // the rewards read its content before each completion (TRL's).
+              ? R"({"prompt": [{"role": "user", "content": "Count to three:"}, )"
+                R"({"role": "assistant", "content": "Sure:"}], "answer": "3"})"
               : R"({"prompt": "Count to three:", "answer": "3"})")
       << "\n"
       << R"({"prompt": [{"role": "user", "content": "What is 2 + 2?"}], "answer": "4"})"
@@ -94,7 +101,8 @@ std::string grpo_recipe(const std::string& dir, const GrpoCase& c) {
      << "\nimportance_sampling_level = \"" << c.level << "\"\nscale_rewards = \"" << c.scale_rewards
      << "\"\nmask_truncated_completions = " << (c.mask_truncated ? "true" : "false")
      << "\nepsilon_high = " << c.epsilon_high
-     << "\ngradient_accumulation_steps = " << c.accumulation << "\ncompletions_file = \"" << dir
+     << "\ngradient_accumulation_steps = " << c.accumulation
+     << "\nsteps_per_generation = " << c.steps_per_generation << "\ncompletions_file = \"" << dir
      << "/completions.jsonl\"\n\n"
      << "[[reward]]\nplugin = \"length\"\ntarget = 8\nweight = 0.5\n\n"
      << "[[reward]]\nplugin = \"exact_answer\"\n\n";
@@ -127,6 +135,7 @@ void write_peer_options(const std::string& dir, const GrpoCase& c) {
                             {"epsilon", 0.2},
                             {"epsilon_high", c.epsilon_high},
                             {"gradient_accumulation_steps", c.accumulation},
+                            {"steps_per_generation", c.steps_per_generation},
                             {"rewards", rewards},
                         })
              .dump();
@@ -206,6 +215,11 @@ INSTANTIATE_TEST_SUITE_P(
         // A reward model's scores beside the two functions (TRL's
         // PreTrainedModel reward: its chat template over the messages and
         // the completion, the logit at the last token that is not padding).
+        // A generation each micro-batch (steps_per_generation = 1 under 2
+        // accumulation steps): DAPO's tokens are each generation's, and the
+        // generation metrics the mean of the step's two.
+        GrpoCase{"lora_dapo_generation_each_micro_batch", true, "dapo", 0.0, 1.0, "token", "group",
+                 false, 0.2, 2, false, 1},
         GrpoCase{"lora_grpo_scorer", true, "grpo", 0.0, 1.0, "token", "group", false, 0.2, 1,
                  true}),
     [](const auto& info) { return std::string(info.param.name); });
@@ -375,6 +389,61 @@ TEST_F(GrpoRecipes, ARewardThatFailsOrReturnsGarbageStopsTheRunBeforeAnUpdate) {
   const auto rec = nlohmann::json::parse(last);
   EXPECT_DOUBLE_EQ(rec["grpo.rewards/hostile_reward/mean"].get<double>(), 1.0);
   EXPECT_TRUE(std::isfinite(rec["grpo.reward"].get<double>()));
+}
+
+// steps_per_generation = 2 over single updates: a generation every other
+// step, its second micro-batch trained after the update the first made (so
+// with the sampling policy's log-probs kept for the ratio), and a run
+// stopped between them resumes on the saved generation, ending where the
+// uninterrupted run ends.
+TEST_F(GrpoRecipes, AGenerationSpansTwoUpdatesAndSurvivesAResume) {
+  test::TempDir d;
+  const std::string dir = d.str();
+  copy_peer_data(*data_, d);
+  write_prompts_and_completions(dir);
+  GrpoCase c{"x", true, "grpo", 0.0, 1.0, "token", "group", false, 0.2};
+  c.steps_per_generation = 2;
+  std::string text = grpo_recipe(dir, c);
+  text.replace(text.find("steps = 1"), 9, "steps = 4");
+  text.replace(text.find("lr = 0.0"), 8, "lr = 1e-2");
+  text.replace(text.find("batch_size = 2"), 14, "batch_size = 1");
+  const TrainSummary whole = test::make_session(text)->train();
+  ASSERT_EQ(whole.losses.size(), 4u);
+  std::ifstream in(whole.metrics_path);
+  std::vector<nlohmann::json> steps;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) steps.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(steps.size(), 4u);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    SCOPED_TRACE(i);
+    // Sampled (read) at steps 1 and 3 only; each step trains.
+    EXPECT_EQ(steps[i].contains("grpo.completions/mean_length"), i % 2 == 0) << steps[i];
+    EXPECT_TRUE(steps[i].contains("grpo.clip_ratio/region_mean")) << steps[i];
+    EXPECT_TRUE(std::isfinite(whole.losses[i]));
+  }
+  // At an importance ratio of 1, a micro-batch of one group loses minus its
+  // mean advantage, 0: so does the generation's first micro-batch. The
+  // second trains one update after its sampling, against the log-probs kept
+  // from then: its ratio is not 1, nor its loss 0.
+  EXPECT_LT(std::abs(whole.losses[0]), 1e-6);
+  EXPECT_GT(std::abs(whole.losses[1]), 1e-6);
+
+  test::TempDir d2;
+  copy_peer_data(*data_, d2);
+  write_prompts_and_completions(d2.str());
+  std::string again = text;
+  for (size_t at; (at = again.find(dir)) != std::string::npos;)
+    again.replace(at, dir.size(), d2.str());
+  {
+    SessionOptions o;
+    o.stop_after_steps = 1;
+    ASSERT_EQ(test::make_session(again, o)->train().losses.size(), 1u);
+  }
+  SessionOptions o;
+  o.resume = true;
+  const TrainSummary resumed = test::make_session(again, o)->train();
+  ASSERT_EQ(resumed.losses.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_DOUBLE_EQ(resumed.losses[i], whole.losses[i + 1]) << i;
 }
 
 // Sampling (no completions file): each step samples, scores and trains;

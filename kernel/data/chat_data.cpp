@@ -364,4 +364,30 @@ std::vector<Example> load_examples(const std::string& spec, const ChatFormatter&
   return out;
 }
 
+namespace {
+
+std::string strip(const std::string& s, bool left, bool right) {
+  constexpr const char* kSpace = " \t\n\r\f\v";
+  size_t b = left ? s.find_first_not_of(kSpace) : 0;
+  if (b == std::string::npos) return {};
+  size_t e = right ? s.find_last_not_of(kSpace) + 1 : s.size();
+  return s.substr(b, e - b);
+}
+
+}  // namespace
+
+std::string continue_final_message(const std::string& rendered, const std::string& content,
+                                   const std::string& where) {
+  const std::string stripped = strip(content, true, true);
+  const size_t at = rendered.rfind(stripped);
+  if (at == std::string::npos)
+    throw std::invalid_argument(where +
+                                ": the prompt ends with an assistant message, to be continued, "
+                                "and the chat template does not write its content as it is");
+  const std::string lstripped = strip(content, true, false);
+  if (rendered.compare(at, lstripped.size(), content) == 0)
+    return rendered.substr(0, at + lstripped.size());
+  return rendered.substr(0, at + stripped.size());
+}
+
 }  // namespace tightfit

@@ -81,6 +81,13 @@ class ChatFormatter {
   mutable int64_t renders_ = 0;
 };
 
+// transformers' continue_final_message: `rendered` (the conversation
+// without a generation prompt) cut right after its last message's
+// `content`, so that the model continues it. Throws std::invalid_argument
+// naming `where` when the template does not write the content as it is.
+std::string continue_final_message(const std::string& rendered, const std::string& content,
+                                   const std::string& where);
+
 // Checks a list of messages: objects with a string role and string content
 // (or, unless `content_required`, none or null). Throws std::invalid_argument
 // naming `where` and "field"[k].

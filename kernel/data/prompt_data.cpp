@@ -38,14 +38,16 @@ PromptRow format_prompt(const ojson& row, const std::string& where, const ChatFo
     r.text = prompt.get<std::string>();
   } else if (conversational(prompt)) {
     check_chat_messages(prompt, where, "prompt", /*content_required=*/true);
-    if (prompt.back().value("role", "") == "assistant")
-      throw std::invalid_argument(
-          where +
-          ": \"prompt\" ends with an assistant message, which TRL continues "
-          "(continue_final_message); tightfit does not yet: end the prompt with the "
-          "user's turn");
     const ojson tools = row.contains("tools") ? row["tools"] : ojson();
-    r.text = chat.render(prompt, /*add_generation_prompt=*/true, tools, where).text;
+    if (prompt.back().value("role", "") == "assistant") {
+      // Continued, as TRL's maybe_apply_chat_template does (continue_final_message).
+      r.bootstrap = prompt.back()["content"].get<std::string>();
+      r.text = continue_final_message(
+          chat.render(prompt, /*add_generation_prompt=*/false, tools, where).text, r.bootstrap,
+          where);
+    } else {
+      r.text = chat.render(prompt, /*add_generation_prompt=*/true, tools, where).text;
+    }
   } else {
     throw std::invalid_argument(where +
                                 ": \"prompt\" must be text or a list of messages (objects with "

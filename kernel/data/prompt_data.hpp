@@ -27,6 +27,10 @@ struct PromptRow {
   std::string row;           // the JSONL row as written (compact)
   std::string where;         // file:line, for messages
   bool truncated = false;    // cut to max_prompt_length
+  // A prompt of messages ending with an assistant message, which the model
+  // continues: that message's content, which TRL puts before each
+  // completion's text for the rewards (its "bootstrap"); "" otherwise.
+  std::string bootstrap;
 };
 
 // Whether a row is a prompt alone: a "prompt" and no answer of any kind.

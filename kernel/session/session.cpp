@@ -8,7 +8,6 @@
 #include <filesystem>
 
 #include "file_util.hpp"
-#include "folder_scorer.hpp"
 #include "host_reads.hpp"
 #include "ignore_index.hpp"
 #include "input_files.hpp"
@@ -49,22 +48,6 @@ Session::Session(const Recipe& recipe, const PluginRegistry& registry, SessionOp
 Session::~Session() {
   plugins_.destroy_all();
   forget_inputs(this);  // its files may go now, and their inode numbers be reused
-}
-
-// One model a folder for the run, opened when a plugin first asks: a
-// reward's create (so a folder it cannot read stops the run at set-up), its
-// estimate, and each score call (from the reward's own call thread).
-std::shared_ptr<TextScorer> Session::open_scorer(const std::string& model) {
-  std::error_code ec;
-  const fs::path canonical = fs::weakly_canonical(fs::absolute(model), ec);
-  const std::string key = ec ? model : canonical.string();
-  std::lock_guard<std::mutex> lock(scorers_mutex_);
-  std::shared_ptr<TextScorer>& open = scorers_[key];
-  if (!open) {
-    if (!options_.dry_run) log(TF_LOG_INFO, "opening the scoring model " + key);
-    open = open_folder_scorer(key, plugins_.registry, env_.device_str, options_.dry_run);
-  }
-  return open;
 }
 
 void Session::log(tf_log_level level, const std::string& message) {

@@ -60,7 +60,9 @@ RewardScores score_completions(KernelParts& kernel, const at::Tensor& row_ids_in
     input->ids[i].narrow(0, 0, len[i]).copy_(own);
     const std::vector<int64_t> tokens(own.data_ptr<int64_t>(), own.data_ptr<int64_t>() + len[i]);
     input->prompts.push_back(row.text);
-    input->completions.push_back(kernel.data->tokenizer().decode_skipping_special(tokens));
+    // A continued assistant message's text comes first, as TRL's completions.
+    input->completions.push_back(row.bootstrap +
+                                 kernel.data->tokenizer().decode_skipping_special(tokens));
     input->rows.push_back(row.row);
   }
   input->group_size = n > 0 ? leading_group(row_ids) : 1;

@@ -14,6 +14,7 @@ Writes OUT/expected.safetensors: "loss", "metric.<TRL's name>" and
 "grad.<name>" of every trained parameter (PEFT keys without ".default").
 usage: grpo_parity.py OUT
 """
+import copy
 import json
 import logging
 import pathlib
@@ -112,7 +113,9 @@ def main(out: pathlib.Path) -> None:
     accumulation = o.get("gradient_accumulation_steps", 1)
     if accumulation > 1:
         return train_step(out, o, tok, rows, given, funcs, weights, model, peft)
-    inputs = [row for row in rows for _ in range(G)]
+    # Each a copy, as TRL's dataloader gives them: its rewards pop a continued
+    # assistant message from each prompt.
+    inputs = [copy.deepcopy(row) for row in rows for _ in range(G)]
     with tempfile.TemporaryDirectory() as tmp:
         config = GRPOConfig(
             output_dir=tmp, report_to="none", bf16=False, use_cpu=True, per_device_train_batch_size=len(inputs),
@@ -167,6 +170,7 @@ def train_step(out, o, tok, rows, given, funcs, weights, model, peft):
         config = GRPOConfig(
             output_dir=tmp, report_to="none", bf16=False, use_cpu=True, per_device_train_batch_size=G,
             gradient_accumulation_steps=o["gradient_accumulation_steps"], num_generations=G,
+            steps_per_generation=o.get("steps_per_generation") or None,
             max_completion_length=o["max_completion_length"], temperature=o["temperature"], beta=o["beta"],
             loss_type=o["loss_type"], importance_sampling_level=o["importance_sampling_level"],
             scale_rewards=o["scale_rewards"], mask_truncated_completions=o["mask_truncated_completions"],

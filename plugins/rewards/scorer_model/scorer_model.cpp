@@ -38,6 +38,10 @@ std::vector<double> score(ScorerModel& s, const tf_rl::RewardBatch& b) {
           "kind");
     if (messages) {
       nlohmann::json m = row["prompt"];
+      // A continued assistant message is the completion's beginning (the
+      // host put its content first), as TRL pops it from the prompt.
+      if (!m.empty() && m.back().is_object() && m.back().value("role", "") == "assistant")
+        m.erase(m.size() - 1);
       m.push_back({{"role", "assistant"}, {"content", std::string(b.completion(i))}});
       texts.push_back(m.dump());
     } else {

@@ -1,8 +1,8 @@
 // Group Relative Policy Optimization as TRL 0.24's GRPOTrainer runs it: the
 // schedule samples its own completions of [data] prompt rows and trains on
-// their rewards. Each generation (every gradient_accumulation_steps x
-// num_iterations micro-batches, TRL's steps_per_generation x
-// num_iterations):
+// their rewards. Each generation (every steps_per_generation x
+// num_iterations micro-batches, as TRL's; steps_per_generation is
+// gradient_accumulation_steps unless given):
 //   sample     each prompt's num_generations completions, a batch's prompts
 //              together, with the policy as it is (the host's generate:
 //              temperature, top_k, top_p, max_completion_length, stop at
@@ -11,7 +11,9 @@
 //   score      the recipe's [[reward]] plugins, weighted and summed (NaN
 //              rewards left out of the sum, as TRL's nansum);
 //   advantages each reward less its group's mean, scaled (scale_rewards);
-//   old, ref   the sampling policy's log-probs (num_iterations > 1) and the
+//   old, ref   the sampling policy's log-probs (when a generation outlives
+//              an update: TRL's gradient_accumulation_steps not a multiple
+//              of steps_per_generation x num_iterations) and the
 //              reference's (beta != 0: adapters off, or the copies);
 // and each micro-batch the clipped surrogate (grpo_loss.hpp), whose
 // gradient with respect to the policy's per-token log-probs the host's
@@ -19,6 +21,7 @@
 // importance ratio is 1 at any log-prob, so that gradient is known before
 // the pass: one forward and backward, as TRL's.
 #include <cmath>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -52,6 +55,7 @@ struct Grpo {
   tf_rl::ScaleRewards scale = tf_rl::ScaleRewards::kGroup;
   int64_t num_iterations = 1;
   int32_t accumulation = 1;
+  int32_t steps_per_generation = 1;  // micro-batches a generation samples
   bool mask_truncated = false;
   int64_t skipped = 0;
   int64_t micro_steps = 0;   // TRL's _step: micro-batches trained so far
@@ -66,6 +70,13 @@ struct Grpo {
   double buffer_tokens = 0;   // its completion tokens (TRL's num_items_in_batch)
 };
 
+// Whether a generation's completions train after an update of the policy
+// that sampled them, so the ratio needs its log-probs kept (TRL's rule:
+// gradient_accumulation_steps not a multiple of the generation's span).
+bool keeps_old(const Grpo& s) {
+  return s.accumulation % (static_cast<int64_t>(s.steps_per_generation) * s.num_iterations) != 0;
+}
+
 uint64_t mix(uint64_t a, uint64_t b) {
   uint64_t x = a * 0x9E3779B97F4A7C15ull + b + 0x632BE59BD9B4E019ull;
   x ^= x >> 31;
@@ -79,12 +90,6 @@ void learn_special_ids(Grpo& s, const tf_rl::Sampled& got) {
   s.eos = got.eos;
   s.pad_token = got.pad_token;
   s.special_ids_known = true;
-}
-
-// Columns past each row's C padded out to `width`.
-at::Tensor widen(const at::Tensor& ids, int64_t width, int64_t pad) {
-  if (ids.size(1) == width) return ids;
-  return at::cat({ids, at::full({ids.size(0), width - ids.size(1)}, pad, ids.options())}, 1);
 }
 
 // A chunk's completion log-probs [n, C] from a pass's [n, T].
@@ -109,7 +114,7 @@ double nanstd(const at::Tensor& x) {
   return v.numel() > 1 ? v.std().item<double>() : std::nan("");
 }
 
-// Samples and scores one generation: accumulation micro-batches of
+// Samples and scores one generation: steps_per_generation micro-batches of
 // batch_size prompts x num_generations completions; its metrics into `m`.
 void generate(Grpo& s, Metrics& m) {
   const int64_t G = s.sampling.n;
@@ -122,7 +127,7 @@ void generate(Grpo& s, Metrics& m) {
   std::vector<std::string> names;
   at::Tensor weights;
   int64_t prompt_tokens = 0;
-  for (int32_t k = 0; k < s.accumulation; ++k) {
+  for (int32_t k = 0; k < s.steps_per_generation; ++k) {
     const tf_sdk::Batch prompts(s.host);
     if (prompts.prompts() <= 0)
       throw std::invalid_argument(
@@ -152,18 +157,12 @@ void generate(Grpo& s, Metrics& m) {
         one.temperature = 0;
         learn_special_ids(s, tf_rl::generate(s.host, prompts_of_batch.front(), one, seeds.front()));
       }
-      std::vector<at::Tensor> ids, lengths;
-      int64_t width = 1, pad = 0;
-      for (int64_t r = 0; r < prompts.prompts(); ++r) {
-        tf_rl::Sampled got = s.given->of_row(row_ids[r].item<int64_t>());
-        pad = got.pad;
-        width = std::max<int64_t>(width, got.ids.size(1));
-        ids.push_back(got.ids);
-        lengths.push_back(got.lengths);
-      }
-      for (auto& t : ids) t = widen(t, width, pad);
-      part.ids = at::cat(ids);
-      part.lengths = at::cat(lengths);
+      std::vector<tf_rl::Sampled> each;
+      for (int64_t r = 0; r < prompts.prompts(); ++r)
+        each.push_back(s.given->of_row(row_ids[r].item<int64_t>()));
+      const tf_rl::Sampled got = tf_rl::concat_rows(each);
+      part.ids = got.ids;
+      part.lengths = got.lengths;
     }
     part.row_ids = row_ids.repeat_interleave(G);
     const tf_rl::Rewards rw = tf_rl::score_rewards(s.host, part.row_ids, part.ids, part.lengths);
@@ -201,7 +200,7 @@ void generate(Grpo& s, Metrics& m) {
   }
   // Old and reference log-probs, before any update of this generation.
   for (Chunk& c : s.buffer) {
-    if (s.num_iterations > 1) c.old = at_completions(c, score_rows(s, c, {}, false).logps);
+    if (keeps_old(s)) c.old = at_completions(c, score_rows(s, c, {}, false).logps);
     if (s.options.beta != 0)
       c.ref = s.reference.run(s.host, [&](const tf_sdk::PassWeights& w) {
         return at_completions(c, score_rows(s, c, w, false).logps);
@@ -306,6 +305,8 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
     s->scale = tf_rl::scale_rewards_named(h.get_string("scale_rewards"));
     s->num_iterations = h.get_int("num_iterations");
     s->accumulation = static_cast<int32_t>(h.get_int("gradient_accumulation_steps"));
+    const int64_t spg = h.get_int("steps_per_generation");
+    s->steps_per_generation = spg > 0 ? static_cast<int32_t>(spg) : s->accumulation;
     s->mask_truncated = h.get_bool("mask_truncated_completions");
     if (const std::string file = h.get_string("completions_file"); !file.empty())
       s->given.emplace(file, s->sampling.n, s->sampling.max_new_tokens);
@@ -329,12 +330,22 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
     if (s->options.beta != 0) s->reference.keep(s->host, step);
     s->host.zero_grad();
     Metrics generation, sums;
+    std::map<std::string, int> generations;  // how many of this step's generations logged a key
     double loss = 0;
     int64_t tokens = 0;
-    const int64_t every = static_cast<int64_t>(s->accumulation) * s->num_iterations;
+    const int64_t every = static_cast<int64_t>(s->steps_per_generation) * s->num_iterations;
     for (int32_t k = 0; k < s->accumulation; ++k) {
-      if (s->micro_steps % every == 0 || s->buffer.empty()) generate(*s, generation);
-      const Chunk& c = s->buffer[static_cast<size_t>(s->micro_steps % s->accumulation)];
+      if (s->micro_steps % every == 0 || s->buffer.empty()) {
+        // TRL logs the mean over a step's generations (steps_per_generation
+        // below the accumulation: several), num_tokens as it stands at the last.
+        Metrics g;
+        generate(*s, g);
+        for (const auto& [key, value] : g) {
+          generation[key] = key == "num_tokens" ? value : generation[key] + value;
+          ++generations[key];
+        }
+      }
+      const Chunk& c = s->buffer[static_cast<size_t>(s->micro_steps % s->steps_per_generation)];
       if (s->accumulation > 1) s->host.set_micro_batch(k, s->accumulation);
       Metrics m;
       loss += train_chunk(*s, c, m);
@@ -342,13 +353,14 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
       for (const auto& [key, value] : m) sums[key] += value / s->accumulation;
       ++s->micro_steps;
     }
-    for (const auto& [key, value] : generation) s->host.log_metric(key, value);
+    for (const auto& [key, value] : generation)
+      s->host.log_metric(key, key == "num_tokens" ? value : value / generations[key]);
     for (const auto& [key, value] : sums) s->host.log_metric(key, value);
     tf_sdk::step_or_skip(s->host, step, s->skipped);
     out->loss = loss;
     out->n_tokens = tokens;
     out->backward_passes = s->accumulation;
-    const bool one_pass = s->options.beta == 0 && s->num_iterations == 1;
+    const bool one_pass = s->options.beta == 0 && !keeps_old(*s);
     out->forward_passes = (one_pass ? 1 : 2) * s->accumulation;
     out->lr = lr;
     out->phase = "grpo";
@@ -357,7 +369,8 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
 }
 
 // The checkpoint: the counters, and a generation not yet used up
-// (num_iterations > 1) so that a resumed run trains on the same completions.
+// (num_iterations > 1, or steps_per_generation past the accumulation) so
+// that a resumed run trains on the same completions.
 // The plan (ABI 1.26): training passes of batch_size x num_generations rows,
 // each its prompt and completion; the generation of a batch's prompts'
 // num_generations completions each, at once (the host plans their decode
@@ -372,14 +385,14 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const int64_t G = s->sampling.n, C = s->sampling.max_new_tokens;
     const int64_t prompts = s->host.run_info().batch_size;  // a batch's prompts
-    const bool one_pass = s->options.beta == 0 && s->num_iterations == 1;
-    const int64_t logps = (s->options.beta != 0 ? 1 : 0) + (s->num_iterations > 1 ? 1 : 0);
+    const bool one_pass = s->options.beta == 0 && !keeps_old(*s);
+    const int64_t logps = (s->options.beta != 0 ? 1 : 0) + (keeps_old(*s) ? 1 : 0);
     tf_preference::plan_micro_batches(static_cast<double>((one_pass ? 3 : 4) + logps),
                                       s->accumulation, out);
     if (TF_SDK_REACHES(out, tf_memory_estimate, micro_batches))
       out->micro_batches = s->accumulation;
     out->delta_bytes[TF_TIER_DEVICE][TF_MEM_OTHER] +=
-        static_cast<int64_t>(s->accumulation) * prompts * G * C * 4 * (2 + logps);
+        static_cast<int64_t>(s->steps_per_generation) * prompts * G * C * 4 * (2 + logps);
     if (TF_SDK_REACHES(model, tf_model_summary, prompt_tokens) &&
         TF_SDK_REACHES(out, tf_memory_estimate, generate_new_tokens)) {
       out->pass_rows = prompts * G;
@@ -494,6 +507,11 @@ const std::vector<tf_config_key> kKeys = tf_sdk::with_lr_schedule_keys({
     tf_sdk::key("mask_truncated_completions", TF_VALUE_BOOL, "false",
                 "leave completions cut at max_completion_length out of the loss"),
     tf_preference::accumulation_key(),
+    tf_sdk::key("steps_per_generation", TF_VALUE_INT, "0",
+                "micro-batches of batch_size prompts each generation samples at once (0: "
+                "gradient_accumulation_steps, TRL's default); a generation longer than an "
+                "update keeps the sampling policy's log-probs",
+                0, 1e4),
     tf_preference::reference_tier_key(),
     tf_sdk::key("completions_file", TF_VALUE_PATH, "\"\"",
                 "test mode: each prompt's completions read from this JSONL file "

@@ -44,6 +44,30 @@ struct Sampled {
   int64_t eos = -1, pad_token = -1;
 };
 
+// Several prompts' completions as one: their rows one after another, the
+// narrower ones' columns padded out with `pad` to the widest.
+inline Sampled concat_rows(const std::vector<Sampled>& parts) {
+  if (parts.empty()) throw std::invalid_argument("concat_rows: no completions to join");
+  Sampled all;
+  int64_t width = 1;
+  for (const Sampled& one : parts) {
+    width = std::max<int64_t>(width, one.ids.size(1));
+    all.pad = one.pad, all.eos = one.eos, all.pad_token = one.pad_token;
+  }
+  std::vector<at::Tensor> ids, lengths;
+  for (const Sampled& one : parts) {
+    const at::Tensor& t = one.ids;
+    ids.push_back(
+        t.size(1) == width
+            ? t
+            : at::cat({t, at::full({t.size(0), width - t.size(1)}, all.pad, t.options())}, 1));
+    lengths.push_back(one.lengths);
+  }
+  all.ids = at::cat(ids);
+  all.lengths = at::cat(lengths);
+  return all;
+}
+
 // Each of `prompts` (int64 [P_b]) completed s.n times with the policy as it
 // is, prompt b's rows drawn from a generator seeded with seeds[b]: rows
 // prompt 0's n, then prompt 1's, ... A 1.27 host decodes them all at once;
@@ -56,22 +80,10 @@ inline Sampled generate(const tf_sdk::Host& host, const std::vector<at::Tensor>&
     throw std::invalid_argument("generate: give at least one prompt, and a seed for each");
   const bool together = host.api()->abi_version >= TF_MAKE_VERSION(1, 27);
   if (!together && prompts.size() > 1) {
-    std::vector<at::Tensor> ids, lengths;
-    Sampled all;
-    int64_t width = 1;
-    for (size_t b = 0; b < prompts.size(); ++b) {
-      Sampled one = generate(host, {prompts[b]}, s, {seeds[b]});
-      width = std::max<int64_t>(width, one.ids.size(1));
-      ids.push_back(one.ids);
-      lengths.push_back(one.lengths);
-      all.pad = one.pad, all.eos = one.eos, all.pad_token = one.pad_token;
-    }
-    for (at::Tensor& t : ids)
-      if (t.size(1) < width)
-        t = at::cat({t, at::full({t.size(0), width - t.size(1)}, all.pad, t.options())}, 1);
-    all.ids = at::cat(ids);
-    all.lengths = at::cat(lengths);
-    return all;
+    std::vector<Sampled> each;
+    for (size_t b = 0; b < prompts.size(); ++b)
+      each.push_back(generate(host, {prompts[b]}, s, {seeds[b]}));
+    return concat_rows(each);
   }
   tf_generate_request r{};
   r.struct_size = sizeof r;

@@ -37,7 +37,9 @@ class RewardBatch {
   int32_t group_size() const { return b_->group_size; }
   // Row i's prompt as the model read it (the chat template applied).
   std::string_view prompt(int64_t i) const { return b_->prompts[check(i)]; }
-  // Row i's completion, decoded with special tokens skipped (TRL's text).
+  // Row i's completion, decoded with special tokens skipped (TRL's text);
+  // when its prompt ends with an assistant message the model continued,
+  // that message's content comes first, as in TRL's completions.
   std::string_view completion(int64_t i) const { return b_->completions[check(i)]; }
   // Row i's data row (its JSONL object): a reward reads its own fields.
   nlohmann::json row(int64_t i) const {

@@ -1,8 +1,10 @@
-#include "folder_scorer.hpp"
-
+// A reward model opened from a Hugging Face folder (score_texts, ABI 1.28):
+// a session of its own beside the run (SessionOptions::guest), scoring texts
+// as transformers' *ForSequenceClassification and TRL's GRPOTrainer do.
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "chat_data.hpp"
@@ -193,8 +195,8 @@ class FolderScorer final : public TextScorer {
   int64_t weight_bytes_ = 0;
 };
 
-}  // namespace
-
+// The classifier in `folder` on `device`, its weights read unless `dry_run`
+// (then composed only, and score() refused).
 std::shared_ptr<TextScorer> open_folder_scorer(const std::string& folder,
                                                const PluginRegistry& registry,
                                                const std::string& device, bool dry_run) {
@@ -204,6 +206,24 @@ std::shared_ptr<TextScorer> open_folder_scorer(const std::string& folder,
                       ": not a folder; a reward model is a Hugging Face model folder "
                       "(config.json, weights, tokenizer)");
   return std::make_shared<FolderScorer>(fs::path(folder), registry, device, dry_run);
+}
+
+}  // namespace
+
+// One model a folder for the run, opened when a plugin first asks: a
+// reward's create (so a folder it cannot read stops the run at set-up), its
+// estimate, and each score call (from the reward's own call thread).
+std::shared_ptr<TextScorer> Session::open_scorer(const std::string& model) {
+  std::error_code ec;
+  const fs::path canonical = fs::weakly_canonical(fs::absolute(model), ec);
+  const std::string key = ec ? model : canonical.string();
+  std::lock_guard<std::mutex> lock(scorers_mutex_);
+  std::shared_ptr<TextScorer>& open = scorers_[key];
+  if (!open) {
+    if (!options_.dry_run) log(TF_LOG_INFO, "opening the scoring model " + key);
+    open = open_folder_scorer(key, plugins_.registry, env_.device_str, options_.dry_run);
+  }
+  return open;
 }
 
 }  // namespace tightfit
