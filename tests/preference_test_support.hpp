@@ -39,6 +39,15 @@ inline test::TempDir* data_peer() {
   return dir;
 }
 
+// A seeded 2-layer LlamaForSequenceClassification saved by transformers on
+// `dir`/tokenizer, in `dir`/scorer (tests/peers/scorer_model.py); with
+// `dir`/texts.json, also its scores of them in `dir`/expected.json.
+inline void make_scorer_peer(const std::string& dir) {
+  const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
+                          "/tests/peers/scorer_model.py " + dir + " > " + dir + "/scorer.log 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file_text(dir + "/scorer.log");
+}
+
 // A parity test's folder: the data peer's tokenizer (in tokenizer/) and rows.
 inline void copy_peer_data(const test::TempDir& data, const test::TempDir& d) {
   fs::create_directories(d.path() / "tokenizer");

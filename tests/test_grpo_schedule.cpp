@@ -148,10 +148,7 @@ TEST_P(GrpoStepParity, LossMetricsAndGradientsEqualTrl) {
   copy_peer_data(*data_, d);
   write_prompts_and_completions(dir, c.scorer);
   if (c.scorer) {
-    const std::string make = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
-                             "/tests/peers/scorer_model.py " + dir + " > " + dir +
-                             "/scorer.log 2>&1";
-    ASSERT_EQ(std::system(make.c_str()), 0) << read_file_text(dir + "/scorer.log");
+    ASSERT_NO_FATAL_FAILURE(make_scorer_peer(dir));
   }
   auto s = test::make_session(grpo_recipe(dir, c));
   if (c.lora) randomize_trainable(*s);
@@ -269,6 +266,26 @@ TEST_F(GrpoStepParity, AResumedStepEqualsTrl) {
 }
 
 class GrpoRecipes : public GrpoStepParity {};
+
+// `text` (its files in `dir`) run again in a fresh folder: stopped after
+// its first step, then resumed to its end; the resumed session's summary.
+TrainSummary resumed_after_one_step(const std::string& text, const std::string& dir,
+                                    const test::TempDir& data) {
+  test::TempDir d2;
+  copy_peer_data(data, d2);
+  write_prompts_and_completions(d2.str());
+  std::string again = text;
+  for (size_t at; (at = again.find(dir)) != std::string::npos;)
+    again.replace(at, dir.size(), d2.str());
+  {
+    SessionOptions o;
+    o.stop_after_steps = 1;
+    EXPECT_EQ(test::make_session(again, o)->train().losses.size(), 1u);
+  }
+  SessionOptions o;
+  o.resume = true;
+  return test::make_session(again, o)->train();
+}
 
 std::string error_of_session(const std::string& recipe) {
   return error_of([&] { test::make_session(recipe)->train(); });
@@ -428,20 +445,7 @@ TEST_F(GrpoRecipes, AGenerationSpansTwoUpdatesAndSurvivesAResume) {
   EXPECT_LT(std::abs(whole.losses[0]), 1e-6);
   EXPECT_GT(std::abs(whole.losses[1]), 1e-6);
 
-  test::TempDir d2;
-  copy_peer_data(*data_, d2);
-  write_prompts_and_completions(d2.str());
-  std::string again = text;
-  for (size_t at; (at = again.find(dir)) != std::string::npos;)
-    again.replace(at, dir.size(), d2.str());
-  {
-    SessionOptions o;
-    o.stop_after_steps = 1;
-    ASSERT_EQ(test::make_session(again, o)->train().losses.size(), 1u);
-  }
-  SessionOptions o;
-  o.resume = true;
-  const TrainSummary resumed = test::make_session(again, o)->train();
+  const TrainSummary resumed = resumed_after_one_step(text, dir, *data_);
   ASSERT_EQ(resumed.losses.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_DOUBLE_EQ(resumed.losses[i], whole.losses[i + 1]) << i;
 }
@@ -493,20 +497,7 @@ TEST_F(GrpoRecipes, SamplesScoresTrainsAndResumesExactly) {
     EXPECT_EQ(curve["reward"][1].get<double>(), rec["grpo.reward"].get<double>());
   }
 
-  test::TempDir d2;
-  copy_peer_data(*data_, d2);
-  write_prompts_and_completions(d2.str());
-  std::string again = text;
-  for (size_t at; (at = again.find(dir)) != std::string::npos;)
-    again.replace(at, dir.size(), d2.str());
-  {
-    SessionOptions o;
-    o.stop_after_steps = 1;
-    ASSERT_EQ(test::make_session(again, o)->train().losses.size(), 1u);
-  }
-  SessionOptions o;
-  o.resume = true;
-  const TrainSummary resumed = test::make_session(again, o)->train();
+  const TrainSummary resumed = resumed_after_one_step(text, dir, *data_);
   ASSERT_FALSE(resumed.losses.empty());
   EXPECT_DOUBLE_EQ(resumed.losses.back(), whole.losses.back());
 }

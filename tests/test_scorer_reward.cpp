@@ -77,9 +77,7 @@ TEST_F(ScorerModel, ScoresEqualTransformersForTextsAndConversations) {
   copy_peer_data(*data_, d);
   std::ofstream(dir + "/texts.json")
       << nlohmann::json({{"texts", kTexts}, {"messages", kMessages}});
-  const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
-                          "/tests/peers/scorer_model.py " + dir + " > " + dir + "/peer.log 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file_text(dir + "/peer.log");
+  ASSERT_NO_FATAL_FAILURE(make_scorer_peer(dir));
   const nlohmann::json want = nlohmann::json::parse(read_file_text(dir + "/expected.json"));
   // The scores differ from row to row and from label to label: a pooling at
   // the wrong token would show.
@@ -114,9 +112,7 @@ TEST_F(ScorerModel, WhatCannotBeScoredIsRefusedByName) {
   test::TempDir d;
   const std::string dir = d.str();
   copy_peer_data(*data_, d);
-  const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
-                          "/tests/peers/scorer_model.py " + dir + " > " + dir + "/peer.log 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file_text(dir + "/peer.log");
+  ASSERT_NO_FATAL_FAILURE(make_scorer_peer(dir));
   auto s = test::make_session(plain_recipe(dir), SessionOptions{.skip_data = true});
   // Not a folder; a causal LM's folder.
   std::string e = error_of([&] { s->open_scorer(dir + "/nothing"); });
@@ -155,9 +151,7 @@ TEST_F(ScorerModel, ThePlanCountsTheRewardModelsWeights) {
   test::TempDir d;
   const std::string dir = d.str();
   copy_peer_data(*data_, d);
-  const std::string cmd = test::peer_python() + " " + TIGHTFIT_SOURCE_DIR +
-                          "/tests/peers/scorer_model.py " + dir + " > " + dir + "/peer.log 2>&1";
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << read_file_text(dir + "/peer.log");
+  ASSERT_NO_FATAL_FAILURE(make_scorer_peer(dir));
   std::ofstream(dir + "/prompts.jsonl")
       << R"({"prompt": [{"role": "user", "content": "Name a colour."}]})"
       << "\n";
