@@ -122,12 +122,15 @@ class FolderScorer final : public TextScorer {
             break;
           }
       }
+      const at::Device device = session_->env().device;
       const at::Tensor logits =
-          session_->executor()
-              .forward_logits(batch.to(session_->env().device), /*training=*/false)
+          session_->executor().forward_logits(batch.to(device), /*training=*/false);
+      // Each row's pooled token's logit of `label`, brought over alone.
+      const at::Tensor pooled =
+          logits.select(2, label)
+              .gather(1, at::tensor(at::ArrayRef<int64_t>(last), at::kLong).to(device).unsqueeze(1))
               .to(at::kCPU, at::kDouble);
-      for (int64_t r = 0; r < rows; ++r)
-        out.push_back(logits[r][last[static_cast<size_t>(r)]][label].item<double>());
+      for (int64_t r = 0; r < rows; ++r) out.push_back(pooled[r][0].item<double>());
     }
     return out;
   }

@@ -21,7 +21,6 @@
 // importance ratio is 1 at any log-prob, so that gradient is known before
 // the pass: one forward and backward, as TRL's.
 #include <cmath>
-#include <map>
 #include <memory>
 #include <optional>
 
@@ -330,7 +329,7 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
     if (s->options.beta != 0) s->reference.keep(s->host, step);
     s->host.zero_grad();
     Metrics generation, sums;
-    std::map<std::string, int> generations;  // how many of this step's generations logged a key
+    int generations = 0;  // this step's (every one logs the same keys)
     double loss = 0;
     int64_t tokens = 0;
     const int64_t every = static_cast<int64_t>(s->steps_per_generation) * s->num_iterations;
@@ -340,10 +339,9 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
         // below the accumulation: several), num_tokens as it stands at the last.
         Metrics g;
         generate(*s, g);
-        for (const auto& [key, value] : g) {
+        for (const auto& [key, value] : g)
           generation[key] = key == "num_tokens" ? value : generation[key] + value;
-          ++generations[key];
-        }
+        ++generations;
       }
       const Chunk& c = s->buffer[static_cast<size_t>(s->micro_steps % s->steps_per_generation)];
       if (s->accumulation > 1) s->host.set_micro_batch(k, s->accumulation);
@@ -354,7 +352,7 @@ tf_status run_step(void* state, tf_host_context* ctx, int64_t step, int64_t tota
       ++s->micro_steps;
     }
     for (const auto& [key, value] : generation)
-      s->host.log_metric(key, key == "num_tokens" ? value : value / generations[key]);
+      s->host.log_metric(key, key == "num_tokens" ? value : value / generations);
     for (const auto& [key, value] : sums) s->host.log_metric(key, value);
     tf_sdk::step_or_skip(s->host, step, s->skipped);
     out->loss = loss;
