@@ -7,6 +7,7 @@
 
 #include "cross_entropy.hpp"
 #include "fused_head_loss.hpp"
+#include "memory_accounting.hpp"
 #include "memory_plan.hpp"
 #include "test_support.hpp"
 
@@ -247,6 +248,62 @@ TEST(FusedLoss, CapsEachChunkAsTheWholeCappedLogits) {
   EXPECT_GT(std::abs(fused_head_loss(hidden, targets, {w, b}, 4, 1.0).item<double>() -
                      plain.item<double>()),
             1e-2);
+}
+
+// Targets on the host with most of them ignored (a GRPO row's prompt, an
+// SFT row's masked prompt): only the counted rows are projected over the
+// vocabulary — the pass's peak is a few rows' logits, not every row's — and
+// the loss, each row's loss and entropy and the gradients are the whole
+// logits' (0 on the ignored rows), with and without a backward.
+TEST(FusedLoss, ProjectsOnlyTheRowsWhoseTargetCounts) {
+  at::manual_seed(7);
+  const int64_t B = 4, T = 50, C = 16, V = 3000;
+  const at::Tensor hidden = at::randn({B, T, C}).requires_grad_(true);
+  const at::Tensor w = (at::randn({V, C}) * 0.3).requires_grad_(true);
+  at::Tensor targets = at::full({B, T}, kIgnoreIndex, at::kLong);
+  targets.narrow(1, T - 5, 5).copy_(at::randint(V, {B, 5}, at::kLong));  // 20 of 200 count
+  const at::Tensor counted = targets.reshape({-1}).ne(kIgnoreIndex);
+  const at::Tensor grad_weights = at::where(counted, at::rand({B * T}) - 0.5, at::zeros({B * T}));
+  // The whole logits in double.
+  const at::Tensor hd = hidden.detach().to(at::kDouble).requires_grad_(true);
+  const at::Tensor wd = w.detach().to(at::kDouble).requires_grad_(true);
+  const at::Tensor lp = at::log_softmax(at::linear(hd, wd).reshape({-1, V}), 1);
+  const at::Tensor ce =
+      -lp.gather(1, targets.reshape({-1, 1}).clamp_min(0)).squeeze(1) * counted.to(at::kDouble);
+  const at::Tensor entropy = -(lp.exp() * lp).sum(1) * counted.to(at::kDouble);
+  const at::Tensor plain = (ce * grad_weights.to(at::kDouble)).sum();
+  const auto plain_grads = torch::autograd::grad({plain}, {hd, wd});
+  auto& acct = MemoryAccounting::instance();
+  for (const bool backward : {false, true}) {
+    const at::Tensor each = at::full({B * T}, 7.0, at::kFloat);  // ignored rows: written 0
+    const at::Tensor entropies = at::full({B * T}, 7.0, at::kFloat);
+    at::AutoGradMode mode(backward);
+    const int64_t start = acct.snapshot().total_current;
+    acct.reset_peaks();
+    const at::Tensor loss =
+        fused_head_weighted_loss(hidden, targets, {w}, 256, 1.0,
+                                 backward ? grad_weights : at::Tensor(), each, {}, 1.0, entropies);
+    const int64_t peak = acct.snapshot().total_peak - start;
+    EXPECT_LT(peak, B * T * V * 4 / 2) << "every row's logits were made: " << peak << " bytes";
+    EXPECT_GE(peak, 20 * V * 4) << "the counted rows' logits";
+    EXPECT_LE((each.to(at::kDouble) - ce.detach()).abs().max().item<double>(), 1e-5);
+    EXPECT_LE((entropies.to(at::kDouble) - entropy.detach()).abs().max().item<double>(), 1e-5);
+    if (!backward) continue;
+    EXPECT_NEAR(loss.item<double>(), plain.item<double>(), 1e-5);
+    const auto grads = torch::autograd::grad({loss}, {hidden, w});
+    for (size_t i = 0; i < 2; ++i) {
+      const double scale = plain_grads[i].abs().max().item<double>();
+      EXPECT_GT(scale, 0) << i;
+      EXPECT_LE((grads[i].to(at::kDouble) - plain_grads[i]).abs().max().item<double>(),
+                1e-5 * scale)
+          << i;
+    }
+    // An ignored row's hidden state gets no gradient.
+    EXPECT_EQ(grads[0].reshape({-1, C}).index({~counted}).abs().max().item<double>(), 0.0);
+  }
+  // The mean loss alike: that of the counted rows.
+  const at::Tensor mean = fused_head_loss(hidden, targets, {w}, 256, 1.0);
+  EXPECT_NEAR(mean.item<double>(), ce.sum().item<double>() / 20, 1e-5);
 }
 
 // The plan keeps a chunk of logits, not all of them: its activations shrink,

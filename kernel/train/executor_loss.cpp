@@ -110,11 +110,12 @@ at::Tensor Executor::head_loss(int32_t stage, const at::Tensor& hidden, LossRequ
   if (!st.projection_bias.empty()) projection.bias = fetch_weight(st.projection_bias);
   projection.softcap = st.projection_softcap;
   const int64_t chunk = fused_loss_chunk_rows(projection.weight.size(0), loss_chunk_tokens_);
+  // The targets as the host has them: the rows that count are picked there.
   if (loss.each.defined())
-    return fused_head_weighted_loss(hidden, targets, projection, chunk, loss.grad_scale,
+    return fused_head_weighted_loss(hidden, loss.targets, projection, chunk, loss.grad_scale,
                                     loss.weights, loss.each, loss.mean_logits, loss.logits_scale,
                                     loss.entropies);
-  return fused_head_loss(hidden, targets, projection, chunk, loss.grad_scale, loss.counted);
+  return fused_head_loss(hidden, loss.targets, projection, chunk, loss.grad_scale, loss.counted);
 }
 
 at::Tensor Executor::weighted_logits_loss(const at::Tensor& logits, const at::Tensor& targets,

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
+#include <vector>
 
 #include "cross_entropy.hpp"
 #include "host_reads.hpp"
@@ -260,14 +261,72 @@ struct FusedHeadLossFunction : public torch::autograd::Function<FusedHeadLossFun
 
 namespace {
 
+// The rows whose target counts, when some do not and the targets are on the
+// host (a batch's, before they went to the device: no read of the device),
+// as an index on `device`; undefined when every row counts, none does, or
+// the targets are on a device. Read from the host's memory directly, so a
+// batch whose targets all count dispatches no operator here.
+at::Tensor counted_row_index(const at::Tensor& targets, at::Device device) {
+  if (!targets.device().is_cpu() || targets.scalar_type() != at::kLong) return {};
+  const at::Tensor t = targets.is_contiguous() ? targets : targets.contiguous();
+  const int64_t* ids = t.const_data_ptr<int64_t>();
+  std::vector<int64_t> rows;
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (ids[i] != kIgnoreIndex) rows.push_back(i);
+  if (rows.empty() || static_cast<int64_t>(rows.size()) == t.numel()) return {};
+  return at::tensor(rows, at::kLong).to(device);
+}
+
 // fused_head_loss and fused_head_weighted_loss: hidden flattened, targets
 // checked, the gradient-free path taken where nothing needs a gradient.
 at::Tensor fused_head(const at::Tensor& hidden, const at::Tensor& targets,
                       const HeadProjection& projection, int64_t chunk_rows, double grad_scale,
                       const at::Tensor& weights, const at::Tensor& each,
                       const at::Tensor& mean_logits, int64_t counted, double logits_scale = 1.0,
-                      const at::Tensor& entropies = {}) {
+                      const at::Tensor& entropies = {});
+
+// The loss of the rows whose target counts alone, when some do not: a
+// prompt's positions (a schedule's completions, an SFT batch's masked
+// prompts) cost no projection over the vocabulary, as TRL's logits_to_keep.
+// Their loss, entropy and gradient are 0 either way; `mean_logits` wants
+// every row's, so it takes the whole rows. Undefined when not taken.
+at::Tensor fused_head_of_counted_rows(const at::Tensor& hidden, const at::Tensor& targets,
+                                      const HeadProjection& projection, int64_t chunk_rows,
+                                      double grad_scale, const at::Tensor& weights,
+                                      const at::Tensor& each, const at::Tensor& mean_logits,
+                                      int64_t counted, double logits_scale,
+                                      const at::Tensor& entropies) {
+  if (mean_logits.defined() || hidden.dim() == 0 ||
+      targets.numel() * hidden.size(-1) != hidden.numel())  // fused_head refuses it
+    return {};
+  const at::Tensor rows = counted_row_index(targets, hidden.device());
+  if (!rows.defined()) return {};
+  const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});
+  auto pick = [&](const at::Tensor& t) {
+    return t.defined() ? t.reshape({-1}).to(h.device()).index_select(0, rows) : t;
+  };
+  const at::Tensor part_each = each.defined() ? at::zeros({rows.size(0)}, each.options()) : each;
+  const at::Tensor part_entropies =
+      entropies.defined() ? at::zeros({rows.size(0)}, entropies.options()) : entropies;
+  at::Tensor loss = fused_head(h.index_select(0, rows), pick(targets), projection, chunk_rows,
+                               grad_scale, pick(weights), part_each, at::Tensor(),
+                               counted >= 0 ? counted : rows.size(0), logits_scale, part_entropies);
+  if (each.defined()) each.zero_().index_copy_(0, rows, part_each);
+  if (entropies.defined()) entropies.zero_().index_copy_(0, rows, part_entropies);
+  return loss;
+}
+
+at::Tensor fused_head(const at::Tensor& hidden, const at::Tensor& targets,
+                      const HeadProjection& projection, int64_t chunk_rows, double grad_scale,
+                      const at::Tensor& weights, const at::Tensor& each,
+                      const at::Tensor& mean_logits, int64_t counted, double logits_scale,
+                      const at::Tensor& entropies) {
   if (chunk_rows <= 0) throw std::invalid_argument("fused loss: chunk_rows must be positive");
+  if (at::Tensor loss =
+          fused_head_of_counted_rows(hidden, targets, projection, chunk_rows, grad_scale, weights,
+                                     each, mean_logits, counted, logits_scale, entropies);
+      loss.defined())
+    return loss;
   const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});
   const at::Tensor t = targets.reshape({-1}).to(h.device(), at::kLong);
   if (t.size(0) != h.size(0))

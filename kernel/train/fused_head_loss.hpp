@@ -41,6 +41,10 @@ int64_t fused_loss_chunk_rows(int64_t vocab, int64_t requested);
 // computed in forward carry so that 16-bit ones keep their range.
 // `counted`: how many targets are not kIgnoreIndex when the caller knows it
 // (from the batch, on the host); -1 counts them here, with a read.
+// Targets on the host (as a batch brings them) let it project only the rows
+// whose target counts (a prompt's positions cost nothing, as TRL's
+// logits_to_keep); on a device it projects every row, as reading which
+// count would wait for the device.
 at::Tensor fused_head_loss(const at::Tensor& hidden, const at::Tensor& targets,
                            const HeadProjection& projection, int64_t chunk_rows, double grad_scale,
                            int64_t counted = -1);
