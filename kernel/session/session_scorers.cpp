@@ -130,7 +130,8 @@ class FolderScorer final : public TextScorer {
           logits.select(2, label)
               .gather(1, at::tensor(at::ArrayRef<int64_t>(last), at::kLong).to(device).unsqueeze(1))
               .to(at::kCPU, at::kDouble);
-      for (int64_t r = 0; r < rows; ++r) out.push_back(pooled[r][0].item<double>());
+      const auto value = pooled.accessor<double, 2>();
+      for (int64_t r = 0; r < rows; ++r) out.push_back(value[r][0]);
     }
     return out;
   }

@@ -85,7 +85,6 @@ at::Tensor Executor::head_loss(int32_t stage, const at::Tensor& hidden, LossRequ
   const EnteredPass entered(*this, in_head);
   CategoryScope scope(TF_MEM_ACTIVATIONS);
   loss.computed = true;
-  const at::Tensor targets = loss.targets.to(hidden.device());
   HeadProjection projection;
   // With the adapters off nothing extends the head, and whether they do is
   // asked (once) while they are on.
@@ -98,6 +97,7 @@ at::Tensor Executor::head_loss(int32_t stage, const at::Tensor& hidden, LossRequ
   if (adapters_enabled_ && *head_extended_) {
     // The hidden state came: the projection as the head would have made it.
     projection = {};
+    const at::Tensor targets = loss.targets.to(hidden.device());
     at::Tensor logits = linear(hidden, st.projection_weight, st.projection_bias);
     if (st.projection_softcap > 0)  // as the head caps its output
       logits = at::tanh(logits / st.projection_softcap) * st.projection_softcap;
@@ -110,7 +110,8 @@ at::Tensor Executor::head_loss(int32_t stage, const at::Tensor& hidden, LossRequ
   if (!st.projection_bias.empty()) projection.bias = fetch_weight(st.projection_bias);
   projection.softcap = st.projection_softcap;
   const int64_t chunk = fused_loss_chunk_rows(projection.weight.size(0), loss_chunk_tokens_);
-  // The targets as the host has them: the rows that count are picked there.
+  // The targets as the host has them: the rows that count are picked there
+  // (the fused loss brings them to the device).
   if (loss.each.defined())
     return fused_head_weighted_loss(hidden, loss.targets, projection, chunk, loss.grad_scale,
                                     loss.weights, loss.each, loss.mean_logits, loss.logits_scale,

@@ -277,13 +277,13 @@ at::Tensor counted_row_index(const at::Tensor& targets, at::Device device) {
   return at::tensor(rows, at::kLong).to(device);
 }
 
-// fused_head_loss and fused_head_weighted_loss: hidden flattened, targets
-// checked, the gradient-free path taken where nothing needs a gradient.
-at::Tensor fused_head(const at::Tensor& hidden, const at::Tensor& targets,
-                      const HeadProjection& projection, int64_t chunk_rows, double grad_scale,
-                      const at::Tensor& weights, const at::Tensor& each,
-                      const at::Tensor& mean_logits, int64_t counted, double logits_scale = 1.0,
-                      const at::Tensor& entropies = {});
+// Every row of hidden projected: hidden flattened, targets checked, the
+// gradient-free path taken where nothing needs a gradient.
+at::Tensor fused_head_all_rows(const at::Tensor& hidden, const at::Tensor& targets,
+                               const HeadProjection& projection, int64_t chunk_rows,
+                               double grad_scale, const at::Tensor& weights, const at::Tensor& each,
+                               const at::Tensor& mean_logits, int64_t counted, double logits_scale,
+                               const at::Tensor& entropies);
 
 // The loss of the rows whose target counts alone, when some do not: a
 // prompt's positions (a schedule's completions, an SFT batch's masked
@@ -296,7 +296,7 @@ at::Tensor fused_head_of_counted_rows(const at::Tensor& hidden, const at::Tensor
                                       const at::Tensor& each, const at::Tensor& mean_logits,
                                       int64_t counted, double logits_scale,
                                       const at::Tensor& entropies) {
-  if (mean_logits.defined() || hidden.dim() == 0 ||
+  if (mean_logits.defined() || counted == targets.numel() || hidden.dim() == 0 ||
       targets.numel() * hidden.size(-1) != hidden.numel())  // fused_head refuses it
     return {};
   const at::Tensor rows = counted_row_index(targets, hidden.device());
@@ -308,25 +308,36 @@ at::Tensor fused_head_of_counted_rows(const at::Tensor& hidden, const at::Tensor
   const at::Tensor part_each = each.defined() ? at::zeros({rows.size(0)}, each.options()) : each;
   const at::Tensor part_entropies =
       entropies.defined() ? at::zeros({rows.size(0)}, entropies.options()) : entropies;
-  at::Tensor loss = fused_head(h.index_select(0, rows), pick(targets), projection, chunk_rows,
-                               grad_scale, pick(weights), part_each, at::Tensor(),
-                               counted >= 0 ? counted : rows.size(0), logits_scale, part_entropies);
+  at::Tensor loss = fused_head_all_rows(
+      h.index_select(0, rows), pick(targets), projection, chunk_rows, grad_scale, pick(weights),
+      part_each, at::Tensor(), counted >= 0 ? counted : rows.size(0), logits_scale, part_entropies);
   if (each.defined()) each.zero_().index_copy_(0, rows, part_each);
   if (entropies.defined()) entropies.zero_().index_copy_(0, rows, part_entropies);
   return loss;
 }
 
+// fused_head_loss and fused_head_weighted_loss: the counted rows alone
+// where that is known on the host, else every row.
 at::Tensor fused_head(const at::Tensor& hidden, const at::Tensor& targets,
                       const HeadProjection& projection, int64_t chunk_rows, double grad_scale,
                       const at::Tensor& weights, const at::Tensor& each,
-                      const at::Tensor& mean_logits, int64_t counted, double logits_scale,
-                      const at::Tensor& entropies) {
+                      const at::Tensor& mean_logits, int64_t counted, double logits_scale = 1.0,
+                      const at::Tensor& entropies = {}) {
   if (chunk_rows <= 0) throw std::invalid_argument("fused loss: chunk_rows must be positive");
   if (at::Tensor loss =
           fused_head_of_counted_rows(hidden, targets, projection, chunk_rows, grad_scale, weights,
                                      each, mean_logits, counted, logits_scale, entropies);
       loss.defined())
     return loss;
+  return fused_head_all_rows(hidden, targets, projection, chunk_rows, grad_scale, weights, each,
+                             mean_logits, counted, logits_scale, entropies);
+}
+
+at::Tensor fused_head_all_rows(const at::Tensor& hidden, const at::Tensor& targets,
+                               const HeadProjection& projection, int64_t chunk_rows,
+                               double grad_scale, const at::Tensor& weights, const at::Tensor& each,
+                               const at::Tensor& mean_logits, int64_t counted, double logits_scale,
+                               const at::Tensor& entropies) {
   const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});
   const at::Tensor t = targets.reshape({-1}).to(h.device(), at::kLong);
   if (t.size(0) != h.size(0))
