@@ -60,6 +60,37 @@ TEST(CpuThreads, IdleOpenmpThreadsSleepUnlessTheUserSaysOtherwise) {
   ASSERT_NE(now, nullptr);
 }
 
+// A run whose threads follow the machine's load ([run] adapt_threads) spins
+// briefly instead of sleeping: beside a busy process it trains on one thread,
+// and on a quiet machine a decode's small regions then wake no futex. The
+// executable starts itself again once for it (the count is read as libgomp
+// loads, so OMP_DISPLAY_ENV shows both images); a policy the user gave, and
+// a run with a fixed thread count, keep the passive waits.
+TEST(CpuThreads, ARunWhoseThreadsFollowTheLoadSpinsBriefly) {
+  test::TempDir dir;
+  const std::string recipe =
+      test::write_file(dir, "r.toml", test::tiny_recipe(test::write_corpus(dir), dir.str()));
+  auto dry_run = [&](const std::string& env, const std::string& sets, std::string* out) {
+    return test::run_command(
+        "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT -u TIGHTFIT_OPENMP_WAITS "
+        "OMP_DISPLAY_ENV=verbose " +
+            env + " " + TIGHTFIT_BINARY + " run " + recipe + " --dry-run " + sets + " 2>&1",
+        out);
+  };
+  std::string out;
+  ASSERT_EQ(dry_run("", "--set run.adapt_threads=true", &out), 0) << out;
+  EXPECT_NE(out.find("GOMP_SPINCOUNT = '3000'"), std::string::npos) << out;
+  EXPECT_NE(out.find("valid"), std::string::npos) << out;
+  ASSERT_EQ(dry_run("", "", &out), 0) << out;
+  EXPECT_EQ(out.find("GOMP_SPINCOUNT = '3000'"), std::string::npos) << out;
+  EXPECT_NE(out.find("GOMP_SPINCOUNT = '0'"), std::string::npos) << out;
+  ASSERT_EQ(dry_run("OMP_WAIT_POLICY=passive", "--set run.adapt_threads=true", &out), 0) << out;
+  EXPECT_EQ(out.find("GOMP_SPINCOUNT = '3000'"), std::string::npos) << out;
+  ASSERT_EQ(dry_run("GOMP_SPINCOUNT=20", "--set run.adapt_threads=true", &out), 0) << out;
+  EXPECT_EQ(out.find("GOMP_SPINCOUNT = '3000'"), std::string::npos) << out;
+  EXPECT_NE(out.find("GOMP_SPINCOUNT = '20'"), std::string::npos) << out;
+}
+
 TEST(CpuThreads, ACpuCountsAsTakenFromThreeQuartersBusy) {
   EXPECT_EQ(threads_beside(2, 0.0), 2);
   EXPECT_EQ(threads_beside(2, 0.5), 2);  // shared now and then: still a thread

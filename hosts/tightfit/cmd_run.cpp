@@ -21,6 +21,7 @@
 #include "logging.hpp"
 #include "memory_budget.hpp"
 #include "memory_plan.hpp"
+#include "openmp_waits.hpp"
 #include "recipe_paths.hpp"
 #include "run_answers.hpp"
 #include "run_rewards.hpp"
@@ -182,6 +183,9 @@ int run_command(const std::vector<std::string>& args) {
         recipe.add_strategy(p);
     if (vm.count("set"))
       for (const auto& s : vm["set"].as<std::vector<std::string>>()) recipe.apply_override(s);
+    if (const toml::table* run = recipe.table("run"))
+      spin_briefly_while_threads_adapt((*run)["adapt_threads"].value_or(false) &&
+                                       (*run)["threads"].value_or(int64_t{0}) <= 0);
     PluginRegistry registry = PluginRegistry::discover();
 
     SessionOptions so;
