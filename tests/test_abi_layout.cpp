@@ -62,6 +62,7 @@ TF_FROZEN(tf_run_info, seed, 64);
 TF_FROZEN(tf_run_info, run_dir, 72);
 TF_FROZEN(tf_run_info, dry_run, 80);
 TF_FROZEN(tf_run_info, model_source, 88);
+TF_FROZEN(tf_run_info, mlp_tile_tokens, 96);  // 1.29
 TF_FROZEN(tf_param_plan, struct_size, 0);
 TF_FROZEN(tf_param_plan, bytes, 8);
 TF_FROZEN(tf_param_plan, format, 16);
@@ -244,7 +245,8 @@ TF_FROZEN(tf_host_api, declare_kept_param_copies, 648);
 TF_FROZEN(tf_host_api, generate, 656);  // 1.25
 TF_FROZEN(tf_host_api, score_rewards, 664);
 TF_FROZEN(tf_host_api, score_texts, 672);  // 1.28, the last reserved slot
-static_assert(sizeof(tf_host_api) == 680, "tf_host_api grows only by appending services");
+TF_FROZEN(tf_host_api, tiled_over_tokens, 680);  // 1.29, appended
+static_assert(sizeof(tf_host_api) == 688, "tf_host_api grows only by appending services");
 TF_FROZEN(tf_model_vtable, struct_size, 0);
 TF_FROZEN(tf_model_vtable, create, 8);
 TF_FROZEN(tf_model_vtable, destroy, 16);

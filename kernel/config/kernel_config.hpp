@@ -23,6 +23,7 @@
   X(int64_t, cpu_block_cache, get_size)                      \
   X(bool, fused_loss, get_bool)                              \
   X(int64_t, loss_chunk_tokens, get_int)                     \
+  X(int64_t, mlp_tile_tokens, get_int)                       \
   X(std::string, out_dir, get_string)                        \
   X(int64_t, log_every, get_int)                             \
   X(int64_t, threads, get_int)                               \

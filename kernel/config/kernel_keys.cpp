@@ -44,6 +44,12 @@ const std::vector<KeySpec>& run_keys() {
           "tokens per chunk of the fused loss; 0 = as many as keep a chunk's fp32 logits near "
           "64 MiB",
           0, 1e9),
+      key("mlp_tile_tokens", TF_VALUE_INT, "0",
+          "compute the feed-forward of each block over this many tokens at a time in training, "
+          "each tile run again in backward rather than kept, so its [tokens x intermediate] "
+          "activations are one tile wide (long context; models that declare it); 0 = "
+          "all tokens at once",
+          0, 1e9),
       key("out_dir", TF_VALUE_STRING, "\"runs\"", "folder that holds run folders"),
       key("log_every", TF_VALUE_INT, "10", "steps between progress lines", 1, 1e9),
       key("threads", TF_VALUE_INT, "0",

@@ -154,3 +154,20 @@ tf_status h_read_later(tf_host_context* ctx, tf_tensor value, double* out) {
 }
 
 }  // namespace tightfit::host_services
+
+namespace tightfit::host_services {
+
+tf_status h_tiled_over_tokens(tf_host_context* ctx, tf_tensor x, tf_tokenwise_fn fn, void* user,
+                              int64_t tag, tf_tensor* out) {
+  return serve(ctx, [&] {
+    require(x, "x");
+    require(out, "out");
+    if (fn == nullptr) throw std::invalid_argument("tiled_over_tokens: fn is NULL");
+    // The function runs again in backward as the model's own call.
+    if (ctx->kernel->plugins == nullptr || ctx != ctx->kernel->plugins->model.ctx.get())
+      throw WrongPhase("tiled_over_tokens is the model's service (its stage_forward and decode)");
+    *out = give_handle(ctx->kernel->executor->tiled_over_tokens(handle_tensor(x), {fn, user, tag}));
+  });
+}
+
+}  // namespace tightfit::host_services

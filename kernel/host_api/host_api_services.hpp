@@ -150,7 +150,7 @@ void refuse_pairs_in_a_loss_pass(const tf_batch& b);
   X(preference_rows) X(add_loss_term) X(expect_weights) X(take_loss_terms) \
   X(declare_param_copies) X(use_param_copies) X(take_mean_logits) X(run_pass) \
   X(read_later) X(progress) X(declare_kept_param_copies) X(generate) X(score_rewards) \
-  X(score_texts)
+  X(score_texts) X(tiled_over_tokens)
 // clang-format on
 
 // Each declared with the exact type of its slot in the table.

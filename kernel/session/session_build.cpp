@@ -94,6 +94,7 @@ void Session::read_kernel_tables() {
                       " has none here: set name = \"adamw\" or fused = false");
   executor_.inject_nan_at(env_.config.run.debug_nan_at_steps);
   executor_.set_fused_loss(env_.config.run.fused_loss, env_.config.run.loss_chunk_tokens);
+  executor_.set_mlp_tile_tokens(env_.config.run.mlp_tile_tokens);
   // A fixed count does not follow the load: asking for both is refused, not
   // half done.
   if (env_.config.run.adapt_threads && env_.config.run.threads > 0)
@@ -297,6 +298,7 @@ void Session::set_up_run_folder(const std::optional<DistEnv>& dist) {
   env_.run_info.seed = static_cast<uint64_t>(env_.config.run.seed);
   env_.run_info.run_dir = env_.run_dir_abs.c_str();
   env_.run_info.model_source = env_.model_source.c_str();
+  env_.run_info.mlp_tile_tokens = env_.config.run.mlp_tile_tokens;
 }
 
 // Parameters created stage by stage: initialized or read from the weights

@@ -139,9 +139,10 @@ PluginInstance Session::make_instance(const std::string& name, tf_plugin_kind ki
   // "weights" in [model] is the kernel's: Hugging Face weights to start from.
   inst.ctx->config = recipe_.validate(
       table, "[" + role + "] (plugin " + plugin.name + ")", plugin.keys,
-      role == "model"    ? std::vector<std::string>{"plugin", "weights", "sha256"}
-      : role == "reward" ? std::vector<std::string>{"plugin", "sha256", "weight", "name", "time_limit"}
-                         : std::vector<std::string>{"plugin", "sha256"});
+      role == "model" ? std::vector<std::string>{"plugin", "weights", "sha256"}
+      : role == "reward"
+          ? std::vector<std::string>{"plugin", "sha256", "weight", "name", "time_limit"}
+          : std::vector<std::string>{"plugin", "sha256"});
   if (role == "model") read_gguf_paths_as_folders(inst.ctx->config);
   return inst;
 }
@@ -238,6 +239,13 @@ void Session::create_model(const std::string& base_dir) {
                       "\" does not read per-token positions (TF_MODEL_FEATURE_POSITIONS), so its "
                       "attention would cross from one example to the next in a packed row; set "
                       "packing = false");
+  if (env_.config.run.mlp_tile_tokens > 0 &&
+      !(plugins_.model.plugin->model_features & TF_MODEL_FEATURE_TILED_MLP))
+    throw RecipeError(recipe_.source() + ": [run] mlp_tile_tokens = " +
+                      std::to_string(env_.config.run.mlp_tile_tokens) + ": model plugin \"" +
+                      model_name +
+                      "\" does not compute its feed-forward in tiles "
+                      "(TF_MODEL_FEATURE_TILED_MLP); set mlp_tile_tokens = 0");
   plugins_.declaring = true;
   const tf_status model_st = plugin_call(plugins_.model, "create", [&] {
     return plugins_.model.plugin->model()->create(host_api(), plugins_.model.ctx.get(),

@@ -59,6 +59,13 @@ struct TokenScoring {
   bool entropies = false;
 };
 
+// A model's function of each token alone (tiled_over_tokens, ABI 1.29).
+struct TokenwiseFn {
+  tf_tokenwise_fn fn = nullptr;
+  void* user = nullptr;
+  int64_t tag = 0;
+};
+
 class Executor {
  public:
   // `step` is the trainer's counter (0-based), read for each call's tf_stage_call.
@@ -86,6 +93,14 @@ class Executor {
     fused_loss_ = on;
     loss_chunk_tokens_ = chunk_tokens;
   }
+  // [run] mlp_tile_tokens: tiled_over_tokens runs a model's per-token
+  // function this many tokens at a time (0: all at once).
+  void set_mlp_tile_tokens(int64_t tokens) { mlp_tile_tokens_ = tokens; }
+  // fn(x), tiled over x's tokens in training (tiled_tokens.cpp).
+  at::Tensor tiled_over_tokens(const at::Tensor& x, const TokenwiseFn& fn);
+  // One call of the model's fn through the door into plugins, in `scope`
+  // when given (a tile run again in backward), else in the running pass.
+  at::Tensor call_tokenwise(const TokenwiseFn& fn, const at::Tensor& x, PassScope* scope = nullptr);
   // The stage whose projection the loss computes (-1: the logits come whole).
   int32_t fusable_head() const;
   // The strategies' adapters are on (the default) or off (a reference pass).
@@ -292,6 +307,7 @@ class Executor {
   at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward
   bool fused_loss_ = true;
   int64_t loss_chunk_tokens_ = 0;      // 0: fused_loss_chunk_rows decides
+  int64_t mlp_tile_tokens_ = 0;        // 0: a per-token function runs on all tokens at once
   std::optional<bool> head_extended_;  // head_is_extended, once asked (with adapters on)
   bool adapters_enabled_ = true;
   std::string copies_prefix_;  // use_param_copies

@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 28
+#define TF_ABI_VERSION_MINOR 29
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -462,6 +462,13 @@ typedef struct tf_run_info {
    * folder of a weights file), "" when the model starts from the recipe's
    * init. A PEFT adapter names it as base_model_name_or_path. */
   const char* model_source;
+  /* Added in 1.29 (read it when struct_size covers it): [run]
+   * mlp_tile_tokens, > 0 only for a model that declares
+   * TF_MODEL_FEATURE_TILED_MLP: tiled_over_tokens computes its feed-forward
+   * that many tokens at a time in training, and the model declares its
+   * stages' activation bytes for that tile (its intermediate one tile wide,
+   * not the whole batch's). 0: the whole batch at once. */
+  int64_t mlp_tile_tokens;
 } tf_run_info;
 
 /* A matrix as its weights file stores it, in one of ggml's block types
@@ -960,6 +967,13 @@ typedef struct tf_memory_estimate {
  * further than the caller's struct_size, which is set to min(caller's,
  * host's); input structs are read no further than theirs (later fields read
  * as 0). */
+
+/* A function of each token alone that the host may run in tiles
+ * (tiled_over_tokens, 1.29): out = f(x), *out new; a status other than TF_OK
+ * fails the pass (set_error says why). */
+typedef tf_status (*tf_tokenwise_fn)(void* user, tf_host_context* ctx, int64_t tag, tf_tensor x,
+                                     tf_tensor* out);
+
 typedef struct tf_host_api {
   uint32_t struct_size;
   uint32_t abi_version;         /* the host's TF_ABI_VERSION */
@@ -1361,6 +1375,22 @@ typedef struct tf_host_api {
    * is size-prefixed). */
   tf_status (*score_texts)(tf_host_context* ctx, const tf_score_texts_request* request,
                            tf_score_texts_result* out);
+
+  /* Added in 1.29 (appended; a host older than 1.29 lacks it: TF_HAS):
+   * out = fn(x), where fn computes each token alone (a feed-forward; no
+   * dropout, no state): x is [..., C] and fn's output keeps its leading
+   * dimensions. In a training pass under [run] mlp_tile_tokens = N > 0 the
+   * host runs fn over at most N tokens at a time and keeps only x for
+   * backward, where it runs each tile again with autograd and backpropagates
+   * that tile's share of the gradient, so fn's intermediates are never more
+   * than N tokens wide (a tiled MLP); the parameters fn reads (through
+   * weight/linear) get the sum of the tiles' gradients. Otherwise it calls fn
+   * once on x. The host calls fn, on any thread, as it calls a plugin's hooks
+   * (its services served there), with `user` and `tag` as given, during this
+   * call and in backward: `user` must live as long as the model does. *out is
+   * new. */
+  tf_status (*tiled_over_tokens)(tf_host_context* ctx, tf_tensor x, tf_tokenwise_fn fn, void* user,
+                                 int64_t tag, tf_tensor* out);
 } tf_host_api;
 
 /* ------------------------------------------------------------------------- */
@@ -1426,6 +1456,11 @@ typedef struct tf_model_vtable {
  * repeated k times first (row i becomes rows i*k .. i*k+k-1, its starts
  * too), so that one prompt's prefill serves its k completions. */
 #define TF_MODEL_FEATURE_DECODE_FANOUT ((uintptr_t)2)
+/* Added in 1.29: the model computes its feed-forward through
+ * host->tiled_over_tokens and declares its activation bytes for
+ * tf_run_info.mlp_tile_tokens ([run] mlp_tile_tokens is refused for a model
+ * without it). */
+#define TF_MODEL_FEATURE_TILED_MLP ((uintptr_t)4)
 
 /* A memory strategy: any subset of hooks; NULL means "no effect". Strategies
  * run in recipe order; a hook returning TF_NOT_HANDLED passes to the next. */

@@ -83,6 +83,7 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
         for (at::Tensor* f : {&r->inv_freq, &r->inv_freq_long})
           if (f->defined()) *f = f->to(at::Device(info.device));
 
+    m->tiled_mlp = llama::mlp_tile_tokens(info) > 0;
     llama::declare_parameters(*m, info);
     if (s.router_aux_coef > 0) m->balance.emplace(s.router_aux_coef, s.n_experts);
     const int64_t L = s.n_layer, C = s.n_embd, V = s.vocab;
@@ -244,17 +245,18 @@ tf_status hf_config_json(void* state, tf_host_context*, const char** out) {
   return TF_OK;
 }
 
-const tf_model_vtable kVtable = {
-    .struct_size = sizeof(tf_model_vtable),
-    .create = create,
-    .destroy = tf_sdk::destroy_state<Llama>,
-    .stage_forward = stage_forward,
-    .hf_config_json = hf_config_json,
-    .decode = decode,
-    .release_cache = release_cache,
-    .hf_model_types = llama::kModelTypes,
-    .features = TF_MODEL_FEATURE_POSITIONS | TF_MODEL_FEATURE_DECODE_FANOUT,
-    .decode_rows = decode_rows};
+const tf_model_vtable kVtable = {.struct_size = sizeof(tf_model_vtable),
+                                 .create = create,
+                                 .destroy = tf_sdk::destroy_state<Llama>,
+                                 .stage_forward = stage_forward,
+                                 .hf_config_json = hf_config_json,
+                                 .decode = decode,
+                                 .release_cache = release_cache,
+                                 .hf_model_types = llama::kModelTypes,
+                                 .features = TF_MODEL_FEATURE_POSITIONS |
+                                             TF_MODEL_FEATURE_DECODE_FANOUT |
+                                             TF_MODEL_FEATURE_TILED_MLP,
+                                 .decode_rows = decode_rows};
 
 const tf_plugin_descriptor kDescriptor = tf_sdk::describe(
     TF_PLUGIN_MODEL, "llama", "1.0.0",

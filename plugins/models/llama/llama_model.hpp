@@ -80,6 +80,8 @@ struct Llama {
   Rope rotary;            // inverse frequencies on the run's device, attention scaling
   Rope local;             // Gemma 3's sliding layers' (Shape::local_rope)
   std::string hf_config;  // config.json for export
+  bool tiled_mlp =
+      false;  // [run] mlp_tile_tokens > 0: dense feed-forwards through tiled_over_tokens
 
   int64_t head_dim() const { return s.d_head(); }
   std::string layer(int64_t l, const char* rest) const {
@@ -355,17 +357,36 @@ struct Llama {
     return proj(gate * proj(v, l, "mlp.up_proj", s.mlp_bias), l, "mlp.down_proj", s.mlp_bias);
   }
 
+  // The feed-forward of layer `tag` on x, as the host's tiled_over_tokens
+  // calls it (user: the Llama).
+  static tf_status tokenwise_mlp(void* user, tf_host_context* ctx, int64_t tag, tf_tensor x,
+                                 tf_tensor* out) {
+    const auto* m = static_cast<const Llama*>(user);
+    return tf_sdk::guard(m->host.api(), ctx, [&] {
+      *out = tf_sdk::give(m->mlp(tf_sdk::borrow(x), tag));
+      return TF_OK;
+    });
+  }
+  // A dense feed-forward a tile of tokens at a time under [run]
+  // mlp_tile_tokens; experts run whole (their router's balance loss is over
+  // all the tokens).
+  at::Tensor feed_forward(const at::Tensor& v, int64_t l) const {
+    if (!tiled_mlp || s.has_experts(l)) return mlp(v, l);
+    return host.tiled_over_tokens(v, &Llama::tokenwise_mlp, const_cast<Llama*>(this), l);
+  }
+
   at::Tensor block(const at::Tensor& h, int64_t l, KvCache* cache,
                    const at::Tensor& positions = {}) const {
     const at::Tensor y =
         attention(rms_norm(h, layer(l, "input_layernorm.weight")), l, cache, positions);
     if (s.sandwich_norms) {  // Gemma 2
       const at::Tensor a = h + rms_norm(y, layer(l, "post_attention_layernorm.weight"));
-      const at::Tensor m = mlp(rms_norm(a, layer(l, "pre_feedforward_layernorm.weight")), l);
+      const at::Tensor m =
+          feed_forward(rms_norm(a, layer(l, "pre_feedforward_layernorm.weight")), l);
       return a + rms_norm(m, layer(l, "post_feedforward_layernorm.weight"));
     }
     const at::Tensor a = h + y;
-    return a + mlp(rms_norm(a, layer(l, "post_attention_layernorm.weight")), l);
+    return a + feed_forward(rms_norm(a, layer(l, "post_attention_layernorm.weight")), l);
   }
 
   at::Tensor embed(const at::Tensor& tokens) const {
@@ -396,6 +417,13 @@ struct Llama {
     return at::tanh(logits / s.final_softcap) * s.final_softcap;  // Gemma 2
   }
 };
+
+// [run] mlp_tile_tokens from a host that says it (ABI 1.29), else 0.
+inline int64_t mlp_tile_tokens(const tf_run_info& info) {
+  return info.struct_size >= offsetof(tf_run_info, mlp_tile_tokens) + sizeof info.mlp_tile_tokens
+             ? info.mlp_tile_tokens
+             : 0;
+}
 
 // Declares the stages and parameters of m.s (and what `plan` counts for each).
 void declare_parameters(Llama& m, const tf_run_info& info);

@@ -85,19 +85,37 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
   const bool grouped = KV < Q && s.attn_softcap <= 0 && info.device != nullptr &&
                        std::string(info.device).rfind("cpu", 0) == 0;
   const int64_t attention = grouped ? 2 * elt * (Q + KV) : 4 * elt * Q;
+  // [run] mlp_tile_tokens (Llama::feed_forward): a dense feed-forward keeps
+  // nothing of its own (only its input, the norm's output counted above),
+  // and computes one tile's intermediates at a time, in forward and again in
+  // backward: there, with their gradients, a workspace of the tile's share
+  // of the batch's tokens.
+  const int64_t tile = mlp_tile_tokens(info), tokens = std::max<int64_t>(1, info.batch_size * T);
+  const bool tiled = tile > 0 && tile < tokens;
+  auto tiles = [&](int64_t l) { return tiled && !s.has_experts(l); };
+  auto tile_share = [&](int64_t bytes) {
+    return (bytes * tile + tokens - 1) / tokens;  // per token of the batch, rounded up
+  };
   auto block_bytes = [&](int64_t l) {
-    return n_norms * rms_norm_bytes + attention + 4 * elt * mlp_width(l) + extra +
+    return n_norms * rms_norm_bytes + attention + (tiles(l) ? 0 : 4 * elt * mlp_width(l)) + extra +
            (s.has_experts(l) ? moe_extra : 0);
   };
   auto frozen_block_bytes = [&](int64_t l) {
-    return n_norms * frozen_norm_bytes + attention + 3 * elt * mlp_width(l) + extra +
-           (s.has_experts(l) ? moe_extra : 0);
+    return n_norms * frozen_norm_bytes + attention + (tiles(l) ? 0 : 3 * elt * mlp_width(l)) +
+           extra + (s.has_experts(l) ? moe_extra : 0);
   };
   // Gradients alive at once at the peak of a block's backward, measured:
   // in the MLP, those of h, silu(gate) and up with the residual's; trained,
-  // the saved inputs the weight gradients used are gone by then.
-  auto backward_bytes = [&](int64_t l) { return (mlp_width(l) + 2 * C) * elt; };
-  auto frozen_backward_bytes = [&](int64_t l) { return (3 * mlp_width(l) + C) * elt; };
+  // the saved inputs the weight gradients used are gone by then. Tiled, a
+  // tile's intermediates run again with them.
+  auto backward_bytes = [&](int64_t l) {
+    if (tiles(l)) return 2 * C * elt + tile_share((4 + 3) * mlp_width(l) * elt);
+    return (mlp_width(l) + 2 * C) * elt;
+  };
+  auto frozen_backward_bytes = [&](int64_t l) {
+    if (tiles(l)) return C * elt + tile_share((3 + 3) * mlp_width(l) * elt);
+    return (3 * mlp_width(l) + C) * elt;
+  };
   // Multiply-adds per token: the router and the experts each token runs.
   auto mlp_flops = [&](int64_t l) {
     return s.has_experts(l) ? 3 * C * moe_I + C * E + (Is > 0 ? C : 0) : 3 * C * I;

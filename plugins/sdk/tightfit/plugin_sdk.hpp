@@ -145,6 +145,21 @@ class Host {
     return take(out);
   }
 
+  // fn(x) through the host's tiled_over_tokens (ABI 1.29): in training
+  // under [run] mlp_tile_tokens, a tile of tokens at a time, each run again in
+  // backward; from a host that predates it, fn(x) here. `user` must live as
+  // long as the model.
+  at::Tensor tiled_over_tokens(const at::Tensor& x, tf_tokenwise_fn fn, void* user,
+                               int64_t tag) const {
+    tf_tensor out = nullptr;
+    auto* xh = reinterpret_cast<tf_tensor>(const_cast<at::Tensor*>(&x));
+    if (TF_HAS(api_, tf_host_api, tiled_over_tokens))
+      check(api_->tiled_over_tokens(ctx_, xh, fn, user, tag, &out));
+    else
+      check(fn(user, ctx_, tag, xh, &out));
+    return take(out);
+  }
+
   // Model declarations (inside a model's create).
   void declare_param(const std::string& name, std::vector<int64_t> shape, tf_dtype dtype,
                      int32_t stage, tf_init_kind init, double init_std, uint32_t flags,
