@@ -73,19 +73,6 @@ Pass one_pass(Session& s) {
   return out;
 }
 
-// Every gradient of `b` within `tolerance` of `a`'s, relative to its largest.
-void expect_same_grads(const Pass& a, const Pass& b, double tolerance) {
-  ASSERT_EQ(a.grads.size(), b.grads.size());
-  ASSERT_FALSE(a.grads.empty());
-  for (const auto& [name, g] : a.grads) {
-    ASSERT_TRUE(b.grads.count(name)) << name;
-    const at::Tensor& h = b.grads.at(name);
-    const double scale = g.abs().max().item<double>() + 1e-30;
-    const double diff = (g.to(at::kDouble) - h.to(at::kDouble)).abs().max().item<double>();
-    EXPECT_LE(diff / scale, tolerance) << name;
-  }
-}
-
 class FusedLossModels : public ::testing::TestWithParam<Model> {};
 
 // Uneven chunks (7 tokens of 128) against the whole logits: fp32 gradients
@@ -99,7 +86,7 @@ TEST_P(FusedLossModels, GradientsEqualTheWholeLogitsLoss) {
   EXPECT_EQ(whole->executor().fusable_head(), -1);
   const Pass a = one_pass(*whole), b = one_pass(*fused);
   EXPECT_NEAR(a.loss, b.loss, 1e-6 * std::abs(a.loss));
-  expect_same_grads(a, b, 1e-5);
+  test::expect_same_grads(a.grads, b.grads, 1e-5);
   // The evaluation loss (no gradients) takes the same path.
   auto batch = fused->data().batcher().validation(0);
   at::NoGradGuard no_grad;
@@ -122,7 +109,7 @@ TEST(FusedLoss, UnderAutocastTheGradientsAreTheWholeLogitsOnesWithinBf16Rounding
   auto whole = test::make_session(recipe(dir, kModels[1].table, "fused_loss = false\n", precision));
   const Pass a = one_pass(*whole), b = one_pass(*fused);
   EXPECT_NEAR(a.loss, b.loss, 1e-3 * std::abs(a.loss));
-  expect_same_grads(a, b, 2e-2);
+  test::expect_same_grads(a.grads, b.grads, 2e-2);
 }
 
 // At 128 tokens and a 16,384-word vocabulary the whole logits are 8 MiB; in
@@ -165,7 +152,7 @@ TEST(FusedLoss, AHeadAStrategyExtendsTakesTheLogitsWhole) {
   ASSERT_TRUE(b.grads.count("head_logit_bias"));
   EXPECT_GT(b.grads.at("head_logit_bias").abs().max().item<double>(), 0);
   EXPECT_NEAR(a.loss, b.loss, 1e-6 * std::abs(a.loss));
-  expect_same_grads(a, b, 1e-6);
+  test::expect_same_grads(a.grads, b.grads, 1e-6);
 }
 
 // The fused loss on its own: a chunk size that does not divide the tokens,

@@ -86,6 +86,19 @@ std::string tiny_recipe(const std::string& corpus, const std::string& out_dir,
   return os.str();
 }
 
+void expect_same_grads(const std::map<std::string, at::Tensor>& a,
+                       const std::map<std::string, at::Tensor>& b, double tolerance) {
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_FALSE(a.empty());
+  for (const auto& [name, g] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    const at::Tensor& h = b.at(name);
+    const double scale = g.abs().max().item<double>() + 1e-30;
+    const double diff = (g.to(at::kDouble) - h.to(at::kDouble)).abs().max().item<double>();
+    EXPECT_LE(diff / scale, tolerance) << name;
+  }
+}
+
 const PluginRegistry& registry() {
   static const PluginRegistry reg = [] {
     set_log_level("warn");

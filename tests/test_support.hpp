@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -47,6 +48,11 @@ std::unique_ptr<Session> make_session(const std::string& recipe_text, SessionOpt
 // The RecipeError message building a session from `text` (named my.toml)
 // throws; a test failure when it builds.
 std::string recipe_error(const std::string& text);
+
+// Every gradient in `b` within `tolerance` of `a`'s, relative to its
+// largest value; the same names in both, and some.
+void expect_same_grads(const std::map<std::string, at::Tensor>& a,
+                       const std::map<std::string, at::Tensor>& b, double tolerance);
 
 // Writes `text` to dir/name and returns the path.
 std::string write_file(const TempDir& dir, const std::string& name, const std::string& text);

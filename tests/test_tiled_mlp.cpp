@@ -50,19 +50,6 @@ Pass one_pass(Session& s) {
   return out;
 }
 
-// Every gradient of `b` within `tolerance` of `a`'s, relative to its largest.
-void expect_same_grads(const Pass& a, const Pass& b, double tolerance) {
-  ASSERT_EQ(a.grads.size(), b.grads.size());
-  ASSERT_FALSE(a.grads.empty());
-  for (const auto& [name, g] : a.grads) {
-    ASSERT_TRUE(b.grads.count(name)) << name;
-    const at::Tensor& h = b.grads.at(name);
-    const double scale = g.abs().max().item<double>() + 1e-30;
-    const double diff = (g.to(at::kDouble) - h.to(at::kDouble)).abs().max().item<double>();
-    EXPECT_LE(diff / scale, tolerance) << name;
-  }
-}
-
 struct Stack {
   const char* name;
   const char* strategies;
@@ -90,7 +77,7 @@ TEST_P(TiledMlpStacks, GradientsEqualTheWholeFeedForward) {
   auto whole = test::make_session(recipe(dir, "", GetParam().strategies));
   const Pass a = one_pass(*whole), b = one_pass(*tiled);
   EXPECT_NEAR(a.loss, b.loss, 1e-6 * std::abs(a.loss));
-  expect_same_grads(a, b, 1e-5);
+  test::expect_same_grads(a.grads, b.grads, 1e-5);
   // The evaluation loss (no gradients) runs the tiles once each.
   auto batch = tiled->data().batcher().validation(0);
   at::NoGradGuard no_grad;
