@@ -732,3 +732,58 @@ TEST(Configs, EveryShippedBudgetIsMetByThePlan) {
 
 }  // namespace
 }  // namespace tightfit
+
+namespace tightfit {
+namespace {
+
+// `plan --longest-context`: the longest seq_len whose plan fits the budget,
+// to 256 tokens (the length 256 longer does not), stopped by the model's
+// positions where it refuses longer; `plan` prints the per-token slope and
+// the fixed part, which add up to the peak.
+TEST(PlanLongestContext, TheLongestLengthThatFitsAndWhatATokenCosts) {
+  test::TempDir dir;
+  std::string r = test::tiny_recipe(test::write_corpus(dir), dir.str());
+  const auto begin = r.find("[model]"), end = r.find("[data]");
+  r.replace(begin, end - begin,
+            "[model]\nplugin = \"llama\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 64\n"
+            "n_head = 4\nintermediate_size = 256\nmax_positions = 8192\n\n");
+  const std::string recipe = test::write_file(dir, "r.toml", r);
+  auto peak_at = [&](int64_t tokens) {
+    std::string out;
+    EXPECT_EQ(test::run_tightfit(
+                  "plan " + recipe + " --json --set data.seq_len=" + std::to_string(tokens), &out),
+              0)
+        << out;
+    return nlohmann::json::parse(out.substr(out.find('{')))["device_peak"].get<int64_t>();
+  };
+  const int64_t budget = peak_at(1500);
+  std::string out;
+  ASSERT_EQ(test::run_tightfit(
+                "plan " + recipe + " --longest-context --budget " + std::to_string(budget), &out),
+            0)
+      << out;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(out, m, std::regex("longest context  ([0-9]+) tokens"))) << out;
+  const int64_t longest = std::stoll(m[1]);
+  EXPECT_EQ(longest % 256, 0) << out;
+  EXPECT_LE(peak_at(longest), budget) << out;
+  EXPECT_GT(peak_at(longest + 256), budget) << out;
+  EXPECT_GE(longest, 1280) << out;
+  // Past the model's positions: the search stops there and says why.
+  ASSERT_EQ(test::run_tightfit("plan " + recipe + " --longest-context --budget 1TiB", &out), 0)
+      << out;
+  EXPECT_NE(out.find("longest context  8192 tokens"), std::string::npos) << out;
+  EXPECT_NE(out.find("longer was refused"), std::string::npos) << out;
+  // No budget: refused, naming the two ways to give one.
+  EXPECT_EQ(test::run_tightfit("plan " + recipe + " --longest-context", &out), 2) << out;
+  EXPECT_NE(out.find("--budget 16GiB"), std::string::npos) << out;
+  ASSERT_EQ(test::run_tightfit("plan " + recipe + " --set data.seq_len=2048", &out), 0) << out;
+  ASSERT_TRUE(std::regex_search(
+      out, m, std::regex("per token     ([0-9.]+)KiB a token of seq_len .*fixed ([0-9.]+)MiB")))
+      << out;
+  const double predicted = std::stod(m[1]) * 1024 * 2048 + std::stod(m[2]) * 1024 * 1024;
+  EXPECT_NEAR(predicted, static_cast<double>(peak_at(2048)), 0.01 * peak_at(2048)) << out;
+}
+
+}  // namespace
+}  // namespace tightfit

@@ -221,6 +221,65 @@ int64_t peak_at_batch(const Recipe& base, const PluginRegistry& registry, int64_
   return plan_memory(session.parts()).device_peak;
 }
 
+// The device peak with data.seq_len = tokens (the recipe planned again).
+int64_t peak_at_seq_len(const Recipe& base, const PluginRegistry& registry, int64_t tokens) {
+  Recipe r = base;
+  r.apply_override("data.seq_len=" + std::to_string(tokens));
+  SessionOptions so;
+  so.dry_run = true;
+  Session session(r, registry, so);
+  return plan_memory(session.parts()).device_peak;
+}
+
+// What a token of context costs: the peak is about fixed + per_token x
+// seq_len, the slope taken against the plan at half the recipe's length
+// (attention's and the tiles' parts are not all linear, so it is the slope
+// there, not everywhere).
+void print_context_cost(const Recipe& recipe, const PluginRegistry& registry, const MemoryPlan& p) {
+  if (p.pass_rows > 0 || p.seq_len < 2) return;  // a schedule's own pass shape: not data.seq_len
+  const int64_t half = p.seq_len / 2;
+  const int64_t per_token = (p.device_peak - peak_at_seq_len(recipe, registry, half)) /
+                            std::max<int64_t>(p.seq_len - half, 1);
+  const int64_t fixed = p.device_peak - per_token * p.seq_len;
+  std::cout << "per token     " << format_bytes(per_token) << " a token of seq_len (batch "
+            << p.batch_size << "; the slope from " << half << " to " << p.seq_len
+            << " tokens), fixed " << format_bytes(fixed) << "\n";
+}
+
+// The longest data.seq_len whose plan fits `bytes`, to a multiple of 256
+// tokens past 256 (0: not even 256 does), and what stopped the search
+// beyond it when the recipe refused a length (the model's positions).
+struct LongestContext {
+  int64_t tokens = 0;
+  std::string refused;
+};
+LongestContext longest_context(const Recipe& recipe, const PluginRegistry& registry,
+                               int64_t bytes) {
+  LongestContext out;
+  auto fits = [&](int64_t tokens) {
+    try {
+      return peak_at_seq_len(recipe, registry, tokens) <= bytes;
+    } catch (const RecipeError& e) {
+      out.refused = e.what();
+      return false;
+    }
+  };
+  constexpr int64_t kStep = 256, kMost = int64_t{1} << 26;  // 64M tokens
+  if (!fits(kStep)) return out;
+  int64_t good = kStep, bad = 2 * kStep;
+  while (bad <= kMost && fits(bad)) good = bad, bad *= 2;
+  if (bad > kMost) {
+    out.tokens = good;
+    return out;
+  }
+  while (bad - good > kStep) {
+    const int64_t mid = (good + bad) / 2 / kStep * kStep;
+    (fits(mid) ? good : bad) = mid;
+  }
+  out.tokens = good;
+  return out;
+}
+
 // The largest batch size whose plan fits `bytes` (0 when not even 1 does):
 // doubling, then bisection, planning the recipe again at each size.
 int64_t largest_batch(const Recipe& recipe, const PluginRegistry& registry, int64_t bytes) {
@@ -270,6 +329,9 @@ int plan_command(const std::vector<std::string>& args) {
       "set its keys as strategy.NAME.key)")("budget", po::value<std::string>(),
                                             "a memory budget to check the plan against, e.g. 8GiB")(
       "json", "print the plan as JSON")(
+      "longest-context",
+      "the longest data.seq_len whose plan fits the budget (--budget, else run.memory_budget), "
+      "to 256 tokens, planned again at each length")(
       "ranks", po::value<int>()->default_value(0),
       "plan one rank of this many (default: the launch environment's world size)")(
       "gpus", po::value<std::string>()->implicit_value("all"),
@@ -317,10 +379,26 @@ int plan_command(const std::vector<std::string>& args) {
       print_gpu_table(recipe, registry, plan, gpus);
       return kOk;
     }
+    if (vm.count("longest-context")) {
+      if (budget <= 0) {
+        std::cerr << "tightfit plan: --longest-context needs a budget: --budget 16GiB, or "
+                     "run.memory_budget in the recipe\n";
+        return kUsage;
+      }
+      const LongestContext longest = longest_context(recipe, registry, budget);
+      std::cout << "longest context  " << longest.tokens << " tokens a row (batch "
+                << plan.batch_size << ") within " << format_bytes(budget) << " (" << budget_from
+                << "), to 256 tokens";
+      if (longest.tokens == 0) std::cout << ": not even 256 fit";
+      if (!longest.refused.empty()) std::cout << "; longer was refused: " << longest.refused;
+      std::cout << "\n";
+      return longest.tokens > 0 ? kOk : kOutOfBudget;
+    }
     if (vm.count("json")) {
       std::cout << plan_json(plan).dump(2) << "\n";
     } else {
       print_plan(recipe.source(), plan, budget, budget_from);
+      print_context_cost(recipe, registry, plan);
       if (session.env().device.is_cpu())
         print_cpu_precision_speed(session.env().run_info.batch_size *
                                   session.env().run_info.seq_len);
