@@ -238,8 +238,13 @@ int64_t peak_at_seq_len(const Recipe& base, const PluginRegistry& registry, int6
 void print_context_cost(const Recipe& recipe, const PluginRegistry& registry, const MemoryPlan& p) {
   if (p.pass_rows > 0 || p.seq_len < 2) return;  // a schedule's own pass shape: not data.seq_len
   const int64_t half = p.seq_len / 2;
-  const int64_t per_token = (p.device_peak - peak_at_seq_len(recipe, registry, half)) /
-                            std::max<int64_t>(p.seq_len - half, 1);
+  int64_t at_half = 0;
+  try {
+    at_half = peak_at_seq_len(recipe, registry, half);
+  } catch (const RecipeError&) {
+    return;  // the recipe has no shorter form (a preference schedule's prompt length)
+  }
+  const int64_t per_token = (p.device_peak - at_half) / std::max<int64_t>(p.seq_len - half, 1);
   const int64_t fixed = p.device_peak - per_token * p.seq_len;
   std::cout << "per token     " << format_bytes(per_token) << " a token of seq_len (batch "
             << p.batch_size << "; the slope from " << half << " to " << p.seq_len
