@@ -43,6 +43,7 @@ BOUNDS = {
     "dispatch": 1200,
     "contention": 1800,
     "first-step": 3600,  # a 30B set-up and step: about 9 minutes here
+    "long-context": 2400,  # two 8B-wide 2-block runs of 2,048 tokens and eight plans
     "llama-cpp": 3000,  # with the one-time llama.cpp build (about 20 minutes on 2 cores)
 }
 

@@ -367,6 +367,10 @@ MemoryPlan plan_at(const KernelParts& s, PassShape shape) {
     return sp.recomputed ? (inputs_away ? 0 : sp.input) : scaled(sp.live, act);
   };
   int64_t kept = 0;
+  // A tiled feed-forward fetches its frozen weights once for all its tiles
+  // (tiled_tokens.cpp): a gated MLP's three dense at once, where a block
+  // otherwise has one at a time.
+  if (s.env->config.run.mlp_tile_tokens > 0) block_bytes *= 3;
   for (const StagePlan& sp : b.stages) {
     kept += kept_by(sp);
     if (sp.recomputed && inputs_away)

@@ -4,6 +4,7 @@
 // re-run a stage in backward) relies on.
 #include "executor.hpp"
 
+#include <ATen/autocast_mode.h>
 #include <ATen/core/Generator.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -371,6 +372,23 @@ std::string Executor::read_name(const std::string& name) const {
 
 at::Tensor Executor::fetch_weight(const std::string& name) {
   Param& p = store_.get(read_name(name));
+  std::string reuse_key;
+  if (reused_weights_ != nullptr && !p.trainable &&
+      (p.format != TF_FORMAT_DENSE || p.residency != TF_TIER_DEVICE)) {
+    const at::DeviceType dev = p.value.defined() ? p.value.device().type() : env_.device.type();
+    reuse_key =
+        p.name + (at::autocast::is_autocast_enabled(dev)
+                      ? std::string(" in ") + c10::toString(at::autocast::get_autocast_dtype(dev))
+                      : std::string());
+    if (const auto it = reused_weights_->find(reuse_key); it != reused_weights_->end())
+      return it->second;
+  }
+  at::Tensor w = fetch_weight_once(p);
+  if (!reuse_key.empty()) reused_weights_->emplace(reuse_key, w);
+  return w;
+}
+
+at::Tensor Executor::fetch_weight_once(Param& p) {
   at::Tensor w;
   if (p.kept_by_host) {
     // Taken as the first pass that reads one finds the weights (the

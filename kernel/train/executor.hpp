@@ -98,6 +98,12 @@ class Executor {
   void set_mlp_tile_tokens(int64_t tokens) { mlp_tile_tokens_ = tokens; }
   // fn(x), tiled over x's tokens in training (tiled_tokens.cpp).
   at::Tensor tiled_over_tokens(const at::Tensor& x, const TokenwiseFn& fn);
+  // While `reused` is set (a tiled call's loop over its tiles): a frozen
+  // weight stored compact or in another tier is fetched once (per autocast
+  // state) and handed out again, not dequantized or read for every tile.
+  void reuse_fetched_weights(std::map<std::string, at::Tensor>* reused) {
+    reused_weights_ = reused;
+  }
   // One call of the model's fn through the door into plugins, in `scope`
   // when given (a tile run again in backward), else in the running pass.
   at::Tensor call_tokenwise(const TokenwiseFn& fn, const at::Tensor& x, PassScope* scope = nullptr);
@@ -210,6 +216,7 @@ class Executor {
   std::string read_name(const std::string& name) const;
 
   at::Tensor fetch_weight(const std::string& name);
+  at::Tensor fetch_weight_once(Param& p);  // fetch_weight without reuse
   at::Tensor fetch_resident(Param& p);
   // The model will fetch these next in its running stage (ABI 1.17): each
   // one left in another tier goes to the strategies' expect_weight, so the
@@ -306,8 +313,9 @@ class Executor {
   tf_tensor* armed_mean_logits_ = nullptr;
   at::Tensor recompute_anchor_;  // requires grad so checkpointed stages always get a backward
   bool fused_loss_ = true;
-  int64_t loss_chunk_tokens_ = 0;      // 0: fused_loss_chunk_rows decides
-  int64_t mlp_tile_tokens_ = 0;        // 0: a per-token function runs on all tokens at once
+  int64_t loss_chunk_tokens_ = 0;  // 0: fused_loss_chunk_rows decides
+  int64_t mlp_tile_tokens_ = 0;    // 0: a per-token function runs on all tokens at once
+  std::map<std::string, at::Tensor>* reused_weights_ = nullptr;  // reuse_fetched_weights
   std::optional<bool> head_extended_;  // head_is_extended, once asked (with adapters on)
   bool adapters_enabled_ = true;
   std::string copies_prefix_;  // use_param_copies

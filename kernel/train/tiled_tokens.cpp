@@ -7,11 +7,14 @@
 // gradient, the parameters' gradients adding up over the tiles (the same
 // sums in another order: within rounding of the untiled run, not bit for
 // bit). Without autograd the tiles run once, each written into the output.
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "executor.hpp"
 #include "memory_accounting.hpp"
@@ -30,6 +33,54 @@ struct TokenwiseCall : torch::CustomClassHolder {
   TokenwiseFn fn;
   PassScope scope;
   int64_t tile = 0;
+  // Autocast as the forward ran (a strategy turns it on for a stage's
+  // forward and recompute; backward runs outside them): the tiles run again
+  // in the same dtypes, as torch.utils.checkpoint restores it.
+  at::DeviceType device = at::kCPU;
+  bool autocast = false;
+  at::ScalarType autocast_dtype = at::kBFloat16;
+};
+
+// Over one loop of tiles, a frozen compact or away weight is fetched once
+// (dequantized, read from a tier) and reused by every tile: a gated MLP's
+// three at once, where the whole feed-forward has one at a time (the plan
+// counts them). The tensors go when the loop ends.
+class ReusedWeights {
+ public:
+  explicit ReusedWeights(Executor& executor) : executor_(executor) {
+    executor_.reuse_fetched_weights(&weights_);
+  }
+  ~ReusedWeights() { executor_.reuse_fetched_weights(nullptr); }
+  ReusedWeights(const ReusedWeights&) = delete;
+  ReusedWeights& operator=(const ReusedWeights&) = delete;
+
+ private:
+  Executor& executor_;
+  std::map<std::string, at::Tensor> weights_;
+};
+
+// The forward's autocast state while a tile runs again in backward.
+class ForwardAutocast {
+ public:
+  explicit ForwardAutocast(const TokenwiseCall& call)
+      : device_(call.device),
+        enabled_before_(at::autocast::is_autocast_enabled(device_)),
+        dtype_before_(at::autocast::get_autocast_dtype(device_)) {
+    at::autocast::set_autocast_dtype(device_, call.autocast_dtype);
+    at::autocast::set_autocast_enabled(device_, call.autocast);
+  }
+  ~ForwardAutocast() {
+    at::autocast::set_autocast_enabled(device_, enabled_before_);
+    at::autocast::set_autocast_dtype(device_, dtype_before_);
+    at::autocast::clear_cache();
+  }
+  ForwardAutocast(const ForwardAutocast&) = delete;
+  ForwardAutocast& operator=(const ForwardAutocast&) = delete;
+
+ private:
+  at::DeviceType device_;
+  bool enabled_before_;
+  at::ScalarType dtype_before_;
 };
 
 at::Tensor flat_tokens(const at::Tensor& x) {
@@ -51,6 +102,7 @@ struct TiledTokens : public torch::autograd::Function<TiledTokens> {
     ctx->saved_data["call"] = c10::IValue::make_capsule(call);
     const at::Tensor flat = flat_tokens(x);
     at::Tensor out;
+    const ReusedWeights reused(*call->executor);
     each_tile(flat.size(0), call->tile, [&](int64_t begin, int64_t n) {
       const at::Tensor y = call->executor->call_tokenwise(call->fn, flat.narrow(0, begin, n));
       if (!out.defined()) out = at::empty({flat.size(0), y.size(-1)}, y.options());
@@ -71,6 +123,7 @@ struct TiledTokens : public torch::autograd::Function<TiledTokens> {
     const bool input_grad = ctx->needs_input_grad(0);
     at::Tensor gx = input_grad ? at::empty_like(flat) : at::Tensor();
     at::AutoGradMode enable(true);
+    const ReusedWeights reused(*tokenwise->executor);
     bool any = true;
     each_tile(flat.size(0), tokenwise->tile, [&](int64_t begin, int64_t n) {
       if (!any) return;
@@ -81,6 +134,7 @@ struct TiledTokens : public torch::autograd::Function<TiledTokens> {
         // The tile's activations; the gradients its backward makes count as
         // the pass's (the parameters' are retagged when dispatched).
         CategoryScope scope(TF_MEM_ACTIVATIONS);
+        const ForwardAutocast as_in_forward(*tokenwise);
         yt = tokenwise->executor->call_tokenwise(tokenwise->fn, xt, &tokenwise->scope);
       }
       if (!yt.requires_grad()) {  // nothing fn reads trains, and x needs no gradient
@@ -120,6 +174,7 @@ at::Tensor Executor::tiled_over_tokens(const at::Tensor& x, const TokenwiseFn& f
   if (!at::GradMode::is_enabled()) {  // no backward: each tile once, into the output
     const at::Tensor flat = flat_tokens(x);
     at::Tensor out;
+    const ReusedWeights reused(*this);
     each_tile(tokens, mlp_tile_tokens_, [&](int64_t begin, int64_t n) {
       const at::Tensor y = call_tokenwise(fn, flat.narrow(0, begin, n));
       if (!out.defined()) out = at::empty({tokens, y.size(-1)}, y.options());
@@ -133,6 +188,9 @@ at::Tensor Executor::tiled_over_tokens(const at::Tensor& x, const TokenwiseFn& f
   call->executor = this;
   call->fn = fn;
   call->tile = mlp_tile_tokens_;
+  call->device = x.device().type();
+  call->autocast = at::autocast::is_autocast_enabled(call->device);
+  call->autocast_dtype = at::autocast::get_autocast_dtype(call->device);
   call->scope = *pass_;
   call->scope.terms = nullptr;
   call->scope.recompute_terms = nullptr;
