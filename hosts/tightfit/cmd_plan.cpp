@@ -211,20 +211,12 @@ bool select_gpus(const std::string& list, std::vector<GpuModel>& out) {
   return true;
 }
 
-// The device peak with data.batch_size = batch (the recipe planned again).
-int64_t peak_at_batch(const Recipe& base, const PluginRegistry& registry, int64_t batch) {
+// The device peak with one key of the recipe set to `value` (data.batch_size,
+// data.seq_len): the recipe planned again.
+int64_t peak_with(const Recipe& base, const PluginRegistry& registry, const std::string& key,
+                  int64_t value) {
   Recipe r = base;
-  r.apply_override("data.batch_size=" + std::to_string(batch));
-  SessionOptions so;
-  so.dry_run = true;
-  Session session(r, registry, so);
-  return plan_memory(session.parts()).device_peak;
-}
-
-// The device peak with data.seq_len = tokens (the recipe planned again).
-int64_t peak_at_seq_len(const Recipe& base, const PluginRegistry& registry, int64_t tokens) {
-  Recipe r = base;
-  r.apply_override("data.seq_len=" + std::to_string(tokens));
+  r.apply_override(key + "=" + std::to_string(value));
   SessionOptions so;
   so.dry_run = true;
   Session session(r, registry, so);
@@ -240,7 +232,7 @@ void print_context_cost(const Recipe& recipe, const PluginRegistry& registry, co
   const int64_t half = p.seq_len / 2;
   int64_t at_half = 0;
   try {
-    at_half = peak_at_seq_len(recipe, registry, half);
+    at_half = peak_with(recipe, registry, "data.seq_len", half);
   } catch (const RecipeError&) {
     return;  // the recipe has no shorter form (a preference schedule's prompt length)
   }
@@ -263,7 +255,7 @@ LongestContext longest_context(const Recipe& recipe, const PluginRegistry& regis
   LongestContext out;
   auto fits = [&](int64_t tokens) {
     try {
-      return peak_at_seq_len(recipe, registry, tokens) <= bytes;
+      return peak_with(recipe, registry, "data.seq_len", tokens) <= bytes;
     } catch (const RecipeError& e) {
       out.refused = e.what();
       return false;
@@ -288,16 +280,16 @@ LongestContext longest_context(const Recipe& recipe, const PluginRegistry& regis
 // The largest batch size whose plan fits `bytes` (0 when not even 1 does):
 // doubling, then bisection, planning the recipe again at each size.
 int64_t largest_batch(const Recipe& recipe, const PluginRegistry& registry, int64_t bytes) {
-  if (peak_at_batch(recipe, registry, 1) > bytes) return 0;
+  if (peak_with(recipe, registry, "data.batch_size", 1) > bytes) return 0;
   int64_t fits = 1, fails = 2;
-  while (fails <= (1 << 16) && peak_at_batch(recipe, registry, fails) <= bytes) {
+  while (fails <= (1 << 16) && peak_with(recipe, registry, "data.batch_size", fails) <= bytes) {
     fits = fails;
     fails *= 2;
   }
   if (fails > (1 << 16)) return fits;
   while (fails - fits > 1) {
     const int64_t mid = (fits + fails) / 2;
-    (peak_at_batch(recipe, registry, mid) <= bytes ? fits : fails) = mid;
+    (peak_with(recipe, registry, "data.batch_size", mid) <= bytes ? fits : fails) = mid;
   }
   return fits;
 }

@@ -5,6 +5,9 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <optional>
+
+#include "autocast_as.hpp"
 #include "executor.hpp"
 #include "plugin_hooks.hpp"
 #include "strategy_chain.hpp"
@@ -24,31 +27,13 @@ at::Tensor in_dtype_of(const at::Tensor& x, const at::Tensor& w) {
 
 // Autocast on in a reduced float dtype for a fetch in backward, where it is
 // off: a compact weight decodes straight to the dtype it is used in there.
-class AutocastWhileFetching {
- public:
-  explicit AutocastWhileFetching(const at::Tensor& grad)
-      : device_(grad.device().type()),
-        on_((grad.scalar_type() == at::kBFloat16 || grad.scalar_type() == at::kHalf) &&
-            !at::autocast::is_autocast_enabled(device_)) {
-    if (!on_) return;
-    dtype_before_ = at::autocast::get_autocast_dtype(device_);
-    at::autocast::set_autocast_dtype(device_, grad.scalar_type());
-    at::autocast::set_autocast_enabled(device_, true);
-  }
-  ~AutocastWhileFetching() {
-    if (!on_) return;
-    at::autocast::set_autocast_enabled(device_, false);
-    at::autocast::set_autocast_dtype(device_, dtype_before_);
-    at::autocast::clear_cache();
-  }
-  AutocastWhileFetching(const AutocastWhileFetching&) = delete;
-  AutocastWhileFetching& operator=(const AutocastWhileFetching&) = delete;
-
- private:
-  at::DeviceType device_;
-  bool on_;
-  at::ScalarType dtype_before_ = at::kBFloat16;
-};
+std::optional<AutocastAs> autocast_while_fetching(const at::Tensor& grad) {
+  const at::DeviceType device = grad.device().type();
+  if ((grad.scalar_type() != at::kBFloat16 && grad.scalar_type() != at::kHalf) ||
+      at::autocast::is_autocast_enabled(device))
+    return std::nullopt;
+  return std::optional<AutocastAs>(std::in_place, device, true, grad.scalar_type());
+}
 
 // y = x W^T for a frozen weight stored compact: the dequantized W is fetched
 // again in backward instead of being kept by autograd.
@@ -68,7 +53,7 @@ struct CompactLinear : public torch::autograd::Function<CompactLinear> {
     {
       // The weight in the gradient's dtype: under autocast of that dtype a
       // strategy may serve it so directly (fetch_weight), as in the forward.
-      AutocastWhileFetching autocast(grads[0]);
+      const std::optional<AutocastAs> autocast = autocast_while_fetching(grads[0]);
       w = executor->fetch_weight(ctx->saved_data["weight"].toStringRef());
     }
     return {grads[0].matmul(w.to(grads[0].device(), grads[0].scalar_type())), at::Tensor(),

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 
+#include "autocast_as.hpp"
 #include "executor.hpp"
 #include "memory_accounting.hpp"
 #include "plugin_set.hpp"
@@ -59,39 +60,32 @@ class ReusedWeights {
   std::map<std::string, at::Tensor> weights_;
 };
 
-// The forward's autocast state while a tile runs again in backward.
-class ForwardAutocast {
- public:
-  explicit ForwardAutocast(const TokenwiseCall& call)
-      : device_(call.device),
-        enabled_before_(at::autocast::is_autocast_enabled(device_)),
-        dtype_before_(at::autocast::get_autocast_dtype(device_)) {
-    at::autocast::set_autocast_dtype(device_, call.autocast_dtype);
-    at::autocast::set_autocast_enabled(device_, call.autocast);
-  }
-  ~ForwardAutocast() {
-    at::autocast::set_autocast_enabled(device_, enabled_before_);
-    at::autocast::set_autocast_dtype(device_, dtype_before_);
-    at::autocast::clear_cache();
-  }
-  ForwardAutocast(const ForwardAutocast&) = delete;
-  ForwardAutocast& operator=(const ForwardAutocast&) = delete;
-
- private:
-  at::DeviceType device_;
-  bool enabled_before_;
-  at::ScalarType dtype_before_;
-};
-
 at::Tensor flat_tokens(const at::Tensor& x) {
   return x.reshape({-1, x.size(-1)});
 }
 
-// fn over rows [begin, begin + n) of x's tokens, into out's rows.
+// each(begin, n) for the rows [begin, begin + n) of `tokens`, `tile` at a time.
 template <class Each>
 void each_tile(int64_t tokens, int64_t tile, Each&& each) {
   for (int64_t begin = 0; begin < tokens; begin += tile)
     each(begin, std::min(tile, tokens - begin));
+}
+
+// fn over x's tokens a tile at a time, each tile's output written into
+// the whole output as it comes, the weights fetched once for the loop.
+at::Tensor each_tile_once(Executor& executor, const TokenwiseFn& fn, const at::Tensor& x,
+                          int64_t tile) {
+  const at::Tensor flat = flat_tokens(x);
+  at::Tensor out;
+  const ReusedWeights reused(executor);
+  each_tile(flat.size(0), tile, [&](int64_t begin, int64_t n) {
+    const at::Tensor y = executor.call_tokenwise(fn, flat.narrow(0, begin, n));
+    if (!out.defined()) out = at::empty({flat.size(0), y.size(-1)}, y.options());
+    out.narrow(0, begin, n).copy_(y);
+  });
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  shape.push_back(out.size(-1));
+  return out.view(shape);
 }
 
 struct TiledTokens : public torch::autograd::Function<TiledTokens> {
@@ -100,17 +94,7 @@ struct TiledTokens : public torch::autograd::Function<TiledTokens> {
     (void)anchor;  // requires grad: the parameters fn reads get their gradient even when x has none
     ctx->save_for_backward({x});
     ctx->saved_data["call"] = c10::IValue::make_capsule(call);
-    const at::Tensor flat = flat_tokens(x);
-    at::Tensor out;
-    const ReusedWeights reused(*call->executor);
-    each_tile(flat.size(0), call->tile, [&](int64_t begin, int64_t n) {
-      const at::Tensor y = call->executor->call_tokenwise(call->fn, flat.narrow(0, begin, n));
-      if (!out.defined()) out = at::empty({flat.size(0), y.size(-1)}, y.options());
-      out.narrow(0, begin, n).copy_(y);
-    });
-    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
-    shape.push_back(out.size(-1));
-    return out.view(shape);
+    return each_tile_once(*call->executor, call->fn, x, call->tile);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -134,7 +118,8 @@ struct TiledTokens : public torch::autograd::Function<TiledTokens> {
         // The tile's activations; the gradients its backward makes count as
         // the pass's (the parameters' are retagged when dispatched).
         CategoryScope scope(TF_MEM_ACTIVATIONS);
-        const ForwardAutocast as_in_forward(*tokenwise);
+        const AutocastAs as_in_forward(tokenwise->device, tokenwise->autocast,
+                                       tokenwise->autocast_dtype);
         yt = tokenwise->executor->call_tokenwise(tokenwise->fn, xt, &tokenwise->scope);
       }
       if (!yt.requires_grad()) {  // nothing fn reads trains, and x needs no gradient
@@ -171,19 +156,8 @@ at::Tensor Executor::tiled_over_tokens(const at::Tensor& x, const TokenwiseFn& f
   if (x.dim() < 1) throw std::invalid_argument("tiled_over_tokens: x must be [..., C]");
   const int64_t tokens = x.numel() / std::max<int64_t>(x.size(-1), 1);
   if (mlp_tile_tokens_ <= 0 || tokens <= mlp_tile_tokens_) return call_tokenwise(fn, x);
-  if (!at::GradMode::is_enabled()) {  // no backward: each tile once, into the output
-    const at::Tensor flat = flat_tokens(x);
-    at::Tensor out;
-    const ReusedWeights reused(*this);
-    each_tile(tokens, mlp_tile_tokens_, [&](int64_t begin, int64_t n) {
-      const at::Tensor y = call_tokenwise(fn, flat.narrow(0, begin, n));
-      if (!out.defined()) out = at::empty({tokens, y.size(-1)}, y.options());
-      out.narrow(0, begin, n).copy_(y);
-    });
-    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
-    shape.push_back(out.size(-1));
-    return out.view(shape);
-  }
+  // No backward: each tile once, into the output.
+  if (!at::GradMode::is_enabled()) return each_tile_once(*this, fn, x, mlp_tile_tokens_);
   auto call = c10::make_intrusive<TokenwiseCall>();
   call->executor = this;
   call->fn = fn;

@@ -84,6 +84,15 @@ tf_status create(const tf_host_api* api, tf_host_context* ctx, void** out) {
           if (f->defined()) *f = f->to(at::Device(info.device));
 
     m->tiled_mlp = llama::mlp_tile_tokens(info) > 0;
+    if (m->tiled_mlp && s.n_experts > 0) {
+      int64_t routed = 0;
+      for (int64_t l = 0; l < s.n_layer; ++l) routed += s.has_experts(l) ? 1 : 0;
+      if (routed > 0)
+        host.log(TF_LOG_WARN, "[run] mlp_tile_tokens tiles the dense feed-forwards only: the " +
+                                  std::to_string(routed) +
+                                  " layers of experts run on all tokens at once (their router's "
+                                  "balance loss is over all of them), and the plan counts them so");
+    }
     llama::declare_parameters(*m, info);
     if (s.router_aux_coef > 0) m->balance.emplace(s.router_aux_coef, s.n_experts);
     const int64_t L = s.n_layer, C = s.n_embd, V = s.vocab;
