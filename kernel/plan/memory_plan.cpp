@@ -234,7 +234,7 @@ PlanContribution ask(const KernelParts& s, PluginInstance& inst, const std::stri
   c.grads_in_forward = e.grads_in_forward != 0;
   c.update_bytes = std::max<int64_t>(0, e.update_bytes);
   c.forward_bytes = std::max<int64_t>(0, e.forward_bytes);
-  c.block_bytes = std::max<int64_t>(0, e.block_bytes);
+  c.block_bytes = e.block_bytes;  // may be negative: summed, then kept >= 0
   c.autocast_compute = e.autocast_compute != 0;
   c.prefetch_stages = std::max(0, e.prefetch_stages);
   c.micro_batches = std::max(0, e.micro_batches);
@@ -370,6 +370,7 @@ MemoryPlan plan_at(const KernelParts& s, PassShape shape) {
   // A tiled feed-forward fetches its frozen weights once for all its tiles
   // (tiled_tokens.cpp): a gated MLP's three dense at once, where a block
   // otherwise has one at a time.
+  block_bytes = std::max<int64_t>(0, block_bytes);
   if (s.env->config.run.mlp_tile_tokens > 0) block_bytes *= 3;
   for (const StagePlan& sp : b.stages) {
     kept += kept_by(sp);

@@ -920,7 +920,11 @@ typedef struct tf_memory_estimate {
   /* Added in 1.6: device bytes alive only while a decoder block
    * (TF_STAGE_BLOCK) computes — in its forward, its recompute or its
    * backward — and not while the head computes or the update runs (a frozen
-   * weight dequantized for one projection); kept out of delta_bytes. */
+   * weight dequantized for one projection); kept out of delta_bytes. Since
+   * 1.29 it may be negative: a strategy that makes another's workspace
+   * smaller (autocast serving an NF4 weight's fetch in 16 bits) takes the
+   * difference back; the host adds up every strategy's and counts at least
+   * none (an older host counts a negative one as none). */
   int64_t block_bytes;
   /* Added in 1.24: what the step cost model (`tightfit fit`) needs to know
    * of this plugin that the plan does not show; 0 where it does nothing of

@@ -22,6 +22,7 @@
 #include "tightfit/hf_config.hpp"
 #include "tightfit/packed_rows.hpp"
 #include "tightfit/plugin_sdk.hpp"
+#include "tightfit/tiled_attention.hpp"
 
 namespace {
 
@@ -130,11 +131,18 @@ struct Gpt2 {
     at::Tensor qkv = host.linear(x, block(l, "attn.c_attn.weight"), block(l, "attn.c_attn.bias"));
     auto parts = qkv.split(C, -1);
     auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };
-    std::optional<at::Tensor> mask;
-    if (positions.defined()) mask = tf_sdk::packed_causal_mask(positions);
-    at::Tensor y = at::scaled_dot_product_attention(
-        heads(parts[0]), heads(parts[1]), heads(parts[2]), mask, training ? attn_drop : 0.0,
-        /*is_causal=*/!mask.has_value());
+    const double dropout = training ? attn_drop : 0.0;
+    at::Tensor y;
+    if (positions.defined() && T >= tf_sdk::kTiledAttentionFrom && dropout == 0) {
+      // A long packed row: in tiles, with no [T, T] mask (tiled_attention.hpp).
+      y = tf_sdk::tiled_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                                  {1.0 / std::sqrt(static_cast<double>(D)), 0, 0, positions});
+    } else {
+      std::optional<at::Tensor> mask;
+      if (positions.defined()) mask = tf_sdk::packed_causal_mask(positions);
+      y = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), mask,
+                                           dropout, /*is_causal=*/!mask.has_value());
+    }
     y = y.transpose(1, 2).reshape({B, T, C});
     return drop(host.linear(y, block(l, "attn.c_proj.weight"), block(l, "attn.c_proj.bias")),
                 resid_drop, training);

@@ -58,6 +58,7 @@
 #include "tightfit/activation_bytes.hpp"
 #include "tightfit/packed_rows.hpp"
 #include "tightfit/plugin_sdk.hpp"
+#include "tightfit/tiled_attention.hpp"
 
 namespace llama {
 
@@ -186,6 +187,20 @@ struct Llama {
   at::Tensor attend(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in, int64_t l,
                     int64_t pos0, const at::Tensor& positions, const at::Tensor& keys = {}) const {
     const int64_t T = q.size(2), S = k_in.size(2), groups = q.size(1) / k_in.size(1);
+    const bool window = s.windowed(l) && s.sliding_window < S;
+    const std::optional<double> scale =
+        s.query_pre_attn_scalar > 0
+            ? std::optional<double>(1.0 / std::sqrt(s.query_pre_attn_scalar))
+            : std::nullopt;
+    // A long pass whose attention needs a mask (a window, packed rows) or
+    // capped scores: in tiles, linear in T (plain causal attention is, as
+    // LibTorch computes it).
+    if (!keys.defined() && pos0 == 0 && S == T && T >= tf_sdk::kTiledAttentionFrom &&
+        (window || positions.defined() || s.attn_softcap > 0))
+      return tf_sdk::tiled_attention(
+          q, k_in, v_in,
+          {scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1)))), s.attn_softcap,
+           window ? s.sliding_window : 0, positions, tf_sdk::kTiledAttentionTile});
     // LibTorch's CPU attention serves grouped heads itself (enable_gqa: the
     // same values and gradients bit for bit, two copies and their backward
     // fewer); elsewhere, and for the spelled-out softcap, the heads are
@@ -196,11 +211,6 @@ struct Llama {
       k = k.repeat_interleave(groups, 1);
       v = v.repeat_interleave(groups, 1);
     }
-    const bool window = s.windowed(l) && s.sliding_window < S;
-    const std::optional<double> scale =
-        s.query_pre_attn_scalar > 0
-            ? std::optional<double>(1.0 / std::sqrt(s.query_pre_attn_scalar))
-            : std::nullopt;
     if (s.attn_softcap > 0) {  // Gemma 2: scores capped before the mask, spelled out
       at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) *
                           scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));

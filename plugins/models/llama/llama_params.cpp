@@ -6,6 +6,7 @@
 
 #include "llama_model.hpp"
 #include "tightfit/activation_bytes.hpp"
+#include "tightfit/tiled_attention.hpp"
 
 namespace llama {
 namespace {
@@ -70,10 +71,18 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
   const int64_t rms_norm_bytes = 4 * C + 2 * elt * C, frozen_norm_bytes = 4 * C;
   // Gemma 2's capped attention keeps its [T, T] scores per head: their tanh
   // and the probabilities (fp32; measured), and two norms more.
+  // A long pass attends in tiles where it needs a mask or a cap
+  // (Llama::attend): nothing [T, T] is kept, and q, k, v as given.
   const int64_t n_norms = s.sandwich_norms ? 4 : 2;
-  const int64_t extra = 72 + tf_sdk::attention_lse_bytes(s.n_head) +
-                        (s.qk_norm ? 4 * (Q + KV) + 2 * elt * (Q + KV) : 0) +
-                        (s.attn_softcap > 0 ? 2 * 4 * s.n_head * T : 0);
+  auto tiled_attention = [&](int64_t l) {
+    return T >= tf_sdk::kTiledAttentionFrom &&
+           (s.attn_softcap > 0 || (s.windowed(l) && s.sliding_window < T));
+  };
+  auto extra = [&](int64_t l) {
+    return 72 + tf_sdk::attention_lse_bytes(s.n_head) +
+           (s.qk_norm ? 4 * (Q + KV) + 2 * elt * (Q + KV) : 0) +
+           (s.attn_softcap > 0 && !tiled_attention(l) ? 2 * 4 * s.n_head * T : 0);
+  };
   // A mixture of experts runs top_k expert MLPs per token (and Qwen2-MoE's
   // shared one): their activations count as one MLP of that total width;
   // each routed copy keeps its gathered input and weighted output (2 C),
@@ -84,7 +93,9 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
   auto mlp_width = [&](int64_t l) { return s.has_experts(l) ? moe_I : I; };
   const bool grouped = KV < Q && s.attn_softcap <= 0 && info.device != nullptr &&
                        std::string(info.device).rfind("cpu", 0) == 0;
-  const int64_t attention = grouped ? 2 * elt * (Q + KV) : 4 * elt * Q;
+  auto attention = [&](int64_t l) {
+    return grouped || tiled_attention(l) ? 2 * elt * (Q + KV) : 4 * elt * Q;
+  };
   // [run] mlp_tile_tokens (Llama::feed_forward): a dense feed-forward keeps
   // nothing of its own (only its input, the norm's output counted above),
   // and computes one tile's intermediates at a time, in forward and again in
@@ -97,24 +108,42 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
     return (bytes * tile + tokens - 1) / tokens;  // per token of the batch, rounded up
   };
   auto block_bytes = [&](int64_t l) {
-    return n_norms * rms_norm_bytes + attention + (tiles(l) ? 0 : 4 * elt * mlp_width(l)) + extra +
-           (s.has_experts(l) ? moe_extra : 0);
+    return n_norms * rms_norm_bytes + attention(l) + (tiles(l) ? 0 : 4 * elt * mlp_width(l)) +
+           extra(l) + (s.has_experts(l) ? moe_extra : 0);
   };
   auto frozen_block_bytes = [&](int64_t l) {
-    return n_norms * frozen_norm_bytes + attention + (tiles(l) ? 0 : 3 * elt * mlp_width(l)) +
-           extra + (s.has_experts(l) ? moe_extra : 0);
+    return n_norms * frozen_norm_bytes + attention(l) + (tiles(l) ? 0 : 3 * elt * mlp_width(l)) +
+           extra(l) + (s.has_experts(l) ? moe_extra : 0);
   };
   // Gradients alive at once at the peak of a block's backward, measured:
   // in the MLP, those of h, silu(gate) and up with the residual's; trained,
   // the saved inputs the weight gradients used are gone by then. Tiled, a
   // tile's intermediates run again with them.
+  // Tiled attention's backward (when its moment is the larger): the
+  // gradients of q (in its dtype), k and v (fp32) and the residual's, with
+  // the blocks of one tile.
+  auto attention_backward = [&](int64_t l) {
+    if (!tiled_attention(l)) return int64_t{0};
+    return elt * Q + 8 * KV + 2 * C * elt +
+           (tf_sdk::tiled_attention_workspace_bytes(
+                info.batch_size, s.n_head, D, tf_sdk::kTiledAttentionTile, s.attn_softcap > 0) +
+            tokens - 1) /
+               tokens;
+  };
+  // Tiled, the block's own gradients are the larger part: with the tile's,
+  // the residual's and the norm's in fp32 (4 C, whatever the activations'
+  // dtype; measured on an 8B-wide block, bf16 and fp32).
   auto backward_bytes = [&](int64_t l) {
-    if (tiles(l)) return 2 * C * elt + tile_share((4 + 3) * mlp_width(l) * elt);
-    return (mlp_width(l) + 2 * C) * elt;
+    if (tiles(l))
+      return std::max(attention_backward(l),
+                      2 * C * elt + 4 * C + tile_share((4 + 3) * mlp_width(l) * elt));
+    return std::max(attention_backward(l), (mlp_width(l) + 2 * C) * elt);
   };
   auto frozen_backward_bytes = [&](int64_t l) {
-    if (tiles(l)) return C * elt + tile_share((3 + 3) * mlp_width(l) * elt);
-    return (3 * mlp_width(l) + C) * elt;
+    if (tiles(l))
+      return std::max(attention_backward(l),
+                      C * elt + 4 * C + tile_share((3 + 3) * mlp_width(l) * elt));
+    return std::max(attention_backward(l), (3 * mlp_width(l) + C) * elt);
   };
   // Multiply-adds per token: the router and the experts each token runs.
   auto mlp_flops = [&](int64_t l) {

@@ -261,18 +261,26 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
       const int32_t head = model->n_stages - 1;
       // A frozen fp32 block weight is cast to 16 bits for each projection
       // (autocast caches only the casts of weights that train): the largest
-      // such copy lives while its block computes, beside the weight itself
-      // (dequantized, when it is stored compact).
-      int64_t largest_cast = 0;
+      // such copy lives while its block computes, beside the weight itself.
+      // One stored as NF4 is not cast: its fetch dequantizes straight to 16
+      // bits (quantize.cpp), half the fp32 copy its strategy counted as the
+      // block's workspace (4 bytes a value), which this one takes back: the
+      // largest of the two 16-bit copies stays (a negative block_bytes; the
+      // hosts of ABI 1.29 on add all strategies' up).
+      int64_t largest_cast = 0, largest_nf4 = 0;
       for (const std::string& name : s->host.param_names()) {
         const tf_param_info info = s->host.param_info(name);
-        if (info.ndim == 2 && info.dtype == TF_DTYPE_F32 && !info.trainable && info.stage >= 0 &&
-            !(info.flags & TF_PARAM_ADAPTER) &&
-            s->host.stage_info(info.stage).kind == TF_STAGE_BLOCK &&
-            !s->host.stage_info(info.stage).skip)
-          largest_cast = std::max(largest_cast, 2 * info.numel);
+        if (info.ndim != 2 || info.dtype != TF_DTYPE_F32 || info.trainable || info.stage < 0 ||
+            (info.flags & TF_PARAM_ADAPTER) ||
+            s->host.stage_info(info.stage).kind != TF_STAGE_BLOCK ||
+            s->host.stage_info(info.stage).skip)
+          continue;
+        const bool nf4 = s->host.has_param_plan() && s->host.planned(name).format == TF_FORMAT_NF4;
+        (nf4 ? largest_nf4 : largest_cast) =
+            std::max(nf4 ? largest_nf4 : largest_cast, 2 * info.numel);
       }
-      if (TF_SDK_REACHES(out, tf_memory_estimate, block_bytes)) out->block_bytes = largest_cast;
+      if (TF_SDK_REACHES(out, tf_memory_estimate, block_bytes))
+        out->block_bytes = std::max(largest_nf4, largest_cast) - 2 * largest_nf4;
       for (const std::string& name : s->host.param_names()) {
         const tf_param_info info = s->host.param_info(name);
         if (info.ndim != 2 || info.dtype != TF_DTYPE_F32 || (info.flags & TF_PARAM_ADAPTER) ||
