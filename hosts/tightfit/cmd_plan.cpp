@@ -61,6 +61,7 @@ nlohmann::json plan_json(const MemoryPlan& p) {
                          {"most_used_per_pass", p.routed.most_used_per_pass},
                          {"reads_per_pass", p.routed.reads_per_pass},
                          {"bytes_per_pass", p.routed.bytes_per_pass}};
+  j["activation_share_at_peak"] = p.activation_share_at_peak;
   for (const auto& c : p.contributions) {
     nlohmann::json e{
         {"plugin", c.plugin}, {"estimated", c.estimated}, {"time_factor", c.time_factor}};
@@ -146,6 +147,13 @@ void print_plan(const std::string& source, const MemoryPlan& p, int64_t budget,
         if (v == 0) continue;
         os << " " << category_name(k) << (t == 0 ? "" : std::string("@") + kTierNames[t]) << " "
            << (v > 0 ? "+" : "-") << format_bytes(v > 0 ? v : -v);
+        // Against every stage's activations: where stages are recomputed,
+        // the peak holds only its share (the rest is inside their reruns).
+        if (t == TF_TIER_DEVICE && k == TF_MEM_ACTIVATIONS && p.activation_share_at_peak < 0.995)
+          os << " (" << (v > 0 ? "+" : "-")
+             << format_bytes(static_cast<int64_t>(std::abs(static_cast<double>(v)) *
+                                                  p.activation_share_at_peak))
+             << " at the peak; the rest is in recomputed stages' working sets)";
       }
     if (c.update_bytes > 0) os << " during the update +" << format_bytes(c.update_bytes);
     if (c.recompute_inputs_tier != TF_TIER_DEVICE)

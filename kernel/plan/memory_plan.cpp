@@ -7,6 +7,7 @@
 #include "fused_head_loss.hpp"
 #include "generation_plan.hpp"
 #include "kernel_parts.hpp"
+#include "plan_contribution.hpp"
 #include "process_memory.hpp"
 #include "stage_flow.hpp"
 #include "strategy_chain.hpp"
@@ -213,42 +214,6 @@ tf_model_summary summary(const KernelParts& s, const Baseline& b, PassShape shap
   return m;
 }
 
-PlanContribution ask(const KernelParts& s, PluginInstance& inst, const std::string& label,
-                     tf_status (*hook)(void*, tf_host_context*, const tf_model_summary*,
-                                       tf_memory_estimate*),
-                     const tf_model_summary& model) {
-  PlanContribution c;
-  c.plugin = label;
-  if (!hook) {
-    c.estimated = false;
-    return c;
-  }
-  tf_memory_estimate e{};
-  e.struct_size = sizeof e;
-  check_plugin_status(guarded_call(inst, "estimate_memory", hook, &model, &e), inst,
-                      "estimate_memory");
-  for (int t = 0; t < TF_TIER_COUNT; ++t)
-    for (int k = 0; k < TF_MEM_CATEGORY_COUNT; ++k) c.delta[t][k] = e.delta_bytes[t][k];
-  c.time_factor = e.time_factor;
-  c.time_from_plan = e.time_from_plan != 0;
-  c.grads_in_forward = e.grads_in_forward != 0;
-  c.update_bytes = std::max<int64_t>(0, e.update_bytes);
-  c.forward_bytes = std::max<int64_t>(0, e.forward_bytes);
-  c.block_bytes = e.block_bytes;  // may be negative: summed, then kept >= 0
-  c.autocast_compute = e.autocast_compute != 0;
-  c.prefetch_stages = std::max(0, e.prefetch_stages);
-  c.micro_batches = std::max(0, e.micro_batches);
-  c.rank_exchange = std::clamp(e.rank_exchange, 0, 4);
-  c.pass_rows = std::max<int64_t>(0, e.pass_rows);
-  c.pass_seq_len = std::max<int64_t>(0, e.pass_seq_len);
-  c.generate_rows = std::max<int64_t>(0, e.generate_rows);
-  c.generate_new_tokens = std::max<int64_t>(0, e.generate_new_tokens);
-  c.generate_prompts = std::max<int64_t>(0, e.generate_prompts);
-  if (e.recompute_inputs_tier == TF_TIER_HOST || e.recompute_inputs_tier == TF_TIER_DISK)
-    c.recompute_inputs_tier = static_cast<tf_residency>(e.recompute_inputs_tier);
-  return c;
-}
-
 MemoryPlan plan_at(const KernelParts& s, PassShape shape) {
   const Baseline b = baseline(s, shape);
   const tf_model_summary model = summary(s, b, shape);
@@ -285,17 +250,17 @@ MemoryPlan plan_at(const KernelParts& s, PassShape shape) {
     ~EndPlanning() { s.plan->planning = false; }
   } end_planning{s};
   for (PluginInstance& inst : s.plugins->strategies)
-    plan.contributions.push_back(
-        ask(s, inst, inst.plugin->name, inst.plugin->strategy()->estimate_memory, model));
+    plan.contributions.push_back(ask_plan_contribution(
+        s, inst, inst.plugin->name, inst.plugin->strategy()->estimate_memory, model));
   if (s.plugins->schedule.plugin)
-    plan.contributions.push_back(
-        ask(s, s.plugins->schedule, "schedule " + s.plugins->schedule.plugin->name,
-            s.plugins->schedule.plugin->schedule()->estimate_memory, model));
+    plan.contributions.push_back(ask_plan_contribution(
+        s, s.plugins->schedule, "schedule " + s.plugins->schedule.plugin->name,
+        s.plugins->schedule.plugin->schedule()->estimate_memory, model));
   // A reward that holds memory (a scorer model) says so; the others hold none.
   for (RewardInstance& r : s.plugins->rewards)
     if (r.instance.plugin->reward()->estimate_memory)
-      plan.contributions.push_back(ask(s, r.instance, "reward " + r.name,
-                                       r.instance.plugin->reward()->estimate_memory, model));
+      plan.contributions.push_back(ask_plan_contribution(
+          s, r.instance, "reward " + r.name, r.instance.plugin->reward()->estimate_memory, model));
   s.plan->planning = false;
   // On a GPU, cuBLAS keeps its workspaces in the caching allocator from the
   // first matmul on: resident through every moment of every step.
@@ -366,7 +331,10 @@ MemoryPlan plan_at(const KernelParts& s, PassShape shape) {
   auto kept_by = [&](const StagePlan& sp) {
     return sp.recomputed ? (inputs_away ? 0 : sp.input) : scaled(sp.live, act);
   };
-  int64_t kept = 0;
+  // The stages' own (unscaled) activations the peak holds: how much of a
+  // strategy's activation delta, planned against all of them, is there.
+  int64_t kept = 0, kept_live = 0, peak_live = 0;
+  auto live_kept_by = [&](const StagePlan& sp) { return sp.recomputed ? 0 : sp.live; };
   // A tiled feed-forward fetches its frozen weights once for all its tiles
   // (tiled_tokens.cpp): a gated MLP's three dense at once, where a block
   // otherwise has one at a time.
@@ -374,6 +342,7 @@ MemoryPlan plan_at(const KernelParts& s, PassShape shape) {
   if (s.env->config.run.mlp_tile_tokens > 0) block_bytes *= 3;
   for (const StagePlan& sp : b.stages) {
     kept += kept_by(sp);
+    kept_live += live_kept_by(sp);
     if (sp.recomputed && inputs_away)
       held[static_cast<size_t>(plan.recompute_inputs_tier)][TF_MEM_ACTIVATIONS] += sp.input;
   }
@@ -390,6 +359,7 @@ MemoryPlan plan_at(const KernelParts& s, PassShape shape) {
   // workspace (a dequantized weight) is gone before the head runs.
   int64_t best = resident + kept + earlier_grads + b.head_forward + forward_bytes;
   plan.peak_moment = "forward";
+  peak_live = kept_live;
   bool at_block = false;  // the peak is while a block computes
   const int64_t kept_before_head =
       kept - (!b.stages.empty() && !b.stages.back().block ? kept_by(b.stages.back()) : 0);
@@ -401,6 +371,7 @@ MemoryPlan plan_at(const KernelParts& s, PassShape shape) {
   for (size_t i = b.stages.size(); i-- > 0;) {
     const StagePlan& sp = b.stages[i];
     kept -= kept_by(sp);
+    kept_live -= live_kept_by(sp);
     if (!sp.backward) continue;
     const int64_t own = scaled(sp.grads, grad);
     const int64_t now = resident + kept + scaled(sp.live - sp.dropped, act) +
@@ -411,6 +382,7 @@ MemoryPlan plan_at(const KernelParts& s, PassShape shape) {
       best = now;
       plan.peak_moment = "backward";
       at_block = sp.block;
+      peak_live = kept_live + sp.live - sp.dropped;
     }
     later_grads += own;
   }
@@ -421,6 +393,7 @@ MemoryPlan plan_at(const KernelParts& s, PassShape shape) {
     best = resident;
     plan.peak_moment = "forward";
     at_block = false;
+    peak_live = 0;
     for (const StagePlan& sp : b.stages) {
       const int64_t now = resident + sp.computing + (sp.block ? block_bytes : 0);
       if (now > best) best = now, at_block = sp.block;
@@ -433,6 +406,7 @@ MemoryPlan plan_at(const KernelParts& s, PassShape shape) {
       best = update;
       plan.peak_moment = "update";
       at_block = false;
+      peak_live = 0;
     }
   }
   // Sampling (a schedule's generate): after the update and before the next
@@ -448,9 +422,12 @@ MemoryPlan plan_at(const KernelParts& s, PassShape shape) {
       plan.peak_moment = "generation";
       at_block = true;
       at_generation = true;
+      peak_live = 0;
     }
   }
   plan.device_peak = best;
+  plan.activation_share_at_peak =
+      b.live_total > 0 ? static_cast<double>(peak_live) / static_cast<double>(b.live_total) : 0;
   for (const StagePlan& sp : b.stages) plan.stages.push_back(sp.flow);
   plan.routed = plan_routed_reads(s, plan.stages);
   if (at_block) held[TF_TIER_DEVICE][TF_MEM_TRANSIENT] += block_bytes;

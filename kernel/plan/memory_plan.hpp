@@ -69,6 +69,10 @@ struct MemoryPlan {
   int64_t host_bytes = 0, disk_bytes = 0;
   const char* peak_moment = "";  // "forward", "backward", "update", "generation"
   double time_factor = 1;        // predicted step time relative to the plain recipe
+  // The share of a strategy's device activation delta (planned against every
+  // stage's activations, as if none were recomputed) that the peak holds:
+  // under checkpointing, one block's.
+  double activation_share_at_peak = 1;
   std::vector<PlanContribution> contributions;
   std::vector<std::string> unestimated;  // plugins with no estimate hook
   std::vector<StageFlow> stages;         // per declared stage (skipped ones: all off)

@@ -58,6 +58,7 @@
 #include "tightfit/activation_bytes.hpp"
 #include "tightfit/packed_rows.hpp"
 #include "tightfit/plugin_sdk.hpp"
+#include "tightfit/rms_norm.hpp"
 #include "tightfit/tiled_attention.hpp"
 
 namespace llama {
@@ -99,14 +100,11 @@ struct Llama {
     return x.scalar_type() == dtype ? x : x.to(dtype);
   }
 
+  // In fp32, as the reference does, then back to the activations' dtype;
+  // Gemma scales before the cast, by 1 + w (its weights start at zero). A
+  // 16-bit input is kept for backward as it is (tightfit/rms_norm.hpp).
   at::Tensor rms_norm(const at::Tensor& x, const std::string& weight) const {
-    // In fp32, as the reference does, then back to the activations' dtype.
-    at::Tensor xf = as(x, at::kFloat);
-    xf = xf * at::rsqrt(xf.pow(2).mean(-1, true) + s.rms_eps);
-    // Gemma scales before the cast, by 1 + w (its weights start at zero).
-    if (s.unit_offset_norm)
-      return as(xf * (1.0 + as(host.weight(weight), at::kFloat)), x.scalar_type());
-    return host.weight(weight) * as(xf, x.scalar_type());
+    return tf_sdk::rms_norm(x, host.weight(weight), s.rms_eps, s.unit_offset_norm);
   }
 
   at::Tensor act(const at::Tensor& x) const {

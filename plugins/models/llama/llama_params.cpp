@@ -6,6 +6,7 @@
 
 #include "llama_model.hpp"
 #include "tightfit/activation_bytes.hpp"
+#include "tightfit/rms_norm.hpp"
 #include "tightfit/tiled_attention.hpp"
 
 namespace llama {
@@ -59,8 +60,8 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
   const double std = 0.02, proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(L));
 
   // Activation bytes per token autograd keeps (for `plan`). RMSNorm keeps
-  // its fp32 input (a copy unless the activations are fp32), the normalized
-  // value and the scaled output (the projections' input); attention keeps
+  // its fp32 input, the normalized value and the scaled output (the
+  // projections' input); 16-bit, only its input (tf_sdk::rms_norm); attention keeps
   // rotated q, k and v as attention sees them (H D, KVH D, KVH D where the
   // CPU's attention serves grouped heads itself; repeated elsewhere, H D
   // each: Llama::attend) and its output (H D), Qwen3's per-head norms their
@@ -68,7 +69,9 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
   // and their product (4 I). Small fp32 statistics round it off.
   // Frozen, a norm keeps only its fp32 input and the MLP gate's input, silu
   // of it and up (3 I): the linears' inputs and the norms' outputs go.
-  const int64_t rms_norm_bytes = 4 * C + 2 * elt * C, frozen_norm_bytes = 4 * C;
+  // In 16 bits a norm keeps only its input (tf_sdk::rms_norm), trained or not.
+  const int64_t rms_norm_bytes = elt == 4 ? 4 * C + 2 * elt * C : elt * C;
+  const int64_t frozen_norm_bytes = tf_sdk::rms_norm_kept_bytes(elt) * C;
   // Gemma 2's capped attention keeps its [T, T] scores per head: their tanh
   // and the probabilities (fp32; measured), and two norms more.
   // A long pass attends in tiles where it needs a mask or a cap
@@ -80,7 +83,7 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
   };
   auto extra = [&](int64_t l) {
     return 72 + tf_sdk::attention_lse_bytes(s.n_head) +
-           (s.qk_norm ? 4 * (Q + KV) + 2 * elt * (Q + KV) : 0) +
+           (s.qk_norm ? (elt == 4 ? 4 + 2 * elt : elt) * (Q + KV) : 0) +
            (s.attn_softcap > 0 && !tiled_attention(l) ? 2 * 4 * s.n_head * T : 0);
   };
   // A mixture of experts runs top_k expert MLPs per token (and Qwen2-MoE's
