@@ -54,8 +54,9 @@ FusedHeadPlan fused_head_plan(const KernelParts& s, int64_t tokens) {
 
 // The kernel's baseline: what the declarations show, stage by stage.
 struct StagePlan {
-  int64_t live = 0;   // activations it keeps for backward (as the model declares)
-  int64_t input = 0;  // the input a recomputed stage keeps instead
+  int64_t live = 0;    // activations it keeps for backward (as the model declares)
+  int64_t input = 0;   // the input a recomputed stage keeps instead
+  int64_t output = 0;  // its output, held while a recomputed stage's backward runs
   bool recomputed = false;
   int64_t grads = 0;      // gradients its backward produces
   int64_t temporary = 0;  // its backward's own workspace
@@ -166,6 +167,7 @@ Baseline baseline(const KernelParts& s, PassShape shape) {
       // A recomputed stage keeps only its input until its backward reruns it.
       sp.recomputed = st.recompute;
       sp.input = previous_output;
+      sp.output = output;
       b.live_total += sp.live;
       b.bytes[TF_MEM_ACTIVATIONS] += st.recompute ? sp.input : sp.live;
       // The gradients alive at once in its backward, as the model declares
@@ -375,7 +377,7 @@ MemoryPlan plan_at(const KernelParts& s, PassShape shape) {
     if (!sp.backward) continue;
     const int64_t own = scaled(sp.grads, grad);
     const int64_t now = resident + kept + scaled(sp.live - sp.dropped, act) +
-                        (sp.recomputed ? sp.input + read_ahead(i) : 0) + sp.temporary +
+                        (sp.recomputed ? sp.input + read_ahead(i) + sp.output : 0) + sp.temporary +
                         (sp.block ? block_bytes : 0) +
                         (grads_in_forward ? all_grads + own : later_grads + own);
     if (now > best) {

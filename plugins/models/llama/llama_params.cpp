@@ -61,7 +61,7 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
 
   // Activation bytes per token autograd keeps (for `plan`). RMSNorm keeps
   // its fp32 input, the normalized value and the scaled output (the
-  // projections' input); 16-bit, only its input (tf_sdk::rms_norm); attention keeps
+  // projections' input); attention keeps
   // rotated q, k and v as attention sees them (H D, KVH D, KVH D where the
   // CPU's attention serves grouped heads itself; repeated elsewhere, H D
   // each: Llama::attend) and its output (H D), Qwen3's per-head norms their
@@ -69,8 +69,8 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
   // and their product (4 I). Small fp32 statistics round it off.
   // Frozen, a norm keeps only its fp32 input and the MLP gate's input, silu
   // of it and up (3 I): the linears' inputs and the norms' outputs go.
-  // In 16 bits a norm keeps only its input (tf_sdk::rms_norm), trained or not.
-  const int64_t rms_norm_bytes = elt == 4 ? 4 * C + 2 * elt * C : elt * C;
+  // Frozen in 16 bits, a norm keeps only its input (tf_sdk::rms_norm).
+  const int64_t rms_norm_bytes = 4 * C + 2 * elt * C;
   const int64_t frozen_norm_bytes = tf_sdk::rms_norm_kept_bytes(elt) * C;
   // Gemma 2's capped attention keeps its [T, T] scores per head: their tanh
   // and the probabilities (fp32; measured), and two norms more.
@@ -83,7 +83,7 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
   };
   auto extra = [&](int64_t l) {
     return 72 + tf_sdk::attention_lse_bytes(s.n_head) +
-           (s.qk_norm ? (elt == 4 ? 4 + 2 * elt : elt) * (Q + KV) : 0) +
+           (s.qk_norm ? 4 * (Q + KV) + 2 * elt * (Q + KV) : 0) +
            (s.attn_softcap > 0 && !tiled_attention(l) ? 2 * 4 * s.n_head * T : 0);
   };
   // A mixture of experts runs top_k expert MLPs per token (and Qwen2-MoE's
@@ -114,9 +114,12 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
     return n_norms * rms_norm_bytes + attention(l) + (tiles(l) ? 0 : 4 * elt * mlp_width(l)) +
            extra(l) + (s.has_experts(l) ? moe_extra : 0);
   };
+  // Frozen, a tiled feed-forward keeps its input (the norm's output, which
+  // frozen projections do not keep): its tiles run again from it.
   auto frozen_block_bytes = [&](int64_t l) {
-    return n_norms * frozen_norm_bytes + attention(l) + (tiles(l) ? 0 : 3 * elt * mlp_width(l)) +
-           extra(l) + (s.has_experts(l) ? moe_extra : 0);
+    return n_norms * frozen_norm_bytes + attention(l) +
+           (tiles(l) ? elt * C : 3 * elt * mlp_width(l)) + extra(l) +
+           (s.has_experts(l) ? moe_extra : 0);
   };
   // Gradients alive at once at the peak of a block's backward, measured:
   // in the MLP, those of h, silu(gate) and up with the residual's; trained,

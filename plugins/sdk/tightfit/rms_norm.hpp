@@ -3,16 +3,21 @@
 // those ops keeps the fp32 copy of a 16-bit input for backward (4 bytes a
 // value, where the input itself is 2); at long context that copy is a large
 // part of a recomputed block (two norms of an 8B-wide block: 32 KiB a
-// token). rms_norm keeps the 16-bit input instead and computes the fp32 ops
-// again in backward under autograd: the same ops on the same values, so the
-// same output and the same gradients, bit for bit, for the memory of the
-// input alone (fused RMSNorm kernels such as Liger's keep the input and
-// the inverse RMS for the same reason).
+// token), and in backward its fp32 gradients (about six fp32 tensors the
+// input's size) were a block's peak. rms_norm keeps the 16-bit input instead
+// and computes the fp32 ops again in backward under autograd, a few thousand
+// rows at a time: the same ops on the same values, so the same output and the
+// same gradients, bit for bit, for the memory of the input alone (fused
+// RMSNorm kernels such as Liger's keep the input and the inverse RMS for the
+// same reason).
 #pragma once
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cstdint>
 
 namespace tf_sdk {
 
@@ -42,44 +47,49 @@ struct RmsNormKeepingInput : public torch::autograd::Function<RmsNormKeepingInpu
     return rms_norm_reference(x, w, eps, unit_offset);
   }
 
+  // Each row's gradient depends on that row alone: computed again a few
+  // rows at a time, where all at once the fp32 copies and their gradients
+  // (about six fp32 tensors the input's size) were the long-context peak of
+  // a block's backward.
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext* ctx,
                                                torch::autograd::tensor_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const bool want_x = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
-    const at::Tensor x = saved[0].detach().requires_grad_(want_x);
-    const at::Tensor w = saved[1].detach().requires_grad_(want_w);
-    torch::autograd::variable_list inputs;
-    if (want_x) inputs.push_back(x);
-    if (want_w) inputs.push_back(w);
-    torch::autograd::variable_list got;
-    {
+    const double eps = ctx->saved_data["eps"].toDouble();
+    const bool unit_offset = ctx->saved_data["unit_offset"].toBool();
+    const at::Tensor w = saved[1].detach();
+    const int64_t C = saved[0].size(-1), rows = saved[0].numel() / std::max<int64_t>(C, 1);
+    const at::Tensor xr = saved[0].detach().reshape({rows, C});
+    const at::Tensor gr = grads[0].reshape({rows, C});
+    at::Tensor gx = at::empty_like(xr);
+    const int64_t chunk = std::max<int64_t>(64, (int64_t{8} << 20) / (4 * std::max<int64_t>(C, 1)));
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+      const int64_t n = std::min(chunk, rows - r0);
+      const at::Tensor xc = xr.narrow(0, r0, n).detach().requires_grad_(true);
       const at::AutoGradMode grad_on(true);
-      const at::Tensor y = rms_norm_reference(x, w, ctx->saved_data["eps"].toDouble(),
-                                              ctx->saved_data["unit_offset"].toBool());
-      got = torch::autograd::grad({y}, inputs, {grads[0]});
+      const at::Tensor y = rms_norm_reference(xc, w, eps, unit_offset);
+      gx.narrow(0, r0, n).copy_(torch::autograd::grad({y}, {xc}, {gr.narrow(0, r0, n)})[0]);
     }
-    size_t i = 0;
-    const at::Tensor gx = want_x ? got[i++] : at::Tensor();
-    const at::Tensor gw = want_w ? got[i++] : at::Tensor();
-    return {gx, gw, at::Tensor(), at::Tensor()};
+    return {gx.view(saved[0].sizes()), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace detail
 
-// rms_norm_reference's output and gradients; a 16-bit input that a gradient
-// flows through is kept as it is, not as its fp32 copy (an fp32 one is its
-// own copy: nothing to save there).
+// rms_norm_reference's output and gradients. With a frozen weight (LoRA,
+// QLoRA), a 16-bit input that a gradient flows through is kept as it is,
+// not as its fp32 copy (an fp32 one is its own copy: nothing to save
+// there). A trained weight's gradient sums over every row: that case keeps
+// the reference's autograd.
 inline at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps,
                            bool unit_offset = false) {
-  if (x.scalar_type() == at::kFloat || !at::GradMode::is_enabled() ||
-      !(x.requires_grad() || w.requires_grad()))
+  if (x.scalar_type() == at::kFloat || !at::GradMode::is_enabled() || !x.requires_grad() ||
+      w.requires_grad())
     return rms_norm_reference(x, w, eps, unit_offset);
   return detail::RmsNormKeepingInput::apply(x, w, eps, unit_offset);
 }
 
-// The bytes a value of a norm's input costs for backward: its fp32 copy (an
-// fp32 input is the copy), or the 16-bit input itself (rms_norm).
+// The bytes a value of a frozen norm's input costs for backward: its fp32
+// copy (an fp32 input is the copy), or the 16-bit input itself (rms_norm).
 inline int64_t rms_norm_kept_bytes(int64_t activation_bytes) {
   return activation_bytes == 4 ? 4 : activation_bytes;
 }

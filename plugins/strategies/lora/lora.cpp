@@ -182,12 +182,26 @@ tf_status export_adapter(void* state, tf_host_context* ctx, const char* dir) {
 // ABI 1.17) only for the tokens routed to that expert, one input per expert
 // (its gate and up share theirs), so a layer's experts together keep top_k
 // copies of each token.
+// Which tensor a projection reads, for counting each kept input once:
+// projections of a stage as wide as one another are taken to read one
+// tensor (q, k and v the attention's input, gate and up the feed-forward's,
+// an RWKV block's mixes), but an attention's output projection (o_proj,
+// out_proj) reads the attention's output, its own tensor however wide, and
+// an expert (a share of the tokens) reads its own rows.
+std::string input_read_by(const std::string& weight, bool routed) {
+  const std::string module = weight.substr(0, weight.rfind('.', weight.size() - 8));
+  if (routed) return module;  // "...experts.7" of "...experts.7.w1.weight"
+  for (const char* own : {"o_proj.", "out_proj."})
+    if (weight.find(own) != std::string::npos) return weight;
+  return std::string();
+}
+
 tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summary* model,
                           tf_memory_estimate* out) {
   auto* s = static_cast<Lora*>(state);
   return tf_sdk::guard(s->host.api(), ctx, [&] {
     const double tokens = static_cast<double>(model->batch_size * model->seq_len);
-    std::set<std::tuple<int32_t, int64_t, std::string>> inputs;  // (stage, width, expert)
+    std::set<std::tuple<int32_t, int64_t, std::string>> inputs;  // (stage, width, tensor read)
     double bytes = 0;
     for (const auto& [name, ad] : s->adapters) {
       const tf_param_info info = s->host.param_info(name);
@@ -197,11 +211,8 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
           TF_SDK_REACHES(&info, tf_param_info, routed_share) && info.routed_share > 0
               ? info.routed_share
               : 1.0;
-      // The module that holds the projection ("...experts.7" of "...experts.7.w1.weight").
-      const std::string module = name.substr(0, name.rfind('.', name.size() - 8));
-      const std::string owner = share < 1 ? module : std::string();
       const double rows = tokens * share;
-      if (inputs.insert({info.stage, info.shape[1], owner}).second)
+      if (inputs.insert({info.stage, info.shape[1], input_read_by(name, share < 1)}).second)
         bytes += rows * static_cast<double>(info.shape[1] * elt);
       bytes += rows * static_cast<double>(s->rank * elt);
     }
