@@ -118,14 +118,15 @@ TEST(ExampleBatcherPacking, PacksBestFitDecreasingAndKeepsExamplesApart) {
   EXPECT_TRUE(at::equal(x.positions, y.positions));
 }
 
-// Three examples of 7, 5 and 3 tokens with their targets (-100 on prompts).
+// Examples of these lengths (7, 5 and 3 tokens unless told) with their
+// targets (-100 on prompts).
 struct Examples {
   std::vector<at::Tensor> tokens, targets;
 };
-Examples three_examples() {
+Examples three_examples(std::vector<int64_t> lengths = {7, 5, 3}) {
   at::manual_seed(11);
   Examples ex;
-  for (int64_t n : {7, 5, 3}) {
+  for (int64_t n : lengths) {
     ex.tokens.push_back(at::randint(0, 256, {n}, at::kLong));
     at::Tensor tgt = at::randint(0, 256, {n}, at::kLong);
     tgt.narrow(0, 0, n / 2).fill_(kIgnoreIndex);
@@ -153,15 +154,16 @@ class PackedEqualsUnpacked : public ::testing::TestWithParam<std::pair<const cha
 };
 
 // The packed row [a b c pad] and the rows [a pad] [b pad] [c pad] give the same
-// loss (the mean over the same trained targets) and the same gradients.
-TEST_P(PackedEqualsUnpacked, SameLossAndGradients) {
+// loss (the mean over the same trained targets) and the same gradients; a
+// row of T tokens, the examples `lengths` long.
+void expect_packed_equals_unpacked(const std::string& model, const std::string& extra,
+                                   std::vector<int64_t> lengths, int64_t T) {
   test::TempDir dir;
-  std::string recipe = test::tiny_recipe(test::write_corpus(dir), dir.str(), "", GetParam().second);
+  std::string recipe = test::tiny_recipe(test::write_corpus(dir), dir.str(), "", extra);
   const auto begin = recipe.find("[model]"), end = recipe.find("[data]");
-  recipe.replace(begin, end - begin, std::string("[model]\n") + GetParam().first + "\n");
+  recipe.replace(begin, end - begin, "[model]\n" + model + "\n");
   auto s = test::make_session(recipe);
-  const Examples ex = three_examples();
-  const int64_t T = 20;
+  const Examples ex = three_examples(std::move(lengths));
 
   at::Tensor tokens = at::zeros({1, T}, at::kLong), targets = at::full({1, T}, kIgnoreIndex);
   at::Tensor positions = at::empty({1, T}, at::kLong);
@@ -200,6 +202,20 @@ TEST_P(PackedEqualsUnpacked, SameLossAndGradients) {
                               (expected.abs().max().item<double>() + 1e-12));
   }
   EXPECT_GT(most, 1e-2);
+}
+
+TEST_P(PackedEqualsUnpacked, SameLossAndGradients) {
+  expect_packed_equals_unpacked(GetParam().first, GetParam().second, {7, 5, 3}, 20);
+}
+
+// A packed row of 2,112 tokens attends in tiles (tiled_attention.hpp: no
+// [T, T] mask) where the rows apart take LibTorch's causal kernel: the same
+// loss and gradients within 1e-5 all the same.
+TEST(PackedEqualsUnpacked, ALongPackedRowAttendsInTiles) {
+  expect_packed_equals_unpacked(
+      "plugin = \"llama\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 32\nn_head = 4\n"
+      "n_kv_head = 2\nintermediate_size = 64\nmax_positions = 2112\n",
+      "", {1100, 700, 300}, 2112);
 }
 
 INSTANTIATE_TEST_SUITE_P(
