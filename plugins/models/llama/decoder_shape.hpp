@@ -109,6 +109,12 @@ struct Shape {
            sliding_layers[static_cast<size_t>(layer)];
   }
   bool local_rope(int64_t layer) const { return rope_local_theta > 0 && windowed(layer); }
+  // Layer `layer`'s attention over T tokens needs a window or capped scores,
+  // which LibTorch's kernels would take as [T, T] (a long pass attends in
+  // tiles instead: Llama::attend, and the plan's bytes for it).
+  bool masked_or_capped(int64_t layer, int64_t T) const {
+    return attn_softcap > 0 || (windowed(layer) && sliding_window < T);
+  }
   bool has_experts(int64_t layer) const {
     if (n_experts <= 0 || (layer + 1) % sparse_step != 0) return false;
     for (int64_t d : dense_layers)

@@ -194,7 +194,7 @@ struct Llama {
     // capped scores: in tiles, linear in T (plain causal attention is, as
     // LibTorch computes it).
     if (!keys.defined() && pos0 == 0 && S == T && T >= tf_sdk::kTiledAttentionFrom &&
-        (window || positions.defined() || s.attn_softcap > 0))
+        (s.masked_or_capped(l, S) || positions.defined()))
       return tf_sdk::tiled_attention(
           q, k_in, v_in,
           {scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1)))), s.attn_softcap,

@@ -6,7 +6,6 @@
 
 #include "llama_model.hpp"
 #include "tightfit/activation_bytes.hpp"
-#include "tightfit/rms_norm.hpp"
 #include "tightfit/tiled_attention.hpp"
 
 namespace llama {
@@ -69,17 +68,16 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
   // and their product (4 I). Small fp32 statistics round it off.
   // Frozen, a norm keeps only its fp32 input and the MLP gate's input, silu
   // of it and up (3 I): the linears' inputs and the norms' outputs go.
-  // Frozen in 16 bits, a norm keeps only its input (tf_sdk::rms_norm).
-  const int64_t rms_norm_bytes = 4 * C + 2 * elt * C;
-  const int64_t frozen_norm_bytes = tf_sdk::rms_norm_kept_bytes(elt) * C;
+  // Frozen, its input: fp32 activations are their own fp32 copy, and a
+  // 16-bit input is kept as it is (tf_sdk::rms_norm).
+  const int64_t rms_norm_bytes = 4 * C + 2 * elt * C, frozen_norm_bytes = elt * C;
   // Gemma 2's capped attention keeps its [T, T] scores per head: their tanh
   // and the probabilities (fp32; measured), and two norms more.
   // A long pass attends in tiles where it needs a mask or a cap
   // (Llama::attend): nothing [T, T] is kept, and q, k, v as given.
   const int64_t n_norms = s.sandwich_norms ? 4 : 2;
   auto tiled_attention = [&](int64_t l) {
-    return T >= tf_sdk::kTiledAttentionFrom &&
-           (s.attn_softcap > 0 || (s.windowed(l) && s.sliding_window < T));
+    return T >= tf_sdk::kTiledAttentionFrom && s.masked_or_capped(l, T);
   };
   auto extra = [&](int64_t l) {
     return 72 + tf_sdk::attention_lse_bytes(s.n_head) +

@@ -88,10 +88,4 @@ inline at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps,
   return detail::RmsNormKeepingInput::apply(x, w, eps, unit_offset);
 }
 
-// The bytes a value of a frozen norm's input costs for backward: its fp32
-// copy (an fp32 input is the copy), or the 16-bit input itself (rms_norm).
-inline int64_t rms_norm_kept_bytes(int64_t activation_bytes) {
-  return activation_bytes == 4 ? 4 : activation_bytes;
-}
-
 }  // namespace tf_sdk

@@ -69,6 +69,12 @@ struct AttentionTiles {
   }
 };
 
+// The positions a custom function was handed (an empty tensor for none:
+// every tensor it takes must exist), as TiledAttention holds them.
+inline at::Tensor positions_or_none(const at::Tensor& positions) {
+  return positions.numel() > 0 ? positions : at::Tensor();
+}
+
 inline AttentionTiles attention_tiles(int64_t T, const TiledAttention& a) {
   AttentionTiles t;
   t.T = T;
@@ -83,12 +89,14 @@ inline AttentionTiles attention_tiles(int64_t T, const TiledAttention& a) {
     const at::Tensor ids = t.example.contiguous();
     example_first = at::searchsorted(ids, ids.index_select(1, starts).contiguous())
                         .amin(0)
-                        .to(at::kCPU)
-                        .to(at::kLong);
+                        .to(at::kCPU, at::kLong)
+                        .contiguous();
   }
+  const int64_t* example_start =
+      example_first.defined() ? example_first.data_ptr<int64_t>() : nullptr;
   for (int64_t i = 0; i < n; ++i) {
     int64_t first = t.window > 0 ? std::max<int64_t>(0, t.begin(i) - t.window + 1) : 0;
-    if (example_first.defined()) first = std::max(first, example_first[i].item<int64_t>());
+    if (example_start) first = std::max(first, example_start[i]);
     t.first_key[static_cast<size_t>(i)] = first;
   }
   return t;
@@ -114,8 +122,7 @@ struct TiledAttentionFunction : public torch::autograd::Function<TiledAttentionF
                             const at::Tensor& k, const at::Tensor& v, double scale, double softcap,
                             int64_t window, const at::Tensor& positions, int64_t tile) {
     const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    const TiledAttention a{scale, softcap, window, positions.numel() > 0 ? positions : at::Tensor(),
-                           tile};
+    const TiledAttention a{scale, softcap, window, positions_or_none(positions), tile};
     const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), KVH = k.size(1);
     const int64_t G = H / KVH;
     const AttentionTiles tiles = attention_tiles(T, a);
@@ -163,8 +170,7 @@ struct TiledAttentionFunction : public torch::autograd::Function<TiledAttentionF
     const at::Tensor &lse = saved[4], &positions = saved[5];
     const TiledAttention a{ctx->saved_data["scale"].toDouble(),
                            ctx->saved_data["softcap"].toDouble(), ctx->saved_data["window"].toInt(),
-                           positions.numel() > 0 ? positions : at::Tensor(),
-                           ctx->saved_data["tile"].toInt()};
+                           positions_or_none(positions), ctx->saved_data["tile"].toInt()};
     const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), KVH = k.size(1);
     const int64_t G = H / KVH;
     const AttentionTiles tiles = attention_tiles(T, a);

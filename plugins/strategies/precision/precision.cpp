@@ -276,8 +276,8 @@ tf_status estimate_memory(void* state, tf_host_context* ctx, const tf_model_summ
             s->host.stage_info(info.stage).skip)
           continue;
         const bool nf4 = s->host.has_param_plan() && s->host.planned(name).format == TF_FORMAT_NF4;
-        (nf4 ? largest_nf4 : largest_cast) =
-            std::max(nf4 ? largest_nf4 : largest_cast, 2 * info.numel);
+        int64_t& largest = nf4 ? largest_nf4 : largest_cast;
+        largest = std::max(largest, 2 * info.numel);
       }
       if (TF_SDK_REACHES(out, tf_memory_estimate, block_bytes))
         out->block_bytes = std::max(largest_nf4, largest_cast) - 2 * largest_nf4;
