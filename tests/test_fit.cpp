@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 
 #include "byte_size.hpp"
@@ -646,6 +647,87 @@ TEST(Fit, VerifyRunsTheTopStacksAndComparesThem) {
         << line;
   }
   EXPECT_EQ(rows, 2) << log;
+}
+
+}  // namespace
+}  // namespace tightfit
+
+namespace tightfit {
+namespace {
+
+// `fit --longest-context`: the longest row (to 256 tokens) some stack fits,
+// the feed-forward whole or in tiles where the model tiles (a llama whose
+// feed-forward is 16 times its width: tiles reach furthest); the recipe
+// written at that length plans within the budget, and 256 tokens more fit
+// no stack, whole or in any tile size tried. A budget that fits no row, a
+// model that cannot tile (gpt2: whole alone) and one whose positions stop
+// the search are said so.
+std::string llama_recipe(const std::string& out) {
+  std::string r = recipe(out, "[[strategy]]\nplugin = \"lora\"\nrank = 4\n", 1);
+  const auto begin = r.find("[model]"), end = r.find("[data]");
+  r.replace(begin, end - begin,
+            "[model]\nplugin = \"llama\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 64\n"
+            "n_head = 4\nintermediate_size = 1024\nmax_positions = 65536\n");
+  return r;
+}
+
+TEST(FitLongestContext, TheLongestRowAStackFitsWrittenAtThatLength) {
+  test::TempDir dir;
+  private_rates_cache(dir);
+  const std::string path = test::write_file(dir, "r.toml", llama_recipe(dir.str()));
+  const int64_t budget = 64 << 20;
+  const std::string out = (dir.path() / "fit.toml").string();
+  std::string log;
+  ASSERT_EQ(test::run_tightfit("fit " + path + " --budget " + std::to_string(budget) +
+                                   " --longest-context --out " + out,
+                               &log),
+            0)
+      << log;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("longest       ([0-9]+) tokens a row"))) << log;
+  const int64_t longest = std::stoll(m[1]);
+  EXPECT_EQ(longest % 256, 0) << log;
+  EXPECT_NE(log.find("the feed-forward tried whole, 4096, 1024"), std::string::npos) << log;
+  const Recipe written = Recipe::load(out);
+  EXPECT_EQ((*written.table("data"))["seq_len"].value_or(int64_t{0}), longest);
+  const int64_t tile = (*written.table("run"))["mlp_tile_tokens"].value_or(int64_t{0});
+  EXPECT_GT(tile, 0) << read_file_text(out);
+  EXPECT_LE(planned_peak(out), budget);
+  EXPECT_NE(log.find("~ data.seq_len = " + std::to_string(longest)), std::string::npos) << log;
+  // 256 tokens more: no stack fits, whole or in either tile size.
+  for (const char* tiles : {"0", "4096", "1024"}) {
+    const std::string longer = "fit " + path + " --budget " + std::to_string(budget) +
+                               " --set data.seq_len=" + std::to_string(longest + 256) +
+                               " --set run.mlp_tile_tokens=" + tiles + " --out " + out;
+    EXPECT_EQ(test::run_tightfit(longer, &log), 3) << tiles << "\n" << log;
+  }
+  // The model's positions stop a search that would go on.
+  ASSERT_EQ(
+      test::run_tightfit("fit " + path + " --budget 64GiB --longest-context --out " + out, &log), 0)
+      << log;
+  EXPECT_NE(log.find("longest       65536 tokens"), std::string::npos) << log;
+  EXPECT_NE(log.find("refused       a longer row: "), std::string::npos) << log;
+  // Not even 256 tokens: out of budget, said so.
+  EXPECT_EQ(
+      test::run_tightfit("fit " + path + " --budget 1MiB --longest-context --out " + out, &log), 3)
+      << log;
+  EXPECT_NE(log.find("fits a row of 256 tokens in 1.0MiB"), std::string::npos) << log;
+}
+
+TEST(FitLongestContext, AModelThatCannotTileTriesTheWholeFeedForward) {
+  test::TempDir dir;
+  private_rates_cache(dir);
+  std::string r = recipe(dir.str(), "", 1);
+  r.replace(r.find("n_positions = 128"), 17, "n_positions = 1024");
+  const std::string path = test::write_file(dir, "r.toml", r);
+  const std::string out = (dir.path() / "fit.toml").string();
+  std::string log;
+  ASSERT_EQ(
+      test::run_tightfit("fit " + path + " --budget 1GiB --longest-context --out " + out, &log), 0)
+      << log;
+  EXPECT_NE(log.find("longest       1024 tokens a row"), std::string::npos) << log;
+  EXPECT_NE(log.find("the feed-forward tried whole\n"), std::string::npos) << log;
+  EXPECT_EQ(Recipe::load(out).table("run")->contains("mlp_tile_tokens"), false);
 }
 
 }  // namespace

@@ -24,10 +24,12 @@
 #include "fit_rank.hpp"
 #include "fit_rates.hpp"
 #include "fit_search.hpp"
+#include "fit_stacks.hpp"
 #include "fit_verify.hpp"
 #include "input_files.hpp"
 #include "json_output.hpp"
 #include "logging.hpp"
+#include "longest_length.hpp"
 #include "session.hpp"
 
 namespace po = boost::program_options;
@@ -69,6 +71,10 @@ po::options_description fit_options() {
       "set", po::value<std::vector<std::string>>()->composing(),
       "override a recipe key before the search")("json", "print the result as JSON")(
       "measure", "measure this machine's rates again instead of using the cached ones")(
+      "longest-context",
+      "the longest data.seq_len (to 256 tokens) some stack fits, the feed-forward whole or in "
+      "tiles (run.mlp_tile_tokens) where the model tiles; the stacks that fit it ranked as "
+      "--objective says, the winner written with that length")(
       "verify", "run the top stacks for a few steps and compare predicted with measured")(
       "verify-top", po::value<int>()->default_value(3), "stacks --verify runs")(
       "verify-spread",
@@ -157,56 +163,16 @@ std::string recipes_choice_plugins(const PluginRegistry& registry) {
   return out.empty() ? "none installed" : out;
 }
 
-struct SearchResult {
-  std::vector<Planned> fitting;
-  std::optional<Planned> smallest;
-  size_t stacks = 0;
-  int pruned = 0, refused = 0, planned = 0;
-  std::map<std::string, int> refusals;  // why the plugins refused stacks: how many each
-};
-
-// Plans every stack of `space`, the most memory-saving first, so that one
-// that does not fit rules out every stack saving no more on any knob.
-void search_stacks(const FitSpace& space, const Recipe& stripped, const PluginRegistry& registry,
-                   int ranks, const MachineRates& rates, int64_t budget, SearchResult& r) {
-  const std::vector<FitChoice> choices = enumerate_choices(space);
-  r.stacks += choices.size();
-  std::vector<FitChoice> too_big;
-  for (const FitChoice& c : choices) {
-    if (std::any_of(too_big.begin(), too_big.end(),
-                    [&](const FitChoice& f) { return c.saves_no_more_than(f); })) {
-      ++r.pruned;
-      continue;
-    }
-    std::optional<Planned> p;
-    try {
-      p = plan_recipe(apply_choice(stripped, space, c), registry, ranks, rates, c);
-    } catch (const std::exception& e) {  // a combination the plugins refuse
-      ++r.refused;
-      std::string why = e.what();
-      if (why.rfind("--set: ", 0) == 0) why = why.substr(7);  // the recipe fit made
-      ++r.refusals[why.substr(0, why.find('\n'))];
-      continue;
-    }
-    ++r.planned;
-    if (!r.smallest || p->plan.tracked_peak < r.smallest->plan.tracked_peak) r.smallest = *p;
-    if (p->plan.budget_need() > budget)
-      too_big.push_back(c);
-    else
-      r.fitting.push_back(std::move(*p));
-  }
-}
-
 // The winner as a recipe, whole or not at all (a planted link is replaced).
 void write_winner(const std::string& out, const Planned& best, double plain_s,
                   const std::string& recipe_path, const std::string& budget_text,
-                  const std::string& objective, const std::string& device) {
+                  const std::string& objective, bool longest, const std::string& device) {
   std::ostringstream text;
   text << "# Written by `tightfit fit " << recipe_path << " --budget " << budget_text
-       << " --objective " << objective << "`:\n# " << best.choice.describe() << "; planned peak "
-       << format_bytes(best.plan.tracked_peak) << ", predicted " << seconds(best.cost.total())
-       << " s/step (x" << seconds(best.cost.total() / plain_s) << " of the plain recipe) on "
-       << device << ".\n\n"
+       << " --objective " << objective << (longest ? " --longest-context" : "") << "`:\n# "
+       << best.choice.describe() << "; planned peak " << format_bytes(best.plan.tracked_peak)
+       << ", predicted " << seconds(best.cost.total()) << " s/step (x"
+       << seconds(best.cost.total() / plain_s) << " of the plain recipe) on " << device << ".\n\n"
        << best.recipe.to_toml() << "\n";
   write_file_synced(out, text.str());
 }
@@ -254,11 +220,16 @@ std::vector<std::string> recipe_changes(const Recipe& from, const Recipe& to, in
   }
   for (const auto& [plugin, t] : before)
     if (!after.count(plugin)) out.push_back("- " + plugin + ": the stack written does without it");
-  // A schedule fit stood in for the recipe's, and the batch it split.
-  std::vector<std::string> keys = {"data.batch_size"};
+  // A schedule fit stood in for the recipe's, and the batch it split; the
+  // length and tiles --longest-context chose.
+  const std::string split = "the same batch in micro-batches (a smaller one at a time, one update)";
+  std::vector<std::pair<std::string, std::string>> keys = {
+      {"data.batch_size", split},
+      {"data.seq_len", "the longest row a stack fits in " + format_bytes(budget)},
+      {"run.mlp_tile_tokens", "the feed-forward a tile of tokens at a time, for that length"}};
   if (const toml::table* s = to.table("schedule"))
-    for (const auto& [k, v] : *s) keys.push_back("schedule." + std::string(k.str()));
-  for (const std::string& k : keys) {
+    for (const auto& [k, v] : *s) keys.emplace_back("schedule." + std::string(k.str()), split);
+  for (const auto& [k, why_key] : keys) {
     const std::string table = k.substr(0, k.find('.')), name = k.substr(k.find('.') + 1);
     const toml::table* a = from.table(table);
     const toml::table* b = to.table(table);
@@ -266,16 +237,31 @@ std::vector<std::string> recipe_changes(const Recipe& from, const Recipe& to, in
     const toml::node* y = b ? b->get(name) : nullptr;
     if (y && (!x || toml_text(*x) != toml_text(*y)))
       out.push_back("~ " + k + " = " + toml_text(*y) + (x ? " (was " + toml_text(*x) + ")" : "") +
-                    ": the same batch in micro-batches (a smaller one at a time, one update)");
+                    ": " + why_key);
   }
   return out;
+}
+
+// What --longest-context found, shown before the stacks that fit it.
+std::string longest_context_text(const LongestContextFit& c, const Recipe& best, int64_t budget) {
+  std::string tiles;
+  for (int64_t t : c.tiles)
+    tiles += (tiles.empty() ? "" : ", ") + (t ? std::to_string(t) : "whole");
+  const toml::table* data = best.table("data");
+  const int64_t batch = data ? (*data)["batch_size"].value_or(int64_t{1}) : 1;
+  std::ostringstream os;
+  os << "longest       " << c.tokens << " tokens a row (batch " << batch << ") within "
+     << format_bytes(budget) << ", to " << kContextStep << " tokens; the feed-forward tried "
+     << tiles << "\n";
+  if (!c.refused.empty()) os << "refused       a longer row: " << c.refused << "\n";
+  return os.str();
 }
 
 void print_stacks(const std::string& recipe_path, int64_t budget, const std::string& objective,
                   const ModelShape& shape, const MachineRates& rates,
                   const std::string& rates_source, const Planned& plain, const FitSpace& space,
                   const std::vector<Planned>& fitting, int top, const std::string& out,
-                  const Recipe& base) {
+                  const Recipe& base, const std::string& found) {
   const double plain_s = plain.cost.total();
   char line[512];
   std::cout << "== fit: " << recipe_path << ", budget " << format_bytes(budget) << ", objective "
@@ -295,6 +281,7 @@ void print_stacks(const std::string& recipe_path, int64_t budget, const std::str
             << " s/step predicted"
             << (plain.plan.budget_need() <= budget ? " (fits)" : " (does not fit)") << "\n";
   for (const auto& note : space.notes) std::cout << "note          " << note << "\n";
+  std::cout << found;
   std::snprintf(line, sizeof line, "\n  %-3s %-62s %10s %9s %7s  %s\n", "#", "stack", "peak",
                 "s/step", "x plain", "changes to the maths");
   std::cout << line;
@@ -408,10 +395,19 @@ int fit_command(const std::vector<std::string>& args) {
                                                     vm.count("measure") > 0, rates_source);
 
     SearchResult search;
-    search_stacks(space, stripped, registry, o->ranks, rates, o->budget, search);
+    const bool longest = vm.count("longest-context") > 0;
+    LongestContextFit context;
+    auto search_space = [&] {
+      if (longest)
+        context =
+            search_longest_context(space, stripped, registry, o->ranks, rates, o->budget, search);
+      else
+        search_stacks(space, stripped, registry, o->ranks, rates, o->budget, search);
+    };
+    search_space();
     if (search.fitting.empty() && space.trains_all_weights && space.adapters_possible) {
       space = fit_space(base, registry, keep, without, change, o->lora_ranks, true, o->ranks);
-      search_stacks(space, stripped, registry, o->ranks, rates, o->budget, search);
+      search_space();
     }
     std::cerr << "fit: " << search.stacks << " stacks: " << search.planned << " planned, "
               << search.pruned << " ruled out by a larger saving that did not fit, "
@@ -420,6 +416,13 @@ int fit_command(const std::vector<std::string>& args) {
     // Why, so that a plugin's refusal of what fit tried is not a mystery.
     for (const auto& [why, count] : search.refusals)
       std::cerr << "fit: " << count << " refused: " << why << "\n";
+    if (search.fitting.empty() && longest) {
+      std::cerr << "tightfit fit: no stack of the installed strategies fits a row of "
+                << kContextStep << " tokens in " << format_bytes(o->budget)
+                << (context.refused.empty() ? "" : " (" + context.refused + ")")
+                << "; raise the budget or lower data.batch_size\n";
+      return kOutOfBudget;
+    }
     if (search.fitting.empty()) {
       std::cerr << "tightfit fit: no stack of the installed strategies fits "
                 << format_bytes(o->budget);
@@ -434,17 +437,25 @@ int fit_command(const std::vector<std::string>& args) {
     rank_stacks(search.fitting, o->budget, o->objective);
     // The slowdown's base: the winner's training target with no strategy.
     const FitChoice plain_stack = plain_choice(space, search.fitting.front().choice);
-    const Planned plain = plan_recipe(apply_choice(stripped, space, plain_stack), registry,
+    // (--longest-context: at the length found, the feed-forward whole.)
+    const Recipe at_length = longest ? recipe_at_length(stripped, context.tokens, 0) : stripped;
+    const Planned plain = plan_recipe(apply_choice(at_length, space, plain_stack), registry,
                                       o->ranks, rates, plain_stack);
 
     write_winner(out, search.fitting.front(), plain.cost.total(), recipe_path,
-                 vm["budget"].as<std::string>(), o->objective, shape.device);
+                 vm["budget"].as<std::string>(), o->objective, longest, shape.device);
     const int top = std::max(1, vm["top"].as<int>());
     json result =
         result_json(recipe_path, o->budget, o->objective, shape, search, out, plain, rates, top);
+    if (longest)
+      result["longest_context"] = {{"tokens", context.tokens},
+                                   {"tiles_tried", context.tiles},
+                                   {"refused_longer", context.refused}};
     if (!vm.count("json"))
-      print_stacks(recipe_path, o->budget, o->objective, shape, rates, rates_source, plain, space,
-                   search.fitting, top, out, base);
+      print_stacks(
+          recipe_path, o->budget, o->objective, shape, rates, rates_source, plain, space,
+          search.fitting, top, out, base,
+          longest ? longest_context_text(context, search.fitting.front().recipe, o->budget) : "");
     if (vm.count("verify"))
       verify_stacks(search.fitting, plain.cost.total(),
                     VerifyOptions{vm["verify-top"].as<int>(), vm["verify-steps"].as<int>(),

@@ -11,6 +11,7 @@
 #include "commands.hpp"
 #include "gpu_table.hpp"
 #include "logging.hpp"
+#include "longest_length.hpp"
 #include "machine_rates.hpp"
 #include "memory_plan.hpp"
 #include "plugin_loader.hpp"
@@ -269,19 +270,7 @@ LongestContext longest_context(const Recipe& recipe, const PluginRegistry& regis
       return false;
     }
   };
-  constexpr int64_t kStep = 256, kMost = int64_t{1} << 26;  // 64M tokens
-  if (!fits(kStep)) return out;
-  int64_t good = kStep, bad = 2 * kStep;
-  while (bad <= kMost && fits(bad)) good = bad, bad *= 2;
-  if (bad > kMost) {
-    out.tokens = good;
-    return out;
-  }
-  while (bad - good > kStep) {
-    const int64_t mid = (good + bad) / 2 / kStep * kStep;
-    (fits(mid) ? good : bad) = mid;
-  }
-  out.tokens = good;
+  out.tokens = longest_length(fits, kContextStep, kLongestContext);
   return out;
 }
 

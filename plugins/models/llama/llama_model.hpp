@@ -42,6 +42,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 
 #include <array>
 #include <cmath>
@@ -178,6 +179,20 @@ struct Llama {
     return tf_sdk::causal_mask(T, S, pos0, window ? s.sliding_window : 0, device);
   }
 
+  // Whether LibTorch's attention serves grouped key/value heads itself for
+  // this query: on the CPU always; on CUDA in 16 bits, where its flash and
+  // cuDNN kernels read each key/value head for its group (in fp32 the
+  // memory-efficient kernel runs, which some builds give only equal heads,
+  // and a kernel refused for them falls to the math one, quadratic in T).
+  static bool kernel_serves_grouped_heads(const at::Tensor& q) {
+    if (q.device().is_cpu()) return true;
+    if (!q.device().is_cuda()) return false;
+    const at::ScalarType seen = at::autocast::is_autocast_enabled(at::kCUDA)
+                                    ? at::autocast::get_autocast_dtype(at::kCUDA)
+                                    : q.scalar_type();
+    return seen == at::kBFloat16 || seen == at::kHalf;
+  }
+
   // Attention of q [B, H, T, D] over k, v [B, KVH, S, D] in layer l: each
   // key/value head serves H / KVH query heads.
   // `keys` (bool, broadcast to [B, 1, T, S]) says which keys each query sees
@@ -199,11 +214,11 @@ struct Llama {
           q, k_in, v_in,
           {scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1)))), s.attn_softcap,
            window ? s.sliding_window : 0, positions, tf_sdk::kTiledAttentionTile});
-    // LibTorch's CPU attention serves grouped heads itself (enable_gqa: the
-    // same values and gradients bit for bit, two copies and their backward
-    // fewer); elsewhere, and for the spelled-out softcap, the heads are
-    // repeated, as not every device's kernel takes them grouped.
-    const bool grouped = groups > 1 && q.device().is_cpu() && s.attn_softcap <= 0;
+    // Grouped heads go to the kernel as they are (enable_gqa: the same
+    // values and gradients, two copies and their backward fewer) where it
+    // serves them itself; elsewhere, and for the spelled-out softcap, the
+    // heads are repeated.
+    const bool grouped = groups > 1 && s.attn_softcap <= 0 && kernel_serves_grouped_heads(q);
     at::Tensor k = k_in, v = v_in;
     if (groups > 1 && !grouped) {
       k = k.repeat_interleave(groups, 1);
@@ -365,36 +380,41 @@ struct Llama {
     return proj(gate * proj(v, l, "mlp.up_proj", s.mlp_bias), l, "mlp.down_proj", s.mlp_bias);
   }
 
-  // The feed-forward of layer `tag` on x, as the host's tiled_over_tokens
-  // calls it (user: the Llama).
-  static tf_status tokenwise_mlp(void* user, tf_host_context* ctx, int64_t tag, tf_tensor x,
-                                 tf_tensor* out) {
+  // The feed-forward sublayer of layer l on the residual stream a: its norm,
+  // the MLP, and Gemma 2's norm after it — every step token by token.
+  at::Tensor feed_forward_sublayer(const at::Tensor& a, int64_t l) const {
+    if (s.sandwich_norms)  // Gemma 2
+      return rms_norm(mlp(rms_norm(a, layer(l, "pre_feedforward_layernorm.weight")), l),
+                      layer(l, "post_feedforward_layernorm.weight"));
+    return mlp(rms_norm(a, layer(l, "post_attention_layernorm.weight")), l);
+  }
+
+  // The sublayer of layer `tag` on x, as the host's tiled_over_tokens calls
+  // it (user: the Llama).
+  static tf_status tokenwise_feed_forward(void* user, tf_host_context* ctx, int64_t tag,
+                                          tf_tensor x, tf_tensor* out) {
     const auto* m = static_cast<const Llama*>(user);
     return tf_sdk::guard(m->host.api(), ctx, [&] {
-      *out = tf_sdk::give(m->mlp(tf_sdk::borrow(x), tag));
+      *out = tf_sdk::give(m->feed_forward_sublayer(tf_sdk::borrow(x), tag));
       return TF_OK;
     });
   }
   // A dense feed-forward a tile of tokens at a time under [run]
-  // mlp_tile_tokens; experts run whole (their router's balance loss is over
-  // all the tokens).
-  at::Tensor feed_forward(const at::Tensor& v, int64_t l) const {
-    if (!tiled_mlp || s.has_experts(l)) return mlp(v, l);
-    return host.tiled_over_tokens(v, &Llama::tokenwise_mlp, const_cast<Llama*>(this), l);
+  // mlp_tile_tokens, its norms with it: the tiles keep only the residual
+  // stream they start from (the norm's input and output are one tile's);
+  // experts run whole (their router's balance loss is over all the tokens).
+  at::Tensor feed_forward(const at::Tensor& a, int64_t l) const {
+    if (!tiled_mlp || s.has_experts(l)) return feed_forward_sublayer(a, l);
+    return host.tiled_over_tokens(a, &Llama::tokenwise_feed_forward, const_cast<Llama*>(this), l);
   }
 
   at::Tensor block(const at::Tensor& h, int64_t l, KvCache* cache,
                    const at::Tensor& positions = {}) const {
     const at::Tensor y =
         attention(rms_norm(h, layer(l, "input_layernorm.weight")), l, cache, positions);
-    if (s.sandwich_norms) {  // Gemma 2
-      const at::Tensor a = h + rms_norm(y, layer(l, "post_attention_layernorm.weight"));
-      const at::Tensor m =
-          feed_forward(rms_norm(a, layer(l, "pre_feedforward_layernorm.weight")), l);
-      return a + rms_norm(m, layer(l, "post_feedforward_layernorm.weight"));
-    }
-    const at::Tensor a = h + y;
-    return a + feed_forward(rms_norm(a, layer(l, "post_attention_layernorm.weight")), l);
+    const at::Tensor a =
+        h + (s.sandwich_norms ? rms_norm(y, layer(l, "post_attention_layernorm.weight")) : y);
+    return a + feed_forward(a, l);
   }
 
   at::Tensor embed(const at::Tensor& tokens) const {

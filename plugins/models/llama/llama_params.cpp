@@ -62,8 +62,8 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
   // its fp32 input, the normalized value and the scaled output (the
   // projections' input); attention keeps
   // rotated q, k and v as attention sees them (H D, KVH D, KVH D where the
-  // CPU's attention serves grouped heads itself; repeated elsewhere, H D
-  // each: Llama::attend) and its output (H D), Qwen3's per-head norms their
+  // kernel serves grouped heads itself; repeated elsewhere, H D each:
+  // Llama::attend) and its output (H D), Qwen3's per-head norms their
   // fp32 inputs; the MLP its input's gate, up, silu(gate)
   // and their product (4 I). Small fp32 statistics round it off.
   // Frozen, a norm keeps only its fp32 input and the MLP gate's input, silu
@@ -92,30 +92,37 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
   const int64_t moe_I = s.top_k * Ie + Is;
   const int64_t moe_extra = E * (elt + 4) + s.top_k * 2 * C * elt + (Is > 0 ? 2 * C * elt : 0);
   auto mlp_width = [&](int64_t l) { return s.has_experts(l) ? moe_I : I; };
-  const bool grouped = KV < Q && s.attn_softcap <= 0 && info.device != nullptr &&
-                       std::string(info.device).rfind("cpu", 0) == 0;
+  // Grouped heads unrepeated where the kernel serves them
+  // (Llama::kernel_serves_grouped_heads): the CPU's, CUDA's in 16 bits.
+  const std::string device = info.device != nullptr ? info.device : "";
+  const bool grouped = KV < Q && s.attn_softcap <= 0 &&
+                       (device.rfind("cpu", 0) == 0 || (device.rfind("cuda", 0) == 0 && elt == 2));
   auto attention = [&](int64_t l) {
     return grouped || tiled_attention(l) ? 2 * elt * (Q + KV) : 4 * elt * Q;
   };
-  // [run] mlp_tile_tokens (Llama::feed_forward): a dense feed-forward keeps
-  // nothing of its own (only its input, the norm's output counted above),
-  // and computes one tile's intermediates at a time, in forward and again in
-  // backward: there, with their gradients, a workspace of the tile's share
-  // of the batch's tokens.
+  // [run] mlp_tile_tokens (Llama::feed_forward): a dense feed-forward
+  // sublayer, its norms with it, keeps only the residual stream it starts
+  // from, and computes one tile's norms and intermediates at a time, in
+  // forward and again in backward: there, with their gradients, a workspace
+  // of the tile's share of the batch's tokens.
   const int64_t tile = mlp_tile_tokens(info), tokens = std::max<int64_t>(1, info.batch_size * T);
   const bool tiled = tile > 0 && tile < tokens;
   auto tiles = [&](int64_t l) { return tiled && !s.has_experts(l); };
   auto tile_share = [&](int64_t bytes) {
     return (bytes * tile + tokens - 1) / tokens;  // per token of the batch, rounded up
   };
+  // The norms outside the tiles: the attention's (and Gemma 2's after it).
+  const int64_t norms_in_tiles = s.sandwich_norms ? 2 : 1;
+  auto norms_kept = [&](int64_t l) { return tiles(l) ? n_norms - norms_in_tiles : n_norms; };
   auto block_bytes = [&](int64_t l) {
-    return n_norms * rms_norm_bytes + attention(l) + (tiles(l) ? 0 : 4 * elt * mlp_width(l)) +
-           extra(l) + (s.has_experts(l) ? moe_extra : 0);
+    return norms_kept(l) * rms_norm_bytes + attention(l) +
+           (tiles(l) ? elt * C : 4 * elt * mlp_width(l)) + extra(l) +
+           (s.has_experts(l) ? moe_extra : 0);
   };
-  // Frozen, a tiled feed-forward keeps its input (the norm's output, which
-  // frozen projections do not keep): its tiles run again from it.
+  // Frozen, an untiled feed-forward keeps its gate's input, silu of it and
+  // up (the norm's output, which frozen projections do not keep, goes).
   auto frozen_block_bytes = [&](int64_t l) {
-    return n_norms * frozen_norm_bytes + attention(l) +
+    return norms_kept(l) * frozen_norm_bytes + attention(l) +
            (tiles(l) ? elt * C : 3 * elt * mlp_width(l)) + extra(l) +
            (s.has_experts(l) ? moe_extra : 0);
   };
@@ -134,20 +141,32 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
             tokens - 1) /
                tokens;
   };
-  // Tiled, the block's own gradients are the larger part: with the tile's,
-  // the residual's and the norm's in fp32 (4 C, whatever the activations'
-  // dtype; measured on an 8B-wide block, bf16 and fp32).
+  // Tiled, the block's own gradients are the larger part: the residual's
+  // and the tile's, its norm's in fp32 (4 C, whatever the activations'
+  // dtype) among them.
   auto backward_bytes = [&](int64_t l) {
     if (tiles(l))
       return std::max(attention_backward(l),
-                      2 * C * elt + 4 * C + tile_share((4 + 3) * mlp_width(l) * elt));
+                      2 * C * elt + tile_share(4 * C + (4 + 3) * mlp_width(l) * elt));
     return std::max(attention_backward(l), (mlp_width(l) + 2 * C) * elt);
+  };
+  // Frozen, a 16-bit norm computes its fp32 ops again in backward, a few
+  // thousand rows at a time (tf_sdk::rms_norm). The block's first norm's is
+  // its backward's last moment: that workspace with the residual's gradient
+  // and the norm's, the rest of what the block kept gone by then (the plan
+  // adds this workspace to all of it: counted net of it).
+  auto norm_backward = [&](int64_t l) {
+    if (elt != 2) return int64_t{0};
+    const int64_t workspace =
+        (tf_sdk::rms_norm_backward_workspace_bytes(tokens, C) + tokens - 1) / tokens;
+    return std::max<int64_t>(0,
+                             2 * C * elt + workspace - (frozen_block_bytes(l) - frozen_norm_bytes));
   };
   auto frozen_backward_bytes = [&](int64_t l) {
     if (tiles(l))
-      return std::max(attention_backward(l),
-                      C * elt + 4 * C + tile_share((3 + 3) * mlp_width(l) * elt));
-    return std::max(attention_backward(l), (3 * mlp_width(l) + C) * elt);
+      return std::max({attention_backward(l), norm_backward(l),
+                       C * elt + tile_share(4 * C + (3 + 3) * mlp_width(l) * elt)});
+    return std::max({attention_backward(l), norm_backward(l), (3 * mlp_width(l) + C) * elt});
   };
   // Multiply-adds per token: the router and the experts each token runs.
   auto mlp_flops = [&](int64_t l) {

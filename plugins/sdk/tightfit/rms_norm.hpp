@@ -36,6 +36,17 @@ inline at::Tensor rms_norm_reference(const at::Tensor& x, const at::Tensor& w, d
   return w * (dtype == at::kFloat ? xf : xf.to(dtype));
 }
 
+// The rows rms_norm's backward computes again at once, and their workspace:
+// the fp32 copies and their gradients, about six fp32 tensors the rows'
+// size (for a plan: it does not grow past 8 MiB of fp32 rows, whatever the
+// sequence).
+inline int64_t rms_norm_backward_rows(int64_t width) {
+  return std::max<int64_t>(64, (int64_t{8} << 20) / (4 * std::max<int64_t>(width, 1)));
+}
+inline int64_t rms_norm_backward_workspace_bytes(int64_t rows, int64_t width) {
+  return 6 * 4 * width * std::min(rows, rms_norm_backward_rows(width));
+}
+
 namespace detail {
 
 struct RmsNormKeepingInput : public torch::autograd::Function<RmsNormKeepingInput> {
@@ -61,7 +72,7 @@ struct RmsNormKeepingInput : public torch::autograd::Function<RmsNormKeepingInpu
     const at::Tensor xr = saved[0].detach().reshape({rows, C});
     const at::Tensor gr = grads[0].reshape({rows, C});
     at::Tensor gx = at::empty_like(xr);
-    const int64_t chunk = std::max<int64_t>(64, (int64_t{8} << 20) / (4 * std::max<int64_t>(C, 1)));
+    const int64_t chunk = rms_norm_backward_rows(C);
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
       const int64_t n = std::min(chunk, rows - r0);
       const at::Tensor xc = xr.narrow(0, r0, n).detach().requires_grad_(true);
