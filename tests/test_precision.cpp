@@ -212,3 +212,58 @@ TEST_F(PrecisionTest, SaysHowFast16BitComputeIsOnThisCpu) {
 
 }  // namespace
 }  // namespace tightfit
+
+namespace tightfit {
+namespace {
+
+// Grouped key/value heads go to LibTorch's attention as they are where its
+// kernel serves them (the CPU's; CUDA's in 16 bits: flash and cuDNN) and
+// repeated elsewhere. Either way a grouped model is the model whose k and v
+// rows are its groups' repeated: the same loss under bf16 autocast, and
+// each grouped k/v weight's gradient the sum of its copies'. (On the GPU,
+// scripts/gpu-check runs this with TIGHTFIT_TEST_DEVICE=cuda:0.)
+TEST(GroupedHeads, UnderAutocastEqualTheirHeadsRepeated) {
+  test::TempDir dir;
+  const std::string corpus = test::write_corpus(dir);
+  auto recipe = [&](int kv_heads) {
+    std::string r = test::tiny_recipe(corpus, dir.str(), "",
+                                      "[[strategy]]\nplugin = \"precision\"\nmode = \"autocast\"\n");
+    const auto begin = r.find("[model]"), end = r.find("[data]");
+    r.replace(begin, end - begin,
+              "[model]\nplugin = \"llama\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 64\n"
+              "n_head = 4\nn_kv_head = " +
+                  std::to_string(kv_heads) + "\nintermediate_size = 128\nmax_positions = 64\n\n");
+    return r;
+  };
+  auto grouped = test::make_session(recipe(2));
+  auto repeated = test::make_session(recipe(4));
+  const int64_t groups = 2, head_dim = 16;
+  {
+    at::NoGradGuard no_grad;
+    for (Param& p : repeated->store().all()) {
+      const at::Tensor from = grouped->store().get(p.name).value;
+      const bool kv = p.name.find("k_proj") != std::string::npos ||
+                      p.name.find("v_proj") != std::string::npos;
+      p.value.copy_(kv ? from.view({-1, head_dim, from.size(-1)})
+                             .repeat_interleave(groups, 0)
+                             .view(p.value.sizes())
+                       : from);
+    }
+  }
+  auto batch = grouped->data().batcher().next();
+  const double a = grouped->executor().run_pass(batch.tokens, batch.targets, true, 1.0).loss;
+  const double b = repeated->executor().run_pass(batch.tokens, batch.targets, true, 1.0).loss;
+  EXPECT_NEAR(a, b, 1e-3 * std::abs(a));
+  for (Param& p : grouped->store().all()) {
+    if (!p.value.grad().defined()) continue;
+    const at::Tensor g = p.value.grad().to(at::kCPU, at::kFloat);
+    at::Tensor r = repeated->store().get(p.name).value.grad().to(at::kCPU, at::kFloat);
+    if (p.name.find("k_proj") != std::string::npos || p.name.find("v_proj") != std::string::npos)
+      r = r.view({-1, groups, head_dim, r.size(-1)}).sum(1).view(g.sizes());
+    const double scale = std::max(g.abs().max().item<double>(), 1e-12);
+    EXPECT_LT((g - r).abs().max().item<double>() / scale, 2e-2) << p.name;
+  }
+}
+
+}  // namespace
+}  // namespace tightfit

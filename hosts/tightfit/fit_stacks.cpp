@@ -1,6 +1,7 @@
 #include "fit_stacks.hpp"
 
 #include <algorithm>
+#include <functional>
 
 #include "longest_length.hpp"
 #include "session.hpp"
@@ -71,6 +72,7 @@ std::vector<int64_t> tile_sizes(const Recipe& recipe, const PluginRegistry& regi
   }
   for (int64_t t : {own, int64_t{4096}, int64_t{1024}})
     if (t > 0 && std::find(tiles.begin(), tiles.end(), t) == tiles.end()) tiles.push_back(t);
+  std::sort(tiles.begin() + 1, tiles.end(), std::greater<>());  // whole, then the largest first
   return tiles;
 }
 
@@ -96,13 +98,28 @@ LongestContextFit search_longest_context(const FitSpace& space, const Recipe& st
   };
   out.tokens = longest_length(fits, kContextStep, kLongestContext);
   if (out.tokens == 0) return out;
+  // At that length each stack once, with the largest tile it fits (whole
+  // first): a smaller tile only saves memory, and costs a feed-forward's
+  // forward again per tile. A tiled stack counts one setting more, so that
+  // where whole and tiled predict the same time, whole wins the tie.
+  std::vector<std::pair<std::vector<int>, std::vector<char>>> placed;
   for (int64_t tile : out.tiles) {
-    const size_t before = r.fitting.size();
+    SearchResult at;
     search_stacks(space, recipe_at_length(stripped, out.tokens, tile), registry, ranks, rates,
-                  budget, r);
-    if (tile > 0)
-      for (size_t i = before; i < r.fitting.size(); ++i)
-        r.fitting[i].choice.described += " + feed-forward in tiles of " + std::to_string(tile);
+                  budget, at);
+    r.stacks += at.stacks, r.pruned += at.pruned, r.refused += at.refused, r.planned += at.planned;
+    for (const auto& [why, n] : at.refusals) r.refusals[why] += n;
+    for (Planned& p : at.fitting) {
+      const auto key = std::make_pair(p.choice.at, p.choice.in);
+      if (std::find(placed.begin(), placed.end(), key) != placed.end()) continue;
+      placed.push_back(key);
+      if (tile > 0) {
+        p.choice.described += " + feed-forward in tiles of " + std::to_string(tile);
+        ++p.choice.added;
+        ++p.choice.settings;
+      }
+      r.fitting.push_back(std::move(p));
+    }
   }
   return out;
 }

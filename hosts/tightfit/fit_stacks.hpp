@@ -39,8 +39,9 @@ Recipe recipe_at_length(const Recipe& recipe, int64_t tokens, int64_t tile);
 // `fit --longest-context`: the longest data.seq_len (to 256 tokens) that
 // some stack fits, with the feed-forward whole or in tiles ([run]
 // mlp_tile_tokens: the recipe's own, 4,096 and 1,024, where the model
-// tiles), and every stack that fits that length in `r` (their recipes set
-// to it, a tiled one described so). 0 when not even 256 tokens fit.
+// tiles), and every stack that fits that length in `r`, once each, with the
+// largest tile it fits in (their recipes set to it, a tiled one described
+// so). 0 when not even 256 tokens fit.
 struct LongestContextFit {
   int64_t tokens = 0;
   std::vector<int64_t> tiles;  // the tile sizes tried (0: whole)
