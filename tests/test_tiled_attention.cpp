@@ -1,7 +1,7 @@
 // Attention in tiles (plugins/sdk/tightfit/tiled_attention.hpp): the output
 // and the gradients of q, k and v equal the spelled-out softmax attention's
 // for every variant (grouped heads, windows, Gemma 2's cap, packed rows,
-// tiles that do not divide the sequence); and a long pass of a capped,
+// gpt-oss's sinks, tiles that do not divide the sequence); and a long pass of a capped,
 // windowed llama keeps memory linear in its tokens, as the plan counts it.
 #include <gtest/gtest.h>
 
@@ -24,7 +24,12 @@ at::Tensor spelled_out(const at::Tensor& q, const at::Tensor& k, const at::Tenso
                                  ? tf_sdk::packed_causal_mask(a.positions, a.window)
                                  : tf_sdk::causal_mask(T, T, 0, a.window, q.device());
   s = s.masked_fill(allowed.logical_not(), -std::numeric_limits<double>::infinity());
-  return at::matmul(at::softmax(s, -1), vv);
+  if (!a.sinks.defined()) return at::matmul(at::softmax(s, -1), vv);
+  // gpt-oss's sinks as transformers writes them: a column of each head's
+  // sink logit beside the scores, softmax over both, the column dropped.
+  const at::Tensor column = a.sinks.view({1, -1, 1, 1}).expand({q.size(0), -1, T, 1});
+  const at::Tensor p = at::softmax(at::cat({s, column}, -1), -1).narrow(-1, 0, T);
+  return at::matmul(p, vv);
 }
 
 struct Variant {
@@ -32,6 +37,7 @@ struct Variant {
   int64_t batch, heads, kv_heads, tokens, tile, window;
   double softcap;
   bool packed;
+  bool sinks = false;
 };
 
 const Variant kVariants[] = {
@@ -44,6 +50,8 @@ const Variant kVariants[] = {
     {"packed", 2, 4, 2, 36, 8, 0, 0, true},
     {"packed_window_capped", 2, 4, 1, 36, 5, 4, 2.0, true},
     {"one_tile", 1, 2, 2, 12, 64, 0, 0, false},
+    {"sinks_grouped_window", 2, 6, 2, 37, 8, 11, 0, false, true},
+    {"sinks_packed_capped", 2, 4, 2, 36, 8, 0, 3.0, true, true},
 };
 
 class TiledAttentionVariants : public ::testing::TestWithParam<Variant> {};
@@ -71,16 +79,23 @@ TEST_P(TiledAttentionVariants, EqualsTheSpelledOutAttention) {
       for (int64_t i = 0; i < len; ++i) pos.push_back(i);
     a.positions = at::tensor(pos, at::kLong).view({2, 36});
   }
+  std::vector<at::Tensor> inputs = {q, k, v};
+  if (c.sinks) {  // about the scores' size, so that the sinks take a real share
+    a.sinks = (at::randn({c.heads}, at::kDouble) * 2).requires_grad_(true);
+    inputs.push_back(a.sinks);
+  }
   const at::Tensor reference = spelled_out(q, k, v, a);
   const at::Tensor dout = at::randn_like(reference);
-  const auto want = torch::autograd::grad({reference}, {q, k, v}, {dout});
-  const at::Tensor qf = q.detach().to(at::kFloat).requires_grad_(true);
-  const at::Tensor kf = k.detach().to(at::kFloat).requires_grad_(true);
-  const at::Tensor vf = v.detach().to(at::kFloat).requires_grad_(true);
-  const at::Tensor out = tf_sdk::tiled_attention(qf, kf, vf, a);
+  const auto want = torch::autograd::grad({reference}, inputs, {dout});
+  std::vector<at::Tensor> inputs_f;
+  for (const at::Tensor& x : inputs)
+    inputs_f.push_back(x.detach().to(at::kFloat).requires_grad_(true));
+  tf_sdk::TiledAttention af = a;
+  if (c.sinks) af.sinks = inputs_f[3];
+  const at::Tensor out = tf_sdk::tiled_attention(inputs_f[0], inputs_f[1], inputs_f[2], af);
   ASSERT_EQ(out.sizes(), reference.sizes());
   EXPECT_EQ(out.scalar_type(), at::kFloat);
-  const auto got = torch::autograd::grad({out}, {qf, kf, vf}, {dout.to(at::kFloat)});
+  const auto got = torch::autograd::grad({out}, inputs_f, {dout.to(at::kFloat)});
   auto close = [](const at::Tensor& x, const at::Tensor& ref, const char* what) {
     const double scale = ref.abs().max().item<double>();
     EXPECT_LE((x.to(at::kDouble) - ref).abs().max().item<double>(), 1e-5 * scale) << what;
@@ -89,6 +104,7 @@ TEST_P(TiledAttentionVariants, EqualsTheSpelledOutAttention) {
   close(got[0], want[0], "dq");
   close(got[1], want[1], "dk");
   close(got[2], want[2], "dv");
+  if (c.sinks) close(got[3], want[3], "dsinks");
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, TiledAttentionVariants, ::testing::ValuesIn(kVariants),

@@ -1,7 +1,9 @@
 // Causal self-attention in tiles of queries and keys, forward and backward,
 // whose memory is linear in the sequence for every variant the families
 // use: grouped key/value heads, sliding windows, Gemma 2's soft-capped
-// scores and packed rows (each example attends within itself). LibTorch's
+// scores, packed rows (each example attends within itself) and learned
+// sinks (gpt-oss: a logit per head in every query's softmax that carries no
+// value). LibTorch's
 // own kernels are linear only for the plain causal case; a window, a packed
 // row or a cap otherwise takes a [T, T] mask or [T, T] scores per head.
 //
@@ -36,6 +38,10 @@ struct TiledAttention {
   int64_t window = 0;    // > 0: a query sees its `window` latest keys, itself included
   at::Tensor positions;  // int64 [B, T] of a packed row (an example restarts them); or none
   int64_t tile = kTiledAttentionTile;  // queries, and keys, a block
+  // [H]: each head's sink logit, a column every query's softmax takes a
+  // share of and that adds nothing to the output (its gradient flows to
+  // it); or none.
+  at::Tensor sinks;
 };
 
 // A sequence this long or longer takes the tiled path where a model would
@@ -116,11 +122,18 @@ inline at::Tensor block_scores(const at::Tensor& q, const at::Tensor& k, const a
   return s;
 }
 
+// Sinks [H] as fp32 [1, KVH, G, 1, 1] beside the grouped queries; or none.
+inline at::Tensor head_sinks(const at::Tensor& sinks, int64_t KVH, int64_t G) {
+  if (sinks.numel() == 0) return {};
+  return sinks.to(at::kFloat).view({1, KVH, G, 1, 1});
+}
+
 struct TiledAttentionFunction : public torch::autograd::Function<TiledAttentionFunction> {
   // q [B, H, T, D], k, v [B, KVH, T, D] -> [B, H, T, D]
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v, double scale, double softcap,
-                            int64_t window, const at::Tensor& positions, int64_t tile) {
+                            int64_t window, const at::Tensor& positions, int64_t tile,
+                            const at::Tensor& sinks) {
     const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const TiledAttention a{scale, softcap, window, positions_or_none(positions), tile};
     const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), KVH = k.size(1);
@@ -129,12 +142,18 @@ struct TiledAttentionFunction : public torch::autograd::Function<TiledAttentionF
     const at::Tensor qg = q.reshape({B, KVH, G, T, D});
     at::Tensor out = at::empty({B, KVH, G, T, D}, q.options());
     at::Tensor lse = at::empty({B, KVH, G, T}, q.options().dtype(at::kFloat));
+    const at::Tensor sink = head_sinks(sinks, KVH, G);
     for (int64_t i = 0; i < tiles.count(); ++i) {
       const int64_t t0 = tiles.begin(i), t1 = tiles.end(i);
       const at::Tensor qt = qg.slice(3, t0, t1).to(at::kFloat);
-      at::Tensor m =
-          at::full({B, KVH, G, t1 - t0, 1}, -std::numeric_limits<float>::infinity(), qt.options());
-      at::Tensor l = at::zeros_like(m), acc = at::zeros_like(qt);
+      // The sink is the first column each query has seen: its running
+      // maximum starts there, with a sum of exp(0) = 1 and nothing added.
+      at::Tensor m = sink.defined()
+                         ? sink.expand({B, KVH, G, t1 - t0, 1}).clone()
+                         : at::full({B, KVH, G, t1 - t0, 1},
+                                    -std::numeric_limits<float>::infinity(), qt.options());
+      at::Tensor l = sink.defined() ? at::ones_like(m) : at::zeros_like(m);
+      at::Tensor acc = at::zeros_like(qt);
       for (int64_t s0 = tiles.first_key[static_cast<size_t>(i)]; s0 < t1; s0 += tiles.tile) {
         const int64_t s1 = std::min(t1, s0 + tiles.tile);
         const at::Tensor kt = k.slice(2, s0, s1).unsqueeze(2).to(at::kFloat);
@@ -154,7 +173,7 @@ struct TiledAttentionFunction : public torch::autograd::Function<TiledAttentionF
       lse.slice(3, t0, t1).copy_((m + l.log()).squeeze(-1));
     }
     out = out.view({B, H, T, D});
-    ctx->save_for_backward({q, k, v, out, lse, positions});
+    ctx->save_for_backward({q, k, v, out, lse, positions, sinks});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["softcap"] = softcap;
     ctx->saved_data["window"] = window;
@@ -167,7 +186,7 @@ struct TiledAttentionFunction : public torch::autograd::Function<TiledAttentionF
     const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3];
-    const at::Tensor &lse = saved[4], &positions = saved[5];
+    const at::Tensor &lse = saved[4], &positions = saved[5], &sinks = saved[6];
     const TiledAttention a{ctx->saved_data["scale"].toDouble(),
                            ctx->saved_data["softcap"].toDouble(), ctx->saved_data["window"].toInt(),
                            positions_or_none(positions), ctx->saved_data["tile"].toInt()};
@@ -180,6 +199,8 @@ struct TiledAttentionFunction : public torch::autograd::Function<TiledAttentionF
     at::Tensor dq = at::empty({B, KVH, G, T, D}, q.options());
     at::Tensor dk = at::zeros({B, KVH, T, D}, k.options().dtype(at::kFloat));
     at::Tensor dv = at::zeros({B, KVH, T, D}, v.options().dtype(at::kFloat));
+    const at::Tensor sink = head_sinks(sinks, KVH, G);
+    at::Tensor dsink = sink.defined() ? at::zeros_like(sink) : at::Tensor();
     for (int64_t i = 0; i < tiles.count(); ++i) {
       const int64_t t0 = tiles.begin(i), t1 = tiles.end(i);
       const at::Tensor qt = qg.slice(3, t0, t1).to(at::kFloat);
@@ -187,6 +208,9 @@ struct TiledAttentionFunction : public torch::autograd::Function<TiledAttentionF
       const at::Tensor lt = lse.slice(3, t0, t1).unsqueeze(-1);
       // D_i = rowsum(dO * O): the softmax's backward term of each query.
       const at::Tensor di = (dot * og.slice(3, t0, t1).to(at::kFloat)).sum(-1, true);
+      // The sink's share p = exp(sink - lse) carries no value: its score's
+      // gradient is p (0 - D_i), summed over the queries.
+      if (sink.defined()) dsink.sub_(((sink - lt).exp() * di).sum(at::IntArrayRef{0, 3}, true));
       at::Tensor dqt = at::zeros_like(qt);
       for (int64_t s0 = tiles.first_key[static_cast<size_t>(i)]; s0 < t1; s0 += tiles.tile) {
         const int64_t s1 = std::min(t1, s0 + tiles.tile);
@@ -206,8 +230,15 @@ struct TiledAttentionFunction : public torch::autograd::Function<TiledAttentionF
       }
       dq.slice(3, t0, t1).copy_(dqt);
     }
-    return {dq.view({B, H, T, D}), dk.to(k.scalar_type()), dv.to(v.scalar_type()), at::Tensor(),
-            at::Tensor(),          at::Tensor(),           at::Tensor(),           at::Tensor()};
+    return {dq.view({B, H, T, D}),
+            dk.to(k.scalar_type()),
+            dv.to(v.scalar_type()),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            sink.defined() ? dsink.view(sinks.sizes()).to(sinks.scalar_type()) : at::Tensor()};
   }
 };
 
@@ -221,11 +252,14 @@ inline at::Tensor tiled_attention(const at::Tensor& q, const at::Tensor& k, cons
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.size(1) > 0 &&
                   q.size(1) % k.size(1) == 0 && k.sizes() == v.sizes() && q.size(2) == k.size(2),
               "tiled_attention: q [B, H, T, D] and k, v [B, KVH, T, D], H a multiple of KVH");
-  // (Every tensor a custom function takes must exist: no positions go as an empty one.)
+  TORCH_CHECK(!a.sinks.defined() || (a.sinks.dim() == 1 && a.sinks.size(0) == q.size(1)),
+              "tiled_attention: sinks hold one logit per query head [H]");
+  // (Every tensor a custom function takes must exist: none goes as an empty one.)
   const at::Tensor positions =
       a.positions.defined() ? a.positions : at::empty({0}, q.options().dtype(at::kLong));
+  const at::Tensor sinks = a.sinks.defined() ? a.sinks : at::empty({0}, q.options());
   return detail::TiledAttentionFunction::apply(q, k, v, a.scale, a.softcap, a.window, positions,
-                                               a.tile);
+                                               a.tile, sinks);
 }
 
 // The workspace tiled_attention's backward holds at once beyond the
