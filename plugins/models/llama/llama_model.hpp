@@ -180,13 +180,14 @@ struct Llama {
   }
 
   // Whether LibTorch's attention serves grouped key/value heads itself for
-  // this query: on the CPU always; on CUDA in 16 bits, where its flash and
-  // cuDNN kernels read each key/value head for its group (in fp32 the
-  // memory-efficient kernel runs, which some builds give only equal heads,
-  // and a kernel refused for them falls to the math one, quadratic in T).
-  static bool kernel_serves_grouped_heads(const at::Tensor& q) {
+  // this query: on the CPU always; on CUDA in 16 bits without a mask, where
+  // its flash and cuDNN kernels read each key/value head for its group (in
+  // fp32, or with a mask, the memory-efficient kernel runs, which some
+  // builds give only equal heads, and a kernel refused for them falls to
+  // the math one, quadratic in T).
+  static bool kernel_serves_grouped_heads(const at::Tensor& q, bool masked) {
     if (q.device().is_cpu()) return true;
-    if (!q.device().is_cuda()) return false;
+    if (!q.device().is_cuda() || masked) return false;
     const at::ScalarType seen = at::autocast::is_autocast_enabled(at::kCUDA)
                                     ? at::autocast::get_autocast_dtype(at::kCUDA)
                                     : q.scalar_type();
@@ -218,7 +219,10 @@ struct Llama {
     // values and gradients, two copies and their backward fewer) where it
     // serves them itself; elsewhere, and for the spelled-out softcap, the
     // heads are repeated.
-    const bool grouped = groups > 1 && s.attn_softcap <= 0 && kernel_serves_grouped_heads(q);
+    const bool causal = !keys.defined() && !positions.defined() && pos0 == 0 && !window;
+    const bool one_query = !keys.defined() && !positions.defined() && T == 1 && !window;
+    const bool grouped = groups > 1 && s.attn_softcap <= 0 &&
+                         kernel_serves_grouped_heads(q, /*masked=*/!causal && !one_query);
     at::Tensor k = k_in, v = v_in;
     if (groups > 1 && !grouped) {
       k = k.repeat_interleave(groups, 1);
@@ -237,9 +241,9 @@ struct Llama {
     if (keys.defined())
       return at::scaled_dot_product_attention(q, k, v, keys, 0.0, /*is_causal=*/false, scale,
                                               grouped);
-    if (!positions.defined() && pos0 == 0 && !window)
+    if (causal)
       return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true, scale, grouped);
-    if (!positions.defined() && T == 1 && !window)  // one new query sees every key
+    if (one_query)  // one new query sees every key
       return at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/false, scale,
                                               grouped);
     return at::scaled_dot_product_attention(
