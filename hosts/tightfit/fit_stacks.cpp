@@ -104,22 +104,23 @@ LongestContextFit search_longest_context(const FitSpace& space, const Recipe& st
   // where whole and tiled predict the same time, whole wins the tie.
   std::vector<std::pair<std::vector<int>, std::vector<char>>> placed;
   for (int64_t tile : out.tiles) {
-    SearchResult at;
+    const size_t before = r.fitting.size();
     search_stacks(space, recipe_at_length(stripped, out.tokens, tile), registry, ranks, rates,
-                  budget, at);
-    r.stacks += at.stacks, r.pruned += at.pruned, r.refused += at.refused, r.planned += at.planned;
-    for (const auto& [why, n] : at.refusals) r.refusals[why] += n;
-    for (Planned& p : at.fitting) {
-      const auto key = std::make_pair(p.choice.at, p.choice.in);
+                  budget, r);
+    auto kept = r.fitting.begin() + static_cast<std::ptrdiff_t>(before);
+    for (auto p = kept; p != r.fitting.end(); ++p) {
+      const auto key = std::make_pair(p->choice.at, p->choice.in);
       if (std::find(placed.begin(), placed.end(), key) != placed.end()) continue;
       placed.push_back(key);
       if (tile > 0) {
-        p.choice.described += " + feed-forward in tiles of " + std::to_string(tile);
-        ++p.choice.added;
-        ++p.choice.settings;
+        p->choice.described += " + feed-forward in tiles of " + std::to_string(tile);
+        ++p->choice.added;
+        ++p->choice.settings;
       }
-      r.fitting.push_back(std::move(p));
+      if (kept != p) *kept = std::move(*p);
+      ++kept;
     }
+    r.fitting.erase(kept, r.fitting.end());
   }
   return out;
 }
