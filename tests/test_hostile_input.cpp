@@ -110,8 +110,10 @@ TEST_F(HostileNumbers, DevicesTightfitDoesNotTrainOnAreRefused) {
 TEST_F(HostileNumbers, SamplingEdgeValues) {
   const std::string recipe = test::write_file(dir, "r.toml", test::tiny_recipe(corpus, dir.str()));
   std::string out;
-  for (const char* bad : {"--top-p nan", "--top-p -0.1", "--top-p 1.5", "--temperature -1",
-                          "--temperature nan", "--temperature inf", "--top-k -5", "-n -1"}) {
+  for (const char* bad :
+       {"--top-p nan", "--top-p -0.1", "--top-p 1.5", "--temperature -1", "--temperature nan",
+        "--temperature inf", "--top-k -5", "-n -1", "--min-p -0.5", "--min-p 2", "--min-p nan",
+        "--repetition-penalty 0", "--repetition-penalty -1", "--repetition-penalty inf"}) {
     EXPECT_EQ(test::run_tightfit("generate " + recipe + " -p Hi " + bad, &out), 2)
         << bad << ": " << out;
     EXPECT_NE(out.find("tightfit generate: --"), std::string::npos) << bad << ": " << out;
@@ -122,6 +124,15 @@ TEST_F(HostileNumbers, SamplingEdgeValues) {
   EXPECT_EQ(s->generate("The ", 24, 40, 0.8, 7, /*top_p=*/0.0), greedy);
   EXPECT_EQ(s->generate("The ", 24, 0, 1.0, 9, /*top_p=*/0.0), greedy);
   EXPECT_THROW(s->generate("The ", 4, 40, std::nan(""), 7), std::invalid_argument);
+  // min-p 1 keeps only the likeliest token (and any tied with it): greedy.
+  SamplingOptions o;
+  o.n_tokens = 24;
+  o.top_k = 0;
+  o.seed = 11;
+  o.min_p = 1.0;
+  EXPECT_EQ(s->generate("The ", o), greedy);
+  o.min_p = std::nan("");
+  EXPECT_THROW(s->generate("The ", o), std::invalid_argument);
 }
 
 // JSON nested 300,000 levels deep: a recursive copy, dump or destruction

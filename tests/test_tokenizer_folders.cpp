@@ -190,8 +190,8 @@ namespace tightfit {
 namespace {
 
 // Greedy generation from a plain prompt equals transformers' generate from
-// tokenizer(prompt): the tokenizer's BOS included (a Llama-2 tokenizer.model,
-// a Llama-3 tokenizer.json with TemplateProcessing, GPT-2 vocab.json +
+// tokenizer(prompt), also with its repetition penalty: the tokenizer's BOS included (a Llama-2
+// tokenizer.model, a Llama-3 tokenizer.json with TemplateProcessing, GPT-2 vocab.json +
 // merges.txt), with and without the key/value cache, whose context is never
 // cropped to seq_len (8 here, under the prompt and its 16 new tokens).
 class GenerateFromFolders : public TokenizerFolders {
@@ -225,6 +225,14 @@ class GenerateFromFolders : public TokenizerFolders {
       EXPECT_EQ(s->generate(prompt, o), want["text"].get<std::string>())
           << name << (cache ? " with" : " without") << " the cache";
     }
+    // transformers' repetition penalty over the prompt and the output.
+    o.repetition_penalty = want["repetition_penalty"].get<double>();
+    for (bool cache : {true, false}) {
+      o.use_cache = cache;
+      EXPECT_EQ(s->generate(prompt, o), want["penalised_text"].get<std::string>())
+          << name << " penalised" << (cache ? " with" : " without") << " the cache";
+    }
+    o.repetition_penalty = 1.0;
     // Past max_position_embeddings (64): refused with and without the cache.
     o.n_tokens = 80;
     for (bool cache : {true, false}) {

@@ -36,7 +36,12 @@ int generate_command(const std::vector<std::string>& args) {
       "sampling temperature; 0 = greedy")("top-k", po::value<int64_t>()->default_value(40),
                                           "sample among the k likeliest; 1 = greedy, 0 = all")(
       "top-p", po::value<double>()->default_value(1.0, "1.0"),
-      "nucleus: the smallest set with this much mass")("greedy", "always the likeliest token")(
+      "nucleus: the smallest set with this much mass")(
+      "min-p", po::value<double>()->default_value(0.0, "0"),
+      "drop tokens below this share of the likeliest's probability; 0 = off")(
+      "repetition-penalty", po::value<double>()->default_value(1.0, "1.0"),
+      "divide the logits of tokens already in the prompt or output by this (multiply where "
+      "negative), as transformers; 1 = off")("greedy", "always the likeliest token")(
       "seed", po::value<uint64_t>()->default_value(1234), "sampling seed")(
       "chat", po::value<std::string>(),
       "a user message, rendered with the model's chat template; stops at its EOS")(
@@ -54,28 +59,29 @@ int generate_command(const std::vector<std::string>& args) {
         "model (config.json + model.safetensors [+ tokenizer.json]); a .gguf file is a "
         "llama.cpp / ollama model (its tokenizer and chat template from its metadata).\n");
   }
+  const bool greedy = vm.count("greedy") > 0;
+  SamplingOptions sampling;
+  sampling.n_tokens = vm["tokens"].as<int64_t>();
+  sampling.top_k = greedy ? 1 : vm["top-k"].as<int64_t>();
+  sampling.temperature = greedy ? 0.0 : vm["temperature"].as<double>();
+  sampling.top_p = vm["top-p"].as<double>();
+  sampling.min_p = vm["min-p"].as<double>();
+  sampling.repetition_penalty = vm["repetition-penalty"].as<double>();
+  sampling.seed = vm["seed"].as<uint64_t>();
+  sampling.use_cache = !vm.count("no-cache");
   // Checked before the model loads (Session::generate checks them too).
-  const char* bad = sampling_problem(vm["tokens"].as<int64_t>(), vm["top-k"].as<int64_t>(),
-                                     vm["temperature"].as<double>(), vm["top-p"].as<double>());
-  if (bad) {
+  if (const char* bad = sampling_problem(sampling)) {
     std::cerr << "tightfit generate: --" << bad << "\n";
     return kUsage;
   }
   set_log_level("warn");
   try {
     auto session = load_target(vm);
-    const bool greedy = vm.count("greedy") > 0;
     const ChatPrompter chat(*session);
     // `rendered`: the prompt is a chat template's text, which writes its own
     // special tokens; plain text gets the tokenizer's, as tokenizer(text).
     auto answer = [&](const Prompt& p) {
-      SamplingOptions o;
-      o.n_tokens = vm["tokens"].as<int64_t>();
-      o.top_k = greedy ? 1 : vm["top-k"].as<int64_t>();
-      o.temperature = greedy ? 0.0 : vm["temperature"].as<double>();
-      o.top_p = vm["top-p"].as<double>();
-      o.seed = vm["seed"].as<uint64_t>();
-      o.use_cache = !vm.count("no-cache");
+      SamplingOptions o = sampling;
       o.stop_ids = p.stop_ids;
       o.add_special_tokens = !p.rendered;
       return session->generate(p.text, o);

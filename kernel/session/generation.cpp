@@ -14,14 +14,17 @@
 
 namespace tightfit {
 
-const char* sampling_problem(int64_t n_tokens, int64_t top_k, double temperature, double top_p) {
+const char* sampling_problem(const SamplingOptions& o) {
   // NaN passes no comparison: each bound is written to refuse it.
-  if (!(n_tokens >= 0)) return "tokens must be >= 0";
-  if (!(top_k >= 0)) return "top-k must be >= 0 (0 = every token, 1 = greedy)";
-  if (!(temperature >= 0 && std::isfinite(temperature)))
+  if (!(o.n_tokens >= 0)) return "tokens must be >= 0";
+  if (!(o.top_k >= 0)) return "top-k must be >= 0 (0 = every token, 1 = greedy)";
+  if (!(o.temperature >= 0 && std::isfinite(o.temperature)))
     return "temperature must be a finite number >= 0 (0 = greedy)";
-  if (!(top_p >= 0 && top_p <= 1))
+  if (!(o.top_p >= 0 && o.top_p <= 1))
     return "top-p must be in [0, 1] (1 = off, 0 = the likeliest token)";
+  if (!(o.min_p >= 0 && o.min_p <= 1)) return "min-p must be in [0, 1] (0 = off)";
+  if (!(o.repetition_penalty > 0 && std::isfinite(o.repetition_penalty)))
+    return "repetition-penalty must be a finite number > 0 (1 = off; above 1 repeats less)";
   return nullptr;
 }
 
@@ -48,8 +51,7 @@ std::string generate_text(Session& s, const std::string& prompt, const SamplingO
   auto stops = [&](int64_t id) {
     return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
   };
-  if (const char* bad = sampling_problem(n_tokens, top_k, temperature, top_p))
-    throw std::invalid_argument(bad);
+  if (const char* bad = sampling_problem(o)) throw std::invalid_argument(bad);
   // As tokenizer(prompt) in transformers: with the post-processor's BOS/EOS,
   // unless the prompt is a rendered chat template (which writes its own).
   std::vector<int64_t> ids = o.add_special_tokens
@@ -76,7 +78,7 @@ std::string generate_text(Session& s, const std::string& prompt, const SamplingO
   r.prompts = {ids};
   r.seeds = {o.seed};
   r.max_new_tokens = n_tokens;
-  r.rule = {temperature, top_k, top_p};
+  r.rule = {temperature, top_k, top_p, o.min_p, o.repetition_penalty};
   r.stop_ids = stop_ids;
   r.use_cache = o.use_cache;
   Progress progress("generating", n_tokens, "tokens");

@@ -18,6 +18,8 @@ struct SamplingOptions {
   // The tokenizer's post-processor (BOS/EOS) around the prompt, as
   // tokenizer(prompt) does; false for a prompt rendered by a chat template.
   bool add_special_tokens = true;
+  double min_p = 0.0;               // 0 = off; else below min_p x the likeliest's probability goes
+  double repetition_penalty = 1.0;  // 1 = off; transformers' penalty over the prompt and output
 };
 
 }  // namespace tightfit

@@ -24,7 +24,8 @@ and OUT/lines.json.
 Then small random models in four of the folders (llama_spm: a Llama-2-style tokenizer.model;
 llama3: a Llama-3-style tokenizer.json whose post-processor adds <|begin_of_text|>; gpt2_vm:
 vocab.json + merges.txt; llama_json_type) and transformers' greedy generation from
-tokenizer(PROMPT): OUT/NAME.generate.json ({"prompt_ids", "new_ids", "text"}).
+tokenizer(PROMPT), plain and with repetition_penalty = PENALTY: OUT/NAME.generate.json
+({"prompt_ids", "new_ids", "text", "repetition_penalty", "penalised_ids", "penalised_text"}).
 usage: tokenizer_folders.py OUT_DIR
 """
 import json
@@ -133,6 +134,7 @@ def main(out: pathlib.Path) -> None:
 
 
 PROMPT = "The memory budget"
+PENALTY = 4.0  # repetition_penalty of the second greedy generation
 
 
 def models(out: pathlib.Path, corpus: list) -> None:
@@ -166,8 +168,15 @@ def models(out: pathlib.Path, corpus: list) -> None:
         outp = model.generate(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], do_sample=False, max_new_tokens=16, min_new_tokens=16, eos_token_id=None,
                               pad_token_id=0)
         new = outp[0, enc["input_ids"].shape[1]:].tolist()
+        # The same with transformers' repetition penalty (over the prompt and the output).
+        outp = model.generate(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], do_sample=False,
+                              max_new_tokens=16, min_new_tokens=16, eos_token_id=None, pad_token_id=0,
+                              repetition_penalty=PENALTY)
+        penalised = outp[0, enc["input_ids"].shape[1]:].tolist()
         write(out / f"{name}.generate.json", {"prompt": PROMPT, "prompt_ids": enc["input_ids"][0].tolist(),
-                                              "new_ids": new, "text": tok.decode(new, skip_special_tokens=False)})
+                                              "new_ids": new, "text": tok.decode(new, skip_special_tokens=False),
+                                              "repetition_penalty": PENALTY, "penalised_ids": penalised,
+                                              "penalised_text": tok.decode(penalised, skip_special_tokens=False)})
 
 
 if __name__ == "__main__":
