@@ -44,6 +44,7 @@ TF_FROZEN(tf_stage_spec, projection_softcap, 96);
 // 1.26: the decode cache per row.
 TF_FROZEN(tf_stage_spec, decode_cache_bytes_per_token, 104);
 TF_FROZEN(tf_stage_spec, decode_state_bytes, 112);
+TF_FROZEN(tf_stage_spec, tiled_flops_per_token, 120);
 TF_FROZEN(tf_stage_call, struct_size, 0);
 TF_FROZEN(tf_stage_call, stage, 4);
 TF_FROZEN(tf_stage_call, training, 8);
@@ -244,7 +245,7 @@ TF_FROZEN(tf_host_api, progress, 640);
 TF_FROZEN(tf_host_api, declare_kept_param_copies, 648);
 TF_FROZEN(tf_host_api, generate, 656);  // 1.25
 TF_FROZEN(tf_host_api, score_rewards, 664);
-TF_FROZEN(tf_host_api, score_texts, 672);  // 1.28, the last reserved slot
+TF_FROZEN(tf_host_api, score_texts, 672);        // 1.28, the last reserved slot
 TF_FROZEN(tf_host_api, tiled_over_tokens, 680);  // 1.29, appended
 static_assert(sizeof(tf_host_api) == 688, "tf_host_api grows only by appending services");
 TF_FROZEN(tf_model_vtable, struct_size, 0);

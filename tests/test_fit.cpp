@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "byte_size.hpp"
+#include "executor.hpp"
 #include "file_util.hpp"
 #include "fit_rank.hpp"
 #include "fit_search.hpp"
@@ -75,6 +76,45 @@ TEST(StepCost, CheckpointingAddsTheForwardOfTheRecomputedBlocks) {
   EXPECT_LT(ckpt.recompute, 1.0 / 3 * plain.matmul);
   EXPECT_DOUBLE_EQ(ckpt.matmul, plain.matmul);
   EXPECT_GT(ckpt.total(), plain.total());
+}
+
+// [run] mlp_tile_tokens: each tile of the feed-forward runs again in
+// backward, its matmuls priced as recompute (the model declares them:
+// tf_stage_spec.tiled_flops_per_token), and the plan shows that time; a
+// row no wider than the tile runs whole, at no cost.
+TEST(StepCost, TiledFeedForwardComputesItsTilesAgainInBackward) {
+  test::TempDir dir;
+  const int64_t L = 2, C = 128, I = 384, tokens = 8 * 128;
+  std::string text = recipe(dir.str(), "");
+  text.replace(text.find(kGpt2), std::string(kGpt2).size(),
+               "plugin = \"llama\"\npreset = \"custom\"\nn_layer = 2\nn_embd = 128\n"
+               "n_head = 4\nn_kv_head = 2\nintermediate_size = 384\nmax_positions = 128\n");
+  auto with_tiles = [&](int64_t tile) {
+    std::string t = text;
+    t.replace(t.find("[run]\n"), 6, "[run]\nmlp_tile_tokens = " + std::to_string(tile) + "\n");
+    return t;
+  };
+  const StepCost whole = cost_of(text), tiled = cost_of(with_tiles(256));
+  // The gate, up and down projections: 2 x 3 C I FLOPs a token a block, at
+  // the fixed rates' 1e11 a second.
+  const double again = static_cast<double>(L * 2 * 3 * C * I * tokens) / 1e11;
+  EXPECT_EQ(whole.recompute, 0);
+  EXPECT_NEAR(tiled.recompute, again, again * 1e-9);
+  EXPECT_DOUBLE_EQ(tiled.matmul, whole.matmul);
+  EXPECT_DOUBLE_EQ(cost_of(with_tiles(tokens)).recompute, 0);  // one tile: whole
+
+  SessionOptions dry;
+  dry.dry_run = true;
+  auto named = [](const MemoryPlan& p) {
+    for (const PlanContribution& c : p.contributions)
+      if (c.plugin.rfind("feed-forward in tiles", 0) == 0) return c.time_factor;
+    return 0.0;
+  };
+  auto s = test::make_session(with_tiles(256), dry);
+  double total = 0;
+  for (const StageState& st : s->parts().executor->stages()) total += st.flops_per_token;
+  EXPECT_NEAR(named(plan_memory(s->parts())), 1 + L * 2 * 3 * C * I / (3 * total), 1e-12);
+  EXPECT_EQ(named(plan_memory(test::make_session(with_tiles(tokens), dry)->parts())), 0);
 }
 
 TEST(StepCost, FrozenWeightsSkipTheirWeightGradientAndPayForDequantizing) {

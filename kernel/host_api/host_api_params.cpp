@@ -86,6 +86,11 @@ tf_status h_declare_stage(tf_host_context* ctx, const tf_stage_spec* spec, int32
     st.frozen_backward_bytes_per_token = s.frozen_backward_bytes_per_token;
     st.decode_cache_bytes_per_token = s.decode_cache_bytes_per_token;
     st.decode_state_bytes = s.decode_state_bytes;
+    if (s.tiled_flops_per_token < 0 || s.tiled_flops_per_token > s.flops_per_token)
+      throw std::invalid_argument(std::string("stage \"") + s.name +
+                                  "\" declares tiled_flops_per_token outside [0, its "
+                                  "flops_per_token]");
+    st.tiled_flops_per_token = s.tiled_flops_per_token;
     if (s.projection_weight != nullptr) {
       if (s.kind != TF_STAGE_HEAD)
         throw std::invalid_argument(std::string("stage \"") + s.name +

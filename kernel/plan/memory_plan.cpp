@@ -275,6 +275,10 @@ MemoryPlan plan_at(const KernelParts& s, PassShape shape) {
         measured >= 0 ? measured : kAssumedCublasWorkspaceBytes;
     plan.contributions.push_back(c);
   }
+  std::vector<bool> backward;
+  for (const StagePlan& sp : b.stages) backward.push_back(sp.backward);
+  if (PlanContribution tiles = tiled_feed_forward_contribution(s, backward); tiles.time_factor > 0)
+    plan.contributions.push_back(std::move(tiles));
   // Weights and adapters per tier from the table.
   held[TF_TIER_DEVICE][TF_MEM_WEIGHTS] = held[TF_TIER_DEVICE][TF_MEM_ADAPTERS] = 0;
   for (const auto& [name, planned] : table) {

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 
+#include "executor.hpp"
 #include "kernel_parts.hpp"
+#include "run_environment.hpp"
 #include "strategy_chain.hpp"
 
 namespace tightfit {
@@ -42,6 +44,26 @@ PlanContribution ask_plan_contribution(const KernelParts&, PluginInstance& inst,
   c.generate_prompts = std::max<int64_t>(0, e.generate_prompts);
   if (e.recompute_inputs_tier == TF_TIER_HOST || e.recompute_inputs_tier == TF_TIER_DISK)
     c.recompute_inputs_tier = static_cast<tf_residency>(e.recompute_inputs_tier);
+  return c;
+}
+
+PlanContribution tiled_feed_forward_contribution(const KernelParts& s,
+                                                 const std::vector<bool>& backward) {
+  PlanContribution c;
+  c.plugin = "feed-forward in tiles (run.mlp_tile_tokens)";
+  c.time_from_plan = true;
+  const int64_t tile = s.env->config.run.mlp_tile_tokens;
+  const tf_run_info& run = s.env->run_info;
+  if (tile <= 0 || run.batch_size * run.seq_len <= tile) return c;  // one tile: run whole
+  double tiled = 0, total = 0;
+  const auto& stages = s.executor->stages();
+  for (size_t i = 0; i < stages.size(); ++i) {
+    if (stages[i].skip) continue;
+    total += static_cast<double>(stages[i].flops_per_token);
+    if (i < backward.size() && backward[i])
+      tiled += static_cast<double>(stages[i].tiled_flops_per_token);
+  }
+  if (total > 0 && tiled > 0) c.time_factor = 1.0 + tiled / (3.0 * total);
   return c;
 }
 

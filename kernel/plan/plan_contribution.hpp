@@ -4,6 +4,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "memory_accounting.hpp"
 #include "tightfit/plugin_api.h"
@@ -45,5 +46,15 @@ using EstimateHook = tf_status (*)(void*, tf_host_context*, const tf_model_summa
 PlanContribution ask_plan_contribution(const KernelParts& s, PluginInstance& inst,
                                        const std::string& label, EstimateHook hook,
                                        const tf_model_summary& model);
+
+// [run] mlp_tile_tokens: a training pass wider than the tile computes the
+// stages' tiled part (tf_stage_spec.tiled_flops_per_token) once more in
+// backward. Its time as a factor on the step (a forward a third of forward
+// and backward, as the checkpoint's recompute); none (time_factor 0) where
+// nothing tiles. `backward`: whether a gradient flows through each stage
+// (only those compute their tiles again). Priced by the cost model itself
+// (time_from_plan).
+PlanContribution tiled_feed_forward_contribution(const KernelParts& s,
+                                                 const std::vector<bool>& backward);
 
 }  // namespace tightfit

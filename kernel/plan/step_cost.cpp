@@ -44,6 +44,7 @@ StepCost predict_step_cost(const KernelParts& s, const MemoryPlan& plan, const M
   StepCost cost;
   const tf_run_info& run = s.env->run_info;
   const double tokens = static_cast<double>(run.batch_size * run.seq_len);
+  const int64_t tile = s.env->config.run.mlp_tile_tokens;
   const auto& stages = s.executor->stages();
   const size_t n = stages.size();
   std::vector<StageWork> work(n);
@@ -122,6 +123,11 @@ StepCost predict_step_cost(const KernelParts& s, const MemoryPlan& plan, const M
         f.backward ? ((f.weights_train ? 2 : 1) * flops + 2 * adapter_flops) / rate : 0;
     per_micro_matmul += forward + backward;
     if (f.recomputed) per_micro_recompute += forward;
+    // [run] mlp_tile_tokens: a pass wider than the tile computes each tile
+    // again in backward (tiled_feed_forward_contribution's time).
+    if (f.backward && tile > 0 && rows > tile) {
+      per_micro_recompute += static_cast<double>(st.tiled_flops_per_token) * tokens / rate;
+    }
 
     const double uses = 1 + (f.recomputed ? 1 : 0) + (f.backward ? 1 : 0);
     // The elementwise work scales with what autograd keeps: forward and

@@ -38,6 +38,7 @@ struct StageState {
   int64_t frozen_backward_bytes_per_token = 0;    // 0 = unknown
   int64_t decode_cache_bytes_per_token = 0;       // per row, in decode (ABI 1.26)
   int64_t decode_state_bytes = 0;                 // per row, in decode (ABI 1.26)
+  int64_t tiled_flops_per_token = 0;  // of flops_per_token, through tiled_over_tokens (ABI 1.30)
   // A head's projection (tf_stage_spec.projection_weight, ABI 1.5): empty
   // when the head does not declare one and its logits come whole.
   std::string projection_weight;

@@ -53,7 +53,7 @@ extern "C" {
 /* ------------------------------------------------------------------------- */
 
 #define TF_ABI_VERSION_MAJOR 1
-#define TF_ABI_VERSION_MINOR 29
+#define TF_ABI_VERSION_MINOR 30
 /* A version is packed as (major << 16) | minor. */
 #define TF_MAKE_VERSION(major, minor) ((((uint32_t)(major)) << 16) | ((uint32_t)(minor)))
 #define TF_VERSION_MAJOR(v) ((uint32_t)(v) >> 16)
@@ -406,6 +406,12 @@ typedef struct tf_stage_spec {
    * however many it has seen (a recurrent block's state). */
   int64_t decode_cache_bytes_per_token;
   int64_t decode_state_bytes;
+  /* Added in 1.30, for cost models (0 = none, or unknown): the part of
+   * flops_per_token the stage computes through host->tiled_over_tokens (its
+   * feed-forward, TF_MODEL_FEATURE_TILED_MLP). Under [run] mlp_tile_tokens a
+   * training pass wider than the tile computes it once more in backward.
+   * At most flops_per_token. */
+  int64_t tiled_flops_per_token;
 } tf_stage_spec;
 
 /* What a stage forward call is asked to do. */

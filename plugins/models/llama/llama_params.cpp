@@ -180,7 +180,10 @@ void declare_parameters(Llama& m_ref, const tf_run_info& info) {
         "block." + std::to_string(l), TF_STAGE_BLOCK,
         {block_bytes(l), frozen_block_bytes(l), C * elt, backward_bytes(l),
          frozen_backward_bytes(l), /*decode_cache: keys, values=*/2 * KV * elt},
-        2 * (2 * C * Q + 2 * C * KV + mlp_flops(l)) + 2 * T * Q);
+        {2 * (2 * C * Q + 2 * C * KV + mlp_flops(l)) + 2 * T * Q,
+         /*tiled: the dense feed-forward (Llama::feed_forward_sublayer)=*/s.has_experts(l)
+             ? 0
+             : 2 * mlp_flops(l)});
     declare(*m, m->layer(l, "input_layernorm.weight"), {C}, st, norm_init, 0, no_decay);
     if (s.fused_projections) {
       declare(*m, m->layer(l, "self_attn.qkv_proj.weight"), {Q + 2 * KV, C}, st, TF_INIT_NORMAL,

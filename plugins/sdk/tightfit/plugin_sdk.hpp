@@ -200,9 +200,18 @@ class Host {
                                      output_bytes_per_token},
                          flops_per_token);
   }
+  // Forward FLOPs per token, and the part of them computed through
+  // tiled_over_tokens (tf_stage_spec.tiled_flops_per_token, ABI 1.30); a
+  // plain count converts (nothing tiled).
+  struct StageFlops {
+    StageFlops(int64_t total_flops = 0, int64_t tiled_flops = 0)  // NOLINT: a count converts
+        : total(total_flops), tiled(tiled_flops) {}
+    int64_t total;
+    int64_t tiled;
+  };
   int32_t declare_stage(const std::string& name, tf_stage_kind kind, const StageMemory& bytes,
-                        int64_t flops_per_token) const {
-    return declare_stage(name, kind, bytes, flops_per_token, HeadProjection{});
+                        StageFlops flops) const {
+    return declare_stage(name, kind, bytes, flops, HeadProjection{});
   }
   // A head whose output is host.linear(hidden, weight, bias) with nothing
   // after it (tf_stage_spec.projection_weight, ABI 1.5): the host may ask for
@@ -215,13 +224,14 @@ class Host {
     double softcap = 0;  // logits c tanh(z / c) (ABI 1.14); 0: none
   };
   int32_t declare_stage(const std::string& name, tf_stage_kind kind, const StageMemory& bytes,
-                        int64_t flops_per_token, const HeadProjection& projection) const {
+                        StageFlops flops, const HeadProjection& projection) const {
     tf_stage_spec spec{};
     spec.struct_size = sizeof spec;
     spec.name = name.c_str();
     spec.kind = kind;
     spec.activation_bytes_per_token = bytes.activations;
-    spec.flops_per_token = flops_per_token;
+    spec.flops_per_token = flops.total;
+    spec.tiled_flops_per_token = flops.tiled;  // an older host reads no further
     spec.frozen_activation_bytes_per_token = bytes.frozen_activations;
     spec.output_bytes_per_token = bytes.output;
     spec.backward_bytes_per_token = bytes.backward;
