@@ -99,9 +99,9 @@ LongestContextFit search_longest_context(const FitSpace& space, const Recipe& st
   out.tokens = longest_length(fits, kContextStep, kLongestContext);
   if (out.tokens == 0) return out;
   // At that length each stack once, with the largest tile it fits (whole
-  // first): a smaller tile only saves memory, and costs a feed-forward's
-  // forward again per tile. A tiled stack counts one setting more, so that
-  // where whole and tiled predict the same time, whole wins the tie.
+  // first): a smaller tile only saves memory. Tiled, the feed-forward's
+  // forward runs again in backward (the cost model prices it), and the
+  // stack counts one setting more, so that on a tie whole wins.
   std::vector<std::pair<std::vector<int>, std::vector<char>>> placed;
   for (int64_t tile : out.tiles) {
     const size_t before = r.fitting.size();
