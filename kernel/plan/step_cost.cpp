@@ -125,9 +125,8 @@ StepCost predict_step_cost(const KernelParts& s, const MemoryPlan& plan, const M
     if (f.recomputed) per_micro_recompute += forward;
     // [run] mlp_tile_tokens: a pass wider than the tile computes each tile
     // again in backward (tiled_feed_forward_contribution's time).
-    if (f.backward && tile > 0 && rows > tile) {
+    if (f.backward && tile > 0 && rows > tile)
       per_micro_recompute += static_cast<double>(st.tiled_flops_per_token) * tokens / rate;
-    }
 
     const double uses = 1 + (f.recomputed ? 1 : 0) + (f.backward ? 1 : 0);
     // The elementwise work scales with what autograd keeps: forward and

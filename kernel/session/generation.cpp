@@ -45,8 +45,7 @@ std::pair<const char*, int64_t> position_limit(Session& s) {
 }  // namespace
 
 std::string generate_text(Session& s, const std::string& prompt, const SamplingOptions& o) {
-  const int64_t n_tokens = o.n_tokens, top_k = o.top_k;
-  const double temperature = o.temperature, top_p = o.top_p;
+  const int64_t n_tokens = o.n_tokens;
   const std::vector<int64_t>& stop_ids = o.stop_ids;
   auto stops = [&](int64_t id) {
     return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
@@ -78,7 +77,7 @@ std::string generate_text(Session& s, const std::string& prompt, const SamplingO
   r.prompts = {ids};
   r.seeds = {o.seed};
   r.max_new_tokens = n_tokens;
-  r.rule = {temperature, top_k, top_p, o.min_p, o.repetition_penalty};
+  r.rule = {o.temperature, o.top_k, o.top_p, o.min_p, o.repetition_penalty};
   r.stop_ids = stop_ids;
   r.use_cache = o.use_cache;
   Progress progress("generating", n_tokens, "tokens");
